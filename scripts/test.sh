@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# scripts/test.sh: run every gatekeeper test, from a fresh Debian 12 machine.
+#
+#   bash scripts/test.sh            (as root; CI runs it with CI=true, no stdin)
+#
+# 1. installs the packages it needs, only those missing;
+# 2. copies the source tree into a fresh temporary directory owned by the
+#    postgres user (initdb refuses root), builds it there as postgres and
+#    fails on any compiler warning, then `make install`s it as root;
+# 3. runs the three suites of `make installcheck`, each in its own private
+#    instance: pg_regress (sql/*.sql), isolation (specs/*.spec), TAP (t/*.pl);
+# 4. prints why anything failed (diffs, server logs) and exits non-zero;
+#    exit 0 means every stage passed.
+#
+# The temporary directory is removed on success and kept (path printed) on
+# failure.  No server it started outlives it.
+#
+# Settings (environment): GK_STAGE_TIMEOUT, seconds per test suite (default
+# 1500); GK_KEEP=1 keeps the temporary directory even on success.
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+STAGE_TIMEOUT=${GK_STAGE_TIMEOUT:-1500}
+BUILD=
+RESULT=1
+declare -a SUMMARY=()
+FAILED=0
+EMPTY=0
+STAGE="setup"
+
+finish() {
+	local rc=$?
+	trap - EXIT INT TERM
+	cd /
+	if [ -n "$BUILD" ] && [ -d "$BUILD" ]; then
+		gk_stop_servers_under "$BUILD"
+		if [ "$RESULT" -eq 0 ] && [ "${GK_KEEP:-0}" != 1 ]; then
+			rm -rf "$BUILD"
+		else
+			gk_log "kept the build and test output in $BUILD"
+		fi
+	fi
+	if [ ${#SUMMARY[@]} -gt 0 ]; then
+		printf '\n==================== gatekeeper test summary ====================\n'
+		printf '  %s\n' "${SUMMARY[@]}"
+		printf '=================================================================\n'
+	fi
+	if [ "$RESULT" -eq 0 ]; then
+		if [ "$EMPTY" -gt 0 ]; then
+			printf 'ALL TESTS PASSED (but %s suite(s) had no tests to run: see above)\n' "$EMPTY"
+		else
+			printf 'ALL TESTS PASSED\n'
+		fi
+		exit 0
+	fi
+	printf 'TESTS FAILED (in stage: %s)\n' "$STAGE"
+	[ "$rc" -ne 0 ] || rc=1
+	exit "$rc"
+}
+trap finish EXIT
+trap 'gk_warn "interrupted"; exit 130' INT
+trap 'gk_warn "terminated"; exit 143' TERM
+
+gk_require_root
+
+# ---------------------------------------------------------------- packages
+STAGE="1/5 packages"
+gk_log "stage 1/5: packages"
+gk_ensure_packages "${GK_BASE_PACKAGES[@]}"
+# Benchmark smoke mode (added by the benchmark issue): uncomment together
+# with the bench step at the end of this script.
+# gk_ensure_packages "${GK_BENCH_PACKAGES[@]}"
+SUMMARY+=("packages      ok")
+
+# ---------------------------------------------------------------- build
+STAGE="2/5 build"
+gk_log "stage 2/5: build (warnings are errors) and install"
+BUILD=$(gk_make_workdir gatekeeper-test)
+gk_stage_source "$ROOT" "$BUILD/src"
+SRC=$BUILD/src
+cd "$BUILD"
+if ! gk_build_install "$SRC" "$BUILD/build.log"; then
+	SUMMARY+=("build         FAILED (see the compiler output above)")
+	exit 1
+fi
+if grep -n 'warning:' "$BUILD/build.log" >&2; then
+	SUMMARY+=("build         FAILED: compiler warnings (above)")
+	exit 1
+fi
+SUMMARY+=("build         ok, no compiler warnings, installed into $("$GK_PG_CONFIG" --pkglibdir)")
+
+# make_var NAME: the value the Makefile gives NAME (REGRESS, ISOLATION, ...),
+# so this script runs exactly what `make installcheck` would.
+make_var() {
+	(cd "$SRC" && printf 'print-%%:\n\t@echo $(%s)\n' "$1" |
+		gk_run_as_postgres make -s --no-print-directory -f Makefile -f - PG_CONFIG="$GK_PG_CONFIG" "print-$1")
+}
+
+# show_tail FILE [LINES]: print the end of FILE with a header, for CI logs.
+show_tail() {
+	local f=$1 n=${2:-80}
+	[ -f "$f" ] || return 0
+	printf '\n----- %s (last %s lines) -----\n' "${f#"$BUILD"/}" "$n" >&2
+	tail -n "$n" "$f" >&2
+}
+
+# run_suite NAME LOG MAKE-ARGS...: one suite of `make installcheck`, the
+# other suites switched off on the command line.  Bounded by STAGE_TIMEOUT.
+run_suite() {
+	local name=$1 log=$2 rc=0
+	shift 2
+	(cd "$SRC" && timeout --kill-after=30 "$STAGE_TIMEOUT" \
+		runuser -u postgres -- env PATH="$PATH" LANG="$LANG" LC_ALL="$LC_ALL" \
+		make --no-print-directory PG_CONFIG="$GK_PG_CONFIG" installcheck "$@") 2>&1 | tee "$log" || rc=$?
+	if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+		gk_warn "$name: timed out after ${STAGE_TIMEOUT}s"
+		echo "TIMEOUT after ${STAGE_TIMEOUT}s" >>"$log"
+	fi
+	# a suite that was killed may leave its instance behind
+	gk_stop_servers_under "$SRC"
+	return "$rc"
+}
+
+# pg_regress prints " All 5 tests passed. " or " 2 of 5 tests failed. ".
+regress_result() {
+	grep -E '^ *(All [0-9]+ tests passed|[0-9]+ of [0-9]+ tests failed|[0-9]+ of [0-9]+ tests passed)' "$1" |
+		tail -n 1 | sed -e 's/^ *//' -e 's/ *$//' || true
+}
+
+# ---------------------------------------------------------------- pg_regress
+STAGE="3/5 regression tests"
+gk_log "stage 3/5: regression tests (pg_regress, sql/*.sql)"
+REGRESS=$(make_var REGRESS)
+if [ -z "$REGRESS" ]; then
+	gk_warn "no regression tests (sql/*.sql other than the install script): nothing to run"
+	SUMMARY+=("regress       ran 0 tests (none in sql/)")
+	EMPTY=$((EMPTY + 1))
+elif run_suite regress "$BUILD/regress.log" ISOLATION= TAP_TESTS=; then
+	SUMMARY+=("regress       ok: $(regress_result "$BUILD/regress.log") [$(echo "$REGRESS" | wc -w) files]")
+else
+	FAILED=1
+	SUMMARY+=("regress       FAILED: $(regress_result "$BUILD/regress.log")")
+	if [ -f "$SRC/regression.diffs" ]; then
+		printf '\n----- regression.diffs -----\n' >&2
+		head -n 400 "$SRC/regression.diffs" >&2
+	fi
+	show_tail "$SRC/tmp_check/log/postmaster.log" 100
+fi
+
+# ---------------------------------------------------------------- isolation
+STAGE="4/5 isolation tests"
+gk_log "stage 4/5: isolation tests (specs/*.spec)"
+ISOLATION=$(make_var ISOLATION)
+if [ -z "$ISOLATION" ]; then
+	gk_warn "no isolation specs (specs/*.spec): nothing to run"
+	SUMMARY+=("isolation     ran 0 specs (none in specs/)")
+	EMPTY=$((EMPTY + 1))
+elif run_suite isolation "$BUILD/isolation.log" REGRESS= TAP_TESTS=; then
+	SUMMARY+=("isolation     ok: $(regress_result "$BUILD/isolation.log") [$(echo "$ISOLATION" | wc -w) specs]")
+else
+	FAILED=1
+	SUMMARY+=("isolation     FAILED: $(regress_result "$BUILD/isolation.log")")
+	if [ -f "$SRC/output_iso/regression.diffs" ]; then
+		printf '\n----- output_iso/regression.diffs -----\n' >&2
+		head -n 400 "$SRC/output_iso/regression.diffs" >&2
+	fi
+	show_tail "$SRC/tmp_check_iso/log/postmaster.log" 100
+fi
+
+# ---------------------------------------------------------------- TAP
+STAGE="5/5 TAP tests"
+gk_log "stage 5/5: TAP tests (t/*.pl, prove)"
+TAP_TESTS=$(make_var TAP_TESTS)
+shopt -s nullglob
+TAP_FILES=("$SRC"/t/*.pl)
+shopt -u nullglob
+if [ -z "$TAP_TESTS" ]; then
+	gk_warn "the Makefile does not set TAP_TESTS: TAP tests not run"
+	SUMMARY+=("tap           not run (TAP_TESTS unset in the Makefile)")
+	EMPTY=$((EMPTY + 1))
+elif [ ${#TAP_FILES[@]} -eq 0 ]; then
+	gk_warn "no TAP tests (t/*.pl): nothing to run"
+	SUMMARY+=("tap           ran 0 files (none in t/)")
+	EMPTY=$((EMPTY + 1))
+elif run_suite tap "$BUILD/tap.log" REGRESS= ISOLATION=; then
+	SUMMARY+=("tap           ok: $(grep -E '^Files=' "$BUILD/tap.log" | tail -n 1 | cut -d, -f1,2)")
+else
+	FAILED=1
+	SUMMARY+=("tap           FAILED: $(grep -E '^(Files=|Result:)' "$BUILD/tap.log" | tr '\n' ' ')")
+	# prove's own summary names the failing files; the per-test logs say why
+	for f in "$SRC"/tmp_check/log/regress_log_*; do
+		[ -f "$f" ] && show_tail "$f" 60
+	done
+	for f in "$SRC"/tmp_check/log/*.log; do
+		[ -f "$f" ] && show_tail "$f" 40
+	done
+fi
+
+# ---------------------------------------------------------------- benchmark
+# Benchmark smoke mode (added by the benchmark issue): a short run that
+# proves the harness works, not a measurement.  Uncomment with the bench
+# packages line in stage 1.
+# if [ -f "$ROOT/bench/run.sh" ]; then
+# 	gk_log "benchmark smoke run"
+# 	if bash "$ROOT/bench/run.sh" --smoke; then
+# 		SUMMARY+=("bench smoke   ok")
+# 	else
+# 		FAILED=1
+# 		SUMMARY+=("bench smoke   FAILED")
+# 	fi
+# fi
+
+if [ "$FAILED" -eq 0 ]; then
+	RESULT=0
+fi
+STAGE=$(printf '%s\n' "${SUMMARY[@]}" | awk '/FAILED/ { printf "%s%s", sep, $1; sep = ", " }')
+exit "$FAILED"
