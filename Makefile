@@ -1,0 +1,39 @@
+# gatekeeper: PGXS build.  The version lives in gatekeeper.control only.
+
+EXTENSION = gatekeeper
+EXTVERSION = $(shell sed -n "s/^default_version *= *'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+
+PG_CONFIG ?= pg_config
+
+MODULE_big = gatekeeper
+OBJS = \
+	src/gatekeeper.o \
+	src/worker.o \
+	src/claim.o \
+	src/gate.o \
+	src/mail.o \
+	src/validate.o \
+	src/message.o \
+	src/smtp.o
+
+DATA = $(wildcard sql/$(EXTENSION)--*.sql)
+
+# The server's headers are read as system headers: under -Wextra they
+# warn about their own unused parameters, which is not ours to fix.
+PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) $(shell curl-config --cflags)
+PG_CFLAGS = -Wall -Wextra
+SHLIB_LINK = $(shell curl-config --libs)
+
+# pg_regress and isolation tests run in a private instance with the
+# library preloaded (test/gatekeeper.conf).
+REGRESS = $(patsubst sql/%.sql,%,$(sort $(filter-out sql/$(EXTENSION)--%,$(wildcard sql/*.sql))))
+REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=./test/gatekeeper.conf
+ISOLATION = $(patsubst specs/%.spec,%,$(sort $(wildcard specs/*.spec)))
+ISOLATION_OPTS = --temp-instance=./tmp_check_iso --temp-config=./test/gatekeeper.conf
+TAP_TESTS = 1
+
+# No bitcode: the server does not need it and clang need not be installed.
+override with_llvm = no
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

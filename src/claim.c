@@ -1,0 +1,871 @@
+/*-------------------------------------------------------------------------
+ *
+ * claim.c
+ *		gatekeeper.claim: hand due mail to one worker, fairly, through the
+ *		gates; and the batch ack that reports it sent.
+ *
+ * A claim takes up to `batch` due mails from the unpaused queues (or those
+ * named), shared by weight, each queue's share within its rate limit.
+ * Each queue's share is taken by one statement of the form
+ *
+ *		UPDATE mail SET state = 'claimed', ...
+ *		 WHERE id = ANY (ARRAY(SELECT id ... FOR UPDATE SKIP LOCKED))
+ *		RETURNING ...
+ *
+ * so no two claimers ever get the same mail and none waits for another.
+ * (= ANY (ARRAY(...)) is the plan-proof spelling of IN (SELECT ...): the
+ * sub-select runs once as an init plan and the update probes the primary
+ * key, whatever the planner thinks of the LIMIT, even in a generic plan.)
+ * Inside a queue the sub-select walks the due index one priority level
+ * at a time, so its cost grows with the batch, never with mail that is not
+ * yet due or already finished.
+ *
+ * Then, in the same transaction, the gates: every claimed mail of a gated
+ * queue must pass all of its queue's gates.  The gate rows of the whole
+ * batch are locked in one global order (see gate.c), the mails are passed
+ * in claim order, and the losers are suppressed, deferred to the gates'
+ * next opening, or expired if that is past their send_by.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "gatekeeper.h"
+
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/datum.h"
+#include "utils/memutils.h"
+
+PG_FUNCTION_INFO_V1(gatekeeper_claim);
+PG_FUNCTION_INFO_V1(gatekeeper_ack_batch);
+PG_FUNCTION_INFO_V1(gatekeeper_wake);
+
+#define MAX_BATCH 10000
+
+/* Columns of the per-queue claim statement's RETURNING list. */
+enum
+{
+	COL_ID = 1,
+	COL_ATTEMPT,
+	COL_QUEUE,
+	COL_RECIPIENT,
+	COL_SENDER,
+	COL_SUBJECT,
+	COL_BODY,
+	COL_HTML,
+	COL_HEADERS,
+	COL_MESSAGE_ID,				/* the last column claim returns */
+	COL_EXPIRED,
+	COL_PRIORITY,
+	COL_SEND_AT,
+	COL_SEND_BY
+};
+#define NUM_OUTPUT_COLUMNS COL_MESSAGE_ID
+
+/* A gate as a queue applies it. */
+typedef struct QueueGate
+{
+	char	   *name;
+	int32		id;
+	int32		max_sends;
+	TimestampTz expiry;			/* of a pass made now */
+} QueueGate;
+
+/* A queue taking part in this claim. */
+typedef struct ClaimQueue
+{
+	char	   *name;
+	int			weight;
+	bool		defer;			/* on_gate_closed = 'defer' */
+	int			ngates;
+	QueueGate  *gates;
+	bool		limited;		/* has a rate limit */
+	double		tokens;			/* rate limit budget for this claim */
+	int			cap;			/* most mails this claim may take from it */
+	int			got;			/* claimed so far (winners and losers) */
+	int			sent;			/* winners */
+	bool		more;			/* may hold more due mail */
+} ClaimQueue;
+
+/* One mail the claim statement returned. */
+typedef struct Claimed
+{
+	Datum		values[NUM_OUTPUT_COLUMNS];	/* what claim returns */
+	bool		nulls[NUM_OUTPUT_COLUMNS];
+	int64		id;
+	int32		attempt;
+	char	   *key;			/* recipient key, for gated mail */
+	ClaimQueue *queue;
+	int32		priority;
+	TimestampTz send_at;
+	TimestampTz send_by;		/* 0 if none */
+	bool		expired;
+	bool		lost;			/* a gate was closed */
+	TimestampTz reopens;		/* when its closed gates open again */
+	const char *closed_gate;
+} Claimed;
+
+static SPIPlanPtr claim_plan = NULL;
+static uint32 claim_rotation = 0;
+
+/*
+ * Prepare and keep a generic plan.
+ */
+static SPIPlanPtr
+keep_plan(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+/*
+ * Load the queues this claim may take from, in name order, with their
+ * gates.  Rate-limited queues have their token bucket locked (SKIP LOCKED:
+ * while another claimer holds a queue's bucket, this claim leaves the
+ * queue alone rather than wait).  An unknown name in the filter is an
+ * error, so a typo cannot silently claim nothing.
+ */
+static ClaimQueue *
+load_queues(ArrayType *filter, int *nqueues)
+{
+	static SPIPlanPtr queues_plan = NULL;
+	static SPIPlanPtr bucket_plan = NULL;
+	static SPIPlanPtr unknown_plan = NULL;
+	Datum		arg;
+	char		argnull = filter ? ' ' : 'n';
+	ClaimQueue *queues;
+	uint64		n;
+	uint64		i;
+
+	if (queues_plan == NULL)
+	{
+		Oid			type = TEXTARRAYOID;
+
+		queues_plan = keep_plan(
+								"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, "
+								"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
+								"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
+								"       array_agg(g.max_sends ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
+								"       array_agg(now() + g.period ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL) "
+								"  FROM gatekeeper.queue q "
+								"  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) "
+								" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) "
+								" GROUP BY q.name "
+								" ORDER BY q.name",
+								1, &type);
+		unknown_plan = keep_plan(
+								 "SELECT u.name FROM unnest($1) AS u(name) "
+								 " WHERE u.name IS NULL "
+								 "    OR NOT EXISTS (SELECT FROM gatekeeper.queue q WHERE q.name = u.name) "
+								 " LIMIT 1",
+								 1, &type);
+	}
+
+	arg = PointerGetDatum(filter);
+	if (filter != NULL)
+	{
+		if (SPI_execute_plan(unknown_plan, &arg, &argnull, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not check queue names");
+		if (SPI_processed > 0)
+		{
+			char	   *name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+			if (name == NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("queues must not contain nulls")));
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("queue \"%s\" does not exist", name)));
+		}
+	}
+
+	if (SPI_execute_plan(queues_plan, &arg, &argnull, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not load queues");
+	n = SPI_processed;
+	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));
+	for (i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		ClaimQueue *q = &queues[i];
+		bool		isnull;
+		Datum		d;
+
+		q->name = SPI_getvalue(tup, desc, 1);
+		q->weight = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+		q->defer = DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull));
+		d = SPI_getbinval(tup, desc, 4, &isnull);
+		q->limited = !isnull;
+		q->tokens = isnull ? 0 : DatumGetInt32(d);	/* the rate, for now */
+		q->cap = INT_MAX;
+		q->more = true;
+
+		d = SPI_getbinval(tup, desc, 5, &isnull);
+		if (!isnull)
+		{
+			Datum	   *names;
+			Datum	   *ids;
+			Datum	   *maxes;
+			Datum	   *expiries;
+			int			k;
+			int			j;
+
+			deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT,
+							  &names, NULL, &k);
+			deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 6, &isnull)),
+							  INT4OID, 4, true, TYPALIGN_INT, &ids, NULL, &k);
+			deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 7, &isnull)),
+							  INT4OID, 4, true, TYPALIGN_INT, &maxes, NULL, &k);
+			deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 8, &isnull)),
+							  TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE, &expiries, NULL, &k);
+			q->ngates = k;
+			q->gates = palloc(k * sizeof(QueueGate));
+			for (j = 0; j < k; j++)
+			{
+				q->gates[j].name = TextDatumGetCString(names[j]);
+				q->gates[j].id = DatumGetInt32(ids[j]);
+				q->gates[j].max_sends = DatumGetInt32(maxes[j]);
+				q->gates[j].expiry = DatumGetTimestampTz(expiries[j]);
+			}
+		}
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	/* token buckets: refill for the time since the last claim, capped at one second's worth */
+	if (bucket_plan == NULL)
+	{
+		Oid			type = TEXTOID;
+
+		bucket_plan = keep_plan(
+								"SELECT least(q.rate_limit::float8, q.tokens + q.rate_limit * "
+								"             extract(epoch FROM now() - coalesce(q.refilled_at, now() - interval '1 second'))) "
+								"  FROM gatekeeper.queue q WHERE q.name = $1 "
+								"   FOR UPDATE SKIP LOCKED",
+								1, &type);
+	}
+	for (i = 0; i < n; i++)
+	{
+		ClaimQueue *q = &queues[i];
+		bool		isnull;
+
+		if (!q->limited)
+			continue;
+		arg = CStringGetTextDatum(q->name);
+		if (SPI_execute_plan(bucket_plan, &arg, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not lock rate limit of queue \"%s\"", q->name);
+		if (SPI_processed == 0)
+			q->tokens = 0;		/* another claimer holds the bucket */
+		else
+			q->tokens = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+		SPI_freetuptable(SPI_tuptable);
+		q->cap = q->tokens >= 1 ? (int) Min(q->tokens, (double) INT_MAX) : 0;
+		if (q->cap == 0)
+			q->more = false;
+	}
+
+	*nqueues = (int) n;
+	return queues;
+}
+
+/*
+ * Run the claim statement for one queue's share; append what it claimed.
+ */
+static int
+claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
+				 Claimed *claimed, int *nclaimed, MemoryContext keep)
+{
+	Datum		args[6];
+	uint64		i;
+	MemoryContext old;
+
+	if (claim_plan == NULL)
+	{
+		Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
+
+		claim_plan = keep_plan(
+							   "UPDATE gatekeeper.mail m "
+							   "   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
+							   "       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
+							   "       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
+							   "       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, "
+							   "       finished_at = CASE WHEN m.send_by < now() THEN now() END, "
+							   "       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, "
+							   "       message_id = coalesce(m.message_id, "
+							   "           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
+							   "           coalesce(nullif($5, ''), nullif(split_part(coalesce(m.sender, $6), '@', 2), ''), 'gatekeeper.invalid') || '>') "
+							   " WHERE m.id = ANY (ARRAY( "
+							   "       WITH RECURSIVE levels(p) AS ( "
+							   "           (SELECT d.priority FROM gatekeeper.mail d "
+							   "             WHERE d.queue = $1 AND d.state = 'scheduled' "
+							   "             ORDER BY d.priority DESC LIMIT 1) "
+							   "           UNION ALL "
+							   "           SELECT (SELECT d.priority FROM gatekeeper.mail d "
+							   "                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
+							   "                    ORDER BY d.priority DESC LIMIT 1) "
+							   "             FROM levels l WHERE l.p IS NOT NULL) "
+							   "       SELECT c.id FROM levels l, LATERAL ( "
+							   "           SELECT d.id FROM gatekeeper.mail d "
+							   "            WHERE d.queue = $1 AND d.state = 'scheduled' "
+							   "              AND d.priority = l.p AND d.send_at <= now() "
+							   "            ORDER BY d.send_at, d.id "
+							   "            LIMIT $2 "
+							   "              FOR UPDATE SKIP LOCKED) c "
+							   "        WHERE l.p IS NOT NULL "
+							   "        LIMIT $2)) "
+							   "   AND m.state = 'scheduled' "
+							   "RETURNING m.id, m.attempt, m.queue, m.recipient, m.sender, m.subject, m.body, "
+							   "          m.html, m.headers, m.message_id, m.state = 'expired', m.priority, "
+							   "          m.send_at, m.send_by",
+							   6, types);
+	}
+
+	args[0] = CStringGetTextDatum(q->name);
+	args[1] = Int32GetDatum(share);
+	args[2] = IntervalPGetDatum(lease);
+	args[3] = PointerGetDatum(worker);
+	args[4] = CStringGetTextDatum(gatekeeper_message_id_domain ? gatekeeper_message_id_domain : "");
+	args[5] = CStringGetTextDatum(gatekeeper_default_sender ? gatekeeper_default_sender : "");
+
+	if (SPI_execute_plan(claim_plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "claim from queue \"%s\" failed", q->name);
+
+	old = MemoryContextSwitchTo(keep);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		Claimed    *c = &claimed[(*nclaimed)++];
+		bool		isnull;
+		Datum		d;
+		int			k;
+
+		memset(c, 0, sizeof(*c));
+		for (k = 0; k < NUM_OUTPUT_COLUMNS; k++)
+		{
+			Form_pg_attribute att = TupleDescAttr(desc, k);
+
+			d = SPI_getbinval(tup, desc, k + 1, &c->nulls[k]);
+			c->values[k] = c->nulls[k] ? (Datum) 0 : datumCopy(d, att->attbyval, att->attlen);
+		}
+		c->queue = q;
+		c->id = DatumGetInt64(SPI_getbinval(tup, desc, COL_ID, &isnull));
+		c->attempt = DatumGetInt32(SPI_getbinval(tup, desc, COL_ATTEMPT, &isnull));
+		c->expired = DatumGetBool(SPI_getbinval(tup, desc, COL_EXPIRED, &isnull));
+		c->priority = DatumGetInt32(SPI_getbinval(tup, desc, COL_PRIORITY, &isnull));
+		c->send_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, COL_SEND_AT, &isnull));
+		d = SPI_getbinval(tup, desc, COL_SEND_BY, &isnull);
+		c->send_by = isnull ? 0 : DatumGetTimestampTz(d);
+		if (q->ngates > 0)
+			c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
+	}
+	MemoryContextSwitchTo(old);
+	SPI_freetuptable(SPI_tuptable);
+
+	return (int) i;
+}
+
+/*
+ * Take up to batch mails across the queues, by weight.  Each round gives
+ * every queue that may still have due mail its weighted share of what is
+ * left (remainders go to the queues next in a rotating order, so small
+ * shares are not always rounded away); a queue that returns less than its
+ * share is empty for this claim.  Rounds end when the batch is full or no
+ * queue can give more.
+ */
+static int
+claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
+			 text *worker, Claimed *claimed, MemoryContext keep)
+{
+	int			nclaimed = 0;
+	int		   *shares = palloc(Max(nqueues, 1) * sizeof(int));
+	uint32		start = claim_rotation++;
+
+	while (nclaimed < batch)
+	{
+		int			left = batch - nclaimed;
+		int64		weights = 0;
+		int			given = 0;
+		int			progress = 0;
+		int			i;
+
+		for (i = 0; i < nqueues; i++)
+			if (queues[i].more && queues[i].got < queues[i].cap)
+				weights += queues[i].weight;
+		if (weights == 0)
+			break;
+
+		for (i = 0; i < nqueues; i++)
+		{
+			ClaimQueue *q = &queues[i];
+
+			shares[i] = 0;
+			if (q->more && q->got < q->cap)
+			{
+				shares[i] = (int) ((int64) left * q->weight / weights);
+				given += shares[i];
+			}
+		}
+		for (i = 0; i < nqueues && given < left; i++)
+		{
+			int			k = (int) ((start + i) % nqueues);
+
+			if (queues[k].more && queues[k].got < queues[k].cap)
+				shares[k]++, given++;
+		}
+
+		for (i = 0; i < nqueues; i++)
+		{
+			ClaimQueue *q = &queues[i];
+			int			share = Min(shares[i], q->cap - q->got);
+			int			got;
+
+			if (share <= 0)
+				continue;
+			got = claim_from_queue(q, share, lease, worker, claimed, &nclaimed, keep);
+			q->got += got;
+			progress += got;
+			if (got < share)
+				q->more = false;
+		}
+		if (progress == 0)
+			break;
+	}
+	return nclaimed;
+}
+
+/*
+ * Claim order inside a batch, for gating: priority, then due time, then id.
+ */
+static int
+claimed_cmp(const void *a, const void *b)
+{
+	const Claimed *x = *(Claimed *const *) a;
+	const Claimed *y = *(Claimed *const *) b;
+
+	if (x->priority != y->priority)
+		return x->priority > y->priority ? -1 : 1;
+	if (x->send_at != y->send_at)
+		return x->send_at < y->send_at ? -1 : 1;
+	return (x->id > y->id) - (x->id < y->id);
+}
+
+/*
+ * Would this mail pass this locked gate row?
+ */
+static bool
+would_pass(const GateRow *row, const QueueGate *gate, int64 holder)
+{
+	int			i;
+
+	for (i = 0; i < row->n; i++)
+		if (!row->holder_null[i] && row->holders[i] == holder)
+			return true;
+	return row->n < gate->max_sends;
+}
+
+/*
+ * Pass the claimed mail of gated queues through their gates.  A mail must
+ * pass every gate of its queue; one that fails any gate takes no pass from
+ * the others.  Marks the losers.
+ */
+static void
+apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
+{
+	Claimed   **order;
+	GateRow    *rows;
+	GateRow   **mine;
+	int			maxgates = 0;
+	int			nrows = 0;
+	int			norder = 0;
+	int			i;
+	int			j;
+
+	order = palloc(Max(nclaimed, 1) * sizeof(Claimed *));
+	for (i = 0; i < nclaimed; i++)
+		if (!claimed[i].expired && claimed[i].queue->ngates > 0)
+		{
+			order[norder++] = &claimed[i];
+			nrows += claimed[i].queue->ngates;
+			maxgates = Max(maxgates, claimed[i].queue->ngates);
+		}
+	if (norder == 0)
+		return;
+	qsort(order, norder, sizeof(Claimed *), claimed_cmp);
+
+	/*
+	 * One row per (recipient, gate).  A new row is created holding the pass
+	 * of the first mail, in claim order, that needs it.
+	 */
+	rows = palloc0(nrows * sizeof(GateRow));
+	nrows = 0;
+	for (i = 0; i < norder; i++)
+	{
+		Claimed    *c = order[i];
+
+		for (j = 0; j < c->queue->ngates; j++)
+		{
+			GateRow    *row = &rows[nrows++];
+
+			row->recipient = c->key;
+			row->gate = c->queue->gates[j].id;
+			row->first_expiry = c->queue->gates[j].expiry;
+			row->first_holder = c->id;
+			row->first_holder_null = false;
+			/* remember claim order in n until the sort below */
+			row->n = i;
+		}
+	}
+	{
+		/* sort by key, keeping the first claimant of each key */
+		int			k = 0;
+
+		qsort(rows, nrows, sizeof(GateRow), gatekeeper_gate_row_cmp);
+		for (i = 0; i < nrows; i++)
+		{
+			if (k > 0 && gatekeeper_gate_row_cmp(&rows[k - 1], &rows[i]) == 0)
+			{
+				if (rows[i].n < rows[k - 1].n)
+					rows[k - 1] = rows[i];
+				continue;
+			}
+			rows[k++] = rows[i];
+		}
+		nrows = k;
+	}
+
+	gatekeeper_gate_lock(rows, nrows, now);
+
+	mine = palloc(maxgates * sizeof(GateRow *));
+	for (i = 0; i < norder; i++)
+	{
+		Claimed    *c = order[i];
+		bool		pass = true;
+
+		for (j = 0; j < c->queue->ngates; j++)
+		{
+			GateRow		probe;
+
+			probe.recipient = c->key;
+			probe.gate = c->queue->gates[j].id;
+			mine[j] = bsearch(&probe, rows, nrows, sizeof(GateRow), gatekeeper_gate_row_cmp);
+			if (!would_pass(mine[j], &c->queue->gates[j], c->id))
+			{
+				if (pass)
+					c->closed_gate = c->queue->gates[j].name;
+				pass = false;
+				c->reopens = Max(c->reopens,
+								 gatekeeper_gate_reopens(mine[j], c->queue->gates[j].max_sends));
+			}
+		}
+		if (!pass)
+		{
+			c->lost = true;
+			continue;
+		}
+		for (j = 0; j < c->queue->ngates; j++)
+			(void) gatekeeper_gate_try(mine[j], c->queue->gates[j].max_sends,
+									   c->queue->gates[j].expiry, c->id, false);
+	}
+
+	gatekeeper_gate_write(rows, nrows, now);
+}
+
+/*
+ * Record what became of the mails that lost at a gate: suppressed, or
+ * deferred to when the gates reopen (expired if that is past send_by).
+ * Their claim never became visible, so their attempt count is restored.
+ */
+static void
+settle_losers(Claimed *claimed, int nclaimed)
+{
+	static SPIPlanPtr plan = NULL;
+	Datum	   *ids;
+	Datum	   *states;
+	Datum	   *send_ats;
+	Datum	   *errors;
+	int			n = 0;
+	int			i;
+	Datum		args[4];
+
+	for (i = 0; i < nclaimed; i++)
+		if (claimed[i].lost)
+			n++;
+	if (n == 0)
+		return;
+
+	ids = palloc(n * sizeof(Datum));
+	states = palloc(n * sizeof(Datum));
+	send_ats = palloc(n * sizeof(Datum));
+	errors = palloc(n * sizeof(Datum));
+	n = 0;
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		const char *state;
+		char	   *error;
+
+		if (!c->lost)
+			continue;
+		if (!c->queue->defer)
+		{
+			state = "suppressed";
+			error = psprintf("suppressed: gate \"%s\" was closed", c->closed_gate);
+		}
+		else if (c->send_by != 0 && c->reopens > c->send_by)
+		{
+			state = "expired";
+			error = psprintf("gate \"%s\" stays closed past send_by", c->closed_gate);
+		}
+		else
+		{
+			state = "scheduled";
+			error = psprintf("deferred: gate \"%s\" was closed", c->closed_gate);
+		}
+		ids[n] = Int64GetDatum(c->id);
+		states[n] = CStringGetTextDatum(state);
+		send_ats[n] = TimestampTzGetDatum(Max(c->reopens, c->send_at));
+		errors[n] = CStringGetTextDatum(error);
+		n++;
+	}
+
+	if (plan == NULL)
+	{
+		Oid			types[4] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID};
+
+		plan = keep_plan(
+						 "UPDATE gatekeeper.mail m "
+						 "   SET state = u.state::gatekeeper.state, "
+						 "       send_at = CASE WHEN u.state = 'scheduled' THEN u.send_at ELSE m.send_at END, "
+						 "       attempt = m.attempt - 1, lease_until = NULL, worker = NULL, "
+						 "       finished_at = CASE WHEN u.state = 'scheduled' THEN NULL ELSE now() END, "
+						 "       last_error = u.error "
+						 "  FROM unnest($1, $2, $3, $4) AS u(id, state, send_at, error) "
+						 " WHERE m.id = u.id",
+						 4, types);
+	}
+	args[0] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	args[1] = PointerGetDatum(construct_array(states, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[2] = PointerGetDatum(construct_array(send_ats, n, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
+	args[3] = PointerGetDatum(construct_array(errors, n, TEXTOID, -1, false, TYPALIGN_INT));
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "could not record gated mail");
+}
+
+/*
+ * Mail that expired on a later attempt may hold gate passes from an
+ * earlier one; it will never go, so give them back.
+ */
+static void
+release_expired(Claimed *claimed, int nclaimed)
+{
+	static SPIPlanPtr plan = NULL;
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		Datum		args[2];
+
+		if (!c->expired || c->attempt == 0 || c->queue->ngates == 0)
+			continue;
+		if (plan == NULL)
+		{
+			Oid			types[2] = {TEXTOID, INT8OID};
+
+			plan = keep_plan("SELECT gatekeeper._release_mail($1, $2)", 2, types);
+		}
+		args[0] = c->values[COL_RECIPIENT - 1];
+		args[1] = Int64GetDatum(c->id);
+		if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not release passes of expired mail");
+	}
+}
+
+/*
+ * Spend the rate-limit tokens of the mails that will go.
+ */
+static void
+spend_tokens(ClaimQueue *queues, int nqueues)
+{
+	static SPIPlanPtr plan = NULL;
+	int			i;
+
+	for (i = 0; i < nqueues; i++)
+	{
+		ClaimQueue *q = &queues[i];
+		Datum		args[2];
+
+		if (!q->limited || q->cap == 0)
+			continue;
+		if (plan == NULL)
+		{
+			Oid			types[2] = {TEXTOID, FLOAT8OID};
+
+			plan = keep_plan("UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
+							 " WHERE name = $1", 2, types);
+		}
+		args[0] = CStringGetTextDatum(q->name);
+		args[1] = Float8GetDatum(Max(q->tokens - q->sent, 0.0));
+		if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "could not update rate limit of queue \"%s\"", q->name);
+	}
+}
+
+/*
+ * claim(worker text, batch int DEFAULT 100, lease interval DEFAULT '5 minutes',
+ *		 queues text[] DEFAULT NULL)
+ *	RETURNS TABLE (id bigint, attempt int, queue text, recipient text,
+ *				   sender text, subject text, body text, html text,
+ *				   headers jsonb, message_id text)
+ */
+Datum
+gatekeeper_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	MemoryContext keep = CurrentMemoryContext;
+	text	   *worker;
+	int			batch;
+	Interval   *lease;
+	ArrayType  *filter = NULL;
+	ClaimQueue *queues;
+	int			nqueues;
+	Claimed    *claimed;
+	int			nclaimed;
+	int			i;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("worker, batch and lease must not be null")));
+	worker = PG_GETARG_TEXT_PP(0);
+	batch = PG_GETARG_INT32(1);
+	lease = PG_GETARG_INTERVAL_P(2);
+	if (!PG_ARGISNULL(3))
+	{
+		filter = PG_GETARG_ARRAYTYPE_P(3);
+		if (ARR_NDIM(filter) > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("queues must be a one-dimensional array")));
+	}
+	if (batch < 1 || batch > MAX_BATCH)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch must be between 1 and %d", MAX_BATCH),
+				 errdetail("batch was %d.", batch)));
+	if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(lease),
+										  DirectFunctionCall3(interval_in, CStringGetDatum("0"),
+															  ObjectIdGetDatum(InvalidOid),
+															  Int32GetDatum(-1)))) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errdetail("lease was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(lease))))));
+
+	InitMaterializedSRF(fcinfo, 0);
+
+	SPI_connect();
+	queues = load_queues(filter, &nqueues);
+
+	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
+	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
+
+	/*
+	 * The gates, in this transaction: a claimed mail that may not go is
+	 * settled now and never returned.
+	 */
+	apply_gates(claimed, nclaimed, now);
+	settle_losers(claimed, nclaimed);
+	release_expired(claimed, nclaimed);
+
+	for (i = 0; i < nclaimed; i++)
+		if (!claimed[i].expired && !claimed[i].lost)
+			claimed[i].queue->sent++;
+	spend_tokens(queues, nqueues);
+
+	SPI_finish();
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+
+		if (!c->expired && !c->lost)
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
+	}
+
+	return (Datum) 0;
+}
+
+/*
+ * ack(ids bigint[], attempts int[]) RETURNS int
+ *		Report a batch of claims sent; returns how many were still theirs.
+ */
+Datum
+gatekeeper_ack_batch(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr plan = NULL;
+	ArrayType  *ids;
+	ArrayType  *attempts;
+	Datum		args[2];
+	uint64		n;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids and attempts must not be null")));
+	ids = PG_GETARG_ARRAYTYPE_P(0);
+	attempts = PG_GETARG_ARRAYTYPE_P(1);
+	if (ARR_NDIM(ids) > 1 || ARR_NDIM(attempts) > 1 ||
+		ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids)) !=
+		ArrayGetNItems(ARR_NDIM(attempts), ARR_DIMS(attempts)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids and attempts must be one-dimensional arrays of the same length")));
+
+	SPI_connect();
+	if (plan == NULL)
+	{
+		Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
+
+		plan = keep_plan("UPDATE gatekeeper.mail m "
+						 "   SET state = 'sent', finished_at = now(), lease_until = NULL "
+						 "  FROM unnest($1, $2) AS u(id, attempt) "
+						 " WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'",
+						 2, types);
+	}
+	args[0] = PointerGetDatum(ids);
+	args[1] = PointerGetDatum(attempts);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "ack failed");
+	n = SPI_processed;
+	SPI_finish();
+
+	PG_RETURN_INT32((int32) n);
+}
+
+/*
+ * _wake() RETURNS void: wake the delivery workers when this transaction
+ * commits (after resume(), say).
+ */
+Datum
+gatekeeper_wake(PG_FUNCTION_ARGS)
+{
+	gatekeeper_wake_at_commit();
+	PG_RETURN_VOID();
+}

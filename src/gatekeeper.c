@@ -1,0 +1,571 @@
+/*-------------------------------------------------------------------------
+ *
+ * gatekeeper.c
+ *		Module initialization, settings, shared state and wake-on-commit.
+ *
+ * _PG_init defines the gatekeeper.* settings.  When the library is loaded
+ * through shared_preload_libraries it also asks for a little shared memory
+ * and registers gatekeeper.workers background workers (src/worker.c).  When
+ * it is loaded on demand (CREATE EXTENSION, or the first call of one of its
+ * functions) it defines the reloadable settings only, and everything here
+ * that touches shared memory quietly does nothing.
+ *
+ * Shared memory holds one slot per worker: the worker's PID, its PGPROC
+ * number and database (never a pointer), a flag saying its last attempt to
+ * connect did not finish, and an atomic "wake" flag.  A transaction that
+ * writes due mail calls gatekeeper_wake_at_commit(); at commit, and only at
+ * commit, the workers connected to that database are woken through their
+ * latches.
+ *
+ * Copyright (c) 2024, gatekeeper authors
+ *
+ * IDENTIFICATION
+ *		src/gatekeeper.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "gatekeeper.h"
+
+#include <limits.h>
+
+#include "access/xact.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "postmaster/bgworker.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+PG_MODULE_MAGIC;
+
+/* Settings; see the Settings table of the specification */
+char	   *gatekeeper_database = NULL;
+int			gatekeeper_workers = 1;
+int			gatekeeper_naptime = 1000;
+int			gatekeeper_batch_size = 500;
+int			gatekeeper_lease = 5 * 60 * 1000;
+char	   *gatekeeper_smtp_url = NULL;
+char	   *gatekeeper_smtp_user = NULL;
+char	   *gatekeeper_smtp_password = NULL;
+int			gatekeeper_smtp_connections = 16;
+int			gatekeeper_smtp_timeout = 30 * 1000;
+char	   *gatekeeper_default_sender = NULL;
+char	   *gatekeeper_message_id_domain = NULL;
+int			gatekeeper_retention = 7 * 24 * 60 * 60;
+int			gatekeeper_max_message_size = 10 * 1024 * 1024;
+
+/*
+ * One background worker's slot.  pid is 0 while no worker is connected
+ * through this slot.
+ */
+typedef struct GatekeeperSlot
+{
+	pid_t		pid;			/* the worker's PID, or 0 */
+	int			pgprocno;		/* its PGPROC, whose latch wakes it */
+	Oid			database;		/* the database it is connected to */
+	bool		connecting;		/* a connection attempt has not finished */
+	pg_atomic_uint32 wake;		/* due mail was committed since it looked */
+} GatekeeperSlot;
+
+typedef struct GatekeeperShared
+{
+	slock_t		mutex;			/* protects every slot's pid, pgprocno,
+								 * database and connecting */
+	int			nslots;
+	GatekeeperSlot slots[FLEXIBLE_ARRAY_MEMBER];
+} GatekeeperShared;
+
+/* NULL unless the library was preloaded */
+static GatekeeperShared *gatekeeper_shared = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/* wake-on-commit state of this backend */
+static bool wake_pending = false;
+static bool xact_callback_registered = false;
+
+void		_PG_init(void);
+
+PG_FUNCTION_INFO_V1(gatekeeper_wake);
+
+static bool check_database(char **newval, void **extra, GucSource source);
+static Size gatekeeper_shmem_size(void);
+static void gatekeeper_shmem_request(void);
+static void gatekeeper_shmem_startup(void);
+static void gatekeeper_register_workers(void);
+static void gatekeeper_xact_callback(XactEvent event, void *arg);
+static void gatekeeper_wake_workers(void);
+static void gatekeeper_slot_detach(int code, Datum arg);
+static GatekeeperSlot *gatekeeper_slot(int slotno);
+
+/*
+ * Module load: define the settings; when preloaded, also request shared
+ * memory and register the workers.
+ */
+void
+_PG_init(void)
+{
+	gatekeeper_define_settings();
+
+	/*
+	 * Loaded on demand: the reloadable settings are all a backend needs.
+	 * The postmaster-only ones could not take effect now anyway.
+	 */
+	if (!process_shared_preload_libraries_in_progress)
+	{
+		MarkGUCPrefixReserved("gatekeeper");
+		return;
+	}
+
+	DefineCustomStringVariable("gatekeeper.database",
+							   "Database the gatekeeper workers run in.",
+							   NULL,
+							   &gatekeeper_database,
+							   "postgres",
+							   PGC_POSTMASTER,
+							   0,
+							   check_database, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.workers",
+							"Number of gatekeeper delivery workers.",
+							"Zero starts none: mail is then claimed by external workers only, "
+							"and nothing reaps expired leases or purges finished mail.",
+							&gatekeeper_workers,
+							1, 0, 64,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("gatekeeper");
+
+	/* pg_upgrade's server must not deliver mail */
+	if (IsBinaryUpgrade)
+		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = gatekeeper_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = gatekeeper_shmem_startup;
+
+	gatekeeper_register_workers();
+}
+
+/*
+ * Define the settings that can change while the server runs.  Safe to call
+ * more than once.
+ */
+void
+gatekeeper_define_settings(void)
+{
+	static bool defined = false;
+
+	if (defined)
+		return;
+	defined = true;
+
+	DefineCustomIntVariable("gatekeeper.naptime",
+							"Longest sleep of a gatekeeper worker between passes.",
+							"A commit of mail that is due wakes the workers at once.",
+							&gatekeeper_naptime,
+							1000, 10, 60 * 60 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.batch_size",
+							"Mails a gatekeeper worker claims at once.",
+							NULL,
+							&gatekeeper_batch_size,
+							500, 1, 10000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.lease",
+							"How long a gatekeeper worker's claim lasts.",
+							"Mail still claimed when its lease runs out is reaped: "
+							"returned to scheduled, or made unknown for at-most-once queues.",
+							&gatekeeper_lease,
+							5 * 60 * 1000, 1000, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gatekeeper.smtp_url",
+							   "SMTP relay the gatekeeper workers deliver to.",
+							   "smtp://host:port or smtps://host:port.  Empty: the workers "
+							   "deliver nothing, but still reap and purge.",
+							   &gatekeeper_smtp_url,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gatekeeper.smtp_user",
+							   "User name for the SMTP relay.",
+							   NULL,
+							   &gatekeeper_smtp_user,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gatekeeper.smtp_password",
+							   "Password for the SMTP relay.",
+							   NULL,
+							   &gatekeeper_smtp_password,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.smtp_connections",
+							"Parallel SMTP connections per gatekeeper worker.",
+							NULL,
+							&gatekeeper_smtp_connections,
+							16, 1, 256,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.smtp_timeout",
+							"Time allowed for delivering one message to the SMTP relay.",
+							NULL,
+							&gatekeeper_smtp_timeout,
+							30 * 1000, 100, 60 * 60 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gatekeeper.default_sender",
+							   "From address of mail that names no sender.",
+							   "Mail without a sender fails when this is empty.",
+							   &gatekeeper_default_sender,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gatekeeper.message_id_domain",
+							   "Right-hand side of the Message-ID of each mail.",
+							   "Empty: the domain of the mail's sender.",
+							   &gatekeeper_message_id_domain,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.retention",
+							"How long finished mail and expired gate passes are kept.",
+							NULL,
+							&gatekeeper_retention,
+							7 * 24 * 60 * 60, 1, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.max_message_size",
+							"Largest mail accepted at enqueue.",
+							NULL,
+							&gatekeeper_max_message_size,
+							10 * 1024 * 1024, 1024, (int) MaxAllocSize,
+							PGC_SIGHUP,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+}
+
+/*
+ * gatekeeper.database must name a database.
+ */
+static bool
+check_database(char **newval, void **extra, GucSource source)
+{
+	(void) extra;
+	(void) source;
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+	{
+		GUC_check_errdetail("gatekeeper.database must not be empty.");
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Register gatekeeper.workers static background workers.  A worker that
+ * exits with an error is restarted after bgw_restart_time, never at once,
+ * so an error that repeats does not spin.
+ */
+static void
+gatekeeper_register_workers(void)
+{
+	BackgroundWorker worker;
+	int			i;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 10;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "gatekeeper");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "gatekeeper_worker_main");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "gatekeeper worker");
+	worker.bgw_notify_pid = 0;
+
+	for (i = 0; i < gatekeeper_workers; i++)
+	{
+		snprintf(worker.bgw_name, BGW_MAXLEN, "gatekeeper worker %d", i + 1);
+		worker.bgw_main_arg = Int32GetDatum(i);
+		RegisterBackgroundWorker(&worker);
+	}
+}
+
+/*
+ * Bytes of shared memory: a header and one slot per worker.
+ */
+static Size
+gatekeeper_shmem_size(void)
+{
+	return add_size(offsetof(GatekeeperShared, slots),
+					mul_size(sizeof(GatekeeperSlot), gatekeeper_workers));
+}
+
+/*
+ * shmem_request_hook: ask for the shared state.
+ */
+static void
+gatekeeper_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+
+	RequestAddinShmemSpace(gatekeeper_shmem_size());
+}
+
+/*
+ * shmem_startup_hook: create or attach to the shared state.  It is created
+ * again, empty, whenever the postmaster reinitializes shared memory after a
+ * crash.
+ */
+static void
+gatekeeper_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	gatekeeper_shared = ShmemInitStruct("gatekeeper",
+										gatekeeper_shmem_size(),
+										&found);
+	if (!found)
+	{
+		int			i;
+
+		SpinLockInit(&gatekeeper_shared->mutex);
+		gatekeeper_shared->nslots = gatekeeper_workers;
+		for (i = 0; i < gatekeeper_workers; i++)
+		{
+			GatekeeperSlot *slot = &gatekeeper_shared->slots[i];
+
+			slot->pid = 0;
+			slot->pgprocno = INVALID_PGPROCNO;
+			slot->database = InvalidOid;
+			slot->connecting = false;
+			pg_atomic_init_u32(&slot->wake, 0);
+		}
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * Wake the workers when the current transaction commits.  Called for every
+ * row of mail written that is due now (or within a nap), so it does nothing
+ * but set a flag once it has been called in a transaction.  A no-op when
+ * the library was not preloaded: then there are no workers to wake.
+ */
+void
+gatekeeper_wake_at_commit(void)
+{
+	if (wake_pending || gatekeeper_shared == NULL)
+		return;
+
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(gatekeeper_xact_callback, NULL);
+		xact_callback_registered = true;
+	}
+	wake_pending = true;
+}
+
+/*
+ * gatekeeper._wake(): SQL access to gatekeeper_wake_at_commit(), for SQL
+ * functions that make mail due (resume, for one).
+ */
+Datum
+gatekeeper_wake(PG_FUNCTION_ARGS)
+{
+	(void) fcinfo;
+
+	gatekeeper_wake_at_commit();
+	PG_RETURN_VOID();
+}
+
+/*
+ * At commit, wake the workers if this transaction wrote due mail; at abort
+ * or PREPARE TRANSACTION forget it (a prepared transaction's mail is found
+ * by the next pass).
+ */
+static void
+gatekeeper_xact_callback(XactEvent event, void *arg)
+{
+	(void) arg;
+
+	if (!wake_pending)
+		return;
+
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+			wake_pending = false;
+			gatekeeper_wake_workers();
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			wake_pending = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Set the wake flag and the latch of every worker connected to this
+ * database, except this process.  Runs after the commit is visible, so a
+ * worker that wakes sees the mail.  Must not fail.
+ */
+static void
+gatekeeper_wake_workers(void)
+{
+	int			i;
+
+	for (i = 0; i < gatekeeper_shared->nslots; i++)
+	{
+		GatekeeperSlot *slot = &gatekeeper_shared->slots[i];
+		pid_t		pid;
+		int			pgprocno;
+		Oid			database;
+
+		SpinLockAcquire(&gatekeeper_shared->mutex);
+		pid = slot->pid;
+		pgprocno = slot->pgprocno;
+		database = slot->database;
+		SpinLockRelease(&gatekeeper_shared->mutex);
+
+		if (pid == 0 || pid == MyProcPid || database != MyDatabaseId)
+			continue;
+
+		/*
+		 * The worker may exit, and its PGPROC be reused, right after we read
+		 * its slot: then another process gets a spurious wakeup, which every
+		 * latch user tolerates.
+		 */
+		pg_atomic_write_u32(&slot->wake, 1);
+		SetLatch(&GetPGProcByNumber(pgprocno)->procLatch);
+	}
+}
+
+/*
+ * The slot of worker slotno; a can't-happen error when there is none.
+ */
+static GatekeeperSlot *
+gatekeeper_slot(int slotno)
+{
+	if (gatekeeper_shared == NULL ||
+		slotno < 0 || slotno >= gatekeeper_shared->nslots)
+		elog(FATAL, "gatekeeper worker slot %d does not exist", slotno);
+
+	return &gatekeeper_shared->slots[slotno];
+}
+
+/*
+ * Mark whether worker slotno is trying to connect to its database, and
+ * return what the mark was.  A worker that finds it already set knows its
+ * predecessor failed to connect (the database does not exist, say).
+ */
+bool
+gatekeeper_slot_connecting(int slotno, bool connecting)
+{
+	GatekeeperSlot *slot = gatekeeper_slot(slotno);
+	bool		was;
+
+	SpinLockAcquire(&gatekeeper_shared->mutex);
+	was = slot->connecting;
+	slot->connecting = connecting;
+	SpinLockRelease(&gatekeeper_shared->mutex);
+
+	return was;
+}
+
+/*
+ * Publish this connected worker in slot slotno so that commits of due mail
+ * wake it; it is withdrawn when the process exits.
+ */
+void
+gatekeeper_slot_attach(int slotno)
+{
+	GatekeeperSlot *slot = gatekeeper_slot(slotno);
+
+	SpinLockAcquire(&gatekeeper_shared->mutex);
+	slot->pid = MyProcPid;
+	slot->pgprocno = MyProc->pgprocno;
+	slot->database = MyDatabaseId;
+	slot->connecting = false;
+	SpinLockRelease(&gatekeeper_shared->mutex);
+
+	before_shmem_exit(gatekeeper_slot_detach, Int32GetDatum(slotno));
+}
+
+/*
+ * before_shmem_exit callback: withdraw this worker from its slot.
+ */
+static void
+gatekeeper_slot_detach(int code, Datum arg)
+{
+	GatekeeperSlot *slot = gatekeeper_slot(DatumGetInt32(arg));
+
+	(void) code;
+
+	SpinLockAcquire(&gatekeeper_shared->mutex);
+	if (slot->pid == MyProcPid)
+	{
+		slot->pid = 0;
+		slot->pgprocno = INVALID_PGPROCNO;
+		slot->database = InvalidOid;
+	}
+	SpinLockRelease(&gatekeeper_shared->mutex);
+}
+
+/*
+ * Whether due mail was committed for worker slotno since it last consumed
+ * the flag; consume clears it.
+ */
+bool
+gatekeeper_slot_woken(int slotno, bool consume)
+{
+	GatekeeperSlot *slot = gatekeeper_slot(slotno);
+
+	if (consume)
+		return pg_atomic_exchange_u32(&slot->wake, 0) != 0;
+	return pg_atomic_read_u32(&slot->wake) != 0;
+}

@@ -1,0 +1,148 @@
+/*-------------------------------------------------------------------------
+ *
+ * gatekeeper.h
+ *		Declarations shared by gatekeeper's source files.
+ *
+ * gatekeeper keeps scheduled email in PostgreSQL: applications enqueue
+ * mail with SQL, claims hand each due mail to exactly one worker, gates
+ * enforce per-recipient smart-sending windows and frequency caps, and a
+ * background worker delivers claimed mail over SMTP.
+ *
+ * src/gatekeeper.c		module initialization, settings, shared state,
+ *						wake-on-commit
+ * src/worker.c			the background worker's loop
+ * src/claim.c			claim, ack, nack, extend, reap, purge
+ * src/gate.c			gate passes and releases
+ * src/mail.c			the insert trigger that validates every new mail
+ * src/validate.c		address and header validation
+ * src/message.c		RFC 5322 message building
+ * src/smtp.c			delivery over SMTP through libcurl's multi interface
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_H
+#define GATEKEEPER_H
+
+#include "postgres.h"
+
+#include "lib/stringinfo.h"
+#include "utils/timestamp.h"
+
+/*
+ * Settings (src/gatekeeper.c).  Times are in milliseconds unless the name
+ * says otherwise.
+ */
+extern char *gatekeeper_database;
+extern int	gatekeeper_workers;
+extern int	gatekeeper_naptime;
+extern int	gatekeeper_batch_size;
+extern int	gatekeeper_lease;
+extern char *gatekeeper_smtp_url;
+extern char *gatekeeper_smtp_user;
+extern char *gatekeeper_smtp_password;
+extern int	gatekeeper_smtp_connections;
+extern int	gatekeeper_smtp_timeout;
+extern char *gatekeeper_default_sender;
+extern char *gatekeeper_message_id_domain;
+extern int	gatekeeper_retention;	/* seconds */
+extern int	gatekeeper_max_message_size;	/* bytes */
+
+/* src/gatekeeper.c */
+extern void gatekeeper_define_settings(void);
+extern void gatekeeper_wake_at_commit(void);
+
+/* src/worker.c */
+extern PGDLLEXPORT void gatekeeper_worker_main(Datum main_arg);
+
+/*
+ * src/validate.c: each raises an error with a documented SQLSTATE when its
+ * input is malformed.  "what" names the field in the error message.
+ */
+extern void gatekeeper_check_address(const char *address, const char *what);
+extern void gatekeeper_check_header_value(const char *value, const char *what);
+extern void gatekeeper_check_header_name(const char *name);
+
+/*
+ * src/gate.c: the state of one gate for one recipient, as the claim and
+ * gate_pass see it while they hold its row locked.  Passes that expired
+ * are dropped as the row is read.
+ */
+typedef struct GateRow
+{
+	char	   *recipient;		/* lower-cased, the row's key with gate */
+	int32		gate;			/* gatekeeper.gate.id */
+	int			n;				/* live passes */
+	int			cap;
+	TimestampTz *expires;
+	int64	   *holders;
+	bool	   *holder_null;
+	/* the pass the locking INSERT wrote if the row was new */
+	TimestampTz first_expiry;
+	int64		first_holder;
+	bool		first_holder_null;
+	bool		inserted;		/* the row did not exist: the table holds just the first pass */
+	bool		changed;		/* differs from the table: write it back */
+} GateRow;
+
+extern char *gatekeeper_recipient_key(const char *recipient);
+extern int	gatekeeper_gate_row_cmp(const void *a, const void *b);
+extern void gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now);
+extern bool gatekeeper_gate_try(GateRow *row, int max_sends,
+								TimestampTz expiry, int64 holder, bool holder_null);
+extern TimestampTz gatekeeper_gate_reopens(const GateRow *row, int max_sends);
+extern void gatekeeper_gate_write(GateRow *rows, int n, TimestampTz now);
+
+/*
+ * One claimed mail, as gatekeeper.claim returns it.  Strings are
+ * NUL-terminated; sender, html and headers_json may be NULL.
+ */
+typedef struct GatekeeperMail
+{
+	int64		id;
+	int32		attempt;
+	char	   *queue;
+	char	   *recipient;
+	char	   *sender;
+	char	   *subject;
+	char	   *body;
+	char	   *html;
+	char	   *headers_json;	/* a JSON object of header name -> value */
+	char	   *message_id;		/* "<...@...>", identical on every attempt */
+} GatekeeperMail;
+
+/*
+ * src/message.c: the RFC 5322 message for one mail, CRLF line endings,
+ * appended to buf.  from is the From address to use (the mail's sender or
+ * the default sender).
+ */
+extern void gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
+									 const char *from);
+
+/* What became of one delivery attempt (src/smtp.c). */
+typedef enum GatekeeperOutcome
+{
+	GATEKEEPER_SENT,			/* relay replied 2xx to the data */
+	GATEKEEPER_RETRY,			/* 4xx reply or timeout: retry with backoff */
+	GATEKEEPER_FAIL,			/* 5xx reply: permanent failure */
+	GATEKEEPER_UNREACHABLE		/* no relay reached at all: hand back uncharged */
+} GatekeeperOutcome;
+
+typedef struct GatekeeperDelivery
+{
+	const GatekeeperMail *mail;
+	const char *from;			/* envelope sender */
+	StringInfoData message;		/* built message */
+	GatekeeperOutcome outcome;	/* set by gatekeeper_smtp_deliver */
+	long		reply_code;		/* last SMTP reply code, 0 if none */
+	char		error[256];		/* human-readable reason when not sent */
+} GatekeeperDelivery;
+
+/*
+ * src/smtp.c: deliver n messages with up to gatekeeper_smtp_connections
+ * parallel, reused connections.  Sets each item's outcome.  Must be called
+ * outside any transaction; checks for interrupts while it waits.
+ */
+extern void gatekeeper_smtp_deliver(GatekeeperDelivery *items, int n);
+extern void gatekeeper_smtp_reset(void);
+
+#endif							/* GATEKEEPER_H */

@@ -1,0 +1,340 @@
+/*-------------------------------------------------------------------------
+ *
+ * mail.c
+ *		The trigger that validates every mail entering gatekeeper.mail.
+ *
+ * Mail arrives by gatekeeper.enqueue, by INSERT and by COPY; all three
+ * pass through this one BEFORE INSERT trigger, so the same validation
+ * holds for all of them and a bad row aborts the statement before
+ * anything is written.  The trigger also notes that due mail was written,
+ * so the delivery workers are woken when the transaction commits.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "gatekeeper.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "access/detoast.h"
+#include "fmgr.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/timestamp.h"
+
+PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
+
+/* The columns the trigger reads, by attribute number. */
+typedef struct MailColumns
+{
+	Oid			relid;
+	int			natts;
+	int			queue;
+	int			recipient;
+	int			sender;
+	int			subject;
+	int			body;
+	int			html;
+	int			headers;
+	int			send_at;
+	int			send_by;
+	int			state;
+	Oid			state_type;
+	Oid			scheduled;		/* enum value 'scheduled' */
+} MailColumns;
+
+static MailColumns columns;
+
+/*
+ * Queues known to exist in the current command.  A COPY of a million rows
+ * names a handful of queues; looking each up once per command is enough,
+ * because drop_queue locks gatekeeper.mail against writers before it
+ * checks that nothing references the queue.
+ */
+#define QUEUE_CACHE_SIZE 8
+
+typedef struct QueueCache
+{
+	LocalTransactionId lxid;
+	CommandId	cid;
+	int			n;
+	int			next;
+	char	   *names[QUEUE_CACHE_SIZE];
+} QueueCache;
+
+static QueueCache queue_cache;
+static SPIPlanPtr queue_plan = NULL;
+
+/*
+ * Look up the attribute numbers of the columns we check.
+ */
+static void
+load_columns(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	if (columns.relid == RelationGetRelid(rel) && columns.natts == desc->natts)
+		return;
+
+	columns.queue = SPI_fnumber(desc, "queue");
+	columns.recipient = SPI_fnumber(desc, "recipient");
+	columns.sender = SPI_fnumber(desc, "sender");
+	columns.subject = SPI_fnumber(desc, "subject");
+	columns.body = SPI_fnumber(desc, "body");
+	columns.html = SPI_fnumber(desc, "html");
+	columns.headers = SPI_fnumber(desc, "headers");
+	columns.send_at = SPI_fnumber(desc, "send_at");
+	columns.send_by = SPI_fnumber(desc, "send_by");
+	columns.state = SPI_fnumber(desc, "state");
+	if (columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
+		columns.subject <= 0 || columns.body <= 0 || columns.html <= 0 ||
+		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0 ||
+		columns.state <= 0)
+		elog(ERROR, "gatekeeper_mail_check fired on a table that is not gatekeeper.mail");
+
+	columns.state_type = TupleDescAttr(desc, columns.state - 1)->atttypid;
+	columns.scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
+															 CStringGetDatum("scheduled"),
+															 ObjectIdGetDatum(columns.state_type)));
+	columns.relid = RelationGetRelid(rel);
+	columns.natts = desc->natts;
+}
+
+/*
+ * Raise an error unless the queue exists.
+ */
+static void
+check_queue_exists(const char *queue)
+{
+	int			i;
+	Datum		arg;
+	bool		found;
+
+	if (queue_cache.lxid != MyProc->lxid ||
+		queue_cache.cid != GetCurrentCommandId(false))
+	{
+		for (i = 0; i < queue_cache.n; i++)
+			pfree(queue_cache.names[i]);
+		queue_cache.n = 0;
+		queue_cache.next = 0;
+		queue_cache.lxid = MyProc->lxid;
+		queue_cache.cid = GetCurrentCommandId(false);
+	}
+	for (i = 0; i < queue_cache.n; i++)
+		if (strcmp(queue_cache.names[i], queue) == 0)
+			return;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (queue_plan == NULL)
+	{
+		Oid			argtype = TEXTOID;
+
+		queue_plan = SPI_prepare("SELECT 1 FROM gatekeeper.queue WHERE name = $1",
+								 1, &argtype);
+		if (queue_plan == NULL)
+			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+		SPI_keepplan(queue_plan);
+	}
+	arg = CStringGetTextDatum(queue);
+	if (SPI_execute_plan(queue_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "queue lookup failed");
+	found = SPI_processed > 0;
+	SPI_finish();
+
+	if (!found)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("queue \"%s\" does not exist", queue),
+				 errhint("Create it with gatekeeper.create_queue().")));
+
+	if (queue_cache.n < QUEUE_CACHE_SIZE)
+		i = queue_cache.n++;
+	else
+	{
+		i = queue_cache.next++ % QUEUE_CACHE_SIZE;
+		pfree(queue_cache.names[i]);
+	}
+	queue_cache.names[i] = MemoryContextStrdup(TopMemoryContext, queue);
+}
+
+/*
+ * The text of a column, or NULL.
+ */
+static char *
+column_text(HeapTuple tuple, TupleDesc desc, int attnum)
+{
+	bool		isnull;
+	Datum		d = heap_getattr(tuple, attnum, desc, &isnull);
+
+	return isnull ? NULL : TextDatumGetCString(d);
+}
+
+/*
+ * The raw byte size of a column, 0 when NULL, without detoasting it.
+ */
+static Size
+column_size(HeapTuple tuple, TupleDesc desc, int attnum)
+{
+	bool		isnull;
+	Datum		d = heap_getattr(tuple, attnum, desc, &isnull);
+
+	return isnull ? 0 : toast_raw_datum_size(d) - VARHDRSZ;
+}
+
+/*
+ * Validate the user's headers: a JSON object of header name to string.
+ */
+static void
+check_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *name = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers must be a JSON object of header names to strings")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			name = pnstrdup(v.val.string.val, v.val.string.len);
+			gatekeeper_check_header_name(name);
+		}
+		else if (tok == WJB_VALUE)
+		{
+			char	   *value;
+
+			if (v.type != jbvString)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("value of header \"%s\" must be a string", name)));
+			value = pnstrdup(v.val.string.val, v.val.string.len);
+			gatekeeper_check_header_value(value, "header value");
+			pfree(value);
+		}
+	}
+}
+
+/*
+ * gatekeeper_mail_check
+ *		BEFORE INSERT OR UPDATE trigger on gatekeeper.mail.
+ *
+ * Rejects the row, with the SQLSTATEs the README documents, when any
+ * field is malformed; otherwise returns it unchanged.
+ */
+Datum
+gatekeeper_mail_check(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	char	   *recipient;
+	char	   *sender;
+	char	   *subject;
+	char	   *queue;
+	bool		isnull;
+	bool		send_by_null;
+	Datum		send_at;
+	Datum		send_by;
+	Datum		d;
+	Size		size;
+	bool		scheduled;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		elog(ERROR, "gatekeeper_mail_check must be fired BEFORE ROW");
+
+	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
+		trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	desc = RelationGetDescr(trigdata->tg_relation);
+	load_columns(trigdata->tg_relation);
+
+	recipient = column_text(tuple, desc, columns.recipient);
+	if (recipient == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("recipient must not be null")));
+	gatekeeper_check_address(recipient, "recipient");
+
+	sender = column_text(tuple, desc, columns.sender);
+	if (sender != NULL)
+		gatekeeper_check_address(sender, "sender");
+
+	subject = column_text(tuple, desc, columns.subject);
+	if (subject == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("subject must not be null")));
+	gatekeeper_check_header_value(subject, "subject");
+
+	(void) heap_getattr(tuple, columns.body, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("body must not be null")));
+
+	d = heap_getattr(tuple, columns.headers, desc, &isnull);
+	if (!isnull)
+		check_headers(DatumGetJsonbP(d));
+
+	size = column_size(tuple, desc, columns.subject) +
+		column_size(tuple, desc, columns.body) +
+		column_size(tuple, desc, columns.html) +
+		column_size(tuple, desc, columns.headers);
+	if (size > (Size) gatekeeper_max_message_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("mail is larger than gatekeeper.max_message_size"),
+				 errdetail("Subject, body, html and headers hold %zu bytes; the limit is %d bytes.",
+						   size, gatekeeper_max_message_size)));
+
+	send_at = heap_getattr(tuple, columns.send_at, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("send_at must not be null")));
+	send_by = heap_getattr(tuple, columns.send_by, desc, &send_by_null);
+
+	d = heap_getattr(tuple, columns.state, desc, &isnull);
+	scheduled = !isnull && DatumGetObjectId(d) == columns.scheduled;
+
+	/*
+	 * Checks that only make sense for mail that is still to go: a restore
+	 * of finished mail (pg_dump) may name a queue dropped since.
+	 */
+	if (scheduled && TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+	{
+		if (!send_by_null &&
+			DatumGetTimestampTz(send_by) < DatumGetTimestampTz(send_at))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("send_by must not be before send_at")));
+	}
+
+	queue = column_text(tuple, desc, columns.queue);
+	if (queue == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("queue must not be null")));
+	if (scheduled)
+		check_queue_exists(queue);
+
+	/* wake the workers at commit when this mail is due within a nap */
+	if (scheduled &&
+		DatumGetTimestampTz(send_at) <=
+		GetCurrentStatementStartTimestamp() + (int64) gatekeeper_naptime * 1000)
+		gatekeeper_wake_at_commit();
+
+	return PointerGetDatum(tuple);
+}
