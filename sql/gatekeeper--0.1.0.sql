@@ -194,10 +194,10 @@ BEGIN
 		RAISE EXCEPTION 'weight must be at least 1'
 			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('weight was %s.', weight);
 	END IF;
-	IF rate_limit < CASE WHEN altering THEN 0 ELSE 1 END THEN
+	IF rate_limit < 0 OR (NOT altering AND rate_limit = 0) THEN
 		RAISE EXCEPTION 'rate_limit must be positive'
 			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('rate_limit was %s.', rate_limit),
-				  HINT = CASE WHEN altering THEN 'alter_queue(name, rate_limit => 0) removes the limit.' END;
+				  HINT = 'alter_queue(name, rate_limit => 0) removes a limit.';
 	END IF;
 	IF dedupe_window < interval '0' OR (NOT altering AND dedupe_window = interval '0') THEN
 		RAISE EXCEPTION 'dedupe_window must be positive'
@@ -494,6 +494,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
 	new_id bigint;
 	q gatekeeper.queue;

@@ -44,7 +44,6 @@
 
 PG_FUNCTION_INFO_V1(gatekeeper_claim);
 PG_FUNCTION_INFO_V1(gatekeeper_ack_batch);
-PG_FUNCTION_INFO_V1(gatekeeper_wake);
 
 #define MAX_BATCH 10000
 
@@ -857,15 +856,4 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_INT32((int32) n);
-}
-
-/*
- * _wake() RETURNS void: wake the delivery workers when this transaction
- * commits (after resume(), say).
- */
-Datum
-gatekeeper_wake(PG_FUNCTION_ARGS)
-{
-	gatekeeper_wake_at_commit();
-	PG_RETURN_VOID();
 }

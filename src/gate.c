@@ -275,7 +275,12 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 		args[0] = PointerGetDatum(construct_array(keys, k, TEXTOID, -1, false, TYPALIGN_INT));
 		args[1] = PointerGetDatum(construct_array(gates, k, INT4OID, 4, true, TYPALIGN_INT));
 	}
-	if (SPI_execute_plan(read_plan, args, nulls, true, 0) != SPI_OK_SELECT)
+	/*
+	 * Not read-only: the rows must be read with a snapshot taken now, after
+	 * we got their locks, or a pass committed since the caller's snapshot
+	 * would be missed.
+	 */
+	if (SPI_execute_plan(read_plan, args, nulls, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gate rows");
 	for (r = 0; r < SPI_processed; r++)
 	{
@@ -615,7 +620,7 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipients");
-	InitMaterializedSRF(fcinfo, 0);
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 
 	arr = PG_GETARG_ARRAYTYPE_P(1);
 	if (ARR_NDIM(arr) > 1)
