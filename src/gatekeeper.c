@@ -17,8 +17,6 @@
  * commit, the workers connected to that database are woken through their
  * latches.
  *
- * Copyright (c) 2024, gatekeeper authors
- *
  * IDENTIFICATION
  *		src/gatekeeper.c
  *

@@ -51,6 +51,14 @@ extern int	gatekeeper_max_message_size;	/* bytes */
 extern void gatekeeper_define_settings(void);
 extern void gatekeeper_wake_at_commit(void);
 
+/*
+ * src/gatekeeper.c: each worker's slot in shared memory, for src/worker.c.
+ * slotno is the worker's bgw_main_arg, 0 .. gatekeeper.workers - 1.
+ */
+extern bool gatekeeper_slot_connecting(int slotno, bool connecting);
+extern void gatekeeper_slot_attach(int slotno);
+extern bool gatekeeper_slot_woken(int slotno, bool consume);
+
 /* src/worker.c */
 extern PGDLLEXPORT void gatekeeper_worker_main(Datum main_arg);
 
