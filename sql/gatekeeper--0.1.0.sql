@@ -66,9 +66,14 @@ INSERT INTO gatekeeper.gate (name, period, max_sends) VALUES ('smart_sending', i
  * enqueue, INSERT or COPY); the rest belong to gatekeeper.
  *
  * Live mail is found through partial indexes only, so finished mail
- * retained for gatekeeper.retention costs claims nothing:
+ * retained for gatekeeper.retention costs claims nothing.  Only mail_due
+ * has a predicate on state: a statement that finds mail by id and checks
+ * its state must never be tempted, by statistics that lag behind, into
+ * walking a partial index of all claimed mail instead of the primary key.
+ *
  *   mail_due		scheduled mail by queue, priority, due time
- *   mail_lease		claimed mail by lease expiry, for reaping
+ *   mail_lease		claimed mail by lease expiry, for reaping (every way out
+ *					of claimed clears lease_until)
  *   mail_dedupe	at most one live mail per queue and dedupe key
  *   mail_sent_key	sent mail by dedupe key, for the dedupe window
  *   mail_finished	terminal mail by finish time, for purging
@@ -103,7 +108,7 @@ COMMENT ON COLUMN gatekeeper.mail.uncharged IS 'claims handed back unsent becaus
 CREATE INDEX mail_due ON gatekeeper.mail (queue, priority DESC, send_at, id)
 	WHERE state = 'scheduled';
 CREATE INDEX mail_lease ON gatekeeper.mail (lease_until)
-	WHERE state = 'claimed';
+	WHERE lease_until IS NOT NULL;
 CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail (queue, dedupe_key)
 	WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed');
 CREATE INDEX mail_sent_key ON gatekeeper.mail (queue, dedupe_key, finished_at)
@@ -692,7 +697,7 @@ BEGIN
 	FOR r IN
 		WITH expired AS (
 			SELECT m.id FROM gatekeeper.mail m
-			 WHERE m.state = 'claimed' AND m.lease_until < now()
+			 WHERE m.lease_until < now() AND m.state = 'claimed'
 			 ORDER BY m.lease_until
 			   FOR UPDATE SKIP LOCKED
 		)

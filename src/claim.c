@@ -324,7 +324,6 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 							   "              FOR UPDATE SKIP LOCKED) c "
 							   "        WHERE l.p IS NOT NULL "
 							   "        LIMIT $2)) "
-							   "   AND m.state = 'scheduled' "
 							   "RETURNING m.id, m.attempt, m.queue, m.recipient, m.sender, m.subject, m.body, "
 							   "          m.html, m.headers, m.message_id, m.state = 'expired', m.priority, "
 							   "          m.send_at, m.send_by",
