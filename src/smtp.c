@@ -23,6 +23,9 @@
  */
 #include "gatekeeper.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <curl/curl.h>
 
 #include "miscadmin.h"
@@ -46,6 +49,7 @@ typedef struct SmtpSlot
 	size_t		offset;			/* octets of the message handed to libcurl */
 	bool		mail_sent;		/* MAIL FROM went out in this transfer */
 	bool		rcpt_sent;		/* RCPT TO went out in this transfer */
+	bool		quit_sent;		/* QUIT went out: later replies are not news */
 	bool		retried;		/* already restarted on a fresh connection */
 	long		reply_code;		/* last reply code seen in this transfer */
 	char		reply[160];		/* its text */
@@ -93,6 +97,11 @@ static int	smtp_events_cap = 0;
 static bool smtp_timer_set = false;
 static TimestampTz smtp_timer_deadline = 0;
 
+/* every socket libcurl has open, kept with malloc (see smtp_abort_sockets) */
+static curl_socket_t *smtp_open_fds = NULL;
+static int	smtp_nopen = 0;
+static int	smtp_open_cap = 0;
+
 static void smtp_run(GatekeeperDelivery *items, int n);
 static void smtp_setup(void);
 static bool smtp_config_matches(void);
@@ -116,6 +125,10 @@ static int	smtp_debug_cb(CURL *easy, curl_infotype type, char *data, size_t size
 static int	smtp_socket_cb(CURL *easy, curl_socket_t fd, int what, void *arg,
 						   void *sockp);
 static int	smtp_timer_cb(CURLM *multi, long timeout_ms, void *arg);
+static curl_socket_t smtp_open_cb(void *arg, curlsocktype purpose,
+								  struct curl_sockaddr *address);
+static int	smtp_close_cb(void *arg, curl_socket_t fd);
+static void smtp_abort_sockets(void);
 
 /*
  * gatekeeper_smtp_deliver
@@ -208,13 +221,21 @@ smtp_run(GatekeeperDelivery *items, int n)
  *		Close every relay connection and free all of libcurl's state.
  *
  * Called when the relay settings change; the next delivery starts afresh.
- * Idle connections are closed politely (QUIT), which libcurl bounds by
- * the timeouts of the last transfer.
+ * Also called when an error (a query cancel, say) interrupts a delivery.
+ *
+ * The connections are shut down before libcurl is asked to close them, so
+ * the QUIT libcurl would send, and wait for, fails at once: a stuck relay
+ * can never hold up a reload or an error.  A transfer cut short this way
+ * never sends the final ".", so the relay discards its partial message
+ * (libcurl's SMTP "done" handler would otherwise send "." for a transfer
+ * removed while in progress, and wait for the reply).
  */
 void
 gatekeeper_smtp_reset(void)
 {
 	int			i;
+
+	smtp_abort_sockets();
 
 	if (smtp_multi != NULL)
 	{
@@ -448,6 +469,14 @@ smtp_new_easy(SmtpSlot *slot)
 			   "CURLOPT_READFUNCTION");
 	smtp_check(curl_easy_setopt(e, CURLOPT_READDATA, slot), "CURLOPT_READDATA");
 	smtp_check(curl_easy_setopt(e, CURLOPT_PRIVATE, slot), "CURLOPT_PRIVATE");
+	smtp_check(curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, smtp_open_cb),
+			   "CURLOPT_OPENSOCKETFUNCTION");
+	smtp_check(curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, smtp_close_cb),
+			   "CURLOPT_CLOSESOCKETFUNCTION");
+#if LIBCURL_VERSION_NUM >= 0x075700
+	/* never wait for a resolver thread when a transfer is torn down */
+	smtp_check(curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L), "CURLOPT_QUICK_EXIT");
+#endif
 	smtp_check(curl_easy_setopt(e, CURLOPT_ERRORBUFFER, slot->errbuf),
 			   "CURLOPT_ERRORBUFFER");
 
@@ -505,6 +534,7 @@ smtp_start(SmtpSlot *slot, GatekeeperDelivery *item)
 	slot->offset = 0;
 	slot->mail_sent = false;
 	slot->rcpt_sent = false;
+	slot->quit_sent = false;
 	slot->reply_code = 0;
 	slot->reply[0] = '\0';
 	slot->errbuf[0] = '\0';
@@ -527,6 +557,7 @@ smtp_restart(SmtpSlot *slot)
 	slot->offset = 0;
 	slot->mail_sent = false;
 	slot->rcpt_sent = false;
+	slot->quit_sent = false;
 	slot->reply_code = 0;
 	slot->reply[0] = '\0';
 	slot->errbuf[0] = '\0';
@@ -572,7 +603,8 @@ smtp_finish(SmtpSlot *slot, CURLcode rc)
 		return true;
 	}
 
-	item->reply_code = code;
+	/* the reply code only where a reply decided the outcome */
+	item->reply_code = (rc == CURLE_OK || code >= 400) ? code : 0;
 	if (rc == CURLE_OK)
 	{
 		item->outcome = GATEKEEPER_SENT;
@@ -890,8 +922,9 @@ smtp_read_cb(char *buffer, size_t size, size_t nitems, void *arg)
 /*
  * smtp_debug_cb
  *		libcurl's debug callback: note the commands sent and keep the last
- *		reply.  Commands are only matched, never stored (AUTH carries the
- *		password).
+ *		reply before QUIT (libcurl closes a connection after a failed
+ *		transfer with QUIT, and "221" would hide the reply that failed it).
+ *		Commands are only matched, never stored (AUTH carries the password).
  */
 static int
 smtp_debug_cb(CURL *easy, curl_infotype type, char *data, size_t size, void *arg)
@@ -906,8 +939,10 @@ smtp_debug_cb(CURL *easy, curl_infotype type, char *data, size_t size, void *arg
 			slot->mail_sent = true;
 		else if (size >= 7 && pg_strncasecmp(data, "RCPT TO", 7) == 0)
 			slot->rcpt_sent = true;
+		else if (size >= 4 && pg_strncasecmp(data, "QUIT", 4) == 0)
+			slot->quit_sent = true;
 	}
-	else if (type == CURLINFO_HEADER_IN && size >= 3 &&
+	else if (type == CURLINFO_HEADER_IN && !slot->quit_sent && size >= 3 &&
 			 data[0] >= '1' && data[0] <= '5' &&
 			 data[1] >= '0' && data[1] <= '9' &&
 			 data[2] >= '0' && data[2] <= '9')
@@ -1011,4 +1046,70 @@ smtp_timer_cb(CURLM *multi, long timeout_ms, void *arg)
 														  timeout_ms);
 	}
 	return 0;
+}
+
+/*
+ * smtp_open_cb
+ *		libcurl's open-socket callback: open the socket and remember it.
+ */
+static curl_socket_t
+smtp_open_cb(void *arg, curlsocktype purpose, struct curl_sockaddr *address)
+{
+	curl_socket_t fd;
+
+	(void) arg;
+	(void) purpose;
+
+	if (smtp_nopen == smtp_open_cap)
+	{
+		int			cap = Max(16, smtp_open_cap * 2);
+		curl_socket_t *fds = realloc(smtp_open_fds, sizeof(curl_socket_t) * cap);
+
+		if (fds == NULL)
+			return CURL_SOCKET_BAD;
+		smtp_open_fds = fds;
+		smtp_open_cap = cap;
+	}
+
+	fd = socket(address->family, address->socktype, address->protocol);
+	if (fd != CURL_SOCKET_BAD)
+		smtp_open_fds[smtp_nopen++] = fd;
+	return fd;
+}
+
+/*
+ * smtp_close_cb
+ *		libcurl's close-socket callback: forget the socket and close it.
+ */
+static int
+smtp_close_cb(void *arg, curl_socket_t fd)
+{
+	int			i;
+
+	(void) arg;
+
+	for (i = 0; i < smtp_nopen; i++)
+	{
+		if (smtp_open_fds[i] == fd)
+		{
+			smtp_open_fds[i] = smtp_open_fds[--smtp_nopen];
+			break;
+		}
+	}
+	return close(fd);
+}
+
+/*
+ * smtp_abort_sockets
+ *		Shut down every socket libcurl has open, so that whatever libcurl
+ *		tries next on them fails at once instead of waiting on the relay.
+ *		libcurl still closes them itself.
+ */
+static void
+smtp_abort_sockets(void)
+{
+	int			i;
+
+	for (i = 0; i < smtp_nopen; i++)
+		(void) shutdown(smtp_open_fds[i], SHUT_RDWR);
 }
