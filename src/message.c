@@ -50,6 +50,12 @@
  */
 #define ENCODED_MIN_ROOM	30
 
+/*
+ * A plain word longer than this is written as encoded-words, which can be
+ * folded, so that no header line comes near the 998-octet limit.
+ */
+#define HEADER_WORD_MAX		900
+
 /* Longest 7bit body line, CRLF excluded. */
 #define BODY_7BIT_WIDTH		78
 
@@ -406,11 +412,12 @@ header_name_usable(const char *name)
  * word_needs_encoding
  *		Must this whitespace-free word of a header value be an encoded-word?
  *
- * Yes when it holds a non-ASCII octet or a control character, or looks
- * like an encoded-word itself ("=?"), which a reader would decode.  An
- * angle-bracketed word ("<...>": an address, a URL) is never encoded, nor,
- * in an address header, a word holding '@': encoded-words are not allowed
- * there, and raw UTF-8 (RFC 6532) is the better outcome.
+ * Yes when it holds a non-ASCII octet or a control character, looks like
+ * an encoded-word itself ("=?"), which a reader would decode, or is too
+ * long for a line.  An angle-bracketed word ("<...>": an address, a URL)
+ * is never encoded, nor, in an address header, a word holding '@':
+ * encoded-words are not allowed there, and raw UTF-8 (RFC 6532) is the
+ * better outcome.
  */
 static bool
 word_needs_encoding(const char *word, int len, bool address)
@@ -421,6 +428,8 @@ word_needs_encoding(const char *word, int len, bool address)
 		return false;
 	if (address && memchr(word, '@', len) != NULL)
 		return false;
+	if (len > HEADER_WORD_MAX)
+		return true;
 
 	for (i = 0; i < len; i++)
 	{
@@ -473,7 +482,7 @@ header_fold(HeaderLine *hl)
  *		Write a plain word, folding first if it would overrun the line.
  *
  * A word longer than a line stays whole: it cannot be split, and RFC 5322
- * only requires lines under 998 octets.
+ * only requires lines under 998 octets (longer words are encoded).
  */
 static void
 header_put_word(HeaderLine *hl, const char *ws, int wslen, const char *word,

@@ -836,7 +836,9 @@ smtp_sync_waitset(void)
 
 		smtp_waitset = CreateWaitEventSet(TopMemoryContext, smtp_nsocks + 2);
 		AddWaitEventToSet(smtp_waitset, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
-		AddWaitEventToSet(smtp_waitset, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		if (IsUnderPostmaster)
+			AddWaitEventToSet(smtp_waitset, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET,
+							  NULL, NULL);
 		for (i = 0; i < smtp_nsocks; i++)
 		{
 			SmtpSocket *s = &smtp_socks[i];
