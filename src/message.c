@@ -65,7 +65,8 @@
 typedef enum TransferEncoding
 {
 	TE_7BIT,
-	TE_QUOTED_PRINTABLE
+	TE_QUOTED_PRINTABLE,
+	TE_BASE64
 } TransferEncoding;
 
 /* One header field being written, folded as it goes. */
@@ -77,6 +78,9 @@ typedef struct HeaderLine
 } HeaderLine;
 
 static const char hexdigits[] = "0123456789ABCDEF";
+
+static const char base64_digits[] =
+"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 static const char *const day_names[] = {
 	"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"
@@ -105,6 +109,8 @@ static int	utf8_char_len(const char *s, int remaining);
 static TransferEncoding choose_encoding(const char *text);
 static void append_text_7bit(StringInfo buf, const char *text);
 static void append_text_qp(StringInfo buf, const char *text);
+static void append_text_base64(StringInfo buf, const char *text);
+static int	base64_encode(char *out, const char *in, int len);
 static void append_part_headers(StringInfo buf, const char *subtype,
 								TransferEncoding te);
 static void encode_text(StringInfo buf, const char *text, TransferEncoding te);
@@ -157,10 +163,11 @@ gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
 		encode_text(&html, mail->html, html_te);
 
 		/*
-		 * The boundary starts with "=_", which quoted-printable output can
-		 * never contain ('=' there is always followed by a hex digit or a
-		 * line break).  A 7bit part that happens to contain the boundary is
-		 * re-encoded as quoted-printable, so it cannot occur in either part.
+		 * The boundary starts with "=_", which neither quoted-printable nor
+		 * base64 output can contain ('=' there is always followed by a hex
+		 * digit, '=' or a line break).  A 7bit part that happens to contain
+		 * the boundary is re-encoded as quoted-printable, so it cannot occur
+		 * in either part.
 		 */
 		h = hash_bytes_extended((const unsigned char *) message_id,
 								strlen(message_id), (uint64) mail->id);
@@ -581,10 +588,7 @@ header_put_encoded(HeaderLine *hl, const char *ws, int wslen, const char *text,
 		}
 		else
 		{
-			static const char b64[] =
-				"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 			int			maxbytes = (avail / 4) * 3;
-			int			j;
 
 			while (take < len)
 			{
@@ -594,19 +598,7 @@ header_put_encoded(HeaderLine *hl, const char *ws, int wslen, const char *text,
 					break;
 				take += clen;
 			}
-			for (j = 0; j < take; j += 3)
-			{
-				uint32		bits = (uint32) (unsigned char) text[j] << 16;
-
-				if (j + 1 < take)
-					bits |= (uint32) (unsigned char) text[j + 1] << 8;
-				if (j + 2 < take)
-					bits |= (uint32) (unsigned char) text[j + 2];
-				word[wlen++] = b64[(bits >> 18) & 0x3f];
-				word[wlen++] = b64[(bits >> 12) & 0x3f];
-				word[wlen++] = j + 1 < take ? b64[(bits >> 6) & 0x3f] : '=';
-				word[wlen++] = j + 2 < take ? b64[bits & 0x3f] : '=';
-			}
+			wlen += base64_encode(word + wlen, text, take);
 		}
 
 		/* cannot happen: avail always holds a 4-octet character */
@@ -657,12 +649,17 @@ utf8_char_len(const char *s, int remaining)
 /*
  * choose_encoding
  *		7bit for ASCII text whose lines are all short enough; otherwise
- *		quoted-printable.
+ *		quoted-printable, unless so much of the text would need "=XX" that
+ *		base64 is smaller (text in Cyrillic, Greek, CJK, ...: QP triples
+ *		it, base64 adds a third).
  */
 static TransferEncoding
 choose_encoding(const char *text)
 {
 	const char *p = text;
+	size_t		total = 0;
+	size_t		escaped = 0;
+	bool		plain = true;
 
 	while (*p)
 	{
@@ -670,21 +667,32 @@ choose_encoding(const char *text)
 		size_t		i;
 
 		if (n > BODY_7BIT_WIDTH)
-			return TE_QUOTED_PRINTABLE;
+			plain = false;
 		for (i = 0; i < n; i++)
 		{
 			unsigned char c = (unsigned char) p[i];
 
 			if (c >= 0x7f || (c < 0x20 && c != '\t'))
-				return TE_QUOTED_PRINTABLE;
+			{
+				plain = false;
+				escaped++;
+			}
+			else if (c == '=')
+				escaped++;
 		}
+		total += n + 2;
 		p += n;
 		if (p[0] == '\r' && p[1] == '\n')
 			p += 2;
 		else if (*p)
 			p++;
 	}
-	return TE_7BIT;
+
+	if (plain)
+		return TE_7BIT;
+	if (total + 2 * escaped > total + total / 3)
+		return TE_BASE64;
+	return TE_QUOTED_PRINTABLE;
 }
 
 /*
@@ -696,6 +704,8 @@ encode_text(StringInfo buf, const char *text, TransferEncoding te)
 {
 	if (te == TE_7BIT)
 		append_text_7bit(buf, text);
+	else if (te == TE_BASE64)
+		append_text_base64(buf, text);
 	else
 		append_text_qp(buf, text);
 }
@@ -819,5 +829,60 @@ append_part_headers(StringInfo buf, const char *subtype, TransferEncoding te)
 					 "Content-Type: text/%s; charset=UTF-8\r\n"
 					 "Content-Transfer-Encoding: %s\r\n",
 					 subtype,
-					 te == TE_7BIT ? "7bit" : "quoted-printable");
+					 te == TE_7BIT ? "7bit" :
+					 te == TE_BASE64 ? "base64" : "quoted-printable");
+}
+
+/*
+ * append_text_base64
+ *		Append text as base64 (RFC 2045 6.8), in 76-character lines.  The
+ *		text is first put in canonical form: every line break CRLF, and a
+ *		final CRLF, as the other encodings write it.
+ */
+static void
+append_text_base64(StringInfo buf, const char *text)
+{
+	StringInfoData canon;
+	int			i;
+
+	initStringInfo(&canon);
+	append_text_7bit(&canon, text);
+
+	enlargeStringInfo(buf, (canon.len + 2) / 3 * 4 + (canon.len / 57 + 1) * 2);
+	for (i = 0; i < canon.len; i += 57)
+	{
+		buf->len += base64_encode(buf->data + buf->len, canon.data + i,
+								  Min(57, canon.len - i));
+		buf->data[buf->len++] = '\r';
+		buf->data[buf->len++] = '\n';
+	}
+	buf->data[buf->len] = '\0';
+	pfree(canon.data);
+}
+
+/*
+ * base64_encode
+ *		Write len octets of in as base64 to out, with padding and no line
+ *		breaks; returns the number of characters written.
+ */
+static int
+base64_encode(char *out, const char *in, int len)
+{
+	int			n = 0;
+	int			j;
+
+	for (j = 0; j < len; j += 3)
+	{
+		uint32		bits = (uint32) (unsigned char) in[j] << 16;
+
+		if (j + 1 < len)
+			bits |= (uint32) (unsigned char) in[j + 1] << 8;
+		if (j + 2 < len)
+			bits |= (uint32) (unsigned char) in[j + 2];
+		out[n++] = base64_digits[(bits >> 18) & 0x3f];
+		out[n++] = base64_digits[(bits >> 12) & 0x3f];
+		out[n++] = j + 1 < len ? base64_digits[(bits >> 6) & 0x3f] : '=';
+		out[n++] = j + 2 < len ? base64_digits[bits & 0x3f] : '=';
+	}
+	return n;
 }
