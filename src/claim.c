@@ -397,6 +397,7 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 		int64		weights = 0;
 		int			given = 0;
 		int			progress = 0;
+		int			emptied = 0;
 		int			i;
 
 		for (i = 0; i < nqueues; i++)
@@ -436,9 +437,17 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 			q->got += got;
 			progress += got;
 			if (got < share)
+			{
 				q->more = false;
+				emptied++;
+			}
 		}
-		if (progress == 0)
+
+		/*
+		 * A round that claimed nothing but found queues empty goes on: what
+		 * they were given goes to the queues that may still have due mail.
+		 */
+		if (progress == 0 && emptied == 0)
 			break;
 	}
 	return nclaimed;
