@@ -117,7 +117,8 @@ CREATE INDEX mail_finished ON gatekeeper.mail (finished_at)
 	WHERE finished_at IS NOT NULL;
 
 CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
-	LANGUAGE c AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
+	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
 
 CREATE TRIGGER mail_check
 	BEFORE INSERT OR UPDATE OF queue, recipient, sender, subject, body, html, headers
@@ -260,7 +261,7 @@ BEGIN
 										   weight, rate_limit, dedupe_window, true);
 	UPDATE gatekeeper.queue q
 	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
-							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}' END, q.gates),
+							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
 		   on_gate_closed = coalesce(alter_queue.on_gate_closed, q.on_gate_closed),
 		   delivery = coalesce(alter_queue.delivery, q.delivery),
 		   max_attempts = coalesce(alter_queue.max_attempts, q.max_attempts),
