@@ -82,6 +82,7 @@ typedef struct GatekeeperShared
 /* NULL unless the library was preloaded */
 static GatekeeperShared *gatekeeper_shared = NULL;
 
+static emit_log_hook_type prev_emit_log_hook = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
@@ -94,6 +95,7 @@ void		_PG_init(void);
 PG_FUNCTION_INFO_V1(gatekeeper_wake);
 
 static bool check_database(char **newval, void **extra, GucSource source);
+static void gatekeeper_emit_log(ErrorData *edata);
 static Size gatekeeper_shmem_size(void);
 static void gatekeeper_shmem_request(void);
 static void gatekeeper_shmem_startup(void);
@@ -142,6 +144,10 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("gatekeeper");
+
+	/* the postmaster logs changed settings: keep the credentials out */
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = gatekeeper_emit_log;
 
 	/* pg_upgrade's server must not deliver mail */
 	if (IsBinaryUpgrade)
@@ -294,6 +300,41 @@ check_database(char **newval, void **extra, GucSource source)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * emit_log_hook: when the configuration is reloaded the postmaster logs
+ * each changed setting with its new value.  For the relay credentials,
+ * log that they changed, not what to.
+ */
+static void
+gatekeeper_emit_log(ErrorData *edata)
+{
+	static const char *const secrets[] = {
+		"gatekeeper.smtp_user",
+		"gatekeeper.smtp_password",
+	};
+
+	if (edata->message_id != NULL && edata->message != NULL &&
+		strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0)
+	{
+		int			i;
+
+		for (i = 0; i < (int) lengthof(secrets); i++)
+		{
+			char		quoted[64];
+
+			snprintf(quoted, sizeof(quoted), "\"%s\"", secrets[i]);
+			if (strstr(edata->message, quoted) != NULL)
+			{
+				edata->message = psprintf("parameter %s changed", quoted);
+				break;
+			}
+		}
+	}
+
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
 }
 
 /*

@@ -96,9 +96,12 @@ static int	backoff_ms = 0;
 /* whether gatekeeper.smtp_url is set and looks usable */
 static bool smtp_enabled = false;
 
+/* mails per claim: gatekeeper.batch_size, or fewer (see check_settings) */
+static int	claim_size = 1;
+
 static void wait_for_database(void) pg_attribute_noreturn();
 static bool database_ready(const char *name);
-static void check_smtp_url(void);
+static void check_settings(void);
 static long gatekeeper_pass(void);
 static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
@@ -150,7 +153,7 @@ gatekeeper_worker_main(Datum main_arg)
 	batch_context = AllocSetContextCreate(TopMemoryContext,
 										  "gatekeeper batch",
 										  ALLOCSET_DEFAULT_SIZES);
-	check_smtp_url();
+	check_settings();
 
 	ereport(LOG,
 			(errmsg("gatekeeper worker started in database \"%s\"",
@@ -171,7 +174,7 @@ gatekeeper_worker_main(Datum main_arg)
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 			gatekeeper_smtp_reset();
-			check_smtp_url();
+			check_settings();
 		}
 
 		/* the pass sees every mail whose commit set the flag until now */
@@ -180,7 +183,7 @@ gatekeeper_worker_main(Datum main_arg)
 		timeout = gatekeeper_pass();
 
 		/* due mail committed during the pass: go again at once */
-		if (timeout > 0 && backoff_ms == 0 &&
+		if (timeout > 0 && backoff_until <= GetCurrentTimestamp() &&
 			gatekeeper_slot_woken(worker_slot, false))
 			timeout = 0;
 	}
@@ -197,6 +200,8 @@ wait_for_database(void)
 	char		activity[NAMEDATALEN + 64];
 
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	SetConfigOption("application_name", MyBgworkerEntry->bgw_name,
+					PGC_USERSET, PGC_S_SESSION);
 
 	ereport(LOG,
 			(errmsg("gatekeeper worker is waiting for database \"%s\"",
@@ -276,14 +281,21 @@ database_ready(const char *name)
 }
 
 /*
- * Decide whether to deliver at all: gatekeeper.smtp_url must be empty (no
- * delivery) or an smtp:// or smtps:// URL.  The URL is never logged: it
- * may carry credentials.
+ * Act on the settings, at start and after each reload.
+ *
+ * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL,
+ * off when it is empty.  The URL is never logged: it may carry credentials.
+ *
+ * A claim takes gatekeeper.batch_size mails, but no more than the relay
+ * connections can finish within four fifths of the lease even if every
+ * transfer runs into gatekeeper.smtp_timeout: a lease that ran out during
+ * delivery would let another worker send the same mail again.
  */
 static void
-check_smtp_url(void)
+check_settings(void)
 {
 	const char *url = gatekeeper_smtp_url ? gatekeeper_smtp_url : "";
+	int64		rounds;
 
 	if (url[0] == '\0')
 		smtp_enabled = false;
@@ -298,6 +310,17 @@ check_smtp_url(void)
 				 errmsg("gatekeeper.smtp_url must begin with \"smtp://\" or \"smtps://\""),
 				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
 	}
+
+	rounds = ((int64) gatekeeper_lease * 4 / 5) / Max(gatekeeper_smtp_timeout, 1);
+	if (smtp_enabled &&
+		(int64) gatekeeper_lease < 2 * (int64) gatekeeper_smtp_timeout)
+		ereport(WARNING,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("gatekeeper.lease is too short for gatekeeper.smtp_timeout"),
+				 errdetail("A delivery can outlast its lease, and another worker may then send the same mail again."),
+				 errhint("Make gatekeeper.lease at least twice gatekeeper.smtp_timeout.")));
+	claim_size = (int) Min((int64) gatekeeper_batch_size,
+						   Max(rounds, 1) * gatekeeper_smtp_connections);
 
 	/* a new relay deserves a fresh try */
 	backoff_ms = 0;
@@ -352,8 +375,8 @@ gatekeeper_pass(void)
 		{
 			char		activity[64];
 
-			snprintf(activity, sizeof(activity), "delivering %d mails",
-					 ndeliver);
+			snprintf(activity, sizeof(activity), "delivering %d mail%s",
+					 ndeliver, ndeliver == 1 ? "" : "s");
 			pgstat_report_activity(STATE_RUNNING, activity);
 			gatekeeper_smtp_deliver(items, ndeliver);
 			pgstat_report_activity(STATE_IDLE, NULL);
@@ -369,7 +392,7 @@ gatekeeper_pass(void)
 				   TimestampDifferenceMilliseconds(current, backoff_until));
 
 	/* a full batch: more is waiting */
-	if (n >= gatekeeper_batch_size)
+	if (n >= claim_size)
 		return 0;
 
 	if (have_next_due)
@@ -586,7 +609,7 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 	lease->time = (int64) gatekeeper_lease * 1000;
 
 	values[0] = CStringGetTextDatum(worker_name);
-	values[1] = Int32GetDatum(gatekeeper_batch_size);
+	values[1] = Int32GetDatum(claim_size);
 	values[2] = IntervalPGetDatum(lease);
 
 	plan = prepare_plan(&claim_plan, claim_query, 3, argtypes);
@@ -607,7 +630,7 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 
 	/* when the batch was not full, find when the next mail is due */
 	*have_next_due = false;
-	if (n < gatekeeper_batch_size)
+	if (n < claim_size)
 	{
 		plan = prepare_plan(&next_due_plan, "SELECT gatekeeper.next_due()",
 							0, NULL);
