@@ -16,6 +16,15 @@
  * (CURLMOPT_TIMERFUNCTION) as the timeout: a signal or a dying postmaster
  * is seen at once, however slow the relay.
  *
+ * Outcomes (see smtp_finish): a 2xx reply to the data is SENT; from MAIL
+ * FROM on, 5xx is FAIL and 4xx, a timeout or a lost connection RETRY; a
+ * failure before MAIL FROM (no connection, no greeting, a refused
+ * greeting, EHLO, STARTTLS or login) is the relay's, not the mail's, and
+ * UNREACHABLE.
+ *
+ * libcurl does the SMTP dot-stuffing of the message and sends the final
+ * ".": the message is handed over as built.
+ *
  * libcurl's callbacks run inside libcurl and must never ereport: they only
  * touch plain memory allocated beforehand, or malloc.
  *
@@ -71,7 +80,8 @@ typedef struct SmtpConfig
 	char	   *url;
 	char	   *user;
 	char	   *password;
-	char	   *url_password;	/* a password embedded in the URL */
+	char	   *url_password[2];	/* a password embedded in the URL, as
+									 * written and decoded */
 	int			connections;
 	int			timeout;
 	bool		smtps;
@@ -170,7 +180,10 @@ gatekeeper_smtp_deliver(GatekeeperDelivery *items, int n)
 	if (smtp_multi != NULL && !smtp_config_matches())
 		gatekeeper_smtp_reset();
 	if (smtp_multi == NULL)
+	{
+		gatekeeper_smtp_reset();	/* whatever a failed setup left */
 		smtp_setup();
+	}
 
 	PG_TRY();
 	{
@@ -284,10 +297,14 @@ gatekeeper_smtp_reset(void)
 		explicit_bzero(smtp_config.password, strlen(smtp_config.password));
 		pfree(smtp_config.password);
 	}
-	if (smtp_config.url_password != NULL)
+	for (i = 0; i < 2; i++)
 	{
-		explicit_bzero(smtp_config.url_password, strlen(smtp_config.url_password));
-		pfree(smtp_config.url_password);
+		if (smtp_config.url_password[i] != NULL)
+		{
+			explicit_bzero(smtp_config.url_password[i],
+						   strlen(smtp_config.url_password[i]));
+			pfree(smtp_config.url_password[i]);
+		}
 	}
 	memset(&smtp_config, 0, sizeof(smtp_config));
 }
@@ -364,10 +381,11 @@ smtp_parse_url(const char *url)
 {
 	CURLU	   *u = curl_url();
 	char	   *part = NULL;
+	int			i;
 
 	smtp_config.smtps = pg_strncasecmp(url, "smtps://", 8) == 0;
 	smtp_config.loopback = false;
-	smtp_config.url_password = NULL;
+	smtp_config.url_password[0] = smtp_config.url_password[1] = NULL;
 	if (u == NULL)
 		return;
 	if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK)
@@ -379,12 +397,16 @@ smtp_parse_url(const char *url)
 				strcmp(part, "[::1]") == 0;
 			curl_free(part);
 		}
-		part = NULL;
-		if (curl_url_get(u, CURLUPART_PASSWORD, &part, 0) == CURLUE_OK)
+		for (i = 0; i < 2; i++)
 		{
-			if (part[0] != '\0')
-				smtp_config.url_password = pstrdup(part);
-			curl_free(part);
+			part = NULL;
+			if (curl_url_get(u, CURLUPART_PASSWORD, &part,
+							 i == 0 ? 0 : CURLU_URLDECODE) == CURLUE_OK)
+			{
+				if (part[0] != '\0')
+					smtp_config.url_password[i] = pstrdup(part);
+				curl_free(part);
+			}
 		}
 	}
 	curl_url_cleanup(u);
@@ -442,7 +464,7 @@ smtp_new_easy(SmtpSlot *slot)
 	if (!smtp_config.smtps)
 	{
 		bool		credentials = smtp_config.user[0] != '\0' ||
-			smtp_config.password[0] != '\0' || smtp_config.url_password != NULL;
+			smtp_config.password[0] != '\0' || smtp_config.url_password[0] != NULL;
 
 		smtp_check(curl_easy_setopt(e, CURLOPT_USE_SSL,
 									(long) (credentials && !smtp_config.loopback ?
@@ -654,7 +676,8 @@ smtp_set_error(SmtpSlot *slot, CURLcode rc, const char *prefix)
 			 reply, detail, (int) rc);
 
 	smtp_scrub(item->error, smtp_config.password);
-	smtp_scrub(item->error, smtp_config.url_password);
+	smtp_scrub(item->error, smtp_config.url_password[0]);
+	smtp_scrub(item->error, smtp_config.url_password[1]);
 }
 
 /*
