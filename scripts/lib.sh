@@ -139,9 +139,9 @@ gk_stage_source() {
 	[ -f "$dest/Makefile" ] || gk_die "no Makefile in the staged copy of $src"
 }
 
-# gk_build_install DIR LOG: build in DIR as postgres (output in LOG), then
-# `make install` as root.  Returns 0 on success; prints the compiler output.
-gk_build_install() {
+# gk_build DIR LOG: build in DIR as postgres, compiler output in LOG (and
+# on stderr).  Returns make's status.
+gk_build() {
 	local dir=$1 log=$2 jobs
 	jobs=$(nproc 2>/dev/null || echo 2)
 	gk_log "building in $dir (as postgres)"
@@ -151,12 +151,17 @@ gk_build_install() {
 		return 1
 	fi
 	if [ -s "$log" ]; then cat "$log" >&2; fi
+}
+
+# gk_install DIR: `make install` the build in DIR, as root.
+gk_install() {
+	local dir=$1 out
 	gk_log "installing into $("$GK_PG_CONFIG" --pkglibdir) and $("$GK_PG_CONFIG" --sharedir)/extension (as root)"
-	(cd "$dir" && make -s PG_CONFIG="$GK_PG_CONFIG" install) >>"$log" 2>&1 || {
-		cat "$log" >&2
+	if ! out=$(cd "$dir" && make -s PG_CONFIG="$GK_PG_CONFIG" install 2>&1); then
+		printf '%s\n' "$out" >&2
 		gk_warn "make install failed"
 		return 1
-	}
+	fi
 }
 
 # gk_port_free PORT: true when nothing accepts TCP connections on

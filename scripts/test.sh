@@ -83,12 +83,16 @@ BUILD=$(gk_make_workdir gatekeeper-test)
 gk_stage_source "$ROOT" "$BUILD/src"
 SRC=$BUILD/src
 cd "$BUILD"
-if ! gk_build_install "$SRC" "$BUILD/build.log"; then
+if ! gk_build "$SRC" "$BUILD/build.log"; then
 	SUMMARY+=("build         FAILED (see the compiler output above)")
 	exit 1
 fi
 if grep -n 'warning:' "$BUILD/build.log" >&2; then
-	SUMMARY+=("build         FAILED: compiler warnings (above)")
+	SUMMARY+=("build         FAILED: compiler warnings (above); not installed")
+	exit 1
+fi
+if ! gk_install "$SRC"; then
+	SUMMARY+=("build         ok, but make install FAILED")
 	exit 1
 fi
 SUMMARY+=("build         ok, no compiler warnings, installed into $("$GK_PG_CONFIG" --pkglibdir)")
@@ -113,9 +117,14 @@ show_tail() {
 run_suite() {
 	local name=$1 log=$2 rc=0
 	shift 2
-	(cd "$SRC" && timeout --kill-after=30 "$STAGE_TIMEOUT" \
-		runuser -u postgres -- env PATH="$PATH" LANG="$LANG" LC_ALL="$LC_ALL" \
-		make --no-print-directory PG_CONFIG="$GK_PG_CONFIG" installcheck "$@") 2>&1 | tee "$log" || rc=$?
+	# In the background and waited for, so that a signal to this script is
+	# handled at once (the EXIT trap then stops whatever the suite started).
+	{
+		(cd "$SRC" && timeout --kill-after=30 "$STAGE_TIMEOUT" \
+			runuser -u postgres -- env PATH="$PATH" LANG="$LANG" LC_ALL="$LC_ALL" \
+			make --no-print-directory PG_CONFIG="$GK_PG_CONFIG" installcheck "$@") 2>&1 | tee "$log"
+	} &
+	wait $! || rc=$?
 	if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
 		gk_warn "$name: timed out after ${STAGE_TIMEOUT}s"
 		echo "TIMEOUT after ${STAGE_TIMEOUT}s" >>"$log"
@@ -125,10 +134,39 @@ run_suite() {
 	return "$rc"
 }
 
-# pg_regress prints " All 5 tests passed. " or " 2 of 5 tests failed. ".
+# pg_regress prints " All 5 tests passed. " or " 2 of 5 tests failed. ",
+# or says why it could not run ("pg_regress: postmaster failed").
 regress_result() {
-	grep -E '^ *(All [0-9]+ tests passed|[0-9]+ of [0-9]+ tests failed|[0-9]+ of [0-9]+ tests passed)' "$1" |
-		tail -n 1 | sed -e 's/^ *//' -e 's/ *$//' || true
+	local r
+	r=$(grep -E '^ *(All [0-9]+ tests passed|[0-9]+ of [0-9]+ tests (failed|passed))' "$1" | tail -n 1 |
+		sed -e 's/^ *//' -e 's/ *$//') || true
+	[ -n "$r" ] || r=$(grep -E '^pg_(isolation_)?regress: |^diff command failed|^TIMEOUT' "$1" | tail -n 1) || true
+	printf '%s\n' "${r:-no result line; see the output above}"
+}
+
+# prove ends with "Files=2, Tests=14, ..." and "Result: PASS" (or FAIL);
+# a run that was killed has neither.
+tap_result() {
+	local r
+	r=$(grep -E '^Files=' "$1" | tail -n 1 | cut -d, -f1,2) || true
+	if grep -q '^TIMEOUT' "$1"; then
+		r="timed out after ${STAGE_TIMEOUT}s ${r}"
+	fi
+	r="$r $(grep -E '^Result: ' "$1" | tail -n 1)" || true
+	printf '%s\n' "$r"
+}
+
+# show_suite_logs OUTPUTDIR: what pg_regress leaves for a failed run: the
+# diffs, and the temporary instance's server and initdb logs.
+show_suite_logs() {
+	local out=$1
+	if [ -s "$out/regression.diffs" ]; then
+		printf '\n----- %s (first 400 lines) -----\n' "${out#"$BUILD"/}/regression.diffs" >&2
+		head -n 400 "$out/regression.diffs" >&2
+	fi
+	show_tail "$out/log/postmaster.log" 100
+	# no diffs: the instance itself may not have come up
+	[ -s "$out/regression.diffs" ] || show_tail "$out/log/initdb.log" 30
 }
 
 # ---------------------------------------------------------------- pg_regress
@@ -144,11 +182,7 @@ elif run_suite regress "$BUILD/regress.log" ISOLATION= TAP_TESTS=; then
 else
 	FAILED=1
 	SUMMARY+=("regress       FAILED: $(regress_result "$BUILD/regress.log")")
-	if [ -f "$SRC/regression.diffs" ]; then
-		printf '\n----- regression.diffs -----\n' >&2
-		head -n 400 "$SRC/regression.diffs" >&2
-	fi
-	show_tail "$SRC/tmp_check/log/postmaster.log" 100
+	show_suite_logs "$SRC"
 fi
 
 # ---------------------------------------------------------------- isolation
@@ -164,11 +198,7 @@ elif run_suite isolation "$BUILD/isolation.log" REGRESS= TAP_TESTS=; then
 else
 	FAILED=1
 	SUMMARY+=("isolation     FAILED: $(regress_result "$BUILD/isolation.log")")
-	if [ -f "$SRC/output_iso/regression.diffs" ]; then
-		printf '\n----- output_iso/regression.diffs -----\n' >&2
-		head -n 400 "$SRC/output_iso/regression.diffs" >&2
-	fi
-	show_tail "$SRC/tmp_check_iso/log/postmaster.log" 100
+	show_suite_logs "$SRC/output_iso"
 fi
 
 # ---------------------------------------------------------------- TAP
@@ -187,16 +217,18 @@ elif [ ${#TAP_FILES[@]} -eq 0 ]; then
 	SUMMARY+=("tap           ran 0 files (none in t/)")
 	EMPTY=$((EMPTY + 1))
 elif run_suite tap "$BUILD/tap.log" REGRESS= ISOLATION=; then
-	SUMMARY+=("tap           ok: $(grep -E '^Files=' "$BUILD/tap.log" | tail -n 1 | cut -d, -f1,2)")
+	SUMMARY+=("tap           ok: $(tap_result "$BUILD/tap.log")")
 else
 	FAILED=1
-	SUMMARY+=("tap           FAILED: $(grep -E '^(Files=|Result:)' "$BUILD/tap.log" | tr '\n' ' ')")
-	# prove's own summary names the failing files; the per-test logs say why
-	for f in "$SRC"/tmp_check/log/regress_log_*; do
-		[ -f "$f" ] && show_tail "$f" 60
-	done
-	for f in "$SRC"/tmp_check/log/*.log; do
-		[ -f "$f" ] && show_tail "$f" 40
+	SUMMARY+=("tap           FAILED: $(tap_result "$BUILD/tap.log")")
+	# prove's summary (above) names the failing files; their logs say why.
+	# A file prove reported "ok" for is skipped.
+	for f in "${TAP_FILES[@]}"; do
+		t=$(basename "$f" .pl)
+		if grep -qE "^t/$t\.pl \.+ ok\$" "$BUILD/tap.log"; then continue; fi
+		for l in "$SRC/tmp_check/log/regress_log_$t" "$SRC/tmp_check/log/${t}"_*.log; do
+			if [ -f "$l" ]; then show_tail "$l" 80; fi
+		done
 	done
 fi
 
