@@ -305,14 +305,15 @@ check_database(char **newval, void **extra, GucSource source)
 /*
  * emit_log_hook: when the configuration is reloaded the postmaster logs
  * each changed setting with its new value.  For the relay credentials,
- * log that they changed, not what to.
+ * log that they changed, not what to; for a relay URL that embeds them
+ * (smtp://user:password@host), log it with its user information hidden.
  */
 static void
 gatekeeper_emit_log(ErrorData *edata)
 {
 	static const char *const secrets[] = {
-		"gatekeeper.smtp_user",
-		"gatekeeper.smtp_password",
+		"\"gatekeeper.smtp_user\"",
+		"\"gatekeeper.smtp_password\"",
 	};
 
 	if (edata->message_id != NULL && edata->message != NULL &&
@@ -322,14 +323,30 @@ gatekeeper_emit_log(ErrorData *edata)
 
 		for (i = 0; i < (int) lengthof(secrets); i++)
 		{
-			char		quoted[64];
-
-			snprintf(quoted, sizeof(quoted), "\"%s\"", secrets[i]);
-			if (strstr(edata->message, quoted) != NULL)
+			if (strstr(edata->message, secrets[i]) != NULL)
 			{
-				edata->message = psprintf("parameter %s changed", quoted);
+				edata->message = psprintf("parameter %s changed", secrets[i]);
 				break;
 			}
+		}
+
+		if (strstr(edata->message, "\"gatekeeper.smtp_url\"") != NULL &&
+			gatekeeper_smtp_url != NULL)
+		{
+			const char *url = gatekeeper_smtp_url;
+			const char *authority = strstr(url, "://");
+			const char *at = NULL;
+			const char *p;
+
+			authority = authority ? authority + 3 : url;
+			for (p = authority; *p && *p != '/' && *p != '?' && *p != '#'; p++)
+			{
+				if (*p == '@')
+					at = p;
+			}
+			if (at != NULL)
+				edata->message = psprintf("parameter \"gatekeeper.smtp_url\" changed to \"%.*s***%s\"",
+										  (int) (authority - url), url, at);
 		}
 	}
 

@@ -821,8 +821,8 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 	{
 		/* the mail went with the extension: nothing left to record */
 		ereport(LOG,
-				(errmsg("extension gatekeeper was dropped while %d mails were being delivered; their outcomes are not recorded",
-						n)));
+				(errmsg("extension gatekeeper was dropped while %d mail%s being delivered; the outcomes are not recorded",
+						n, n == 1 ? " was" : "s were")));
 		end_work();
 		return;
 	}
@@ -979,7 +979,7 @@ note_relay_state(GatekeeperDelivery *items, int n)
 			ereport(LOG,
 					(errmsg("gatekeeper worker could not reach the SMTP relay: %s",
 							error[0] != '\0' ? error : "no reason given"),
-					 errdetail("The claimed mail was handed back; delivery is retried with backoff.")));
+					 errdetail("Delivery is retried with backoff; the mail stays scheduled meanwhile.")));
 		backoff_ms = backoff_ms == 0 ? BACKOFF_MIN_MS :
 			Min(backoff_ms * 2, BACKOFF_MAX_MS);
 		backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
