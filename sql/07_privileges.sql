@@ -1,0 +1,119 @@
+-- Privileges: nothing for PUBLIC; an enqueue-only application role and a
+-- worker role get exactly what they need, with the GRANTs the README gives.
+SET client_min_messages = warning;
+\set VERBOSITY terse
+
+CREATE FUNCTION pg_temp.error_of(sql text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE sql;
+	RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+	RETURN SQLSTATE || ': ' || SQLERRM;
+END
+$$;
+
+SELECT gatekeeper.create_queue('p_app');
+
+CREATE ROLE regress_app_enqueue NOLOGIN;
+CREATE ROLE regress_app_worker NOLOGIN;
+CREATE ROLE regress_nobody NOLOGIN;
+
+-- enqueue-only: enqueue(), and INSERT/COPY of the columns an application writes
+GRANT USAGE ON SCHEMA gatekeeper TO regress_app_enqueue;
+GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
+                                             jsonb, text, int, timestamptz) TO regress_app_enqueue;
+GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+              priority, send_by) ON gatekeeper.mail TO regress_app_enqueue;
+
+-- worker: claim and report back, and look at the counts
+GRANT USAGE ON SCHEMA gatekeeper TO regress_app_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper.claim(text, int, interval, text[]),
+                          gatekeeper.ack(bigint, int),
+                          gatekeeper.ack(bigint[], int[]),
+                          gatekeeper.nack(bigint, int, text, boolean),
+                          gatekeeper.extend(bigint, int, interval),
+                          gatekeeper.reap(),
+                          gatekeeper.unclaim(bigint[], int[], text, interval)
+   TO regress_app_worker;
+GRANT SELECT ON gatekeeper.queue_stats TO regress_app_worker;
+
+--
+-- the enqueue-only role
+--
+SET ROLE regress_app_enqueue;
+SELECT gatekeeper.enqueue('p1@priv.example', 'Hello', 'b', 'p_app') IS NOT NULL AS enqueued;
+SELECT gatekeeper.enqueue('p2@priv.example', 'Hello', 'b', 'p_app', dedupe_key => 'k') AS k1 \gset
+SELECT gatekeeper.enqueue('p2@priv.example', 'Hello', 'b', 'p_app', dedupe_key => 'k') = :k1 AS deduped;
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, priority)
+SELECT format('bulk%s@priv.example', i), 'Bulk', 'b', 'p_app', now(), 1 FROM generate_series(1, 10) AS i;
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM stdin;
+copy1@priv.example	Copied	b	p_app
+copy2@priv.example	Copied	b	p_app
+\.
+-- validation holds for this role too
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('bad', 's', 'b', 'p_app')$$) AS invalid_address;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('a@priv.example', 's', 'b', 'p_typo')$$) AS unknown_queue;
+-- but not the columns that belong to gatekeeper, nor reading mail
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue, state) VALUES ('a@priv.example', 's', 'b', 'p_app', 'sent')$$) AS insert_state;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (id, recipient, subject, body, queue) VALUES (1, 'a@priv.example', 's', 'b', 'p_app')$$) AS insert_id;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('a@priv.example', 's', 'b', 'p_app') RETURNING id$$) AS insert_returning;
+SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
+SELECT pg_temp.error_of($$UPDATE gatekeeper.mail SET subject = 'x'$$) AS update_mail;
+SELECT pg_temp.error_of($$DELETE FROM gatekeeper.mail$$) AS delete_mail;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
+SELECT pg_temp.error_of($$SELECT gatekeeper.ack(1, 1)$$) AS ack;
+SELECT pg_temp.error_of($$SELECT gatekeeper.cancel(1)$$) AS cancel;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.queue_stats$$) AS queue_stats;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.queue$$) AS select_queue;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.gate_pass$$) AS select_gate_pass;
+SELECT pg_temp.error_of($$SELECT gatekeeper.create_queue('p_mine')$$) AS create_queue;
+SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('smart_sending', 'a@priv.example')$$) AS gate_pass;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.explain('a@priv.example')$$) AS explain;
+RESET ROLE;
+SELECT state, count(*) FROM gatekeeper.mail WHERE queue = 'p_app' GROUP BY state ORDER BY state;
+
+--
+-- the worker role
+--
+SET ROLE regress_app_worker;
+CREATE TEMP TABLE w AS SELECT id, attempt, recipient FROM gatekeeper.claim('w-priv', 100, queues => ARRAY['p_app']);
+SELECT count(*) AS claimed FROM w;
+SELECT gatekeeper.extend(min(id), 1, '10 minutes') AS extended FROM w;
+SELECT gatekeeper.nack(min(id), 1, '421 later') AS nacked FROM w;
+SELECT gatekeeper.ack(max(id), 1) AS acked FROM w;
+SELECT gatekeeper.ack(array_agg(id), array_agg(attempt)) AS acked_batch FROM w
+ WHERE id NOT IN ((SELECT min(id) FROM w), (SELECT max(id) FROM w));
+SELECT gatekeeper.reap() AS reaped;
+SELECT gatekeeper.unclaim('{}'::bigint[], '{}'::int[], 'none') AS unclaimed;
+SELECT queue, scheduled, claimed, sent FROM gatekeeper.queue_stats WHERE queue = 'p_app';
+SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
+SELECT pg_temp.error_of($$SELECT recipient FROM gatekeeper.mail$$) AS select_recipients;
+SELECT pg_temp.error_of($$UPDATE gatekeeper.mail SET state = 'sent'$$) AS update_mail;
+SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b', 'p_app')$$) AS enqueue;
+SELECT pg_temp.error_of($$SELECT gatekeeper.cancel_queue('p_app')$$) AS cancel_queue;
+SELECT pg_temp.error_of($$SELECT gatekeeper.pause('p_app')$$) AS pause;
+SELECT pg_temp.error_of($$SELECT gatekeeper.purge()$$) AS purge;
+DROP TABLE w;
+RESET ROLE;
+
+--
+-- a role granted nothing can do nothing
+--
+SET ROLE regress_nobody;
+SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b')$$) AS enqueue;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body) VALUES ('a@priv.example', 's', 'b')$$) AS insert;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
+SELECT pg_temp.error_of($$SELECT gatekeeper.gate_open('smart_sending', 'a@priv.example')$$) AS gate_open;
+RESET ROLE;
+
+-- the state after all this
+SELECT state, count(*) FROM gatekeeper.mail WHERE queue = 'p_app' GROUP BY state ORDER BY state;
+
+-- clean up
+SELECT gatekeeper.cancel_queue('p_app') AS cancelled;
+DROP OWNED BY regress_app_enqueue, regress_app_worker, regress_nobody;
+DROP ROLE regress_app_enqueue, regress_app_worker, regress_nobody;
+SELECT count(*) AS acl_entries_left
+  FROM pg_class c, aclexplode(c.relacl) a
+ WHERE c.relnamespace = 'gatekeeper'::regnamespace AND a.grantee <> c.relowner;
