@@ -1,0 +1,452 @@
+#!/usr/bin/env bash
+# scripts/demo.sh: gatekeeper's main job, end to end, on one machine.
+#
+#   bash scripts/demo.sh            (as root, on Debian 12)
+#
+# Installs what it needs, builds and installs gatekeeper, then starts a
+# throwaway PostgreSQL 15 cluster with the gatekeeper worker preloaded and a
+# real SMTP server (Postfix's smtp-sink, keeping every message it receives as
+# a file), both on loopback.  A shop with 50,000 customers then schedules:
+#
+#   promo_black_friday   to all 50,000 customers      (COPY, as from an export)
+#   promo_new_arrivals   to 30,000 of them            (INSERT ... SELECT)
+#   promo_winback        to 20,000 of them, 5 s later (INSERT ... SELECT)
+#   receipts             for orders, in the orders' own transactions
+#                        (INSERT ... SELECT and gatekeeper.enqueue), no gates
+#
+# The three campaigns share the smart_sending gate: however they overlap and
+# however they race, each customer gets one promotional mail.  The worker
+# delivers everything over SMTP while the script shows progress; the report
+# at the end counts from both sides: gatekeeper.queue_stats, and the files
+# the SMTP server wrote.  Everything started is stopped and removed on exit,
+# Ctrl-C included.
+#
+# Settings (environment): GK_DEMO_RECIPIENTS (default 50000, a multiple of
+# 50 keeps the numbers round), GK_DEMO_TIMEOUT (seconds for delivery,
+# default 600), GK_DEMO_KEEP=1 (keep the cluster's files and the received
+# mail in the temporary directory).
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+N=${GK_DEMO_RECIPIENTS:-50000}
+TIMEOUT=${GK_DEMO_TIMEOUT:-600}
+DB=gatekeeper_demo
+SENDER=shop@example.com
+
+[[ "$N" =~ ^[0-9]+$ ]] && [ "$N" -ge 50 ] || gk_die "GK_DEMO_RECIPIENTS must be a number >= 50"
+[[ "$TIMEOUT" =~ ^[0-9]+$ ]] || gk_die "GK_DEMO_TIMEOUT must be a number of seconds"
+
+WORK=
+PGDATA=
+PG_STARTED=0
+SINK_PID=
+INTERRUPTED=0
+
+cleanup() {
+	local rc=$?
+	trap - EXIT
+	trap '' INT TERM
+	cd /
+	if [ "$rc" -ne 0 ] && [ "$INTERRUPTED" -eq 0 ] && [ -n "$WORK" ]; then
+		[ -f "$WORK/postgres.log" ] && { printf '\n----- postgres.log (last 30 lines) -----\n'; tail -n 30 "$WORK/postgres.log"; } >&2
+		[ -s "$WORK/smtp-sink.log" ] && { printf '\n----- smtp-sink.log (last 10 lines) -----\n'; tail -n 10 "$WORK/smtp-sink.log"; } >&2
+	fi
+	if [ "$PG_STARTED" -eq 1 ]; then
+		gk_log "stopping the demo cluster"
+		gk_run_as_postgres pg_ctl -D "$PGDATA" -m fast -w -t 30 stop >/dev/null 2>&1 ||
+			gk_run_as_postgres pg_ctl -D "$PGDATA" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
+	fi
+	if [ -n "$SINK_PID" ] && kill -0 "$SINK_PID" 2>/dev/null; then
+		gk_log "stopping smtp-sink (pid $SINK_PID)"
+		kill "$SINK_PID" 2>/dev/null || true
+		wait "$SINK_PID" 2>/dev/null || true
+	fi
+	if [ -n "$WORK" ] && [ -d "$WORK" ]; then
+		gk_stop_servers_under "$WORK"
+		if [ "${GK_DEMO_KEEP:-0}" = 1 ]; then
+			gk_log "kept $WORK (cluster data, logs, received mail in smtp/)"
+		else
+			rm -rf "$WORK"
+		fi
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'INTERRUPTED=1; gk_warn "interrupted"; exit 130' INT
+trap 'INTERRUPTED=1; gk_warn "terminated"; exit 143' TERM
+
+gk_require_root
+
+# psql into the demo database, as the superuser, quietly.
+q() {
+	psql -X -q -v ON_ERROR_STOP=1 -h "$WORK/run" -p "$PG_PORT" -U postgres -d "$DB" "$@"
+}
+# A single value, unaligned.
+q1() {
+	q -At -c "$1"
+}
+
+# ------------------------------------------------------------ 1. packages
+gk_log "1/6 packages"
+gk_ensure_packages "${GK_BASE_PACKAGES[@]}"
+
+# ------------------------------------------------------------ 2. build
+gk_log "2/6 build and install gatekeeper"
+WORK=$(gk_make_workdir gatekeeper-demo)
+cd "$WORK"
+gk_stage_source "$ROOT" "$WORK/src"
+gk_build "$WORK/src" "$WORK/build.log" || gk_die "the build failed"
+if grep -q 'warning:' "$WORK/build.log"; then
+	gk_warn "the build printed compiler warnings (scripts/test.sh would fail on them)"
+fi
+gk_install "$WORK/src" || gk_die "make install failed"
+rm -rf "$WORK/src"
+
+# ------------------------------------------------------------ 3. SMTP server
+gk_log "3/6 SMTP server: Postfix's smtp-sink on loopback, one file per message"
+SMTP_PORT=$(gk_free_port)
+MAILDIR=$WORK/smtp
+mkdir -p "$MAILDIR"
+chown postfix: "$MAILDIR"
+# -u: drop root for the postfix user once the socket is open; -d: dump each
+# transaction to its own file (a strftime template plus a random suffix);
+# -m: up to 256 sessions at once; 256: the listen backlog.
+smtp-sink -u postfix -h smtp-sink.demo -m 256 -d "$MAILDIR/%Y%m%d%H%M%S." \
+	"127.0.0.1:$SMTP_PORT" 256 >"$WORK/smtp-sink.log" 2>&1 &
+SINK_PID=$!
+for _ in $(seq 1 50); do
+	gk_port_free "$SMTP_PORT" || break
+	kill -0 "$SINK_PID" 2>/dev/null || gk_die "smtp-sink did not start: $(cat "$WORK/smtp-sink.log")"
+	sleep 0.1
+done
+gk_port_free "$SMTP_PORT" && gk_die "smtp-sink is not listening on 127.0.0.1:$SMTP_PORT"
+# Prove it receives before relying on it, then forget the probe.
+smtp-source -m 1 -f probe@example.com -t probe@example.com "127.0.0.1:$SMTP_PORT" ||
+	gk_die "smtp-sink refused a probe message"
+for _ in $(seq 1 50); do
+	[ -n "$(find "$MAILDIR" -type f -size +0 -print -quit)" ] && break
+	sleep 0.1
+done
+grep -rqs '^X-Rcpt-Args: <probe@example.com>' "$MAILDIR" || gk_die "smtp-sink did not store the probe message"
+find "$MAILDIR" -type f -delete
+gk_log "smtp-sink (pid $SINK_PID) listens on 127.0.0.1:$SMTP_PORT and stored a probe message"
+
+# ------------------------------------------------------------ 4. cluster
+gk_log "4/6 PostgreSQL 15 cluster, as the postgres user, with the gatekeeper worker"
+PG_PORT=$(gk_free_port "$SMTP_PORT")
+PGDATA=$WORK/pgdata
+install -d -o postgres -g postgres -m 755 "$WORK/run"
+gk_run_as_postgres initdb -D "$PGDATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$WORK/initdb.log" 2>&1 ||
+	gk_die "initdb failed: $(tail -n 20 "$WORK/initdb.log")"
+# The worker's database exists before the worker first looks for it.
+echo "CREATE DATABASE $DB;" | gk_run_as_postgres postgres --single -D "$PGDATA" postgres >>"$WORK/initdb.log" 2>&1 ||
+	gk_die "could not create database $DB: $(tail -n 20 "$WORK/initdb.log")"
+cat >>"$PGDATA/postgresql.conf" <<EOF
+
+# ---- gatekeeper demo ----
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$WORK/run'
+log_line_prefix = '%m [%p] %b '
+shared_preload_libraries = 'gatekeeper'
+gatekeeper.database = '$DB'
+gatekeeper.smtp_url = 'smtp://127.0.0.1:$SMTP_PORT'
+gatekeeper.default_sender = '$SENDER'
+gatekeeper.smtp_connections = 16
+gatekeeper.naptime = '1s'
+EOF
+gk_run_as_postgres pg_ctl -D "$PGDATA" -l "$WORK/postgres.log" -w -t 60 start >/dev/null ||
+	gk_die "the cluster did not start: $(tail -n 20 "$WORK/postgres.log")"
+PG_STARTED=1
+gk_log "cluster on 127.0.0.1:$PG_PORT (data in $PGDATA), database $DB"
+
+# ------------------------------------------------------------ 5. the shop
+gk_log "5/6 a shop with $N customers schedules three overlapping campaigns and its receipts"
+T0=$(date +%s.%N)
+q -v n="$N" <<'SQL'
+CREATE EXTENSION gatekeeper;
+
+-- The application's own data.
+CREATE SCHEMA shop;
+CREATE TABLE shop.customer (
+	id			int PRIMARY KEY,
+	email		text NOT NULL UNIQUE,
+	first_name	text NOT NULL
+);
+INSERT INTO shop.customer
+SELECT g, format('customer%s@example.com', g),
+	   (ARRAY['Ada', 'Grace', 'Linus', 'Margaret', 'Ken', 'Barbara', 'Zoë'])[1 + g % 7]
+  FROM generate_series(1, :n) g;
+CREATE TABLE shop.orders (
+	id			bigint GENERATED ALWAYS AS IDENTITY (START 100001) PRIMARY KEY,
+	customer	int NOT NULL REFERENCES shop.customer,
+	total		numeric(10, 2) NOT NULL,
+	placed_at	timestamptz NOT NULL DEFAULT now()
+);
+
+-- Three promotional campaigns behind Smart Sending (one promotional mail
+-- per customer per 16 hours), and the transactional receipts, ungated and
+-- weighted so a receipt never waits behind a campaign.
+SELECT gatekeeper.create_queue('promo_black_friday', gates => '{smart_sending}') \g /dev/null
+SELECT gatekeeper.create_queue('promo_new_arrivals', gates => '{smart_sending}') \g /dev/null
+SELECT gatekeeper.create_queue('promo_winback', gates => '{smart_sending}') \g /dev/null
+SELECT gatekeeper.create_queue('receipts', weight => 10) \g /dev/null
+SQL
+
+# Campaign A arrives as an export from the marketing tool: COPY, streamed.
+awk -v n="$N" 'BEGIN {
+	split("Ada Grace Linus Margaret Ken Barbara Zoë", names, " ")
+	for (i = 1; i <= n; i++)
+		printf "customer%d@example.com,Black Friday — 40 %% off everything,\"Hi %s,\n\nEverything is 40 %% off until Monday.\n\nThe Shop\",\"<h1>Black Friday</h1><p>Hi %s, everything is <b>40 %% off</b> until Monday.</p>\",promo_black_friday,\"{\"\"X-Campaign\"\": \"\"promo_black_friday\"\"}\"\n", i, names[1 + i % 7], names[1 + i % 7]
+}' | q -c "COPY gatekeeper.mail (recipient, subject, body, html, queue, headers) FROM STDIN WITH (FORMAT csv)"
+
+q -v n="$N" <<'SQL'
+-- Campaign B, to three customers in five, due now.
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers)
+SELECT email, 'New arrivals: the winter collection',
+	   format(E'Hi %s,\n\nThe winter collection is in.\n\nThe Shop', first_name),
+	   'promo_new_arrivals', '{"X-Campaign": "promo_new_arrivals"}'
+  FROM shop.customer
+ WHERE id % 5 IN (0, 1, 2);
+
+-- Orders placed now, each with its receipt in the same transaction: a
+-- receipt exists only if its order commits.
+BEGIN;
+WITH o AS (
+	INSERT INTO shop.orders (customer, total)
+	SELECT id, 10 + (id * 7919 % 19000) / 100.0
+	  FROM shop.customer
+	 WHERE id % 25 = 0
+	RETURNING id, customer, total
+)
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers, dedupe_key)
+SELECT c.email, format('Your order #%s', o.id),
+	   format(E'Hi %s,\n\nThank you for your order of $%s.\n\nThe Shop', c.first_name, o.total),
+	   'receipts', jsonb_build_object('X-Campaign', 'receipts', 'X-Order', o.id::text),
+	   'order-' || o.id
+  FROM o JOIN shop.customer c ON c.id = o.customer;
+COMMIT;
+
+-- A few checkouts the way a web request does them: one order, one
+-- gatekeeper.enqueue, one transaction.
+BEGIN;
+WITH o AS (
+	INSERT INTO shop.orders (customer, total)
+	SELECT g * 11, 42.00 FROM generate_series(1, 5) g
+	RETURNING id, customer, total
+)
+SELECT gatekeeper.enqueue(c.email, format('Your order #%s', o.id),
+						  format(E'Hi %s,\n\nThank you for your order of $%s.\n\nThe Shop', c.first_name, o.total),
+						  queue => 'receipts',
+						  headers => jsonb_build_object('X-Campaign', 'receipts', 'X-Order', o.id::text),
+						  dedupe_key => 'order-' || o.id)
+  FROM o JOIN shop.customer c ON c.id = o.customer \g /dev/null
+COMMIT;
+SQL
+
+# A checkout retried by the browser enqueues its receipt twice: the dedupe
+# key makes it one mail.  A checkout whose payment fails rolls back: its
+# receipt never existed.
+RETRY=$(q -At <<'SQL'
+BEGIN;
+INSERT INTO shop.orders (customer, total) VALUES (7, 19.99) RETURNING id \gset
+SELECT gatekeeper.enqueue('customer7@example.com', 'Your order #' || :id, 'Thank you for your order.',
+						  queue => 'receipts', headers => '{"X-Campaign": "receipts"}',
+						  dedupe_key => 'order-' || :id) AS first \gset
+SELECT gatekeeper.enqueue('customer7@example.com', 'Your order #' || :id, 'Thank you for your order.',
+						  queue => 'receipts', headers => '{"X-Campaign": "receipts"}',
+						  dedupe_key => 'order-' || :id) AS second \gset
+COMMIT;
+SELECT CASE WHEN :first = :second THEN 'one mail' ELSE 'TWO mails' END;
+SQL
+)
+ROLLED_BACK=$(q -At <<'SQL'
+BEGIN;
+INSERT INTO shop.orders (customer, total) VALUES (8, 500.00) RETURNING id \gset
+SELECT gatekeeper.enqueue('customer8@example.com', 'Your order #' || :id, 'Thank you for your order.',
+						  queue => 'receipts', headers => '{"X-Campaign": "receipts"}',
+						  dedupe_key => 'order-' || :id) AS mail_id \gset
+ROLLBACK;
+SELECT count(*) FROM gatekeeper.mail WHERE id = :mail_id;
+SQL
+)
+
+q -v n="$N" <<'SQL'
+-- Scheduled a few seconds ahead: campaign C to two customers in five
+-- (overlapping B), and shipping notices.
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers, send_at)
+SELECT email, format('%s, we miss you', first_name),
+	   format(E'Hi %s,\n\nHere is 15 %% off your next order.\n\nThe Shop', first_name),
+	   'promo_winback', '{"X-Campaign": "promo_winback"}', now() + interval '5 seconds'
+  FROM shop.customer
+ WHERE id % 5 IN (2, 3);
+
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers, send_at)
+SELECT c.email, format('Order #%s has shipped', o.id),
+	   format(E'Hi %s,\n\nYour order #%s is on its way.\n\nThe Shop', c.first_name, o.id),
+	   'receipts', jsonb_build_object('X-Campaign', 'receipts', 'X-Order', o.id::text),
+	   now() + interval '5 seconds'
+  FROM shop.orders o JOIN shop.customer c ON c.id = o.customer
+ WHERE o.id % 2 = 0;
+SQL
+T1=$(date +%s.%N)
+
+TOTAL=$(q1 "SELECT count(*) FROM gatekeeper.mail")
+PROMO_MAILS=$(q1 "SELECT count(*) FROM gatekeeper.mail WHERE queue LIKE 'promo\_%'")
+PROMO_PEOPLE=$(q1 "SELECT count(DISTINCT lower(recipient)) FROM gatekeeper.mail WHERE queue LIKE 'promo\_%'")
+RECEIPTS=$(q1 "SELECT count(*) FROM gatekeeper.mail WHERE queue = 'receipts'")
+printf '\n'
+q -P footer=off -c "SELECT queue, count(*) AS mails, count(DISTINCT recipient) AS recipients,
+	count(*) FILTER (WHERE send_at > now()) AS due_later
+	FROM gatekeeper.mail GROUP BY queue ORDER BY queue"
+printf '  %s mails enqueued in %.1f s: %s promotional to %s customers, %s receipts\n' \
+	"$TOTAL" "$(awk -v a="$T0" -v b="$T1" 'BEGIN { print b - a }')" "$PROMO_MAILS" "$PROMO_PEOPLE" "$RECEIPTS"
+printf '  retried checkout with a dedupe key: %s; rolled-back checkout: %s receipt(s)\n' "$RETRY" "$ROLLED_BACK"
+printf '  gatekeeper workers running: %s\n\n' \
+	"$(q1 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'gatekeeper worker'")"
+
+# ------------------------------------------------------------ 6. delivery
+gk_log "6/6 delivery (progress every 2 s, at most ${TIMEOUT} s)"
+count_received() {
+	find "$MAILDIR" -type f | wc -l
+}
+START=$(date +%s)
+DONE=0
+while :; do
+	read -r SCHEDULED DUE CLAIMED SENT SUPPRESSED FAILED OTHER < <(q -At -F ' ' -c "
+		SELECT sum(scheduled), sum(due), sum(claimed), sum(sent), sum(suppressed), sum(failed),
+			   sum(expired + cancelled + unknown)
+		  FROM gatekeeper.queue_stats")
+	RECEIVED=$(count_received)
+	ELAPSED=$(($(date +%s) - START))
+	printf '  %4ds  scheduled %7s (due %7s)  claimed %6s  sent %7s  suppressed %7s  failed %s | smtp-sink received %7s\n' \
+		"$ELAPSED" "$SCHEDULED" "$DUE" "$CLAIMED" "$SENT" "$SUPPRESSED" "$FAILED" "$RECEIVED"
+	if [ "$((SCHEDULED + CLAIMED))" -eq 0 ]; then
+		DONE=1
+		break
+	fi
+	if [ "$ELAPSED" -ge "$TIMEOUT" ]; then
+		gk_warn "delivery did not finish within ${TIMEOUT} s (GK_DEMO_TIMEOUT); reporting what happened so far"
+		break
+	fi
+	sleep 2
+done
+# The relay has the last messages once their sessions end; give it a moment.
+for _ in $(seq 1 50); do
+	[ "$(count_received)" -ge "$(q1 "SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent'")" ] && break
+	sleep 0.2
+done
+
+# ------------------------------------------------------------ report
+printf '\n==================== gatekeeper: queue_stats ====================\n'
+q -P footer=off -c "SELECT queue, scheduled, claimed, sent, suppressed, failed, expired, cancelled, unknown
+	FROM gatekeeper.queue_stats ORDER BY queue"
+
+# One line per received message: envelope recipient, Message-ID, campaign.
+# Headers end at the first empty line; folded lines are unfolded.
+find "$MAILDIR" -type f -size +0 -print0 | xargs -0 -r awk '
+	function trim(s) { sub(/^[ \t]+/, "", s); sub(/[ \t\r]+$/, "", s); return s }
+	function header_done() {
+		if (name == "x-rcpt-args") { split(value, w, " "); rcpt = tolower(w[1]); gsub(/[<>]/, "", rcpt) }
+		else if (name == "message-id") mid = value
+		else if (name == "x-campaign") campaign = value
+		name = ""
+	}
+	function emit() {
+		if (in_header) header_done()
+		print (rcpt == "" ? "?" : rcpt) "\t" (mid == "" ? "-" : mid) "\t" (campaign == "" ? "?" : campaign)
+	}
+	FNR == 1 { if (seen) emit(); seen = 1; in_header = 1; rcpt = mid = campaign = name = "" }
+	!in_header { next }
+	/^[ \t]/ { value = value " " trim($0); next }
+	/^\r?$/ { header_done(); in_header = 0; next }
+	{ header_done(); i = index($0, ":"); name = tolower(substr($0, 1, i - 1)); value = trim(substr($0, i + 1)) }
+	END { if (seen) emit() }
+' >"$WORK/received.tsv"
+
+RECEIVED=$(wc -l <"$WORK/received.tsv")
+read -r RCPTS PROMO_RCVD PROMO_RCPTS PROMO_MAX PROMO_MULTI RECEIPTS_RCVD < <(awk -F '\t' '
+	{ r[$1] = 1 }
+	$3 ~ /^promo_/ { promo++; p[$1]++ }
+	$3 == "receipts" { receipts++ }
+	END {
+		for (k in r) nr++
+		for (k in p) { np++; if (p[k] > max) max = p[k]; if (p[k] > 1) multi++ }
+		print nr + 0, promo + 0, np + 0, max + 0, multi + 0, receipts + 0
+	}' "$WORK/received.tsv")
+read -r DUP_IDS NO_IDS < <(awk -F '\t' '
+	$2 == "-" { none++; next }
+	{ c[$2]++ }
+	END { for (k in c) if (c[k] > 1) dup += c[k] - 1; print dup + 0, none + 0 }' "$WORK/received.tsv")
+# Delivery rate from the files' modification times (each is written as its
+# message arrives).  Gaps over a second (the wait for mail scheduled later)
+# count as idle, not as delivery time.
+RATE=$(find "$MAILDIR" -type f -size +0 -printf '%T@\n' | sort -n | awk '
+	NR == 1 { first = $1 }
+	NR > 1 { gap = $1 - prev; active += (gap > 1 ? 1 : gap) }
+	{ prev = $1; per[int($1)]++ }
+	END {
+		if (NR < 2 || active <= 0) { print "n/a"; exit }
+		for (s in per) if (per[s] > peak) peak = per[s]
+		printf "%.0f messages/s while delivering (%d messages, %.1f s busy, %.1f s first to last; busiest second: %d)", NR / active, NR, active, prev - first, peak
+	}')
+
+printf '\n==================== the SMTP server received ====================\n'
+printf '  messages                         %s\n' "$RECEIVED"
+printf '  distinct recipients              %s\n' "$RCPTS"
+printf '  promotional messages             %s, to %s customers\n' "$PROMO_RCVD" "$PROMO_RCPTS"
+printf '  most promotional mails to one    %s   (customers with more than one: %s)\n' "$PROMO_MAX" "$PROMO_MULTI"
+printf '  receipts and shipping notices    %s\n' "$RECEIPTS_RCVD"
+printf '  duplicate Message-IDs            %s   (messages without one: %s)\n' "$DUP_IDS" "$NO_IDS"
+printf '  delivery rate                    %s\n' "$RATE"
+
+# ------------------------------------------------------------ checks
+read -r SENT_DB LIVE_DB BAD_DB < <(q -At -F ' ' -c "
+	SELECT count(*) FILTER (WHERE state = 'sent'),
+		   count(*) FILTER (WHERE state IN ('scheduled', 'claimed')),
+		   count(*) FILTER (WHERE state IN ('failed', 'expired', 'unknown', 'cancelled'))
+	  FROM gatekeeper.mail")
+PASS=0
+FAIL=0
+# check CONDITION-COMMAND... -- DESCRIPTION
+check() {
+	local desc=${*: -1}
+	if "${@:1:$#-2}"; then
+		printf '  PASS  %s\n' "$desc"
+		PASS=$((PASS + 1))
+	else
+		printf '  FAIL  %s\n' "$desc"
+		FAIL=$((FAIL + 1))
+	fi
+}
+all() { local c; for c in "$@"; do eval "$c" || return 1; done; }
+
+printf '\n==================== checks ====================\n'
+check all '[ "$DONE" -eq 1 ]' '[ "$LIVE_DB" -eq 0 ]' -- \
+	"every mail reached a final state ($LIVE_DB still scheduled or claimed)"
+check [ "$BAD_DB" -eq 0 ] -- "none failed, expired, cancelled or unknown ($BAD_DB)"
+check [ "$RECEIVED" -eq "$SENT_DB" ] -- \
+	"the SMTP server received exactly what gatekeeper marked sent ($RECEIVED received, $SENT_DB sent)"
+check [ "$PROMO_MAX" -eq 1 ] -- \
+	"smart sending: no customer got more than one promotional mail (most: $PROMO_MAX)"
+check [ "$PROMO_RCPTS" -eq "$PROMO_PEOPLE" ] -- \
+	"every customer in a campaign got one ($PROMO_RCPTS of $PROMO_PEOPLE)"
+check [ "$RECEIPTS_RCVD" -eq "$RECEIPTS" ] -- \
+	"every committed receipt arrived ($RECEIPTS_RCVD of $RECEIPTS)"
+check all '[ "$DUP_IDS" -eq 0 ]' '[ "$NO_IDS" -eq 0 ]' -- \
+	"every message has its own Message-ID ($DUP_IDS duplicates, $NO_IDS missing)"
+check [ "$RETRY" = "one mail" ] -- "a retried checkout with a dedupe key made one mail ($RETRY)"
+check [ "$ROLLED_BACK" = 0 ] -- "a rolled-back checkout left no mail ($ROLLED_BACK)"
+
+printf '\n'
+if [ "$FAIL" -eq 0 ]; then
+	printf 'DEMO OK: %s checks passed\n' "$PASS"
+	exit 0
+fi
+printf 'DEMO FAILED: %s of %s checks failed (postgres log: %s)\n' "$FAIL" "$((PASS + FAIL))" \
+	"$( [ "${GK_DEMO_KEEP:-0}" = 1 ] && echo "$WORK/postgres.log" || echo "rerun with GK_DEMO_KEEP=1 to keep it")"
+exit 1
