@@ -1,0 +1,641 @@
+# Copyright: gatekeeper contributors
+
+=pod
+
+=head1 NAME
+
+GatekeeperTest - helpers for gatekeeper's TAP tests: a node with the
+library preloaded, a real SMTP relay (Postfix's smtp-sink) on a free
+loopback port, and a parser for the messages the relay received.
+
+=head1 SYNOPSIS
+
+  use FindBin;
+  use lib $FindBin::RealBin;
+  use GatekeeperTest;
+
+  my $sink = GatekeeperTest::start_sink();
+  my $node = GatekeeperTest::new_node('content', sink => $sink);
+  ...
+  my @messages = GatekeeperTest::sink_messages($sink);
+
+Every wait here is bounded; nothing sleeps for a fixed time to let
+something happen.
+
+=cut
+
+package GatekeeperTest;
+
+use strict;
+use warnings;
+
+use Carp;
+use Encode ();
+use Errno;
+use File::Path qw(make_path);
+use IO::Socket::INET;
+use MIME::Base64 ();
+use MIME::QuotedPrint ();
+use POSIX ();
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Time::HiRes qw(time usleep);
+
+our $SMTP_SINK = $ENV{SMTP_SINK} || '/usr/sbin/smtp-sink';
+
+# sinks still running, by pid, stopped when the test ends whatever happens
+my %running_sinks;
+
+=pod
+
+=head2 start_sink(%opts)
+
+Start smtp-sink on 127.0.0.1.  Options: port (default: a free one), dir
+(where each received message is dumped, one file each; default: a fresh
+temporary directory), args (extra smtp-sink options, e.g. ['-r', 'RCPT']
+for 4xx replies to RCPT TO), name (a label for the log).  Returns a hash
+ref with port, dir, pid, log, url.  Returns once the sink accepts
+connections (at most 10 s).
+
+=cut
+
+sub start_sink
+{
+	my (%opts) = @_;
+	my $port = $opts{port} // PostgreSQL::Test::Cluster::get_free_port();
+	my $name = $opts{name} // "sink$port";
+	my $dir = $opts{dir} // PostgreSQL::Test::Utils::tempdir("sink_$name");
+	my $log = "$PostgreSQL::Test::Utils::tmp_check/$name.log";
+	my @args = @{ $opts{args} // [] };
+
+	croak "smtp-sink not found at $SMTP_SINK" unless -x $SMTP_SINK;
+	make_path("$dir/mail");
+
+	# %H%M%S: a file name is the time it arrived plus a random number
+	my @cmd = (
+		$SMTP_SINK, '-c', '-d', "$dir/mail/%H%M%S.",
+		'-t', '30', @args, "127.0.0.1:$port", '128');
+	# smtp-sink needs no privileges on a high port; as root it would
+	# need -u
+	if ($> == 0)
+	{
+		splice(@cmd, 1, 0, '-u', 'postgres');
+	}
+
+	my $pid = fork();
+	croak "fork failed: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open(STDOUT, '>>', $log) or POSIX::_exit(126);
+		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
+		exec(@cmd) or POSIX::_exit(127);
+	}
+	$running_sinks{$pid} = 1;
+	note("started smtp-sink $name (pid $pid) on 127.0.0.1:$port: @cmd");
+
+	my $sink = {
+		name => $name,
+		port => $port,
+		dir => $dir,
+		pid => $pid,
+		log => $log,
+		url => "smtp://127.0.0.1:$port",
+		args => [@args],
+	};
+
+	my $deadline = time + 10;
+	while (1)
+	{
+		if (waitpid($pid, POSIX::WNOHANG()) == $pid)
+		{
+			delete $running_sinks{$pid};
+			croak "smtp-sink $name exited at once (status $?): "
+			  . slurp_file($log);
+		}
+		last if sink_accepts($port);
+		croak "smtp-sink $name does not accept connections on port $port"
+		  if time > $deadline;
+		usleep(50_000);
+	}
+	return $sink;
+}
+
+# Whether something answers with an SMTP greeting on 127.0.0.1:$port.
+sub sink_accepts
+{
+	my ($port) = @_;
+	my $s = IO::Socket::INET->new(
+		PeerAddr => '127.0.0.1',
+		PeerPort => $port,
+		Proto => 'tcp',
+		Timeout => 2) or return 0;
+	$s->timeout(2);
+	my $greeting = <$s>;
+	print $s "QUIT\r\n" if defined $greeting;
+	close($s);
+	return defined $greeting && $greeting =~ /^220/;
+}
+
+=pod
+
+=head2 stop_sink($sink)
+
+Stop the sink (SIGTERM, then SIGKILL after 10 s) and wait until its port
+refuses connections.  The messages it received stay in its dir.
+
+=cut
+
+sub stop_sink
+{
+	my ($sink) = @_;
+	my $pid = $sink->{pid};
+	return unless $pid && $running_sinks{$pid};
+
+	kill('TERM', $pid);
+	my $deadline = time + 10;
+	while (waitpid($pid, POSIX::WNOHANG()) != $pid)
+	{
+		if (time > $deadline)
+		{
+			kill('KILL', $pid);
+			waitpid($pid, 0);
+			last;
+		}
+		usleep(20_000);
+	}
+	delete $running_sinks{$pid};
+	$sink->{pid} = undef;
+	note("stopped smtp-sink $sink->{name}");
+	return;
+}
+
+END
+{
+	my $status = $?;
+	foreach my $pid (keys %running_sinks)
+	{
+		kill('KILL', $pid);
+		waitpid($pid, 0);
+	}
+	$? = $status;
+}
+
+=pod
+
+=head2 new_node($name, %opts)
+
+A node with shared_preload_libraries = 'gatekeeper', a UTF8 database
+encoding, and gatekeeper settings: database (default 'postgres'),
+smtp_url (default the url of opts{sink}, or ''), naptime (default '1s'),
+default_sender (default 'shop@example.com'), plus opts{conf} appended
+verbatim.  Not started.
+
+=cut
+
+sub new_node
+{
+	my ($name, %opts) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init(extra => [ '--encoding=UTF8', '--no-locale' ]);
+
+	my $url = $opts{smtp_url} // ($opts{sink} ? $opts{sink}{url} : '');
+	my $database = $opts{database} // 'postgres';
+	my $naptime = $opts{naptime} // '1s';
+	my $sender = $opts{default_sender} // 'shop@example.com';
+	$node->append_conf(
+		'postgresql.conf', qq{
+shared_preload_libraries = 'gatekeeper'
+gatekeeper.database = '$database'
+gatekeeper.smtp_url = '$url'
+gatekeeper.naptime = '$naptime'
+gatekeeper.default_sender = '$sender'
+# a statement that hangs must fail the test, not stall it
+statement_timeout = '60s'
+lock_timeout = '30s'
+log_min_messages = 'log'
+} . ($opts{conf} // ''));
+	return $node;
+}
+
+=pod
+
+=head2 sql_literal($string)
+
+A standard SQL string literal (standard_conforming_strings is on).
+
+=cut
+
+sub sql_literal
+{
+	my ($s) = @_;
+	return 'NULL' unless defined $s;
+	$s =~ s/'/''/g;
+	return "'$s'";
+}
+
+=pod
+
+=head2 psql_utf8($node, $db, $sql)
+
+safe_psql for SQL holding Perl character strings: sends it as UTF-8 and
+returns the output decoded.
+
+=cut
+
+sub psql_utf8
+{
+	my ($node, $db, $sql) = @_;
+	my $out = $node->safe_psql($db, Encode::encode('UTF-8', $sql));
+	return Encode::decode('UTF-8', $out);
+}
+
+=pod
+
+=head2 poll_until($node, $db, $query, $expected, $timeout)
+
+Run $query every 100 ms until it returns $expected (default 't'), for at
+most $timeout seconds (default 60).  Returns true when it did; on timeout
+prints the last output and returns false.
+
+=cut
+
+sub poll_until
+{
+	my ($node, $db, $query, $expected, $timeout) = @_;
+	$expected //= 't';
+	$timeout //= 60;
+
+	my $deadline = time + $timeout;
+	my ($stdout, $stderr) = ('', '');
+	while (1)
+	{
+		$node->psql(
+			$db, $query,
+			stdout => \$stdout,
+			stderr => \$stderr,
+			timeout => 30);
+		$stdout //= '';
+		$stderr //= '';
+		return 1 if $stdout eq $expected && $stderr eq '';
+		last if time > $deadline;
+		usleep(100_000);
+	}
+	diag(   "poll_until timed out after $timeout s on: $query\n"
+		  . "expected: $expected\nlast output: $stdout\nstderr: $stderr");
+	return 0;
+}
+
+=pod
+
+=head2 wait_for($code, $timeout, $what)
+
+Call $code every 100 ms until it returns true, for at most $timeout
+seconds.  Returns the last value.
+
+=cut
+
+sub wait_for
+{
+	my ($code, $timeout, $what) = @_;
+	my $deadline = time + ($timeout // 60);
+	while (1)
+	{
+		my $v = $code->();
+		return $v if $v;
+		if (time > $deadline)
+		{
+			diag("timed out after $timeout s waiting for "
+				  . ($what // 'a condition'));
+			return $v;
+		}
+		usleep(100_000);
+	}
+}
+
+=pod
+
+=head2 worker_pids($node, $db)
+
+PIDs of the gatekeeper background workers, from pg_stat_activity.
+
+=cut
+
+sub worker_pids
+{
+	my ($node, $db) = @_;
+	my $out = $node->safe_psql($db // 'postgres',
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'gatekeeper worker' ORDER BY pid"
+	);
+	return grep { $_ ne '' } split /\n/, $out;
+}
+
+=pod
+
+=head2 sink_files($sink)
+
+The files of the messages the sink received so far.
+
+=cut
+
+sub sink_files
+{
+	my ($sink) = @_;
+	my $dir = "$sink->{dir}/mail";
+	opendir(my $dh, $dir) or croak "could not open $dir: $!";
+	my @files = sort map { "$dir/$_" } grep { !/^\./ && -f "$dir/$_" } readdir($dh);
+	closedir($dh);
+	return @files;
+}
+
+=pod
+
+=head2 sink_count($sink)
+
+How many messages the sink received so far.
+
+=cut
+
+sub sink_count
+{
+	my ($sink) = @_;
+	return scalar(sink_files($sink));
+}
+
+=pod
+
+=head2 sink_messages($sink)
+
+Every message the sink received, parsed (see parse_dump), in no
+particular order.
+
+=cut
+
+sub sink_messages
+{
+	my ($sink) = @_;
+	return map { parse_dump($_) } sink_files($sink);
+}
+
+=pod
+
+=head2 parse_dump($file)
+
+Parse one smtp-sink dump file.  smtp-sink writes its own header lines
+(X-Mail-Args, X-Rcpt-Args, ... and a three-line Received), then the
+message as received with dot-stuffing undone and each CRLF as LF, then an
+empty line.  Returns a hash ref:
+
+  file, mail_from (the MAIL FROM path), rcpt (array of RCPT TO paths),
+  raw (the message octets, LF line ends), header_lines (array of
+  [name, unfolded value]), headers (lower-cased name => array of unfolded
+  values), body (octets after the blank line), message_id
+
+=cut
+
+sub parse_dump
+{
+	my ($file) = @_;
+	my $data = slurp_file($file);
+
+	$data =~ s/\A((?:X-[A-Za-z-]+:[^\n]*\n)*)Received:[^\n]*\n(?:\t[^\n]*\n)*//
+	  or croak "$file: not an smtp-sink dump";
+	my $envelope = $1;
+
+	# the empty line smtp-sink appends
+	$data =~ s/\n\z//;
+
+	my %msg = (file => $file, raw => $data, rcpt => []);
+	foreach my $line (split /\n/, $envelope)
+	{
+		$msg{mail_from} = $1 if $line =~ /^X-Mail-Args: (.*)$/;
+		push @{ $msg{rcpt} }, $1 if $line =~ /^X-Rcpt-Args: (.*)$/;
+	}
+
+	my ($head, $body) = split_head_body($data);
+	$msg{body} = $body;
+	$msg{header_lines} = parse_header_block($head);
+	$msg{headers} = {};
+	push @{ $msg{headers}{ lc $_->[0] } }, $_->[1] foreach @{ $msg{header_lines} };
+	$msg{message_id} = $msg{headers}{'message-id'}[0];
+	return \%msg;
+}
+
+# Split a message (LF line ends) at its first empty line.
+sub split_head_body
+{
+	my ($data) = @_;
+	my $at = index($data, "\n\n");
+	return ($data, '') if $at < 0;
+	return (substr($data, 0, $at + 1), substr($data, $at + 2));
+}
+
+# Header lines as [name, value], unfolded (a line break before whitespace
+# removed), the value without the one space after the colon.
+sub parse_header_block
+{
+	my ($head) = @_;
+	my @fields;
+	foreach my $line (split /\n/, $head)
+	{
+		if ($line =~ /^[ \t]/ && @fields)
+		{
+			$fields[-1][1] .= $line;
+		}
+		elsif ($line =~ /^([^:\s]+):[ \t]?(.*)$/)
+		{
+			push @fields, [ $1, $2 ];
+		}
+		else
+		{
+			croak "malformed header line: $line";
+		}
+	}
+	return \@fields;
+}
+
+=pod
+
+=head2 header($msg, $name)
+
+The single unfolded value of header $name; croaks if it appears more than
+once, returns undef if never.
+
+=cut
+
+sub header
+{
+	my ($msg, $name) = @_;
+	my $values = $msg->{headers}{ lc $name } // [];
+	croak "header $name appears " . scalar(@$values) . " times"
+	  if @$values > 1;
+	return $values->[0];
+}
+
+=pod
+
+=head2 decode_header_text($value)
+
+An unfolded header value with its RFC 2047 encoded-words decoded, as a
+Perl character string.
+
+=cut
+
+sub decode_header_text
+{
+	my ($value) = @_;
+	return undef unless defined $value;
+	return Encode::decode('MIME-Header', $value);
+}
+
+=pod
+
+=head2 text_parts($msg)
+
+The message's text as the reader sees it: a hash ref of content type
+(lower case, e.g. 'text/plain', 'text/html') => decoded Perl character
+string, plus '_type' => the top-level content type and '_parts' => the
+list of part types in order.  Handles a single text part and
+multipart/alternative; quoted-printable, base64, 7bit and 8bit.  The
+charset must be UTF-8 and the octets valid UTF-8.
+
+=cut
+
+sub text_parts
+{
+	my ($msg) = @_;
+	my %result;
+	my $ct = header($msg, 'Content-Type') // 'text/plain';
+	my ($type) = $ct =~ m{^\s*([^;\s]+)};
+	$result{_type} = lc $type;
+
+	my @parts;
+	if ($result{_type} =~ m{^multipart/})
+	{
+		my ($boundary) = $ct =~ /boundary="([^"]+)"/i;
+		($boundary) = $ct =~ /boundary=([^;\s]+)/i unless defined $boundary;
+		croak "multipart without boundary: $ct" unless defined $boundary;
+		my $delim = "--$boundary";
+		my ($current, $closed);
+		foreach my $line (split /\n/, $msg->{body}, -1)
+		{
+			if ($line =~ /^\Q$delim\E--[ \t]*$/)
+			{
+				push @parts, $current if defined $current;
+				undef $current;
+				$closed = 1;
+				last;
+			}
+			elsif ($line =~ /^\Q$delim\E[ \t]*$/)
+			{
+				push @parts, $current if defined $current;
+				$current = [];
+			}
+			elsif (defined $current)
+			{
+				push @$current, $line;
+			}
+		}
+		croak "multipart body has no closing delimiter" unless $closed;
+		@parts = map
+		  {
+			my ($h, $b) = split_head_body(join("\n", @$_));
+			+{ header_lines => parse_header_block($h), body => $b }
+		  } @parts;
+	}
+	else
+	{
+		@parts = ({ header_lines => $msg->{header_lines}, body => $msg->{body} });
+	}
+
+	foreach my $part (@parts)
+	{
+		my %h;
+		$h{ lc $_->[0] } = $_->[1] foreach @{ $part->{header_lines} };
+		my $pct = $h{'content-type'} // 'text/plain; charset=us-ascii';
+		my ($ptype) = $pct =~ m{^\s*([^;\s]+)};
+		my ($charset) = $pct =~ /charset="?([^";\s]+)"?/i;
+		my $cte = lc($h{'content-transfer-encoding'} // '7bit');
+		$cte =~ s/\s+//g;
+
+		my $octets = $part->{body};
+		if ($cte eq 'quoted-printable')
+		{
+			$octets = MIME::QuotedPrint::decode_qp($octets);
+		}
+		elsif ($cte eq 'base64')
+		{
+			$octets = MIME::Base64::decode_base64($octets);
+		}
+		elsif ($cte ne '7bit' && $cte ne '8bit')
+		{
+			croak "unexpected Content-Transfer-Encoding $cte";
+		}
+		croak "part $ptype has charset " . ($charset // 'none') . ", not UTF-8"
+		  unless defined $charset && lc $charset eq 'utf-8';
+		my $text = Encode::decode('UTF-8', $octets, Encode::FB_CROAK);
+		$result{ lc $ptype } = $text;
+		push @{ $result{_parts} }, lc $ptype;
+	}
+	return \%result;
+}
+
+=pod
+
+=head2 normalize_text($text)
+
+Text with every line break (CRLF, CR, LF) as LF and one final line break
+dropped: what enqueued text and received text are compared as, since a
+message's text always ends with a line break.
+
+=cut
+
+sub normalize_text
+{
+	my ($text) = @_;
+	$text =~ s/\r\n|\r/\n/g;
+	$text =~ s/\n\z//;
+	return $text;
+}
+
+=pod
+
+=head2 longest_line($msg)
+
+The length in octets of the longest line of the message as received,
+line break excluded.
+
+=cut
+
+sub longest_line
+{
+	my ($msg) = @_;
+	my $max = 0;
+	foreach my $line (split /\n/, $msg->{raw})
+	{
+		$max = length($line) if length($line) > $max;
+	}
+	return $max;
+}
+
+=pod
+
+=head2 note_log_tail($node, $lines)
+
+Print the last lines of the node's log, for a failing test's reader.
+
+=cut
+
+sub note_log_tail
+{
+	my ($node, $lines) = @_;
+	$lines //= 40;
+	my @log = split /\n/, slurp_file($node->logfile);
+	my $from = @log > $lines ? @log - $lines : 0;
+	diag(join("\n", "last lines of " . $node->logfile . ":", @log[ $from .. $#log ]));
+	return;
+}
+
+sub note { Test::More::note(@_) }
+sub diag { Test::More::diag(@_) }
+
+1;
