@@ -93,8 +93,9 @@ static TimestampTz next_housekeeping = 0;
 static TimestampTz backoff_until = 0;
 static int	backoff_ms = 0;
 
-/* whether gatekeeper.smtp_url is set and looks usable */
+/* whether gatekeeper.smtp_url is set and looks usable, and its value */
 static bool smtp_enabled = false;
+static char *smtp_url_seen = NULL;
 
 /* mails per claim: gatekeeper.batch_size, or fewer (see check_settings) */
 static int	claim_size = 1;
@@ -323,8 +324,14 @@ check_settings(void)
 						   Max(rounds, 1) * gatekeeper_smtp_connections);
 
 	/* a new relay deserves a fresh try */
-	backoff_ms = 0;
-	backoff_until = 0;
+	if (smtp_url_seen == NULL || strcmp(smtp_url_seen, url) != 0)
+	{
+		if (smtp_url_seen != NULL)
+			pfree(smtp_url_seen);
+		smtp_url_seen = MemoryContextStrdup(TopMemoryContext, url);
+		backoff_ms = 0;
+		backoff_until = 0;
+	}
 }
 
 /*
