@@ -120,8 +120,14 @@ CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
 	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
 
-CREATE TRIGGER mail_check
-	BEFORE INSERT OR UPDATE OF queue, recipient, sender, subject, body, html, headers
+-- one call per INSERT or COPY statement, over all its rows (see src/mail.c)
+CREATE TRIGGER mail_check_insert
+	AFTER INSERT ON gatekeeper.mail
+	REFERENCING NEW TABLE AS new_mail
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
+
+CREATE TRIGGER mail_check_update
+	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers
 	ON gatekeeper.mail
 	FOR EACH ROW EXECUTE FUNCTION gatekeeper.mail_check();
 

@@ -4,9 +4,8 @@
  *		The trigger that validates every mail entering gatekeeper.mail.
  *
  * Mail arrives by gatekeeper.enqueue, by INSERT and by COPY; all three
- * pass through this one BEFORE INSERT trigger, so the same validation
- * holds for all of them and a bad row aborts the statement before
- * anything is written.  The trigger also notes that due mail was written,
+ * pass through this one trigger, so the same validation holds for all of
+ * them, and a bad row aborts the statement: nothing is written.  The trigger also notes that due mail was written,
  * so the delivery workers are woken when the transaction commits.
  *
  *-------------------------------------------------------------------------
@@ -17,6 +16,8 @@
 #include "access/xact.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
+#include "utils/tuplestore.h"
 #include "access/detoast.h"
 #include "fmgr.h"
 #include "storage/proc.h"
@@ -226,18 +227,12 @@ check_headers(Jsonb *headers)
 }
 
 /*
- * gatekeeper_mail_check
- *		BEFORE INSERT OR UPDATE trigger on gatekeeper.mail.
- *
- * Rejects the row, with the SQLSTATEs the README documents, when any
- * field is malformed; otherwise returns it unchanged.
+ * Reject a mail, with the SQLSTATEs the README documents, when any field is
+ * malformed.  inserting: the mail is new, not an update of one.
  */
-Datum
-gatekeeper_mail_check(PG_FUNCTION_ARGS)
+static void
+check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	HeapTuple	tuple;
-	TupleDesc	desc;
 	char	   *recipient;
 	char	   *sender;
 	char	   *subject;
@@ -249,16 +244,6 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 	Datum		d;
 	Size		size;
 	bool		scheduled;
-
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
-		elog(ERROR, "gatekeeper_mail_check must be fired BEFORE ROW");
-
-	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
-		trigdata->tg_newtuple : trigdata->tg_trigtuple;
-	desc = RelationGetDescr(trigdata->tg_relation);
-	load_columns(trigdata->tg_relation);
 
 	recipient = column_text(tuple, desc, columns.recipient);
 	if (recipient == NULL)
@@ -313,7 +298,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 	 * Checks that only make sense for mail that is still to go: a restore
 	 * of finished mail (pg_dump) may name a queue dropped since.
 	 */
-	if (scheduled && TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+	if (scheduled && inserting)
 	{
 		if (!send_by_null &&
 			DatumGetTimestampTz(send_by) < DatumGetTimestampTz(send_at))
@@ -335,6 +320,69 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		DatumGetTimestampTz(send_at) <=
 		GetCurrentStatementStartTimestamp() + (int64) gatekeeper_naptime * 1000)
 		gatekeeper_wake_at_commit();
+}
 
-	return PointerGetDatum(tuple);
+/*
+ * gatekeeper_mail_check
+ *		The trigger function of gatekeeper.mail.
+ *
+ * AFTER INSERT FOR EACH STATEMENT, over the statement's new rows: one
+ * call per INSERT or COPY, however many rows, so COPY keeps its
+ * multi-row inserts and the function's pinned settings are applied once;
+ * an error aborts the statement, so nothing is written.  BEFORE UPDATE
+ * FOR EACH ROW of the content columns, for the rare update of a mail.
+ */
+Datum
+gatekeeper_mail_check(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	TupleDesc	desc;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		elog(ERROR, "gatekeeper_mail_check must be called as a trigger");
+	rel = trigdata->tg_relation;
+	desc = RelationGetDescr(rel);
+	load_columns(rel);
+
+	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) &&
+		TRIGGER_FIRED_BEFORE(trigdata->tg_event) &&
+		TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+	{
+		check_mail(trigdata->tg_newtuple, desc, false);
+		return PointerGetDatum(trigdata->tg_newtuple);
+	}
+
+	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) &&
+		TRIGGER_FIRED_AFTER(trigdata->tg_event) &&
+		TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) &&
+		trigdata->tg_newtable != NULL)
+	{
+		TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+		MemoryContext per_row = AllocSetContextCreate(CurrentMemoryContext,
+													  "gatekeeper mail check",
+													  ALLOCSET_DEFAULT_SIZES);
+		MemoryContext old = MemoryContextSwitchTo(per_row);
+
+		tuplestore_rescan(trigdata->tg_newtable);
+		while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
+		{
+			bool		should_free;
+			HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+
+			check_mail(tuple, desc, true);
+			if (should_free)
+				heap_freetuple(tuple);
+			/* a tuple read back from disk lives in per_row: let go of it first */
+			ExecClearTuple(slot);
+			MemoryContextReset(per_row);
+		}
+		MemoryContextSwitchTo(old);
+		MemoryContextDelete(per_row);
+		ExecDropSingleTupleTableSlot(slot);
+		return PointerGetDatum(NULL);
+	}
+
+	elog(ERROR, "gatekeeper_mail_check fired for an event it does not handle");
+	return PointerGetDatum(NULL);	/* keep compiler quiet */
 }
