@@ -839,3 +839,6 @@ REVOKE ALL ON ALL TABLES IN SCHEMA gatekeeper FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA gatekeeper FROM PUBLIC;
 REVOKE ALL ON TYPE gatekeeper.state FROM PUBLIC;
 REVOKE ALL ON SCHEMA gatekeeper FROM PUBLIC;
+
+-- workers waiting for CREATE EXTENSION start at once rather than after a nap
+SELECT gatekeeper._wake();

@@ -48,6 +48,7 @@ int			gatekeeper_workers = 1;
 int			gatekeeper_naptime = 1000;
 int			gatekeeper_batch_size = 500;
 int			gatekeeper_lease = 5 * 60 * 1000;
+int			gatekeeper_retry_delay = 30 * 1000;
 char	   *gatekeeper_smtp_url = NULL;
 char	   *gatekeeper_smtp_user = NULL;
 char	   *gatekeeper_smtp_password = NULL;
@@ -190,6 +191,16 @@ gatekeeper_define_settings(void)
 							500, 1, 10000,
 							PGC_SIGHUP,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.retry_delay",
+							"Base of the exponential backoff between delivery attempts.",
+							"The n-th retry of a mail waits a random time between d/2 and d, "
+							"d = retry_delay * 2^(n-1), at most 6 hours.",
+							&gatekeeper_retry_delay,
+							30 * 1000, 10, 6 * 60 * 60 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("gatekeeper.lease",

@@ -37,6 +37,7 @@ extern int	gatekeeper_workers;
 extern int	gatekeeper_naptime;
 extern int	gatekeeper_batch_size;
 extern int	gatekeeper_lease;
+extern int	gatekeeper_retry_delay;
 extern char *gatekeeper_smtp_url;
 extern char *gatekeeper_smtp_user;
 extern char *gatekeeper_smtp_password;
