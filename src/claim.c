@@ -114,21 +114,6 @@ static SPIPlanPtr claim_plan = NULL;
 static uint32 claim_rotation = 0;
 
 /*
- * Prepare and keep a generic plan.
- */
-static SPIPlanPtr
-keep_plan(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
-/*
  * Load the queues this claim may take from, in name order, with their
  * gates.  Rate-limited queues have their token bucket locked (SKIP LOCKED:
  * while another claimer holds a queue's bucket, this claim leaves the
@@ -151,7 +136,7 @@ load_queues(ArrayType *filter, int *nqueues)
 	{
 		Oid			type = TEXTARRAYOID;
 
-		queues_plan = keep_plan(
+		queues_plan = gatekeeper_keep_plan(
 								"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, "
 								"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
 								"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
@@ -163,7 +148,7 @@ load_queues(ArrayType *filter, int *nqueues)
 								" GROUP BY q.name "
 								" ORDER BY q.name",
 								1, &type);
-		unknown_plan = keep_plan(
+		unknown_plan = gatekeeper_keep_plan(
 								 "SELECT u.name FROM unnest($1) AS u(name) "
 								 " WHERE u.name IS NULL "
 								 "    OR NOT EXISTS (SELECT FROM gatekeeper.queue q WHERE q.name = u.name) "
@@ -247,7 +232,7 @@ load_queues(ArrayType *filter, int *nqueues)
 	{
 		Oid			type = TEXTOID;
 
-		bucket_plan = keep_plan(
+		bucket_plan = gatekeeper_keep_plan(
 								"SELECT least(q.rate_limit::float8, q.tokens + q.rate_limit * "
 								"             extract(epoch FROM now() - coalesce(q.refilled_at, now() - interval '1 second'))) "
 								"  FROM gatekeeper.queue q WHERE q.name = $1 "
@@ -294,7 +279,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	{
 		Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
 
-		claim_plan = keep_plan(
+		claim_plan = gatekeeper_keep_plan(
 							   "UPDATE gatekeeper.mail m "
 							   "   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
 							   "       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
@@ -652,7 +637,7 @@ settle_losers(Claimed *claimed, int nclaimed)
 	{
 		Oid			types[4] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID};
 
-		plan = keep_plan(
+		plan = gatekeeper_keep_plan(
 						 "UPDATE gatekeeper.mail m "
 						 "   SET state = u.state::gatekeeper.state, "
 						 "       send_at = CASE WHEN u.state = 'scheduled' THEN u.send_at ELSE m.send_at END, "
@@ -692,7 +677,7 @@ release_expired(Claimed *claimed, int nclaimed)
 		{
 			Oid			types[2] = {TEXTOID, INT8OID};
 
-			plan = keep_plan("SELECT gatekeeper._release_mail($1, $2)", 2, types);
+			plan = gatekeeper_keep_plan("SELECT gatekeeper._release_mail($1, $2)", 2, types);
 		}
 		args[0] = c->values[COL_RECIPIENT - 1];
 		args[1] = Int64GetDatum(c->id);
@@ -721,7 +706,7 @@ spend_tokens(ClaimQueue *queues, int nqueues)
 		{
 			Oid			types[2] = {TEXTOID, FLOAT8OID};
 
-			plan = keep_plan("UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
+			plan = gatekeeper_keep_plan("UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
 							 " WHERE name = $1", 2, types);
 		}
 		args[0] = CStringGetTextDatum(q->name);
@@ -850,7 +835,7 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	{
 		Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
 
-		plan = keep_plan("UPDATE gatekeeper.mail m "
+		plan = gatekeeper_keep_plan("UPDATE gatekeeper.mail m "
 						 "   SET state = 'sent', finished_at = now(), lease_until = NULL "
 						 "  FROM unnest($1, $2) AS u(id, attempt) "
 						 " WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'",

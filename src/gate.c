@@ -51,22 +51,6 @@ typedef struct GateDef
 } GateDef;
 
 /*
- * Prepare and keep a plan; generic, since every statement here is shaped
- * to plan well without knowing its parameters.
- */
-static SPIPlanPtr
-keep_plan(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
-/*
  * gatekeeper_recipient_key
  *		The key a recipient's passes are kept under: the address with ASCII
  *		letters lower-cased, so Alice@Example.com and alice@example.com
@@ -195,7 +179,7 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 	{
 		Oid			types[4] = {TEXTARRAYOID, INT4ARRAYOID, TIMESTAMPTZARRAYOID, INT8ARRAYOID};
 
-		lock_plan = keep_plan(
+		lock_plan = gatekeeper_keep_plan(
 							  "INSERT INTO gatekeeper.gate_pass AS g (recipient, gate, expires, holders, until) "
 							  "SELECT u.recipient, u.gate, ARRAY[u.expiry], ARRAY[u.holder], u.expiry "
 							  "  FROM unnest($1, $2, $3, $4) AS u(recipient, gate, expiry, holder) "
@@ -255,7 +239,7 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 	{
 		Oid			types[2] = {TEXTARRAYOID, INT4ARRAYOID};
 
-		read_plan = keep_plan(
+		read_plan = gatekeeper_keep_plan(
 							  "SELECT g.recipient, g.gate, g.expires, g.holders "
 							  "  FROM gatekeeper.gate_pass g "
 							  " WHERE g.recipient = ANY ($1 COLLATE \"C\") AND g.gate = ANY ($2)",
@@ -418,7 +402,7 @@ gatekeeper_gate_write(GateRow *rows, int n, TimestampTz now)
 		Oid			types[7] = {TEXTARRAYOID, INT4ARRAYOID, TIMESTAMPTZARRAYOID, INT8ARRAYOID,
 		INT4ARRAYOID, INT4ARRAYOID, TIMESTAMPTZARRAYOID};
 
-		write_plan = keep_plan(
+		write_plan = gatekeeper_keep_plan(
 							   "UPDATE gatekeeper.gate_pass g "
 							   "   SET expires = $3[u.lo:u.hi], holders = $4[u.lo:u.hi], until = u.until "
 							   "  FROM unnest($1, $2, $5, $6, $7) AS u(recipient, gate, lo, hi, until) "
@@ -491,7 +475,7 @@ lookup_gate(text *name)
 	{
 		Oid			type = TEXTOID;
 
-		plan = keep_plan("SELECT id, max_sends, now() + period FROM gatekeeper.gate WHERE name = $1",
+		plan = gatekeeper_keep_plan("SELECT id, max_sends, now() + period FROM gatekeeper.gate WHERE name = $1",
 						 1, &type);
 	}
 	if (SPI_execute_plan(plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
@@ -549,7 +533,7 @@ read_row(GateRow *row, TimestampTz now)
 	{
 		Oid			types[2] = {TEXTOID, INT4OID};
 
-		plan = keep_plan("SELECT expires, holders FROM gatekeeper.gate_pass "
+		plan = gatekeeper_keep_plan("SELECT expires, holders FROM gatekeeper.gate_pass "
 						 " WHERE recipient = $1 COLLATE \"C\" AND gate = $2",
 						 2, types);
 	}
@@ -783,7 +767,7 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
 	{
 		Oid			types[2] = {TEXTOID, INT4OID};
 
-		plan = keep_plan("SELECT expires, holders FROM gatekeeper.gate_pass "
+		plan = gatekeeper_keep_plan("SELECT expires, holders FROM gatekeeper.gate_pass "
 						 " WHERE recipient = $1 COLLATE \"C\" AND gate = $2 FOR UPDATE",
 						 2, types);
 	}
@@ -830,7 +814,7 @@ gatekeeper_release_mail(PG_FUNCTION_ARGS)
 	{
 		Oid			types[2] = {TEXTOID, INT8OID};
 
-		plan = keep_plan("SELECT gate, expires, holders FROM gatekeeper.gate_pass "
+		plan = gatekeeper_keep_plan("SELECT gate, expires, holders FROM gatekeeper.gate_pass "
 						 " WHERE recipient = $1 COLLATE \"C\" AND $2 = ANY (holders) "
 						 " ORDER BY gate FOR UPDATE",
 						 2, types);
@@ -887,7 +871,7 @@ gatekeeper_explain(PG_FUNCTION_ARGS)
 	{
 		Oid			type = TEXTOID;
 
-		plan = keep_plan("SELECT g.name, g.max_sends, p.expires, p.holders "
+		plan = gatekeeper_keep_plan("SELECT g.name, g.max_sends, p.expires, p.holders "
 						 "  FROM gatekeeper.gate g "
 						 "  LEFT JOIN gatekeeper.gate_pass p "
 						 "    ON p.gate = g.id AND p.recipient = $1 COLLATE \"C\" "

@@ -636,3 +636,22 @@ gatekeeper_slot_woken(int slotno, bool consume)
 		return pg_atomic_exchange_u32(&slot->wake, 0) != 0;
 	return pg_atomic_read_u32(&slot->wake) != 0;
 }
+
+/*
+ * gatekeeper_keep_plan
+ *		Prepare a statement for the life of the backend, with a generic plan:
+ *		the statements of the claim and the gates are written to plan well
+ *		without knowing their parameters, and planning them once matters on
+ *		paths that run thousands of times a second.
+ */
+SPIPlanPtr
+gatekeeper_keep_plan(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}

@@ -25,6 +25,7 @@
 
 #include "postgres.h"
 
+#include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "utils/timestamp.h"
 
@@ -51,6 +52,7 @@ extern int	gatekeeper_max_message_size;	/* bytes */
 /* src/gatekeeper.c */
 extern void gatekeeper_define_settings(void);
 extern void gatekeeper_wake_at_commit(void);
+extern SPIPlanPtr gatekeeper_keep_plan(const char *sql, int nargs, Oid *argtypes);
 
 /*
  * src/gatekeeper.c: each worker's slot in shared memory, for src/worker.c.
