@@ -1,0 +1,209 @@
+# Copyright: gatekeeper contributors
+
+# A crash in the middle of a campaign loses no mail.  5,000 due mails go
+# to a real SMTP relay (Postfix's smtp-sink on loopback); while the
+# background worker is delivering a batch it is killed with SIGKILL, the
+# postmaster restarts the cluster (crash recovery) and the worker starts
+# again.  Mail the dead worker had claimed comes back when its short lease
+# runs out.  In the end every mail is sent and the relay holds every one;
+# the only copies it holds twice are of mail that was in flight, which went
+# again on a later attempt with the same Message-ID.  Then the same with a
+# second campaign and the postmaster killed instead, and the node started
+# again.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use GatekeeperTest;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $mails = 5000;
+my $batch_size = 100;
+
+my $sink = GatekeeperTest::start_sink(name => 'crash');
+my $node = GatekeeperTest::new_node(
+	'crash',
+	sink => $sink,
+	conf => qq{
+gatekeeper.lease = '5s'
+gatekeeper.smtp_timeout = '2s'
+gatekeeper.batch_size = $batch_size
+gatekeeper.retry_delay = '1s'
+restart_after_crash = on
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
+
+my ($first_pid) = GatekeeperTest::worker_pids($node);
+ok($first_pid, "the worker runs (pid $first_pid)");
+
+# Enqueue $mails mails to recipients "$prefix<n>@customer.example", wait
+# until the worker delivers a batch with a tenth of them sent, and crash:
+# kill the worker ($what 'worker') or the postmaster ($what 'postmaster').
+# Returns the log offset before the crash.
+sub enqueue_and_crash
+{
+	my ($prefix, $what) = @_;
+
+	my $log_offset = -s $node->logfile;
+	my $start = time;
+	$node->safe_psql(
+		'postgres', qq{
+INSERT INTO gatekeeper.mail (recipient, subject, body)
+SELECT '$prefix' || i || '\@customer.example', 'Campaign mail ' || i,
+	   'Dear customer ' || i || E',\\n\\nthis is mail ' || i || E' of $mails.\\n'
+  FROM generate_series(1, $mails) AS i});
+
+	my ($killed, $sent_before);
+	GatekeeperTest::wait_for(
+		sub {
+			my $row = $node->safe_psql(
+				'postgres', qq{
+SELECT a.pid || '|' || coalesce(a.query, '') || '|' ||
+	   (SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent' AND recipient LIKE '$prefix%')
+  FROM pg_stat_activity a WHERE a.backend_type = 'gatekeeper worker'});
+			my ($pid, $activity, $sent) = split /\|/, $row;
+			return 0 unless defined $sent;
+			return 0 unless $sent >= $mails / 10 && $activity =~ /^delivering/;
+			if ($what eq 'worker')
+			{
+				kill('KILL', $pid) or die "could not kill $pid: $!";
+			}
+			else
+			{
+				$node->kill9;
+			}
+			$killed = $pid;
+			$sent_before = $sent;
+			return 1;
+		},
+		120,
+		"the worker delivering, a tenth of campaign $prefix sent");
+	ok($killed, "$prefix: killed the $what while the worker was delivering, "
+		  . ($sent_before // 0) . " mails in");
+	cmp_ok($sent_before // $mails, '<', $mails, "$prefix: the campaign was not finished");
+	note(sprintf("$prefix: killed after %.1f s", time - $start));
+	return ($log_offset, $killed);
+}
+
+# Wait until campaign $prefix is sent; check what the relay holds.
+sub check_campaign
+{
+	my ($prefix) = @_;
+	my $start = time;
+
+	ok( GatekeeperTest::poll_until(
+			$node, 'postgres',
+			"SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent' AND recipient LIKE '$prefix%'",
+			$mails, 120),
+		"$prefix: every mail is sent in the end");
+	note(sprintf("$prefix: all sent %.1f s after the restart", time - $start));
+
+	is( $node->safe_psql(
+			'postgres',
+			"SELECT coalesce(string_agg(state || ':' || n, ','), '') FROM (SELECT state, count(*) AS n FROM gatekeeper.mail WHERE state <> 'sent' GROUP BY state) s"
+		),
+		'',
+		"$prefix: no mail is in any other state");
+
+	# what the relay holds, by recipient: each mail has its own
+	my %db;
+	foreach my $row (
+		split /\n/,
+		$node->safe_psql(
+			'postgres',
+			"SELECT recipient, message_id, attempt FROM gatekeeper.mail WHERE recipient LIKE '$prefix%'"))
+	{
+		my ($rcpt, $mid, $attempt) = split /\|/, $row;
+		$db{"<$rcpt>"} = { message_id => $mid, attempt => $attempt };
+	}
+	is(scalar(keys %db), $mails, "$prefix: $mails mails in the table");
+
+	my %copies;
+	GatekeeperTest::wait_for(
+		sub {
+			%copies = ();
+			foreach my $msg (GatekeeperTest::sink_messages($sink))
+			{
+				my $rcpt = $msg->{rcpt}[0] // '';
+				push @{ $copies{$rcpt} }, $msg->{message_id} // ''
+				  if $rcpt =~ /^<\Q$prefix\E\d/;
+			}
+			return scalar(keys %copies) >= $mails;
+		},
+		30,
+		"the relay to hold campaign $prefix");
+
+	my @missing = grep { !$copies{$_} } sort keys %db;
+	is(scalar(@missing), 0, "$prefix: the relay received every mail")
+	  or diag('missing: ' . join(', ', @missing[ 0 .. ($#missing < 9 ? $#missing : 9) ]));
+	my @strangers = grep { !$db{$_} } sort keys %copies;
+	is(scalar(@strangers), 0, "$prefix: the relay received no mail that is not in the table");
+
+	my (@wrong_id, @dup_first_attempt);
+	my $duplicated = 0;
+	foreach my $rcpt (sort keys %copies)
+	{
+		next unless $db{$rcpt};
+		my @ids = @{ $copies{$rcpt} };
+		push @wrong_id, $rcpt if grep { $_ ne $db{$rcpt}{message_id} } @ids;
+		if (@ids > 1)
+		{
+			$duplicated++;
+			push @dup_first_attempt, $rcpt if $db{$rcpt}{attempt} < 2;
+		}
+	}
+	is(scalar(@wrong_id), 0,
+		"$prefix: every copy carries the Message-ID of its mail, the same on every attempt")
+	  or diag('wrong Message-ID for: ' . join(', ', @wrong_id));
+	is(scalar(@dup_first_attempt), 0,
+		"$prefix: a mail the relay holds twice was sent again on a later attempt")
+	  or diag('duplicated on the first attempt: ' . join(', ', @dup_first_attempt));
+	cmp_ok($duplicated, '<=', $batch_size,
+		"$prefix: duplicates are at most the one batch in flight ($duplicated)");
+	my $retried = $node->safe_psql('postgres',
+		"SELECT count(*) FROM gatekeeper.mail WHERE attempt >= 2 AND recipient LIKE '$prefix%'");
+	cmp_ok($retried, '<=', $batch_size,
+		"$prefix: mails claimed again are at most the one batch in flight ($retried)");
+	note("$prefix: $duplicated mails were delivered twice; $retried were claimed again");
+	return;
+}
+
+#
+# 1. The worker is killed
+#
+my ($offset, $killed) = enqueue_and_crash('a', 'worker');
+ok(eval { $node->wait_for_log(qr/all server processes terminated; reinitializing/, $offset); 1 },
+	'a: the postmaster restarts the cluster after the crash');
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'gatekeeper worker' AND pid <> $killed",
+		'1', 60),
+	'a: a new worker runs');
+check_campaign('a');
+unlike(slurp_file($node->logfile, $offset), qr/\b(ERROR|PANIC):/,
+	'a: no errors in the log');
+
+#
+# 2. The postmaster is killed
+#
+($offset, $killed) = enqueue_and_crash('b', 'postmaster');
+# its children see it die and exit; then the node starts again
+ok(GatekeeperTest::wait_for(sub { !kill(0, $killed) }, 30, 'the orphaned worker to exit'),
+	'b: the worker exits when the postmaster dies');
+ok( GatekeeperTest::wait_for(
+		sub { $node->start(fail_ok => 1) },
+		60, 'the node to start again'),
+	'b: the node starts again');
+check_campaign('b');
+
+$node->stop;
+GatekeeperTest::stop_sink($sink);
+
+done_testing();
