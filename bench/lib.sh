@@ -1,0 +1,167 @@
+# bench/lib.sh: helpers for bench/run.sh.  Sourced, not run.
+#
+# Everything here runs as root.  The PostgreSQL server runs as the postgres
+# user (initdb refuses root) from a data directory below $BK_WORK, listening
+# on 127.0.0.1 only; every client (psql, pgbench, redis-benchmark,
+# smtp-source) runs as root and connects over TCP loopback.
+
+# ------------------------------------------------------------------ results
+#
+# $BK_WORK/results.tsv holds one line per measurement:
+#	value	FIGURE	RUN	VALUE		a measured figure (figure ids: see report.pl)
+#	skip	FIGURE	-	REASON		a figure that could not be measured, and why
+#	note	SCENARIO	-	TEXT	an observation printed under the scenario
+#	info	KEY	-	TEXT		a line of the machine's description
+
+bk_record() { printf 'value\t%s\t%s\t%s\n' "$1" "$2" "$3" >>"$BK_WORK/results.tsv"; }
+bk_skip()   { printf 'skip\t%s\t-\t%s\n' "$1" "$2" >>"$BK_WORK/results.tsv"; gk_warn "$1 not measured: $2"; }
+bk_note()   { printf 'note\t%s\t-\t%s\n' "$1" "$2" >>"$BK_WORK/results.tsv"; }
+bk_info()   { printf 'info\t%s\t-\t%s\n' "$1" "$2" >>"$BK_WORK/results.tsv"; }
+
+# bk_now: seconds since the epoch, to the nanosecond.
+bk_now() { date +%s.%N; }
+
+# bk_rate COUNT START END: COUNT / (END - START), rounded.
+bk_rate() { perl -e 'printf "%.1f\n", $ARGV[0] / ($ARGV[2] - $ARGV[1])' "$@"; }
+
+# bk_elapsed START END: END - START in seconds.
+bk_elapsed() { perl -e 'printf "%.3f\n", $ARGV[1] - $ARGV[0]' "$@"; }
+
+# ------------------------------------------------------------------ clients
+
+# bk_psql [psql args]: psql to the bench database as postgres, unaligned,
+# tuples only, stopping at the first error.
+bk_psql() {
+	psql -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$BK_PGPORT" -U postgres -d "${BK_DB:-bench}" "$@"
+}
+
+# bk_sql SQL: run SQL (one or more statements) and print the result.
+bk_sql() { bk_psql -c "$1"; }
+
+# bk_pgbench LOG PGBENCH-ARGS...: run pgbench against the bench database,
+# always -n (no vacuum) and -M prepared, output in LOG.  Fails when pgbench
+# fails or reports aborted clients or failed transactions.
+bk_pgbench() {
+	local log=$1
+	shift
+	if ! pgbench -n -M prepared -h 127.0.0.1 -p "$BK_PGPORT" -U postgres "$@" bench >"$log" 2>&1; then
+		tail -n 20 "$log" >&2
+		gk_warn "pgbench failed (log: $log)"
+		return 1
+	fi
+	if grep -Eq 'number of failed transactions: [1-9]|aborted' "$log"; then
+		tail -n 20 "$log" >&2
+		gk_warn "pgbench reported failures (log: $log)"
+		return 1
+	fi
+}
+
+# bk_jobs CLIENTS: pgbench threads for CLIENTS clients (no more than cores).
+bk_jobs() {
+	local n
+	n=$(nproc)
+	if [ "$1" -lt "$n" ]; then echo "$1"; else echo "$n"; fi
+}
+
+# bk_settle: make the next measurement start from the same place as every
+# other: flush dirty buffers and start a new checkpoint cycle, so each run
+# pays the same full-page writes.
+bk_settle() { bk_sql "CHECKPOINT" >/dev/null; }
+
+# ------------------------------------------------------------------ cluster
+
+# bk_cluster_init: initdb a throwaway cluster in $BK_WORK/data.
+bk_cluster_init() {
+	BK_DATA=$BK_WORK/data
+	BK_PGPORT=$(gk_free_port)
+	gk_log "initdb $BK_DATA (port $BK_PGPORT)"
+	(cd "$BK_WORK" && gk_run_as_postgres initdb -D "$BK_DATA" -U postgres --auth=trust \
+		--encoding=UTF8 --locale=C.UTF-8 >"$BK_WORK/initdb.log" 2>&1) ||
+		{ cat "$BK_WORK/initdb.log" >&2; gk_die "initdb failed"; }
+	# The settings that matter, in one place; report.pl prints them.
+	cat >>"$BK_DATA/postgresql.conf" <<-EOF
+		# --- bench/run.sh ---
+		listen_addresses = '127.0.0.1'
+		port = $BK_PGPORT
+		unix_socket_directories = '$BK_WORK'
+		max_connections = 50
+		shared_buffers = '$BK_SHARED_BUFFERS'
+		maintenance_work_mem = '512MB'
+		max_wal_size = '8GB'
+		min_wal_size = '1GB'
+		checkpoint_timeout = '30min'
+		synchronous_commit = on
+		fsync = on
+		full_page_writes = on
+		shared_preload_libraries = 'gatekeeper'
+		logging_collector = off
+		log_min_messages = warning
+		log_autovacuum_min_duration = 0
+		include_if_exists = 'bench_scenario.conf'
+	EOF
+	: >"$BK_DATA/bench_scenario.conf"
+	chown postgres: "$BK_DATA/bench_scenario.conf"
+}
+
+# bk_cluster_conf LINES: the per-scenario settings (replaces the previous
+# scenario's); takes effect at the next bk_cluster_start.
+bk_cluster_conf() {
+	printf '%s\n' "$1" >"$BK_DATA/bench_scenario.conf"
+	chown postgres: "$BK_DATA/bench_scenario.conf"
+}
+
+bk_cluster_start() {
+	(cd "$BK_WORK" && gk_run_as_postgres pg_ctl -D "$BK_DATA" -l "$BK_WORK/server.log" -w -t 60 start >/dev/null) ||
+		{ tail -n 30 "$BK_WORK/server.log" >&2; gk_die "the server did not start"; }
+}
+
+bk_cluster_stop() {
+	[ -f "$BK_DATA/postmaster.pid" ] || return 0
+	(cd "$BK_WORK" && gk_run_as_postgres pg_ctl -D "$BK_DATA" -m fast -w -t 120 stop >/dev/null) || true
+}
+
+bk_cluster_restart() {
+	bk_cluster_stop
+	bk_cluster_start
+}
+
+# bk_db_fresh: drop and recreate the bench database with gatekeeper (and
+# the peers' extensions) in it.
+bk_db_fresh() {
+	BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS bench WITH (FORCE)" >/dev/null
+	BK_DB=postgres bk_sql "CREATE DATABASE bench" >/dev/null
+	bk_sql "CREATE EXTENSION gatekeeper" >/dev/null
+}
+
+# ------------------------------------------------------------------ servers we start
+
+# bk_start_bg NAME DIR CMD...: start CMD in DIR in the background, output
+# in $BK_WORK/NAME.out and .err; its PID goes to $BK_WORK/bg.pids, so the
+# exit trap stops it even when a scenario (a subshell) failed.
+bk_start_bg() {
+	local name=$1 dir=$2
+	shift 2
+	(cd "$dir" && exec "$@") >"$BK_WORK/$name.out" 2>"$BK_WORK/$name.err" &
+	echo "$!" >>"$BK_WORK/bg.pids"
+	eval "BK_PID_$name=$!"
+}
+
+# bk_stop_bg NAME: stop what bk_start_bg NAME started.
+bk_stop_bg() {
+	local var="BK_PID_$1" pid
+	pid=${!var:-}
+	[ -n "$pid" ] || return 0
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	eval "BK_PID_$1="
+}
+
+# bk_wait_port PORT: wait up to 10 s for something to accept on PORT.
+bk_wait_port() {
+	local i
+	for i in $(seq 1 100); do
+		gk_port_free "$1" || return 0
+		sleep 0.1
+	done
+	return 1
+}

@@ -1,0 +1,290 @@
+#!/usr/bin/perl
+# bench/report.pl: turn bench/run.sh's results.tsv into the table (stdout)
+# and BENCHMARKS.md.
+#
+#   report.pl --mode full|smoke --runs N --output FILE RESULTS.tsv
+#   report.pl --latency-median PGBENCH-LOG...   median latency of a pgbench
+#                                               per-transaction log, in ms
+#
+# Each figure is reported as the median of its runs, with their min-max,
+# and, where it has one, the ratio of its median to the median of its
+# reference measured in the same run of the harness.  Targets are printed
+# next to the ratio with whether they are met; they never change the exit
+# status.
+use strict;
+use warnings;
+use Getopt::Long;
+use POSIX qw(strftime);
+
+my ($mode, $runs, $output, @latency) = ('full', 5, undef);
+GetOptions(
+	'mode=s' => \$mode,
+	'runs=i' => \$runs,
+	'output=s' => \$output,
+	'latency-median' => \my $latency_median,
+) or die "bad options\n";
+
+sub median {
+	my @v = sort { $a <=> $b } @_;
+	return undef unless @v;
+	return @v % 2 ? $v[$#v / 2] : ($v[@v / 2 - 1] + $v[@v / 2]) / 2;
+}
+
+if ($latency_median) {
+	my @us;
+	for my $f (@ARGV) {
+		open(my $fh, '<', $f) or die "$f: $!\n";
+		while (<$fh>) {
+			my @c = split;
+			push @us, $c[2] if @c >= 3;
+		}
+	}
+	die "no transactions in @ARGV\n" unless @us;
+	printf "%.3f\n", median(@us) / 1000;
+	exit 0;
+}
+
+# ------------------------------------------------------------------ figures
+#
+# id => [label, unit]; a reference row has no ref.  Rows of the table:
+# [figure, reference or undef, target or undef, note]; a target is
+# [op, value] applied to the ratio, or [op, value, 'abs'] applied to the
+# median itself.
+my %fig = (
+	'enqueue.copy_plain' => ['COPY into a plain table (same columns)', 'rows/s'],
+	'enqueue.copy_gk'    => ['COPY into gatekeeper.mail', 'rows/s'],
+	'enqueue.fn'         => ['enqueue() calls, all in one transaction', 'calls/s'],
+	'backlog.small'      => ['claim(1000)+ack, 50k not-yet-due', 'ms'],
+	'backlog.big'        => ['claim(1000)+ack, 5M not-yet-due', 'ms'],
+	'backlog.sent'       => ['claim(1000)+ack, 50k not-yet-due + 5M sent retained', 'ms'],
+	'sustained.first'    => ['drain rate, first wave', 'mails/s'],
+	'sustained.last'     => ['drain rate, last wave', 'mails/s'],
+	'gates.redis_p64'    => ['Redis SET NX EX, pipelined -P 64, 4 clients', 'ops/s'],
+	'gates.redis_p1'     => ['Redis SET NX EX, unpipelined, 4 clients', 'ops/s'],
+	'gates.batch'        => ['gate_pass(text[]) 1,000 new recipients/call, 4 clients', 'passes/s'],
+	'gates.ceiling'      => ['INSERT ON CONFLICT DO NOTHING, same keys, bare table (ceiling)', 'rows/s'],
+	'gates.single_on'    => ['gate_pass(text), 4 clients, synchronous_commit on', 'calls/s'],
+	'gates.single_off'   => ['gate_pass(text), 4 clients, synchronous_commit off', 'calls/s'],
+	'delivery.smtp_source' => ['smtp-source -> smtp-sink, 16 sessions', 'mails/s'],
+	'delivery.rate'      => ['worker -> smtp-sink, 16 connections', 'mails/s'],
+	'delivery.lat_median' => ['commit to acceptance, one due mail, median', 'ms'],
+	'delivery.lat_p99'   => ['commit to acceptance, one due mail, p99', 'ms'],
+);
+my @sections = (
+	['enqueue', [
+		['enqueue.copy_plain'],
+		['enqueue.copy_gk', 'enqueue.copy_plain', ['>=', 0.5]],
+		['enqueue.fn', 'enqueue.copy_plain'],
+	]],
+	['drain', []],
+	['backlog', [
+		['backlog.small'],
+		['backlog.big', 'backlog.small', ['<=', 1.5]],
+		['backlog.sent', 'backlog.small', ['<=', 1.5]],
+	]],
+	['sustained', [
+		['sustained.first'],
+		['sustained.last', 'sustained.first', ['>=', 0.8]],
+	]],
+	['gates', [
+		['gates.redis_p64'],
+		['gates.redis_p1'],
+		['gates.batch', 'gates.redis_p64', ['>=', 1.0]],
+		['gates.ceiling', 'gates.redis_p64'],
+		['gates.single_on', 'gates.redis_p1'],
+		['gates.single_off', 'gates.redis_p1', ['>=', 0.3]],
+	]],
+	['delivery', [
+		['delivery.smtp_source'],
+		['delivery.rate', 'delivery.smtp_source', ['>=', 0.8]],
+		['delivery.lat_median', undef, ['<', 20, 'abs']],
+		['delivery.lat_p99'],
+	]],
+);
+for my $b (100, 1000) {
+	for my $k (1, 2, 4, 8) {
+		my $c = $k == 1 ? '1 claimer' : "$k claimers";
+		$fig{"drain.raw.b$b.k$k"}   = ["raw UPDATE by id range, batch $b, $k client" . ($k > 1 ? 's' : ''), 'rows/s'];
+		$fig{"drain.pgq.b$b.k$k"}   = ["PgQ insert+consume, batch $b, $k producer" . ($k > 1 ? 's' : '') . ', 1 consumer', 'events/s'];
+		$fig{"drain.pgqc.b$b.k$k"}  = ["PgQ consume only, batch $b (after $k producer" . ($k > 1 ? 's' : '') . ')', 'events/s'];
+		$fig{"drain.gk.b$b.k$k"}    = ["claim+ack ungated, batch $b, $c", 'mails/s'];
+		$fig{"drain.gated.b$b.k$k"} = ["claim+ack smart_sending, batch $b, $c", 'mails/s'];
+	}
+}
+{
+	my $rows = $sections[1][1];
+	for my $b (100, 1000) {
+		for my $k (1, 2, 4, 8) {
+			push @$rows,
+				["drain.raw.b$b.k$k"],
+				["drain.pgq.b$b.k$k"],
+				["drain.gk.b$b.k$k", "drain.raw.b$b.k$k", ['>=', 0.6]],
+				["drain.gk.b$b.k$k", "drain.pgq.b$b.k$k", ['>=', 1.5]],
+				["drain.gated.b$b.k$k", "drain.raw.b$b.k$k", ['>=', 0.4]],
+				["drain.gated.b$b.k$k", "drain.pgq.b$b.k$k", ['>=', 1.5]];
+		}
+	}
+}
+
+# ------------------------------------------------------------------ results
+my (%values, %skip, %notes, @info);
+my $file = shift @ARGV or die "usage: report.pl [options] RESULTS.tsv\n";
+open(my $fh, '<', $file) or die "$file: $!\n";
+while (<$fh>) {
+	chomp;
+	my ($kind, $key, $run, $text) = split /\t/, $_, 4;
+	next unless defined $text;
+	if ($kind eq 'value') {
+		push @{$values{$key}}, $text;
+	} elsif ($kind eq 'skip') {
+		$skip{$key} //= $text;
+	} elsif ($kind eq 'note') {
+		push @{$notes{$key}}, $text;
+	} elsif ($kind eq 'info') {
+		push @info, [$key, $text];
+	}
+}
+close $fh;
+
+sub fmt {
+	my ($v, $unit) = @_;
+	return '-' unless defined $v;
+	if ($unit eq 'ms') {
+		return sprintf($v < 10 ? '%.2f' : '%.1f', $v);
+	}
+	my $s = sprintf('%.0f', $v);
+	1 while $s =~ s/^(\d+)(\d{3})/$1,$2/;
+	return $s;
+}
+
+sub stats {
+	my ($id) = @_;
+	my $v = $values{$id} or return;
+	my @s = sort { $a <=> $b } @$v;
+	return (median(@s), $s[0], $s[-1], scalar @s);
+}
+
+my $seen_any = 0;
+my @table;	# [section, label, median, range, ref label, ref median, ratio, target, met]
+for my $sec (@sections) {
+	my ($name, $rows) = @$sec;
+	my @out;
+	for my $row (@$rows) {
+		my ($id, $ref, $target) = @$row;
+		my ($label, $unit) = @{$fig{$id}};
+		my ($med, $min, $max, $n) = stats($id);
+		next unless defined $med || $skip{$id};
+		$seen_any = 1;
+		my @r = ($name, $label);
+		if (!defined $med) {
+			push @out, [@r, "not measured: $skip{$id}", '', '', '', '', '', ''];
+			next;
+		}
+		my $range = $n > 1 ? fmt($min, $unit) . '-' . fmt($max, $unit) : '(1 run)';
+		my ($rlabel, $rmed, $ratio, $tgt, $met) = ('', '', '', '', '');
+		if ($ref) {
+			my ($rm) = stats($ref);
+			$rlabel = $fig{$ref}[0];
+			if (defined $rm && $rm > 0) {
+				$rmed = fmt($rm, $fig{$ref}[1]) . " $fig{$ref}[1]";
+				$ratio = $med / $rm;
+			} else {
+				$rmed = $skip{$ref} ? "not measured" : '-';
+			}
+		}
+		if ($target) {
+			my ($op, $val, $abs) = @$target;
+			my $x = $abs ? $med : ($ratio eq '' ? undef : $ratio);
+			$tgt = $abs ? "$op $val $unit" : "$op ${val}x";
+			if (defined $x) {
+				my $ok = $op eq '>=' ? $x >= $val : $op eq '<=' ? $x <= $val : $op eq '<' ? $x < $val : $x > $val;
+				$met = $ok ? 'yes' : 'NO';
+			} else {
+				$met = '?';
+			}
+		}
+		push @out, [@r, fmt($med, $unit) . " $unit", $range, $rlabel, $rmed,
+			$ratio eq '' ? '' : sprintf('%.2fx', $ratio), $tgt, $met];
+	}
+	push @table, @out;
+}
+
+# ------------------------------------------------------------------ stdout
+my @head = ('scenario', 'figure', 'median', 'min-max', 'reference', 'ref median', 'ratio', 'target', 'met');
+{
+	my @w = map { length } @head;
+	for my $r (@table) {
+		for my $i (0 .. $#$r) {
+			$w[$i] = length $r->[$i] if length $r->[$i] > $w[$i];
+		}
+	}
+	my $line = sub { join('  ', map { sprintf("%-*s", $w[$_], $_[$_]) } 0 .. $#_) . "\n" };
+	print "\n", $line->(@head), $line->(map { '-' x $_ } @w);
+	my $last = '';
+	for my $r (@table) {
+		my @c = @$r;
+		$c[0] = '' if $c[0] eq $last;
+		$last = $r->[0];
+		print $line->(@c);
+	}
+	print "\n";
+}
+
+# ------------------------------------------------------------------ Markdown
+exit 0 unless $output;
+my %desc = (
+	enqueue => 'Enqueue: server-side COPY of the same CSV rows into gatekeeper.mail and into a plain table with the same columns and defaults (identity primary key, no other index, no trigger); and gatekeeper.enqueue() called once per row by one statement, all in one transaction.',
+	drain => 'Drain: N due mails preloaded and vacuumed, then drained by k pgbench clients (-M prepared), each looping claim(batch) in one transaction and ack(ids, attempts) in the next, until all are sent; rate = N / wall time. Raw UPDATE: the same rows copied into a table with the same columns, defaults and indexes (no gatekeeper code), marked sent by id range in batches of the same size by the same number of clients: one row write per row, the machine\'s row-write ceiling for this layout. PgQ: the same number of events (same payload) inserted by k producers in transactions of `batch` events with a tick after each, then consumed by one consumer (next_batch, get_batch_events, finish_batch per transaction); rate = N / (insert + consume). "Well ahead of PgQ" is taken as >= 1.5x.',
+	backlog => 'Backlog: latency of one claim(1000)+ack round (pgbench -M prepared, one client, per-transaction log; median per run) with 50,000 or 5,000,000 not-yet-due mails (due a day later) in the same queue, or 50,000 not-yet-due plus 5,000,000 sent mails retained. Each backlog is loaded, vacuumed and analyzed before it is measured.',
+	sustained => 'Sustained: 10 consecutive waves of 400,000 mails, each enqueued by one INSERT ... SELECT and drained by 4 claimers at batch 1000, with default autovacuum and nothing in between; run once.',
+	gates => 'Gates: gate_pass(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
+	delivery => 'Delivery: the worker (gatekeeper.smtp_connections = 16) sending to a loopback smtp-sink that counts and discards; time from the commit of N due mails until smtp-sink has counted N; and from the commit of one due mail until smtp-sink counts it, repeated (median, p99). Reference: smtp-source -s 16 -d (16 sessions, connections reused) into the same sink, same body size.',
+);
+open(my $md, '>', $output) or die "$output: $!\n";
+print $md "# gatekeeper benchmarks\n\n";
+print $md "Produced by `bash bench/run.sh` (" . ($mode eq 'smoke' ? 'smoke mode: tiny sizes, not a measurement' : "full mode, $runs runs per figure") .
+	") on " . strftime('%Y-%m-%d', gmtime) . ". Every figure is the median of its runs, with their min-max; a ratio is the figure's median over its reference's median, both measured in the same run of the harness. Targets never fail the run. See bench/README.md for the method.\n\n";
+print $md "## Machine\n\n";
+print $md "| | |\n|---|---|\n";
+for my $i (@info) {
+	print $md "| $i->[0] | $i->[1] |\n";
+}
+print $md "\n## Results\n\n";
+print $md '| ' . join(' | ', @head) . " |\n";
+print $md '|' . join('|', map { '---' } @head) . "|\n";
+my $last = '';
+for my $r (@table) {
+	my @c = @$r;
+	$c[0] = '' if $c[0] eq $last;
+	$last = $r->[0];
+	$c[8] = "**$c[8]**" if $c[8] eq 'NO';
+	print $md '| ' . join(' | ', map { s/\|/\\|/gr } @c) . " |\n";
+}
+print $md "\n## What each scenario measures\n\n";
+for my $sec (@sections) {
+	next unless grep { $_->[0] eq $sec->[0] } @table;
+	print $md "- $desc{$sec->[0]}\n";
+}
+{
+	my @c;
+	for my $b (100, 1000) {
+		for my $k (1, 2, 4, 8) {
+			my ($m) = stats("drain.pgqc.b$b.k$k");
+			push @c, "batch $b after $k producer" . ($k > 1 ? 's' : '') . ': ' . fmt($m, '') if defined $m;
+		}
+	}
+	unshift @{$notes{drain}}, 'PgQ consume phase alone, events/s (one consumer): ' . join(', ', @c) if @c;
+}
+print $md "\n## Observations from this run\n\n";
+for my $sec (@sections) {
+	my $n = $notes{$sec->[0]} or next;
+	print $md "- $sec->[0]: " . join('; ', @$n) . "\n";
+}
+# the hand-written analysis (what bounds each figure), kept in bench/notes.md
+my $notes_file = ($0 =~ s{[^/]*$}{}r) . 'notes.md';
+if ($mode ne 'smoke' && open(my $nf, '<', $notes_file)) {
+	local $/;
+	print $md "\n", <$nf>;
+	close $nf;
+}
+close $md;

@@ -1,0 +1,438 @@
+# bench/scenarios.sh: the scenarios of bench/run.sh.  Sourced, not run.
+#
+# Each scenario_NAME function runs in a subshell with `set -e`, records its
+# measurements with bk_record (figure ids are listed in report.pl) and stops
+# whatever servers it started.  Sizes come from run.sh.
+
+SQL=$BENCH/sql
+
+# bk_machine_info: describe the machine and the cluster for the report.
+bk_machine_info() {
+	local mem cpu
+	mem=$(awk '/^MemTotal:/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
+	cpu=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+	bk_info cores "$(nproc)"
+	bk_info memory "$mem"
+	bk_info cpu "${cpu:-unknown}"
+	bk_info kernel "$(uname -sr)"
+	bk_info postgresql "$(bk_sql "SHOW server_version")"
+	bk_info settings "$(bk_sql "SELECT string_agg(name || ' = ' || current_setting(name), ', ' ORDER BY name)
+		FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'full_page_writes',
+			'wal_level', 'max_wal_size', 'checkpoint_timeout', 'autovacuum', 'maintenance_work_mem', 'work_mem')")"
+	bk_info wal_sync "$(bk_sql "SHOW wal_sync_method"); data on $(df -T "$BK_WORK" | awk 'NR == 2 { print $2 }')"
+	bk_info peers "PgQ $(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'pgq'"), $(redis-server --version | awk '{ print $1, $2, $3 }'), Postfix $(postconf -d -h mail_version 2>/dev/null || echo '?') smtp-source/smtp-sink"
+	bk_info gatekeeper "$(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'gatekeeper'") from $(git -C "$ROOT" -c safe.directory="$ROOT" describe --always --dirty 2>/dev/null || echo 'an unknown tree')"
+	bk_sql "$(cat "$SQL/setup.sql")" >/dev/null
+}
+
+# bk_reset_mail: empty gatekeeper's tables (and the references'), ready
+# for a new measurement.
+bk_reset_mail() {
+	bk_sql "TRUNCATE gatekeeper.mail, gatekeeper.gate_pass, bench_raw, bench_plain, bench_pass RESTART IDENTITY" >/dev/null
+}
+
+# bk_only_queue NAME: pause every queue but NAME, so a claim's fair share
+# goes to the one queue that holds the benchmark's mail.
+bk_only_queue() {
+	bk_sql "SELECT gatekeeper.pause(name) FROM gatekeeper.queue WHERE name <> '$1' AND NOT paused;
+			SELECT gatekeeper.resume('$1')" >/dev/null
+}
+
+# ================================================================== enqueue
+#
+# COPY of ENQ_ROWS rows (a CSV file on the server) into gatekeeper.mail,
+# against the same COPY into bench_plain (same columns, identity primary
+# key, nothing else).  And ENQ_CALLS enqueue() calls in one transaction
+# (one statement over generate_series).
+scenario_enqueue() {
+	local run t0 t1 csv=$BK_WORK/enqueue.csv
+	bk_sql "COPY (SELECT * FROM bench_rows($ENQ_ROWS, 'e', 'bench', interval '0')) TO '$csv' (FORMAT csv)"
+	for run in $(seq 1 "$RUNS"); do
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		bk_sql "COPY bench_plain (queue, recipient, subject, body, send_at) FROM '$csv' (FORMAT csv)"
+		t1=$(bk_now)
+		bk_record enqueue.copy_plain "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
+
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		bk_sql "COPY gatekeeper.mail (queue, recipient, subject, body, send_at) FROM '$csv' (FORMAT csv)"
+		t1=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail")" = "$ENQ_ROWS" ] || gk_die "COPY lost rows"
+		bk_record enqueue.copy_gk "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
+
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		bk_sql "SELECT count(gatekeeper.enqueue('f' || i || '@example.com', 'Subject ' || i, bench_body(i), 'bench'))
+				  FROM generate_series(1, $ENQ_CALLS) AS i" >/dev/null
+		t1=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail")" = "$ENQ_CALLS" ] || gk_die "enqueue lost rows"
+		bk_record enqueue.fn "$run" "$(bk_rate "$ENQ_CALLS" "$t0" "$t1")"
+	done
+	rm -f "$csv"
+	bk_reset_mail
+}
+
+# ================================================================== drain
+#
+# For batch 100 and 1000 and 1/2/4/8 claimers:
+#   raw    DRAIN_N rows of bench_raw (a copy of the preloaded mail) marked
+#          sent by id range, one UPDATE per batch, by the same number of
+#          clients;
+#   gk     DRAIN_N due mails drained by claim(batch) + ack(ids, attempts);
+#   gated  the same through a queue gated by smart_sending, every recipient
+#          distinct (so every mail passes: this is the gate's overhead);
+#   pgq    DRAIN_N PgQ events inserted by the same number of producers in
+#          transactions of `batch` events with a tick after each, then
+#          consumed by one consumer (PgQ's unit of parallelism is the
+#          consumer; every consumer reads every event) with next_batch /
+#          get_batch_events / finish_batch; rate = events / (insert + consume).
+# Every rate is rows per second of wall time of the pgbench runs.
+
+# drain_preload QUEUE: DRAIN_N due mails in QUEUE, and the same rows in
+# bench_raw, vacuumed and analyzed.
+drain_preload() {
+	bk_reset_mail
+	bk_sql "CALL bench_load($DRAIN_N, 'd', '$1', interval '-1 minute')"
+	bk_sql "INSERT INTO bench_raw SELECT * FROM gatekeeper.mail" >/dev/null
+	[ "$(bk_sql "SELECT min(id) || ' ' || max(id) FROM bench_raw")" = "1 $DRAIN_N" ] ||
+		gk_die "preloaded ids are not 1..$DRAIN_N"
+	bk_sql "VACUUM ANALYZE gatekeeper.mail"
+	bk_sql "VACUUM ANALYZE bench_raw"
+}
+
+# drain_gk FIGURE RUN BATCH CLIENTS QUEUE: drain the preloaded mail.
+drain_gk() {
+	local fig=$1 run=$2 b=$3 k=$4 q=$5 t0 t1 left
+	bk_only_queue "$q"
+	bk_settle
+	t0=$(bk_now)
+	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/drain.sql" -D batch="$b" \
+		-c "$k" -j "$(bk_jobs "$k")" -t $((DRAIN_N / b / k))
+	t1=$(bk_now)
+	left=$(bk_sql "SELECT count(*) FILTER (WHERE state <> 'sent') || ' ' || count(*) FROM gatekeeper.mail")
+	if [ "$left" != "0 $DRAIN_N" ]; then
+		bk_sql "SELECT state, count(*) FROM gatekeeper.mail GROUP BY 1" >&2
+		gk_die "$fig: not every mail was sent ($left)"
+	fi
+	bk_record "$fig" "$run" "$(bk_rate "$DRAIN_N" "$t0" "$t1")"
+}
+
+# drain_raw FIGURE RUN BATCH CLIENTS
+drain_raw() {
+	local fig=$1 run=$2 b=$3 k=$4 t0 t1
+	bk_settle
+	t0=$(bk_now)
+	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/raw_update.sql" -D batch="$b" -D clients="$k" -D i=0 \
+		-c "$k" -j "$(bk_jobs "$k")" -t $((DRAIN_N / b / k))
+	t1=$(bk_now)
+	[ "$(bk_sql "SELECT count(*) FROM bench_raw WHERE state = 'sent'")" = "$DRAIN_N" ] ||
+		gk_die "$fig: the raw UPDATE missed rows"
+	bk_record "$fig" "$run" "$(bk_rate "$DRAIN_N" "$t0" "$t1")"
+}
+
+# drain_pgq FIGURE RUN BATCH CLIENTS
+drain_pgq() {
+	local fig=$1 run=$2 b=$3 k=$4 t0 t1 t2 batches pending
+	bk_sql "SELECT pgq.drop_queue(queue_name, true) FROM pgq.get_queue_info() WHERE queue_name = 'bench_q'" >/dev/null
+	bk_sql "SELECT pgq.create_queue('bench_q');
+			SELECT pgq.set_queue_config('bench_q', 'ticker_max_count', '$b');
+			SELECT pgq.set_queue_config('bench_q', 'ticker_max_lag', '1 hour');
+			SELECT pgq.register_consumer('bench_q', 'bench')" >/dev/null
+	bk_settle
+	t0=$(bk_now)
+	bk_pgbench "$BK_WORK/pgbench.$fig.insert.$run.log" -f "$SQL/pgq_insert.sql" -D batch="$b" -D i=0 \
+		-c "$k" -j "$(bk_jobs "$k")" -t $((DRAIN_N / b / k))
+	# close the last batch, whatever the ticker left open
+	bk_sql "SELECT pgq.force_tick('bench_q')" >/dev/null
+	bk_sql "SELECT pgq.ticker('bench_q')" >/dev/null
+	batches=$(bk_sql "SELECT count(*) FROM pgq.tick t JOIN pgq.queue q ON q.queue_id = t.tick_queue
+					   WHERE q.queue_name = 'bench_q'
+						 AND t.tick_id > (SELECT last_tick FROM pgq.get_consumer_info('bench_q', 'bench'))")
+	t1=$(bk_now)
+	bk_pgbench "$BK_WORK/pgbench.$fig.consume.$run.log" -f "$SQL/pgq_consume.sql" -c 1 -t "$batches"
+	t2=$(bk_now)
+	pending=$(bk_sql "SELECT coalesce(pending_events, 0) + coalesce(lag > interval '1 hour', false)::int
+						FROM pgq.get_consumer_info('bench_q', 'bench')")
+	[ "$pending" = 0 ] || gk_die "$fig: PgQ consumer left $pending events"
+	bk_record "$fig" "$run" "$(bk_rate "$DRAIN_N" "$t0" "$t2")"
+	bk_record "${fig/pgq/pgqc}" "$run" "$(bk_rate "$DRAIN_N" "$t1" "$t2")"
+}
+
+scenario_drain() {
+	local run b k c
+	bk_sql "CREATE EXTENSION IF NOT EXISTS pgq" >/dev/null
+	for run in $(seq 1 "$RUNS"); do
+		for c in $DRAIN_CONFIGS; do
+			b=${c%:*} k=${c#*:}
+			DRAIN_N=$((b == 100 ? DRAIN_N_100 : DRAIN_N_1000))
+			gk_log "drain run $run: $DRAIN_N mails, batch $b, $k claimer(s)"
+			drain_preload bench
+			drain_gk "drain.gk.b$b.k$k" "$run" "$b" "$k" bench
+			drain_raw "drain.raw.b$b.k$k" "$run" "$b" "$k"
+			drain_preload bench_gated
+			drain_gk "drain.gated.b$b.k$k" "$run" "$b" "$k" bench_gated
+			drain_pgq "drain.pgq.b$b.k$k" "$run" "$b" "$k"
+		done
+	done
+	bk_sql "SELECT pgq.drop_queue(queue_name, true) FROM pgq.get_queue_info() WHERE queue_name = 'bench_q'" >/dev/null
+	bk_reset_mail
+}
+
+# ================================================================== backlog
+#
+# claim(1000) + ack latency of one client (pgbench -M prepared, per-
+# transaction log), with BACKLOG_TXNS rounds a run, over a due pool big
+# enough for every run, at three backlogs:
+#   small  BACKLOG_SMALL not-yet-due mails (send_at a day ahead)
+#   big    BACKLOG_BIG not-yet-due mails
+#   sent   BACKLOG_SMALL not-yet-due and BACKLOG_BIG sent mails retained
+# All in the one queue the claim walks.  Each backlog is loaded, vacuumed
+# and analyzed, then measured; the figure is the median transaction
+# latency of each run.
+
+# backlog_measure FIGURE: RUNS runs of BACKLOG_TXNS claim+ack rounds.
+backlog_measure() {
+	local fig=$1 run log
+	for run in $(seq 1 "$RUNS"); do
+		bk_settle
+		log=$BK_WORK/pgbench.$fig.$run
+		rm -f "$log".*
+		bk_pgbench "$log.out" -f "$SQL/drain.sql" -D batch=1000 -c 1 -t "$BACKLOG_TXNS" -l --log-prefix="$log"
+		bk_record "$fig" "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
+	done
+}
+
+backlog_load() {
+	local future=$1 sent=$2 due=$((RUNS * BACKLOG_TXNS * 1000 + 1000))
+	bk_reset_mail
+	bk_sql "CALL bench_load($future, 'w', 'bench', interval '1 day')"
+	if [ "$sent" -gt 0 ]; then
+		bk_sql "CALL bench_load($sent, 's', 'bench', interval '-1 day', 'sent')"
+	fi
+	bk_sql "CALL bench_load($due, 'n', 'bench', interval '-1 minute')"
+	bk_sql "VACUUM ANALYZE gatekeeper.mail"
+	bk_note backlog "$(bk_sql "SELECT format('%s not-yet-due, %s sent, %s due: gatekeeper.mail is %s, its indexes %s',
+		$future, $sent, $due, pg_size_pretty(pg_table_size('gatekeeper.mail')),
+		pg_size_pretty(pg_indexes_size('gatekeeper.mail')))")"
+}
+
+scenario_backlog() {
+	bk_only_queue bench
+	gk_log "backlog: $BACKLOG_SMALL not-yet-due"
+	backlog_load "$BACKLOG_SMALL" 0
+	backlog_measure backlog.small
+	gk_log "backlog: $BACKLOG_BIG not-yet-due"
+	backlog_load "$BACKLOG_BIG" 0
+	backlog_measure backlog.big
+	gk_log "backlog: $BACKLOG_SMALL not-yet-due, $BACKLOG_BIG sent retained"
+	backlog_load "$BACKLOG_SMALL" "$BACKLOG_BIG"
+	backlog_measure backlog.sent
+	bk_reset_mail
+}
+
+# ================================================================== sustained
+#
+# SUSTAINED_WAVES consecutive waves: SUSTAINED_N mails enqueued by one
+# INSERT ... SELECT (the bulk path, validation trigger and all), then
+# drained by 4 claimers at batch 1000.  Default autovacuum, no VACUUM or
+# CHECKPOINT between waves, sent mail retained.  Run once, whatever --runs.
+scenario_sustained() {
+	local w t0 t1 t2 rate first= rates=
+	bk_reset_mail
+	bk_only_queue bench
+	bk_sql "VACUUM ANALYZE gatekeeper.mail"
+	bk_settle
+	for w in $(seq 1 "$SUSTAINED_WAVES"); do
+		t0=$(bk_now)
+		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+				SELECT * FROM bench_rows($SUSTAINED_N, 'w${w}_', 'bench', interval '0')"
+		t1=$(bk_now)
+		bk_pgbench "$BK_WORK/pgbench.sustained.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
+			-c 4 -j "$(bk_jobs 4)" -t $((SUSTAINED_N / 1000 / 4))
+		t2=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail WHERE state <> 'sent'")" = 0 ] ||
+			gk_die "sustained wave $w left mail unsent"
+		rate=$(bk_rate "$SUSTAINED_N" "$t1" "$t2")
+		rates="$rates${rates:+, }$(printf '%.0f' "$rate")"
+		gk_log "wave $w: enqueue $(bk_rate "$SUSTAINED_N" "$t0" "$t1")/s, drain $rate/s"
+		[ -n "$first" ] || { first=$rate; bk_record sustained.first 1 "$rate"; }
+		bk_note sustained "wave $w: enqueue $(printf '%.0f' "$(bk_rate "$SUSTAINED_N" "$t0" "$t1")") mails/s, drain $(printf '%.0f' "$rate") mails/s"
+	done
+	bk_record sustained.last 1 "$rate"
+	bk_note sustained "$(bk_sql "SELECT format('after the waves: gatekeeper.mail is %s (indexes %s); autovacuum ran %s times, autoanalyze %s; %s dead tuples left',
+		pg_size_pretty(pg_table_size('gatekeeper.mail')), pg_size_pretty(pg_indexes_size('gatekeeper.mail')),
+		autovacuum_count, autoanalyze_count, n_dead_tup)
+		FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail'::regclass")"
+	bk_reset_mail
+}
+
+# ================================================================== gates
+#
+#   batch     gate_pass(gate, text[]) with 1,000 new recipients a call, 4
+#             clients, GATE_BATCH_TXNS calls each: passes/s
+#   ceiling   the same keys INSERTed ... ON CONFLICT DO NOTHING into a bare
+#             2-column table (informative: the machine's ceiling)
+#   single    gate_pass(gate, recipient) for new recipients, 4 clients,
+#             GATE_SINGLE_TXNS calls each, synchronous_commit on and off
+#   redis     redis-server (no persistence) on loopback, redis-benchmark
+#             SET key:__rand_int__ v NX EX 57600 (16 hours, as smart
+#             sending) with -r 100000000, 4 clients, pipelined -P 64 and not
+scenario_gates() {
+	local run t0 t1 port out rps
+	port=$(gk_free_port "$BK_PGPORT")
+	mkdir -p "$BK_WORK/redis"
+	bk_start_bg redis "$BK_WORK/redis" redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+		--dir "$BK_WORK/redis" --daemonize no --loglevel warning
+	bk_wait_port "$port" || gk_die "redis-server did not start (see $BK_WORK/redis.err)"
+	bk_only_queue bench
+	for run in $(seq 1 "$RUNS"); do
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		bk_pgbench "$BK_WORK/pgbench.gates.batch.$run.log" -f "$SQL/gate_batch.sql" -D run="$run" -D i=0 \
+			-c 4 -j "$(bk_jobs 4)" -t "$GATE_BATCH_TXNS"
+		t1=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.gate_pass")" = $((4 * GATE_BATCH_TXNS * 1000)) ] ||
+			gk_die "batch gate_pass did not pass every new recipient"
+		bk_record gates.batch "$run" "$(bk_rate $((4 * GATE_BATCH_TXNS * 1000)) "$t0" "$t1")"
+
+		bk_settle
+		t0=$(bk_now)
+		bk_pgbench "$BK_WORK/pgbench.gates.ceiling.$run.log" -f "$SQL/gate_ceiling.sql" -D run="$run" -D i=0 \
+			-c 4 -j "$(bk_jobs 4)" -t "$GATE_BATCH_TXNS"
+		t1=$(bk_now)
+		bk_record gates.ceiling "$run" "$(bk_rate $((4 * GATE_BATCH_TXNS * 1000)) "$t0" "$t1")"
+
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		bk_pgbench "$BK_WORK/pgbench.gates.single_on.$run.log" -f "$SQL/gate_single.sql" -D run="$run" -D i=0 \
+			-c 4 -j "$(bk_jobs 4)" -t "$GATE_SINGLE_TXNS"
+		t1=$(bk_now)
+		bk_record gates.single_on "$run" "$(bk_rate $((4 * GATE_SINGLE_TXNS)) "$t0" "$t1")"
+
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		PGOPTIONS='-c synchronous_commit=off' \
+			bk_pgbench "$BK_WORK/pgbench.gates.single_off.$run.log" -f "$SQL/gate_single.sql" -D run="$run" -D i=0 \
+			-c 4 -j "$(bk_jobs 4)" -t "$GATE_SINGLE_TXNS"
+		t1=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.gate_pass")" = $((4 * GATE_SINGLE_TXNS)) ] ||
+			gk_die "single gate_pass did not pass every new recipient"
+		bk_record gates.single_off "$run" "$(bk_rate $((4 * GATE_SINGLE_TXNS)) "$t0" "$t1")"
+
+		for p in 64 1; do
+			redis-cli -h 127.0.0.1 -p "$port" FLUSHALL >/dev/null
+			out=$(redis-benchmark -h 127.0.0.1 -p "$port" -q -c 4 -P "$p" -r 100000000 \
+				-n "$([ "$p" = 1 ] && echo "$REDIS_N" || echo "$REDIS_P_N")" \
+				SET key:__rand_int__ v NX EX 57600 2>&1 | tr '\r' '\n' | grep 'requests per second' | tail -n 1)
+			rps=$(printf '%s\n' "$out" | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')
+			[ -n "$rps" ] || gk_die "could not read redis-benchmark's result: $out"
+			bk_record "gates.redis_p$p" "$run" "$rps"
+		done
+	done
+	bk_stop_bg redis
+	bk_reset_mail
+}
+
+# ================================================================== delivery
+#
+# The cluster is restarted with the worker in the bench database,
+# smtp_url at a loopback smtp-sink, 16 connections.  Then:
+#   rate      DELIVERY_N due mails committed in one INSERT; time from the
+#             commit until smtp-sink has counted them all
+#   latency   one due mail committed (enqueue); time until smtp-sink counts
+#             it; DELIVERY_LAT times: median and p99
+#   reference smtp-source -s 16 -d -m DELIVERY_N -l BODY_BYTES into the same
+#             sink (16 parallel sessions, each reusing its connection)
+# smtp-sink throws the mail away and counts it (-c).
+
+# sink_count: messages smtp-sink has received so far.
+sink_count() {
+	perl "$BENCH/sink.pl" count "$BK_WORK/sink.out"
+}
+
+# delivery_settled: wait up to 60 s for the worker to record every outcome.
+delivery_settled() {
+	local i
+	for i in $(seq 1 300); do
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed')")" = 0 ] && return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+scenario_delivery() {
+	local port run t0 t1 c0 res reason=
+	port=$(gk_free_port "$BK_PGPORT")
+	mkdir -p "$BK_WORK/sink"
+	chmod 777 "$BK_WORK/sink"
+	bk_start_bg sink "$BK_WORK/sink" /usr/sbin/smtp-sink -u postfix -c -m 64 "127.0.0.1:$port" 256
+	bk_wait_port "$port" || gk_die "smtp-sink did not start"
+	bk_cluster_conf "gatekeeper.database = 'bench'
+gatekeeper.smtp_url = 'smtp://127.0.0.1:$port'
+gatekeeper.smtp_connections = 16
+gatekeeper.default_sender = 'bench@example.com'"
+	bk_cluster_restart
+	bk_only_queue default
+	bk_reset_mail
+
+	# is there a worker that delivers?  One mail, 30 seconds.
+	c0=$(sink_count)
+	bk_sql "SELECT gatekeeper.enqueue('probe@example.com', 'probe', 'probe')" >/dev/null
+	if ! perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + 1)) 30 >/dev/null; then
+		reason="no mail reached smtp-sink within 30 s of a commit ($(bk_sql "SELECT coalesce(string_agg(state || ': ' || coalesce(last_error, '-'), '; '), 'no mail') FROM gatekeeper.mail"))"
+	fi
+	bk_sql "SELECT 1 FROM pg_stat_activity WHERE backend_type LIKE 'gatekeeper%' LIMIT 1" | grep -q 1 ||
+		reason="${reason:-}${reason:+; }no gatekeeper worker in pg_stat_activity"
+
+	for run in $(seq 1 "$RUNS"); do
+		c0=$(sink_count)
+		t0=$(bk_now)
+		/usr/sbin/smtp-source -s 16 -d -m "$DELIVERY_N" -l "$BODY_BYTES" -f bench@example.com \
+			-t sink@example.com "127.0.0.1:$port" >/dev/null 2>&1 || gk_die "smtp-source failed"
+		t1=$(bk_now)
+		[ "$(sink_count)" -ge $((c0 + DELIVERY_N)) ] || gk_die "smtp-sink did not count smtp-source's mail"
+		bk_record delivery.smtp_source "$run" "$(bk_rate "$DELIVERY_N" "$t0" "$t1")"
+
+		if [ -n "$reason" ]; then
+			continue
+		fi
+		bk_reset_mail
+		bk_settle
+		c0=$(sink_count)
+		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+				SELECT * FROM bench_rows($DELIVERY_N, 'r${run}_', 'default', interval '0')"
+		t0=$(bk_now)
+		if ! t1=$(perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + DELIVERY_N)) $((60 + DELIVERY_N / 100))); then
+			reason="run $run: $(($(sink_count) - c0)) of $DELIVERY_N mails reached smtp-sink in time ($(bk_sql "SELECT string_agg(state || ' ' || n, ', ') FROM (SELECT state, count(*) n FROM gatekeeper.mail GROUP BY 1) s"))"
+			continue
+		fi
+		bk_record delivery.rate "$run" "$(bk_rate "$DELIVERY_N" "$t0" "$t1")"
+		# let the worker record every outcome before the next measurement
+		delivery_settled || gk_warn "the worker had not recorded every outcome after 60 s"
+
+		res=$(perl "$BENCH/sink.pl" latency "$BK_WORK/sink.out" "$DELIVERY_LAT" 10 -- \
+			psql -X -q -At -h 127.0.0.1 -p "$BK_PGPORT" -U postgres -d bench -c \
+			"SELECT gatekeeper.enqueue('lat@example.com', 'latency', bench_body(1))") || {
+			reason="run $run: a single mail did not reach smtp-sink within 10 s"
+			continue
+		}
+		bk_record delivery.lat_median "$run" "${res% *}"
+		bk_record delivery.lat_p99 "$run" "${res#* }"
+	done
+	if [ -n "$reason" ]; then
+		for f in delivery.rate delivery.lat_median delivery.lat_p99; do
+			bk_skip "$f" "$reason"
+		done
+	fi
+	bk_stop_bg sink
+	bk_cluster_conf ""
+	bk_cluster_restart
+	bk_reset_mail
+}
