@@ -12,6 +12,13 @@
 #  3. Relay down: due mail stays scheduled, handed back uncharged
 #     (attempt - uncharged = 0), the worker backs off and says so once;
 #     when the relay is back every mail is delivered exactly once.
+#  4. Relay refusing the login: the same as down; delivered once the relay
+#     takes the login again.
+#  5. Relay too slow (no answer to DATA within gatekeeper.smtp_timeout):
+#     retried like a 4xx, and sent once when the relay answers in time.
+#
+# The relay URL carries a user and password throughout: no error recorded
+# or logged may show the password.
 
 use strict;
 use warnings;
@@ -31,14 +38,20 @@ my $port = PostgreSQL::Test::Cluster::get_free_port();
 # all of it, long enough for the test to swap relays in between
 my $retry_delay = 3;
 
+# credentials in the URL; the sinks offer no AUTH (-a), so libcurl sends
+# none, except in phase 4
+my $secret = 'Pw-9c41e7';
+my $url = "smtp://mailer:$secret\@127.0.0.1:$port";
+
 my $sink = GatekeeperTest::start_sink(
 	port => $port,
 	name => 'soft',
-	args => [ '-r', 'RCPT' ]);
+	args => [ '-a', '-r', 'RCPT' ]);
 my $node = GatekeeperTest::new_node(
 	'outcomes',
-	sink => $sink,
-	conf => "gatekeeper.retry_delay = '${retry_delay}s'\n");
+	smtp_url => $url,
+	conf => "gatekeeper.retry_delay = '${retry_delay}s'\n"
+	  . "gatekeeper.smtp_timeout = '2s'\n");
 $node->start;
 $node->safe_psql(
 	'postgres', q{
@@ -99,7 +112,7 @@ cmp_ok($backoff, '<=', $retry_delay,
 is(GatekeeperTest::sink_count($sink), 0, '4xx: the relay holds no message');
 
 GatekeeperTest::stop_sink($sink);
-my $ok_sink = GatekeeperTest::start_sink(port => $port, name => 'ok');
+my $ok_sink = GatekeeperTest::start_sink(port => $port, name => 'ok', args => ['-a']);
 
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
@@ -120,7 +133,7 @@ GatekeeperTest::stop_sink($ok_sink);
 my $hard_sink = GatekeeperTest::start_sink(
 	port => $port,
 	name => 'hard',
-	args => [ '-f', 'RCPT' ]);
+	args => [ '-a', '-f', 'RCPT' ]);
 
 my $vip = 'vip@customer.example';
 is($node->safe_psql('postgres', "SELECT gatekeeper.gate_open('smart_sending', '$vip')"),
@@ -141,7 +154,7 @@ is($node->safe_psql('postgres', "SELECT gatekeeper.gate_open('smart_sending', '$
 is(GatekeeperTest::sink_count($hard_sink), 0, '5xx: the relay holds no message');
 
 GatekeeperTest::stop_sink($hard_sink);
-my $ok2_sink = GatekeeperTest::start_sink(port => $port, name => 'ok2');
+my $ok2_sink = GatekeeperTest::start_sink(port => $port, name => 'ok2', args => ['-a']);
 
 my $again_id = enqueue($vip, 'promo');
 my $control_id = enqueue('control@customer.example', 'promo');
@@ -205,7 +218,7 @@ my $said = () = $log =~ /could not reach the SMTP relay/g;
 is($said, 1, 'relay down: the worker says so once') or diag($log);
 unlike($log, qr/\b(ERROR|FATAL|PANIC):/, 'relay down: no errors in the log');
 
-my $back_sink = GatekeeperTest::start_sink(port => $port, name => 'back');
+my $back_sink = GatekeeperTest::start_sink(port => $port, name => 'back', args => ['-a']);
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
 		"SELECT count(*) FROM gatekeeper.mail WHERE $down AND state = 'sent'",
@@ -232,7 +245,95 @@ is( $node->safe_psql(
 like(slurp_file($node->logfile, $log_offset), qr/reaches the SMTP relay again/,
 	'relay back: the worker says so');
 
-$node->stop;
+#
+# 4. The relay refuses the login
+#
 GatekeeperTest::stop_sink($back_sink);
+# AUTH offered, and refused with 5xx
+my $noauth_sink = GatekeeperTest::start_sink(
+	port => $port,
+	name => 'noauth',
+	args => [ '-f', 'AUTH' ]);
+$log_offset = -s $node->logfile;
+$first_id = $node->safe_psql(
+	'postgres', q{
+WITH m AS (
+	INSERT INTO gatekeeper.mail (recipient, subject, body)
+	SELECT 'login' || i || '@customer.example', 'Mail ' || i, 'Body ' || i
+	  FROM generate_series(1, 5) AS i
+	RETURNING id)
+SELECT min(id) FROM m});
+my $login = "id >= $first_id";
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FROM gatekeeper.mail WHERE $login AND state = 'scheduled' AND uncharged >= 1",
+		'5', 30),
+	'login refused: every mail was tried and handed back');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || max(attempt - uncharged) FROM gatekeeper.mail WHERE $login"
+	),
+	'0,0',
+	'login refused: no mail failed and no attempt was charged');
+is(GatekeeperTest::sink_count($noauth_sink), 0, 'login refused: the relay holds no message');
+like(slurp_file($node->logfile, $log_offset), qr/could not reach the SMTP relay/,
+	'login refused: the worker says so');
+
+GatekeeperTest::stop_sink($noauth_sink);
+my $auth_sink = GatekeeperTest::start_sink(port => $port, name => 'auth', args => ['-a']);
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FROM gatekeeper.mail WHERE $login AND state = 'sent'",
+		'5', 60),
+	'login taken: every mail is sent');
+ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($auth_sink) >= 5 }, 10),
+	'login taken: the relay received them');
+is(GatekeeperTest::sink_count($auth_sink), 5, 'login taken: once each');
+
+#
+# 5. A relay slower than gatekeeper.smtp_timeout
+#
+GatekeeperTest::stop_sink($auth_sink);
+# answers DATA after 5 s, when the worker has given up
+my $slow_sink = GatekeeperTest::start_sink(
+	port => $port,
+	name => 'slow',
+	args => [ '-a', '-w', '5' ]);
+my $slow_id = enqueue('slow@customer.example');
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT state = 'scheduled' AND attempt = 1 AND last_error IS NOT NULL FROM gatekeeper.mail WHERE id = $slow_id",
+		't', 30),
+	'timeout: the mail is back to scheduled after its first attempt');
+my $slow = mail_row($slow_id);
+like($slow->{last_error}, qr/tim(e|ed) ?out/i, 'timeout: last_error says so')
+  or diag("last_error: $slow->{last_error}");
+is($slow->{uncharged}, 0, 'timeout: the attempt is charged');
+
+GatekeeperTest::stop_sink($slow_sink);
+my $fast_sink = GatekeeperTest::start_sink(port => $port, name => 'fast', args => ['-a']);
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT state FROM gatekeeper.mail WHERE id = $slow_id",
+		'sent', $retry_delay + 30),
+	'timeout: the mail is sent once the relay is fast again');
+$slow = mail_row($slow_id);
+is($slow->{attempt} - $slow->{uncharged}, 2, 'timeout: two charged attempts');
+ok(GatekeeperTest::wait_for(sub { copies_at($fast_sink, $slow->{message_id}) >= 1 }, 10),
+	'timeout: the relay received it');
+is(copies_at($fast_sink, $slow->{message_id}) + GatekeeperTest::sink_count($slow_sink),
+	1, 'timeout: exactly once');
+
+#
+# The password in the URL, in whatever was recorded or logged
+#
+my @errors = grep { $_ ne '' } split /\n/,
+  $node->safe_psql('postgres', 'SELECT DISTINCT last_error FROM gatekeeper.mail WHERE last_error IS NOT NULL');
+cmp_ok(scalar(@errors), '>=', 3, 'errors were recorded: ' . join(' / ', @errors));
+is(scalar(grep { /\Q$secret\E/ } @errors), 0, 'no last_error shows the password');
+unlike(slurp_file($node->logfile), qr/\Q$secret\E/, 'the log does not show the password');
+
+$node->stop;
+GatekeeperTest::stop_sink($fast_sink);
 
 done_testing();

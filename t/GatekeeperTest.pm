@@ -333,7 +333,11 @@ sub worker_pids
 
 =head2 sink_files($sink)
 
-The files of the messages the sink received so far.
+The files of the messages the sink received so far.  smtp-sink creates a
+message's file when the transaction starts and writes it when the message
+is complete; it removes the file of a transaction that is aborted, but a
+sink stopped in the middle of one leaves it empty.  Empty files are not
+messages.
 
 =cut
 
@@ -342,7 +346,8 @@ sub sink_files
 	my ($sink) = @_;
 	my $dir = "$sink->{dir}/mail";
 	opendir(my $dh, $dir) or croak "could not open $dir: $!";
-	my @files = sort map { "$dir/$_" } grep { !/^\./ && -f "$dir/$_" } readdir($dh);
+	my @files = sort map { "$dir/$_" }
+	  grep { !/^\./ && -f "$dir/$_" && -s "$dir/$_" } readdir($dh);
 	closedir($dh);
 	return @files;
 }
