@@ -9,7 +9,9 @@
 # the only copies it holds twice are of mail that was in flight, which went
 # again on a later attempt with the same Message-ID.  Then the same with a
 # second campaign and the postmaster killed instead, and the node started
-# again.
+# again.  Then a campaign in an at_most_once queue, the worker killed: the
+# mail in flight becomes unknown and nothing is ever sent twice.  Last, two
+# workers drain a campaign together: every mail once, on its first attempt.
 
 use strict;
 use warnings;
@@ -47,18 +49,26 @@ ok($first_pid, "the worker runs (pid $first_pid)");
 # until the worker delivers a batch with a tenth of them sent, and crash:
 # kill the worker ($what 'worker') or the postmaster ($what 'postmaster').
 # Returns the log offset before the crash.
+sub enqueue_campaign
+{
+	my ($prefix, $queue) = @_;
+	$queue //= 'default';
+	$node->safe_psql(
+		'postgres', qq{
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+SELECT '$queue', '$prefix' || i || '\@customer.example', 'Campaign mail ' || i,
+	   'Dear customer ' || i || E',\\n\\nthis is mail ' || i || E' of $mails.\\n'
+  FROM generate_series(1, $mails) AS i});
+	return;
+}
+
 sub enqueue_and_crash
 {
-	my ($prefix, $what) = @_;
+	my ($prefix, $what, $queue) = @_;
 
 	my $log_offset = -s $node->logfile;
 	my $start = time;
-	$node->safe_psql(
-		'postgres', qq{
-INSERT INTO gatekeeper.mail (recipient, subject, body)
-SELECT '$prefix' || i || '\@customer.example', 'Campaign mail ' || i,
-	   'Dear customer ' || i || E',\\n\\nthis is mail ' || i || E' of $mails.\\n'
-  FROM generate_series(1, $mails) AS i});
+	enqueue_campaign($prefix, $queue);
 
 	my ($killed, $sent_before);
 	GatekeeperTest::wait_for(
@@ -107,7 +117,7 @@ sub check_campaign
 
 	is( $node->safe_psql(
 			'postgres',
-			"SELECT coalesce(string_agg(state || ':' || n, ','), '') FROM (SELECT state, count(*) AS n FROM gatekeeper.mail WHERE state <> 'sent' GROUP BY state) s"
+			"SELECT coalesce(string_agg(state || ':' || n, ','), '') FROM (SELECT state, count(*) AS n FROM gatekeeper.mail WHERE state <> 'sent' AND recipient LIKE '$prefix%' GROUP BY state) s"
 		),
 		'',
 		"$prefix: no mail is in any other state");
@@ -202,6 +212,58 @@ ok( GatekeeperTest::wait_for(
 		60, 'the node to start again'),
 	'b: the node starts again');
 check_campaign('b');
+
+#
+# 3. An at_most_once campaign, the worker killed
+#
+$node->safe_psql('postgres',
+	"SELECT gatekeeper.create_queue('once', delivery => 'at_most_once')");
+($offset, $killed) = enqueue_and_crash('c', 'worker', 'once');
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FROM gatekeeper.mail WHERE recipient LIKE 'c%' AND state IN ('scheduled', 'claimed')",
+		'0', 120),
+	'c: no mail is left to send');
+my ($sent, $unknown, $other, $max_attempt) = split /\|/, $node->safe_psql(
+	'postgres', q{
+SELECT count(*) FILTER (WHERE state = 'sent'), count(*) FILTER (WHERE state = 'unknown'),
+	   count(*) FILTER (WHERE state NOT IN ('sent', 'unknown')), max(attempt)
+  FROM gatekeeper.mail WHERE recipient LIKE 'c%'});
+is($sent + $unknown, $mails, "c: every mail is sent ($sent) or unknown ($unknown)");
+is($other, 0, 'c: none in any other state');
+cmp_ok($unknown, '<=', $batch_size, 'c: unknown are at most the one batch in flight');
+is($max_attempt, 1, 'c: no mail was claimed twice');
+note("c: $unknown mails are unknown");
+
+my %state = map { my ($r, $st) = split /\|/; ("<$r>" => $st) } split /\n/,
+  $node->safe_psql('postgres',
+	"SELECT recipient, state FROM gatekeeper.mail WHERE recipient LIKE 'c%'");
+my %copies;
+foreach my $msg (GatekeeperTest::sink_messages($sink))
+{
+	my $rcpt = $msg->{rcpt}[0] // '';
+	$copies{$rcpt}++ if $rcpt =~ /^<c\d/;
+}
+is(scalar(grep { $copies{$_} > 1 } keys %copies), 0, 'c: the relay holds no mail twice');
+is(scalar(grep { $state{$_} eq 'sent' && !$copies{$_} } keys %state), 0,
+	'c: the relay holds every sent mail');
+
+#
+# 4. Two workers, no crash
+#
+$node->append_conf('postgresql.conf', "gatekeeper.workers = 2\n");
+$node->restart;
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'gatekeeper worker'",
+		'2', 30),
+	'd: two workers run');
+enqueue_campaign('d');
+check_campaign('d');
+is( $node->safe_psql('postgres',
+		"SELECT max(attempt) || ',' || count(DISTINCT worker) FROM gatekeeper.mail WHERE recipient LIKE 'd%'"),
+	'1,2',
+	'd: every mail went on its first attempt, and both workers took part');
 
 $node->stop;
 GatekeeperTest::stop_sink($sink);
