@@ -493,6 +493,13 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_release_mail';
 
+-- the same for many mails, locking gate rows in the one global order
+CREATE FUNCTION gatekeeper._release_mails(recipients text[], holders bigint[])
+RETURNS int
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_release_mails';
+
 /*
  * Enqueue
  */
@@ -693,21 +700,20 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	n int;
-	r record;
+	release_recipients text[];
+	release_holders bigint[];
 BEGIN
-	n := 0;
 	/*
 	 * at_most_once: the mail may have gone, so it is never sent again.
 	 * at_least_once: back to scheduled, unless its attempts are spent;
-	 * it keeps its gate passes, which its next claim re-passes.
+	 * it keeps its gate passes, which its next claim re-passes.  Mail that
+	 * failed gives its passes back, all in one sorted release.
 	 */
-	FOR r IN
-		WITH expired AS (
-			SELECT m.id FROM gatekeeper.mail m
-			 WHERE m.lease_until < now() AND m.state = 'claimed'
-			 ORDER BY m.lease_until
-			   FOR UPDATE SKIP LOCKED
-		)
+	WITH expired AS (
+		SELECT m.id FROM gatekeeper.mail m
+		 WHERE m.lease_until < now() AND m.state = 'claimed'
+		   FOR UPDATE SKIP LOCKED
+	), reaped AS (
 		UPDATE gatekeeper.mail m
 		   SET state = CASE
 						   WHEN q.delivery = 'at_most_once' THEN 'unknown'
@@ -717,16 +723,20 @@ BEGIN
 								 WHEN q.delivery = 'at_most_once'
 								   OR m.attempt - m.uncharged >= q.max_attempts THEN now() END,
 			   lease_until = NULL,
+			   worker = NULL,
 			   last_error = 'lease expired'
 		  FROM expired e, gatekeeper.queue q
 		 WHERE m.id = e.id AND q.name = m.queue
 		RETURNING m.id, m.recipient, m.state, cardinality(q.gates) > 0 AS gated
-	LOOP
-		n := n + 1;
-		IF r.state = 'failed' AND r.gated THEN
-			PERFORM gatekeeper._release_mail(r.recipient, r.id);
-		END IF;
-	END LOOP;
+	)
+	SELECT count(*),
+		   array_agg(r.recipient) FILTER (WHERE r.state = 'failed' AND r.gated),
+		   array_agg(r.id) FILTER (WHERE r.state = 'failed' AND r.gated)
+	  INTO n, release_recipients, release_holders
+	  FROM reaped r;
+	IF release_recipients IS NOT NULL THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
 	RETURN n;
 END
 $$;

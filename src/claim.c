@@ -482,20 +482,36 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	int			maxgates = 0;
 	int			nrows = 0;
 	int			norder = 0;
+	int			nexpired;
 	int			i;
 	int			j;
 
+	/*
+	 * The mails to pass, in claim order, followed by those that expired on a
+	 * later attempt: they may hold passes from an earlier one and will never
+	 * go, so they give them back.  Both take their gate rows in the one
+	 * sorted lock below, never in a second round of locking.
+	 */
 	order = palloc(Max(nclaimed, 1) * sizeof(Claimed *));
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && claimed[i].queue->ngates > 0)
-		{
 			order[norder++] = &claimed[i];
-			nrows += claimed[i].queue->ngates;
-			maxgates = Max(maxgates, claimed[i].queue->ngates);
-		}
-	if (norder == 0)
-		return;
 	qsort(order, norder, sizeof(Claimed *), claimed_cmp);
+	nexpired = norder;
+	for (i = 0; i < nclaimed; i++)
+		if (claimed[i].expired && claimed[i].attempt > 0 && claimed[i].queue->ngates > 0)
+		{
+			order[nexpired++] = &claimed[i];
+			if (claimed[i].key == NULL)
+				claimed[i].key = gatekeeper_recipient_key(TextDatumGetCString(claimed[i].values[COL_RECIPIENT - 1]));
+		}
+	if (nexpired == 0)
+		return;
+	for (i = 0; i < nexpired; i++)
+	{
+		nrows += order[i]->queue->ngates;
+		maxgates = Max(maxgates, order[i]->queue->ngates);
+	}
 
 	/*
 	 * One row per (recipient, gate).  A new row is created holding the pass
@@ -503,7 +519,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	 */
 	rows = palloc0(nrows * sizeof(GateRow));
 	nrows = 0;
-	for (i = 0; i < norder; i++)
+	for (i = 0; i < nexpired; i++)
 	{
 		Claimed    *c = order[i];
 
@@ -541,6 +557,21 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	gatekeeper_gate_lock(rows, nrows, now);
 
 	mine = palloc(maxgates * sizeof(GateRow *));
+	for (i = norder; i < nexpired; i++)
+	{
+		Claimed    *c = order[i];
+
+		for (j = 0; j < c->queue->ngates; j++)
+		{
+			GateRow		probe;
+
+			probe.recipient = c->key;
+			probe.gate = c->queue->gates[j].id;
+			gatekeeper_gate_release_holder(bsearch(&probe, rows, nrows, sizeof(GateRow),
+												   gatekeeper_gate_row_cmp),
+										   c->id);
+		}
+	}
 	for (i = 0; i < norder; i++)
 	{
 		Claimed    *c = order[i];
@@ -657,36 +688,6 @@ settle_losers(Claimed *claimed, int nclaimed)
 }
 
 /*
- * Mail that expired on a later attempt may hold gate passes from an
- * earlier one; it will never go, so give them back.
- */
-static void
-release_expired(Claimed *claimed, int nclaimed)
-{
-	static SPIPlanPtr plan = NULL;
-	int			i;
-
-	for (i = 0; i < nclaimed; i++)
-	{
-		Claimed    *c = &claimed[i];
-		Datum		args[2];
-
-		if (!c->expired || c->attempt == 0 || c->queue->ngates == 0)
-			continue;
-		if (plan == NULL)
-		{
-			Oid			types[2] = {TEXTOID, INT8OID};
-
-			plan = gatekeeper_keep_plan("SELECT gatekeeper._release_mail($1, $2)", 2, types);
-		}
-		args[0] = c->values[COL_RECIPIENT - 1];
-		args[1] = Int64GetDatum(c->id);
-		if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "could not release passes of expired mail");
-	}
-}
-
-/*
  * Spend the rate-limit tokens of the mails that will go.
  */
 static void
@@ -784,7 +785,6 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	 */
 	apply_gates(claimed, nclaimed, now);
 	settle_losers(claimed, nclaimed);
-	release_expired(claimed, nclaimed);
 
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)

@@ -36,6 +36,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_gate_open);
 PG_FUNCTION_INFO_V1(gatekeeper_gate_next_open);
 PG_FUNCTION_INFO_V1(gatekeeper_gate_release);
 PG_FUNCTION_INFO_V1(gatekeeper_release_mail);
+PG_FUNCTION_INFO_V1(gatekeeper_release_mails);
 PG_FUNCTION_INFO_V1(gatekeeper_explain);
 
 static SPIPlanPtr lock_plan = NULL;
@@ -714,10 +715,11 @@ gatekeeper_gate_next_open(PG_FUNCTION_ARGS)
 }
 
 /*
- * Drop the live passes a holder has in a locked row.  Returns how many.
+ * gatekeeper_gate_release_holder
+ *		Drop the live passes a holder has in a locked row.  Returns how many.
  */
-static int
-row_release(GateRow *row, int64 holder)
+int
+gatekeeper_gate_release_holder(GateRow *row, int64 holder)
 {
 	int			i;
 	int			kept = 0;
@@ -782,12 +784,131 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
 				 SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull),
 				 now);
 		SPI_freetuptable(SPI_tuptable);
-		released = row_release(&row, PG_GETARG_INT64(2));
+		released = gatekeeper_gate_release_holder(&row, PG_GETARG_INT64(2));
 		gatekeeper_gate_write(&row, 1, now);
 	}
 	SPI_finish();
 
 	PG_RETURN_BOOL(released > 0);
+}
+
+/*
+ * A pass to give back: one mail's passes for one recipient.
+ */
+typedef struct Release
+{
+	char	   *key;
+	int64		holder;
+} Release;
+
+static int
+release_cmp(const void *a, const void *b)
+{
+	const Release *x = (const Release *) a;
+	const Release *y = (const Release *) b;
+	int			c = strcmp(x->key, y->key);
+
+	if (c != 0)
+		return c;
+	return (x->holder > y->holder) - (x->holder < y->holder);
+}
+
+/*
+ * gatekeeper_release_passes
+ *		Give back every pass the given mails hold, in every gate.  All the
+ *		gate rows involved are locked by one statement in the global order
+ *		of (recipient, gate), so releasing for many recipients at once (a
+ *		reap, a batch of failures) cannot deadlock against claims.  Returns
+ *		how many live passes were released.  Must run inside SPI.
+ */
+int
+gatekeeper_release_passes(char **recipients, int64 *holders, int n)
+{
+	static SPIPlanPtr plan = NULL;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	Release    *rel;
+	Datum	   *keys;
+	Datum	   *hold;
+	Datum		args[2];
+	GateRow    *rows;
+	int			nrows;
+	int			released = 0;
+	int			i;
+	uint64		r;
+
+	if (n == 0)
+		return 0;
+	rel = palloc(n * sizeof(Release));
+	keys = palloc(n * sizeof(Datum));
+	hold = palloc(n * sizeof(Datum));
+	for (i = 0; i < n; i++)
+	{
+		rel[i].key = gatekeeper_recipient_key(recipients[i]);
+		rel[i].holder = holders[i];
+	}
+	qsort(rel, n, sizeof(Release), release_cmp);
+	for (i = 0; i < n; i++)
+	{
+		keys[i] = CStringGetTextDatum(rel[i].key);
+		hold[i] = Int64GetDatum(rel[i].holder);
+	}
+
+	if (plan == NULL)
+	{
+		Oid			types[2] = {TEXTARRAYOID, INT8ARRAYOID};
+
+		plan = gatekeeper_keep_plan("SELECT recipient, gate, expires, holders "
+									"  FROM gatekeeper.gate_pass "
+									" WHERE recipient = ANY ($1 COLLATE \"C\") AND holders && $2 "
+									" ORDER BY recipient COLLATE \"C\", gate FOR UPDATE",
+									2, types);
+	}
+	args[0] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = PointerGetDatum(construct_array(hold, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gate rows");
+
+	nrows = (int) SPI_processed;
+	rows = palloc0(Max(nrows, 1) * sizeof(GateRow));
+	for (r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		GateRow    *row = &rows[r];
+		Release		probe;
+		Release    *hit;
+		int			lo;
+		int			hi;
+		bool		isnull;
+
+		row->recipient = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
+		row->gate = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+		row_load(row, SPI_getbinval(tup, desc, 3, &isnull),
+				 SPI_getbinval(tup, desc, 4, &isnull), now);
+
+		/* every holder asked for under this recipient: the first by bisection */
+		probe.key = row->recipient;
+		probe.holder = PG_INT64_MIN;
+		lo = 0;
+		hi = n;
+		while (lo < hi)
+		{
+			int			mid = lo + (hi - lo) / 2;
+
+			if (release_cmp(&rel[mid], &probe) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (hit = rel + lo; hit < rel + n && strcmp(hit->key, row->recipient) == 0; hit++)
+			released += gatekeeper_gate_release_holder(row, hit->holder);
+	}
+	if (nrows > 0)
+	{
+		SPI_freetuptable(SPI_tuptable);
+		gatekeeper_gate_write(rows, nrows, now);
+	}
+	return released;
 }
 
 /*
@@ -798,50 +919,62 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
 Datum
 gatekeeper_release_mail(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr plan = NULL;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	Datum		args[2];
-	GateRow    *rows;
-	int			n;
-	int			i;
-	int			released = 0;
+	char	   *recipient;
+	int64		holder;
+	int			released;
 
 	require_arg(fcinfo, 0, "recipient");
 	require_arg(fcinfo, 1, "holder");
+	recipient = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	holder = PG_GETARG_INT64(1);
 
 	SPI_connect();
-	if (plan == NULL)
-	{
-		Oid			types[2] = {TEXTOID, INT8OID};
+	released = gatekeeper_release_passes(&recipient, &holder, 1);
+	SPI_finish();
 
-		plan = gatekeeper_keep_plan("SELECT gate, expires, holders FROM gatekeeper.gate_pass "
-						 " WHERE recipient = $1 COLLATE \"C\" AND $2 = ANY (holders) "
-						 " ORDER BY gate FOR UPDATE",
-						 2, types);
-	}
-	args[0] = CStringGetTextDatum(gatekeeper_recipient_key(text_to_cstring(PG_GETARG_TEXT_PP(0))));
-	args[1] = PG_GETARG_DATUM(1);
-	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not read gate rows");
-	n = (int) SPI_processed;
-	rows = palloc0(Max(n, 1) * sizeof(GateRow));
-	for (i = 0; i < n; i++)
-	{
-		bool		isnull;
+	PG_RETURN_INT32(released);
+}
 
-		rows[i].recipient = TextDatumGetCString(args[0]);
-		rows[i].gate = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
-		row_load(&rows[i],
-				 SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull),
-				 SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3, &isnull),
-				 now);
-		released += row_release(&rows[i], PG_GETARG_INT64(1));
-	}
-	if (n > 0)
+/*
+ * _release_mails(recipients text[], holders bigint[]) RETURNS int
+ *		The same for many mails at once, in the one global lock order.
+ */
+Datum
+gatekeeper_release_mails(PG_FUNCTION_ARGS)
+{
+	Datum	   *rv;
+	Datum	   *hv;
+	bool	   *rn;
+	bool	   *hn;
+	int			nr;
+	int			nh;
+	char	  **recipients;
+	int64	   *holders;
+	int			released;
+	int			i;
+
+	require_arg(fcinfo, 0, "recipients");
+	require_arg(fcinfo, 1, "holders");
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(0), TEXTOID, -1, false, TYPALIGN_INT, &rv, &rn, &nr);
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), INT8OID, 8, true, TYPALIGN_DOUBLE, &hv, &hn, &nh);
+	if (nr != nh)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("recipients and holders must have the same length")));
+	recipients = palloc(Max(nr, 1) * sizeof(char *));
+	holders = palloc(Max(nr, 1) * sizeof(int64));
+	for (i = 0; i < nr; i++)
 	{
-		SPI_freetuptable(SPI_tuptable);
-		gatekeeper_gate_write(rows, n, now);
+		if (rn[i] || hn[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("recipients and holders must not contain nulls")));
+		recipients[i] = TextDatumGetCString(rv[i]);
+		holders[i] = DatumGetInt64(hv[i]);
 	}
+
+	SPI_connect();
+	released = gatekeeper_release_passes(recipients, holders, nr);
 	SPI_finish();
 
 	PG_RETURN_INT32(released);

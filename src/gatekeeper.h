@@ -102,6 +102,8 @@ extern bool gatekeeper_gate_try(GateRow *row, int max_sends,
 								TimestampTz expiry, int64 holder, bool holder_null);
 extern TimestampTz gatekeeper_gate_reopens(const GateRow *row, int max_sends);
 extern void gatekeeper_gate_write(GateRow *rows, int n, TimestampTz now);
+extern int	gatekeeper_gate_release_holder(GateRow *row, int64 holder);
+extern int	gatekeeper_release_passes(char **recipients, int64 *holders, int n);
 
 /*
  * One claimed mail, as gatekeeper.claim returns it.  Strings are

@@ -805,6 +805,28 @@ build_message(GatekeeperDelivery *item)
 	return ok;
 }
 
+/* A mail to nack, with the key its gate rows are locked under. */
+typedef struct FailedItem
+{
+	GatekeeperDelivery *item;
+	char	   *key;
+} FailedItem;
+
+/*
+ * qsort order of FailedItems: recipient key, then mail id.
+ */
+static int
+failed_item_cmp(const void *a, const void *b)
+{
+	const FailedItem *x = (const FailedItem *) a;
+	const FailedItem *y = (const FailedItem *) b;
+	int			c = strcmp(x->key, y->key);
+
+	if (c != 0)
+		return c;
+	return (x->item->mail->id > y->item->mail->id) - (x->item->mail->id < y->item->mail->id);
+}
+
 /*
  * Record what became of each claimed mail, in a transaction of its own:
  * sent mail is acked in one call, retries and failures are nacked, and mail
@@ -819,6 +841,8 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 	int			nsent = 0;
 	int			nunreachable = 0;
 	const char *unreachable_error = NULL;
+	FailedItem *failed;
+	int			nfailed;
 	int			ret;
 	int			i;
 	SPIPlanPtr	plan;
@@ -880,15 +904,28 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 		SPI_freetuptable(SPI_tuptable);
 	}
 
-	/* retries and failures */
+	/*
+	 * Retries and failures.  A failure gives back its gate passes, so they
+	 * are reported in the order every transaction locks gate rows in (see
+	 * gate.c): by recipient key.  In claim order, two workers failing mail
+	 * for the same recipients could deadlock.
+	 */
+	nfailed = 0;
+	failed = palloc(sizeof(FailedItem) * n);
 	for (i = 0; i < n; i++)
+	{
+		if (items[i].outcome != GATEKEEPER_RETRY && items[i].outcome != GATEKEEPER_FAIL)
+			continue;
+		failed[nfailed].item = &items[i];
+		failed[nfailed].key = gatekeeper_recipient_key(items[i].mail->recipient);
+		nfailed++;
+	}
+	qsort(failed, nfailed, sizeof(FailedItem), failed_item_cmp);
+	for (i = 0; i < nfailed; i++)
 	{
 		Oid			argtypes[4] = {INT8OID, INT4OID, TEXTOID, BOOLOID};
 		Datum		values[4];
-		GatekeeperDelivery *item = &items[i];
-
-		if (item->outcome != GATEKEEPER_RETRY && item->outcome != GATEKEEPER_FAIL)
-			continue;
+		GatekeeperDelivery *item = failed[i].item;
 
 		if (item->error[0] == '\0')
 			snprintf(item->error, sizeof(item->error),
