@@ -102,6 +102,18 @@ SELECT a.pid || '|' || coalesce(a.query, '') || '|' ||
 	return ($log_offset, $killed);
 }
 
+# Whether process $pid runs (an exited process whose parent died may
+# linger as a zombie until it is reaped).
+sub process_alive
+{
+	my ($pid) = @_;
+	return 0 unless kill(0, $pid);
+	open(my $fh, '<', "/proc/$pid/stat") or return 1;
+	my $stat = <$fh> // '';
+	close($fh);
+	return $stat !~ /^\d+ \(.*\) Z/;
+}
+
 # Wait until campaign $prefix is sent; check what the relay holds.
 sub check_campaign
 {
@@ -205,7 +217,7 @@ unlike(slurp_file($node->logfile, $offset), qr/\b(ERROR|PANIC):/,
 #
 ($offset, $killed) = enqueue_and_crash('b', 'postmaster');
 # its children see it die and exit; then the node starts again
-ok(GatekeeperTest::wait_for(sub { !kill(0, $killed) }, 30, 'the orphaned worker to exit'),
+ok(GatekeeperTest::wait_for(sub { !process_alive($killed) }, 30, 'the orphaned worker to exit'),
 	'b: the worker exits when the postmaster dies');
 ok( GatekeeperTest::wait_for(
 		sub { $node->start(fail_ok => 1) },

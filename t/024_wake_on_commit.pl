@@ -10,7 +10,9 @@
 #  - mail due in 3 s goes about 3 s later: the worker sleeps until the
 #    next due mail, not for the naptime, and never sends early;
 #  - INSERT ... SELECT and COPY wake it like enqueue;
-#  - resume() of a paused queue wakes it.
+#  - resume() of a paused queue wakes it;
+#  - CREATE EXTENSION after a DROP EXTENSION the worker noticed wakes it,
+#    and mail enqueued right after goes at once.
 
 use strict;
 use warnings;
@@ -196,6 +198,36 @@ $node->safe_psql('postgres', "SELECT gatekeeper.resume('news')");
 $took = sent_within('paused', $t0);
 cmp_ok($took // 99, '<', $prompt,
 	sprintf('after resume() the mail is sent within %d s (%.2f s)', $prompt, $took // 99));
+
+#
+# CREATE EXTENSION after DROP EXTENSION
+#
+# The worker's housekeeping (reaping, purging, and looking for the
+# extension when it is missing) runs at most every 5 s.  Let it come due,
+# wake the worker so that it runs, and drop the extension right after.
+ok(worker_asleep(), 'the worker sleeps');
+sleep(6);
+$t0 = time;
+$node->safe_psql('postgres',
+	"SELECT gatekeeper.enqueue('pre\@customer.example', 'Hello', 'Hello there')");
+$took = sent_within('pre', $t0);
+cmp_ok($took // 99, '<', $prompt, sprintf('a mail is sent within %d s (%.2f s)', $prompt, $took // 99));
+my $drop_offset = -s $node->logfile;
+$node->safe_psql('postgres', 'DROP EXTENSION gatekeeper');
+# let the worker look, as it would after its naptime: a reload wakes it
+$node->safe_psql('postgres', 'SELECT pg_reload_conf()');
+ok(eval { $node->wait_for_log(qr/extension gatekeeper was dropped/, $drop_offset); 1 },
+	'the worker notices the extension is gone');
+ok(worker_asleep(), 'the worker sleeps');
+$node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
+$t0 = time;
+$node->safe_psql('postgres',
+	"SELECT gatekeeper.enqueue('recreated\@customer.example', 'Hello', 'Hello there')");
+$took = sent_within('recreated', $t0);
+ok(defined $took, 'mail enqueued after CREATE EXTENSION again is sent');
+# a worker that looked for the extension at its next housekeeping only,
+# not when woken, would take about 4 s more
+cmp_ok($took // 99, '<', 2.5, sprintf('at once (%.2f s after the commit)', $took // 99));
 
 unlike(slurp_file($node->logfile, $log_offset), qr/\b(ERROR|WARNING|FATAL|PANIC):/,
 	'no errors or warnings in the log');
