@@ -6,6 +6,8 @@
 #
 #  1. 4xx to RCPT TO: the mail is retried with backoff and, once the relay
 #     accepts, sent on its second charged attempt; the relay holds it once.
+#     In a queue allowing one attempt, a 4xx fails the mail and releases
+#     its smart-sending pass.
 #  2. 5xx to RCPT TO: the mail fails at once with the relay's reply in
 #     last_error, and the smart-sending pass it took is released, so the
 #     next mail to that recipient goes; a sent mail keeps its pass.
@@ -57,6 +59,7 @@ $node->safe_psql(
 	'postgres', q{
 CREATE EXTENSION gatekeeper;
 SELECT gatekeeper.create_queue('promo', gates => '{smart_sending}');
+SELECT gatekeeper.create_queue('promo_once', gates => '{smart_sending}', max_attempts => 1);
 });
 
 is($node->safe_psql('postgres', 'SHOW gatekeeper.retry_delay'),
@@ -93,6 +96,7 @@ sub copies_at
 # 1. 4xx, then success
 #
 my $soft_id = enqueue('soft@customer.example');
+my $once_id = enqueue('once@customer.example', 'promo_once');
 my $t0 = time;
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
@@ -109,6 +113,16 @@ cmp_ok($backoff, '>', $retry_delay / 2 - 0.5,
 	"4xx: the retry waits about half gatekeeper.retry_delay or more ($backoff s)");
 cmp_ok($backoff, '<=', $retry_delay,
 	"4xx: the first backoff is at most gatekeeper.retry_delay");
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT state FROM gatekeeper.mail WHERE id = $once_id",
+		'failed', 30),
+	'4xx, attempts spent: the mail failed');
+my $once = mail_row($once_id);
+like($once->{last_error}, qr/\b450\b/, "4xx, attempts spent: last_error has the relay's reply");
+is( $node->safe_psql('postgres',
+		"SELECT gatekeeper.gate_open('smart_sending', 'once\@customer.example')"),
+	't', '4xx, attempts spent: the smart-sending pass is released');
 is(GatekeeperTest::sink_count($sink), 0, '4xx: the relay holds no message');
 
 GatekeeperTest::stop_sink($sink);
