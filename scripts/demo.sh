@@ -447,6 +447,10 @@ if [ "$FAIL" -eq 0 ]; then
 	printf 'DEMO OK: %s checks passed\n' "$PASS"
 	exit 0
 fi
-printf 'DEMO FAILED: %s of %s checks failed (postgres log: %s)\n' "$FAIL" "$((PASS + FAIL))" \
-	"$( [ "${GK_DEMO_KEEP:-0}" = 1 ] && echo "$WORK/postgres.log" || echo "rerun with GK_DEMO_KEEP=1 to keep it")"
+if [ "${GK_DEMO_KEEP:-0}" = 1 ]; then
+	printf 'DEMO FAILED: %s of %s checks failed (server log: %s)\n' "$FAIL" "$((PASS + FAIL))" "$WORK/postgres.log"
+else
+	printf 'DEMO FAILED: %s of %s checks failed (GK_DEMO_KEEP=1 keeps the logs and the received mail)\n' \
+		"$FAIL" "$((PASS + FAIL))"
+fi
 exit 1
