@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # scripts/lib.sh: shared by scripts/test.sh and scripts/demo.sh.
 #
 # Sourced, not run.  Everything here assumes a Debian 12 machine and root:
@@ -119,7 +120,7 @@ gk_stage_source() {
 	if command -v git >/dev/null &&
 		git -C "$src" -c safe.directory="$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 		(
-			cd "$src"
+			cd "$src" || exit 1
 			git -c safe.directory="$src" ls-files -z --cached --others --exclude-standard |
 				while IFS= read -r -d '' f; do
 					# a tracked file deleted in the work tree is not copied
@@ -172,8 +173,8 @@ gk_port_free() {
 
 # gk_free_port [EXCEPT]: print a free loopback port (not EXCEPT).
 gk_free_port() {
-	local p i
-	for i in $(seq 1 500); do
+	local p _
+	for _ in $(seq 1 500); do
 		p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
 		[ "$p" != "${1:-}" ] || continue
 		if gk_port_free "$p"; then
@@ -204,7 +205,7 @@ gk_stop_servers_under() {
 		pids=()
 		for p in /proc/[0-9]*; do
 			pid=${p#/proc/}
-			[ "$pid" != $$ ] && [ "$pid" != "$BASHPID" ] || continue
+			if [ "$pid" = $$ ] || [ "$pid" = "$BASHPID" ]; then continue; fi
 			cwd=$(readlink "$p/cwd" 2>/dev/null) || continue
 			cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
 			case "$cwd/ $cmd" in
