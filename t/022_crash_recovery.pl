@@ -28,6 +28,11 @@ use Time::HiRes qw(time);
 my $mails = 5000;
 my $batch_size = 100;
 
+# a killed postmaster and its children, which must be gone before it
+# starts again
+my $postmaster;
+my @orphans;
+
 my $sink = GatekeeperTest::start_sink(name => 'crash');
 my $node = GatekeeperTest::new_node(
 	'crash',
@@ -87,6 +92,9 @@ SELECT a.pid || '|' || coalesce(a.query, '') || '|' ||
 			}
 			else
 			{
+				# the postmaster and its children, to wait for
+				$postmaster = postmaster_pid();
+				@orphans = children_of($postmaster);
 				$node->kill9;
 			}
 			$killed = $pid;
@@ -100,6 +108,34 @@ SELECT a.pid || '|' || coalesce(a.query, '') || '|' ||
 	cmp_ok($sent_before // $mails, '<', $mails, "$prefix: the campaign was not finished");
 	note(sprintf("$prefix: killed after %.1f s", time - $start));
 	return ($log_offset, $killed);
+}
+
+# The postmaster's PID, from postmaster.pid.
+sub postmaster_pid
+{
+	my $file = $node->data_dir . '/postmaster.pid';
+	open(my $fh, '<', $file) or die "could not open $file: $!";
+	my $pid = <$fh>;
+	close($fh);
+	chomp($pid);
+	return $pid;
+}
+
+# The PIDs of the children of process $parent.
+sub children_of
+{
+	my ($parent) = @_;
+	my @children;
+	opendir(my $dh, '/proc') or die "could not open /proc: $!";
+	foreach my $pid (grep { /^\d+$/ } readdir($dh))
+	{
+		open(my $fh, '<', "/proc/$pid/stat") or next;
+		my $stat = <$fh> // '';
+		close($fh);
+		push @children, $pid if $stat =~ /^\d+ \(.*\) \S+ (\d+) / && $1 == $parent;
+	}
+	closedir($dh);
+	return @children;
 }
 
 # Whether process $pid runs (an exited process whose parent died may
@@ -219,10 +255,13 @@ unlike(slurp_file($node->logfile, $offset), qr/\b(ERROR|PANIC):/,
 # its children see it die and exit; then the node starts again
 ok(GatekeeperTest::wait_for(sub { !process_alive($killed) }, 30, 'the orphaned worker to exit'),
 	'b: the worker exits when the postmaster dies');
+# the lock file check of the next postmaster takes a zombie postmaster
+# for a running one: wait until it is reaped
 ok( GatekeeperTest::wait_for(
-		sub { $node->start(fail_ok => 1) },
-		60, 'the node to start again'),
-	'b: the node starts again');
+		sub { !kill(0, $postmaster) && !grep { process_alive($_) } @orphans },
+		60, 'the postmaster and its children to be gone'),
+	'b: every process of the killed postmaster is gone');
+ok($node->start(fail_ok => 1), 'b: the node starts again');
 check_campaign('b');
 
 #
