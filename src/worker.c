@@ -103,7 +103,7 @@ static int	claim_size = 1;
 static void wait_for_database(void) pg_attribute_noreturn();
 static bool database_ready(const char *name);
 static void check_settings(void);
-static long gatekeeper_pass(void);
+static long gatekeeper_pass(bool woken);
 static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
 static void forget_plans(void);
@@ -126,6 +126,7 @@ void
 gatekeeper_worker_main(Datum main_arg)
 {
 	long		timeout = 0;
+	bool		woken;
 
 	worker_slot = DatumGetInt32(main_arg);
 
@@ -179,9 +180,9 @@ gatekeeper_worker_main(Datum main_arg)
 		}
 
 		/* the pass sees every mail whose commit set the flag until now */
-		(void) gatekeeper_slot_woken(worker_slot, true);
+		woken = gatekeeper_slot_woken(worker_slot, true);
 
-		timeout = gatekeeper_pass();
+		timeout = gatekeeper_pass(woken);
 
 		/* due mail committed during the pass: go again at once */
 		if (timeout > 0 && backoff_until <= GetCurrentTimestamp() &&
@@ -336,9 +337,10 @@ check_settings(void)
 
 /*
  * One pass; returns how long to sleep, in milliseconds, before the next.
+ * woken: a commit woke the worker since the last pass.
  */
 static long
-gatekeeper_pass(void)
+gatekeeper_pass(bool woken)
 {
 	GatekeeperDelivery *items = NULL;
 	int			n;
@@ -350,8 +352,13 @@ gatekeeper_pass(void)
 
 	MemoryContextReset(batch_context);
 
+	/*
+	 * Housekeeping also looks for the extension; a wake while it is missing
+	 * is most likely CREATE EXTENSION committing (its script wakes us), so
+	 * look at once rather than at the next round.
+	 */
 	current = GetCurrentTimestamp();
-	if (current >= next_housekeeping)
+	if (current >= next_housekeeping || (woken && !OidIsValid(plans_extension)))
 	{
 		housekeeping();
 		current = GetCurrentTimestamp();
