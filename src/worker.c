@@ -184,6 +184,18 @@ gatekeeper_worker_main(Datum main_arg)
 
 		timeout = gatekeeper_pass(woken);
 
+		/*
+		 * However long the nap, expired leases are reaped and old mail is
+		 * purged on time: external workers rely on the reaping too.
+		 */
+		if (timeout > 0)
+		{
+			TimestampTz current = GetCurrentTimestamp();
+
+			timeout = next_housekeeping <= current ? 0 :
+				Min(timeout, TimestampDifferenceMilliseconds(current, next_housekeeping));
+		}
+
 		/* due mail committed during the pass: go again at once */
 		if (timeout > 0 && backoff_until <= GetCurrentTimestamp() &&
 			gatekeeper_slot_woken(worker_slot, false))

@@ -229,6 +229,31 @@ ok(defined $took, 'mail enqueued after CREATE EXTENSION again is sent');
 # not when woken, would take about 4 s more
 cmp_ok($took // 99, '<', 2.5, sprintf('at once (%.2f s after the commit)', $took // 99));
 
+#
+# Reaping does not wait for the naptime: a claim an external worker
+# abandoned (lease 1 s, never acked) is reaped by the sleeping worker's
+# housekeeping within a round (5 s), not after the one-hour naptime.
+#
+# enqueue and claim in one transaction, so the worker never sees the mail
+# unclaimed; then pause the queue so that it does not take it once reaped
+$node->safe_psql('postgres', q{SELECT gatekeeper.create_queue('external')});
+is($node->safe_psql('postgres', q{
+	BEGIN;
+	SELECT gatekeeper.enqueue('abandoned@customer.example', 'Hi', 'Hi', queue => 'external') \\g /dev/null
+	SELECT count(*) FROM gatekeeper.claim('external-sender', 1, '1 second', ARRAY['external']);
+	COMMIT;
+}), '1', 'an external sender claims a mail with a one-second lease');
+$node->safe_psql('postgres', q{SELECT gatekeeper.pause('external')});
+ok(worker_asleep(), 'the worker sleeps');
+$t0 = time;
+ok(GatekeeperTest::poll_until($node, 'postgres',
+	q{SELECT state || ':' || coalesce(last_error, '') FROM gatekeeper.mail
+	   WHERE recipient = 'abandoned@customer.example'},
+	'scheduled:lease expired', 20),
+	'the abandoned claim is reaped back to scheduled');
+cmp_ok(time - $t0, '<', 8,
+	sprintf('within a housekeeping round, not the naptime (%.2f s)', time - $t0));
+
 unlike(slurp_file($node->logfile, $log_offset), qr/\b(ERROR|WARNING|FATAL|PANIC):/,
 	'no errors or warnings in the log');
 
