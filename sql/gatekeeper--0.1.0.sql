@@ -368,6 +368,25 @@ $$;
 /*
  * Gates
  */
+
+-- validate gate arguments; NULL means "not given"
+CREATE FUNCTION gatekeeper._check_gate_policy(period interval, max_sends int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF period <= interval '0' THEN
+		RAISE EXCEPTION 'gate period must be positive'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('period was %s.', period);
+	END IF;
+	IF max_sends < 1 THEN
+		RAISE EXCEPTION 'max_sends must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_sends was %s.', max_sends);
+	END IF;
+END
+$$;
+
 CREATE FUNCTION gatekeeper.create_gate(name text, period interval, max_sends int DEFAULT 1)
 RETURNS void
 LANGUAGE plpgsql
@@ -381,14 +400,7 @@ BEGIN
 	IF period IS NULL OR max_sends IS NULL THEN
 		RAISE EXCEPTION 'period and max_sends must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	IF period <= interval '0' THEN
-		RAISE EXCEPTION 'gate period must be positive'
-			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('period was %s.', period);
-	END IF;
-	IF max_sends < 1 THEN
-		RAISE EXCEPTION 'max_sends must be at least 1'
-			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_sends was %s.', max_sends);
-	END IF;
+	PERFORM gatekeeper._check_gate_policy(period, max_sends);
 	BEGIN
 		INSERT INTO gatekeeper.gate (name, period, max_sends)
 		VALUES (create_gate.name, period, max_sends);
@@ -405,14 +417,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	IF period <= interval '0' THEN
-		RAISE EXCEPTION 'gate period must be positive'
-			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('period was %s.', period);
-	END IF;
-	IF max_sends < 1 THEN
-		RAISE EXCEPTION 'max_sends must be at least 1'
-			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_sends was %s.', max_sends);
-	END IF;
+	PERFORM gatekeeper._check_gate_policy(period, max_sends);
 	-- running timers keep the period they were stamped with
 	UPDATE gatekeeper.gate g
 	   SET period = coalesce(alter_gate.period, g.period),
