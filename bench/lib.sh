@@ -110,7 +110,18 @@ bk_cluster_conf() {
 	chown postgres: "$BK_DATA/bench_scenario.conf"
 }
 
+# bk_cluster_start: start the server.  The library it preloads is
+# fingerprinted at each start: another `make install` between two starts
+# (the delivery scenario restarts the server) is noted in the report.
 bk_cluster_start() {
+	local so sum
+	so=$("$GK_PG_CONFIG" --pkglibdir)/gatekeeper.so
+	sum=$(md5sum <"$so" | cut -c1-12)
+	if [ -n "${BK_SO_SUM:-}" ] && [ "$sum" != "$BK_SO_SUM" ]; then
+		bk_note "${BK_SCENARIO:-setup}" "gatekeeper.so changed on disk since the run started (now $sum, modified $(date -u -r "$so" '+%H:%M:%S UTC')): from here on the server runs another build"
+		gk_warn "gatekeeper.so was reinstalled during the run"
+	fi
+	BK_SO_SUM=$sum
 	(cd "$BK_WORK" && gk_run_as_postgres pg_ctl -D "$BK_DATA" -l "$BK_WORK/server.log" -w -t 60 start >/dev/null) ||
 		{ tail -n 30 "$BK_WORK/server.log" >&2; gk_die "the server did not start"; }
 }

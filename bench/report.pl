@@ -107,6 +107,7 @@ for my $b (100, 1000) {
 		$fig{"drain.raw.b$b.k$k"}   = ["raw UPDATE by id range, batch $b, $k client" . ($k > 1 ? 's' : ''), 'rows/s'];
 		$fig{"drain.pgq.b$b.k$k"}   = ["PgQ insert+consume, batch $b, $k producer" . ($k > 1 ? 's' : '') . ', 1 consumer', 'events/s'];
 		$fig{"drain.pgqc.b$b.k$k"}  = ["PgQ consume only, batch $b (after $k producer" . ($k > 1 ? 's' : '') . ')', 'events/s'];
+		$fig{"drain.pgmq.b$b.k$k"}  = ["pgmq read+delete (BK_PGMQ_SQL), batch $b, $k consumer" . ($k > 1 ? 's' : ''), 'msgs/s'];
 		$fig{"drain.gk.b$b.k$k"}    = ["claim+ack ungated, batch $b, $c", 'mails/s'];
 		$fig{"drain.gated.b$b.k$k"} = ["claim+ack smart_sending, batch $b, $c", 'mails/s'];
 	}
@@ -121,7 +122,9 @@ for my $b (100, 1000) {
 				["drain.gk.b$b.k$k", "drain.raw.b$b.k$k", ['>=', 0.6]],
 				["drain.gk.b$b.k$k", "drain.pgq.b$b.k$k", ['>=', 1.5]],
 				["drain.gated.b$b.k$k", "drain.raw.b$b.k$k", ['>=', 0.4]],
-				["drain.gated.b$b.k$k", "drain.pgq.b$b.k$k", ['>=', 1.5]];
+				["drain.gated.b$b.k$k", "drain.pgq.b$b.k$k", ['>=', 1.5]],
+				["drain.pgmq.b$b.k$k"],
+				["drain.gk.b$b.k$k", "drain.pgmq.b$b.k$k"];
 		}
 	}
 }
@@ -174,6 +177,8 @@ for my $sec (@sections) {
 		my ($label, $unit) = @{$fig{$id}};
 		my ($med, $min, $max, $n) = stats($id);
 		next unless defined $med || $skip{$id};
+		# a comparison with a peer that was not run at all (pgmq) is left out
+		next if $ref && !$values{$ref} && !$skip{$ref};
 		$seen_any = 1;
 		my @r = ($name, $label);
 		if (!defined $med) {

@@ -176,6 +176,7 @@ gk_log "mode $MODE, $RUNS run(s) per measurement, scenarios: ${SCENARIOS[*]}"
 for s in "${SCENARIOS[@]}"; do
 	gk_log "scenario $s"
 	t0=$(bk_now)
+	BK_SCENARIO=$s
 	set +e
 	(set -e; "scenario_$s")
 	rc=$?
@@ -195,6 +196,7 @@ done
 bk_cluster_stop
 
 cp "$BK_WORK/results.tsv" "$BENCH/out/results.tsv"
+cp "$BK_WORK/results.tsv" "$BENCH/out/results.$MODE.$(date -u +%Y%m%dT%H%M%S).tsv"
 perl "$BENCH/report.pl" --mode "$MODE" --runs "$RUNS" --output "$OUTPUT" "$BK_WORK/results.tsv"
 gk_log "report written to $OUTPUT"
 exit "$STATUS"

@@ -21,7 +21,7 @@ bk_machine_info() {
 			'wal_level', 'max_wal_size', 'checkpoint_timeout', 'autovacuum', 'maintenance_work_mem', 'work_mem')")"
 	bk_info wal_sync "$(bk_sql "SHOW wal_sync_method"); data on $(df -T "$BK_WORK" | awk 'NR == 2 { print $2 }')"
 	bk_info peers "PgQ $(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'pgq'"), $(redis-server --version | awk '{ print $1, $2, $3 }'), Postfix $(postconf -d -h mail_version 2>/dev/null || echo '?') smtp-source/smtp-sink"
-	bk_info gatekeeper "$(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'gatekeeper'") from $(git -C "$ROOT" -c safe.directory="$ROOT" describe --always --dirty 2>/dev/null || echo 'an unknown tree')"
+	bk_info gatekeeper "$(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'gatekeeper'"); repository at $(git -C "$ROOT" -c safe.directory="$ROOT" describe --always --dirty 2>/dev/null || echo '?'); gatekeeper.so installed $(date -u -r "$("$GK_PG_CONFIG" --pkglibdir)/gatekeeper.so" '+%Y-%m-%d %H:%M:%S UTC'), md5 $BK_SO_SUM"
 	bk_sql "$(cat "$SQL/setup.sql")" >/dev/null
 }
 
@@ -162,9 +162,51 @@ drain_pgq() {
 	bk_record "${fig/pgq/pgqc}" "$run" "$(bk_rate "$DRAIN_N" "$t1" "$t2")"
 }
 
+# drain_pgmq FIGURE RUN BATCH CLIENTS: the optional pgmq peer.  DRAIN_N
+# messages with the same payload sent (not timed), then drained by k
+# consumers looping read(batch) and delete(ids).
+drain_pgmq() {
+	local fig=$1 run=$2 b=$3 k=$4 t0 t1 left
+	bk_sql "SELECT pgmq.drop_queue(queue_name) FROM pgmq.list_queues() WHERE queue_name = 'bench_m'" >/dev/null
+	bk_sql "SELECT pgmq.create('bench_m')" >/dev/null
+	bk_sql "SELECT count(*) FROM generate_series(0, $DRAIN_N - 1, 10000) AS s,
+			LATERAL pgmq.send_batch('bench_m', ARRAY(
+				SELECT jsonb_build_object('to', 'm' || g || '@example.com', 'body', bench_body(g))
+				  FROM generate_series(s + 1, least(s + 10000, $DRAIN_N)) AS g))" >/dev/null
+	bk_sql "VACUUM ANALYZE pgmq.q_bench_m"
+	bk_settle
+	t0=$(bk_now)
+	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/pgmq_drain.sql" -D batch="$b" \
+		-c "$k" -j "$(bk_jobs "$k")" -t $((DRAIN_N / b / k))
+	t1=$(bk_now)
+	left=$(bk_sql "SELECT count(*) FROM pgmq.q_bench_m")
+	[ "$left" = 0 ] || gk_die "$fig: pgmq left $left messages"
+	bk_record "$fig" "$run" "$(bk_rate "$DRAIN_N" "$t0" "$t1")"
+}
+
+# pgmq_setup: load the user's pgmq SQL install file, if BK_PGMQ_SQL names
+# one.  Prints nothing and fails when there is none or it does not load.
+PGMQ=0
+pgmq_setup() {
+	[ -n "${BK_PGMQ_SQL:-}" ] || return 0
+	if [ ! -r "$BK_PGMQ_SQL" ]; then
+		bk_note drain "BK_PGMQ_SQL=$BK_PGMQ_SQL is not a readable file: pgmq not measured"
+		return 0
+	fi
+	if bk_sql "SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'" | grep -q 1 ||
+		sed -e '/^\\echo .*\\quit/d' -e 's/@extschema@/pgmq/g' "$BK_PGMQ_SQL" |
+		bk_psql -f - >"$BK_WORK/pgmq-install.log" 2>&1; then
+		PGMQ=1
+		bk_note drain "pgmq loaded from the user's $BK_PGMQ_SQL: $(bk_sql "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgmq'::regnamespace") functions"
+	else
+		bk_note drain "BK_PGMQ_SQL=$BK_PGMQ_SQL did not load (see pgmq-install.log): pgmq not measured"
+	fi
+}
+
 scenario_drain() {
 	local run b k c
 	bk_sql "CREATE EXTENSION IF NOT EXISTS pgq" >/dev/null
+	pgmq_setup
 	for run in $(seq 1 "$RUNS"); do
 		for c in $DRAIN_CONFIGS; do
 			b=${c%:*} k=${c#*:}
@@ -176,6 +218,9 @@ scenario_drain() {
 			drain_preload bench_gated
 			drain_gk "drain.gated.b$b.k$k" "$run" "$b" "$k" bench_gated
 			drain_pgq "drain.pgq.b$b.k$k" "$run" "$b" "$k"
+			if [ "$PGMQ" = 1 ]; then
+				drain_pgmq "drain.pgmq.b$b.k$k" "$run" "$b" "$k"
+			fi
 		done
 	done
 	bk_sql "SELECT pgq.drop_queue(queue_name, true) FROM pgq.get_queue_info() WHERE queue_name = 'bench_q'" >/dev/null
