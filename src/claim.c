@@ -563,7 +563,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 
 		for (j = 0; j < c->queue->ngates; j++)
 		{
-			GateRow		probe;
+			GateRow		probe = {0};
 
 			probe.recipient = c->key;
 			probe.gate = c->queue->gates[j].id;
@@ -579,7 +579,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 
 		for (j = 0; j < c->queue->ngates; j++)
 		{
-			GateRow		probe;
+			GateRow		probe = {0};
 
 			probe.recipient = c->key;
 			probe.gate = c->queue->gates[j].id;

@@ -217,7 +217,7 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 
 	for (r = 0; r < SPI_processed; r++)
 	{
-		GateRow		probe;
+		GateRow		probe = {0};
 		GateRow    *row;
 		bool		isnull;
 
@@ -271,7 +271,7 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[r];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
-		GateRow		probe;
+		GateRow		probe = {0};
 		GateRow    *row;
 		bool		isnull;
 
@@ -642,7 +642,7 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 
 	for (i = 0; i < nelems; i++)
 	{
-		GateRow		probe;
+		GateRow		probe = {0};
 		GateRow    *row;
 
 		probe.recipient = keys[i];
