@@ -464,7 +464,8 @@ gatekeeper.default_sender = 'bench@example.com'"
 
 		res=$(perl "$BENCH/sink.pl" latency "$BK_WORK/sink.out" "$DELIVERY_LAT" 10 -- \
 			psql -X -q -At -h 127.0.0.1 -p "$BK_PGPORT" -U postgres -d bench -c \
-			"SELECT gatekeeper.enqueue('lat@example.com', 'latency', bench_body(1))") || {
+			"SELECT gatekeeper.enqueue('lat@example.com', 'latency', bench_body(1))" -c \
+			"SELECT extract(epoch FROM clock_timestamp())") || {
 			reason="run $run: a single mail did not reach smtp-sink within 10 s"
 			continue
 		}

@@ -5,7 +5,8 @@
 #   sink.pl count FILE                  messages received so far
 #   sink.pl wait FILE TARGET TIMEOUT    wait until TARGET messages; print the
 #                                       epoch time it was seen (exit 1 on timeout)
-#   sink.pl latency FILE N TIMEOUT -- CMD...
+#   sink.pl latency FILE N TIMEOUT -- CMD...   (CMD commits one mail, then prints
+#                                              the server clock as epoch seconds)
 #                                       N times: run CMD (it commits one due
 #                                       mail), then time from its return until
 #                                       the counter moves; print "median p99"
@@ -50,14 +51,17 @@ if ($mode eq 'count') {
 	my @ms;
 	for (1 .. $n) {
 		my $c0 = count($file);
-		my $pid = fork // die "sink.pl: fork: $!\n";
-		if ($pid == 0) {
-			open(STDOUT, '>', '/dev/null');
-			exec(@cmd) or exit 127;
-		}
-		waitpid($pid, 0);
-		$? == 0 or die "sink.pl: @cmd failed\n";
-		my $t0 = time;
+		# CMD commits one mail and then prints the server's clock: the
+		# time of the commit, give or take a round trip.  Timing from
+		# CMD's exit instead would start the clock after the worker may
+		# already have delivered.
+		open(my $out, '-|', @cmd) or die "sink.pl: @cmd: $!\n";
+		my @lines = <$out>;
+		close($out) or die "sink.pl: @cmd failed\n";
+		my $t0 = $lines[-1];
+		defined $t0 && $t0 =~ /^\s*(\d+(?:\.\d+)?)\s*$/
+		  or die "sink.pl: @cmd did not print the commit time\n";
+		$t0 = $1;
 		my $t1 = wait_for($file, $c0 + 1, $timeout);
 		exit 1 unless defined $t1;
 		push @ms, ($t1 - $t0) * 1000;
