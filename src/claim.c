@@ -482,7 +482,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	int			maxgates = 0;
 	int			nrows = 0;
 	int			norder = 0;
-	int			nexpired;
+	int			nlocking;
 	int			i;
 	int			j;
 
@@ -497,17 +497,17 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 		if (!claimed[i].expired && claimed[i].queue->ngates > 0)
 			order[norder++] = &claimed[i];
 	qsort(order, norder, sizeof(Claimed *), claimed_cmp);
-	nexpired = norder;
+	nlocking = norder;
 	for (i = 0; i < nclaimed; i++)
 		if (claimed[i].expired && claimed[i].attempt > 0 && claimed[i].queue->ngates > 0)
 		{
-			order[nexpired++] = &claimed[i];
+			order[nlocking++] = &claimed[i];
 			if (claimed[i].key == NULL)
 				claimed[i].key = gatekeeper_recipient_key(TextDatumGetCString(claimed[i].values[COL_RECIPIENT - 1]));
 		}
-	if (nexpired == 0)
+	if (nlocking == 0)
 		return;
-	for (i = 0; i < nexpired; i++)
+	for (i = 0; i < nlocking; i++)
 	{
 		nrows += order[i]->queue->ngates;
 		maxgates = Max(maxgates, order[i]->queue->ngates);
@@ -519,7 +519,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	 */
 	rows = palloc0(nrows * sizeof(GateRow));
 	nrows = 0;
-	for (i = 0; i < nexpired; i++)
+	for (i = 0; i < nlocking; i++)
 	{
 		Claimed    *c = order[i];
 
@@ -557,7 +557,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	gatekeeper_gate_lock(rows, nrows, now);
 
 	mine = palloc(maxgates * sizeof(GateRow *));
-	for (i = norder; i < nexpired; i++)
+	for (i = norder; i < nlocking; i++)
 	{
 		Claimed    *c = order[i];
 
