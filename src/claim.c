@@ -322,7 +322,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	args[4] = CStringGetTextDatum(gatekeeper_message_id_domain ? gatekeeper_message_id_domain : "");
 	args[5] = CStringGetTextDatum(gatekeeper_default_sender ? gatekeeper_default_sender : "");
 
-	if (SPI_execute_plan(claim_plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+	if (gatekeeper_execute_by_key(claim_plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
 
 	old = MemoryContextSwitchTo(keep);
@@ -683,7 +683,7 @@ settle_losers(Claimed *claimed, int nclaimed)
 	args[1] = PointerGetDatum(construct_array(states, n, TEXTOID, -1, false, TYPALIGN_INT));
 	args[2] = PointerGetDatum(construct_array(send_ats, n, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
 	args[3] = PointerGetDatum(construct_array(errors, n, TEXTOID, -1, false, TYPALIGN_INT));
-	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not record gated mail");
 }
 
@@ -843,7 +843,7 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	}
 	args[0] = PointerGetDatum(ids);
 	args[1] = PointerGetDatum(attempts);
-	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "ack failed");
 	n = SPI_processed;
 	SPI_finish();

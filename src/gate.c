@@ -265,7 +265,7 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 	 * we got their locks, or a pass committed since the caller's snapshot
 	 * would be missed.
 	 */
-	if (SPI_execute_plan(read_plan, args, nulls, false, 0) != SPI_OK_SELECT)
+	if (gatekeeper_execute_by_key(read_plan, args, nulls, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gate rows");
 	for (r = 0; r < SPI_processed; r++)
 	{
@@ -454,7 +454,7 @@ gatekeeper_gate_write(GateRow *rows, int n, TimestampTz now)
 	args[5] = PointerGetDatum(construct_array(his, k, INT4OID, 4, true, TYPALIGN_INT));
 	args[6] = PointerGetDatum(construct_array(untils, k, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
 
-	if (SPI_execute_plan(write_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_by_key(write_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not write gate rows");
 	if (SPI_processed != (uint64) k)
 		elog(ERROR, "wrote %llu gate rows, expected %d",
@@ -540,7 +540,7 @@ read_row(GateRow *row, TimestampTz now)
 	}
 	args[0] = CStringGetTextDatum(row->recipient);
 	args[1] = Int32GetDatum(row->gate);
-	if (SPI_execute_plan(plan, args, NULL, true, 1) != SPI_OK_SELECT)
+	if (gatekeeper_execute_by_key(plan, args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gate row");
 	row->n = 0;
 	if (SPI_processed > 0)
@@ -775,7 +775,7 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
 	}
 	args[0] = CStringGetTextDatum(row.recipient);
 	args[1] = Int32GetDatum(row.gate);
-	if (SPI_execute_plan(plan, args, NULL, false, 1) != SPI_OK_SELECT)
+	if (gatekeeper_execute_by_key(plan, args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gate row");
 	if (SPI_processed > 0)
 	{
@@ -865,7 +865,7 @@ gatekeeper_release_passes(char **recipients, int64 *holders, int n)
 	}
 	args[0] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1, false, TYPALIGN_INT));
 	args[1] = PointerGetDatum(construct_array(hold, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
-	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_SELECT)
+	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gate rows");
 
 	nrows = (int) SPI_processed;
@@ -1012,7 +1012,7 @@ gatekeeper_explain(PG_FUNCTION_ARGS)
 						 1, &type);
 	}
 	arg = CStringGetTextDatum(key);
-	if (SPI_execute_plan(plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+	if (gatekeeper_execute_by_key(plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gates");
 	for (r = 0; r < SPI_processed; r++)
 	{

@@ -655,3 +655,35 @@ gatekeeper_keep_plan(const char *sql, int nargs, Oid *argtypes)
 	SPI_keepplan(plan);
 	return plan;
 }
+
+/*
+ * gatekeeper_execute_by_key
+ *		SPI_execute_plan for a statement that finds its rows by key (the
+ *		primary key of gatekeeper.mail or gatekeeper.gate_pass), planned so
+ *		that it always does.
+ *
+ * These statements are planned once, generically, and the first planning
+ * happens on a fresh install, when the tables are nearly empty: the
+ * planner then rightly prefers a sequential scan or a hash join, and that
+ * plan stays cached while the table grows to millions of rows, until an
+ * ANALYZE invalidates it.  Sequential scans and hash and merge joins are
+ * therefore off while these statements run (and are planned), leaving the
+ * key lookups they are written for.
+ */
+int
+gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
+						  bool read_only, long count)
+{
+	int			nestlevel = NewGUCNestLevel();
+	int			ret;
+
+	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_hashjoin", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("enable_mergejoin", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	ret = SPI_execute_plan(plan, values, nulls, read_only, count);
+	AtEOXact_GUC(true, nestlevel);
+	return ret;
+}
