@@ -19,7 +19,10 @@
 use strict;
 use warnings;
 
-use IPC::Run;
+use FindBin;
+use lib $FindBin::RealBin;
+
+use GatekeeperTest;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -35,36 +38,6 @@ my $clients = 8;
 # 1,200 full batches drain the queues; pgbench runs a bounded number of
 # transactions, 2.7 times that, so short batches near the end still fit.
 my $transactions = 400;
-
-# Run a pgbench script against a database of the node, bounded in time:
-# past $timeout seconds pgbench is killed and the run counts as failed.
-# Returns (whether it exited 0 in time, stdout, stderr, seconds taken).
-sub run_pgbench
-{
-	my ($node, $dbname, $name, $clients, $transactions, $script) = @_;
-	my $timeout = 120;
-	my $file = $node->basedir . "/$name.sql";
-	my ($out, $err) = ('', '');
-
-	PostgreSQL::Test::Utils::append_to_file($file, $script);
-	my @cmd = (
-		'pgbench', '--no-vacuum', "--client=$clients", '--jobs=2',
-		"--transactions=$transactions", '--file', $file,
-		'--host', $node->host, '--port', $node->port, $dbname);
-	note('running: ' . join(' ', @cmd));
-	my $start = time;
-	my $h = IPC::Run::start(\@cmd, '>', \$out, '2>', \$err,
-		IPC::Run::timeout($timeout));
-	my $finished = eval { $h->finish; 1 };
-	if (!$finished)
-	{
-		diag("pgbench did not finish within $timeout s: $@");
-		$h->kill_kill;
-	}
-	my $ok = $finished && $h->result == 0;
-	diag("pgbench stderr: $err") if $err ne '';
-	return ($ok, $out, $err, time - $start);
-}
 
 my $node = PostgreSQL::Test::Cluster->new('gates');
 $node->init;
@@ -120,7 +93,7 @@ is( $node->safe_psql(
 	$promos + $receipts,
 	'all mail is due');
 
-my ($ok, $out, $err, $elapsed) = run_pgbench(
+my ($ok, $out, $err, $elapsed) = GatekeeperTest::run_pgbench(
 	$node, 'stress', '011_claim_ack', $clients, $transactions, qq{
 BEGIN;
 INSERT INTO claims_log (xid, worker, id, attempt, queue, recipient)

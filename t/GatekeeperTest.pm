@@ -34,6 +34,7 @@ use Encode ();
 use Errno;
 use File::Path qw(make_path);
 use IO::Socket::INET;
+use IPC::Run;
 use MIME::Base64 ();
 use MIME::QuotedPrint ();
 use POSIX ();
@@ -638,6 +639,43 @@ sub note_log_tail
 	my $from = @log > $lines ? @log - $lines : 0;
 	diag(join("\n", "last lines of " . $node->logfile . ":", @log[ $from .. $#log ]));
 	return;
+}
+
+=pod
+
+=head2 run_pgbench($node, $dbname, $name, $clients, $transactions, $script)
+
+Run a pgbench script against a database of the node, bounded in time:
+past 120 seconds pgbench is killed and the run counts as failed.  Returns
+(whether it exited 0 in time, stdout, stderr, seconds taken).
+
+=cut
+
+sub run_pgbench
+{
+	my ($node, $dbname, $name, $clients, $transactions, $script) = @_;
+	my $timeout = 120;
+	my $file = $node->basedir . "/$name.sql";
+	my ($out, $err) = ('', '');
+
+	PostgreSQL::Test::Utils::append_to_file($file, $script);
+	my @cmd = (
+		'pgbench', '--no-vacuum', "--client=$clients", '--jobs=2',
+		"--transactions=$transactions", '--file', $file,
+		'--host', $node->host, '--port', $node->port, $dbname);
+	note('running: ' . join(' ', @cmd));
+	my $start = time;
+	my $h = IPC::Run::start(\@cmd, '>', \$out, '2>', \$err,
+		IPC::Run::timeout($timeout));
+	my $finished = eval { $h->finish; 1 };
+	if (!$finished)
+	{
+		diag("pgbench did not finish within $timeout s: $@");
+		$h->kill_kill;
+	}
+	my $ok = $finished && $h->result == 0;
+	diag("pgbench stderr: $err") if $err ne '';
+	return ($ok, $out, $err, time - $start);
 }
 
 sub note { Test::More::note(@_) }
