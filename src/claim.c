@@ -679,10 +679,10 @@ settle_losers(Claimed *claimed, int nclaimed)
 						 " WHERE m.id = u.id",
 						 4, types);
 	}
-	args[0] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
-	args[1] = PointerGetDatum(construct_array(states, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[2] = PointerGetDatum(construct_array(send_ats, n, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
-	args[3] = PointerGetDatum(construct_array(errors, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
+	args[1] = gatekeeper_array(states, NULL, n, TEXTOID);
+	args[2] = gatekeeper_array(send_ats, NULL, n, TIMESTAMPTZOID);
+	args[3] = gatekeeper_array(errors, NULL, n, TEXTOID);
 	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not record gated mail");
 }

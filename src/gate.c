@@ -167,8 +167,6 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 	bool	   *holder_nulls;
 	Datum		args[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
-	int			dims[1];
-	int			lbs[1] = {1};
 	int			i;
 	int			missing;
 	uint64		r;
@@ -205,12 +203,10 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 		rows[i].inserted = false;
 		rows[i].changed = false;
 	}
-	dims[0] = n;
-	args[0] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[1] = PointerGetDatum(construct_array(gates, n, INT4OID, 4, true, TYPALIGN_INT));
-	args[2] = PointerGetDatum(construct_array(expiries, n, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
-	args[3] = PointerGetDatum(construct_md_array(holders, holder_nulls, 1, dims, lbs,
-												 INT8OID, 8, true, TYPALIGN_DOUBLE));
+	args[0] = gatekeeper_array(keys, NULL, n, TEXTOID);
+	args[1] = gatekeeper_array(gates, NULL, n, INT4OID);
+	args[2] = gatekeeper_array(expiries, NULL, n, TIMESTAMPTZOID);
+	args[3] = gatekeeper_array(holders, holder_nulls, n, INT8OID);
 
 	if (SPI_execute_plan(lock_plan, args, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "could not lock gate rows");
@@ -257,8 +253,8 @@ gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now)
 			gates[k] = Int32GetDatum(rows[i].gate);
 			k++;
 		}
-		args[0] = PointerGetDatum(construct_array(keys, k, TEXTOID, -1, false, TYPALIGN_INT));
-		args[1] = PointerGetDatum(construct_array(gates, k, INT4OID, 4, true, TYPALIGN_INT));
+		args[0] = gatekeeper_array(keys, NULL, k, TEXTOID);
+		args[1] = gatekeeper_array(gates, NULL, k, INT4OID);
 	}
 	/*
 	 * Not read-only: the rows must be read with a snapshot taken now, after
@@ -389,8 +385,6 @@ gatekeeper_gate_write(GateRow *rows, int n, TimestampTz now)
 	int			i;
 	int			j;
 	Datum		args[7];
-	int			dims[1];
-	int			lbs[1] = {1};
 
 	for (i = 0; i < n; i++)
 		if (!row_is_written(&rows[i]))
@@ -443,16 +437,13 @@ gatekeeper_gate_write(GateRow *rows, int n, TimestampTz now)
 		k++;
 	}
 
-	dims[0] = m;
-	args[0] = PointerGetDatum(construct_array(keys, k, TEXTOID, -1, false, TYPALIGN_INT));
-	args[1] = PointerGetDatum(construct_array(gates, k, INT4OID, 4, true, TYPALIGN_INT));
-	args[2] = PointerGetDatum(construct_array(expiries, m, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
-	args[3] = PointerGetDatum(m == 0 ? construct_empty_array(INT8OID) :
-							  construct_md_array(holders, holder_nulls, 1, dims, lbs,
-												 INT8OID, 8, true, TYPALIGN_DOUBLE));
-	args[4] = PointerGetDatum(construct_array(los, k, INT4OID, 4, true, TYPALIGN_INT));
-	args[5] = PointerGetDatum(construct_array(his, k, INT4OID, 4, true, TYPALIGN_INT));
-	args[6] = PointerGetDatum(construct_array(untils, k, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
+	args[0] = gatekeeper_array(keys, NULL, k, TEXTOID);
+	args[1] = gatekeeper_array(gates, NULL, k, INT4OID);
+	args[2] = gatekeeper_array(expiries, NULL, m, TIMESTAMPTZOID);
+	args[3] = gatekeeper_array(holders, holder_nulls, m, INT8OID);
+	args[4] = gatekeeper_array(los, NULL, k, INT4OID);
+	args[5] = gatekeeper_array(his, NULL, k, INT4OID);
+	args[6] = gatekeeper_array(untils, NULL, k, TIMESTAMPTZOID);
 
 	if (gatekeeper_execute_by_key(write_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not write gate rows");
@@ -863,8 +854,8 @@ gatekeeper_release_passes(char **recipients, int64 *holders, int n)
 									" ORDER BY recipient COLLATE \"C\", gate FOR UPDATE",
 									2, types);
 	}
-	args[0] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[1] = PointerGetDatum(construct_array(hold, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	args[0] = gatekeeper_array(keys, NULL, n, TEXTOID);
+	args[1] = gatekeeper_array(hold, NULL, n, INT8OID);
 	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gate rows");
 

@@ -38,6 +38,8 @@
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/array.h"
 #include "utils/memutils.h"
 
 PG_MODULE_MAGIC;
@@ -686,4 +688,26 @@ gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 	ret = SPI_execute_plan(plan, values, nulls, read_only, count);
 	AtEOXact_GUC(true, nestlevel);
 	return ret;
+}
+
+/*
+ * gatekeeper_array
+ *		A one-dimensional array of n elements of a built-in type, for an SPI
+ *		argument.  nulls may be NULL when no element is null.
+ */
+Datum
+gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype)
+{
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			dims[1];
+	int			lbs[1] = {1};
+
+	if (n == 0)
+		return PointerGetDatum(construct_empty_array(elemtype));
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	dims[0] = n;
+	return PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs,
+											  elemtype, typlen, typbyval, typalign));
 }

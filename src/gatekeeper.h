@@ -53,6 +53,7 @@ extern int	gatekeeper_max_message_size;	/* bytes */
 extern void gatekeeper_define_settings(void);
 extern void gatekeeper_wake_at_commit(void);
 extern SPIPlanPtr gatekeeper_keep_plan(const char *sql, int nargs, Oid *argtypes);
+extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 									  bool read_only, long count);
 

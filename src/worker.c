@@ -896,12 +896,8 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 		Oid			argtypes[2] = {INT8ARRAYOID, INT4ARRAYOID};
 		Datum		values[2];
 
-		values[0] = PointerGetDatum(construct_array(ids, nsent, INT8OID,
-													sizeof(int64), FLOAT8PASSBYVAL,
-													TYPALIGN_DOUBLE));
-		values[1] = PointerGetDatum(construct_array(attempts, nsent, INT4OID,
-													sizeof(int32), true,
-													TYPALIGN_INT));
+		values[0] = gatekeeper_array(ids, NULL, nsent, INT8OID);
+		values[1] = gatekeeper_array(attempts, NULL, nsent, INT4OID);
 		plan = prepare_plan(&ack_plan,
 							"SELECT gatekeeper.ack($1::bigint[], $2::int[])",
 							2, argtypes);
@@ -984,12 +980,8 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 		Datum		values[4];
 		Interval   *delay = (Interval *) palloc0(sizeof(Interval));
 
-		values[0] = PointerGetDatum(construct_array(ids, nunreachable, INT8OID,
-													sizeof(int64), FLOAT8PASSBYVAL,
-													TYPALIGN_DOUBLE));
-		values[1] = PointerGetDatum(construct_array(attempts, nunreachable, INT4OID,
-													sizeof(int32), true,
-													TYPALIGN_INT));
+		values[0] = gatekeeper_array(ids, NULL, nunreachable, INT8OID);
+		values[1] = gatekeeper_array(attempts, NULL, nunreachable, INT4OID);
 		values[2] = CStringGetTextDatum(unreachable_error ? unreachable_error :
 										"no SMTP relay could be reached");
 		/* the worker backs off; the mail itself is due again at once */
