@@ -120,6 +120,7 @@ static CURL *smtp_new_easy(SmtpSlot *slot);
 static void smtp_check(CURLcode rc, const char *what);
 static void smtp_start(SmtpSlot *slot, GatekeeperDelivery *item);
 static void smtp_restart(SmtpSlot *slot);
+static void smtp_launch(SmtpSlot *slot);
 static bool smtp_finish(SmtpSlot *slot, CURLcode rc);
 static void smtp_set_error(SmtpSlot *slot, CURLcode rc, const char *prefix);
 static void smtp_scrub(char *text, const char *secret);
@@ -524,7 +525,6 @@ smtp_start(SmtpSlot *slot, GatekeeperDelivery *item)
 {
 	char	   *from;
 	char	   *rcpt;
-	CURLMcode	mc;
 
 	if (slot->easy == NULL)
 		smtp_new_easy(slot);
@@ -553,17 +553,7 @@ smtp_start(SmtpSlot *slot, GatekeeperDelivery *item)
 
 	slot->item = item;
 	slot->retried = false;
-	slot->offset = 0;
-	slot->mail_sent = false;
-	slot->rcpt_sent = false;
-	slot->quit_sent = false;
-	slot->reply_code = 0;
-	slot->reply[0] = '\0';
-	slot->errbuf[0] = '\0';
-
-	mc = curl_multi_add_handle(smtp_multi, slot->easy);
-	if (mc != CURLM_OK)
-		elog(ERROR, "could not start an SMTP transfer: %s", curl_multi_strerror(mc));
+	smtp_launch(slot);
 }
 
 /*
@@ -573,9 +563,20 @@ smtp_start(SmtpSlot *slot, GatekeeperDelivery *item)
 static void
 smtp_restart(SmtpSlot *slot)
 {
+	slot->retried = true;
+	smtp_launch(slot);
+}
+
+/*
+ * smtp_launch
+ *		Start slot's transfer from the beginning of its message, with the
+ *		progress of any earlier try forgotten.
+ */
+static void
+smtp_launch(SmtpSlot *slot)
+{
 	CURLMcode	mc;
 
-	slot->retried = true;
 	slot->offset = 0;
 	slot->mail_sent = false;
 	slot->rcpt_sent = false;
