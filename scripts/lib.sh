@@ -6,9 +6,10 @@
 # servers (initdb, pg_regress's temporary instances, TAP nodes) run as the
 # `postgres` system user, because initdb refuses to run as root.
 
-# Debian's PostgreSQL 15 layout, first in PATH so pg_config, initdb, pg_ctl
+# Debian's PostgreSQL 15 layout (GK_PG_BIN may point at another copy of
+# it, for development), first in PATH so pg_config, initdb, pg_ctl
 # and psql are version 15 whatever else is installed.
-GK_PG_BIN=/usr/lib/postgresql/15/bin
+GK_PG_BIN=${GK_PG_BIN:-/usr/lib/postgresql/15/bin}
 GK_PG_CONFIG=$GK_PG_BIN/pg_config
 export PATH="$GK_PG_BIN:$PATH"
 
