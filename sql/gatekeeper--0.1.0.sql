@@ -40,6 +40,17 @@ CREATE TABLE gatekeeper.gate_log (
 	holders		bigint[]
 );
 
+-- a row can hold thousands of recipients: compress it with lz4 where the
+-- server has it, which costs a fraction of pglz's time
+DO $$
+BEGIN
+	IF EXISTS (SELECT FROM pg_catalog.pg_settings
+				WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals)) THEN
+		ALTER TABLE gatekeeper.gate_log ALTER COLUMN recipients SET COMPRESSION lz4;
+	END IF;
+END
+$$;
+
 /*
  * Queues: a campaign, flow or tenant, and its policy.  tokens and
  * refilled_at are the rate limit's token bucket.

@@ -1477,6 +1477,78 @@ recipient_arg(text *recipient)
 }
 
 /*
+ * Pass rows[0..n-1] (sorted by gatekeeper_gate_row_cmp, unique) through
+ * one gate, each entry locked, decided and written under one acquisition
+ * of its partition lock: up to want[i] new passes for rows[i], as many as
+ * the gate has room for.  A holder (for a single caller) that already has
+ * a live pass passes again without a new one.  Sets granted[i] and logs
+ * the passes made.  This is gate_pass's path; the claim, which decides
+ * over many gates at once, locks first and writes after.  Must run inside
+ * SPI.
+ */
+static void
+pass_rows(GateRow *rows, int n, const GateDef *def, const int *want,
+		  int64 holder, bool holder_null, int *granted, TimestampTz now)
+{
+	Oid			space;
+	TransactionId xid;
+	List	   *groups = NIL;
+	int			created = 0;
+	int			i;
+
+	if (n == 0)
+		return;
+	space = ensure_space(now);
+	xid = my_xid();
+	gate_charge((Size) n * GATE_ENTRY_CHARGE, true);
+
+	for (i = 0; i < n; i++)
+	{
+		GateRow    *row = &rows[i];
+		GateKey		key;
+		GateEntry  *e;
+		GatePass   *p;
+		bool		made = false;
+		int			live = 0;
+		int			j;
+
+		CHECK_FOR_INTERRUPTS();
+		granted[i] = 0;
+		row_key(row, space, &key);
+		e = entry_lock(&key, true, xid, now, &made);
+		if (made)
+			created++;
+		p = entry_passes(e);
+		for (j = 0; j < e->npass; j++)
+		{
+			if (TransactionIdIsValid(p[j].xmax))
+				continue;		/* given back by this transaction */
+			if (!holder_null && !p[j].holder_null && p[j].holder == holder)
+				granted[i] = want[i];
+			live++;
+		}
+		while (granted[i] < want[i] && live < def->max_sends)
+		{
+			if (!entry_add(e, def->expiry, holder, holder_null, xid, false))
+			{
+				dshash_release_lock(gate_hash, e);
+				gate_uncharge((Size) (n - created) * GATE_ENTRY_CHARGE);
+				gate_memory_full();
+			}
+			granted[i]++;
+			live++;
+		}
+		dshash_release_lock(gate_hash, e);
+		for (j = 0; j < granted[i]; j++)
+			log_add(&groups, def->id, false, def->expiry, row->recipient, holder, holder_null);
+	}
+	if (created < n)
+		gate_uncharge((Size) (n - created) * GATE_ENTRY_CHARGE);
+	if (groups != NIL)
+		log_write(groups);
+}
+
+/*
  * gate_pass(gate text, recipient text, holder bigint DEFAULT NULL) RETURNS boolean
  */
 Datum
@@ -1485,7 +1557,8 @@ gatekeeper_gate_pass(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	GateDef		def;
 	GateRow		row;
-	bool		passed;
+	int			want = 1;
+	int			granted;
 
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipient");
@@ -1496,13 +1569,11 @@ gatekeeper_gate_pass(PG_FUNCTION_ARGS)
 	row.recipient = recipient_arg(PG_GETARG_TEXT_PP(1));
 	row.gate = def.id;
 
-	gatekeeper_gate_lock(&row, 1, now, true);
-	passed = gatekeeper_gate_try(&row, def.max_sends, def.expiry,
-								 PG_ARGISNULL(2) ? 0 : PG_GETARG_INT64(2), PG_ARGISNULL(2));
-	gatekeeper_gate_write(&row, 1, now);
+	pass_rows(&row, 1, &def, &want, PG_ARGISNULL(2) ? 0 : PG_GETARG_INT64(2),
+			  PG_ARGISNULL(2), &granted, now);
 	SPI_finish();
 
-	PG_RETURN_BOOL(passed);
+	PG_RETURN_BOOL(granted > 0);
 }
 
 /*
@@ -1521,6 +1592,8 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 	int			nelems;
 	char	  **keys;
 	GateRow    *rows;
+	int		   *want;
+	int		   *granted;
 	int			nrows = 0;
 	GateDef		def;
 	int			i;
@@ -1541,6 +1614,8 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 
 	keys = palloc(Max(nelems, 1) * sizeof(char *));
 	rows = palloc0(Max(nelems, 1) * sizeof(GateRow));
+	want = palloc(Max(nelems, 1) * sizeof(int));
+	granted = palloc(Max(nelems, 1) * sizeof(int));
 	for (i = 0; i < nelems; i++)
 	{
 		if (nulls[i])
@@ -1552,31 +1627,41 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 		rows[i].gate = def.id;
 	}
 
-	/* sort, then drop duplicates: each key is locked once */
+	/* sort, then count duplicates: each key is locked once */
 	qsort(rows, nelems, sizeof(GateRow), gatekeeper_gate_row_cmp);
 	for (i = 0; i < nelems; i++)
-		if (nrows == 0 || gatekeeper_gate_row_cmp(&rows[nrows - 1], &rows[i]) != 0)
-			rows[nrows++] = rows[i];
+	{
+		if (nrows > 0 && gatekeeper_gate_row_cmp(&rows[nrows - 1], &rows[i]) == 0)
+		{
+			want[nrows - 1]++;
+			continue;
+		}
+		rows[nrows] = rows[i];
+		want[nrows++] = 1;
+	}
 
-	gatekeeper_gate_lock(rows, nrows, now, true);
+	pass_rows(rows, nrows, &def, want, 0, true, granted, now);
 
+	/* the first granted[k] callers for each key passed */
 	for (i = 0; i < nelems; i++)
 	{
 		GateRow		probe = {0};
 		GateRow    *row;
+		int			k;
 
 		probe.recipient = keys[i];
 		probe.gate = def.id;
 		row = bsearch(&probe, rows, nrows, sizeof(GateRow), gatekeeper_gate_row_cmp);
-		if (gatekeeper_gate_try(row, def.max_sends, def.expiry, 0, true))
+		k = row - rows;
+		if (granted[k] > 0)
 		{
 			Datum		value = elems[i];
 			bool		isnull = false;
 
+			granted[k]--;
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, &value, &isnull);
 		}
 	}
-	gatekeeper_gate_write(rows, nrows, now);
 	SPI_finish();
 
 	return (Datum) 0;
