@@ -1468,12 +1468,16 @@ static char *
 recipient_arg(text *recipient)
 {
 	char	   *s = text_to_cstring(recipient);
+	char	   *p;
 
 	if (*s == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("recipient must not be empty")));
-	return gatekeeper_recipient_key(s);
+	/* as gatekeeper_recipient_key, in place */
+	for (p = s; *p; p++)
+		*p = pg_ascii_tolower((unsigned char) *p);
+	return s;
 }
 
 /*
@@ -1577,6 +1581,17 @@ gatekeeper_gate_pass(PG_FUNCTION_ARGS)
 }
 
 /*
+ * qsort_arg order of indexes into an array of gate rows.
+ */
+static int
+row_index_cmp(const void *a, const void *b, void *arg)
+{
+	const GateRow *rows = (const GateRow *) arg;
+
+	return gatekeeper_gate_row_cmp(&rows[*(const int *) a], &rows[*(const int *) b]);
+}
+
+/*
  * gate_pass(gate text, recipients text[]) RETURNS SETOF text
  *		Pass each recipient in turn; return those that passed, in order.
  *		A recipient named twice is gated twice, like any two callers.
@@ -1590,8 +1605,10 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 	Datum	   *elems;
 	bool	   *nulls;
 	int			nelems;
-	char	  **keys;
 	GateRow    *rows;
+	GateRow    *unique;
+	int		   *order;
+	int		   *rowof;
 	int		   *want;
 	int		   *granted;
 	int			nrows = 0;
@@ -1612,8 +1629,10 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 	SPI_connect();
 	def = lookup_gate(PG_GETARG_TEXT_PP(0));
 
-	keys = palloc(Max(nelems, 1) * sizeof(char *));
 	rows = palloc0(Max(nelems, 1) * sizeof(GateRow));
+	unique = palloc(Max(nelems, 1) * sizeof(GateRow));
+	order = palloc(Max(nelems, 1) * sizeof(int));
+	rowof = palloc(Max(nelems, 1) * sizeof(int));
 	want = palloc(Max(nelems, 1) * sizeof(int));
 	granted = palloc(Max(nelems, 1) * sizeof(int));
 	for (i = 0; i < nelems; i++)
@@ -1622,37 +1641,35 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("recipients must not contain nulls")));
-		keys[i] = recipient_arg(DatumGetTextPP(elems[i]));
-		rows[i].recipient = keys[i];
+		rows[i].recipient = recipient_arg(DatumGetTextPP(elems[i]));
 		rows[i].gate = def.id;
 	}
 
-	/* sort, then count duplicates: each key is locked once */
-	qsort(rows, nelems, sizeof(GateRow), gatekeeper_gate_row_cmp);
+	/* sort (indexes, not rows), then count duplicates: each key is locked once */
+	for (i = 0; i < nelems; i++)
+		order[i] = i;
+	qsort_arg(order, nelems, sizeof(int), row_index_cmp, rows);
 	for (i = 0; i < nelems; i++)
 	{
-		if (nrows > 0 && gatekeeper_gate_row_cmp(&rows[nrows - 1], &rows[i]) == 0)
-		{
+		GateRow    *row = &rows[order[i]];
+
+		if (nrows > 0 && gatekeeper_gate_row_cmp(&unique[nrows - 1], row) == 0)
 			want[nrows - 1]++;
-			continue;
+		else
+		{
+			unique[nrows] = *row;
+			want[nrows++] = 1;
 		}
-		rows[nrows] = rows[i];
-		want[nrows++] = 1;
+		rowof[order[i]] = nrows - 1;
 	}
 
-	pass_rows(rows, nrows, &def, want, 0, true, granted, now);
+	pass_rows(unique, nrows, &def, want, 0, true, granted, now);
 
 	/* the first granted[k] callers for each key passed */
 	for (i = 0; i < nelems; i++)
 	{
-		GateRow		probe = {0};
-		GateRow    *row;
-		int			k;
+		int			k = rowof[i];
 
-		probe.recipient = keys[i];
-		probe.gate = def.id;
-		row = bsearch(&probe, rows, nrows, sizeof(GateRow), gatekeeper_gate_row_cmp);
-		k = row - rows;
 		if (granted[k] > 0)
 		{
 			Datum		value = elems[i];
