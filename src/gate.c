@@ -1392,6 +1392,8 @@ gatekeeper_gate_sweep_memory(Oid space)
 		if (OidIsValid(space) && e->key.dbid == MyDatabaseId && e->key.space != space)
 		{
 			/* an extension since dropped from this database */
+			if (xid_running(e->locker) || (!marker && TransactionIdIsValid(foreign_xid(e))))
+				continue;
 			if (!marker)
 				entry_free(e);
 			dshash_delete_current(&status);

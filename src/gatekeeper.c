@@ -149,7 +149,7 @@ _PG_init(void)
 
 	DefineCustomIntVariable("gatekeeper.gate_memory",
 							"Shared memory for the gates' live passes.",
-							"A pass for a new recipient takes about 100 bytes.  When it is "
+							"A recipient passed through a gate takes about 110 bytes.  When it is "
 							"full, passes fail with SQLSTATE 53200.",
 							&gatekeeper_gate_memory,
 							256 * 1024, 1024, INT_MAX / 2,
