@@ -132,6 +132,14 @@ COMMIT;
 SELECT * FROM pg_temp.gate_view('sub@gates.example');
 SELECT gatekeeper.gate_pass('g_win', 'sub@gates.example', 2) AS holder_2_holds_it;
 
+-- a transaction that passed a gate cannot be prepared (its pass would
+-- survive a restart only in an uncommitted log row); it is rolled back
+BEGIN;
+SELECT gatekeeper.gate_pass('g_win', 'prepared@gates.example', 1) AS passed;
+PREPARE TRANSACTION 'gk_gates';
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT gatekeeper.gate_open('g_win', 'prepared@gates.example') AS open_after_refused_prepare;
+
 --
 -- a pass keeps the period it was stamped with
 --
