@@ -414,6 +414,9 @@ gate_memory_full(void)
 			 errhint("Raise gatekeeper.gate_memory and restart the server, or shorten the gates' periods.")));
 }
 
+/*
+ * Give back bytes charged against gatekeeper.gate_memory.
+ */
 static void
 gate_uncharge(Size bytes)
 {
@@ -512,6 +515,9 @@ my_xid(void)
 
 /* ---------------------------------------------------------------- entries */
 
+/*
+ * An entry's array of passes: inline, or its own allocation once it grew.
+ */
 static GatePass *
 entry_passes(GateEntry *e)
 {
@@ -520,6 +526,9 @@ entry_passes(GateEntry *e)
 	return (GatePass *) dsa_get_address(gate_dsa, e->more);
 }
 
+/*
+ * A new entry: no passes, not locked.
+ */
 static void
 entry_init(GateEntry *e)
 {
@@ -1776,6 +1785,9 @@ typedef struct Release
 	int64		holder;
 } Release;
 
+/*
+ * qsort order of releases: by key, then holder.
+ */
 static int
 release_cmp(const void *a, const void *b)
 {
@@ -1909,10 +1921,21 @@ gatekeeper_release_passes(char **recipients, int64 *holders, int n)
 	for (i = 0; i < nrows; i++)
 	{
 		Release    *hit;
+		int			lo = 0;
+		int			hi = n;
 
-		for (hit = rel; hit < rel + n; hit++)
-			if (strcmp(hit->key, rows[i].recipient) == 0)
-				released += gatekeeper_gate_release_holder(&rows[i], hit->holder);
+		/* every holder asked for under this recipient: the first by bisection */
+		while (lo < hi)
+		{
+			int			mid = lo + (hi - lo) / 2;
+
+			if (strcmp(rel[mid].key, rows[i].recipient) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (hit = rel + lo; hit < rel + n && strcmp(hit->key, rows[i].recipient) == 0; hit++)
+			released += gatekeeper_gate_release_holder(&rows[i], hit->holder);
 	}
 	gatekeeper_gate_write(rows, nrows, now);
 	return released;
