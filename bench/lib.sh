@@ -94,6 +94,8 @@ bk_cluster_init() {
 		fsync = on
 		full_page_writes = on
 		shared_preload_libraries = 'gatekeeper'
+		# every run passes recipients of its own, and passes outlive it
+		gatekeeper.gate_memory = '1GB'
 		logging_collector = off
 		log_min_messages = warning
 		log_autovacuum_min_duration = 0

@@ -37,7 +37,7 @@ $$;
 SELECT gatekeeper.create_queue('bad');
 SELECT gatekeeper.create_gate('bad_gate', '1 hour');
 SELECT count(*) AS mail_before FROM gatekeeper.mail \gset
-SELECT count(*) AS passes_before FROM gatekeeper.gate_pass \gset
+SELECT count(*) AS passes_before FROM gatekeeper.gate_log \gset
 
 --
 -- recipient addresses
@@ -352,6 +352,6 @@ SELECT count(*) - :mail_before AS mail_written,
        count(*) FILTER (WHERE id NOT IN (:live, :upd) AND queue LIKE 'bad%') AS unexpected_mail,
        count(*) FILTER (WHERE state IN ('scheduled', 'claimed') AND queue LIKE 'bad%') AS live_mail_left
   FROM gatekeeper.mail;
-SELECT count(*) - :passes_before AS passes_written FROM gatekeeper.gate_pass;
+SELECT count(*) - :passes_before AS passes_written FROM gatekeeper.gate_log;
 SELECT name FROM gatekeeper.queue ORDER BY name;
 SELECT name FROM gatekeeper.gate ORDER BY name;

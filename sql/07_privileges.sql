@@ -66,7 +66,7 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.ack(1, 1)$$) AS ack;
 SELECT pg_temp.error_of($$SELECT gatekeeper.cancel(1)$$) AS cancel;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.queue_stats$$) AS queue_stats;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.queue$$) AS select_queue;
-SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.gate_pass$$) AS select_gate_pass;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.gate_log$$) AS select_gate_log;
 SELECT pg_temp.error_of($$SELECT gatekeeper.create_queue('p_mine')$$) AS create_queue;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('smart_sending', 'a@priv.example')$$) AS gate_pass;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.explain('a@priv.example')$$) AS explain;

@@ -41,12 +41,14 @@ UPDATE gatekeeper.mail SET created_at = now() - interval '30 days' WHERE id = :w
 -- gate passes: one expired, one live
 SELECT gatekeeper.gate_pass('smart_sending', 'expired@maint.example') AS p1,
        gatekeeper.gate_pass('smart_sending', 'live@maint.example') AS p2;
-UPDATE gatekeeper.gate_pass SET expires = ARRAY[now() - interval '1 minute'], until = now() - interval '1 minute'
- WHERE recipient = 'expired@maint.example';
+SELECT gatekeeper._gate_restamp('smart_sending', 'expired@maint.example', ARRAY[now() - interval '1 minute']);
 SELECT gatekeeper.purge() >= 3 AS purged;
 SELECT recipient, state FROM gatekeeper.mail WHERE recipient LIKE '%@maint.example' AND queue = 'm_q'
  ORDER BY recipient;
-SELECT recipient FROM gatekeeper.gate_pass WHERE recipient LIKE '%@maint.example' ORDER BY recipient;
+SELECT r AS recipient, e.sends_in_period
+  FROM unnest(ARRAY['expired@maint.example', 'live@maint.example']) AS r, gatekeeper.explain(r) AS e
+ WHERE e.gate = 'smart_sending' ORDER BY r;
+SELECT count(*) AS expired_log_rows FROM gatekeeper.gate_log WHERE expires < now();
 -- purge works in batches
 UPDATE gatekeeper.mail SET finished_at = now() - interval '8 days' WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
 SELECT gatekeeper.purge(1) AS purged_one;

@@ -22,20 +22,34 @@ CREATE TABLE gatekeeper.gate (
 );
 
 /*
- * Passes: one row per gate and recipient (lower-cased), holding the expiry
- * of each live pass and the mail that holds it (NULL for passes made by
- * gate_pass without a holder).  The expiry is stamped with the period in
- * force when the pass was made.  until is the latest expiry, for purging.
- * Byte-order collation: every transaction locks these rows in one order.
+ * The gate log.  Live passes are kept in shared memory (see src/gate.c);
+ * every change to them is also logged here, in the same transaction: one
+ * row per call and gate for the passes made (the recipients' keys, the
+ * holders, NULL when no pass had one, and the expiry, stamped with the
+ * period in force), one per call and gate for the passes given back
+ * (released, with the latest expiry of those passes).  After a restart the
+ * first use of the gates replays the unexpired rows in id order.  purge()
+ * deletes expired rows.
  */
-CREATE TABLE gatekeeper.gate_pass (
-	recipient	text COLLATE "C" NOT NULL,
+CREATE TABLE gatekeeper.gate_log (
+	id			bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	gate		int NOT NULL,
-	expires		timestamptz[] NOT NULL,
-	holders		bigint[] NOT NULL,
-	until		timestamptz NOT NULL,
-	PRIMARY KEY (recipient, gate)
-) WITH (fillfactor = 90);
+	released	boolean NOT NULL,
+	expires		timestamptz NOT NULL,
+	recipients	text[] NOT NULL,
+	holders		bigint[]
+);
+
+-- a row can hold thousands of recipients: compress it with lz4 where the
+-- server has it, which costs a fraction of pglz's time
+DO $$
+BEGIN
+	IF EXISTS (SELECT FROM pg_catalog.pg_settings
+				WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals)) THEN
+		ALTER TABLE gatekeeper.gate_log ALTER COLUMN recipients SET COMPRESSION lz4;
+	END IF;
+END
+$$;
 
 /*
  * Queues: a campaign, flow or tenant, and its policy.  tokens and
@@ -120,10 +134,6 @@ ALTER TABLE gatekeeper.mail SET (
 	autovacuum_analyze_scale_factor = 0.02,
 	autovacuum_vacuum_cost_delay = 0
 );
-ALTER TABLE gatekeeper.gate_pass SET (
-	autovacuum_vacuum_scale_factor = 0.02,
-	autovacuum_vacuum_cost_delay = 0
-);
 
 CREATE INDEX mail_due ON gatekeeper.mail (queue, priority DESC, send_at, id)
 	WHERE state = 'scheduled';
@@ -154,7 +164,7 @@ CREATE TRIGGER mail_check_update
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.queue', 'WHERE name <> ''default''');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate', 'WHERE name <> ''smart_sending''');
-SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate_pass', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate_log', '');
 
 /*
  * Internal helpers.
@@ -470,7 +480,7 @@ BEGIN
 			USING ERRCODE = 'object_in_use',
 				  HINT = 'Remove it from the queue with gatekeeper.alter_queue(..., gates => ...) first.';
 	END IF;
-	DELETE FROM gatekeeper.gate_pass WHERE gate = g.id;
+	DELETE FROM gatekeeper.gate_log WHERE gate = g.id;
 	DELETE FROM gatekeeper.gate WHERE id = g.id;
 END
 $$;
@@ -524,6 +534,20 @@ RETURNS int
 LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_release_mails';
+
+-- drop expired passes from shared memory (purge calls it)
+CREATE FUNCTION gatekeeper._gate_sweep()
+RETURNS bigint
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_sweep';
+
+-- give a recipient's live passes new expiries (for tests at a window's edge)
+CREATE FUNCTION gatekeeper._gate_restamp(gate text, recipient text, expires timestamptz[])
+RETURNS void
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_restamp';
 
 /*
  * Enqueue
@@ -796,7 +820,8 @@ AS $$
 	  FROM lv WHERE lv.p IS NOT NULL
 $$;
 
--- delete one batch of finished mail and expired passes older than gatekeeper.retention
+-- delete one batch of finished mail older than gatekeeper.retention and of expired
+-- gate log rows; sweep expired passes out of shared memory
 CREATE FUNCTION gatekeeper.purge(batch int DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -819,12 +844,13 @@ BEGIN
 					 ORDER BY f.finished_at LIMIT batch
 					   FOR UPDATE SKIP LOCKED);
 	GET DIAGNOSTICS n = ROW_COUNT;
-	DELETE FROM gatekeeper.gate_pass g
-	 WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_pass e
-							   WHERE e.until < now() LIMIT batch
+	DELETE FROM gatekeeper.gate_log g
+	 WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e
+							   WHERE e.expires < now() LIMIT batch
 								 FOR UPDATE SKIP LOCKED))
-	   AND g.until < now();
+	   AND g.expires < now();
 	GET DIAGNOSTICS p = ROW_COUNT;
+	PERFORM gatekeeper._gate_sweep();
 	RETURN n + p;
 END
 $$;

@@ -513,10 +513,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 		maxgates = Max(maxgates, order[i]->queue->ngates);
 	}
 
-	/*
-	 * One row per (recipient, gate).  A new row is created holding the pass
-	 * of the first mail, in claim order, that needs it.
-	 */
+	/* one row per (recipient, gate) */
 	rows = palloc0(nrows * sizeof(GateRow));
 	nrows = 0;
 	for (i = 0; i < nlocking; i++)
@@ -529,32 +526,20 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 
 			row->recipient = c->key;
 			row->gate = c->queue->gates[j].id;
-			row->first_expiry = c->queue->gates[j].expiry;
-			row->first_holder = c->id;
-			row->first_holder_null = false;
-			/* remember claim order in n until the sort below */
-			row->n = i;
 		}
 	}
 	{
-		/* sort by key, keeping the first claimant of each key */
+		/* sort by key, once each */
 		int			k = 0;
 
 		qsort(rows, nrows, sizeof(GateRow), gatekeeper_gate_row_cmp);
 		for (i = 0; i < nrows; i++)
-		{
-			if (k > 0 && gatekeeper_gate_row_cmp(&rows[k - 1], &rows[i]) == 0)
-			{
-				if (rows[i].n < rows[k - 1].n)
-					rows[k - 1] = rows[i];
-				continue;
-			}
-			rows[k++] = rows[i];
-		}
+			if (k == 0 || gatekeeper_gate_row_cmp(&rows[k - 1], &rows[i]) != 0)
+				rows[k++] = rows[i];
 		nrows = k;
 	}
 
-	gatekeeper_gate_lock(rows, nrows, now);
+	gatekeeper_gate_lock(rows, nrows, now, true);
 
 	mine = palloc(maxgates * sizeof(GateRow *));
 	for (i = norder; i < nlocking; i++)

@@ -60,6 +60,7 @@ char	   *gatekeeper_default_sender = NULL;
 char	   *gatekeeper_message_id_domain = NULL;
 int			gatekeeper_retention = 7 * 24 * 60 * 60;
 int			gatekeeper_max_message_size = 10 * 1024 * 1024;
+int			gatekeeper_gate_memory = 256 * 1024;
 
 /*
  * One background worker's slot.  pid is 0 while no worker is connected
@@ -144,6 +145,16 @@ _PG_init(void)
 							1, 0, 64,
 							PGC_POSTMASTER,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.gate_memory",
+							"Shared memory for the gates' live passes.",
+							"A recipient passed through a gate takes about 110 bytes.  When it is "
+							"full, passes fail with SQLSTATE 53200.",
+							&gatekeeper_gate_memory,
+							256 * 1024, 1024, INT_MAX / 2,
+							PGC_POSTMASTER,
+							GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("gatekeeper");
@@ -416,6 +427,7 @@ gatekeeper_shmem_request(void)
 		prev_shmem_request_hook();
 
 	RequestAddinShmemSpace(gatekeeper_shmem_size());
+	RequestAddinShmemSpace(gatekeeper_gate_shmem_size());
 }
 
 /*
@@ -452,6 +464,7 @@ gatekeeper_shmem_startup(void)
 			pg_atomic_init_u32(&slot->wake, 0);
 		}
 	}
+	gatekeeper_gate_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

@@ -48,6 +48,7 @@ extern char *gatekeeper_default_sender;
 extern char *gatekeeper_message_id_domain;
 extern int	gatekeeper_retention;	/* seconds */
 extern int	gatekeeper_max_message_size;	/* bytes */
+extern int	gatekeeper_gate_memory;	/* kB */
 
 /* src/gatekeeper.c */
 extern void gatekeeper_define_settings(void);
@@ -78,29 +79,31 @@ extern void gatekeeper_check_header_name(const char *name);
 
 /*
  * src/gate.c: the state of one gate for one recipient, as the claim and
- * gate_pass see it while they hold its row locked.  Passes that expired
- * are dropped as the row is read.
+ * gate_pass see it while they hold its shared entry locked.  Passes that
+ * expired are dropped as the entry is read.
  */
 typedef struct GateRow
 {
-	char	   *recipient;		/* lower-cased, the row's key with gate */
+	char	   *recipient;		/* lower-cased, the entry's key with gate */
 	int32		gate;			/* gatekeeper.gate.id */
 	int			n;				/* live passes */
 	int			cap;
 	TimestampTz *expires;
 	int64	   *holders;
 	bool	   *holder_null;
-	/* the pass the locking INSERT wrote if the row was new */
-	TimestampTz first_expiry;
-	int64		first_holder;
-	bool		first_holder_null;
-	bool		inserted;		/* the row did not exist: the table holds just the first pass */
-	bool		changed;		/* differs from the table: write it back */
+	int		   *slots;			/* where each pass is in the entry; -1 if new */
+	uint64		hash[2];		/* the recipient's keyed hash, once hashed */
+	bool		hashed;
+	bool		missing;		/* no entry, and none was made */
+	bool		changed;		/* differs from the entry: write it back */
 } GateRow;
 
+extern Size gatekeeper_gate_shmem_size(void);
+extern void gatekeeper_gate_shmem_init(void);
+extern int64 gatekeeper_gate_sweep_memory(Oid space);
 extern char *gatekeeper_recipient_key(const char *recipient);
 extern int	gatekeeper_gate_row_cmp(const void *a, const void *b);
-extern void gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now);
+extern void gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now, bool create);
 extern bool gatekeeper_gate_try(GateRow *row, int max_sends,
 								TimestampTz expiry, int64 holder, bool holder_null);
 extern TimestampTz gatekeeper_gate_reopens(const GateRow *row, int max_sends);
