@@ -668,19 +668,48 @@ foreign_xid(GateEntry *e)
 }
 
 /*
+ * The heavyweight lock that queues the waiters for one entry, as
+ * heap_lock_tuple's tuple lock queues the waiters for a row: without it,
+ * every waiter wakes when the holder ends and the first to run wins, so a
+ * later arrival could overtake an earlier one indefinitely.  An advisory
+ * lock tag in a class of its own (field 4; SQL's advisory locks use 1 and
+ * 2), so it shows in pg_locks; 64 bits of the key choose it, and sharing
+ * one between two entries would only make their waiters queue together.
+ */
+#define GATE_LOCKTAG_CLASS	0x474b
+
+static void
+entry_locktag(LOCKTAG *tag, const GateKey *key)
+{
+	uint64		h = key->hash[0] ^ key->hash[1] ^
+		((uint64) (uint32) key->gate << 32) ^ (uint64) key->space;
+
+	SET_LOCKTAG_ADVISORY(*tag, key->dbid, (uint32) (h >> 32), (uint32) h,
+						 GATE_LOCKTAG_CLASS);
+}
+
+/*
  * Find and lock the entry of a key, waiting for any other transaction in
  * progress that has it locked.  With create, a missing entry is made
  * (its charge must have been reserved); without, NULL when there is none.
  * Returns with the partition lock held; the entry is pruned and stamped
  * with this transaction.
+ *
+ * A caller that finds the entry taken first queues on the entry's
+ * heavyweight lock, then waits for the holder's transaction, and keeps
+ * its place in the queue until it has stamped the entry, so waiters are
+ * served in the order they came.
  */
 static GateEntry *
 entry_lock(const GateKey *key, bool create, TransactionId xid, TimestampTz now,
 		   bool *created)
 {
+	LOCKTAG		tag;
+	bool		queued = false;
+	GateEntry  *e;
+
 	for (;;)
 	{
-		GateEntry  *e;
 		TransactionId wait;
 		bool		found = true;
 
@@ -689,26 +718,36 @@ entry_lock(const GateKey *key, bool create, TransactionId xid, TimestampTz now,
 		else
 			e = dshash_find(gate_hash, key, true);
 		if (e == NULL)
-			return NULL;
+			break;
 		if (!found)
 		{
 			entry_init(e);
 			e->locker = xid;
 			*created = true;
-			return e;
+			break;
 		}
 		wait = foreign_xid(e);
 		if (TransactionIdIsValid(wait))
 		{
 			dshash_release_lock(gate_hash, e);
-			XactLockTableWait(wait, NULL, NULL, XLTW_None);
+			if (!queued)
+			{
+				entry_locktag(&tag, key);
+				(void) LockAcquire(&tag, ExclusiveLock, false, false);
+				queued = true;
+			}
+			else
+				XactLockTableWait(wait, NULL, NULL, XLTW_None);
 			continue;
 		}
 		entry_prune(e, now);
 		e->locker = xid;
 		*created = false;
-		return e;
+		break;
 	}
+	if (queued)
+		LockRelease(&tag, ExclusiveLock, false);
+	return e;
 }
 
 /*
