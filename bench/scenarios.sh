@@ -484,6 +484,31 @@ gatekeeper.default_sender = 'bench@example.com'"
 			bk_skip "$f" "$reason"
 		done
 	fi
+
+	# the same 16 connections, shared by two workers
+	if [ -z "$reason" ]; then
+		bk_cluster_conf "gatekeeper.database = 'bench'
+gatekeeper.smtp_url = 'smtp://127.0.0.1:$port'
+gatekeeper.workers = 2
+gatekeeper.smtp_connections = 8
+gatekeeper.default_sender = 'bench@example.com'"
+		bk_cluster_restart
+		bk_reset_mail
+		for run in $(seq 1 "$RUNS"); do
+			bk_reset_mail
+			bk_settle
+			c0=$(sink_count)
+			bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+					SELECT * FROM bench_rows($DELIVERY_N, 'w${run}_', 'default', interval '0')"
+			t0=$(bk_now)
+			if ! t1=$(perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + DELIVERY_N)) $((60 + DELIVERY_N / 100))); then
+				bk_skip delivery.rate_2w "run $run: $(($(sink_count) - c0)) of $DELIVERY_N mails reached smtp-sink in time"
+				break
+			fi
+			bk_record delivery.rate_2w "$run" "$(bk_rate "$DELIVERY_N" "$t0" "$t1")"
+			delivery_settled || gk_warn "the workers had not recorded every outcome after 60 s"
+		done
+	fi
 	bk_stop_bg sink
 	bk_cluster_conf ""
 	bk_cluster_restart
