@@ -419,6 +419,28 @@ delivery_settled() {
 	return 1
 }
 
+# delivery_rate FIGURE RUN PREFIX: commit DELIVERY_N due mails and record
+# FIGURE, the rate until smtp-sink has counted them all; then wait for the
+# worker(s) to record every outcome.  Fails, with what went wrong in
+# DELIVERY_MISSED, when they do not all arrive in time.
+DELIVERY_MISSED=
+delivery_rate() {
+	local fig=$1 run=$2 prefix=$3 c0 t0 t1
+	bk_reset_mail
+	bk_settle
+	c0=$(sink_count)
+	bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+			SELECT * FROM bench_rows($DELIVERY_N, '$prefix', 'default', interval '0')"
+	t0=$(bk_now)
+	if ! t1=$(perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + DELIVERY_N)) $((60 + DELIVERY_N / 100))); then
+		DELIVERY_MISSED="$(($(sink_count) - c0)) of $DELIVERY_N mails reached smtp-sink in time ($(bk_sql "SELECT string_agg(state || ' ' || n, ', ') FROM (SELECT state, count(*) n FROM gatekeeper.mail GROUP BY 1) s"))"
+		return 1
+	fi
+	bk_record "$fig" "$run" "$(bk_rate "$DELIVERY_N" "$t0" "$t1")"
+	# let the worker(s) record every outcome before the next measurement
+	delivery_settled || gk_warn "the worker had not recorded every outcome after 60 s"
+}
+
 scenario_delivery() {
 	local port run t0 t1 c0 res reason=
 	port=$(gk_free_port "$BK_PGPORT")
@@ -455,19 +477,10 @@ gatekeeper.default_sender = 'bench@example.com'"
 		if [ -n "$reason" ]; then
 			continue
 		fi
-		bk_reset_mail
-		bk_settle
-		c0=$(sink_count)
-		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
-				SELECT * FROM bench_rows($DELIVERY_N, 'r${run}_', 'default', interval '0')"
-		t0=$(bk_now)
-		if ! t1=$(perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + DELIVERY_N)) $((60 + DELIVERY_N / 100))); then
-			reason="run $run: $(($(sink_count) - c0)) of $DELIVERY_N mails reached smtp-sink in time ($(bk_sql "SELECT string_agg(state || ' ' || n, ', ') FROM (SELECT state, count(*) n FROM gatekeeper.mail GROUP BY 1) s"))"
+		if ! delivery_rate delivery.rate "$run" "r${run}_"; then
+			reason="run $run: $DELIVERY_MISSED"
 			continue
 		fi
-		bk_record delivery.rate "$run" "$(bk_rate "$DELIVERY_N" "$t0" "$t1")"
-		# let the worker record every outcome before the next measurement
-		delivery_settled || gk_warn "the worker had not recorded every outcome after 60 s"
 
 		res=$(perl "$BENCH/sink.pl" latency "$BK_WORK/sink.out" "$DELIVERY_LAT" 10 -- \
 			psql -X -q -At -h 127.0.0.1 -p "$BK_PGPORT" -U postgres -d bench -c \
@@ -493,20 +506,11 @@ gatekeeper.workers = 2
 gatekeeper.smtp_connections = 8
 gatekeeper.default_sender = 'bench@example.com'"
 		bk_cluster_restart
-		bk_reset_mail
 		for run in $(seq 1 "$RUNS"); do
-			bk_reset_mail
-			bk_settle
-			c0=$(sink_count)
-			bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
-					SELECT * FROM bench_rows($DELIVERY_N, 'w${run}_', 'default', interval '0')"
-			t0=$(bk_now)
-			if ! t1=$(perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + DELIVERY_N)) $((60 + DELIVERY_N / 100))); then
-				bk_skip delivery.rate_2w "run $run: $(($(sink_count) - c0)) of $DELIVERY_N mails reached smtp-sink in time"
+			if ! delivery_rate delivery.rate_2w "$run" "w${run}_"; then
+				bk_skip delivery.rate_2w "run $run: $DELIVERY_MISSED"
 				break
 			fi
-			bk_record delivery.rate_2w "$run" "$(bk_rate "$DELIVERY_N" "$t0" "$t1")"
-			delivery_settled || gk_warn "the workers had not recorded every outcome after 60 s"
 		done
 	fi
 	bk_stop_bg sink

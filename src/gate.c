@@ -1531,6 +1531,19 @@ recipient_arg(text *recipient)
 }
 
 /*
+ * The gate and recipient named by a call's first two arguments: the gate's
+ * definition in *def, and in *row the entry to lock or look at.  Inside SPI.
+ */
+static void
+gate_recipient_args(FunctionCallInfo fcinfo, GateDef *def, GateRow *row)
+{
+	*def = lookup_gate(PG_GETARG_TEXT_PP(0));
+	memset(row, 0, sizeof(*row));
+	row->recipient = recipient_arg(PG_GETARG_TEXT_PP(1));
+	row->gate = def->id;
+}
+
+/*
  * Pass rows[0..n-1] (sorted by gatekeeper_gate_row_cmp, unique) through
  * one gate, each entry locked, decided and written under one acquisition
  * of its partition lock: up to want[i] new passes for rows[i], as many as
@@ -1618,10 +1631,7 @@ gatekeeper_gate_pass(PG_FUNCTION_ARGS)
 	require_arg(fcinfo, 1, "recipient");
 
 	SPI_connect();
-	def = lookup_gate(PG_GETARG_TEXT_PP(0));
-	memset(&row, 0, sizeof(row));
-	row.recipient = recipient_arg(PG_GETARG_TEXT_PP(1));
-	row.gate = def.id;
+	gate_recipient_args(fcinfo, &def, &row);
 
 	pass_rows(&row, 1, &def, &want, PG_ARGISNULL(2) ? 0 : PG_GETARG_INT64(2),
 			  PG_ARGISNULL(2), &granted, now);
@@ -1748,10 +1758,7 @@ peek(FunctionCallInfo fcinfo, int *live, TimestampTz *reopens)
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipient");
 	SPI_connect();
-	def = lookup_gate(PG_GETARG_TEXT_PP(0));
-	memset(&row, 0, sizeof(row));
-	row.recipient = recipient_arg(PG_GETARG_TEXT_PP(1));
-	row.gate = def.id;
+	gate_recipient_args(fcinfo, &def, &row);
 	row_peek(&row, now);
 	*live = row.n;
 	*reopens = gatekeeper_gate_reopens(&row, def.max_sends);
@@ -1803,10 +1810,7 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
 	require_arg(fcinfo, 2, "holder");
 
 	SPI_connect();
-	def = lookup_gate(PG_GETARG_TEXT_PP(0));
-	memset(&row, 0, sizeof(row));
-	row.recipient = recipient_arg(PG_GETARG_TEXT_PP(1));
-	row.gate = def.id;
+	gate_recipient_args(fcinfo, &def, &row);
 	gatekeeper_gate_lock(&row, 1, now, false);
 	released = gatekeeper_gate_release_holder(&row, PG_GETARG_INT64(2));
 	gatekeeper_gate_write(&row, 1, now);
@@ -2155,10 +2159,7 @@ gatekeeper_gate_restamp(PG_FUNCTION_ARGS)
 					  &ev, &en, &ne);
 
 	SPI_connect();
-	def = lookup_gate(PG_GETARG_TEXT_PP(0));
-	memset(&row, 0, sizeof(row));
-	row.recipient = recipient_arg(PG_GETARG_TEXT_PP(1));
-	row.gate = def.id;
+	gate_recipient_args(fcinfo, &def, &row);
 	gatekeeper_gate_lock(&row, 1, now, false);
 	if (row.n != ne)
 		ereport(ERROR,
