@@ -5,3 +5,399 @@
  * Every change here is also in gatekeeper--0.2.0.sql; t/030_upgrade.pl
  * checks that an updated 0.1.0 and a fresh 0.2.0 have the same objects.
  */
+
+/*
+ * Issue 9: bounded, normalised durations; NULL is 22004 everywhere;
+ * infinite times and multi-dimensional arrays refused.
+ */
+CREATE FUNCTION gatekeeper._duration(value interval, kind text)
+RETURNS interval
+LANGUAGE c IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_duration';
+
+-- existing values outside the new bounds are brought to the nearest bound,
+-- and every duration to its length in microseconds, as _duration() does
+UPDATE gatekeeper.gate
+   SET period = make_interval(secs => least(greatest(extract(epoch FROM period), 1), 315576000)::float8),
+	   max_sends = least(max_sends, 10000);
+UPDATE gatekeeper.queue
+   SET dedupe_window = make_interval(secs => least(greatest(extract(epoch FROM dedupe_window), 1), 315576000)::float8)
+ WHERE dedupe_window IS NOT NULL;
+ALTER TABLE gatekeeper.gate
+	DROP CONSTRAINT gate_period_check,
+	DROP CONSTRAINT gate_max_sends_check,
+	ADD CONSTRAINT gate_period_check
+		CHECK (period BETWEEN interval '1 second' AND interval '87660 hours'),
+	ADD CONSTRAINT gate_max_sends_check CHECK (max_sends BETWEEN 1 AND 10000);
+ALTER TABLE gatekeeper.queue
+	DROP CONSTRAINT queue_dedupe_window_check,
+	ADD CONSTRAINT queue_dedupe_window_check
+		CHECK (dedupe_window BETWEEN interval '1 second' AND interval '87660 hours');
+
+-- mail with an infinite time (0.1.0 took them): -infinity was "due since
+-- always", so it is due since it was made; an infinite send_by is none
+UPDATE gatekeeper.mail SET send_at = created_at WHERE send_at = '-infinity';
+UPDATE gatekeeper.mail SET send_by = NULL WHERE send_by = 'infinity';
+UPDATE gatekeeper.mail SET send_by = created_at WHERE send_by = '-infinity';
+
+CREATE OR REPLACE FUNCTION gatekeeper._check_queue_policy(gates text[], on_gate_closed text, delivery text,
+	max_attempts int, weight int, rate_limit int, dedupe_window interval, altering boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	missing text;
+BEGIN
+	IF gates IS NOT NULL THEN
+		IF array_ndims(gates) > 1 THEN
+			RAISE EXCEPTION 'gates must be a one-dimensional array' USING ERRCODE = 'invalid_parameter_value';
+		END IF;
+		IF array_position(gates, NULL) IS NOT NULL THEN
+			RAISE EXCEPTION 'gate names must not be null' USING ERRCODE = 'null_value_not_allowed';
+		END IF;
+		SELECT g INTO missing FROM unnest(gates) AS g
+		 WHERE NOT EXISTS (SELECT FROM gatekeeper.gate WHERE name = g) LIMIT 1;
+		IF FOUND THEN
+			RAISE EXCEPTION 'gate "%" does not exist', missing
+				USING ERRCODE = 'undefined_object',
+					  HINT = 'Create it with gatekeeper.create_gate().';
+		END IF;
+	END IF;
+	IF on_gate_closed IS NOT NULL AND on_gate_closed NOT IN ('suppress', 'defer') THEN
+		RAISE EXCEPTION 'invalid on_gate_closed policy "%"', on_gate_closed
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'on_gate_closed must be suppress or defer.';
+	END IF;
+	IF delivery IS NOT NULL AND delivery NOT IN ('at_least_once', 'at_most_once') THEN
+		RAISE EXCEPTION 'invalid delivery guarantee "%"', delivery
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'delivery must be at_least_once or at_most_once.';
+	END IF;
+	IF max_attempts < 1 THEN
+		RAISE EXCEPTION 'max_attempts must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_attempts was %s.', max_attempts);
+	END IF;
+	IF weight < 1 THEN
+		RAISE EXCEPTION 'weight must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('weight was %s.', weight);
+	END IF;
+	IF rate_limit < 0 OR (NOT altering AND rate_limit = 0) THEN
+		RAISE EXCEPTION 'rate_limit must be positive'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('rate_limit was %s.', rate_limit),
+				  HINT = 'alter_queue(name, rate_limit => 0) removes a limit.';
+	END IF;
+	IF NOT (altering AND dedupe_window = interval '0') THEN
+		PERFORM gatekeeper._duration(dedupe_window, 'dedupe_window');
+	END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
+	on_gate_closed text DEFAULT 'suppress', delivery text DEFAULT 'at_least_once',
+	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF create_queue.name IS NULL THEN
+		RAISE EXCEPTION 'queue name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_queue.name = '' THEN
+		RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF gates IS NULL OR on_gate_closed IS NULL OR delivery IS NULL OR max_attempts IS NULL OR weight IS NULL THEN
+		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts and weight must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, false);
+	BEGIN
+		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
+									  weight, rate_limit, dedupe_window, tokens)
+		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
+				on_gate_closed, delivery, max_attempts, weight, rate_limit,
+				gatekeeper._duration(dedupe_window, 'dedupe_window'), coalesce(rate_limit, 0));
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
+	END;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
+	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
+	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._queue(alter_queue.name, true);
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, true);
+	UPDATE gatekeeper.queue q
+	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
+							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
+		   on_gate_closed = coalesce(alter_queue.on_gate_closed, q.on_gate_closed),
+		   delivery = coalesce(alter_queue.delivery, q.delivery),
+		   max_attempts = coalesce(alter_queue.max_attempts, q.max_attempts),
+		   weight = coalesce(alter_queue.weight, q.weight),
+		   rate_limit = CASE WHEN alter_queue.rate_limit = 0 THEN NULL
+							 ELSE coalesce(alter_queue.rate_limit, q.rate_limit) END,
+		   tokens = CASE WHEN alter_queue.rate_limit IS NOT NULL THEN alter_queue.rate_limit ELSE q.tokens END,
+		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN NULL
+								ELSE coalesce(gatekeeper._duration(alter_queue.dedupe_window, 'dedupe_window'),
+											  q.dedupe_window) END
+	 WHERE q.name = alter_queue.name;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper._check_gate_policy(period interval, max_sends int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._duration(period, 'period');
+	IF max_sends NOT BETWEEN 1 AND 10000 THEN
+		RAISE EXCEPTION 'max_sends must be between 1 and 10000'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_sends was %s.', max_sends);
+	END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.create_gate(name text, period interval, max_sends int DEFAULT 1)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF create_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_gate.name = '' THEN
+		RAISE EXCEPTION 'gate name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF period IS NULL OR max_sends IS NULL THEN
+		RAISE EXCEPTION 'period and max_sends must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_gate_policy(period, max_sends);
+	BEGIN
+		INSERT INTO gatekeeper.gate (name, period, max_sends)
+		VALUES (create_gate.name, gatekeeper._duration(period, 'period'), max_sends);
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'gate "%" already exists', create_gate.name USING ERRCODE = 'duplicate_object';
+	END;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.alter_gate(name text, period interval DEFAULT NULL, max_sends int DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF alter_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_gate_policy(period, max_sends);
+	-- running timers keep the period they were stamped with
+	UPDATE gatekeeper.gate g
+	   SET period = coalesce(gatekeeper._duration(alter_gate.period, 'period'), g.period),
+		   max_sends = coalesce(alter_gate.max_sends, g.max_sends)
+	 WHERE g.name = alter_gate.name;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'gate "%" does not exist', alter_gate.name USING ERRCODE = 'undefined_object';
+	END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.drop_gate(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	g gatekeeper.gate;
+	user_queue text;
+BEGIN
+	IF drop_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO g FROM gatekeeper.gate WHERE gate.name = drop_gate.name FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'gate "%" does not exist', drop_gate.name USING ERRCODE = 'undefined_object';
+	END IF;
+	SELECT q.name INTO user_queue FROM gatekeeper.queue q
+	 WHERE drop_gate.name = ANY (q.gates) ORDER BY q.name LIMIT 1;
+	IF FOUND THEN
+		RAISE EXCEPTION 'gate "%" is used by queue "%"', drop_gate.name, user_queue
+			USING ERRCODE = 'object_in_use',
+				  HINT = 'Remove it from the queue with gatekeeper.alter_queue(..., gates => ...) first.';
+	END IF;
+	DELETE FROM gatekeeper.gate_log WHERE gate = g.id;
+	DELETE FROM gatekeeper.gate WHERE id = g.id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	new_id bigint;
+	q gatekeeper.queue;
+BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF priority IS NULL THEN
+		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF dedupe_key IS NULL THEN
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, priority, send_by)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by)
+		RETURNING id INTO new_id;
+		RETURN new_id;
+	END IF;
+
+	q := gatekeeper._queue(enqueue.queue);
+	/*
+	 * A live mail with this key wins; so does one sent within the queue's
+	 * dedupe window.  Otherwise insert; if a concurrent enqueue of the same
+	 * key got there first, the next round finds its mail.
+	 */
+	FOR round IN 1..10 LOOP
+		SELECT m.id INTO new_id FROM gatekeeper.mail m
+		 WHERE m.queue = enqueue.queue AND m.dedupe_key = enqueue.dedupe_key
+		   AND m.state IN ('scheduled', 'claimed');
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		IF q.dedupe_window IS NOT NULL THEN
+			SELECT m.id INTO new_id FROM gatekeeper.mail m
+			 WHERE m.queue = enqueue.queue AND m.dedupe_key = enqueue.dedupe_key
+			   AND m.state = 'sent' AND m.finished_at > now() - q.dedupe_window
+			 ORDER BY m.finished_at DESC LIMIT 1;
+			IF FOUND THEN
+				RETURN new_id;
+			END IF;
+		END IF;
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, dedupe_key, priority, send_by)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+				priority, send_by)
+		ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed')
+		DO NOTHING
+		RETURNING id INTO new_id;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+	END LOOP;
+	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
+		USING ERRCODE = 'serialization_failure';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	UPDATE gatekeeper.mail m SET lease_until = now() + gatekeeper._duration(lease, 'lease')
+	 WHERE m.id = extend.id AND m.attempt = extend.attempt AND m.state = 'claimed';
+	RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int;
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR cardinality(ids) <> cardinality(attempts) THEN
+		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	UPDATE gatekeeper.mail m
+	   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
+		   send_at = greatest(m.send_at, now() + gatekeeper._duration(delay, 'delay')), last_error = error
+	  FROM unnest(ids, attempts) AS u(id, attempt)
+	 WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed';
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.purge(batch int DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	retention interval;
+	n bigint;
+	p bigint;
+BEGIN
+	IF batch IS NULL THEN
+		RAISE EXCEPTION 'batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF batch < 1 THEN
+		RAISE EXCEPTION 'batch must be positive' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	retention := coalesce(nullif(current_setting('gatekeeper.retention', true), '')::interval,
+						  interval '7 days');
+	DELETE FROM gatekeeper.mail m
+	 WHERE m.id IN (SELECT f.id FROM gatekeeper.mail f
+					 WHERE f.finished_at < now() - retention
+					 ORDER BY f.finished_at LIMIT batch
+					   FOR UPDATE SKIP LOCKED);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	DELETE FROM gatekeeper.gate_log g
+	 WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e
+							   WHERE e.expires < now() LIMIT batch
+								 FOR UPDATE SKIP LOCKED))
+	   AND g.expires < now();
+	GET DIAGNOSTICS p = ROW_COUNT;
+	PERFORM gatekeeper._gate_sweep();
+	RETURN n + p;
+END
+$$;
+
+/*
+ * Privileges: nothing new is PUBLIC's (keep this section last).
+ */
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA gatekeeper FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA gatekeeper FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA gatekeeper FROM PUBLIC;

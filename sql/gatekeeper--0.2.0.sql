@@ -16,8 +16,9 @@ CREATE TYPE gatekeeper.state AS ENUM (
 CREATE TABLE gatekeeper.gate (
 	name		text PRIMARY KEY CHECK (name <> ''),
 	id			int GENERATED ALWAYS AS IDENTITY UNIQUE,
-	period		interval NOT NULL CHECK (period > interval '0'),
-	max_sends	int NOT NULL DEFAULT 1 CHECK (max_sends >= 1),
+	period		interval NOT NULL
+		CHECK (period BETWEEN interval '1 second' AND interval '87660 hours'),
+	max_sends	int NOT NULL DEFAULT 1 CHECK (max_sends BETWEEN 1 AND 10000),
 	created_at	timestamptz NOT NULL DEFAULT now()
 );
 
@@ -65,7 +66,8 @@ CREATE TABLE gatekeeper.queue (
 	max_attempts int NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
 	weight		int NOT NULL DEFAULT 1 CHECK (weight >= 1),
 	rate_limit	int CHECK (rate_limit >= 1),
-	dedupe_window interval CHECK (dedupe_window > interval '0'),
+	dedupe_window interval
+		CHECK (dedupe_window BETWEEN interval '1 second' AND interval '87660 hours'),
 	paused		boolean NOT NULL DEFAULT false,
 	tokens		float8 NOT NULL DEFAULT 0,
 	refilled_at timestamptz,
@@ -170,6 +172,14 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate_log', '');
  * Internal helpers.
  */
 
+-- an interval of a kind (period, dedupe_window, lease, delay) normalised to
+-- its length in microseconds, or 22023 outside the kind's bounds (src/validate.c)
+CREATE FUNCTION gatekeeper._duration(value interval, kind text)
+RETURNS interval
+LANGUAGE c IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_duration';
+
 -- raise 42704 unless the queue exists; returns its row, locked when asked
 CREATE FUNCTION gatekeeper._queue(queue_name text, lock boolean DEFAULT false)
 RETURNS gatekeeper.queue
@@ -207,6 +217,9 @@ DECLARE
 	missing text;
 BEGIN
 	IF gates IS NOT NULL THEN
+		IF array_ndims(gates) > 1 THEN
+			RAISE EXCEPTION 'gates must be a one-dimensional array' USING ERRCODE = 'invalid_parameter_value';
+		END IF;
 		IF array_position(gates, NULL) IS NOT NULL THEN
 			RAISE EXCEPTION 'gate names must not be null' USING ERRCODE = 'null_value_not_allowed';
 		END IF;
@@ -241,9 +254,8 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('rate_limit was %s.', rate_limit),
 				  HINT = 'alter_queue(name, rate_limit => 0) removes a limit.';
 	END IF;
-	IF dedupe_window < interval '0' OR (NOT altering AND dedupe_window = interval '0') THEN
-		RAISE EXCEPTION 'dedupe_window must be positive'
-			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('dedupe_window was %s.', dedupe_window);
+	IF NOT (altering AND dedupe_window = interval '0') THEN
+		PERFORM gatekeeper._duration(dedupe_window, 'dedupe_window');
 	END IF;
 END
 $$;
@@ -261,7 +273,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	IF create_queue.name IS NULL OR create_queue.name = '' THEN
+	IF create_queue.name IS NULL THEN
+		RAISE EXCEPTION 'queue name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_queue.name = '' THEN
 		RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	IF gates IS NULL OR on_gate_closed IS NULL OR delivery IS NULL OR max_attempts IS NULL OR weight IS NULL THEN
@@ -274,8 +289,8 @@ BEGIN
 		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
 									  weight, rate_limit, dedupe_window, tokens)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
-				on_gate_closed, delivery, max_attempts, weight, rate_limit, dedupe_window,
-				coalesce(rate_limit, 0));
+				on_gate_closed, delivery, max_attempts, weight, rate_limit,
+				gatekeeper._duration(dedupe_window, 'dedupe_window'), coalesce(rate_limit, 0));
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
 	END;
@@ -306,7 +321,8 @@ BEGIN
 							 ELSE coalesce(alter_queue.rate_limit, q.rate_limit) END,
 		   tokens = CASE WHEN alter_queue.rate_limit IS NOT NULL THEN alter_queue.rate_limit ELSE q.tokens END,
 		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN NULL
-								ELSE coalesce(alter_queue.dedupe_window, q.dedupe_window) END
+								ELSE coalesce(gatekeeper._duration(alter_queue.dedupe_window, 'dedupe_window'),
+											  q.dedupe_window) END
 	 WHERE q.name = alter_queue.name;
 END
 $$;
@@ -406,12 +422,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	IF period <= interval '0' THEN
-		RAISE EXCEPTION 'gate period must be positive'
-			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('period was %s.', period);
-	END IF;
-	IF max_sends < 1 THEN
-		RAISE EXCEPTION 'max_sends must be at least 1'
+	PERFORM gatekeeper._duration(period, 'period');
+	IF max_sends NOT BETWEEN 1 AND 10000 THEN
+		RAISE EXCEPTION 'max_sends must be between 1 and 10000'
 			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_sends was %s.', max_sends);
 	END IF;
 END
@@ -424,7 +437,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	IF create_gate.name IS NULL OR create_gate.name = '' THEN
+	IF create_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_gate.name = '' THEN
 		RAISE EXCEPTION 'gate name must not be empty' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	IF period IS NULL OR max_sends IS NULL THEN
@@ -433,7 +449,7 @@ BEGIN
 	PERFORM gatekeeper._check_gate_policy(period, max_sends);
 	BEGIN
 		INSERT INTO gatekeeper.gate (name, period, max_sends)
-		VALUES (create_gate.name, period, max_sends);
+		VALUES (create_gate.name, gatekeeper._duration(period, 'period'), max_sends);
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'gate "%" already exists', create_gate.name USING ERRCODE = 'duplicate_object';
 	END;
@@ -447,10 +463,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+	IF alter_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
 	PERFORM gatekeeper._check_gate_policy(period, max_sends);
 	-- running timers keep the period they were stamped with
 	UPDATE gatekeeper.gate g
-	   SET period = coalesce(alter_gate.period, g.period),
+	   SET period = coalesce(gatekeeper._duration(alter_gate.period, 'period'), g.period),
 		   max_sends = coalesce(alter_gate.max_sends, g.max_sends)
 	 WHERE g.name = alter_gate.name;
 	IF NOT FOUND THEN
@@ -469,6 +488,9 @@ DECLARE
 	g gatekeeper.gate;
 	user_queue text;
 BEGIN
+	IF drop_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
 	SELECT * INTO g FROM gatekeeper.gate WHERE gate.name = drop_gate.name FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'gate "%" does not exist', drop_gate.name USING ERRCODE = 'undefined_object';
@@ -567,6 +589,10 @@ DECLARE
 	new_id bigint;
 	q gatekeeper.queue;
 BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
 	IF priority IS NULL THEN
 		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
@@ -711,11 +737,7 @@ BEGIN
 	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
 		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	IF lease <= interval '0' THEN
-		RAISE EXCEPTION 'lease must be positive'
-			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('lease was %s.', lease);
-	END IF;
-	UPDATE gatekeeper.mail m SET lease_until = now() + lease
+	UPDATE gatekeeper.mail m SET lease_until = now() + gatekeeper._duration(lease, 'lease')
 	 WHERE m.id = extend.id AND m.attempt = extend.attempt AND m.state = 'claimed';
 	RETURN FOUND;
 END
@@ -731,13 +753,16 @@ AS $$
 DECLARE
 	n int;
 BEGIN
-	IF ids IS NULL OR attempts IS NULL OR cardinality(ids) <> cardinality(attempts) THEN
-		RAISE EXCEPTION 'ids and attempts must be arrays of the same length'
+	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR cardinality(ids) <> cardinality(attempts) THEN
+		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	UPDATE gatekeeper.mail m
 	   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
-		   send_at = greatest(m.send_at, now() + coalesce(delay, interval '0')), last_error = error
+		   send_at = greatest(m.send_at, now() + gatekeeper._duration(delay, 'delay')), last_error = error
 	  FROM unnest(ids, attempts) AS u(id, attempt)
 	 WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed';
 	GET DIAGNOSTICS n = ROW_COUNT;
@@ -833,7 +858,10 @@ DECLARE
 	n bigint;
 	p bigint;
 BEGIN
-	IF batch IS NULL OR batch < 1 THEN
+	IF batch IS NULL THEN
+		RAISE EXCEPTION 'batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF batch < 1 THEN
 		RAISE EXCEPTION 'batch must be positive' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	retention := coalesce(nullif(current_setting('gatekeeper.retention', true), '')::interval,

@@ -35,6 +35,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -46,6 +47,9 @@ PG_FUNCTION_INFO_V1(gatekeeper_claim);
 PG_FUNCTION_INFO_V1(gatekeeper_ack_batch);
 
 #define MAX_BATCH 10000
+
+/* SPEC: a worker name is at most 200 characters */
+#define MAX_WORKER_NAME 200
 
 /* Columns of the per-queue claim statement's RETURNING list. */
 enum
@@ -745,16 +749,14 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("batch must be between 1 and %d", MAX_BATCH),
 				 errdetail("batch was %d.", batch)));
-	if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(lease),
-										  DirectFunctionCall3(interval_in, CStringGetDatum("0"),
-															  ObjectIdGetDatum(InvalidOid),
-															  Int32GetDatum(-1)))) <= 0)
+	lease = gatekeeper_check_duration(lease, "lease");
+	if (VARSIZE_ANY_EXHDR(worker) > MAX_WORKER_NAME &&
+		pg_mbstrlen_with_len(VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker)) > MAX_WORKER_NAME)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errdetail("lease was %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(lease))))));
+				 errmsg("worker must be at most %d characters", MAX_WORKER_NAME),
+				 errdetail("worker has %d characters.",
+						   pg_mbstrlen_with_len(VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker)))));
 
 	InitMaterializedSRF(fcinfo, 0);
 

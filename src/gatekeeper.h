@@ -78,6 +78,12 @@ extern void gatekeeper_check_header_value(const char *value, const char *what);
 extern void gatekeeper_check_header_name(const char *name);
 
 /*
+ * An interval of a kind ("period", "dedupe_window", "lease", "delay")
+ * normalised to microseconds, or 22023 when outside the kind's bounds.
+ */
+extern Interval *gatekeeper_check_duration(const Interval *value, const char *kind);
+
+/*
  * src/gate.c: the state of one gate for one recipient, as the claim and
  * gate_pass see it while they hold its shared entry locked.  Passes that
  * expired are dropped as the entry is read.

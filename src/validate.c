@@ -16,7 +16,10 @@
  */
 #include "gatekeeper.h"
 
+#include "datatype/timestamp.h"
+#include "fmgr.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 /* RFC 5321 limits */
 #define MAX_LOCAL_PART	64
@@ -207,4 +210,84 @@ gatekeeper_check_header_name(const char *name)
 					 errdetail("From, To, Subject, Date, Message-ID and the MIME headers are written by gatekeeper itself."),
 					 errhint("Use the sender and subject arguments for From and Subject.")));
 	}
+}
+
+/*
+ * The bounds of each kind of duration an argument may give.  A kind's
+ * range is documented in the README's SQLSTATE table and SPEC.
+ */
+typedef struct DurationKind
+{
+	const char *name;			/* the argument, as errors name it */
+	int64		lo;				/* shortest, microseconds */
+	int64		hi;				/* longest, microseconds */
+	const char *range;			/* the same in words, for the error */
+} DurationKind;
+
+#define USECS_PER_YEAR	((int64) (DAYS_PER_YEAR * USECS_PER_DAY))
+
+static const DurationKind duration_kinds[] = {
+	{"period", USECS_PER_SEC, 10 * USECS_PER_YEAR, "1 second and 10 years"},
+	{"dedupe_window", USECS_PER_SEC, 10 * USECS_PER_YEAR, "1 second and 10 years"},
+	{"lease", 1000, 7 * USECS_PER_DAY, "1 millisecond and 7 days"},
+	{"delay", 0, 10 * USECS_PER_YEAR, "0 and 10 years"},
+	{NULL, 0, 0, NULL}
+};
+
+/*
+ * gatekeeper_check_duration
+ *		Normalise an interval of the named kind to the length it stands for,
+ *		or raise 22023 when that length is outside the kind's bounds.
+ *
+ * The length is what extract(epoch) counts (a month is 30 days, a year
+ * 365.25 days), and the result holds it in microseconds alone, with no
+ * months or days: adding it to a timestamp then moves the timestamp by
+ * exactly that much whatever the date and time zone, so '-1 mon +31 days'
+ * is one day long on every day of the year, never zero or negative, and
+ * no bounded value can overflow a timestamp computation.
+ */
+Interval *
+gatekeeper_check_duration(const Interval *value, const char *kind)
+{
+	const DurationKind *k;
+	long double usecs;
+	Interval   *result;
+
+	for (k = duration_kinds; k->name != NULL; k++)
+		if (strcmp(k->name, kind) == 0)
+			break;
+	if (k->name == NULL)
+		elog(ERROR, "unknown kind of duration \"%s\"", kind);
+
+	usecs = (long double) value->time +
+		(long double) value->day * USECS_PER_DAY +
+		(long double) (value->month / MONTHS_PER_YEAR) * USECS_PER_YEAR +
+		(long double) (value->month % MONTHS_PER_YEAR) * DAYS_PER_MONTH * USECS_PER_DAY;
+	if (usecs < k->lo || usecs > k->hi)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be between %s", k->name, k->range),
+				 errdetail("%s was %s.", k->name,
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(value))))));
+
+	result = palloc0(sizeof(Interval));
+	result->time = (int64) usecs;
+	return result;
+}
+
+PG_FUNCTION_INFO_V1(gatekeeper_duration);
+
+/*
+ * gatekeeper._duration(value interval, kind text) RETURNS interval
+ *		gatekeeper_check_duration for the SQL functions; NULL stays NULL
+ *		(STRICT), as alter_queue and alter_gate read NULL as "unchanged".
+ */
+Datum
+gatekeeper_duration(PG_FUNCTION_ARGS)
+{
+	Interval   *value = PG_GETARG_INTERVAL_P(0);
+	char	   *kind = text_to_cstring(PG_GETARG_TEXT_PP(1));
+
+	PG_RETURN_INTERVAL_P(gatekeeper_check_duration(value, kind));
 }
