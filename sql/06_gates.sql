@@ -327,6 +327,22 @@ SELECT gatekeeper.nack(:u1, 1, '550 no', true) AS nack_permanent, gatekeeper.ack
 SELECT count(*) - :passes AS new_pass_rows FROM gatekeeper.gate_log;
 SELECT count(*) AS rows_for_ungated FROM gatekeeper.gate_log WHERE 'ungated@gates.example' = ANY (recipients);
 
+-- a failed mail gives back the passes it holds even when its queue no longer
+-- has those gates: by what the mail holds, after nack and after reap
+SELECT gatekeeper.create_queue('g_moved', gates => '{g_win}', max_attempts => 1);
+SELECT gatekeeper.enqueue('moved@gates.example', 'M', 'b', 'g_moved') AS moved \gset
+SELECT gatekeeper.enqueue('moved2@gates.example', 'M', 'b', 'g_moved') AS moved2 \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('w-gate', 10, '1 millisecond', ARRAY['g_moved']);
+SELECT gatekeeper.alter_queue('g_moved', gates => '{}');
+SELECT gatekeeper.gate_open('g_win', 'moved@gates.example') AS open_before,
+       gatekeeper.gate_open('g_win', 'moved2@gates.example') AS open_before2;
+SELECT gatekeeper.nack(:moved, 1, '550 no such user', true) AS nacked;
+SELECT gatekeeper.gate_open('g_win', 'moved@gates.example') AS open_after_nack;
+SELECT pg_sleep(0.01);
+SELECT gatekeeper.reap() >= 1 AS reaped;
+SELECT state FROM gatekeeper.mail WHERE id = :moved2;
+SELECT gatekeeper.gate_open('g_win', 'moved2@gates.example') AS open_after_reap;
+
 -- dropping a gate removes it from view, with its passes
 SELECT gatekeeper.drop_gate('g_stamp');
 SELECT count(*) AS passes_of_dropped_gates FROM gatekeeper.gate_log l

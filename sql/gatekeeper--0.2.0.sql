@@ -53,6 +53,19 @@ END
 $$;
 
 /*
+ * The name of this extension's space in the gates' shared memory: a random
+ * number drawn when the extension is created, so that a dropped and
+ * re-created extension never meets its predecessor's passes (see
+ * src/gate_log.c).  Not dumped: a restored database draws its own.
+ */
+CREATE TABLE gatekeeper.gate_space (
+	id			bigint NOT NULL
+);
+INSERT INTO gatekeeper.gate_space (id)
+VALUES (('x' || left(pg_catalog.gen_random_uuid()::text, 8)
+			 || left(pg_catalog.gen_random_uuid()::text, 8))::bit(64)::bigint);
+
+/*
  * Queues: a campaign, flow or tenant, and its policy.  tokens and
  * refilled_at are the rate limit's token bucket.
  */
@@ -571,6 +584,14 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_restamp';
 
+-- what the gates hold in shared memory, for the gatekeeper.gate_memory view
+CREATE FUNCTION gatekeeper._gate_memory(OUT bytes_used bigint, OUT bytes_total bigint,
+	OUT entries bigint, OUT full_refusals bigint)
+RETURNS SETOF record
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_memory_stats';
+
 /*
  * Enqueue
  */
@@ -709,9 +730,8 @@ BEGIN
 		UPDATE gatekeeper.mail
 		   SET state = 'failed', finished_at = now(), lease_until = NULL, last_error = error
 		 WHERE mail.id = m.id;
-		IF cardinality(q.gates) > 0 THEN
-			PERFORM gatekeeper._release_mail(m.recipient, m.id);
-		END IF;
+		-- by what the mail holds, whatever its queue's gates are now
+		PERFORM gatekeeper._release_mail(m.recipient, m.id);
 		RETURN 'failed';
 	END IF;
 
@@ -805,11 +825,11 @@ BEGIN
 			   last_error = 'lease expired'
 		  FROM expired e, gatekeeper.queue q
 		 WHERE m.id = e.id AND q.name = m.queue
-		RETURNING m.id, m.recipient, m.state, cardinality(q.gates) > 0 AS gated
+		RETURNING m.id, m.recipient, m.state
 	)
 	SELECT count(*),
-		   array_agg(r.recipient) FILTER (WHERE r.state = 'failed' AND r.gated),
-		   array_agg(r.id) FILTER (WHERE r.state = 'failed' AND r.gated)
+		   array_agg(r.recipient) FILTER (WHERE r.state = 'failed'),
+		   array_agg(r.id) FILTER (WHERE r.state = 'failed')
 	  INTO n, release_recipients, release_holders
 	  FROM reaped r;
 	IF release_recipients IS NOT NULL THEN
@@ -922,6 +942,13 @@ SELECT q.name AS queue,
 	  FROM gatekeeper.mail m
 	 GROUP BY m.queue
   ) s ON s.queue = q.name;
+
+-- the gates' shared memory, the whole server's: bytes charged against
+-- gatekeeper.gate_memory, its size, entries, and gated mails claims deferred
+-- because it was full
+CREATE VIEW gatekeeper.gate_memory AS
+SELECT m.bytes_used, m.bytes_total, m.entries, m.full_refusals
+  FROM gatekeeper._gate_memory() AS m;
 
 /*
  * Privileges: nothing for PUBLIC.  The README gives the GRANTs for an

@@ -21,16 +21,19 @@
  * yet due or already finished.
  *
  * Then, in the same transaction, the gates: every claimed mail of a gated
- * queue must pass all of its queue's gates.  The gate rows of the whole
+ * queue must pass all of its queue's gates.  The gate entries of the whole
  * batch are locked in one global order (see gate.c), the mails are passed
  * in claim order, and the losers are suppressed, deferred to the gates'
  * next opening, or expired if that is past their send_by.
  *
  *-------------------------------------------------------------------------
  */
-#include "gatekeeper.h"
+#include "postgres.h"
+
+#include "gate.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -42,6 +45,7 @@
 #include "utils/datetime.h"
 #include "utils/datum.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_claim);
 PG_FUNCTION_INFO_V1(gatekeeper_ack_batch);
@@ -50,6 +54,9 @@ PG_FUNCTION_INFO_V1(gatekeeper_ack_batch);
 
 /* SPEC: a worker name is at most 200 characters */
 #define MAX_WORKER_NAME 200
+
+/* Gated mail a full gate memory had no room for is retried this much later. */
+#define GATE_MEMORY_RETRY_MS	(10 * 1000)
 
 /* Columns of the per-queue claim statement's RETURNING list. */
 enum
@@ -109,12 +116,97 @@ typedef struct Claimed
 	TimestampTz send_at;
 	TimestampTz send_by;		/* 0 if none */
 	bool		expired;
-	bool		lost;			/* a gate was closed */
+	bool		lost;			/* a gate was closed, or had no room */
+	bool		nomem;			/* gate memory had no room: deferred a while */
 	TimestampTz reopens;		/* when its closed gates open again */
 	const char *closed_gate;
 } Claimed;
 
+static const char queues_sql[] =
+"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, "
+"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
+"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
+"       array_agg(least(g.max_sends, 10000) ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
+"       array_agg(now() + g.period ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL) "
+"  FROM gatekeeper.queue q "
+"  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) "
+" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) "
+" GROUP BY q.name "
+" ORDER BY q.name";
+
+static const char unknown_sql[] =
+"SELECT u.name FROM unnest($1) AS u(name) "
+" WHERE u.name IS NULL "
+"    OR NOT EXISTS (SELECT FROM gatekeeper.queue q WHERE q.name = u.name) "
+" LIMIT 1";
+
+static const char bucket_sql[] =
+"SELECT least(q.rate_limit::float8, q.tokens + q.rate_limit * "
+"             extract(epoch FROM now() - coalesce(q.refilled_at, now() - interval '1 second'))) "
+"  FROM gatekeeper.queue q WHERE q.name = $1 "
+"   FOR UPDATE SKIP LOCKED";
+
+static const char claim_sql[] =
+"UPDATE gatekeeper.mail m "
+"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
+"       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
+"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
+"       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, "
+"       finished_at = CASE WHEN m.send_by < now() THEN now() END, "
+"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, "
+"       message_id = coalesce(m.message_id, "
+"           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
+"           coalesce(nullif($5, ''), nullif(split_part(coalesce(m.sender, $6), '@', 2), ''), 'gatekeeper.invalid') || '>') "
+" WHERE m.id = ANY (ARRAY( "
+"       WITH RECURSIVE levels(p) AS ( "
+"           (SELECT d.priority FROM gatekeeper.mail d "
+"             WHERE d.queue = $1 AND d.state = 'scheduled' "
+"             ORDER BY d.priority DESC LIMIT 1) "
+"           UNION ALL "
+"           SELECT (SELECT d.priority FROM gatekeeper.mail d "
+"                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
+"                    ORDER BY d.priority DESC LIMIT 1) "
+"             FROM levels l WHERE l.p IS NOT NULL) "
+"       SELECT c.id FROM levels l, LATERAL ( "
+"           SELECT d.id FROM gatekeeper.mail d "
+"            WHERE d.queue = $1 AND d.state = 'scheduled' "
+"              AND d.priority = l.p AND d.send_at <= now() "
+"            ORDER BY d.send_at, d.id "
+"            LIMIT $2 "
+"              FOR UPDATE SKIP LOCKED) c "
+"        WHERE l.p IS NOT NULL "
+"        LIMIT $2)) "
+"RETURNING m.id, m.attempt, m.queue, m.recipient, m.sender, m.subject, m.body, "
+"          m.html, m.headers, m.message_id, m.state = 'expired', m.priority, "
+"          m.send_at, m.send_by";
+
+static const char settle_losers_sql[] =
+"UPDATE gatekeeper.mail m "
+"   SET state = u.state::gatekeeper.state, "
+"       send_at = CASE WHEN u.state = 'scheduled' THEN u.send_at ELSE m.send_at END, "
+"       attempt = m.attempt - 1, lease_until = NULL, worker = NULL, "
+"       finished_at = CASE WHEN u.state = 'scheduled' THEN NULL ELSE now() END, "
+"       last_error = u.error "
+"  FROM unnest($1, $2, $3, $4) AS u(id, state, send_at, error) "
+" WHERE m.id = u.id";
+
+static const char spend_tokens_sql[] =
+"UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
+" WHERE name = $1";
+
+static const char ack_batch_sql[] =
+"UPDATE gatekeeper.mail m "
+"   SET state = 'sent', finished_at = now(), lease_until = NULL "
+"  FROM unnest($1, $2) AS u(id, attempt) "
+" WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'";
+
+static SPIPlanPtr queues_plan = NULL;
+static SPIPlanPtr unknown_plan = NULL;
+static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr settle_losers_plan = NULL;
+static SPIPlanPtr spend_tokens_plan = NULL;
+static SPIPlanPtr ack_batch_plan = NULL;
 static uint32 claim_rotation = 0;
 
 /*
@@ -127,9 +219,6 @@ static uint32 claim_rotation = 0;
 static ClaimQueue *
 load_queues(ArrayType *filter, int *nqueues)
 {
-	static SPIPlanPtr queues_plan = NULL;
-	static SPIPlanPtr bucket_plan = NULL;
-	static SPIPlanPtr unknown_plan = NULL;
 	Datum		arg;
 	char		argnull = filter ? ' ' : 'n';
 	ClaimQueue *queues;
@@ -140,24 +229,8 @@ load_queues(ArrayType *filter, int *nqueues)
 	{
 		Oid			type = TEXTARRAYOID;
 
-		queues_plan = gatekeeper_keep_plan(
-								"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, "
-								"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-								"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-								"       array_agg(g.max_sends ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-								"       array_agg(now() + g.period ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL) "
-								"  FROM gatekeeper.queue q "
-								"  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) "
-								" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) "
-								" GROUP BY q.name "
-								" ORDER BY q.name",
-								1, &type);
-		unknown_plan = gatekeeper_keep_plan(
-								 "SELECT u.name FROM unnest($1) AS u(name) "
-								 " WHERE u.name IS NULL "
-								 "    OR NOT EXISTS (SELECT FROM gatekeeper.queue q WHERE q.name = u.name) "
-								 " LIMIT 1",
-								 1, &type);
+		gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
+		gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
 	}
 
 	arg = PointerGetDatum(filter);
@@ -236,12 +309,7 @@ load_queues(ArrayType *filter, int *nqueues)
 	{
 		Oid			type = TEXTOID;
 
-		bucket_plan = gatekeeper_keep_plan(
-								"SELECT least(q.rate_limit::float8, q.tokens + q.rate_limit * "
-								"             extract(epoch FROM now() - coalesce(q.refilled_at, now() - interval '1 second'))) "
-								"  FROM gatekeeper.queue q WHERE q.name = $1 "
-								"   FOR UPDATE SKIP LOCKED",
-								1, &type);
+		gatekeeper_plan(&bucket_plan, bucket_sql, 1, &type);
 	}
 	for (i = 0; i < n; i++)
 	{
@@ -283,40 +351,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	{
 		Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
 
-		claim_plan = gatekeeper_keep_plan(
-							   "UPDATE gatekeeper.mail m "
-							   "   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
-							   "       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
-							   "       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
-							   "       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, "
-							   "       finished_at = CASE WHEN m.send_by < now() THEN now() END, "
-							   "       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, "
-							   "       message_id = coalesce(m.message_id, "
-							   "           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
-							   "           coalesce(nullif($5, ''), nullif(split_part(coalesce(m.sender, $6), '@', 2), ''), 'gatekeeper.invalid') || '>') "
-							   " WHERE m.id = ANY (ARRAY( "
-							   "       WITH RECURSIVE levels(p) AS ( "
-							   "           (SELECT d.priority FROM gatekeeper.mail d "
-							   "             WHERE d.queue = $1 AND d.state = 'scheduled' "
-							   "             ORDER BY d.priority DESC LIMIT 1) "
-							   "           UNION ALL "
-							   "           SELECT (SELECT d.priority FROM gatekeeper.mail d "
-							   "                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
-							   "                    ORDER BY d.priority DESC LIMIT 1) "
-							   "             FROM levels l WHERE l.p IS NOT NULL) "
-							   "       SELECT c.id FROM levels l, LATERAL ( "
-							   "           SELECT d.id FROM gatekeeper.mail d "
-							   "            WHERE d.queue = $1 AND d.state = 'scheduled' "
-							   "              AND d.priority = l.p AND d.send_at <= now() "
-							   "            ORDER BY d.send_at, d.id "
-							   "            LIMIT $2 "
-							   "              FOR UPDATE SKIP LOCKED) c "
-							   "        WHERE l.p IS NOT NULL "
-							   "        LIMIT $2)) "
-							   "RETURNING m.id, m.attempt, m.queue, m.recipient, m.sender, m.subject, m.body, "
-							   "          m.html, m.headers, m.message_id, m.state = 'expired', m.priority, "
-							   "          m.send_at, m.send_by",
-							   6, types);
+		gatekeeper_plan(&claim_plan, claim_sql, 6, types);
 	}
 
 	args[0] = CStringGetTextDatum(q->name);
@@ -459,10 +494,10 @@ claimed_cmp(const void *a, const void *b)
 }
 
 /*
- * Would this mail pass this locked gate row?
+ * Would this mail pass this locked row of a gate?
  */
 static bool
-would_pass(const GateRow *row, const QueueGate *gate, int64 holder)
+would_pass(const GatePasses *row, const QueueGate *gate, int64 holder)
 {
 	int			i;
 
@@ -473,17 +508,35 @@ would_pass(const GateRow *row, const QueueGate *gate, int64 holder)
 }
 
 /*
+ * The locked row of (key, gate) in rows[0..nrows-1], or NULL.
+ */
+static GatePasses *
+find_row(GatePasses *rows, int nrows, char *key, int32 gate)
+{
+	GatePasses	probe;
+
+	memset(&probe, 0, sizeof(probe));
+	probe.recipient = key;
+	probe.gate = gate;
+	return bsearch(&probe, rows, nrows, sizeof(GatePasses), gatekeeper_gate_passes_cmp);
+}
+
+/*
  * Pass the claimed mail of gated queues through their gates.  A mail must
  * pass every gate of its queue; one that fails any gate takes no pass from
- * the others.  Marks the losers.
+ * the others.  Marks the losers, and the mails gate memory had no room
+ * for.
  */
 static void
 apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 {
 	Claimed   **order;
-	GateRow    *rows;
-	GateRow   **mine;
+	GatePasses *rows;
+	GatePasses **mine;
+	int32	   *all = NULL;
+	int			nall = 0;
 	int			maxgates = 0;
+	int			maxrows = 0;
 	int			nrows = 0;
 	int			norder = 0;
 	int			nlocking;
@@ -493,8 +546,9 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	/*
 	 * The mails to pass, in claim order, followed by those that expired on a
 	 * later attempt: they may hold passes from an earlier one and will never
-	 * go, so they give them back.  Both take their gate rows in the one
-	 * sorted lock below, never in a second round of locking.
+	 * go, so they give back what they hold, in whatever gates (their queue's
+	 * gates may have changed since).  Both take their rows in the one sorted
+	 * lock below, never in a second round of locking.
 	 */
 	order = palloc(Max(nclaimed, 1) * sizeof(Claimed *));
 	for (i = 0; i < nclaimed; i++)
@@ -503,7 +557,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	qsort(order, norder, sizeof(Claimed *), claimed_cmp);
 	nlocking = norder;
 	for (i = 0; i < nclaimed; i++)
-		if (claimed[i].expired && claimed[i].attempt > 0 && claimed[i].queue->ngates > 0)
+		if (claimed[i].expired && claimed[i].attempt > 0)
 		{
 			order[nlocking++] = &claimed[i];
 			if (claimed[i].key == NULL)
@@ -511,56 +565,78 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 		}
 	if (nlocking == 0)
 		return;
-	for (i = 0; i < nlocking; i++)
+	if (nlocking > norder)
+		all = gatekeeper_gate_ids(&nall);
+	for (i = 0; i < norder; i++)
 	{
-		nrows += order[i]->queue->ngates;
+		maxrows += order[i]->queue->ngates;
 		maxgates = Max(maxgates, order[i]->queue->ngates);
 	}
+	maxrows += (nlocking - norder) * nall;
+	if (maxrows == 0)
+		return;
 
-	/* one row per (recipient, gate) */
-	rows = palloc0(nrows * sizeof(GateRow));
-	nrows = 0;
-	for (i = 0; i < nlocking; i++)
+	/* one row per (recipient, gate), with room for each mail that may pass it */
+	rows = palloc0(maxrows * sizeof(GatePasses));
+	for (i = 0; i < norder; i++)
 	{
 		Claimed    *c = order[i];
 
 		for (j = 0; j < c->queue->ngates; j++)
 		{
-			GateRow    *row = &rows[nrows++];
+			GatePasses *row = &rows[nrows++];
 
 			row->recipient = c->key;
 			row->gate = c->queue->gates[j].id;
+			row->room = 1;
 		}
 	}
+	for (i = norder; i < nlocking; i++)
+	{
+		for (j = 0; j < nall; j++)
+		{
+			GatePasses *row = &rows[nrows];
+
+			row->recipient = order[i]->key;
+			row->gate = all[j];
+			if (gatekeeper_gate_held(row, order[i]->id, now))
+				nrows++;
+			else
+				memset(row, 0, sizeof(*row));
+		}
+	}
+	if (nrows == 0)
+		return;
 	{
 		/* sort by key, once each */
 		int			k = 0;
 
-		qsort(rows, nrows, sizeof(GateRow), gatekeeper_gate_row_cmp);
+		qsort(rows, nrows, sizeof(GatePasses), gatekeeper_gate_passes_cmp);
 		for (i = 0; i < nrows; i++)
-			if (k == 0 || gatekeeper_gate_row_cmp(&rows[k - 1], &rows[i]) != 0)
+		{
+			if (k > 0 && gatekeeper_gate_passes_cmp(&rows[k - 1], &rows[i]) == 0)
+				rows[k - 1].room += rows[i].room;
+			else
 				rows[k++] = rows[i];
+		}
 		nrows = k;
 	}
 
 	gatekeeper_gate_lock(rows, nrows, now, true);
 
-	mine = palloc(maxgates * sizeof(GateRow *));
 	for (i = norder; i < nlocking; i++)
 	{
 		Claimed    *c = order[i];
 
-		for (j = 0; j < c->queue->ngates; j++)
+		for (j = 0; j < nall; j++)
 		{
-			GateRow		probe = {0};
+			GatePasses *row = find_row(rows, nrows, c->key, all[j]);
 
-			probe.recipient = c->key;
-			probe.gate = c->queue->gates[j].id;
-			gatekeeper_gate_release_holder(bsearch(&probe, rows, nrows, sizeof(GateRow),
-												   gatekeeper_gate_row_cmp),
-										   c->id);
+			if (row != NULL && !row->nomem)
+				gatekeeper_gate_release_holder(row, c->id);
 		}
 	}
+	mine = palloc(Max(maxgates, 1) * sizeof(GatePasses *));
 	for (i = 0; i < norder; i++)
 	{
 		Claimed    *c = order[i];
@@ -568,11 +644,17 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 
 		for (j = 0; j < c->queue->ngates; j++)
 		{
-			GateRow		probe = {0};
-
-			probe.recipient = c->key;
-			probe.gate = c->queue->gates[j].id;
-			mine[j] = bsearch(&probe, rows, nrows, sizeof(GateRow), gatekeeper_gate_row_cmp);
+			mine[j] = find_row(rows, nrows, c->key, c->queue->gates[j].id);
+			if (mine[j]->nomem)
+				c->nomem = true;
+		}
+		if (c->nomem)
+		{
+			c->lost = true;
+			continue;
+		}
+		for (j = 0; j < c->queue->ngates; j++)
+		{
 			if (!would_pass(mine[j], &c->queue->gates[j], c->id))
 			{
 				if (pass)
@@ -596,27 +678,91 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 }
 
 /*
+ * apply_gates in a subtransaction of its own: should gate memory be too
+ * full for anything the gates need (replaying the log after a restart,
+ * say), what the gates did is rolled back and every gated mail of this
+ * claim is deferred a while, so that a full gate memory never fails the
+ * claim, and never holds back mail that is not gated.
+ */
+static void
+apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	bool		any = false;
+	int			i;
+
+	for (i = 0; i < nclaimed && !any; i++)
+		any = claimed[i].expired ? claimed[i].attempt > 0 : claimed[i].queue->ngates > 0;
+	if (!any)
+		return;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		apply_gates(claimed, nclaimed, now);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_OUT_OF_MEMORY)
+			PG_RE_THROW();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		FreeErrorData(edata);
+
+		for (i = 0; i < nclaimed; i++)
+		{
+			Claimed    *c = &claimed[i];
+
+			if (c->expired || c->queue->ngates == 0)
+				continue;
+			c->lost = true;
+			c->nomem = true;
+			c->closed_gate = NULL;
+			c->reopens = 0;
+		}
+	}
+	PG_END_TRY();
+}
+
+/*
  * Record what became of the mails that lost at a gate: suppressed, or
  * deferred to when the gates reopen (expired if that is past send_by).
  * Their claim never became visible, so their attempt count is restored.
  */
 static void
-settle_losers(Claimed *claimed, int nclaimed)
+settle_losers(Claimed *claimed, int nclaimed, TimestampTz now)
 {
-	static SPIPlanPtr plan = NULL;
 	Datum	   *ids;
 	Datum	   *states;
 	Datum	   *send_ats;
 	Datum	   *errors;
 	int			n = 0;
+	int			nomem = 0;
 	int			i;
 	Datum		args[4];
 
 	for (i = 0; i < nclaimed; i++)
+	{
 		if (claimed[i].lost)
 			n++;
+		if (claimed[i].nomem)
+			nomem++;
+	}
 	if (n == 0)
 		return;
+	if (nomem > 0)
+		gatekeeper_gate_memory_warning(nomem);
 
 	ids = palloc(n * sizeof(Datum));
 	states = palloc(n * sizeof(Datum));
@@ -631,7 +777,13 @@ settle_losers(Claimed *claimed, int nclaimed)
 
 		if (!c->lost)
 			continue;
-		if (!c->queue->defer)
+		if (c->nomem)
+		{
+			state = "scheduled";
+			error = pstrdup("deferred: gate memory is full");
+			c->reopens = TimestampTzPlusMilliseconds(now, GATE_MEMORY_RETRY_MS);
+		}
+		else if (!c->queue->defer)
 		{
 			state = "suppressed";
 			error = psprintf("suppressed: gate \"%s\" was closed", c->closed_gate);
@@ -653,26 +805,17 @@ settle_losers(Claimed *claimed, int nclaimed)
 		n++;
 	}
 
-	if (plan == NULL)
+	if (settle_losers_plan == NULL)
 	{
 		Oid			types[4] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID};
 
-		plan = gatekeeper_keep_plan(
-						 "UPDATE gatekeeper.mail m "
-						 "   SET state = u.state::gatekeeper.state, "
-						 "       send_at = CASE WHEN u.state = 'scheduled' THEN u.send_at ELSE m.send_at END, "
-						 "       attempt = m.attempt - 1, lease_until = NULL, worker = NULL, "
-						 "       finished_at = CASE WHEN u.state = 'scheduled' THEN NULL ELSE now() END, "
-						 "       last_error = u.error "
-						 "  FROM unnest($1, $2, $3, $4) AS u(id, state, send_at, error) "
-						 " WHERE m.id = u.id",
-						 4, types);
+		gatekeeper_plan(&settle_losers_plan, settle_losers_sql, 4, types);
 	}
 	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
 	args[1] = gatekeeper_array(states, NULL, n, TEXTOID);
 	args[2] = gatekeeper_array(send_ats, NULL, n, TIMESTAMPTZOID);
 	args[3] = gatekeeper_array(errors, NULL, n, TEXTOID);
-	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_by_key(settle_losers_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not record gated mail");
 }
 
@@ -682,7 +825,6 @@ settle_losers(Claimed *claimed, int nclaimed)
 static void
 spend_tokens(ClaimQueue *queues, int nqueues)
 {
-	static SPIPlanPtr plan = NULL;
 	int			i;
 
 	for (i = 0; i < nqueues; i++)
@@ -692,16 +834,15 @@ spend_tokens(ClaimQueue *queues, int nqueues)
 
 		if (!q->limited || q->cap == 0)
 			continue;
-		if (plan == NULL)
+		if (spend_tokens_plan == NULL)
 		{
 			Oid			types[2] = {TEXTOID, FLOAT8OID};
 
-			plan = gatekeeper_keep_plan("UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
-							 " WHERE name = $1", 2, types);
+			gatekeeper_plan(&spend_tokens_plan, spend_tokens_sql, 2, types);
 		}
 		args[0] = CStringGetTextDatum(q->name);
 		args[1] = Float8GetDatum(Max(q->tokens - q->sent, 0.0));
-		if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		if (SPI_execute_plan(spend_tokens_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 			elog(ERROR, "could not update rate limit of queue \"%s\"", q->name);
 	}
 }
@@ -770,8 +911,8 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	 * The gates, in this transaction: a claimed mail that may not go is
 	 * settled now and never returned.
 	 */
-	apply_gates(claimed, nclaimed, now);
-	settle_losers(claimed, nclaimed);
+	apply_gates_or_defer(claimed, nclaimed, now);
+	settle_losers(claimed, nclaimed, now);
 
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)
@@ -798,7 +939,6 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 Datum
 gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr plan = NULL;
 	ArrayType  *ids;
 	ArrayType  *attempts;
 	Datum		args[2];
@@ -818,19 +958,15 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 				 errmsg("ids and attempts must be one-dimensional arrays of the same length")));
 
 	SPI_connect();
-	if (plan == NULL)
+	if (ack_batch_plan == NULL)
 	{
 		Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
 
-		plan = gatekeeper_keep_plan("UPDATE gatekeeper.mail m "
-						 "   SET state = 'sent', finished_at = now(), lease_until = NULL "
-						 "  FROM unnest($1, $2) AS u(id, attempt) "
-						 " WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'",
-						 2, types);
+		gatekeeper_plan(&ack_batch_plan, ack_batch_sql, 2, types);
 	}
 	args[0] = PointerGetDatum(ids);
 	args[1] = PointerGetDatum(attempts);
-	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_by_key(ack_batch_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "ack failed");
 	n = SPI_processed;
 	SPI_finish();

@@ -149,8 +149,8 @@ _PG_init(void)
 
 	DefineCustomIntVariable("gatekeeper.gate_memory",
 							"Shared memory for the gates' live passes.",
-							"A recipient passed through a gate takes about 110 bytes.  When it is "
-							"full, passes fail with SQLSTATE 53200.",
+							"A recipient passed through a gate takes 64 bytes.  When it is full, "
+							"gate_pass fails with SQLSTATE 53200 and claims defer gated mail.",
 							&gatekeeper_gate_memory,
 							256 * 1024, 1024, INT_MAX / 2,
 							PGC_POSTMASTER,
@@ -653,22 +653,30 @@ gatekeeper_slot_woken(int slotno, bool consume)
 }
 
 /*
- * gatekeeper_keep_plan
- *		Prepare a statement for the life of the backend, with a generic plan:
- *		the statements of the claim and the gates are written to plan well
- *		without knowing their parameters, and planning them once matters on
- *		paths that run thousands of times a second.
+ * gatekeeper_plan
+ *		The statement kept in *plan, prepared on first use for the life of
+ *		the backend, with a generic plan: the statements of the claim and
+ *		the gates are written to plan well without knowing their
+ *		parameters, and planning them once matters on paths that run
+ *		thousands of times a second.  Each is a file-level static named for
+ *		its statement, its SQL text a static const char beside it.  A kept
+ *		plan outlives DROP EXTENSION: the plan cache re-plans it by name
+ *		when the objects it used change.
  */
 SPIPlanPtr
-gatekeeper_keep_plan(const char *sql, int nargs, Oid *argtypes)
+gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
 {
-	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+	SPIPlanPtr	p;
 
-	if (plan == NULL)
+	if (*plan != NULL)
+		return *plan;
+	p = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+	if (p == NULL)
 		elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
 			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
+	SPI_keepplan(p);
+	*plan = p;
+	return p;
 }
 
 /*

@@ -12,7 +12,11 @@
  *						wake-on-commit
  * src/worker.c			the background worker's loop
  * src/claim.c			claim, ack, nack, extend, reap, purge
- * src/gate.c			gate passes and releases
+ * src/gate.c			gate decisions: lock, pass, release, write back
+ * src/gate_store.c		the gates' shared-memory store: keys, entries,
+ *						visibility, locking, gatekeeper.gate_memory
+ * src/gate_log.c		the gates' durable log and its replay
+ * src/gate_funcs.c		the gates' SQL-callable functions
  * src/mail.c			the insert trigger that validates every new mail
  * src/validate.c		address and header validation
  * src/message.c		RFC 5322 message building
@@ -53,7 +57,7 @@ extern int	gatekeeper_gate_memory;	/* kB */
 /* src/gatekeeper.c */
 extern void gatekeeper_define_settings(void);
 extern void gatekeeper_wake_at_commit(void);
-extern SPIPlanPtr gatekeeper_keep_plan(const char *sql, int nargs, Oid *argtypes);
+extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes);
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 									  bool read_only, long count);
@@ -84,38 +88,15 @@ extern void gatekeeper_check_header_name(const char *name);
 extern Interval *gatekeeper_check_duration(const Interval *value, const char *kind);
 
 /*
- * src/gate.c: the state of one gate for one recipient, as the claim and
- * gate_pass see it while they hold its shared entry locked.  Passes that
- * expired are dropped as the entry is read.
+ * src/gate_store.c: the gates' shared memory, for src/gatekeeper.c.  The
+ * gates' own headers are src/gate.h (what the claim uses), src/gate_log.h
+ * and src/gate_store.h.
  */
-typedef struct GateRow
-{
-	char	   *recipient;		/* lower-cased, the entry's key with gate */
-	int32		gate;			/* gatekeeper.gate.id */
-	int			n;				/* live passes */
-	int			cap;
-	TimestampTz *expires;
-	int64	   *holders;
-	bool	   *holder_null;
-	int		   *slots;			/* where each pass is in the entry; -1 if new */
-	uint64		hash[2];		/* the recipient's keyed hash, once hashed */
-	bool		hashed;
-	bool		missing;		/* no entry, and none was made */
-	bool		changed;		/* differs from the entry: write it back */
-} GateRow;
-
 extern Size gatekeeper_gate_shmem_size(void);
 extern void gatekeeper_gate_shmem_init(void);
-extern int64 gatekeeper_gate_sweep_memory(Oid space);
+
+/* src/gate.c: the key a recipient's passes are kept under */
 extern char *gatekeeper_recipient_key(const char *recipient);
-extern int	gatekeeper_gate_row_cmp(const void *a, const void *b);
-extern void gatekeeper_gate_lock(GateRow *rows, int n, TimestampTz now, bool create);
-extern bool gatekeeper_gate_try(GateRow *row, int max_sends,
-								TimestampTz expiry, int64 holder, bool holder_null);
-extern TimestampTz gatekeeper_gate_reopens(const GateRow *row, int max_sends);
-extern void gatekeeper_gate_write(GateRow *rows, int n, TimestampTz now);
-extern int	gatekeeper_gate_release_holder(GateRow *row, int64 holder);
-extern int	gatekeeper_release_passes(char **recipients, int64 *holders, int n);
 
 /*
  * One claimed mail, as gatekeeper.claim returns it.  Strings are
