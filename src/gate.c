@@ -892,6 +892,25 @@ rebuild(Oid space, TransactionId xid, TimestampTz now)
 				else
 					entry_init(e);
 				e->locker = xid;
+
+				/*
+				 * A holder holds one pass of a gate: a log written before
+				 * re-passes stopped being logged may name it again.
+				 */
+				if (!holder_null)
+				{
+					GatePass   *p = entry_passes(e);
+					int			j;
+
+					for (j = 0; j < e->npass; j++)
+						if (!p[j].holder_null && p[j].holder == holder)
+							break;
+					if (j < e->npass)
+					{
+						dshash_release_lock(gate_hash, e);
+						continue;
+					}
+				}
 				if (!entry_add(e, expires, holder, holder_null, xid, false))
 				{
 					dshash_release_lock(gate_hash, e);
@@ -1577,6 +1596,7 @@ pass_rows(GateRow *rows, int n, const GateDef *def, const int *want,
 		GatePass   *p;
 		bool		made = false;
 		int			live = 0;
+		int			added = 0;
 		int			j;
 
 		CHECK_FOR_INTERRUPTS();
@@ -1604,9 +1624,11 @@ pass_rows(GateRow *rows, int n, const GateDef *def, const int *want,
 			}
 			granted[i]++;
 			live++;
+			added++;
 		}
 		dshash_release_lock(gate_hash, e);
-		for (j = 0; j < granted[i]; j++)
+		/* log the passes made, not one its holder held already */
+		for (j = 0; j < added; j++)
 			log_add(&groups, def->id, false, def->expiry, row->recipient, holder, holder_null);
 	}
 	if (created < n)
