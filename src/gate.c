@@ -450,6 +450,7 @@ gatekeeper_gate_pass_rows(GatePasses *rows, int n, const GateDef *def, const int
 		GatePass   *p;
 		bool		made;
 		int			live = 0;
+		int			added = 0;
 		int			j;
 
 		CHECK_FOR_INTERRUPTS();
@@ -480,9 +481,11 @@ gatekeeper_gate_pass_rows(GatePasses *rows, int n, const GateDef *def, const int
 			}
 			granted[i]++;
 			live++;
+			added++;
 		}
 		gate_entry_unlock(e);
-		for (j = 0; j < granted[i]; j++)
+		/* log the passes made, not one its holder held already */
+		for (j = 0; j < added; j++)
 			gate_log_add(&groups, def->id, false, def->expiry, row->recipient, holder, holder_null);
 	}
 	gate_store_unreserve();

@@ -234,6 +234,16 @@ replay(uint32 space, TransactionId xid, TimestampTz now)
 				e->locker = xid;
 
 				/*
+				 * A holder holds one pass of a gate: a log written before
+				 * re-passes stopped being logged (0.1.0) may name it again.
+				 */
+				if (!holder_null && gate_entry_has_holder(e, holder))
+				{
+					gate_entry_unlock(e);
+					continue;
+				}
+
+				/*
 				 * A gate decides on at most GATE_MAX_SENDS passes: more (in
 				 * a log an older version wrote) would change nothing.
 				 */

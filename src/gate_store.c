@@ -740,6 +740,22 @@ gate_entry_add(GateEntry *e, TimestampTz expires, int64 holder, bool holder_null
 }
 
 /*
+ * gate_entry_has_holder
+ *		Does the entry hold a pass of this holder?
+ */
+bool
+gate_entry_has_holder(GateEntry *e, int64 holder)
+{
+	GatePass   *p = gate_entry_passes(e);
+	int			i;
+
+	for (i = 0; i < e->npass; i++)
+		if (gate_pass_has_holder(&p[i], holder))
+			return true;
+	return false;
+}
+
+/*
  * gate_entry_forget
  *		Drop the passes of a holder that xmin made (a replayed release).
  */

@@ -150,6 +150,7 @@ extern void gate_entry_unlock(GateEntry *e);
 extern GateAddResult gate_entry_add(GateEntry *e, TimestampTz expires, int64 holder,
 									bool holder_null, TransactionId xmin);
 extern bool gate_entry_room(GateEntry *e, int more);
+extern bool gate_entry_has_holder(GateEntry *e, int64 holder);
 extern void gate_entry_forget(GateEntry *e, int64 holder, TransactionId xmin);
 extern bool gate_pass_visible(GatePass *p, TimestampTz now);
 
