@@ -290,13 +290,6 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("send_at must not be null")));
 	send_by = heap_getattr(tuple, columns.send_by, desc, &send_by_null);
-	if (inserting &&
-		(TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(send_at)) ||
-		 (!send_by_null && TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(send_by)))))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("send_at and send_by must be finite"),
-				 errdetail("An infinite time can be neither waited for nor computed with.")));
 
 	d = heap_getattr(tuple, columns.state, desc, &isnull);
 	scheduled = !isnull && DatumGetObjectId(d) == columns.scheduled;
@@ -307,6 +300,13 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
 	 */
 	if (scheduled && inserting)
 	{
+		if (TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(send_at)) ||
+			(!send_by_null && TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(send_by))))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("send_at and send_by must be finite"),
+					 errdetail("An infinite time can be neither waited for nor computed with.")));
+
 		if (!send_by_null &&
 			DatumGetTimestampTz(send_by) < DatumGetTimestampTz(send_at))
 			ereport(ERROR,

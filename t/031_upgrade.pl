@@ -82,13 +82,17 @@ my @recipients = map { "$_\@example.com" }
   qw(sent failed held passed fresh capped b1 b2 news new);
 my %table_key = (queue => 'name', gate => 'name', mail => 'id', gate_log => 'id');
 
-# the tables' columns in the updated database now (0.1.0's)
+# the tables' columns in the updated database now (0.1.0's); durations are
+# compared by length, since the update stores each as its exact length
+# ('7 days' becomes '168:00:00', the same interval)
 my %old_columns;
 foreach my $table (sort keys %table_key)
 {
 	$old_columns{$table} = $node->safe_psql(
 		'updated', qq{
-SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
+SELECT string_agg(CASE WHEN atttypid = 'interval'::regtype
+					   THEN format('extract(epoch FROM %I)', attname)
+					   ELSE quote_ident(attname) END, ', ' ORDER BY attnum) FROM pg_attribute
  WHERE attrelid = 'gatekeeper.$table'::regclass AND attnum > 0 AND NOT attisdropped});
 }
 
