@@ -684,6 +684,16 @@ report(const char *state)
 	status.in_flight = nlive;
 	status.connections = smtp_client_connections();
 	gatekeeper_slot_report(worker_slot, &status);
+
+	/* pg_stat_activity too; each transaction's end resets it to idle */
+	if (nlive > 0)
+	{
+		char		activity[64];
+
+		snprintf(activity, sizeof(activity), "delivering %d mail%s",
+				 nlive, nlive == 1 ? "" : "s");
+		pgstat_report_activity(STATE_RUNNING, activity);
+	}
 }
 
 /*
