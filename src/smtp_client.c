@@ -23,7 +23,7 @@
  * "MAIL FROM, RCPT TO, BDAT <n> LAST, the message", and the next follows
  * without waiting for the replies of the one before; with PIPELINING only,
  * "MAIL, RCPT, DATA" is one write and the dot-stuffed message follows the
- * 354, with the next transaction's commands behind its final "."; without
+ * 354, and the next transaction the reply to its final "."; without
  * PIPELINING, one command at a time.  A transaction that follows another
  * whose success is not known yet starts with RSET, so that whatever the
  * one before left open (a MAIL accepted before a refused RCPT, say) can
@@ -79,7 +79,7 @@
 
 /* transactions queued on one connection, by what the relay offers */
 #define SMTP_DEPTH_CHUNKING		8
-#define SMTP_DEPTH_PIPELINING	2
+#define SMTP_DEPTH_PIPELINING	2	/* one on the wire, one ready */
 #define SMTP_DEPTH_LOCKSTEP		1
 
 /* after a session failure while other connections work, wait before the next */
@@ -1546,8 +1546,14 @@ conn_start_txns(SmtpConn *c)
 		}
 		if (next == NULL)
 			break;
-		/* in lock-step, and behind a DATA awaiting its 354, wait */
-		if ((!c->pipelining && c->nexpect > 0) || c->data_wait != NULL)
+		/*
+		 * Only BDAT lets a transaction follow one whose replies are still
+		 * due: in lock-step, and with DATA, the next waits for every reply
+		 * (RFC 2920 lets commands follow the final ".", but relays exist
+		 * that hold the 354 of a DATA pipelined behind it until more input
+		 * comes, and it never would).
+		 */
+		if (c->nexpect > 0 && !(c->pipelining && c->chunking))
 			break;
 		if (!c->pipelining && c->need_rset)
 		{
