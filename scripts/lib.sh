@@ -21,7 +21,7 @@ unset LANGUAGE
 # What building and testing gatekeeper needs.  postfix is there for its
 # smtp-sink and smtp-source test tools, not for its daemon.
 GK_BASE_PACKAGES=(
-	postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev
+	postgresql-15 postgresql-server-dev-15 libssl-dev
 	libipc-run-perl postfix make gcc libc6-dev perl
 )
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
