@@ -188,45 +188,6 @@ column_size(HeapTuple tuple, TupleDesc desc, int attnum)
 }
 
 /*
- * Validate the user's headers: a JSON object of header name to string.
- */
-static void
-check_headers(Jsonb *headers)
-{
-	JsonbIterator *it;
-	JsonbValue	v;
-	JsonbIteratorToken tok;
-	char	   *name = NULL;
-
-	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("headers must be a JSON object of header names to strings")));
-
-	it = JsonbIteratorInit(&headers->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		if (tok == WJB_KEY)
-		{
-			name = pnstrdup(v.val.string.val, v.val.string.len);
-			gatekeeper_check_header_name(name);
-		}
-		else if (tok == WJB_VALUE)
-		{
-			char	   *value;
-
-			if (v.type != jbvString)
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("value of header \"%s\" must be a string", name)));
-			value = pnstrdup(v.val.string.val, v.val.string.len);
-			gatekeeper_check_header_value(value, "header value");
-			pfree(value);
-		}
-	}
-}
-
-/*
  * Reject a mail, with the SQLSTATEs the README documents, when any field is
  * malformed.  inserting: the mail is new, not an update of one.
  */
@@ -271,7 +232,7 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
 
 	d = heap_getattr(tuple, columns.headers, desc, &isnull);
 	if (!isnull)
-		check_headers(DatumGetJsonbP(d));
+		gatekeeper_check_headers(DatumGetJsonbP(d));
 
 	size = column_size(tuple, desc, columns.subject) +
 		column_size(tuple, desc, columns.body) +
