@@ -19,10 +19,11 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 unset LANGUAGE
 
 # What building and testing gatekeeper needs.  postfix is there for its
-# smtp-sink and smtp-source test tools, not for its daemon.
+# smtp-sink and smtp-source test tools, not for its daemon; python3-aiosmtpd
+# for a relay that requires AUTH (t/auth_relay.py).
 GK_BASE_PACKAGES=(
 	postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev
-	libipc-run-perl postfix make gcc libc6-dev perl
+	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd
 )
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)

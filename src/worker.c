@@ -299,8 +299,10 @@ database_ready(const char *name)
 /*
  * Act on the settings, at start and after each reload.
  *
- * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL,
- * off when it is empty.  The URL is never logged: it may carry credentials.
+ * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL
+ * and the password file, if one is named, can be used; off when the URL
+ * is empty.  The relay password is read from its file here, so at start
+ * and at every reload.
  *
  * A claim takes gatekeeper.batch_size mails, but no more than the relay
  * connections can finish within four fifths of the lease even if every
@@ -315,6 +317,8 @@ check_settings(void)
 
 	if (url[0] == '\0')
 		smtp_enabled = false;
+	else if (!gatekeeper_smtp_load_password())
+		smtp_enabled = false;	/* the log says why */
 	else if (pg_strncasecmp(url, "smtp://", 7) == 0 ||
 			 pg_strncasecmp(url, "smtps://", 8) == 0)
 		smtp_enabled = true;
