@@ -25,7 +25,7 @@ GK_BASE_PACKAGES=(
 	postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev
 	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd
 )
-# The TAP tests need these on top (t/050_exporter.pl scrapes the exporter).
+# The TAP tests need these on top (t/060_exporter.pl scrapes the exporter).
 GK_TEST_PACKAGES=(prometheus-postgres-exporter)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
