@@ -396,6 +396,20 @@ END
 $$;
 
 /*
+ * nack's backoff reads gatekeeper.retry_delay in C (issue 9, defect 11):
+ * current_setting(...)::interval read a placeholder's bare '30000' as
+ * 30000 seconds.
+ */
+-- gatekeeper.retry_delay as the setting means it (a bare number is milliseconds)
+CREATE FUNCTION gatekeeper._retry_delay()
+RETURNS interval
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry_delay_interval';
+
+REVOKE ALL ON FUNCTION gatekeeper._retry_delay() FROM PUBLIC;
+
+/*
  * Issue 9, gates: the shared-memory space's name (gatekeeper.gate_space), the
  * gatekeeper.gate_memory view, and nack and reap releasing a failed mail's
  * passes by what it holds rather than by its queue's gates now.
@@ -453,8 +467,7 @@ BEGIN
 	END IF;
 
 	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
-	base := coalesce(nullif(current_setting('gatekeeper.retry_delay', true), '')::interval,
-					 interval '30 seconds');
+	base := gatekeeper._retry_delay();
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
 	UPDATE gatekeeper.mail

@@ -818,6 +818,13 @@ LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_ack_batch';
 
+-- gatekeeper.retry_delay as the setting means it (a bare number is milliseconds)
+CREATE FUNCTION gatekeeper._retry_delay()
+RETURNS interval
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry_delay_interval';
+
 CREATE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
 RETURNS text
 LANGUAGE plpgsql
@@ -853,8 +860,7 @@ BEGIN
 	END IF;
 
 	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
-	base := coalesce(nullif(current_setting('gatekeeper.retry_delay', true), '')::interval,
-					 interval '30 seconds');
+	base := gatekeeper._retry_delay();
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
 	UPDATE gatekeeper.mail

@@ -31,6 +31,7 @@
 
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
 /*
@@ -45,7 +46,7 @@ extern int	gatekeeper_lease;
 extern int	gatekeeper_retry_delay;
 extern char *gatekeeper_smtp_url;
 extern char *gatekeeper_smtp_user;
-extern char *gatekeeper_smtp_password;
+extern char *gatekeeper_smtp_password_file;
 extern int	gatekeeper_smtp_connections;
 extern int	gatekeeper_smtp_timeout;
 extern char *gatekeeper_helo_name;
@@ -99,9 +100,22 @@ extern PGDLLEXPORT void gatekeeper_worker_main(Datum main_arg);
  * src/validate.c: each raises an error with a documented SQLSTATE when its
  * input is malformed.  "what" names the field in the error message.
  */
+extern const char *gatekeeper_address_problem(const char *address);
 extern void gatekeeper_check_address(const char *address, const char *what);
 extern void gatekeeper_check_header_value(const char *value, const char *what);
 extern void gatekeeper_check_header_name(const char *name);
+extern void gatekeeper_check_headers(Jsonb *headers);
+extern bool gatekeeper_header_reserved(const char *name);
+
+/*
+ * What src/message.c can always fold into header lines of at most 998
+ * octets, and src/validate.c therefore allows: a word written as it is
+ * (one in angle brackets) of at most GATEKEEPER_HEADER_WORD_MAX octets,
+ * and runs of at most GATEKEEPER_HEADER_SPACE_MAX spaces and tabs.  Any
+ * longer word is written as encoded-words, which fold anywhere.
+ */
+#define GATEKEEPER_HEADER_WORD_MAX	900
+#define GATEKEEPER_HEADER_SPACE_MAX	78
 
 /*
  * An interval of a kind ("period", "dedupe_window", "lease", "delay")

@@ -58,6 +58,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <openssl/err.h>
@@ -87,6 +88,9 @@
 
 /* the longest reply line kept for error text */
 #define SMTP_REPLY_MAX			200
+
+/* longest relay password read from gatekeeper.smtp_password_file */
+#define SMTP_PASSWORD_MAX		1024
 
 /* read in pieces of */
 #define SMTP_READ_CHUNK			16384
@@ -233,6 +237,12 @@ static SSL_CTX *tls_ctx = NULL;
 static char *host_fqdn = NULL;
 static uint64 conn_serial = 0;
 
+/*
+ * The relay password as smtp_client_load_password last read it from
+ * gatekeeper.smtp_password_file, in TopMemoryContext; NULL for none.
+ */
+static char *smtp_password = NULL;
+
 static WaitEventSet *wait_set = NULL;
 static WaitEvent *wait_events = NULL;
 static int	wait_events_cap = 0;
@@ -314,6 +324,135 @@ smtp_client_configure(void)
 	config_load();
 	connect_hold_until = 0;
 }
+
+/*
+ * smtp_client_load_password
+ *		Read the relay password from gatekeeper.smtp_password_file; forget
+ *		the one read before.  Returns false, having said why in the log,
+ *		when the file cannot be used: then no mail should be delivered.
+ *
+ * The file must be a regular file that only the server's OS user can
+ * read, with the rule PostgreSQL applies to its SSL key: owned by that
+ * user with no group or other permissions (u=rw, 0600, or less), or owned
+ * by root with at most u=rw,g=r (0640).  One trailing newline (LF or
+ * CRLF) is not part of the password.  The password is never logged.
+ * Problems are logged at LOG, as PostgreSQL logs a bad configuration
+ * file at reload: the server log is where an administrator looks.
+ */
+bool
+smtp_client_load_password(void)
+{
+	const char *path = gatekeeper_smtp_password_file;
+	char		buf[SMTP_PASSWORD_MAX + 2];
+	struct stat st;
+	ssize_t		len = 0;
+	int			fd;
+
+	if (smtp_password != NULL)
+	{
+		explicit_bzero(smtp_password, strlen(smtp_password));
+		pfree(smtp_password);
+		smtp_password = NULL;
+	}
+	if (path == NULL || path[0] == '\0')
+		return true;
+
+	fd = open(path, O_RDONLY | PG_BINARY | O_CLOEXEC, 0);
+	if (fd < 0)
+	{
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("could not open relay password file \"%s\": %m", path),
+				 errdetail("The gatekeeper worker delivers no mail until gatekeeper.smtp_password_file can be read.")));
+		return false;
+	}
+	if (fstat(fd, &st) != 0)
+	{
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("could not stat relay password file \"%s\": %m", path)));
+		close(fd);
+		return false;
+	}
+	if (!S_ISREG(st.st_mode))
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" is not a regular file", path),
+				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+	if (st.st_uid != geteuid() && st.st_uid != 0)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" must be owned by the database user or root", path),
+				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+	if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO))) ||
+		(st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO))))
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" has group or world access", path),
+				 errdetail("File must have permissions u=rw (0600) or less if owned by the database user, "
+						   "or permissions u=rw,g=r (0640) or less if owned by root.  "
+						   "The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+
+	for (;;)
+	{
+		ssize_t		n = read(fd, buf + len, sizeof(buf) - 1 - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+		{
+			ereport(LOG,
+					(errcode_for_file_access(),
+					 errmsg("could not read relay password file \"%s\": %m", path)));
+			explicit_bzero(buf, sizeof(buf));
+			close(fd);
+			return false;
+		}
+		if (n == 0 || len + n >= (ssize_t) sizeof(buf) - 1)
+		{
+			len += n;
+			break;
+		}
+		len += n;
+	}
+	close(fd);
+	buf[len] = '\0';
+
+	if (len > 0 && buf[len - 1] == '\n')
+		buf[--len] = '\0';
+	if (len > 0 && buf[len - 1] == '\r')
+		buf[--len] = '\0';
+
+	if (len > SMTP_PASSWORD_MAX || len == 0 ||
+		memchr(buf, '\0', len) != NULL || strpbrk(buf, "\r\n") != NULL)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" does not hold a password", path),
+				 errdetail("It must hold one line of 1 to %d bytes, without NUL.  "
+						   "The gatekeeper worker delivers no mail until it is corrected.",
+						   SMTP_PASSWORD_MAX)));
+		explicit_bzero(buf, sizeof(buf));
+		return false;
+	}
+
+	smtp_password = MemoryContextStrdup(TopMemoryContext, buf);
+	explicit_bzero(buf, sizeof(buf));
+	return true;
+}
+
 
 /*
  * smtp_client_room
@@ -600,11 +739,10 @@ config_load(void)
 			pfree(cfg.user);
 			cfg.user = pstrdup(gatekeeper_smtp_user);
 		}
-		if (gatekeeper_smtp_password != NULL && gatekeeper_smtp_password[0] != '\0')
+		if (smtp_password != NULL)
 		{
-			explicit_bzero(cfg.password, strlen(cfg.password));
 			pfree(cfg.password);
-			cfg.password = pstrdup(gatekeeper_smtp_password);
+			cfg.password = pstrdup(smtp_password);
 		}
 
 		cfg.parsed = true;
@@ -671,11 +809,11 @@ static bool
 config_matches(void)
 {
 	const char *user = gatekeeper_smtp_user ? gatekeeper_smtp_user : "";
-	const char *password = gatekeeper_smtp_password ? gatekeeper_smtp_password : "";
+	const char *password = smtp_password ? smtp_password : "";
 
 	return strcmp(cfg.url, gatekeeper_smtp_url ? gatekeeper_smtp_url : "") == 0 &&
-		(user[0] == '\0' || strcmp(cfg.user, user) == 0) &&
-		(password[0] == '\0' || strcmp(cfg.password, password) == 0) &&
+		strcmp(cfg.user, user) == 0 &&
+		strcmp(cfg.password, password) == 0 &&
 		strcmp(cfg.helo, gatekeeper_helo_name ? gatekeeper_helo_name : "") == 0 &&
 		strcmp(cfg.ca_file, gatekeeper_smtp_ca_file ? gatekeeper_smtp_ca_file : "") == 0 &&
 		cfg.connections == Max(gatekeeper_smtp_connections, 1) &&

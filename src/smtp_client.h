@@ -64,6 +64,7 @@ typedef struct GatekeeperDelivery
 	bool		requeued;		/* already moved off a broken connection */
 } GatekeeperDelivery;
 
+extern bool smtp_client_load_password(void);
 extern void smtp_client_configure(void);
 extern int	smtp_client_room(void);
 extern void smtp_client_submit(GatekeeperDelivery *d);

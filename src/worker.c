@@ -346,9 +346,11 @@ database_ready(const char *name)
 /*
  * Act on the settings, at start and after each reload.
  *
- * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL,
- * off when it is empty.  The URL is never logged: it may carry credentials.
- * A changed relay gets a fresh try, without the backoff of the old one.
+ * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL
+ * and the password file, if one is named, can be used; off when the URL
+ * is empty.  The relay password is read from its file here, so at start
+ * and at every reload.  A changed relay gets a fresh try, without the
+ * backoff of the old one.
  */
 static void
 check_settings(void)
@@ -357,6 +359,8 @@ check_settings(void)
 
 	if (url[0] == '\0')
 		smtp_enabled = false;
+	else if (!smtp_client_load_password())
+		smtp_enabled = false;	/* the log says why */
 	else if (pg_strncasecmp(url, "smtp://", 7) == 0 ||
 			 pg_strncasecmp(url, "smtps://", 8) == 0)
 		smtp_enabled = true;
