@@ -133,13 +133,13 @@ typedef struct SmtpExpect
 	GatekeeperDelivery *d;
 } SmtpExpect;
 
-/* a piece of output: a command string (owned) or a message (borrowed) */
+/* a piece of output: a command string (owned) or a message (borrowed: it
+ * stays with its delivery until the outcome, as the mail may go again) */
 typedef struct SmtpSegment
 {
 	const char *data;
 	size_t		len;
 	char	   *owned;			/* pfree when written */
-	GatekeeperDelivery *message_of; /* free its message when written */
 } SmtpSegment;
 
 typedef struct SmtpConn
@@ -171,7 +171,8 @@ typedef struct SmtpConn
 	bool		starttls;
 	bool		auth_plain;
 	bool		auth_login;
-	uint64		size_limit;
+	bool		size;			/* SIZE is offered */
+	uint64		size_limit;		/* its limit, 0 for none */
 
 	/* input */
 	StringInfoData in;
@@ -278,8 +279,7 @@ static void conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_write_message(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_txn_done(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_send(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
-static void conn_push(SmtpConn *c, const char *data, size_t len, char *owned,
-					  GatekeeperDelivery *message_of);
+static void conn_push(SmtpConn *c, const char *data, size_t len, char *owned);
 static void conn_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d);
 static void conn_tls_start(SmtpConn *c);
 static void conn_tls_handshake(SmtpConn *c);
@@ -1428,8 +1428,11 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 			c->smtputf8 = true;
 		else if (pg_strncasecmp(kw, "STARTTLS", 8) == 0)
 			c->starttls = true;
-		else if (pg_strncasecmp(kw, "SIZE", 4) == 0)
+		else if (pg_strncasecmp(kw, "SIZE", 4) == 0 && (kw[4] == ' ' || kw[4] == '\0'))
+		{
+			c->size = true;
 			c->size_limit = strtoull(kw + 4, NULL, 10);
+		}
 		else if (pg_strncasecmp(kw, "AUTH", 4) == 0 && (kw[4] == ' ' || kw[4] == '='))
 		{
 			char		mechs[SMTP_REPLY_MAX];
@@ -1772,7 +1775,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	}
 	c->need_rset = false;
 	appendStringInfo(&cmd, "MAIL FROM:%s", from);
-	if (c->size_limit > 0 || (c->esmtp && c->chunking))
+	if (c->size)
 		appendStringInfo(&cmd, " SIZE=%d", d->message.len);
 	if (d->needs_8bit)
 		appendStringInfoString(&cmd, " BODY=8BITMIME");
@@ -1790,22 +1793,22 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		{
 			appendStringInfo(&cmd, "BDAT %d LAST\r\n", d->message.len);
 			conn_expect(c, CMD_BDAT, d);
-			conn_push(c, cmd.data, cmd.len, cmd.data, NULL);
-			conn_push(c, d->message.data, d->message.len, NULL, d);
+			conn_push(c, cmd.data, cmd.len, cmd.data);
+			conn_push(c, d->message.data, d->message.len, NULL);
 			d->stage = ST_BODY;
 		}
 		else
 		{
 			appendStringInfoString(&cmd, "DATA\r\n");
 			conn_expect(c, CMD_DATA, d);
-			conn_push(c, cmd.data, cmd.len, cmd.data, NULL);
+			conn_push(c, cmd.data, cmd.len, cmd.data);
 			c->data_wait = d;
 			d->stage = ST_DATA;
 		}
 	}
 	else
 	{
-		conn_push(c, cmd.data, cmd.len, cmd.data, NULL);
+		conn_push(c, cmd.data, cmd.len, cmd.data);
 		d->stage = ST_MAIL;
 	}
 	pfree(from);
@@ -1867,7 +1870,7 @@ conn_write_message(SmtpConn *c, GatekeeperDelivery *d)
 	appendStringInfoString(&out, ".\r\n");
 
 	/* the original stays until the outcome: the mail may go again */
-	conn_push(c, out.data, out.len, out.data, NULL);
+	conn_push(c, out.data, out.len, out.data);
 	conn_expect(c, CMD_DOT, d);
 	d->stage = ST_BODY;
 }
@@ -2074,7 +2077,7 @@ conn_send(SmtpConn *c, const char *fmt,...)
 	}
 	MemoryContextSwitchTo(old);
 	s = buf.data;
-	conn_push(c, s, buf.len, s, NULL);
+	conn_push(c, s, buf.len, s);
 	if (c->state != CS_READY)
 		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), cfg.timeout);
 }
@@ -2084,8 +2087,7 @@ conn_send(SmtpConn *c, const char *fmt,...)
  *		Queue a piece of output on c.
  */
 static void
-conn_push(SmtpConn *c, const char *data, size_t len, char *owned,
-		  GatekeeperDelivery *message_of)
+conn_push(SmtpConn *c, const char *data, size_t len, char *owned)
 {
 	SmtpSegment *s;
 
@@ -2107,7 +2109,6 @@ conn_push(SmtpConn *c, const char *data, size_t len, char *owned,
 	s->data = data;
 	s->len = len;
 	s->owned = owned;
-	s->message_of = message_of;
 	c->nsegs++;
 	if (c->nexpect == 0 || c->state != CS_READY)
 		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), cfg.timeout);
@@ -2323,6 +2324,7 @@ conn_tls_handshake(SmtpConn *c)
 			/* after STARTTLS, what EHLO said before is forgotten */
 			c->pipelining = c->chunking = c->eightbit = c->smtputf8 = false;
 			c->starttls = c->auth_plain = c->auth_login = false;
+			c->size = false;
 			c->size_limit = 0;
 			c->state = CS_EHLO;
 			conn_send(c, "EHLO %s\r\n", helo);

@@ -435,15 +435,15 @@ claim(bool woken)
 	if (nlive > 0 && live_bytes >= gatekeeper_max_in_flight / 2)
 		return;
 
+	/* until sizes are known, take each mail to be as large as it may be */
 	want = window - nlive;
-	if (mail_bytes_mean > 0)
 	{
+		double		mean = mail_bytes_mean > 0 ? mail_bytes_mean :
+			(double) gatekeeper_max_message_size;
 		double		room = (double) gatekeeper_max_in_flight - (double) live_bytes;
 
-		want = (int) Min((double) want, Max(room / mail_bytes_mean, 1.0));
+		want = (int) Min((double) want, Max(room / mean, 1.0));
 	}
-	else
-		want = Min(want, 16);	/* sizes unknown yet: start small */
 
 	n = claim_mail(want, &next_due, &have_next_due);
 
