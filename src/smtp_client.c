@@ -140,6 +140,7 @@ typedef struct SmtpSegment
 	const char *data;
 	size_t		len;
 	char	   *owned;			/* pfree when written */
+	bool		stuff;			/* a message to dot-stuff and end with "." */
 } SmtpSegment;
 
 typedef struct SmtpConn
@@ -185,7 +186,11 @@ typedef struct SmtpConn
 	int			nsegs;
 	int			seghead;
 	int			segcap;
-	size_t		segoff;
+	size_t		segoff;			/* octets of the head segment consumed */
+	StringInfoData chunk;		/* the head segment dot-stuffed, a piece */
+	int			chunk_off;		/* octets of chunk written */
+	bool		at_bol;			/* the next octet begins a line */
+	bool		stuffed_all;	/* chunk holds the last piece and "." */
 
 	/* replies expected, a ring */
 	SmtpExpect *expect;
@@ -280,6 +285,7 @@ static void conn_write_message(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_txn_done(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_send(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
 static void conn_push(SmtpConn *c, const char *data, size_t len, char *owned);
+static void conn_stuff_piece(SmtpConn *c, SmtpSegment *s);
 static void conn_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d);
 static void conn_tls_start(SmtpConn *c);
 static void conn_tls_handshake(SmtpConn *c);
@@ -1093,6 +1099,7 @@ conn_open(void)
 	MemoryContext old = MemoryContextSwitchTo(smtp_cxt);
 
 	initStringInfo(&c->in);
+	initStringInfo(&c->chunk);
 	MemoryContextSwitchTo(old);
 	c->sock = PGINVALID_SOCKET;
 	c->addr = -1;
@@ -1224,6 +1231,7 @@ conn_close(SmtpConn *c)
 	if (c->expect)
 		pfree(c->expect);
 	pfree(c->in.data);
+	pfree(c->chunk.data);
 	dlist_delete(&c->node);
 	nconns--;
 	pfree(c);
@@ -1847,32 +1855,49 @@ conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d)
 static void
 conn_write_message(SmtpConn *c, GatekeeperDelivery *d)
 {
-	const char *p = d->message.data;
-	const char *end = p + d->message.len;
-	StringInfoData out;
-	MemoryContext old = MemoryContextSwitchTo(smtp_cxt);
-
-	initStringInfo(&out);
-	MemoryContextSwitchTo(old);
-	enlargeStringInfo(&out, d->message.len + d->message.len / 64 + 8);
-	while (p < end)
-	{
-		const char *nl = memchr(p, '\n', end - p);
-		const char *stop = nl ? nl + 1 : end;
-
-		if (*p == '.')
-			appendStringInfoChar(&out, '.');
-		appendBinaryStringInfo(&out, p, stop - p);
-		p = stop;
-	}
-	if (out.len > 0 && out.data[out.len - 1] != '\n')
-		appendStringInfoString(&out, "\r\n");
-	appendStringInfoString(&out, ".\r\n");
-
-	/* the original stays until the outcome: the mail may go again */
-	conn_push(c, out.data, out.len, out.data);
+	conn_push(c, d->message.data, d->message.len, NULL);
+	c->segs[(c->seghead + c->nsegs - 1) % c->segcap].stuff = true;
 	conn_expect(c, CMD_DOT, d);
 	d->stage = ST_BODY;
+}
+
+/*
+ * conn_stuff_piece
+ *		The next piece of message segment s, dot-stuffed, into c->chunk;
+ *		after the last piece, CRLF if the message did not end with one,
+ *		and ".".  Stuffing a piece at a time keeps no second copy of a
+ *		large message.
+ */
+static void
+conn_stuff_piece(SmtpConn *c, SmtpSegment *s)
+{
+	const char *p = s->data + c->segoff;
+	const char *end = s->data + s->len;
+	const char *stop = p + Min((size_t) (end - p), (size_t) 65536);
+
+	if (c->segoff == 0)
+		c->at_bol = true;
+	resetStringInfo(&c->chunk);
+	c->chunk_off = 0;
+	while (p < stop)
+	{
+		const char *nl = memchr(p, '\n', stop - p);
+		const char *e = nl ? nl + 1 : stop;
+
+		if (c->at_bol && *p == '.')
+			appendStringInfoChar(&c->chunk, '.');
+		appendBinaryStringInfo(&c->chunk, p, e - p);
+		c->at_bol = nl != NULL;
+		p = e;
+	}
+	c->segoff = p - s->data;
+	if (p == end)
+	{
+		if (!c->at_bol)
+			appendStringInfoString(&c->chunk, "\r\n");
+		appendStringInfoString(&c->chunk, ".\r\n");
+		c->stuffed_all = true;
+	}
 }
 
 /*
@@ -2109,6 +2134,7 @@ conn_push(SmtpConn *c, const char *data, size_t len, char *owned)
 	s->data = data;
 	s->len = len;
 	s->owned = owned;
+	s->stuff = false;
 	c->nsegs++;
 	if (c->nexpect == 0 || c->state != CS_READY)
 		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), cfg.timeout);
@@ -2157,6 +2183,37 @@ conn_flush(SmtpConn *c)
 		ssize_t		n;
 
 		err[0] = '\0';
+		if (s->stuff)
+		{
+			if (c->chunk_off >= c->chunk.len)
+			{
+				if (c->stuffed_all)
+				{
+					/* all of it written */
+					c->stuffed_all = false;
+					resetStringInfo(&c->chunk);
+					c->chunk_off = 0;
+					c->seghead = (c->seghead + 1) % c->segcap;
+					c->nsegs--;
+					c->segoff = 0;
+					continue;
+				}
+				conn_stuff_piece(c, s);
+			}
+			n = conn_write(c, c->chunk.data + c->chunk_off, c->chunk.len - c->chunk_off,
+						   err, sizeof(err));
+			if (n < 0)
+			{
+				conn_fail(c, err, false);
+				return;
+			}
+			if (n == 0)
+				break;
+			c->chunk_off += n;
+			if (c->nexpect > 0)
+				c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), cfg.timeout);
+			continue;
+		}
 		n = conn_write(c, s->data + c->segoff, s->len - c->segoff, err, sizeof(err));
 		if (n < 0)
 		{

@@ -435,12 +435,17 @@ claim(bool woken)
 	if (nlive > 0 && live_bytes >= gatekeeper_max_in_flight / 2)
 		return;
 
-	/* until sizes are known, take each mail to be as large as it may be */
+	/*
+	 * Until sizes are known, take each mail to be as large as it may be.
+	 * A claim holds what it returns three times for a moment (the claim's
+	 * result set, SPI's copy of it, and ours), so it takes a third of the
+	 * room left.
+	 */
 	want = window - nlive;
 	{
 		double		mean = mail_bytes_mean > 0 ? mail_bytes_mean :
 			(double) gatekeeper_max_message_size;
-		double		room = (double) gatekeeper_max_in_flight - (double) live_bytes;
+		double		room = ((double) gatekeeper_max_in_flight - (double) live_bytes) / 3;
 
 		want = (int) Min((double) want, Max(room / mean, 1.0));
 	}
@@ -1040,6 +1045,10 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 	{
 		MemoryContextSwitchTo(d->cxt);
 		initStringInfo(&d->message);
+		/* room for a 7bit message at once, rather than doubling up to it */
+		if (d->bytes > (size_t) d->message.maxlen)
+			enlargeStringInfo(&d->message, (int) Min(d->bytes + d->bytes / 16 + 4096,
+													 (size_t) MaxAllocSize / 2));
 		gatekeeper_build_message(&d->message, &d->mail, d->from);
 		MemoryContextSwitchTo(oldcontext);
 	}
