@@ -19,6 +19,10 @@
  * src/gate_funcs.c		the gates' SQL-callable functions
  * src/mail.c			the insert trigger that validates every new mail
  * src/validate.c		address and header validation
+ * src/address.c		display names: parsing senders, writing From and To
+ * src/suppression.c	the suppression list and the claim's lookup in it
+ * src/unsubscribe.c	one-click unsubscribe tokens and URLs
+ * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
  * src/smtp.c			delivery over SMTP through libcurl's multi interface
  *
