@@ -677,6 +677,25 @@ REVOKE ALL ON FUNCTION gatekeeper._builtin_update() FROM PUBLIC;
  * arguments.
  * ---------------------------------------------------------------------------
  */
+-- EXECUTE grants on the functions this section drops and makes again,
+-- given back at its end (function and role apart by chr(30), pairs by chr(31))
+SELECT pg_catalog.set_config('gatekeeper_upgrade.grants',
+	coalesce((SELECT pg_catalog.string_agg(
+				  CASE p.proname
+					  WHEN 'create_queue' THEN 'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text)'
+					  WHEN 'alter_queue' THEN 'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text)'
+					  WHEN 'enqueue' THEN 'gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)'
+					  WHEN 'claim' THEN 'gatekeeper.claim(text, int, interval, text[])'
+				  END || pg_catalog.chr(30) || a.grantee::regrole::text, pg_catalog.chr(31))
+				FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+			   WHERE p.pronamespace = 'gatekeeper'::regnamespace
+				 AND p.oid IN ('gatekeeper.create_queue(text, text[], text, text, int, int, int, interval)'::regprocedure,
+							   'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval)'::regprocedure,
+							   'gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz)'::regprocedure,
+							   'gatekeeper.claim(text, int, interval, text[])'::regprocedure)
+				 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)), ''),
+	true);
+
 ALTER TABLE gatekeeper.queue
 	ADD COLUMN transactional boolean NOT NULL DEFAULT false,
 	ADD COLUMN unsubscribe_url text,
@@ -952,6 +971,193 @@ AS 'MODULE_PATHNAME', 'gatekeeper_unsubscribe';
 CREATE VIEW gatekeeper.suppression AS
 SELECT s.address, s.queue, s.reason, s.detail, s.mail_id, s.created_at
   FROM gatekeeper.suppression_list s;
+
+/*
+ * Issue 12, delivery: the mail's recipient_name, metadata and timezone;
+ * enqueue takes them and claim returns recipient_name and metadata (both
+ * are dropped and made again, their signatures change); nack records hard
+ * bounces.
+ */
+ALTER TABLE gatekeeper.mail
+	ADD COLUMN recipient_name text,
+	ADD COLUMN metadata jsonb,
+	ADD COLUMN timezone text;
+
+COMMENT ON COLUMN gatekeeper.mail.metadata IS 'the application''s own (campaign ids, tags): returned by claim, never sent';
+
+DROP TRIGGER mail_check_update ON gatekeeper.mail;
+CREATE TRIGGER mail_check_update
+	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers,
+		recipient_name, timezone
+	ON gatekeeper.mail
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper.mail_check();
+
+DROP FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz);
+CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	new_id bigint;
+	q gatekeeper.queue;
+BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF priority IS NULL THEN
+		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF dedupe_key IS NULL THEN
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, priority, send_by, recipient_name, metadata, timezone)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
+				recipient_name, metadata, timezone)
+		RETURNING id INTO new_id;
+		RETURN new_id;
+	END IF;
+
+	q := gatekeeper._queue(enqueue.queue);
+	/*
+	 * A live mail with this key wins; so does one sent within the queue's
+	 * dedupe window.  Otherwise insert; if a concurrent enqueue of the same
+	 * key got there first, the next round finds its mail.
+	 */
+	FOR round IN 1..10 LOOP
+		SELECT m.id INTO new_id FROM gatekeeper.mail m
+		 WHERE m.queue = enqueue.queue AND m.dedupe_key = enqueue.dedupe_key
+		   AND m.state IN ('scheduled', 'claimed');
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		IF q.dedupe_window IS NOT NULL THEN
+			SELECT m.id INTO new_id FROM gatekeeper.mail m
+			 WHERE m.queue = enqueue.queue AND m.dedupe_key = enqueue.dedupe_key
+			   AND m.state = 'sent' AND m.finished_at > now() - q.dedupe_window
+			 ORDER BY m.finished_at DESC LIMIT 1;
+			IF FOUND THEN
+				RETURN new_id;
+			END IF;
+		END IF;
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, dedupe_key, priority, send_by, recipient_name,
+									 metadata, timezone)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+				priority, send_by, recipient_name, metadata, timezone)
+		ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed')
+		DO NOTHING
+		RETURNING id INTO new_id;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+	END LOOP;
+	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
+		USING ERRCODE = 'serialization_failure';
+END
+$$;
+
+DROP FUNCTION gatekeeper.claim(text, int, interval, text[]);
+CREATE FUNCTION gatekeeper.claim(worker text, batch int DEFAULT 100,
+	lease interval DEFAULT '5 minutes', queues text[] DEFAULT NULL)
+RETURNS TABLE (id bigint, attempt int, queue text, recipient text, recipient_name text,
+			   sender text, subject text, body text, html text, headers jsonb,
+			   message_id text, metadata jsonb)
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- the claim's generic plan cannot see its LIMIT and is costed for 10% of the
+-- table: on a big table that crosses jit_above_cost, and compiling costs
+-- tens of milliseconds for a statement that touches one batch by index
+SET jit = off
+AS 'MODULE_PATHNAME', 'gatekeeper_claim';
+
+-- does a relay's reply (an error text that starts with it) say the mailbox
+-- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
+-- or 553 without an enhanced code.  Policy and content refusals (5.7.x) and
+-- every other code do not.
+CREATE FUNCTION gatekeeper._hard_bounce(error text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN error ~ '^5[0-9][0-9][ -][245]\.[0-9]{1,3}\.[0-9]{1,3}([^0-9.]|$)'
+		THEN substring(error FROM '^5[0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})')
+			 IN ('5.1.1', '5.1.2', '5.1.3', '5.1.6', '5.1.10')
+		ELSE error ~ '^55[013]([ -]|$)' AND error !~ '^5[0-9][0-9][ -][0-9]+\.[0-9]'
+	END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	m gatekeeper.mail;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+BEGIN
+	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO m FROM gatekeeper.mail
+	 WHERE mail.id = nack.id AND mail.attempt = nack.attempt AND mail.state = 'claimed'
+	   FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN NULL;			-- not this claim's to report: it changes nothing
+	END IF;
+	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
+	tries := m.attempt - m.uncharged;
+
+	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+		UPDATE gatekeeper.mail
+		   SET state = 'failed', finished_at = now(), lease_until = NULL, last_error = error
+		 WHERE mail.id = m.id;
+		-- the relay said the mailbox does not exist: never mail it again
+		IF permanent AND gatekeeper._hard_bounce(error) THEN
+			PERFORM gatekeeper._suppress(gatekeeper._address_key(m.recipient), 'hard_bounce',
+										 NULL, error, m.id);
+		END IF;
+		-- by what the mail holds, whatever its queue's gates are now
+		PERFORM gatekeeper._release_mail(m.recipient, m.id);
+		RETURN 'failed';
+	END IF;
+
+	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
+	base := gatekeeper._retry_delay();
+	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+	delay := delay / 2 + delay / 2 * random();
+	UPDATE gatekeeper.mail
+	   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = error
+	 WHERE mail.id = m.id;
+	RETURN 'scheduled';
+END
+$$;
+
+-- the functions dropped and made again above keep the EXECUTE grants their
+-- 0.1.0 versions had (recorded at the start of this section)
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT split_part(e, chr(30), 1) AS fn, split_part(e, chr(30), 2) AS grantee
+			   FROM unnest(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants', true), ''), chr(31))) AS e
+	LOOP
+		EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', g.fn, g.grantee);
+	END LOOP;
+END
+$$;
 
 /*
  * Privileges: nothing new is PUBLIC's (keep this section last).

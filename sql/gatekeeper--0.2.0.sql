@@ -184,10 +184,14 @@ CREATE TABLE gatekeeper.mail (
 	last_error	text,
 	created_at	timestamptz NOT NULL DEFAULT now(),
 	finished_at timestamptz,
-	_dump_order text
+	_dump_order text,
+	recipient_name text,
+	metadata	jsonb,
+	timezone	text
 );
 
 COMMENT ON COLUMN gatekeeper.mail.attempt IS 'claims so far; (id, attempt) names one claim';
+COMMENT ON COLUMN gatekeeper.mail.metadata IS 'the application''s own (campaign ids, tags): returned by claim, never sent';
 COMMENT ON COLUMN gatekeeper.mail.uncharged IS 'claims handed back unsent because no relay was reachable; not counted against max_attempts';
 
 /*
@@ -228,7 +232,8 @@ CREATE TRIGGER mail_check_insert
 	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
 
 CREATE TRIGGER mail_check_update
-	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers
+	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers,
+		recipient_name, timezone
 	ON gatekeeper.mail
 	FOR EACH ROW EXECUTE FUNCTION gatekeeper.mail_check();
 
@@ -866,7 +871,8 @@ CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
 	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
-	send_by timestamptz DEFAULT NULL)
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -886,8 +892,9 @@ BEGIN
 	END IF;
 	IF dedupe_key IS NULL THEN
 		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-									 headers, priority, send_by)
-		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by)
+									 headers, priority, send_by, recipient_name, metadata, timezone)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
+				recipient_name, metadata, timezone)
 		RETURNING id INTO new_id;
 		RETURN new_id;
 	END IF;
@@ -915,9 +922,10 @@ BEGIN
 			END IF;
 		END IF;
 		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-									 headers, dedupe_key, priority, send_by)
+									 headers, dedupe_key, priority, send_by, recipient_name,
+									 metadata, timezone)
 		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
-				priority, send_by)
+				priority, send_by, recipient_name, metadata, timezone)
 		ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed')
 		DO NOTHING
 		RETURNING id INTO new_id;
@@ -935,8 +943,9 @@ $$;
  */
 CREATE FUNCTION gatekeeper.claim(worker text, batch int DEFAULT 100,
 	lease interval DEFAULT '5 minutes', queues text[] DEFAULT NULL)
-RETURNS TABLE (id bigint, attempt int, queue text, recipient text, sender text,
-			   subject text, body text, html text, headers jsonb, message_id text)
+RETURNS TABLE (id bigint, attempt int, queue text, recipient text, recipient_name text,
+			   sender text, subject text, body text, html text, headers jsonb,
+			   message_id text, metadata jsonb)
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- the claim's generic plan cannot see its LIMIT and is costed for 10% of the
@@ -975,6 +984,23 @@ LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_retry_delay_interval';
 
+-- does a relay's reply (an error text that starts with it) say the mailbox
+-- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
+-- or 553 without an enhanced code.  Policy and content refusals (5.7.x) and
+-- every other code do not.
+CREATE FUNCTION gatekeeper._hard_bounce(error text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN error ~ '^5[0-9][0-9][ -][245]\.[0-9]{1,3}\.[0-9]{1,3}([^0-9.]|$)'
+		THEN substring(error FROM '^5[0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})')
+			 IN ('5.1.1', '5.1.2', '5.1.3', '5.1.6', '5.1.10')
+		ELSE error ~ '^55[013]([ -]|$)' AND error !~ '^5[0-9][0-9][ -][0-9]+\.[0-9]'
+	END
+$$;
+
 CREATE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
 RETURNS text
 LANGUAGE plpgsql
@@ -1004,6 +1030,11 @@ BEGIN
 		UPDATE gatekeeper.mail
 		   SET state = 'failed', finished_at = now(), lease_until = NULL, last_error = error
 		 WHERE mail.id = m.id;
+		-- the relay said the mailbox does not exist: never mail it again
+		IF permanent AND gatekeeper._hard_bounce(error) THEN
+			PERFORM gatekeeper._suppress(gatekeeper._address_key(m.recipient), 'hard_bounce',
+										 NULL, error, m.id);
+		END IF;
 		-- by what the mail holds, whatever its queue's gates are now
 		PERFORM gatekeeper._release_mail(m.recipient, m.id);
 		RETURN 'failed';

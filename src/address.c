@@ -161,6 +161,12 @@ gatekeeper_parse_mailbox(const char *value, const char *what, char **name,
 	for (p = (const unsigned char *) value; *p; p++)
 		if (*p < 0x20 || *p == 0x7f || (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
 			printable = false;
+	if (printable && *address != NULL && gatekeeper_address_problem(*address) == problem)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid %s address \"%s\"", what, value),
+				 errdetail("%s", problem),
+				 errhint("Give an address (shop@example.com) or a name and an address (Shop <shop@example.com>).")));
 	if (printable)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
