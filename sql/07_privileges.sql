@@ -23,9 +23,9 @@ CREATE ROLE regress_monitor NOLOGIN;
 -- enqueue-only: enqueue(), and INSERT/COPY of the columns an application writes
 GRANT USAGE ON SCHEMA gatekeeper TO regress_app_enqueue;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
-                                             jsonb, text, int, timestamptz) TO regress_app_enqueue;
+                                             jsonb, text, int, timestamptz, text, jsonb, text) TO regress_app_enqueue;
 GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
-              priority, send_by) ON gatekeeper.mail TO regress_app_enqueue;
+              priority, send_by, recipient_name, metadata, timezone) ON gatekeeper.mail TO regress_app_enqueue;
 
 -- worker: claim and report back, and look at the counts
 GRANT USAGE ON SCHEMA gatekeeper TO regress_app_worker;

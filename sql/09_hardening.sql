@@ -29,6 +29,12 @@ LANGUAGE sql AS $$
 		WHEN arg = 'on_gate_closed' THEN '''defer'''
 		WHEN arg = 'delivery' THEN '''at_least_once'''
 		WHEN arg = 'sender' THEN '''shop@example.com'''
+		WHEN arg = 'address' THEN '''a@example.com'''
+		WHEN arg = 'reason' THEN '''manual'''
+		WHEN arg = 'send_window' THEN '''09:00-17:00'''
+		WHEN arg = 'timezone' THEN '''UTC'''
+		WHEN arg = 'unsubscribe_url' THEN '''https://example.com/u/{token}'''
+		WHEN arg = 'token' THEN quote_literal(gatekeeper._unsubscribe_token('a@example.com', 'default'))
 		WHEN arg IN ('gate') THEN '''smart_sending'''
 		WHEN arg IN ('recipient') THEN '''a@example.com'''
 		WHEN arg IN ('recipients') THEN '''{a@example.com}'''

@@ -62,8 +62,11 @@ SELECT pg_temp.try_headers(NULL, repeat('x', 3000)) AS long_word_is_encoded;
 SELECT count(*) AS written, count(*) FILTER (WHERE headers ? 'reply-to' OR headers ? 'Content-ID') AS bad_written
   FROM gatekeeper.mail WHERE queue = 'hdr';
 
--- gatekeeper.default_sender is an address; display names come later
+-- gatekeeper.default_sender is an address, or a display name and an address
 ALTER SYSTEM SET gatekeeper.default_sender = 'Shop <shop@example.com>';
+ALTER SYSTEM SET gatekeeper.default_sender = '"Shop, Émile" <shop@example.com>';
+ALTER SYSTEM SET gatekeeper.default_sender = 'Shop <shop@@example.com>';
+ALTER SYSTEM SET gatekeeper.default_sender = E'Shop\x01 <shop@example.com>';
 ALTER SYSTEM SET gatekeeper.default_sender = 'shop@@example.com';
 ALTER SYSTEM SET gatekeeper.default_sender = 'shop@example.com';
 ALTER SYSTEM RESET gatekeeper.default_sender;

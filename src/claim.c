@@ -31,6 +31,9 @@
 #include "postgres.h"
 
 #include "gate.h"
+#include "suppression.h"
+#include "unsubscribe.h"
+#include "window.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
@@ -44,6 +47,9 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/datum.h"
+#include "utils/fmgrprotos.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
@@ -65,18 +71,21 @@ enum
 	COL_ATTEMPT,
 	COL_QUEUE,
 	COL_RECIPIENT,
+	COL_RECIPIENT_NAME,
 	COL_SENDER,
 	COL_SUBJECT,
 	COL_BODY,
 	COL_HTML,
 	COL_HEADERS,
-	COL_MESSAGE_ID,				/* the last column claim returns */
+	COL_MESSAGE_ID,
+	COL_METADATA,				/* the last column claim returns */
 	COL_EXPIRED,
 	COL_PRIORITY,
 	COL_SEND_AT,
-	COL_SEND_BY
+	COL_SEND_BY,
+	COL_TIMEZONE
 };
-#define NUM_OUTPUT_COLUMNS COL_MESSAGE_ID
+#define NUM_OUTPUT_COLUMNS COL_METADATA
 
 /* A gate as a queue applies it. */
 typedef struct QueueGate
@@ -101,6 +110,12 @@ typedef struct ClaimQueue
 	int			got;			/* claimed so far (winners and losers) */
 	int			sent;			/* winners */
 	bool		more;			/* may hold more due mail */
+	bool		transactional;	/* global unsubscribes and complaints do not stop it */
+	char	   *unsubscribe_url;	/* NULL: no List-Unsubscribe */
+	bool		has_window;		/* sends only within window */
+	GatekeeperWindow window;
+	char	   *send_window;	/* as given, for messages */
+	char	   *timezone;		/* for mail that names none */
 } ClaimQueue;
 
 /* One mail the claim statement returned. */
@@ -120,19 +135,33 @@ typedef struct Claimed
 	bool		nomem;			/* gate memory had no room: deferred a while */
 	TimestampTz reopens;		/* when its closed gates open again */
 	const char *closed_gate;
+	char	   *timezone;		/* the mail's own, or NULL */
+	const char *suppressed;		/* the suppression list's reason, or NULL */
+	bool		outside_window; /* deferred to reopens, its window's opening */
+	const char *window_zone;	/* the zone it was judged in */
 } Claimed;
 
+/*
+ * The queues' policies.  0.1.0's schema (a new library before ALTER EXTENSION
+ * UPDATE) has no transactional, unsubscribe_url, send_window or timezone.
+ */
+#define QUEUES_SQL(policy) \
+"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, " \
+"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       array_agg(least(g.max_sends, 10000) ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       array_agg(now() + g.period ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       " policy " " \
+"  FROM gatekeeper.queue q " \
+"  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) " \
+" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) " \
+" GROUP BY q.name " \
+" ORDER BY q.name"
+
 static const char queues_sql[] =
-"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, "
-"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-"       array_agg(least(g.max_sends, 10000) ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-"       array_agg(now() + g.period ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL) "
-"  FROM gatekeeper.queue q "
-"  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) "
-" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) "
-" GROUP BY q.name "
-" ORDER BY q.name";
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone");
+static const char queues_010_sql[] =
+QUEUES_SQL("false, NULL::text, NULL::text, 'UTC'::text");
 
 static const char unknown_sql[] =
 "SELECT u.name FROM unnest($1) AS u(name) "
@@ -146,39 +175,47 @@ static const char bucket_sql[] =
 "  FROM gatekeeper.queue q WHERE q.name = $1 "
 "   FOR UPDATE SKIP LOCKED";
 
+#define CLAIM_SQL(returning) \
+"UPDATE gatekeeper.mail m " \
+"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, " \
+"       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, " \
+"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, " \
+"       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, " \
+"       finished_at = CASE WHEN m.send_by < now() THEN now() END, " \
+"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, " \
+"       message_id = coalesce(m.message_id, " \
+"           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || " \
+"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), " \
+"                    'gatekeeper.invalid') || '>') " \
+" WHERE m.id = ANY (ARRAY( " \
+"       WITH RECURSIVE levels(p) AS ( " \
+"           (SELECT d.priority FROM gatekeeper.mail d " \
+"             WHERE d.queue = $1 AND d.state = 'scheduled' " \
+"             ORDER BY d.priority DESC LIMIT 1) " \
+"           UNION ALL " \
+"           SELECT (SELECT d.priority FROM gatekeeper.mail d " \
+"                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p " \
+"                    ORDER BY d.priority DESC LIMIT 1) " \
+"             FROM levels l WHERE l.p IS NOT NULL) " \
+"       SELECT c.id FROM levels l, LATERAL ( " \
+"           SELECT d.id FROM gatekeeper.mail d " \
+"            WHERE d.queue = $1 AND d.state = 'scheduled' " \
+"              AND d.priority = l.p AND d.send_at <= now() " \
+"            ORDER BY d.send_at, d.id " \
+"            LIMIT $2 " \
+"              FOR UPDATE SKIP LOCKED) c " \
+"        WHERE l.p IS NOT NULL " \
+"        LIMIT $2)) " \
+"RETURNING " returning
+
 static const char claim_sql[] =
-"UPDATE gatekeeper.mail m "
-"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
-"       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
-"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
-"       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, "
-"       finished_at = CASE WHEN m.send_by < now() THEN now() END, "
-"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, "
-"       message_id = coalesce(m.message_id, "
-"           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
-"           coalesce(nullif($5, ''), nullif(split_part(coalesce(m.sender, $6), '@', 2), ''), 'gatekeeper.invalid') || '>') "
-" WHERE m.id = ANY (ARRAY( "
-"       WITH RECURSIVE levels(p) AS ( "
-"           (SELECT d.priority FROM gatekeeper.mail d "
-"             WHERE d.queue = $1 AND d.state = 'scheduled' "
-"             ORDER BY d.priority DESC LIMIT 1) "
-"           UNION ALL "
-"           SELECT (SELECT d.priority FROM gatekeeper.mail d "
-"                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
-"                    ORDER BY d.priority DESC LIMIT 1) "
-"             FROM levels l WHERE l.p IS NOT NULL) "
-"       SELECT c.id FROM levels l, LATERAL ( "
-"           SELECT d.id FROM gatekeeper.mail d "
-"            WHERE d.queue = $1 AND d.state = 'scheduled' "
-"              AND d.priority = l.p AND d.send_at <= now() "
-"            ORDER BY d.send_at, d.id "
-"            LIMIT $2 "
-"              FOR UPDATE SKIP LOCKED) c "
-"        WHERE l.p IS NOT NULL "
-"        LIMIT $2)) "
-"RETURNING m.id, m.attempt, m.queue, m.recipient, m.sender, m.subject, m.body, "
-"          m.html, m.headers, m.message_id, m.state = 'expired', m.priority, "
-"          m.send_at, m.send_by";
+CLAIM_SQL("m.id, m.attempt, m.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
+		  "m.body, m.html, m.headers, m.message_id, m.metadata, m.state = 'expired', "
+		  "m.priority, m.send_at, m.send_by, m.timezone");
+static const char claim_010_sql[] =
+CLAIM_SQL("m.id, m.attempt, m.queue, m.recipient, NULL::text, m.sender, m.subject, "
+		  "m.body, m.html, m.headers, m.message_id, NULL::jsonb, m.state = 'expired', "
+		  "m.priority, m.send_at, m.send_by, NULL::text");
 
 static const char settle_losers_sql[] =
 "UPDATE gatekeeper.mail m "
@@ -201,9 +238,11 @@ static const char ack_batch_sql[] =
 " WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'";
 
 static SPIPlanPtr queues_plan = NULL;
+static SPIPlanPtr queues_010_plan = NULL;
 static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr claim_010_plan = NULL;
 static SPIPlanPtr settle_losers_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
 static SPIPlanPtr ack_batch_plan = NULL;
@@ -217,7 +256,7 @@ static uint32 claim_rotation = 0;
  * error, so a typo cannot silently claim nothing.
  */
 static ClaimQueue *
-load_queues(ArrayType *filter, int *nqueues)
+load_queues(ArrayType *filter, int *nqueues, bool v010)
 {
 	Datum		arg;
 	char		argnull = filter ? ' ' : 'n';
@@ -225,12 +264,14 @@ load_queues(ArrayType *filter, int *nqueues)
 	uint64		n;
 	uint64		i;
 
-	if (queues_plan == NULL)
 	{
 		Oid			type = TEXTARRAYOID;
 
-		gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
 		gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
+		if (v010)
+			gatekeeper_plan(&queues_010_plan, queues_010_sql, 1, &type);
+		else
+			gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
 	}
 
 	arg = PointerGetDatum(filter);
@@ -252,7 +293,7 @@ load_queues(ArrayType *filter, int *nqueues)
 		}
 	}
 
-	if (SPI_execute_plan(queues_plan, &arg, &argnull, true, 0) != SPI_OK_SELECT)
+	if (SPI_execute_plan(v010 ? queues_010_plan : queues_plan, &arg, &argnull, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not load queues");
 	n = SPI_processed;
 	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));
@@ -272,6 +313,15 @@ load_queues(ArrayType *filter, int *nqueues)
 		q->tokens = isnull ? 0 : DatumGetInt32(d);	/* the rate, for now */
 		q->cap = INT_MAX;
 		q->more = true;
+		q->transactional = DatumGetBool(SPI_getbinval(tup, desc, 9, &isnull));
+		q->unsubscribe_url = SPI_getvalue(tup, desc, 10);
+		q->send_window = SPI_getvalue(tup, desc, 11);
+		q->timezone = SPI_getvalue(tup, desc, 12);
+		if (q->send_window != NULL)
+		{
+			gatekeeper_parse_window(q->send_window, &q->window);
+			q->has_window = true;
+		}
 
 		d = SPI_getbinval(tup, desc, 5, &isnull);
 		if (!isnull)
@@ -341,17 +391,18 @@ load_queues(ArrayType *filter, int *nqueues)
  */
 static int
 claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
-				 Claimed *claimed, int *nclaimed, MemoryContext keep)
+				 Claimed *claimed, int *nclaimed, MemoryContext keep, bool v010)
 {
+	SPIPlanPtr *plan = v010 ? &claim_010_plan : &claim_plan;
 	Datum		args[6];
 	uint64		i;
 	MemoryContext old;
 
-	if (claim_plan == NULL)
+	if (*plan == NULL)
 	{
 		Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
 
-		gatekeeper_plan(&claim_plan, claim_sql, 6, types);
+		gatekeeper_plan(plan, v010 ? claim_010_sql : claim_sql, 6, types);
 	}
 
 	args[0] = CStringGetTextDatum(q->name);
@@ -361,7 +412,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	args[4] = CStringGetTextDatum(gatekeeper_message_id_domain ? gatekeeper_message_id_domain : "");
 	args[5] = CStringGetTextDatum(gatekeeper_default_sender ? gatekeeper_default_sender : "");
 
-	if (gatekeeper_execute_by_key(claim_plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+	if (gatekeeper_execute_by_key(*plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
 
 	old = MemoryContextSwitchTo(keep);
@@ -390,6 +441,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 		c->send_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, COL_SEND_AT, &isnull));
 		d = SPI_getbinval(tup, desc, COL_SEND_BY, &isnull);
 		c->send_by = isnull ? 0 : DatumGetTimestampTz(d);
+		c->timezone = SPI_getvalue(tup, desc, COL_TIMEZONE);
 		if (q->ngates > 0)
 			c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
 	}
@@ -409,7 +461,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
  */
 static int
 claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
-			 text *worker, Claimed *claimed, MemoryContext keep)
+			 text *worker, Claimed *claimed, MemoryContext keep, bool v010)
 {
 	int			nclaimed = 0;
 	int		   *shares = palloc(Max(nqueues, 1) * sizeof(int));
@@ -457,7 +509,7 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 
 			if (share <= 0)
 				continue;
-			got = claim_from_queue(q, share, lease, worker, claimed, &nclaimed, keep);
+			got = claim_from_queue(q, share, lease, worker, claimed, &nclaimed, keep, v010);
 			q->got += got;
 			progress += got;
 			if (got < share)
@@ -552,7 +604,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	 */
 	order = palloc(Max(nclaimed, 1) * sizeof(Claimed *));
 	for (i = 0; i < nclaimed; i++)
-		if (!claimed[i].expired && claimed[i].queue->ngates > 0)
+		if (!claimed[i].expired && !claimed[i].lost && claimed[i].queue->ngates > 0)
 			order[norder++] = &claimed[i];
 	qsort(order, norder, sizeof(Claimed *), claimed_cmp);
 	nlocking = norder;
@@ -693,7 +745,8 @@ apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
 	int			i;
 
 	for (i = 0; i < nclaimed && !any; i++)
-		any = claimed[i].expired ? claimed[i].attempt > 0 : claimed[i].queue->ngates > 0;
+		any = claimed[i].expired ? claimed[i].attempt > 0 :
+			(!claimed[i].lost && claimed[i].queue->ngates > 0);
 	if (!any)
 		return;
 
@@ -724,7 +777,7 @@ apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
 		{
 			Claimed    *c = &claimed[i];
 
-			if (c->expired || c->queue->ngates == 0)
+			if (c->expired || c->lost || c->queue->ngates == 0)
 				continue;
 			c->lost = true;
 			c->nomem = true;
@@ -733,6 +786,162 @@ apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
 		}
 	}
 	PG_END_TRY();
+}
+
+/*
+ * Hold back due mail outside its queue's sending window: it is deferred to
+ * the window's next opening, judged in the mail's time zone, else the
+ * queue's.  A zone the time zone data no longer knows (it was valid at
+ * enqueue) falls back to the queue's, then to UTC, rather than fail every
+ * claim of the queue.
+ */
+static void
+apply_windows(Claimed *claimed, int nclaimed, TimestampTz now)
+{
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		const char *name = c->timezone;
+		pg_tz	   *zone = NULL;
+		TimestampTz opens;
+
+		if (c->expired || c->lost || !c->queue->has_window)
+			continue;
+		if (name != NULL)
+			zone = pg_tzset(name);
+		if (zone == NULL)
+		{
+			name = c->queue->timezone;
+			zone = pg_tzset(name);
+		}
+		if (zone == NULL)
+		{
+			name = "UTC";
+			zone = pg_tzset(name);
+		}
+		opens = gatekeeper_window_next_open(&c->queue->window, zone, now);
+		if (opens <= now)
+			continue;
+		c->lost = true;
+		c->outside_window = true;
+		c->reopens = opens;
+		c->window_zone = name;
+	}
+}
+
+/*
+ * Check the mail that may go against the suppression list, in one
+ * statement for the batch (src/suppression.c), and mark what it stops.
+ * Suppressed mail takes no gate pass: this runs before the gates.
+ */
+static void
+apply_suppression(Claimed *claimed, int nclaimed)
+{
+	GatekeeperSuppressionProbe *probes;
+	Claimed   **of;
+	int			n = 0;
+	int			i;
+
+	probes = palloc(Max(nclaimed, 1) * sizeof(GatekeeperSuppressionProbe));
+	of = palloc(Max(nclaimed, 1) * sizeof(Claimed *));
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+
+		if (c->expired || c->lost)
+			continue;
+		if (c->key == NULL)
+			c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
+		probes[n].key = c->key;
+		probes[n].queue = c->queue->name;
+		probes[n].transactional = c->queue->transactional;
+		of[n] = c;
+		n++;
+	}
+	gatekeeper_suppression_check(probes, n);
+	for (i = 0; i < n; i++)
+	{
+		if (probes[i].reason == NULL)
+			continue;
+		of[i]->lost = true;
+		of[i]->suppressed = probes[i].reason;
+	}
+}
+
+/*
+ * Does this JSON object of headers name the header already, in any case?
+ */
+static bool
+headers_have(Jsonb *headers, const char *name)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			len = strlen(name);
+
+	if (!JB_ROOT_IS_OBJECT(headers))
+		return false;
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY && v.val.string.len == len &&
+			pg_strncasecmp(v.val.string.val, name, len) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * RFC 8058 one-click unsubscribe: the mail of a queue with an
+ * unsubscribe_url goes out with List-Unsubscribe (the URL, its {token}
+ * signed for this recipient and queue) and List-Unsubscribe-Post, unless
+ * it brings its own List-Unsubscribe.  They are added to the headers the
+ * claim returns, so an external sender gets them as the background
+ * worker does.  Runs with SPI connected (the token's secret is read once
+ * per transaction); the new headers are made in keep.
+ */
+static void
+add_unsubscribe_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
+{
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		Jsonb	   *headers = NULL;
+		char	   *url;
+		StringInfoData json;
+		Datum		added;
+		MemoryContext old;
+
+		if (c->expired || c->lost || c->queue->unsubscribe_url == NULL)
+			continue;
+		if (!c->nulls[COL_HEADERS - 1])
+		{
+			headers = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
+			if (headers_have(headers, "List-Unsubscribe"))
+				continue;
+		}
+		url = gatekeeper_unsubscribe_url(c->queue->unsubscribe_url,
+										 TextDatumGetCString(c->values[COL_RECIPIENT - 1]),
+										 c->queue->name);
+		initStringInfo(&json);
+		appendStringInfoString(&json, "{\"List-Unsubscribe\": ");
+		escape_json(&json, psprintf("<%s>", url));
+		if (headers == NULL || !headers_have(headers, "List-Unsubscribe-Post"))
+			appendStringInfoString(&json, ", \"List-Unsubscribe-Post\": \"List-Unsubscribe=One-Click\"");
+		appendStringInfoChar(&json, '}');
+
+		old = MemoryContextSwitchTo(keep);
+		added = DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+		if (headers != NULL)
+			added = DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(headers), added);
+		MemoryContextSwitchTo(old);
+		c->values[COL_HEADERS - 1] = added;
+		c->nulls[COL_HEADERS - 1] = false;
+	}
 }
 
 /*
@@ -777,7 +986,24 @@ settle_losers(Claimed *claimed, int nclaimed, TimestampTz now)
 
 		if (!c->lost)
 			continue;
-		if (c->nomem)
+		if (c->suppressed)
+		{
+			state = "suppressed";
+			error = psprintf("suppressed: %s", c->suppressed);
+		}
+		else if (c->outside_window && c->send_by != 0 && c->reopens > c->send_by)
+		{
+			state = "expired";
+			error = psprintf("sending window %s (%s) opens only after send_by",
+							 c->queue->send_window, c->window_zone);
+		}
+		else if (c->outside_window)
+		{
+			state = "scheduled";
+			error = psprintf("deferred: outside sending window %s (%s)",
+							 c->queue->send_window, c->window_zone);
+		}
+		else if (c->nomem)
 		{
 			state = "scheduled";
 			error = pstrdup("deferred: gate memory is full");
@@ -851,8 +1077,8 @@ spend_tokens(ClaimQueue *queues, int nqueues)
  * claim(worker text, batch int DEFAULT 100, lease interval DEFAULT '5 minutes',
  *		 queues text[] DEFAULT NULL)
  *	RETURNS TABLE (id bigint, attempt int, queue text, recipient text,
- *				   sender text, subject text, body text, html text,
- *				   headers jsonb, message_id text)
+ *				   recipient_name text, sender text, subject text, body text,
+ *				   html text, headers jsonb, message_id text, metadata jsonb)
  */
 Datum
 gatekeeper_claim(PG_FUNCTION_ARGS)
@@ -868,6 +1094,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	int			nqueues;
 	Claimed    *claimed;
 	int			nclaimed;
+	bool		v010;
 	int			i;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -901,18 +1128,31 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 
+	/*
+	 * Declared by 0.1.0's script (a new library before ALTER EXTENSION
+	 * UPDATE): no recipient_name or metadata in the result, and none of
+	 * the tables and columns of suppression, windows and unsubscribe.
+	 */
+	v010 = rsinfo->setDesc->natts < NUM_OUTPUT_COLUMNS;
+
 	SPI_connect();
-	queues = load_queues(filter, &nqueues);
+	queues = load_queues(filter, &nqueues, v010);
 
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
-	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
+	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep, v010);
 
 	/*
-	 * The gates, in this transaction: a claimed mail that may not go is
-	 * settled now and never returned.
+	 * In this transaction, in this order: the sending windows (mail outside
+	 * its window waits for the opening, and is judged by the list and the
+	 * gates then), the suppression list, the gates.  A claimed mail that
+	 * may not go is settled now and never returned, and takes no gate pass.
 	 */
+	apply_windows(claimed, nclaimed, now);
+	if (!v010)
+		apply_suppression(claimed, nclaimed);
 	apply_gates_or_defer(claimed, nclaimed, now);
 	settle_losers(claimed, nclaimed, now);
+	add_unsubscribe_headers(claimed, nclaimed, keep);
 
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)
@@ -925,7 +1165,25 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	{
 		Claimed    *c = &claimed[i];
 
-		if (!c->expired && !c->lost)
+		if (c->expired || c->lost)
+			continue;
+		if (v010)
+		{
+			Datum		values[NUM_OUTPUT_COLUMNS];
+			bool		nulls[NUM_OUTPUT_COLUMNS];
+			int			k;
+			int			o = 0;
+
+			for (k = 0; k < NUM_OUTPUT_COLUMNS; k++)
+			{
+				if (k == COL_RECIPIENT_NAME - 1 || k == COL_METADATA - 1)
+					continue;
+				values[o] = c->values[k];
+				nulls[o++] = c->nulls[k];
+			}
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+		else
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
 	}
 

@@ -23,6 +23,7 @@
  *-------------------------------------------------------------------------
  */
 #include "gatekeeper.h"
+#include "address.h"
 
 #include <limits.h>
 
@@ -426,14 +427,16 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 }
 
 /*
- * gatekeeper.default_sender is a bare address, as a mail's sender is: the
- * Message-ID's domain and the envelope are taken from it.  Display names
- * are not supported yet.
+ * gatekeeper.default_sender is an address or a display name and an
+ * address, as a mail's sender is: the envelope and the Message-ID's domain
+ * take the bare address, From shows the name.
  */
 static bool
 check_default_sender(char **newval, void **extra, GucSource source)
 {
 	const char *problem;
+	char	   *name;
+	char	   *address;
 
 	(void) extra;
 	(void) source;
@@ -441,13 +444,12 @@ check_default_sender(char **newval, void **extra, GucSource source)
 	if (*newval == NULL || (*newval)[0] == '\0')
 		return true;
 
-	problem = gatekeeper_address_problem(*newval);
+	problem = gatekeeper_mailbox_problem(*newval, &name, &address);
 	if (problem == NULL)
 		return true;
 
 	GUC_check_errdetail("%s", problem);
-	if (strchr(*newval, '<') != NULL)
-		GUC_check_errhint("Give the address alone, such as shop@example.com: display names are not supported yet.");
+	GUC_check_errhint("Give an address (shop@example.com) or a name and an address (Shop <shop@example.com>).");
 	return false;
 }
 

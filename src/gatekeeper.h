@@ -19,6 +19,10 @@
  * src/gate_funcs.c		the gates' SQL-callable functions
  * src/mail.c			the insert trigger that validates every new mail
  * src/validate.c		address and header validation
+ * src/address.c		display names: parsing senders, writing From and To
+ * src/suppression.c	the suppression list and the claim's lookup in it
+ * src/unsubscribe.c	one-click unsubscribe tokens and URLs
+ * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
  * src/smtp_client.c	the event-driven SMTP client the worker delivers with
  *
@@ -144,6 +148,7 @@ typedef struct GatekeeperMail
 	int32		attempt;
 	char	   *queue;
 	char	   *recipient;
+	char	   *recipient_name; /* display name in To, or NULL */
 	char	   *sender;
 	char	   *subject;
 	char	   *body;
@@ -154,8 +159,8 @@ typedef struct GatekeeperMail
 
 /*
  * src/message.c: the RFC 5322 message for one mail, CRLF line endings,
- * appended to buf.  from is the From address to use (the mail's sender or
- * the default sender).
+ * appended to buf.  from is the sender to write in From (the mail's sender
+ * or the default sender: an address, or a display name and an address).
  */
 extern void gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
 									 const char *from);

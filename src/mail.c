@@ -27,6 +27,9 @@
 #include "utils/rel.h"
 #include "utils/timestamp.h"
 
+#include "address.h"
+#include "window.h"
+
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
 
 /* The columns the trigger reads, by attribute number. */
@@ -44,6 +47,8 @@ typedef struct MailColumns
 	int			send_at;
 	int			send_by;
 	int			state;
+	int			recipient_name; /* 0.2.0's, 0 before the update */
+	int			timezone;		/* 0.2.0's, 0 before the update */
 	Oid			state_type;
 	Oid			scheduled;		/* enum value 'scheduled' */
 } MailColumns;
@@ -91,6 +96,8 @@ load_columns(Relation rel)
 	columns.send_at = SPI_fnumber(desc, "send_at");
 	columns.send_by = SPI_fnumber(desc, "send_by");
 	columns.state = SPI_fnumber(desc, "state");
+	columns.recipient_name = Max(SPI_fnumber(desc, "recipient_name"), 0);
+	columns.timezone = Max(SPI_fnumber(desc, "timezone"), 0);
 	if (columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
 		columns.subject <= 0 || columns.body <= 0 || columns.html <= 0 ||
 		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0 ||
@@ -228,7 +235,26 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
 
 	sender = column_text(tuple, desc, columns.sender);
 	if (sender != NULL && to_go)
-		gatekeeper_check_address(sender, "sender");
+	{
+		char	   *name;
+		char	   *address;
+
+		gatekeeper_parse_mailbox(sender, "sender", &name, &address);
+	}
+	if (columns.recipient_name > 0 && to_go)
+	{
+		char	   *name = column_text(tuple, desc, columns.recipient_name);
+
+		if (name != NULL)
+			gatekeeper_check_display_name(name, "recipient_name");
+	}
+	if (columns.timezone > 0 && to_go)
+	{
+		char	   *zone = column_text(tuple, desc, columns.timezone);
+
+		if (zone != NULL)
+			(void) gatekeeper_check_timezone(zone, "timezone");
+	}
 
 	subject = column_text(tuple, desc, columns.subject);
 	if (subject == NULL)

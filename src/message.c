@@ -22,6 +22,7 @@
  *-------------------------------------------------------------------------
  */
 #include "gatekeeper.h"
+#include "address.h"
 
 #include "common/hashfn.h"
 #include "fmgr.h"
@@ -100,6 +101,8 @@ static void append_date_header(StringInfo buf);
 static void append_header(StringInfo buf, const char *name, const char *value,
 						  bool address);
 static void append_custom_headers(StringInfo buf, const char *json);
+static void append_mailbox_header(StringInfo buf, const char *name,
+								  const char *mailbox, const char *display_name);
 static int	custom_header_cmp(const void *a, const void *b);
 static bool header_name_usable(const char *name);
 static bool word_needs_encoding(const char *word, int len, bool address);
@@ -135,8 +138,9 @@ gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
 	const char *body = mail->body ? mail->body : "";
 
 	append_date_header(buf);
-	append_header(buf, "From", from ? from : "", true);
-	append_header(buf, "To", mail->recipient ? mail->recipient : "", true);
+	append_mailbox_header(buf, "From", from ? from : "", NULL);
+	append_mailbox_header(buf, "To", mail->recipient ? mail->recipient : "",
+						  mail->recipient_name);
 	append_header(buf, "Subject", mail->subject ? mail->subject : "", false);
 	if (mail->message_id != NULL && mail->message_id[0] != '\0')
 		append_header(buf, "Message-ID", mail->message_id, true);
@@ -252,6 +256,34 @@ append_date_header(StringInfo buf)
 					 month_names[tm->tm_mon % 12], tm->tm_year + 1900,
 					 tm->tm_hour, tm->tm_min, tm->tm_sec,
 					 sign, offset / 3600, (offset / 60) % 60);
+}
+
+/*
+ * append_mailbox_header
+ *		From or To: mailbox is an address or "Name <address>" (validated at
+ *		enqueue, or by the setting's check hook), display_name a name to
+ *		write instead of the one it holds (a mail's recipient_name).  The
+ *		name is written by src/address.c: a quoted-string, or encoded-words
+ *		when it is not ASCII.
+ */
+static void
+append_mailbox_header(StringInfo buf, const char *name, const char *mailbox,
+					  const char *display_name)
+{
+	char	   *parsed_name;
+	char	   *address;
+
+	if (gatekeeper_mailbox_problem(mailbox, &parsed_name, &address) != NULL)
+	{
+		/* cannot happen for validated input: write it as before */
+		append_header(buf, name, mailbox, true);
+		return;
+	}
+	if (display_name != NULL && display_name[0] != '\0')
+		parsed_name = (char *) display_name;
+	appendStringInfo(buf, "%s: ", name);
+	gatekeeper_format_mailbox(buf, parsed_name, address, strlen(name) + 2);
+	appendStringInfoString(buf, "\r\n");
 }
 
 /*

@@ -2020,7 +2020,16 @@ txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what)
 		return;
 	d->outcome = code / 100 == 5 ? GATEKEEPER_FAIL : GATEKEEPER_RETRY;
 	d->reply_code = code;
-	snprintf(d->error, sizeof(d->error), "relay %s refused %s: %s", cfg.peer, what, c->reply);
+
+	/*
+	 * A refusal of the recipient starts with the reply, which nack reads
+	 * for a hard bounce (RFC 3463 5.1.x); no other refusal is one.
+	 */
+	if (strcmp(what, "RCPT TO") == 0)
+		snprintf(d->error, sizeof(d->error), "%s (relay %s, reply to RCPT TO)",
+				 c->reply, cfg.peer);
+	else
+		snprintf(d->error, sizeof(d->error), "relay %s refused %s: %s", cfg.peer, what, c->reply);
 }
 
 /*

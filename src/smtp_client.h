@@ -42,7 +42,8 @@ typedef struct GatekeeperDelivery
 {
 	MemoryContext cxt;			/* everything of this delivery */
 	GatekeeperMail mail;
-	const char *from;			/* From, and the envelope sender */
+	const char *from;			/* the envelope sender: a bare address */
+	const char *from_field;		/* the sender as given, perhaps with a name */
 	StringInfoData message;		/* built message; data freed once written */
 	size_t		bytes;			/* what it holds, for gatekeeper.max_in_flight */
 	bool		needs_8bit;		/* the message has octets above 127 */

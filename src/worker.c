@@ -46,6 +46,7 @@
  *-------------------------------------------------------------------------
  */
 #include "gatekeeper.h"
+#include "address.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -69,6 +70,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
@@ -871,9 +873,8 @@ static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
 	static const char *claim_query =
-		"SELECT id, attempt, queue, recipient, sender, subject, body, html, "
-		"headers::text, message_id "
-		"FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
+		/* by name: 0.1.0's claim, until ALTER EXTENSION UPDATE, has fewer columns */
+		"SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
 	Oid			argtypes[3] = {TEXTOID, INT4OID, INTERVALOID};
 	Datum		values[3];
 	Interval   *lease;
@@ -980,14 +981,15 @@ copy_mail(HeapTuple tuple, TupleDesc desc)
 	mail->attempt = DatumGetInt32(v);
 
 	old = MemoryContextSwitchTo(cxt);
-	mail->queue = copy_text(tuple, desc, 3);
-	mail->recipient = copy_text(tuple, desc, 4);
-	mail->sender = copy_text(tuple, desc, 5);
-	mail->subject = copy_text(tuple, desc, 6);
-	mail->body = copy_text(tuple, desc, 7);
-	mail->html = copy_text(tuple, desc, 8);
-	mail->headers_json = copy_text(tuple, desc, 9);
-	mail->message_id = copy_text(tuple, desc, 10);
+	mail->queue = copy_text(tuple, desc, SPI_fnumber(desc, "queue"));
+	mail->recipient = copy_text(tuple, desc, SPI_fnumber(desc, "recipient"));
+	mail->recipient_name = copy_text(tuple, desc, SPI_fnumber(desc, "recipient_name"));
+	mail->sender = copy_text(tuple, desc, SPI_fnumber(desc, "sender"));
+	mail->subject = copy_text(tuple, desc, SPI_fnumber(desc, "subject"));
+	mail->body = copy_text(tuple, desc, SPI_fnumber(desc, "body"));
+	mail->html = copy_text(tuple, desc, SPI_fnumber(desc, "html"));
+	mail->headers_json = copy_text(tuple, desc, SPI_fnumber(desc, "headers"));
+	mail->message_id = copy_text(tuple, desc, SPI_fnumber(desc, "message_id"));
 	MemoryContextSwitchTo(old);
 
 	d->bytes = sizeof(GatekeeperDelivery) +
@@ -999,17 +1001,27 @@ copy_mail(HeapTuple tuple, TupleDesc desc)
 }
 
 /*
- * A text column of a claimed row as a C string in the current memory
- * context, or NULL.  Detoasts inside the transaction.
+ * A text or jsonb column of a claimed row as a C string in the current
+ * memory context, or NULL (also when the row has no such column).
+ * Detoasts inside the transaction.
  */
 static char *
 copy_text(HeapTuple tuple, TupleDesc desc, int column)
 {
 	bool		isnull;
-	Datum		v = SPI_getbinval(tuple, desc, column, &isnull);
+	Datum		v;
 
+	if (column <= 0)
+		return NULL;
+	v = SPI_getbinval(tuple, desc, column, &isnull);
 	if (isnull)
 		return NULL;
+	if (SPI_gettypeid(desc, column) == JSONBOID)
+	{
+		Jsonb	   *jb = DatumGetJsonbP(v);
+
+		return JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+	}
 	return TextDatumGetCString(v);
 }
 
@@ -1030,9 +1042,22 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 	volatile bool ok = true;
 
 	if (d->mail.sender != NULL && d->mail.sender[0] != '\0')
-		d->from = d->mail.sender;
+		d->from_field = d->mail.sender;
 	else if (default_sender[0] != '\0')
-		d->from = MemoryContextStrdup(d->cxt, default_sender);
+		d->from_field = MemoryContextStrdup(d->cxt, default_sender);
+	if (d->from_field != NULL)
+	{
+		/* the envelope takes the bare address of "Name <address>" */
+		MemoryContext old = MemoryContextSwitchTo(d->cxt);
+		char	   *name;
+		char	   *address;
+
+		if (gatekeeper_mailbox_problem(d->from_field, &name, &address) == NULL)
+			d->from = address;
+		else
+			d->from = d->from_field;
+		MemoryContextSwitchTo(old);
+	}
 	else
 	{
 		d->outcome = GATEKEEPER_FAIL;
@@ -1049,7 +1074,7 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 		if (d->bytes > (size_t) d->message.maxlen)
 			enlargeStringInfo(&d->message, (int) Min(d->bytes + d->bytes / 16 + 4096,
 													 (size_t) MaxAllocSize / 2));
-		gatekeeper_build_message(&d->message, &d->mail, d->from);
+		gatekeeper_build_message(&d->message, &d->mail, d->from_field);
 		MemoryContextSwitchTo(oldcontext);
 	}
 	PG_CATCH();
