@@ -17,7 +17,7 @@ OBJS = \
 	src/mail.o \
 	src/validate.o \
 	src/message.o \
-	src/smtp.o \
+	src/smtp_client.o \
 	src/suppression.o \
 	src/unsubscribe.o \
 	src/window.o \
@@ -27,9 +27,9 @@ DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
 # The server's headers are read as system headers: under -Wextra they
 # warn about their own unused parameters, which is not ours to fix.
-PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) $(shell curl-config --cflags)
+PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server)
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter
-SHLIB_LINK = $(shell curl-config --libs)
+SHLIB_LINK = -lssl -lcrypto
 
 # pg_regress and isolation tests run in a private instance with the
 # library preloaded (test/gatekeeper.conf).

@@ -143,7 +143,7 @@ trap 'gk_warn "terminated"; exit 143' TERM
 gk_require_root
 
 # ------------------------------------------------------------------ setup
-gk_ensure_packages postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev make gcc \
+gk_ensure_packages postgresql-15 postgresql-server-dev-15 libssl-dev make gcc \
 	libc6-dev perl postfix redis-server postgresql-15-pgq3
 
 BK_WORK=$(gk_make_workdir gatekeeper-bench)

@@ -22,7 +22,7 @@ unset LANGUAGE
 # smtp-sink and smtp-source test tools, not for its daemon; python3-aiosmtpd
 # for a relay that requires AUTH (t/auth_relay.py).
 GK_BASE_PACKAGES=(
-	postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev
+	postgresql-15 postgresql-server-dev-15 libssl-dev
 	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd
 )
 # The TAP tests need these on top (t/060_exporter.pl scrapes the exporter).

@@ -44,6 +44,8 @@ GRANT pg_monitor TO regress_monitor;
 GRANT USAGE ON SCHEMA gatekeeper TO regress_monitor;
 GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO regress_monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO regress_monitor;
+GRANT SELECT ON gatekeeper.worker_status TO regress_monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO regress_monitor;
 
 --
 -- the enqueue-only role
@@ -110,6 +112,7 @@ RESET ROLE;
 SET ROLE regress_monitor;
 SELECT queue, scheduled FROM gatekeeper.queue_stats WHERE queue = 'p_app';
 SELECT bytes_total > 0 AS has_limit FROM gatekeeper.gate_memory;
+SELECT count(*) >= 0 AS reads_worker_status FROM gatekeeper.worker_status;
 SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
 SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b')$$) AS enqueue;
@@ -123,6 +126,7 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b')$
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body) VALUES ('a@priv.example', 's', 'b')$$) AS insert;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_open('smart_sending', 'a@priv.example')$$) AS gate_open;
+SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.worker_status$$) AS worker_status;
 RESET ROLE;
 
 -- the state after all this

@@ -1160,6 +1160,33 @@ END
 $$;
 
 /*
+ * Issue 10: gatekeeper.worker_status, the background workers' state from
+ * shared memory (pipeline, relay connections, breaker).
+ */
+CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, OUT state text,
+		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
+		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint)
+	RETURNS SETOF record
+	LANGUAGE C VOLATILE STRICT
+	SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
+
+-- the background workers, from shared memory: what each is doing, the mail
+-- it holds, its relay connections, its breaker (closed: delivering; open:
+-- backing off after the relay refused the session or every MAIL FROM;
+-- half-open: trying again), and the relay's last refusal
+CREATE VIEW gatekeeper.worker_status AS
+SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
+	   w.last_success, w.last_error, w.last_error_at, w.sent_total
+  FROM gatekeeper._worker_status() AS w;
+
+COMMENT ON VIEW gatekeeper.worker_status IS
+	'one row per gatekeeper background worker: state, mail in flight, relay connections, breaker and last relay error';
+
+REVOKE ALL ON FUNCTION gatekeeper._worker_status() FROM PUBLIC;
+REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
+
+/*
  * Privileges: nothing new is PUBLIC's (keep this section last).
  */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA gatekeeper FROM PUBLIC;

@@ -29,6 +29,7 @@
 
 #include "access/xact.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "postmaster/bgworker.h"
@@ -41,6 +42,7 @@
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/array.h"
+#include "utils/builtins.h"
 #include "utils/memutils.h"
 
 PG_MODULE_MAGIC;
@@ -57,6 +59,9 @@ char	   *gatekeeper_smtp_user = NULL;
 char	   *gatekeeper_smtp_password_file = NULL;
 int			gatekeeper_smtp_connections = 16;
 int			gatekeeper_smtp_timeout = 30 * 1000;
+char	   *gatekeeper_helo_name = NULL;
+char	   *gatekeeper_smtp_ca_file = NULL;
+int			gatekeeper_max_in_flight = 64 * 1024 * 1024;
 char	   *gatekeeper_default_sender = NULL;
 char	   *gatekeeper_message_id_domain = NULL;
 int			gatekeeper_retention = 7 * 24 * 60 * 60;
@@ -74,6 +79,7 @@ typedef struct GatekeeperSlot
 	Oid			database;		/* the database it is connected to */
 	bool		connecting;		/* a connection attempt has not finished */
 	pg_atomic_uint32 wake;		/* due mail was committed since it looked */
+	GatekeeperWorkerStatus status;	/* protected by the mutex */
 } GatekeeperSlot;
 
 typedef struct GatekeeperShared
@@ -98,9 +104,11 @@ static bool xact_callback_registered = false;
 void		_PG_init(void);
 
 PG_FUNCTION_INFO_V1(gatekeeper_wake);
+PG_FUNCTION_INFO_V1(gatekeeper_worker_status);
 PG_FUNCTION_INFO_V1(gatekeeper_retry_delay_interval);
 
 static bool check_database(char **newval, void **extra, GucSource source);
+static bool check_helo_name(char **newval, void **extra, GucSource source);
 static bool check_smtp_url(char **newval, void **extra, GucSource source);
 static bool check_default_sender(char **newval, void **extra, GucSource source);
 static char *hide_userinfo(const char *text);
@@ -278,12 +286,42 @@ gatekeeper_define_settings(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("gatekeeper.smtp_timeout",
-							"Time allowed for delivering one message to the SMTP relay.",
-							NULL,
+							"Time the SMTP relay has for each reply.",
+							"A connection whose relay does not answer in time is closed; "
+							"the others carry on.",
 							&gatekeeper_smtp_timeout,
 							30 * 1000, 100, 60 * 60 * 1000,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gatekeeper.helo_name",
+							   "Name the gatekeeper workers give in EHLO.",
+							   "Empty: the host's fully qualified name, or its address "
+							   "literal when it has none.",
+							   &gatekeeper_helo_name,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   check_helo_name, NULL, NULL);
+
+	DefineCustomStringVariable("gatekeeper.smtp_ca_file",
+							   "File of the CAs that verify the SMTP relay's certificate.",
+							   "Empty: the system's store.  Verification is always on.",
+							   &gatekeeper_smtp_ca_file,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.max_in_flight",
+							"Bytes of mail a gatekeeper worker holds at once.",
+							"Claimed mail and built messages count; one message is always "
+							"allowed, however large.",
+							&gatekeeper_max_in_flight,
+							64 * 1024 * 1024, 64 * 1024, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("gatekeeper.default_sender",
@@ -413,6 +451,36 @@ check_default_sender(char **newval, void **extra, GucSource source)
 	GUC_check_errdetail("%s", problem);
 	GUC_check_errhint("Give an address (shop@example.com) or a name and an address (Shop <shop@example.com>).");
 	return false;
+}
+
+/*
+ * gatekeeper.helo_name, when set, is a domain name or an address literal
+ * ("[192.0.2.1]"): one word of printable ASCII.
+ */
+static bool
+check_helo_name(char **newval, void **extra, GucSource source)
+{
+	const char *p;
+
+	(void) extra;
+	(void) source;
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	if (strlen(*newval) > 255)
+	{
+		GUC_check_errdetail("gatekeeper.helo_name must be at most 255 characters.");
+		return false;
+	}
+	for (p = *newval; *p; p++)
+	{
+		if (*p <= ' ' || *p >= 0x7f)
+		{
+			GUC_check_errdetail("gatekeeper.helo_name must be a domain name or an address literal, without spaces or control characters.");
+			return false;
+		}
+	}
+	return true;
 }
 
 /*
@@ -565,6 +633,7 @@ gatekeeper_shmem_startup(void)
 			slot->pgprocno = INVALID_PGPROCNO;
 			slot->database = InvalidOid;
 			slot->connecting = false;
+			memset(&slot->status, 0, sizeof(slot->status));
 			pg_atomic_init_u32(&slot->wake, 0);
 		}
 	}
@@ -733,6 +802,7 @@ gatekeeper_slot_attach(int slotno)
 	slot->pgprocno = MyProc->pgprocno;
 	slot->database = MyDatabaseId;
 	slot->connecting = false;
+	memset(&slot->status, 0, sizeof(slot->status));
 	SpinLockRelease(&gatekeeper_shared->mutex);
 
 	before_shmem_exit(gatekeeper_slot_detach, Int32GetDatum(slotno));
@@ -851,4 +921,67 @@ gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 	dims[0] = n;
 	return PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs,
 											  elemtype, typlen, typbyval, typalign));
+}
+
+/*
+ * gatekeeper_slot_report
+ *		Publish worker slotno's status for gatekeeper.worker_status.
+ */
+void
+gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status)
+{
+	GatekeeperSlot *slot = gatekeeper_slot(slotno);
+
+	SpinLockAcquire(&gatekeeper_shared->mutex);
+	slot->status = *status;
+	SpinLockRelease(&gatekeeper_shared->mutex);
+}
+
+/*
+ * gatekeeper._worker_status(): one row per connected worker, from shared
+ * memory (nothing is read from tables, so it answers at once).  No rows
+ * when the library was not preloaded.
+ */
+Datum
+gatekeeper_worker_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (gatekeeper_shared == NULL)
+		return (Datum) 0;
+
+	for (i = 0; i < gatekeeper_shared->nslots; i++)
+	{
+		GatekeeperSlot *slot = &gatekeeper_shared->slots[i];
+		GatekeeperWorkerStatus st;
+		pid_t		pid;
+		Datum		values[10];
+		bool		nulls[10];
+
+		SpinLockAcquire(&gatekeeper_shared->mutex);
+		pid = slot->pid;
+		st = slot->status;
+		SpinLockRelease(&gatekeeper_shared->mutex);
+		if (pid == 0 || st.started == 0)
+			continue;
+
+		memset(nulls, 0, sizeof(nulls));
+		values[0] = Int32GetDatum((int32) pid);
+		values[1] = TimestampTzGetDatum(st.started);
+		values[2] = CStringGetTextDatum(st.state);
+		values[3] = Int32GetDatum(st.in_flight);
+		values[4] = Int32GetDatum(st.connections);
+		values[5] = CStringGetTextDatum(st.relay);
+		values[6] = TimestampTzGetDatum(st.last_success);
+		nulls[6] = st.last_success == 0;
+		values[7] = CStringGetTextDatum(st.last_error);
+		nulls[7] = st.last_error[0] == '\0';
+		values[8] = TimestampTzGetDatum(st.last_error_at);
+		nulls[8] = st.last_error_at == 0;
+		values[9] = Int64GetDatum(st.sent_total);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
 }

@@ -24,7 +24,7 @@
  * src/unsubscribe.c	one-click unsubscribe tokens and URLs
  * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
- * src/smtp.c			delivery over SMTP through libcurl's multi interface
+ * src/smtp_client.c	the event-driven SMTP client the worker delivers with
  *
  *-------------------------------------------------------------------------
  */
@@ -53,6 +53,9 @@ extern char *gatekeeper_smtp_user;
 extern char *gatekeeper_smtp_password_file;
 extern int	gatekeeper_smtp_connections;
 extern int	gatekeeper_smtp_timeout;
+extern char *gatekeeper_helo_name;
+extern char *gatekeeper_smtp_ca_file;
+extern int	gatekeeper_max_in_flight;	/* bytes */
 extern char *gatekeeper_default_sender;
 extern char *gatekeeper_message_id_domain;
 extern int	gatekeeper_retention;	/* seconds */
@@ -74,6 +77,25 @@ extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char 
 extern bool gatekeeper_slot_connecting(int slotno, bool connecting);
 extern void gatekeeper_slot_attach(int slotno);
 extern bool gatekeeper_slot_woken(int slotno, bool consume);
+
+/*
+ * What a worker shows in gatekeeper.worker_status, published in its slot
+ * by gatekeeper_slot_report.
+ */
+typedef struct GatekeeperWorkerStatus
+{
+	TimestampTz started;
+	char		state[32];		/* what it is doing */
+	int			in_flight;		/* mails claimed and not yet recorded */
+	int			connections;	/* relay connections open or opening */
+	char		relay[16];		/* breaker: closed, open or half-open */
+	TimestampTz last_success;	/* last mail the relay took, or 0 */
+	char		last_error[256];	/* the relay's last refusal of the session */
+	TimestampTz last_error_at;	/* or 0 */
+	int64		sent_total;		/* mails sent since the worker started */
+} GatekeeperWorkerStatus;
+
+extern void gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status);
 
 /* src/worker.c */
 extern PGDLLEXPORT void gatekeeper_worker_main(Datum main_arg);
@@ -142,34 +164,5 @@ typedef struct GatekeeperMail
  */
 extern void gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
 									 const char *from);
-
-/* What became of one delivery attempt (src/smtp.c). */
-typedef enum GatekeeperOutcome
-{
-	GATEKEEPER_SENT,			/* relay replied 2xx to the data */
-	GATEKEEPER_RETRY,			/* 4xx reply or timeout: retry with backoff */
-	GATEKEEPER_FAIL,			/* 5xx reply: permanent failure */
-	GATEKEEPER_UNREACHABLE		/* no relay reached at all: hand back uncharged */
-} GatekeeperOutcome;
-
-typedef struct GatekeeperDelivery
-{
-	const GatekeeperMail *mail;
-	const char *from;			/* envelope sender: a bare address */
-	const char *from_field;		/* the sender as given, perhaps with a name */
-	StringInfoData message;		/* built message */
-	GatekeeperOutcome outcome;	/* set by gatekeeper_smtp_deliver */
-	long		reply_code;		/* last SMTP reply code, 0 if none */
-	char		error[256];		/* human-readable reason when not sent */
-} GatekeeperDelivery;
-
-/*
- * src/smtp.c: deliver n messages with up to gatekeeper_smtp_connections
- * parallel, reused connections.  Sets each item's outcome.  Must be called
- * outside any transaction; checks for interrupts while it waits.
- */
-extern void gatekeeper_smtp_deliver(GatekeeperDelivery *items, int n);
-extern void gatekeeper_smtp_reset(void);
-extern bool gatekeeper_smtp_load_password(void);
 
 #endif							/* GATEKEEPER_H */

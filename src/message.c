@@ -12,9 +12,10 @@
  * longer than 78 octets and UTF-8 arrives intact through any relay.  Every
  * line ends in CRLF.
  *
- * SMTP dot-stuffing is not done here: libcurl doubles a "." that begins a
- * line of an SMTP upload, and sends the final "." itself.  Stuffing here
- * too would deliver ".." to the reader.
+ * SMTP dot-stuffing is not done here: the SMTP client (src/smtp_client.c)
+ * doubles a "." that begins a line when it sends with DATA, and sends the
+ * final "." itself; with BDAT nothing is stuffed.  Stuffing here too would
+ * deliver ".." to the reader.
  *
  * The text is taken to be UTF-8, which is what a UTF8 database holds.
  *
@@ -862,8 +863,8 @@ append_text_7bit(StringInfo buf, const char *text)
  * is whitespace at the end of a line.  Lines are at most 76 characters,
  * split with soft line breaks ("=" CRLF) that never cut an "=XX".  A "."
  * or "From " opening a physical line is encoded too, which keeps the
- * message intact through relays that are careless with either (libcurl
- * dot-stuffs correctly anyway).
+ * message intact through relays that are careless with either (the SMTP
+ * client dot-stuffs correctly anyway).
  */
 static void
 append_text_qp(StringInfo buf, const char *text)

@@ -2,19 +2,34 @@
  *
  * worker.c
  *		The gatekeeper background worker: claims due mail, delivers it over
- *		SMTP and records what became of it.
+ *		SMTP and records what became of it, as a continuous pipeline.
  *
  * Each of gatekeeper.workers workers connects to gatekeeper.database and
- * loops: sleep on its latch (a commit of due mail sets it), then one pass.
- * A pass
+ * loops over five verbs:
  *
- *	1. checks that the extension exists, and idles quietly while it does
- *	   not (CREATE EXTENSION may come later, DROP EXTENSION at any time);
- *	2. every few seconds reaps expired leases and purges old mail;
- *	3. claims up to gatekeeper.batch_size due mails with gatekeeper.claim,
- *	   and builds their messages, in one transaction;
- *	4. delivers them over SMTP outside any transaction;
- *	5. records the outcomes (ack, nack, unclaim) in a transaction of its own.
+ *	housekeep	every few seconds, reap expired leases and purge old mail
+ *				(and find out whether the extension exists: without it the
+ *				worker idles quietly; CREATE EXTENSION may come later, DROP
+ *				EXTENSION at any time);
+ *	claim		when the mail in flight runs low, claim more with
+ *				gatekeeper.claim, in a short transaction of its own;
+ *	send		build each claimed mail's message just before it goes on the
+ *				wire, while the SMTP client (src/smtp_client.c) has room and
+ *				gatekeeper.max_in_flight bytes allow;
+ *	record		take the outcomes the relay's replies decided and record
+ *				them (ack, nack, unclaim) in small transactions, every few
+ *				milliseconds or few hundred outcomes;
+ *	extend		extend the lease of mail still in flight before it runs out;
+ *
+ * then sleeps in the client's wait set (its sockets, the latch a commit of
+ * due mail sets, postmaster death) for as long as nap() says.
+ *
+ * The relay's faults are not the mail's: when no session can be opened
+ * (no connection, a refused greeting, EHLO, STARTTLS or login), or the
+ * relay refuses MAIL FROM with the same 5xx for several transactions in a
+ * row, a breaker opens: the mail goes back uncharged (gatekeeper.unclaim),
+ * the worker backs off (1 s, doubling to 30 s), says once in the log what
+ * the relay said, and shows it in gatekeeper.worker_status.
  *
  * A worker that hits an error exits and is restarted by the postmaster
  * after bgw_restart_time; it does not try to carry on.  Every wait goes
@@ -43,6 +58,7 @@
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
+#include "lib/ilist.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -54,17 +70,30 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "smtp_client.h"
+
 /* how often expired leases are reaped and old mail is purged */
 #define HOUSEKEEPING_INTERVAL_MS	5000
 
-/* backoff while no relay can be reached */
+/* backoff while the relay refuses the session */
 #define BACKOFF_MIN_MS				1000
 #define BACKOFF_MAX_MS				30000
+
+/* the same 5xx to MAIL FROM this many times in a row opens the breaker */
+#define MAIL_REFUSALS_TO_TRIP		3
+
+/* outcomes are recorded when this many wait, or the oldest is this old */
+#define RECORD_BATCH				256
+#define RECORD_DELAY_MS				10
+
+/* a lease is extended when less than this part of it is left */
+#define LEASE_EXTEND_DIVISOR		3
 
 /* how often a worker without its database looks for it */
 #define DATABASE_POLL_MS			5000
@@ -81,30 +110,59 @@ static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr unclaim_plan = NULL;
+static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr next_due_plan = NULL;
 
-/* what one pass claimed, and its messages; reset at each pass */
-static MemoryContext batch_context = NULL;
-
 static TimestampTz next_housekeeping = 0;
 
-/* delivery is off while the relay cannot be reached */
+/*
+ * The pipeline.  Every claimed mail not yet recorded is on "live", in the
+ * order its lease runs out; each is also on one of "pending" (claimed, not
+ * yet handed to the client), the client's own queues, "outcomes" (decided,
+ * to be recorded) or "suspects" (refused at MAIL FROM: the mail's fault or
+ * the relay's, not known yet).
+ */
+static dlist_head live = DLIST_STATIC_INIT(live);
+static int	nlive = 0;
+static int64 live_bytes = 0;
+static dlist_head pending = DLIST_STATIC_INIT(pending);
+static int	npending = 0;
+static dlist_head outcomes = DLIST_STATIC_INIT(outcomes);
+static int	noutcomes = 0;
+static TimestampTz outcomes_since = 0;
+static dlist_head suspects = DLIST_STATIC_INIT(suspects);
+static int	nsuspects = 0;
+
+/* when to claim next, and the mean size of a claimed mail */
+static TimestampTz next_claim_at = 0;
+static double mail_bytes_mean = 0;
+
+/* the breaker: delivery is off until backoff_until */
 static TimestampTz backoff_until = 0;
 static int	backoff_ms = 0;
+static int	mail_refusals = 0;
+static int	mail_refusal_code = 0;
 
 /* whether gatekeeper.smtp_url is set and looks usable, and its value */
 static bool smtp_enabled = false;
 static char *smtp_url_seen = NULL;
 
-/* mails per claim: gatekeeper.batch_size, or fewer (see check_settings) */
-static int	claim_size = 1;
+/* what gatekeeper.worker_status shows of this worker */
+static GatekeeperWorkerStatus status;
 
 static void wait_for_database(void) pg_attribute_noreturn();
 static bool database_ready(const char *name);
 static void check_settings(void);
-static long gatekeeper_pass(bool woken);
+static void housekeep(bool woken);
+static void claim(bool woken);
+static void deliver(void);
+static void collect(void);
+static void record(void);
+static void extend(void);
+static long nap(void);
+static void report(const char *state);
 static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
 static void forget_plans(void);
@@ -112,13 +170,18 @@ static void forget_plan(SPIPlanPtr *plan);
 static SPIPlanPtr prepare_plan(SPIPlanPtr *plan, const char *query,
 							   int nargs, Oid *argtypes);
 static void housekeeping(void);
-static int	claim_mail(GatekeeperDelivery **items, int *ndeliver,
-					   TimestampTz *next_due, bool *have_next_due);
-static void copy_mail(GatekeeperMail *mail, HeapTuple tuple, TupleDesc desc);
+static int	claim_window(void);
+static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
+static GatekeeperDelivery *copy_mail(HeapTuple tuple, TupleDesc desc);
 static char *copy_text(HeapTuple tuple, TupleDesc desc, int column);
-static bool build_message(GatekeeperDelivery *item);
-static void record_outcomes(Oid extension, GatekeeperDelivery *items, int n);
-static void note_relay_state(GatekeeperDelivery *items, int n);
+static bool build_message(GatekeeperDelivery *d, const char *default_sender);
+static void judge(GatekeeperDelivery *d);
+static void decided(GatekeeperDelivery *d);
+static void trip(const char *error, bool session);
+static void relay_reached(void);
+static void release_suspects(GatekeeperOutcome outcome);
+static void record_outcomes(void);
+static void forget_delivery(GatekeeperDelivery *d);
 
 /*
  * Entry point of a gatekeeper worker.  main_arg is its slot number.
@@ -126,9 +189,6 @@ static void note_relay_state(GatekeeperDelivery *items, int n);
 void
 gatekeeper_worker_main(Datum main_arg)
 {
-	long		timeout = 0;
-	bool		woken;
-
 	worker_slot = DatumGetInt32(main_arg);
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
@@ -155,9 +215,9 @@ gatekeeper_worker_main(Datum main_arg)
 	/* statements touching one batch by index never repay compiling them */
 	SetConfigOption("jit", "off", PGC_USERSET, PGC_S_SESSION);
 
-	batch_context = AllocSetContextCreate(TopMemoryContext,
-										  "gatekeeper batch",
-										  ALLOCSET_DEFAULT_SIZES);
+	memset(&status, 0, sizeof(status));
+	status.started = GetCurrentTimestamp();
+	strlcpy(status.relay, "closed", sizeof(status.relay));
 	check_settings();
 
 	ereport(LOG,
@@ -166,11 +226,7 @@ gatekeeper_worker_main(Datum main_arg)
 
 	for (;;)
 	{
-		(void) WaitLatch(MyLatch,
-						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 timeout,
-						 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
+		bool		woken;
 
 		CHECK_FOR_INTERRUPTS();
 
@@ -178,33 +234,24 @@ gatekeeper_worker_main(Datum main_arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
-			gatekeeper_smtp_reset();
 			check_settings();
 		}
 
-		/* the pass sees every mail whose commit set the flag until now */
+		/* this round sees every mail whose commit set the flag until now */
 		woken = gatekeeper_slot_woken(worker_slot, true);
 
-		timeout = gatekeeper_pass(woken);
+		housekeep(woken);
+		claim(woken);
+		deliver();
+		record();
+		extend();
+		report(NULL);
 
-		/*
-		 * However long the nap, expired leases are reaped and old mail is
-		 * purged on time: external workers rely on the reaping too.
-		 */
-		if (timeout > 0)
-		{
-			TimestampTz current = GetCurrentTimestamp();
-
-			timeout = next_housekeeping <= current ? 0 :
-				Min(timeout, TimestampDifferenceMilliseconds(current, next_housekeeping));
-		}
-
-		/* due mail committed during the pass: go again at once */
-		if (timeout > 0 && backoff_until <= GetCurrentTimestamp() &&
-			gatekeeper_slot_woken(worker_slot, false))
-			timeout = 0;
+		(void) smtp_client_wait(nap());
+		collect();
 	}
 }
+
 
 /*
  * Wait, connected to no database, until gatekeeper.database exists and
@@ -297,28 +344,24 @@ database_ready(const char *name)
 	return ready;
 }
 
+
 /*
  * Act on the settings, at start and after each reload.
  *
  * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL
  * and the password file, if one is named, can be used; off when the URL
  * is empty.  The relay password is read from its file here, so at start
- * and at every reload.
- *
- * A claim takes gatekeeper.batch_size mails, but no more than the relay
- * connections can finish within four fifths of the lease even if every
- * transfer runs into gatekeeper.smtp_timeout: a lease that ran out during
- * delivery would let another worker send the same mail again.
+ * and at every reload.  A changed relay gets a fresh try, without the
+ * backoff of the old one.
  */
 static void
 check_settings(void)
 {
 	const char *url = gatekeeper_smtp_url ? gatekeeper_smtp_url : "";
-	int64		rounds;
 
 	if (url[0] == '\0')
 		smtp_enabled = false;
-	else if (!gatekeeper_smtp_load_password())
+	else if (!smtp_client_load_password())
 		smtp_enabled = false;	/* the log says why */
 	else if (pg_strncasecmp(url, "smtp://", 7) == 0 ||
 			 pg_strncasecmp(url, "smtps://", 8) == 0)
@@ -332,18 +375,8 @@ check_settings(void)
 				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
 	}
 
-	rounds = ((int64) gatekeeper_lease * 4 / 5) / Max(gatekeeper_smtp_timeout, 1);
-	if (smtp_enabled &&
-		(int64) gatekeeper_lease < 2 * (int64) gatekeeper_smtp_timeout)
-		ereport(WARNING,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("gatekeeper.lease is too short for gatekeeper.smtp_timeout"),
-				 errdetail("A delivery can outlast its lease, and another worker may then send the same mail again."),
-				 errhint("Make gatekeeper.lease at least twice gatekeeper.smtp_timeout.")));
-	claim_size = (int) Min((int64) gatekeeper_batch_size,
-						   Max(rounds, 1) * gatekeeper_smtp_connections);
+	smtp_client_configure();
 
-	/* a new relay deserves a fresh try */
 	if (smtp_url_seen == NULL || strcmp(smtp_url_seen, url) != 0)
 	{
 		if (smtp_url_seen != NULL)
@@ -351,99 +384,327 @@ check_settings(void)
 		smtp_url_seen = MemoryContextStrdup(TopMemoryContext, url);
 		backoff_ms = 0;
 		backoff_until = 0;
+		mail_refusals = 0;
+		strlcpy(status.relay, "closed", sizeof(status.relay));
 	}
 }
 
 /*
- * One pass; returns how long to sleep, in milliseconds, before the next.
- * woken: a commit woke the worker since the last pass.
+ * housekeep: reap and purge every few seconds, in a transaction of their
+ * own.  A wake while the extension is missing is most likely CREATE
+ * EXTENSION committing (its script wakes us): look at once.
  */
-static long
-gatekeeper_pass(bool woken)
+static void
+housekeep(bool woken)
 {
-	GatekeeperDelivery *items = NULL;
-	int			n;
-	int			ndeliver = 0;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (now >= next_housekeeping || (woken && !OidIsValid(plans_extension)))
+		housekeeping();
+	if (woken)
+		next_claim_at = 0;
+}
+
+/*
+ * The number of mails the worker keeps claimed: enough to keep every
+ * connection's queue full twice over, within gatekeeper.batch_size.
+ */
+static int
+claim_window(void)
+{
+	return Max(Min(gatekeeper_batch_size, gatekeeper_smtp_connections * 16), 1);
+}
+
+/*
+ * claim: when half the window has drained, and mail may be due, claim up
+ * to the rest of it, as many as gatekeeper.max_in_flight bytes allow by
+ * the mean size of mail claimed so far.
+ */
+static void
+claim(bool woken)
+{
+	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next_due = 0;
 	bool		have_next_due = false;
-	TimestampTz current;
-	Oid			extension;
+	int			window = claim_window();
+	int			want;
+	int			n;
 
-	MemoryContextReset(batch_context);
+	if (!smtp_enabled || !OidIsValid(plans_extension) || now < backoff_until)
+		return;
+	if (now < next_claim_at || nlive > window / 2)
+		return;
+	if (nlive > 0 && live_bytes >= gatekeeper_max_in_flight / 2)
+		return;
 
 	/*
-	 * Housekeeping also looks for the extension; a wake while it is missing
-	 * is most likely CREATE EXTENSION committing (its script wakes us), so
-	 * look at once rather than at the next round.
+	 * Until sizes are known, take each mail to be as large as it may be.
+	 * A claim holds what it returns three times for a moment (the claim's
+	 * result set, SPI's copy of it, and ours), so it takes a third of the
+	 * room left.
 	 */
-	current = GetCurrentTimestamp();
-	if (current >= next_housekeeping || (woken && !OidIsValid(plans_extension)))
+	want = window - nlive;
 	{
-		housekeeping();
-		current = GetCurrentTimestamp();
+		double		mean = mail_bytes_mean > 0 ? mail_bytes_mean :
+			(double) gatekeeper_max_message_size;
+		double		room = ((double) gatekeeper_max_in_flight - (double) live_bytes) / 3;
+
+		want = (int) Min((double) want, Max(room / mean, 1.0));
 	}
 
-	/* nothing to deliver with, or the relay is down: only housekeeping */
-	if (!smtp_enabled || !OidIsValid(plans_extension) || current < backoff_until)
+	n = claim_mail(want, &next_due, &have_next_due);
+
+	now = GetCurrentTimestamp();
+	if (n >= want)
+		next_claim_at = now;
+	else if (have_next_due && next_due > now)
+		next_claim_at = Min(next_due, TimestampTzPlusMilliseconds(now, gatekeeper_naptime));
+	else if (have_next_due && n > 0)
 	{
-		long		timeout = gatekeeper_naptime;
-
-		if (next_housekeeping > current)
-			timeout = Min(timeout,
-						  TimestampDifferenceMilliseconds(current, next_housekeeping));
-		if (backoff_until > current)
-			timeout = Min(timeout,
-						  TimestampDifferenceMilliseconds(current, backoff_until));
-		return timeout;
-	}
-
-	/* claim and build, in one transaction */
-	extension = plans_extension;
-	n = claim_mail(&items, &ndeliver, &next_due, &have_next_due);
-
-	if (n > 0)
-	{
-		/* deliver, outside any transaction */
-		if (ndeliver > 0)
-		{
-			char		activity[64];
-
-			snprintf(activity, sizeof(activity), "delivering %d mail%s",
-					 ndeliver, ndeliver == 1 ? "" : "s");
-			pgstat_report_activity(STATE_RUNNING, activity);
-			gatekeeper_smtp_deliver(items, ndeliver);
-			pgstat_report_activity(STATE_IDLE, NULL);
-		}
-
-		record_outcomes(extension, items, n);
-		note_relay_state(items, ndeliver);
-	}
-
-	current = GetCurrentTimestamp();
-	if (backoff_until > current)
-		return Min(gatekeeper_naptime,
-				   TimestampDifferenceMilliseconds(current, backoff_until));
-
-	/* a full batch: more is waiting */
-	if (n >= claim_size)
-		return 0;
-
-	if (have_next_due)
-	{
-		if (next_due > current)
-			return Min(gatekeeper_naptime,
-					   TimestampDifferenceMilliseconds(current, next_due));
-
 		/*
 		 * Due mail the claim did not return: the claim may have suppressed
-		 * or deferred part of a batch (look again at once) or a rate limit
-		 * holds it (then a nap is right).  Only a claim that made progress
-		 * earns another try.
+		 * or deferred part of it (look again at once) or a rate limit holds
+		 * it (then a nap is right).  Only a claim that made progress earns
+		 * another try.
 		 */
-		if (n > 0)
-			return 0;
+		next_claim_at = now;
 	}
-	return gatekeeper_naptime;
+	else
+		next_claim_at = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
+	(void) woken;
+}
+
+/*
+ * deliver: build the next claimed mails' messages and hand them to the SMTP
+ * client while it has room and gatekeeper.max_in_flight bytes allow (one
+ * message always may go).  A mail without a sender, or whose message
+ * cannot be built, fails here.  Building happens in a transaction, one
+ * per round, so that whatever it needs of the catalog is at hand.
+ */
+static void
+deliver(void)
+{
+	const char *default_sender;
+	bool		in_xact = false;
+
+	if (dlist_is_empty(&pending) || GetCurrentTimestamp() < backoff_until)
+		return;
+	default_sender = gatekeeper_default_sender ? gatekeeper_default_sender : "";
+
+	while (!dlist_is_empty(&pending) && smtp_client_room() > 0)
+	{
+		GatekeeperDelivery *d;
+
+		if (live_bytes > gatekeeper_max_in_flight && smtp_client_busy() > 0)
+			break;
+		d = dlist_container(GatekeeperDelivery, queue_node, dlist_pop_head_node(&pending));
+		npending--;
+
+		if (!in_xact)
+		{
+			SetCurrentStatementStartTimestamp();
+			StartTransactionCommand();
+			in_xact = true;
+		}
+		if (!build_message(d, default_sender))
+		{
+			decided(d);
+			in_xact = IsTransactionState();
+			continue;
+		}
+		smtp_client_submit(d);
+		CHECK_FOR_INTERRUPTS();
+	}
+	if (in_xact)
+		CommitTransactionCommand();
+	collect();
+}
+
+/*
+ * collect: take every outcome the client has decided.
+ */
+static void
+collect(void)
+{
+	GatekeeperDelivery *d;
+
+	while ((d = smtp_client_next_done()) != NULL)
+		judge(d);
+
+	/* refusals at MAIL FROM with nothing else to compare: the mail's own */
+	if (nsuspects > 0 && npending == 0 && smtp_client_busy() == 0)
+		release_suspects(GATEKEEPER_FAIL);
+}
+
+/*
+ * record: record the outcomes when enough have come, the oldest has waited
+ * long enough, or no other mail is on its way.
+ */
+static void
+record(void)
+{
+	TimestampTz now;
+
+	if (noutcomes == 0)
+		return;
+	now = GetCurrentTimestamp();
+	if (noutcomes < RECORD_BATCH && nlive > noutcomes + nsuspects &&
+		now < TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS))
+		return;
+	record_outcomes();
+}
+
+/*
+ * extend: extend the leases of mail still in flight when less than a
+ * third of the lease is left.  "live" is in lease order: only its head
+ * needs looking at.  A mail the claim no longer holds (its lease ran out,
+ * and it was reaped) and that is not on the wire yet is dropped.
+ */
+static void
+extend(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int64		margin = (int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR;
+	Oid			extension;
+	dlist_head	done_extending;
+
+	if (dlist_is_empty(&live))
+		return;
+	if (dlist_container(GatekeeperDelivery, live_node, dlist_head_node(&live))->lease_until >
+		TimestampTzPlusMilliseconds(now, margin))
+		return;
+
+	if (!begin_work("extending leases", &extension))
+	{
+		end_work();
+		return;
+	}
+	dlist_init(&done_extending);
+	while (!dlist_is_empty(&live))
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, live_node,
+												dlist_head_node(&live));
+		Oid			argtypes[3] = {INT8OID, INT4OID, INTERVALOID};
+		Datum		values[3];
+		Interval   *lease;
+		bool		isnull;
+		bool		held = false;
+		int			ret;
+
+		if (d->lease_until > TimestampTzPlusMilliseconds(now, margin))
+			break;
+		lease = (Interval *) palloc0(sizeof(Interval));
+		lease->time = (int64) gatekeeper_lease * 1000;
+		values[0] = Int64GetDatum(d->mail.id);
+		values[1] = Int32GetDatum(d->mail.attempt);
+		values[2] = IntervalPGetDatum(lease);
+		ret = SPI_execute_plan(prepare_plan(&extend_plan,
+											"SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)",
+											3, argtypes),
+							   values, NULL, false, 0);
+		if (ret != SPI_OK_SELECT)
+			elog(ERROR, "gatekeeper.extend() failed: %s", SPI_result_code_string(ret));
+		if (SPI_processed == 1)
+			held = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 1, &isnull)) && !isnull;
+		SPI_freetuptable(SPI_tuptable);
+
+		dlist_delete(&d->live_node);
+		dlist_push_tail(&done_extending, &d->live_node);
+		d->lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
+		if (!held)
+			ereport(LOG,
+					(errmsg("gatekeeper worker no longer holds mail %lld: its lease ran out",
+							(long long) d->mail.id),
+					 errdetail("It may be sent again by another claim.")));
+	}
+	end_work();
+
+	/* extended leases run out last */
+	while (!dlist_is_empty(&done_extending))
+		dlist_push_tail(&live, dlist_pop_head_node(&done_extending));
+}
+
+/*
+ * nap: how long to sleep before the next round, in milliseconds: until the
+ * soonest of housekeeping, the next claim (when the window has room), the
+ * end of the backoff, recording the outcomes, extending a lease, or at
+ * most gatekeeper.naptime.  The SMTP client shortens it further for its
+ * own deadlines, and any relay reply or latch ends it.
+ */
+static long
+nap(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
+	bool		delivering = smtp_enabled && OidIsValid(plans_extension);
+
+	/* without the extension, housekeeping looks for it once a nap */
+	if (OidIsValid(plans_extension) || next_housekeeping > now)
+		wake = Min(wake, next_housekeeping);
+	if (backoff_until > now)
+		wake = Min(wake, backoff_until);
+	else if (delivering)
+	{
+		if (nlive <= claim_window() / 2)
+			wake = Min(wake, next_claim_at);
+		if (npending > 0 && smtp_client_room() > 0 &&
+			(live_bytes <= gatekeeper_max_in_flight || smtp_client_busy() == 0))
+			wake = now;
+	}
+	if (noutcomes > 0)
+		wake = Min(wake, TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS));
+	if (!dlist_is_empty(&live))
+		wake = Min(wake,
+				   TimestampTzPlusMilliseconds(dlist_container(GatekeeperDelivery, live_node,
+															   dlist_head_node(&live))->lease_until,
+											   -(int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR));
+	if (wake <= now)
+		return 0;
+	return (long) TimestampDifferenceMilliseconds(now, wake);
+}
+
+/*
+ * report: publish this worker's status in shared memory.
+ */
+static void
+report(const char *state)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (state == NULL)
+	{
+		if (!OidIsValid(plans_extension))
+			state = "waiting for extension";
+		else if (!smtp_enabled)
+			state = "no relay";
+		else if (backoff_until > now)
+			state = "backing off";
+		else if (nlive > 0)
+			state = "delivering";
+		else
+			state = "idle";
+	}
+	strlcpy(status.state, state, sizeof(status.state));
+	if (backoff_until > now)
+		strlcpy(status.relay, "open", sizeof(status.relay));
+	else if (backoff_ms > 0)
+		strlcpy(status.relay, "half-open", sizeof(status.relay));
+	else
+		strlcpy(status.relay, "closed", sizeof(status.relay));
+	status.in_flight = nlive;
+	status.connections = smtp_client_connections();
+	gatekeeper_slot_report(worker_slot, &status);
+
+	/* pg_stat_activity too; each transaction's end resets it to idle */
+	if (nlive > 0)
+	{
+		char		activity[64];
+
+		snprintf(activity, sizeof(activity), "delivering %d mail%s",
+				 nlive, nlive == 1 ? "" : "s");
+		pgstat_report_activity(STATE_RUNNING, activity);
+	}
 }
 
 /*
@@ -604,16 +865,12 @@ housekeeping(void)
 }
 
 /*
- * Claim a batch of due mail and build its messages, in one transaction.
- *
- * Returns the number of mails claimed.  *items receives them all, the
- * *ndeliver that can be delivered first, then those already failed (no
- * sender, a message that cannot be built).  When the batch was not full,
+ * Claim up to want due mails, in a transaction of their own, and put them
+ * on "pending".  Returns how many were claimed; when fewer than want,
  * *next_due receives the next scheduled send_at, if any.
  */
 static int
-claim_mail(GatekeeperDelivery **items, int *ndeliver,
-		   TimestampTz *next_due, bool *have_next_due)
+claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
 	static const char *claim_query =
 		/* by name: 0.1.0's claim, until ALTER EXTENSION UPDATE, has fewer columns */
@@ -624,13 +881,12 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 	Oid			extension;
 	SPIPlanPtr	plan;
 	int			ret;
-	int			n = 0;
-	int			head;
-	int			tail;
+	int			n;
 	uint64		i;
-	GatekeeperMail *mails;
-	const char *default_sender;
+	TimestampTz lease_until;
+	int64		bytes = 0;
 
+	*have_next_due = false;
 	if (!begin_work("claiming", &extension))
 	{
 		end_work();
@@ -641,9 +897,10 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 	lease->time = (int64) gatekeeper_lease * 1000;
 
 	values[0] = CStringGetTextDatum(worker_name);
-	values[1] = Int32GetDatum(claim_size);
+	values[1] = Int32GetDatum(want);
 	values[2] = IntervalPGetDatum(lease);
 
+	lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
 	plan = prepare_plan(&claim_plan, claim_query, 3, argtypes);
 	ret = SPI_execute_plan(plan, values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
@@ -652,17 +909,25 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 
 	/* copy the claimed mail into memory that outlives the transaction */
 	n = (int) SPI_processed;
-	mails = MemoryContextAllocZero(batch_context,
-								   sizeof(GatekeeperMail) * Max(n, 1));
-	*items = MemoryContextAllocZero(batch_context,
-									sizeof(GatekeeperDelivery) * Max(n, 1));
 	for (i = 0; i < SPI_processed; i++)
-		copy_mail(&mails[i], SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
-	SPI_freetuptable(SPI_tuptable);
+	{
+		GatekeeperDelivery *d = copy_mail(SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
 
-	/* when the batch was not full, find when the next mail is due */
-	*have_next_due = false;
-	if (n < claim_size)
+		d->lease_until = lease_until;
+		dlist_push_tail(&live, &d->live_node);
+		nlive++;
+		live_bytes += d->bytes;
+		bytes += d->bytes;
+		dlist_push_tail(&pending, &d->queue_node);
+		npending++;
+	}
+	SPI_freetuptable(SPI_tuptable);
+	if (n > 0)
+		mail_bytes_mean = mail_bytes_mean == 0 ? (double) bytes / n :
+			0.5 * mail_bytes_mean + 0.5 * (double) bytes / n;
+
+	/* when the claim was not full, find when the next mail is due */
+	if (n < want)
 	{
 		plan = prepare_plan(&next_due_plan, "SELECT gatekeeper.next_due()",
 							0, NULL);
@@ -685,81 +950,37 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 		SPI_freetuptable(SPI_tuptable);
 	}
 
-	/* build the messages: deliverable ones from the front, failed from the back */
-	default_sender = MemoryContextStrdup(batch_context,
-										 gatekeeper_default_sender ?
-										 gatekeeper_default_sender : "");
-	head = 0;
-	tail = n;
-	for (i = 0; i < (uint64) n; i++)
-	{
-		GatekeeperDelivery item;
-
-		memset(&item, 0, sizeof(item));
-		item.mail = &mails[i];
-		if (mails[i].sender != NULL && mails[i].sender[0] != '\0')
-			item.from_field = mails[i].sender;
-		else if (default_sender[0] != '\0')
-			item.from_field = default_sender;
-		if (item.from_field != NULL)
-		{
-			/* the envelope takes the bare address of "Name <address>" */
-			MemoryContext old = MemoryContextSwitchTo(batch_context);
-			char	   *name;
-			char	   *address;
-
-			if (gatekeeper_mailbox_problem(item.from_field, &name, &address) == NULL)
-				item.from = address;
-			else
-				item.from = item.from_field;
-			MemoryContextSwitchTo(old);
-		}
-
-		if (item.from == NULL)
-		{
-			item.outcome = GATEKEEPER_FAIL;
-			strlcpy(item.error,
-					"mail has no sender and gatekeeper.default_sender is not set",
-					sizeof(item.error));
-			(*items)[--tail] = item;
-		}
-		else if (!build_message(&item))
-		{
-			item.outcome = GATEKEEPER_FAIL;
-			(*items)[--tail] = item;
-		}
-		else
-			(*items)[head++] = item;
-
-		CHECK_FOR_INTERRUPTS();
-	}
-	Assert(head == tail);
-	*ndeliver = head;
-
 	end_work();
-
 	return n;
 }
 
 /*
- * Copy one row of gatekeeper.claim's result into *mail, in batch_context.
+ * One row of gatekeeper.claim's result as a new delivery, in a memory
+ * context of its own (freed once its outcome is recorded).
  */
-static void
-copy_mail(GatekeeperMail *mail, HeapTuple tuple, TupleDesc desc)
+static GatekeeperDelivery *
+copy_mail(HeapTuple tuple, TupleDesc desc)
 {
+	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "gatekeeper mail",
+											  ALLOCSET_SMALL_SIZES);
+	GatekeeperDelivery *d = MemoryContextAllocZero(cxt, sizeof(GatekeeperDelivery));
+	GatekeeperMail *mail = &d->mail;
 	bool		isnull;
-	Datum		d;
+	Datum		v;
+	MemoryContext old;
 
-	d = SPI_getbinval(tuple, desc, 1, &isnull);
+	d->cxt = cxt;
+	v = SPI_getbinval(tuple, desc, 1, &isnull);
 	if (isnull)
 		elog(ERROR, "gatekeeper.claim() returned a null id");
-	mail->id = DatumGetInt64(d);
+	mail->id = DatumGetInt64(v);
 
-	d = SPI_getbinval(tuple, desc, 2, &isnull);
+	v = SPI_getbinval(tuple, desc, 2, &isnull);
 	if (isnull)
 		elog(ERROR, "gatekeeper.claim() returned a null attempt");
-	mail->attempt = DatumGetInt32(d);
+	mail->attempt = DatumGetInt32(v);
 
+	old = MemoryContextSwitchTo(cxt);
 	mail->queue = copy_text(tuple, desc, SPI_fnumber(desc, "queue"));
 	mail->recipient = copy_text(tuple, desc, SPI_fnumber(desc, "recipient"));
 	mail->recipient_name = copy_text(tuple, desc, SPI_fnumber(desc, "recipient_name"));
@@ -769,97 +990,290 @@ copy_mail(GatekeeperMail *mail, HeapTuple tuple, TupleDesc desc)
 	mail->html = copy_text(tuple, desc, SPI_fnumber(desc, "html"));
 	mail->headers_json = copy_text(tuple, desc, SPI_fnumber(desc, "headers"));
 	mail->message_id = copy_text(tuple, desc, SPI_fnumber(desc, "message_id"));
+	MemoryContextSwitchTo(old);
+
+	d->bytes = sizeof(GatekeeperDelivery) +
+		(mail->body ? strlen(mail->body) : 0) +
+		(mail->html ? strlen(mail->html) : 0) +
+		(mail->subject ? strlen(mail->subject) : 0) +
+		(mail->headers_json ? strlen(mail->headers_json) : 0);
+	return d;
 }
 
 /*
- * A text or jsonb column of a claimed row as a C string in batch_context,
- * or NULL (also when the row has no such column).  Detoasts inside the
- * transaction.
+ * A text or jsonb column of a claimed row as a C string in the current
+ * memory context, or NULL (also when the row has no such column).
+ * Detoasts inside the transaction.
  */
 static char *
 copy_text(HeapTuple tuple, TupleDesc desc, int column)
 {
 	bool		isnull;
-	Datum		d;
-	MemoryContext oldcontext;
-	char	   *result;
+	Datum		v;
 
 	if (column <= 0)
 		return NULL;
-	d = SPI_getbinval(tuple, desc, column, &isnull);
+	v = SPI_getbinval(tuple, desc, column, &isnull);
 	if (isnull)
 		return NULL;
-
-	oldcontext = MemoryContextSwitchTo(batch_context);
 	if (SPI_gettypeid(desc, column) == JSONBOID)
 	{
-		Jsonb	   *jb = DatumGetJsonbP(d);
+		Jsonb	   *jb = DatumGetJsonbP(v);
 
-		result = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+		return JsonbToCString(NULL, &jb->root, VARSIZE(jb));
 	}
-	else
-		result = TextDatumGetCString(d);
-	MemoryContextSwitchTo(oldcontext);
-
-	return result;
+	return TextDatumGetCString(v);
 }
 
 /*
- * Build item's message in a subtransaction, so that a mail whose message
- * cannot be built fails alone, with the error recorded, instead of taking
- * the worker (and, at each restart, the worker again) down.  Cancellation
- * and running out of memory are not the mail's fault: they are rethrown.
+ * Build d's message, in d's memory context, in the caller's transaction.
+ * Returns false, with d failed and the error recorded, when it cannot be
+ * built: a mail whose message cannot be built fails alone instead of
+ * taking the worker (and, at each restart, the worker again) down.  The
+ * transaction is then aborted; the caller begins another if it needs one.
+ * Cancellation and running out of memory are not the mail's fault: they
+ * are rethrown.  Once built, the mail's body is freed: only the message
+ * is needed from here on.
  */
 static bool
-build_message(GatekeeperDelivery *item)
+build_message(GatekeeperDelivery *d, const char *default_sender)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
 	volatile bool ok = true;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(batch_context);
+	if (d->mail.sender != NULL && d->mail.sender[0] != '\0')
+		d->from_field = d->mail.sender;
+	else if (default_sender[0] != '\0')
+		d->from_field = MemoryContextStrdup(d->cxt, default_sender);
+	if (d->from_field != NULL)
+	{
+		/* the envelope takes the bare address of "Name <address>" */
+		MemoryContext old = MemoryContextSwitchTo(d->cxt);
+		char	   *name;
+		char	   *address;
+
+		if (gatekeeper_mailbox_problem(d->from_field, &name, &address) == NULL)
+			d->from = address;
+		else
+			d->from = d->from_field;
+		MemoryContextSwitchTo(old);
+	}
+	else
+	{
+		d->outcome = GATEKEEPER_FAIL;
+		strlcpy(d->error, "mail has no sender and gatekeeper.default_sender is not set",
+				sizeof(d->error));
+		return false;
+	}
 
 	PG_TRY();
 	{
-		initStringInfo(&item->message);
-		gatekeeper_build_message(&item->message, item->mail,
-								 item->from_field ? item->from_field : item->from);
-
-		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(d->cxt);
+		initStringInfo(&d->message);
+		/* room for a 7bit message at once, rather than doubling up to it */
+		if (d->bytes > (size_t) d->message.maxlen)
+			enlargeStringInfo(&d->message, (int) Min(d->bytes + d->bytes / 16 + 4096,
+													 (size_t) MaxAllocSize / 2));
+		gatekeeper_build_message(&d->message, &d->mail, d->from_field);
 		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
 	}
 	PG_CATCH();
 	{
 		ErrorData  *edata;
 
-		MemoryContextSwitchTo(batch_context);
+		MemoryContextSwitchTo(d->cxt);
 		edata = CopyErrorData();
 		FlushErrorState();
-
-		RollbackAndReleaseCurrentSubTransaction();
+		AbortCurrentTransaction();
 		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
 
 		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED ||
 			edata->sqlerrcode == ERRCODE_OUT_OF_MEMORY)
 			ReThrowError(edata);
 
-		snprintf(item->error, sizeof(item->error),
+		d->outcome = GATEKEEPER_FAIL;
+		snprintf(d->error, sizeof(d->error),
 				 "could not build message: %s", edata->message);
 		FreeErrorData(edata);
 		ok = false;
 	}
 	PG_END_TRY();
 
-	return ok;
+	if (!ok)
+		return false;
+
+	d->needs_8bit = smtp_client_needs_8bit(d->message.data, d->message.len);
+	d->needs_utf8 = !smtp_client_address_ascii(d->from) ||
+		!smtp_client_address_ascii(d->mail.recipient);
+
+	/* what is held from here on is the message */
+	live_bytes -= d->bytes;
+	if (d->mail.body)
+		pfree(d->mail.body);
+	if (d->mail.html)
+		pfree(d->mail.html);
+	d->mail.body = d->mail.html = NULL;
+	d->bytes = sizeof(GatekeeperDelivery) + d->message.maxlen;
+	live_bytes += d->bytes;
+	return true;
+}
+
+/*
+ * Act on one outcome from the client: the breaker looks at the relay's
+ * part in it, then it waits to be recorded.
+ *
+ * UNREACHABLE (no session could be opened) opens the breaker.  A 5xx to
+ * MAIL FROM is held as a suspect: the same refusal for several
+ * transactions in a row is the relay's (it refuses the worker, not the
+ * mail), and opens the breaker with every suspect handed back uncharged;
+ * a transaction that gets past MAIL FROM shows the refusals were the
+ * mails' own, and they fail.
+ */
+static void
+judge(GatekeeperDelivery *d)
+{
+	bool		open = backoff_until > GetCurrentTimestamp();
+
+	if (d->outcome == GATEKEEPER_UNREACHABLE)
+	{
+		if (!open)
+			trip(d->error, true);
+		decided(d);
+		return;
+	}
+	if (d->outcome == GATEKEEPER_FAIL && d->mail_refused)
+	{
+		if (open)
+		{
+			d->outcome = GATEKEEPER_UNREACHABLE;
+			decided(d);
+			return;
+		}
+		if (d->reply_code == mail_refusal_code)
+			mail_refusals++;
+		else
+		{
+			mail_refusals = 1;
+			mail_refusal_code = d->reply_code;
+		}
+		dlist_push_tail(&suspects, &d->queue_node);
+		nsuspects++;
+		if (mail_refusals >= MAIL_REFUSALS_TO_TRIP)
+		{
+			char		error[300];
+
+			snprintf(error, sizeof(error), "%s (%d transactions in a row)",
+					 d->error, mail_refusals);
+			release_suspects(GATEKEEPER_UNREACHABLE);
+			trip(error, false);
+		}
+		return;
+	}
+
+	if (d->session_reached)
+		relay_reached();
+	if (d->outcome == GATEKEEPER_SENT || d->outcome == GATEKEEPER_FAIL)
+	{
+		mail_refusals = 0;
+		mail_refusal_code = 0;
+		release_suspects(GATEKEEPER_FAIL);
+	}
+	decided(d);
+}
+
+/*
+ * Queue d's outcome to be recorded.
+ */
+static void
+decided(GatekeeperDelivery *d)
+{
+	if (noutcomes == 0)
+		outcomes_since = GetCurrentTimestamp();
+	dlist_push_tail(&outcomes, &d->queue_node);
+	noutcomes++;
+}
+
+/*
+ * Hand every suspect on with outcome (FAIL: the refusal was the mail's;
+ * UNREACHABLE: the relay's).
+ */
+static void
+release_suspects(GatekeeperOutcome outcome)
+{
+	while (!dlist_is_empty(&suspects))
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+												dlist_pop_head_node(&suspects));
+
+		nsuspects--;
+		d->outcome = outcome;
+		decided(d);
+	}
+}
+
+/*
+ * Open the breaker: stop delivering for a backoff (1 s, doubling to 30 s),
+ * hand back uncharged the mail not yet on the wire, and say once what the
+ * relay said.  session: no session could be opened, rather than MAIL FROM
+ * being refused.
+ */
+static void
+trip(const char *error, bool session)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (backoff_ms == 0)
+	{
+		if (session)
+			ereport(LOG,
+					(errmsg("gatekeeper worker could not reach the SMTP relay: %s",
+							error[0] != '\0' ? error : "no reason given"),
+					 errdetail("Delivery is retried with backoff; the mail stays scheduled meanwhile.")));
+		else
+			ereport(LOG,
+					(errmsg("gatekeeper worker stops sending: the SMTP relay refuses its mail: %s",
+							error),
+					 errdetail("Delivery is retried with backoff; the mail stays scheduled, uncharged, meanwhile.")));
+	}
+	backoff_ms = backoff_ms == 0 ? BACKOFF_MIN_MS : Min(backoff_ms * 2, BACKOFF_MAX_MS);
+	backoff_until = TimestampTzPlusMilliseconds(now, backoff_ms);
+	mail_refusals = 0;
+	mail_refusal_code = 0;
+
+	strlcpy(status.last_error, error, sizeof(status.last_error));
+	status.last_error_at = now;
+
+	while (!dlist_is_empty(&pending))
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+												dlist_pop_head_node(&pending));
+
+		npending--;
+		d->outcome = GATEKEEPER_UNREACHABLE;
+		strlcpy(d->error, error, sizeof(d->error));
+		decided(d);
+	}
+	smtp_client_abort_unsent(error);
+	next_claim_at = backoff_until;
+}
+
+/*
+ * A session with the relay worked: close the breaker.
+ */
+static void
+relay_reached(void)
+{
+	if (backoff_ms > 0)
+		ereport(LOG,
+				(errmsg("gatekeeper worker reaches the SMTP relay again")));
+	backoff_ms = 0;
+	backoff_until = 0;
 }
 
 /* A mail to nack, with the key its gate rows are locked under. */
 typedef struct FailedItem
 {
-	GatekeeperDelivery *item;
+	GatekeeperDelivery *d;
 	char	   *key;
 } FailedItem;
 
@@ -875,39 +1289,47 @@ failed_item_cmp(const void *a, const void *b)
 
 	if (c != 0)
 		return c;
-	return (x->item->mail->id > y->item->mail->id) - (x->item->mail->id < y->item->mail->id);
+	return (x->d->mail.id > y->d->mail.id) - (x->d->mail.id < y->d->mail.id);
 }
 
 /*
- * Record what became of each claimed mail, in a transaction of its own:
- * sent mail is acked in one call, retries and failures are nacked, and mail
- * no relay could be reached for is handed back uncharged.
+ * Record the outcomes waiting, in a transaction of their own: sent mail
+ * is acked in one call, retries and failures are nacked, and mail the
+ * relay would not take a session for is handed back uncharged.  Then the
+ * deliveries are forgotten.
  */
 static void
-record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
+record_outcomes(void)
 {
-	Oid			now_extension;
+	Oid			extension;
+	int			n = noutcomes;
+	GatekeeperDelivery **items;
 	Datum	   *ids;
 	Datum	   *attempts;
 	int			nsent = 0;
 	int			nunreachable = 0;
 	const char *unreachable_error = NULL;
 	FailedItem *failed;
-	int			nfailed;
+	int			nfailed = 0;
 	int			ret;
 	int			i;
+	dlist_iter	iter;
 	SPIPlanPtr	plan;
 
-	if (!begin_work("recording outcomes", &now_extension) ||
-		now_extension != extension)
+	if (!begin_work("recording outcomes", &extension))
 	{
 		/* the mail went with the extension: nothing left to record */
 		ereport(LOG,
 				(errmsg("extension gatekeeper was dropped while %d mail%s being delivered; the outcomes are not recorded",
 						n, n == 1 ? " was" : "s were")));
 		end_work();
-		return;
+		goto forget;
 	}
+
+	items = palloc(sizeof(GatekeeperDelivery *) * n);
+	i = 0;
+	dlist_foreach(iter, &outcomes)
+		items[i++] = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
 
 	ids = palloc(sizeof(Datum) * n);
 	attempts = palloc(sizeof(Datum) * n);
@@ -915,10 +1337,10 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 	/* sent */
 	for (i = 0; i < n; i++)
 	{
-		if (items[i].outcome != GATEKEEPER_SENT)
+		if (items[i]->outcome != GATEKEEPER_SENT)
 			continue;
-		ids[nsent] = Int64GetDatum(items[i].mail->id);
-		attempts[nsent] = Int32GetDatum(items[i].mail->attempt);
+		ids[nsent] = Int64GetDatum(items[i]->mail.id);
+		attempts[nsent] = Int32GetDatum(items[i]->mail.attempt);
 		nsent++;
 	}
 	if (nsent > 0)
@@ -946,9 +1368,11 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 						(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
 								nsent - DatumGetInt32(d), nsent),
 						 errdetail("Their leases ran out during delivery, so they may be sent again."),
-						 errhint("Consider raising gatekeeper.lease or lowering gatekeeper.batch_size.")));
+						 errhint("Consider raising gatekeeper.lease.")));
 		}
 		SPI_freetuptable(SPI_tuptable);
+		status.sent_total += nsent;
+		status.last_success = GetCurrentTimestamp();
 	}
 
 	/*
@@ -957,14 +1381,13 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 	 * gate.c): by recipient key.  In claim order, two workers failing mail
 	 * for the same recipients could deadlock.
 	 */
-	nfailed = 0;
 	failed = palloc(sizeof(FailedItem) * n);
 	for (i = 0; i < n; i++)
 	{
-		if (items[i].outcome != GATEKEEPER_RETRY && items[i].outcome != GATEKEEPER_FAIL)
+		if (items[i]->outcome != GATEKEEPER_RETRY && items[i]->outcome != GATEKEEPER_FAIL)
 			continue;
-		failed[nfailed].item = &items[i];
-		failed[nfailed].key = gatekeeper_recipient_key(items[i].mail->recipient);
+		failed[nfailed].d = items[i];
+		failed[nfailed].key = gatekeeper_recipient_key(items[i]->mail.recipient);
 		nfailed++;
 	}
 	qsort(failed, nfailed, sizeof(FailedItem), failed_item_cmp);
@@ -972,16 +1395,15 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 	{
 		Oid			argtypes[4] = {INT8OID, INT4OID, TEXTOID, BOOLOID};
 		Datum		values[4];
-		GatekeeperDelivery *item = failed[i].item;
+		GatekeeperDelivery *d = failed[i].d;
 
-		if (item->error[0] == '\0')
-			snprintf(item->error, sizeof(item->error),
-					 "relay replied %ld", item->reply_code);
+		if (d->error[0] == '\0')
+			snprintf(d->error, sizeof(d->error), "relay replied %d", d->reply_code);
 
-		values[0] = Int64GetDatum(item->mail->id);
-		values[1] = Int32GetDatum(item->mail->attempt);
-		values[2] = CStringGetTextDatum(item->error);
-		values[3] = BoolGetDatum(item->outcome == GATEKEEPER_FAIL);
+		values[0] = Int64GetDatum(d->mail.id);
+		values[1] = Int32GetDatum(d->mail.attempt);
+		values[2] = CStringGetTextDatum(d->error);
+		values[3] = BoolGetDatum(d->outcome == GATEKEEPER_FAIL);
 
 		plan = prepare_plan(&nack_plan,
 							"SELECT gatekeeper.nack($1::bigint, $2::int, $3::text, $4::boolean)",
@@ -996,12 +1418,12 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 	/* unreachable: hand back, uncharged */
 	for (i = 0; i < n; i++)
 	{
-		if (items[i].outcome != GATEKEEPER_UNREACHABLE)
+		if (items[i]->outcome != GATEKEEPER_UNREACHABLE)
 			continue;
-		ids[nunreachable] = Int64GetDatum(items[i].mail->id);
-		attempts[nunreachable] = Int32GetDatum(items[i].mail->attempt);
-		if (unreachable_error == NULL && items[i].error[0] != '\0')
-			unreachable_error = items[i].error;
+		ids[nunreachable] = Int64GetDatum(items[i]->mail.id);
+		attempts[nunreachable] = Int32GetDatum(items[i]->mail.attempt);
+		if (unreachable_error == NULL && items[i]->error[0] != '\0')
+			unreachable_error = items[i]->error;
 		nunreachable++;
 	}
 	if (nunreachable > 0)
@@ -1028,48 +1450,22 @@ record_outcomes(Oid extension, GatekeeperDelivery *items, int n)
 	}
 
 	end_work();
+
+forget:
+	while (!dlist_is_empty(&outcomes))
+		forget_delivery(dlist_container(GatekeeperDelivery, queue_node,
+										dlist_pop_head_node(&outcomes)));
+	noutcomes = 0;
 }
 
 /*
- * Back off while no relay can be reached; a delivery that reached one ends
- * the backoff.  Logs only when the state changes.
+ * Forget a delivery whose outcome is recorded.
  */
 static void
-note_relay_state(GatekeeperDelivery *items, int n)
+forget_delivery(GatekeeperDelivery *d)
 {
-	int			i;
-	bool		reached = false;
-	const char *error = NULL;
-
-	for (i = 0; i < n; i++)
-	{
-		if (items[i].outcome == GATEKEEPER_UNREACHABLE)
-		{
-			if (error == NULL)
-				error = items[i].error;
-		}
-		else
-			reached = true;
-	}
-
-	if (reached)
-	{
-		if (backoff_ms > 0)
-			ereport(LOG,
-					(errmsg("gatekeeper worker reaches the SMTP relay again")));
-		backoff_ms = 0;
-		backoff_until = 0;
-	}
-	else if (error != NULL)
-	{
-		if (backoff_ms == 0)
-			ereport(LOG,
-					(errmsg("gatekeeper worker could not reach the SMTP relay: %s",
-							error[0] != '\0' ? error : "no reason given"),
-					 errdetail("Delivery is retried with backoff; the mail stays scheduled meanwhile.")));
-		backoff_ms = backoff_ms == 0 ? BACKOFF_MIN_MS :
-			Min(backoff_ms * 2, BACKOFF_MAX_MS);
-		backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													backoff_ms);
-	}
+	dlist_delete(&d->live_node);
+	nlive--;
+	live_bytes -= d->bytes;
+	MemoryContextDelete(d->cxt);
 }
