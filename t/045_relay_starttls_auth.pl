@@ -8,7 +8,9 @@
 # login, gatekeeper.smtp_password_file a 0600 file of the server's OS user
 # holding the password.  Mail arrives over TLS as the right user, intact;
 # the password is in no setting any role can read, in no log (the node's
-# or the relay's), in no last_error, in neither of its base64 forms.
+# or the relay's), in no last_error, in neither of its base64 forms.  The
+# relay offers no PIPELINING (aiosmtpd does not), so the client sends no
+# command before the reply to the previous one.
 
 use strict;
 use warnings;
@@ -75,6 +77,11 @@ ok(@auth >= 1, 'the worker logged in');
 is(scalar(grep { !$_->{ok} } @auth), 0, 'with the right password every time');
 like(join(',', map { $_->{mechanism} } @auth), qr/^(PLAIN|LOGIN)(,(PLAIN|LOGIN))*$/,
 	'with AUTH PLAIN or LOGIN');
+
+# aiosmtpd offers no PIPELINING: the client must wait for each reply
+my @ahead = grep { $_->{event} eq 'command' && ($_->{ahead} // 0) > 0 } @events;
+is(scalar(@ahead), 0, 'no command sent ahead of a reply: PIPELINING was not offered')
+  or diag(join("\n", map { "$_->{line} ($_->{ahead} octets ahead)" } @ahead));
 
 my %mid = map { split /\|/ } split /\n/,
   $node->safe_psql('postgres', 'SELECT recipient, message_id FROM gatekeeper.mail');

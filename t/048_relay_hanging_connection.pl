@@ -3,8 +3,9 @@
 # One relay connection that hangs does not stall the others.  The relay
 # (t/relay.py, mode hang-first) greets its first connection and then
 # never answers it; every later connection is served.  With 4
-# connections and gatekeeper.smtp_timeout = 20s, 20 mails are sent
-# within 10 s, while the hanging connection is still waiting for its
+# connections and gatekeeper.smtp_timeout = 20s, 18 of 20 mails are sent
+# (recorded `sent`) within 5 s, while the hanging connection is still
+# waiting for its
 # timeout (the relay has not seen it closed); whatever mail the hanging
 # connection held is sent once the timeout gives it back.  Every mail
 # reaches the relay exactly once.
@@ -49,7 +50,7 @@ my $most = $n - 2;
 my $ok = GatekeeperTest::poll_until(
 	$node, 'postgres',
 	"SELECT count(*) >= $most FROM gatekeeper.mail WHERE state = 'sent'",
-	't', 10);
+	't', 5);
 my $took = time - $t0;
 ok($ok, sprintf('at least %d of %d mails sent in %.1f s, with one connection hanging', $most, $n, $took))
   or diag(GatekeeperTest::mail_states($node, 'true'));

@@ -1097,7 +1097,8 @@ sub stop_relay
 =head2 relay_events($relay)
 
 The relay's log so far: a list of hash refs, one per JSON line (event =>
-listening, connect, command (line; AUTH arguments redacted), tls, auth
+listening, connect, command (line, AUTH arguments redacted; ahead: octets
+the client had sent past the command when it was read), tls, auth
 (user, ok), mail (from, tls, user), message (from, rcpt, data_file, size,
 tls, user), hang, disconnect; conn numbers the connection).
 

@@ -8,8 +8,12 @@ USER:PASSWORD_FILE is given (only over TLS when TLS is offered), and
 writes one JSON object a line to --log for everything it sees:
 
   {"event": "connect", "conn": N}
-  {"event": "command", "conn": N, "line": "EHLO mta.example.com"}
-      (AUTH arguments are never logged: "AUTH PLAIN [redacted]")
+  {"event": "command", "conn": N, "line": "EHLO mta.example.com",
+   "ahead": BYTES}
+      (AUTH arguments are never logged: "AUTH PLAIN [redacted]"; ahead:
+      octets the client had already sent past this command when it was
+      read: aiosmtpd offers no PIPELINING, so ahead > 0 means the client
+      pipelined without being offered it)
   {"event": "tls", "conn": N}                 STARTTLS completed
   {"event": "auth", "conn": N, "user": "...", "ok": true}
   {"event": "mail", "conn": N, "from": "...", "tls": bool, "user": ...}
@@ -152,7 +156,10 @@ class LoggingSMTP(SMTP):
         text = line.decode('utf-8', 'replace').rstrip('\r\n')
         if text[:4].upper() == 'AUTH':
             text = ' '.join(text.split()[:2]) + ' [redacted]'
-        log(event='command', conn=self.gk_conn, line=text)
+        # bytes the client sent past this command before seeing its
+        # reply: this relay offers no PIPELINING, so any is a violation
+        ahead = len(getattr(self._reader, '_buffer', b''))
+        log(event='command', conn=self.gk_conn, line=text, ahead=ahead)
 
     async def smtp_EHLO(self, hostname):
         self._log_command(b'EHLO ' + hostname.encode())
