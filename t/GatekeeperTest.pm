@@ -709,10 +709,21 @@ my %running_helpers;
 END
 {
 	my $status = $?;
+	# TERM first: the Postfix stand-in then ends its daemons itself
+	kill('TERM', $_) foreach keys %running_helpers;
+	my $deadline = time + 3;
 	foreach my $pid (keys %running_helpers)
 	{
-		kill('KILL', $pid);
-		waitpid($pid, 0);
+		while (waitpid($pid, POSIX::WNOHANG()) == 0)
+		{
+			if (time > $deadline)
+			{
+				kill('KILL', $pid);
+				waitpid($pid, 0);
+				last;
+			}
+			usleep(20_000);
+		}
 	}
 	$? = $status;
 }

@@ -28,7 +28,7 @@ Bounded: at most --max-children smtpd processes at once, exits (killing
 its children) after --lifetime seconds, on SIGTERM, or when its parent
 goes away.
 """
-import argparse, os, signal, socket, select, sys, time
+import argparse, ctypes, os, signal, socket, select, sys, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument('--config', required=True)
@@ -78,6 +78,11 @@ def spawn(cmd, fds):
     pid = os.fork()
     if pid == 0:
         try:
+            # die with this process, however it ends
+            try:
+                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            except Exception:
+                pass
             # first out of the way, then into place: a source may be
             # another's target
             fds.setdefault(0, os.open('/dev/null', os.O_RDWR))
@@ -117,6 +122,12 @@ def stop(*_):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
+            pass
+    # reap them: nobody else would (PID 1 in a container may not)
+    for pid in list(children):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
             pass
     os._exit(0)
 
