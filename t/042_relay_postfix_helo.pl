@@ -45,12 +45,6 @@ is( $node->safe_psql('postgres',
 	'Postfix accepted every mail');
 unlike(slurp_file($pf->{log}), qr/Helo command rejected/, 'Postfix refused no HELO');
 
-my @helos = map { $_->{helo} // '(none)' }
-  grep { ($_->{mail} // '') ne '' } GatekeeperTest::postfix_sessions($pf);
-ok(scalar(@helos) >= 1, 'Postfix logged the worker\'s sessions');
-is_deeply([ sort { $a cmp $b } keys %{ { map { $_ => 1 } @helos } } ],
-	['mta.example.com'], 'every session greeted with EHLO mta.example.com');
-
 # a new name after a reload
 $node->append_conf('postgresql.conf', "gatekeeper.helo_name = 'out.example.org'\n");
 $node->reload;
@@ -65,7 +59,18 @@ ok( GatekeeperTest::poll_until(
 		$node, 'postgres', "SELECT state FROM gatekeeper.mail WHERE id = $id", 'sent', 30),
 	'the mail after the reload is sent');
 
+# Postfix logs a session (and the HELO name it gave) when it ends: stop
+# the node to end the worker's
 $node->stop;
+GatekeeperTest::wait_for(sub { GatekeeperTest::postfix_command_count($pf, 'mail') >= 4 },
+	15, 'the worker\'s sessions in Postfix\'s log');
+my @helos = map { $_->{helo} // '(none)' }
+  grep { ($_->{mail} // '') ne '' } GatekeeperTest::postfix_sessions($pf);
+ok(scalar(@helos) >= 1, 'Postfix logged the worker\'s sessions');
+my %names = map { $_ => 1 } @helos;
+ok($names{'mta.example.com'}, 'the worker greeted with EHLO mta.example.com');
+is_deeply([ sort grep { $_ ne 'out.example.org' } keys %names ], ['mta.example.com'],
+	'and with no other name but the one set after the reload');
 GatekeeperTest::stop_postfix($pf);
 
 done_testing();

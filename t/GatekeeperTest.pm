@@ -961,6 +961,29 @@ sub postfix_sessions
 
 =pod
 
+=head2 postfix_command_count($pf, $command)
+
+How many $command commands (lower case: mail, rcpt, bdat, data, ...)
+Postfix counted over every finished session (for "rcpt=1/2", the first
+number: those that succeeded).  A session is logged when it ends: a client that keeps its connections open (idle
+connections are reused) shows its commands once it closes them, so read
+this after stopping the node, waiting for the count to arrive.
+
+=cut
+
+sub postfix_command_count
+{
+	my ($pf, $command) = @_;
+	my $n = 0;
+	foreach my $s (postfix_sessions($pf))
+	{
+		$n += $1 if ($s->{$command} // '0') =~ /^(\d+)/;
+	}
+	return $n;
+}
+
+=pod
+
 =head2 make_test_ca($dir, %opts)
 
 A test CA and a server certificate it signed, made with openssl under

@@ -223,7 +223,10 @@ class Refuse(asyncio.Protocol):
 
 
 def factory():
-    if args.mode == 'hang-first' and state['conns'] == 0:
+    # decided here, not in connection_made: connections accepted together
+    # get their protocols before any of them is told it is connected
+    if args.mode == 'hang-first' and not state.get('hung'):
+        state['hung'] = True
         return Hang()
     if state['open'] >= args.max_connections:
         return Refuse()
