@@ -70,6 +70,13 @@ my %fig = (
 	'delivery.rate_2w'   => ['2 workers x 8 connections -> smtp-sink', 'mails/s'],
 	'delivery.lat_median' => ['commit to acceptance, one due mail, median', 'ms'],
 	'delivery.lat_p99'   => ['commit to acceptance, one due mail, p99', 'ms'],
+	'relays.loopback.source' => ['smtp-source -d -s 16 -> loopback smtp-sink', 'mails/s'],
+	'relays.loopback.gk' => ['worker, 16 connections -> loopback smtp-sink', 'mails/s'],
+	'relays.rtt20.source' => ['smtp-source -d -s 16 -> smtp-sink 20 ms away (proxy, 10 ms each way)', 'mails/s'],
+	'relays.rtt20.gk'    => ['worker, 16 connections -> smtp-sink 20 ms away', 'mails/s'],
+	'relays.slow_eod.bound' => ['parallel bound: 16 connections / 1 s per end-of-data', 'mails/s'],
+	'relays.slow_eod.source' => ['smtp-source -d -s 16 -> smtp-sink -W .:1', 'mails/s'],
+	'relays.slow_eod.gk' => ['worker, 16 connections -> smtp-sink -W .:1', 'mails/s'],
 );
 my @sections = (
 	['enqueue', [
@@ -101,6 +108,16 @@ my @sections = (
 		['delivery.rate_2w', 'delivery.smtp_source'],
 		['delivery.lat_median', undef, ['<', 20, 'abs']],
 		['delivery.lat_p99'],
+	]],
+	['relays', [
+		['relays.loopback.source'],
+		['relays.loopback.gk', 'relays.loopback.source', ['>=', 0.8]],
+		['relays.rtt20.source'],
+		['relays.rtt20.gk', 'relays.rtt20.source', ['>=', 2.0]],
+		['relays.slow_eod.bound'],
+		['relays.slow_eod.source', 'relays.slow_eod.bound'],
+		['relays.slow_eod.gk', 'relays.slow_eod.bound', ['>=', 0.9]],
+		['relays.slow_eod.gk', 'relays.slow_eod.source'],
 	]],
 );
 for my $b (100, 1000) {
@@ -245,6 +262,7 @@ my %desc = (
 	backlog => 'Backlog: latency of one claim(1000)+ack round (pgbench -M prepared, one client, per-transaction log; median per run) with 50,000 or 5,000,000 not-yet-due mails (due a day later) in the same queue, or 50,000 not-yet-due plus 5,000,000 sent mails retained. Each backlog is loaded, vacuumed and analyzed before it is measured.',
 	sustained => 'Sustained: 10 consecutive waves of 400,000 mails, each enqueued by one INSERT ... SELECT and drained by 4 claimers at batch 1000, with default autovacuum and nothing in between; run once.',
 	gates => 'Gates: gate_pass(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
+	relays => 'Relays (issue 10): the relays a user meets, each measured with the worker (gatekeeper.smtp_connections = 16, helo_name set; time from the commit of N due mails in one INSERT until smtp-sink has counted them) and with smtp-source -s 16 -d (16 sessions, connections reused, same body size) through the same endpoint in the same run: a loopback smtp-sink -c; the same sink behind t/delay_proxy.py adding 10 ms to every chunk each way (a relay 20 ms away; the proxy counts the chunks each client wrote, about one per round trip waited for, noted per mail); smtp-sink -W .:1 (one second per end-of-data), against the parallel bound of 16 connections per second.',
 	delivery => 'Delivery: the worker (gatekeeper.smtp_connections = 16) sending to a loopback smtp-sink that counts and discards; time from the commit of N due mails until smtp-sink has counted N; and from the commit of one due mail until smtp-sink counts it, repeated (median, p99). Reference: smtp-source -s 16 -d (16 sessions, connections reused) into the same sink, same body size. The 2-worker line runs gatekeeper.workers = 2 with 8 connections each (the same 16 in all), after the 1-worker runs, against the same smtp-source figures.',
 );
 open(my $md, '>', $output) or die "$output: $!\n";

@@ -20,7 +20,7 @@
 #   --smoke          tiny sizes, 1 run (CI keeps the harness working with it)
 #   --runs N         runs per measurement (default 5; --smoke: 1)
 #   --only LIST      comma-separated scenarios: enqueue,drain,backlog,
-#                    sustained,gates,delivery (default: all)
+#                    sustained,gates,delivery,relays (default: all)
 #   --install        build gatekeeper from this tree and install it first
 #                    (also done when no gatekeeper is installed)
 #   --output FILE    where to write the Markdown report
@@ -43,7 +43,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 
-ALL_SCENARIOS=(enqueue drain backlog sustained gates delivery)
+ALL_SCENARIOS=(enqueue drain backlog sustained gates delivery relays)
 SMOKE=0
 RUNS=
 ONLY=
@@ -102,6 +102,7 @@ if [ "$SMOKE" = 1 ]; then
 	SUSTAINED_WAVES=10 SUSTAINED_N=4000
 	GATE_BATCH_TXNS=2 GATE_SINGLE_TXNS=50 REDIS_P_N=20000 REDIS_N=2000
 	DELIVERY_N=200 DELIVERY_LAT=3
+	RELAY_N=200 RELAY_RTT_N=48 RELAY_SLOW_N=16
 else
 	ENQ_ROWS=200000 ENQ_CALLS=100000
 	DRAIN_CONFIGS="100:1 100:2 100:4 100:8 1000:1 1000:2 1000:4 1000:8"
@@ -110,6 +111,9 @@ else
 	SUSTAINED_WAVES=10 SUSTAINED_N=400000
 	GATE_BATCH_TXNS=50 GATE_SINGLE_TXNS=2500 REDIS_P_N=2000000 REDIS_N=200000
 	DELIVERY_N=20000 DELIVERY_LAT=50
+	# relays: loopback as delivery; 2,000 mails 20 ms away (issue 10);
+	# 10 rounds of 16 end-of-data seconds (about 10 s at the bound)
+	RELAY_N=20000 RELAY_RTT_N=2000 RELAY_SLOW_N=160
 fi
 BODY_BYTES=1000			# every mail's body, and smtp-source's payload
 
@@ -144,7 +148,7 @@ gk_require_root
 
 # ------------------------------------------------------------------ setup
 gk_ensure_packages postgresql-15 postgresql-server-dev-15 libssl-dev make gcc \
-	libc6-dev perl postfix redis-server postgresql-15-pgq3
+	libc6-dev perl postfix redis-server postgresql-15-pgq3 python3
 
 BK_WORK=$(gk_make_workdir gatekeeper-bench)
 : >"$BK_WORK/results.tsv"

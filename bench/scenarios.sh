@@ -518,3 +518,135 @@ gatekeeper.default_sender = 'bench@example.com'"
 	bk_cluster_restart
 	bk_reset_mail
 }
+
+# ================================================================== relays
+#
+# The relays a user meets (issue 10), each measured twice in the same run,
+# through the same endpoint: the worker (smtp_connections = 16; time from
+# the commit of N due mails until smtp-sink has counted them) and
+# smtp-source -s 16 -d (16 sessions, connections reused, the same body
+# size):
+#   loopback  smtp-sink -c on loopback
+#   rtt20     the same smtp-sink behind t/delay_proxy.py, which adds 10 ms to
+#             every chunk each way: a relay 20 ms away.  The proxy counts
+#             the chunks each client wrote (about one per round trip it
+#             waited for): noted per mail for both clients.
+#   slow_eod  smtp-sink -c -W .:1, a second for each end-of-data: the
+#             parallel bound is 16 connections / 1 s = 16 mails/s
+# smtp-sink counts and discards (-c).
+
+# relays_sink NAME PORT [ARGS...]: start smtp-sink -c on PORT; its
+# counter is read from $BK_WORK/NAME.out.
+relays_sink() {
+	local name=$1 port=$2
+	shift 2
+	mkdir -p "$BK_WORK/$name"
+	chmod 777 "$BK_WORK/$name"
+	bk_start_bg "$name" "$BK_WORK/$name" /usr/sbin/smtp-sink -u postfix -c "$@" "127.0.0.1:$port" 256
+	bk_wait_port "$port" || gk_die "smtp-sink $name did not start"
+}
+
+# relays_proxy NAME PORT TARGET: the delaying proxy, 10 ms each way.
+relays_proxy() {
+	bk_start_bg "$1" "$BK_WORK" /usr/bin/python3 "$ROOT/t/delay_proxy.py" --listen "$2" --target "$3" \
+		--delay-ms 10 --log "$BK_WORK/$1.log" --lifetime 3600
+	bk_wait_port "$2" || gk_die "delay proxy $1 did not start"
+}
+
+# relays_chunks NAME: the chunks the proxy's clients wrote (its exit line).
+relays_chunks() {
+	sed -n 's/.*exit: .* chunks_up=\([0-9]*\).*/\1/p' "$BK_WORK/$1.log" | tail -n 1
+}
+
+# relays_source VARIANT N SINK PORT TIMEOUT: smtp-source -s 16 -d, N mails
+# through 127.0.0.1:PORT (counted by SINK), RUNS times: relays.VARIANT.source.
+relays_source() {
+	local v=$1 n=$2 sink=$3 port=$4 timeout=$5 run c0 t0 t1
+	for run in $(seq 1 "$RUNS"); do
+		c0=$(perl "$BENCH/sink.pl" count "$BK_WORK/$sink.out")
+		t0=$(bk_now)
+		timeout "$timeout" /usr/sbin/smtp-source -s 16 -d -m "$n" -l "$BODY_BYTES" -f bench@example.com \
+			-t sink@example.com "127.0.0.1:$port" >/dev/null 2>&1 || gk_die "smtp-source failed ($v)"
+		t1=$(bk_now)
+		[ "$(perl "$BENCH/sink.pl" count "$BK_WORK/$sink.out")" -ge $((c0 + n)) ] ||
+			gk_die "smtp-sink did not count smtp-source's mail ($v)"
+		bk_record "relays.$v.source" "$run" "$(bk_rate "$n" "$t0" "$t1")"
+	done
+}
+
+# relays_worker VARIANT N SINK PORT TIMEOUT: the worker (16 connections),
+# N due mails committed in one INSERT, until SINK has counted them, RUNS
+# times: relays.VARIANT.gk, or why it is missing.  Restarts the cluster
+# before (the new smtp_url) and after (closing the worker's connections).
+relays_worker() {
+	local v=$1 n=$2 sink=$3 port=$4 timeout=$5 run c0 t0 t1 reason=
+	bk_cluster_conf "gatekeeper.database = 'bench'
+gatekeeper.smtp_url = 'smtp://127.0.0.1:$port'
+gatekeeper.smtp_connections = 16
+gatekeeper.helo_name = 'bench.example.com'
+gatekeeper.default_sender = 'bench@example.com'"
+	bk_cluster_restart
+	bk_only_queue default
+	bk_reset_mail
+	c0=$(perl "$BENCH/sink.pl" count "$BK_WORK/$sink.out")
+	bk_sql "SELECT gatekeeper.enqueue('probe@example.com', 'probe', 'probe')" >/dev/null
+	if ! perl "$BENCH/sink.pl" wait "$BK_WORK/$sink.out" $((c0 + 1)) 30 >/dev/null; then
+		reason="no mail reached smtp-sink within 30 s of a commit ($(bk_sql "SELECT coalesce(string_agg(state || ': ' || coalesce(last_error, '-'), '; '), 'no mail') FROM gatekeeper.mail"))"
+	fi
+	delivery_settled || true
+	for run in $(seq 1 "$RUNS"); do
+		[ -z "$reason" ] || break
+		bk_reset_mail
+		bk_settle
+		c0=$(perl "$BENCH/sink.pl" count "$BK_WORK/$sink.out")
+		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+				SELECT * FROM bench_rows($n, '${v}_${run}_', 'default', interval '0')"
+		t0=$(bk_now)
+		if ! t1=$(perl "$BENCH/sink.pl" wait "$BK_WORK/$sink.out" $((c0 + n)) "$timeout"); then
+			reason="run $run: $(($(perl "$BENCH/sink.pl" count "$BK_WORK/$sink.out") - c0)) of $n mails reached smtp-sink within $timeout s"
+			break
+		fi
+		bk_record "relays.$v.gk" "$run" "$(bk_rate "$n" "$t0" "$t1")"
+		delivery_settled || gk_warn "the worker had not recorded every outcome after 60 s"
+	done
+	[ -z "$reason" ] || bk_skip "relays.$v.gk" "$reason"
+	bk_cluster_conf ""
+	bk_cluster_restart
+	bk_reset_mail
+}
+
+# relays_per_mail CHUNKS MAILS: CHUNKS / MAILS, two decimals.
+relays_per_mail() { perl -e 'printf "%.2f", $ARGV[0] / $ARGV[1]' "$1" "$2"; }
+
+scenario_relays() {
+	local sport pport c
+	# loopback
+	sport=$(gk_free_port "$BK_PGPORT")
+	relays_sink relay_sink "$sport" -m 64
+	relays_source loopback "$RELAY_N" relay_sink "$sport" $((60 + RELAY_N / 100))
+	relays_worker loopback "$RELAY_N" relay_sink "$sport" $((60 + RELAY_N / 100))
+
+	# 20 ms away: the same sink behind the proxy, a proxy of its own for
+	# each client, so that its chunk count is that client's
+	pport=$(gk_free_port "$sport")
+	relays_proxy relay_proxy_source "$pport" "$sport"
+	relays_source rtt20 "$RELAY_RTT_N" relay_sink "$pport" $((60 + RELAY_RTT_N / 10))
+	bk_stop_bg relay_proxy_source
+	c=$(relays_chunks relay_proxy_source)
+	[ -z "$c" ] || bk_note relays "rtt20: smtp-source wrote $(relays_per_mail "$c" $((RUNS * RELAY_RTT_N))) chunks per mail through the proxy (about one per round trip it waited for)"
+	pport=$(gk_free_port "$sport")
+	relays_proxy relay_proxy_gk "$pport" "$sport"
+	relays_worker rtt20 "$RELAY_RTT_N" relay_sink "$pport" $((60 + RELAY_RTT_N / 10))
+	bk_stop_bg relay_proxy_gk
+	c=$(relays_chunks relay_proxy_gk)
+	[ -z "$c" ] || bk_note relays "rtt20: the worker wrote $(relays_per_mail "$c" $((RUNS * RELAY_RTT_N + 1))) chunks per mail through the proxy (the probe mail included; mails of a run that timed out count too)"
+	bk_stop_bg relay_sink
+
+	# a second for each end-of-data
+	sport=$(gk_free_port "$BK_PGPORT")
+	relays_sink relay_sink_slow "$sport" -m 64 -W .:1
+	bk_record relays.slow_eod.bound 1 16
+	relays_source slow_eod "$RELAY_SLOW_N" relay_sink_slow "$sport" $((30 + RELAY_SLOW_N))
+	relays_worker slow_eod "$RELAY_SLOW_N" relay_sink_slow "$sport" $((30 + RELAY_SLOW_N))
+	bk_stop_bg relay_sink_slow
+}

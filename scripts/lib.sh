@@ -19,11 +19,15 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 unset LANGUAGE
 
 # What building and testing gatekeeper needs.  postfix is there for its
-# smtp-sink and smtp-source test tools, not for its daemon; python3-aiosmtpd
-# for a relay that requires AUTH (t/auth_relay.py).
+# smtp-sink and smtp-source test tools and for the private smtpd the TAP
+# tests run under their own directory (t/pfmaster.py), never for the
+# system's daemon.  libssl-dev: the SMTP client's TLS.  python3-aiosmtpd:
+# relays that require AUTH (t/auth_relay.py) and the scriptable
+# STARTTLS/AUTH relay (t/relay.py), with /usr/bin/python3; openssl makes
+# the test CA.
 GK_BASE_PACKAGES=(
 	postgresql-15 postgresql-server-dev-15 libssl-dev
-	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd
+	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd openssl
 )
 # The TAP tests need these on top (t/060_exporter.pl scrapes the exporter).
 GK_TEST_PACKAGES=(prometheus-postgres-exporter)

@@ -32,6 +32,9 @@ use warnings;
 use Carp;
 use Encode ();
 use Errno;
+use Cwd ();
+use File::Basename ();
+use JSON::PP ();
 use File::Path qw(make_path);
 use IO::Socket::INET;
 use IPC::Run;
@@ -676,6 +679,591 @@ sub run_pgbench
 	my $ok = $finished && $h->result == 0;
 	diag("pgbench stderr: $err") if $err ne '';
 	return ($ok, $out, $err, time - $start);
+}
+
+
+=pod
+
+=head1 RELAYS OTHER THAN SMTP-SINK
+
+The helpers below start the other servers the delivery tests need, all on
+127.0.0.1, on a free port, under the test's own directory, and all ended
+when the test ends whatever happens (an END block kills what is still
+running): a private Postfix smtpd (start_postfix), a scriptable relay on
+Debian's python3-aiosmtpd with STARTTLS and AUTH (start_relay), a TCP
+proxy adding latency (start_delay_proxy), and a test CA (make_test_ca).
+The Python scripts live next to this module (t/pfmaster.py, t/relay.py,
+t/delay_proxy.py) and run under /usr/bin/python3, Debian's, which has
+aiosmtpd.
+
+=cut
+
+our $PYTHON = $ENV{GK_PYTHON} || '/usr/bin/python3';
+our $OPENSSL = $ENV{GK_OPENSSL} || 'openssl';
+our $POSTFIX_DAEMON_DIR = $ENV{GK_POSTFIX_DAEMON_DIR} || '/usr/lib/postfix/sbin';
+my $helper_dir = Cwd::abs_path(File::Basename::dirname(__FILE__));
+
+# helper processes still running, by pid => name
+my %running_helpers;
+
+END
+{
+	my $status = $?;
+	# TERM first: the Postfix stand-in then ends its daemons itself
+	kill('TERM', $_) foreach keys %running_helpers;
+	my $deadline = time + 3;
+	foreach my $pid (keys %running_helpers)
+	{
+		while (waitpid($pid, POSIX::WNOHANG()) == 0)
+		{
+			if (time > $deadline)
+			{
+				kill('KILL', $pid);
+				waitpid($pid, 0);
+				last;
+			}
+			usleep(20_000);
+		}
+	}
+	$? = $status;
+}
+
+=pod
+
+=head2 start_helper($name, $cmd, $log)
+
+Run the command (an array ref) in the background, its stdout and stderr
+appended to $log, and remember it so that it is killed when the test
+ends.  Returns its pid.
+
+=cut
+
+sub start_helper
+{
+	my ($name, $cmd, $log) = @_;
+	my $pid = fork();
+	croak "fork failed: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open(STDIN, '<', '/dev/null') or POSIX::_exit(126);
+		open(STDOUT, '>>', $log) or POSIX::_exit(126);
+		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
+		exec(@$cmd) or POSIX::_exit(127);
+	}
+	$running_helpers{$pid} = $name;
+	note("started $name (pid $pid): @$cmd");
+	return $pid;
+}
+
+=pod
+
+=head2 stop_helper($pid)
+
+SIGTERM, then SIGKILL after 10 s; waits for it.
+
+=cut
+
+sub stop_helper
+{
+	my ($pid) = @_;
+	return unless $pid && $running_helpers{$pid};
+	kill('TERM', $pid);
+	my $deadline = time + 10;
+	while (waitpid($pid, POSIX::WNOHANG()) != $pid)
+	{
+		if (time > $deadline)
+		{
+			kill('KILL', $pid);
+			waitpid($pid, 0);
+			last;
+		}
+		usleep(20_000);
+	}
+	note("stopped $running_helpers{$pid} (pid $pid)");
+	delete $running_helpers{$pid};
+	return;
+}
+
+# Wait until something greets with 220 on the port, or the helper exits
+# (then croak with its log).
+sub wait_for_greeting
+{
+	my ($name, $pid, $port, $log, $timeout) = @_;
+	my $deadline = time + ($timeout // 15);
+	while (1)
+	{
+		if (waitpid($pid, POSIX::WNOHANG()) == $pid)
+		{
+			delete $running_helpers{$pid};
+			croak "$name exited at once (status $?): "
+			  . (-f $log ? slurp_file($log) : '');
+		}
+		return if sink_accepts($port);
+		croak "$name does not greet on port $port: "
+		  . (-f $log ? slurp_file($log) : '')
+		  if time > $deadline;
+		usleep(50_000);
+	}
+}
+
+=pod
+
+=head2 start_postfix(%opts)
+
+A private Postfix smtpd on 127.0.0.1 (see t/pfmaster.py for how it runs
+without the system's master daemon and without root).  Everything lives
+under a fresh directory of the test: config_directory, queue_directory,
+data_directory, the log.  It offers PIPELINING, SIZE, ENHANCEDSTATUSCODES,
+8BITMIME, SMTPUTF8 and CHUNKING, requires HELO/EHLO with a fully
+qualified name (smtpd_helo_required, reject_non_fqdn_helo_hostname: a
+bare name gets 504 5.5.2 at RCPT TO), enforces message_size_limit
+(default 200000; advertised as SIZE), and rejects the recipients of
+opts{reject} (address => reply; default nobody-here@customer.example
+=> "550 5.1.1 User unknown") at RCPT TO.  Every message it accepts is
+passed on (smtpd_proxy_filter) to an smtp-sink, the returned sink, so
+sink_messages() reads what Postfix accepted.
+
+Options: name, message_size_limit, reject, conf (main.cf lines
+appended).  Returns a hash ref: name, port, url, dir, log (Postfix's log:
+one line per record, e.g. "... disconnect from ... ehlo=1 mail=1 rcpt=1
+bdat=1 quit=1"), sink, pid.
+
+=cut
+
+sub start_postfix
+{
+	my (%opts) = @_;
+	my $name = $opts{name} // 'postfix';
+	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	my $dir = PostgreSQL::Test::Utils::tempdir("postfix_$name");
+	my $log = "$PostgreSQL::Test::Utils::tmp_check/$name.log";
+	my $limit = $opts{message_size_limit} // 200000;
+	my $reject = $opts{reject}
+	  // { 'nobody-here@customer.example' => '550 5.1.1 User unknown' };
+
+	croak "no Postfix daemons in $POSTFIX_DAEMON_DIR"
+	  unless -x "$POSTFIX_DAEMON_DIR/smtpd";
+	my $sink = start_sink(name => "$name-backend");
+	make_path("$dir/conf", "$dir/queue", "$dir/data");
+	my $user = getpwuid($>);
+
+	open(my $fh, '>', "$dir/conf/recipient_access") or croak $!;
+	print $fh "$_ $reject->{$_}\n" foreach sort keys %$reject;
+	close($fh);
+	# the daemons read no master.cf, but postconf likes one
+	PostgreSQL::Test::Utils::append_to_file("$dir/conf/master.cf", '');
+
+	# setgid_group must exist and differ from mail_owner's group; nothing
+	# here runs setgid
+	my $main = <<"END_MAIN_CF";
+compatibility_level = 3.6
+config_directory = $dir/conf
+queue_directory = $dir/queue
+data_directory = $dir/data
+mail_owner = $user
+setgid_group = postdrop
+myhostname = relay.test.example
+mydomain = test.example
+inet_interfaces = 127.0.0.1
+mynetworks = 127.0.0.0/8
+mydestination =
+relay_domains =
+local_recipient_maps =
+smtpd_reject_unlisted_recipient = no
+smtpd_reject_unlisted_sender = no
+smtpd_relay_restrictions = permit_mynetworks, reject
+smtpd_recipient_restrictions = check_recipient_access texthash:$dir/conf/recipient_access, permit
+smtpd_helo_required = yes
+smtpd_helo_restrictions = reject_non_fqdn_helo_hostname
+message_size_limit = $limit
+smtpd_peername_lookup = no
+smtpd_client_connection_count_limit = 0
+smtpd_client_connection_rate_limit = 0
+smtpd_proxy_filter = 127.0.0.1:$sink->{port}
+smtpd_proxy_timeout = 30s
+maillog_file_prefixes = $dir
+maillog_file = $dir/maillog
+END_MAIN_CF
+	$main .= $opts{conf} if defined $opts{conf};
+	PostgreSQL::Test::Utils::append_to_file("$dir/conf/main.cf", $main);
+
+	my $pid = start_helper(
+		"postfix $name",
+		[
+			$PYTHON, "$helper_dir/pfmaster.py",
+			'--config', "$dir/conf",
+			'--queue', "$dir/queue",
+			'--port', $port,
+			'--log', $log,
+			'--daemon-dir', $POSTFIX_DAEMON_DIR,
+			'--lifetime', 900
+		],
+		$log);
+	wait_for_greeting("postfix $name", $pid, $port, $log);
+	return {
+		name => $name,
+		port => $port,
+		url => "smtp://127.0.0.1:$port",
+		dir => $dir,
+		log => $log,
+		sink => $sink,
+		pid => $pid,
+	};
+}
+
+=pod
+
+=head2 stop_postfix($pf)
+
+Stop the private Postfix and its backend sink (the messages stay).
+
+=cut
+
+sub stop_postfix
+{
+	my ($pf) = @_;
+	stop_helper($pf->{pid});
+	stop_sink($pf->{sink});
+	return;
+}
+
+=pod
+
+=head2 postfix_sessions($pf)
+
+The sessions Postfix logged as finished so far: a list of hash refs of
+command => count, from its "disconnect from ... ehlo=1 mail=1 rcpt=1
+bdat=1 quit=1 commands=5" lines (a count "1/2" means 1 of 2 succeeded:
+kept as the string), plus helo => the name the client gave, when a
+record of the session names it.  Probe connections of the helpers
+(greeting, QUIT) appear too.
+
+=cut
+
+sub postfix_sessions
+{
+	my ($pf) = @_;
+	my $log = -f $pf->{log} ? slurp_file($pf->{log}) : '';
+	my (%helo, @sessions);
+	foreach my $line (split /\n/, $log)
+	{
+		my ($pid) = $line =~ /postfix\/smtpd\[(\d+)\]/ or next;
+		$helo{$pid} = $1 if $line =~ / helo=<([^>]*)>/;
+		if ($line =~ /: disconnect from \S+ (.*)$/)
+		{
+			my %s = map { split /=/, $_, 2 } grep { /=/ } split / /, $1;
+			$s{helo} = $helo{$pid} if defined $helo{$pid};
+			push @sessions, \%s;
+		}
+	}
+	return @sessions;
+}
+
+=pod
+
+=head2 postfix_command_count($pf, $command)
+
+How many $command commands (lower case: mail, rcpt, bdat, data, ...)
+Postfix counted over every finished session (for "rcpt=1/2", the first
+number: those that succeeded).  A session is logged when it ends: a client that keeps its connections open (idle
+connections are reused) shows its commands once it closes them, so read
+this after stopping the node, waiting for the count to arrive.
+
+=cut
+
+sub postfix_command_count
+{
+	my ($pf, $command) = @_;
+	my $n = 0;
+	foreach my $s (postfix_sessions($pf))
+	{
+		$n += $1 if ($s->{$command} // '0') =~ /^(\d+)/;
+	}
+	return $n;
+}
+
+=pod
+
+=head2 make_test_ca($dir, %opts)
+
+A test CA and a server certificate it signed, made with openssl under
+$dir: the server certificate's subjectAltName is opts{san} (default
+"DNS:localhost,IP:127.0.0.1"), its CN opts{cn} (default localhost).
+Returns a hash ref: ca_file, ca_key, cert, key, dir.  Call
+make_server_cert($ca, $name, $san) for more server certificates from the
+same CA.
+
+=cut
+
+sub make_test_ca
+{
+	my ($dir, %opts) = @_;
+	make_path($dir);
+	my $ca = { ca_file => "$dir/ca.crt", ca_key => "$dir/ca.key", dir => $dir };
+	run_openssl(
+		'req', '-x509', '-newkey', 'rsa:2048', '-nodes',
+		'-keyout', $ca->{ca_key}, '-out', $ca->{ca_file},
+		'-days', '2', '-subj', '/CN=gatekeeper test CA',
+		'-addext', 'basicConstraints=critical,CA:TRUE',
+		'-addext', 'keyUsage=critical,keyCertSign,cRLSign');
+	my $server = make_server_cert($ca, 'server',
+		$opts{san} // 'DNS:localhost,IP:127.0.0.1',
+		$opts{cn} // 'localhost');
+	$ca->{cert} = $server->{cert};
+	$ca->{key} = $server->{key};
+	return $ca;
+}
+
+=pod
+
+=head2 make_server_cert($ca, $name, $san, $cn)
+
+A server certificate and key signed by the test CA; returns a hash ref:
+cert, key.
+
+=cut
+
+sub make_server_cert
+{
+	my ($ca, $name, $san, $cn) = @_;
+	$cn //= 'localhost';
+	my $dir = $ca->{dir};
+	my %c = (cert => "$dir/$name.crt", key => "$dir/$name.key");
+	run_openssl(
+		'req', '-newkey', 'rsa:2048', '-nodes',
+		'-keyout', $c{key}, '-out', "$dir/$name.csr", '-subj', "/CN=$cn");
+	PostgreSQL::Test::Utils::append_to_file("$dir/$name.ext",
+		"subjectAltName=$san\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n");
+	run_openssl(
+		'x509', '-req', '-in', "$dir/$name.csr",
+		'-CA', $ca->{ca_file}, '-CAkey', $ca->{ca_key}, '-CAcreateserial',
+		'-out', $c{cert}, '-days', '2', '-extfile', "$dir/$name.ext");
+	return \%c;
+}
+
+sub run_openssl
+{
+	my @args = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run([ $OPENSSL, @args ],
+		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+	croak "openssl @args failed: $err" unless $ok;
+	return;
+}
+
+=pod
+
+=head2 start_relay(%opts)
+
+The scriptable relay, t/relay.py (Debian's python3-aiosmtpd), on a free
+port (or opts{port}).  Options: name, port, mode ('accept', 'reject-mail':
+550 5.7.1 to every MAIL FROM, 'hang-first': the first connection is
+greeted and then never answered), tls (a hash ref with cert and key, e.g.
+from make_test_ca: offers STARTTLS), require_tls (refuses MAIL before
+STARTTLS), auth ([user, password_file]: offers AUTH PLAIN and LOGIN,
+required for MAIL; only over TLS when TLS is offered).  Returns a hash
+ref: name, port, url, dir (messages/: one file per message received),
+events (its JSON-lines log, see relay_events), log (its stderr), pid.
+
+=cut
+
+sub start_relay
+{
+	my (%opts) = @_;
+	my $name = $opts{name} // 'relay';
+	my $port = $opts{port} // PostgreSQL::Test::Cluster::get_free_port();
+	my $dir = PostgreSQL::Test::Utils::tempdir("relay_$name");
+	my $log = "$PostgreSQL::Test::Utils::tmp_check/$name.log";
+	my $mode = $opts{mode} // 'accept';
+	my @cmd = (
+		$PYTHON, "$helper_dir/relay.py",
+		'--port', $port,
+		'--log', "$dir/events.jsonl",
+		'--dir', "$dir/messages",
+		'--mode', $mode,
+		'--lifetime', 900);
+	push @cmd, '--cert', $opts{tls}{cert}, '--key', $opts{tls}{key}
+	  if $opts{tls};
+	push @cmd, '--require-tls' if $opts{require_tls};
+	push @cmd, '--auth', join(':', @{ $opts{auth} }) if $opts{auth};
+	my $pid = start_helper("relay $name", \@cmd, $log);
+	my $relay = {
+		name => $name,
+		port => $port,
+		url => "smtp://127.0.0.1:$port",
+		dir => $dir,
+		log => $log,
+		events => "$dir/events.jsonl",
+		pid => $pid,
+	};
+	if ($mode eq 'hang-first')
+	{
+		# a greeting probe would be the connection that hangs: wait for
+		# the relay's own "listening" record instead
+		wait_for(sub { grep { $_->{event} eq 'listening' } relay_events($relay) },
+			15, "relay $name listening")
+		  or croak "relay $name does not start: " . slurp_file($log);
+	}
+	else
+	{
+		wait_for_greeting("relay $name", $pid, $port, $log);
+	}
+	return $relay;
+}
+
+=pod
+
+=head2 stop_relay($relay)
+
+Stop the relay; its log and messages stay.
+
+=cut
+
+sub stop_relay
+{
+	my ($relay) = @_;
+	stop_helper($relay->{pid});
+	return;
+}
+
+=pod
+
+=head2 relay_events($relay)
+
+The relay's log so far: a list of hash refs, one per JSON line (event =>
+listening, connect, command (line, AUTH arguments redacted; ahead: octets
+the client had sent past the command when it was read), tls, auth
+(user, ok), mail (from, tls, user), message (from, rcpt, data_file, size,
+tls, user), hang, disconnect; conn numbers the connection).
+
+=cut
+
+sub relay_events
+{
+	my ($relay) = @_;
+	return () unless -f $relay->{events};
+	my @events;
+	foreach my $line (split /\n/, slurp_file($relay->{events}))
+	{
+		next if $line eq '';
+		# the last line may be half written
+		my $e = eval { JSON::PP::decode_json($line) } or next;
+		push @events, $e;
+	}
+	return @events;
+}
+
+=pod
+
+=head2 relay_messages($relay)
+
+The messages the relay accepted, parsed like sink_messages (raw with LF
+line ends, header_lines, headers, body, message_id), plus mail_from,
+rcpt, tls, user and wire (the octets as received, CRLF line ends).
+
+=cut
+
+sub relay_messages
+{
+	my ($relay) = @_;
+	my @msgs;
+	foreach my $e (grep { $_->{event} eq 'message' } relay_events($relay))
+	{
+		my $wire = slurp_file($e->{data_file});
+		my $data = $wire;
+		$data =~ s/\r\n/\n/g;
+		my %msg = (
+			file => $e->{data_file},
+			wire => $wire,
+			raw => $data,
+			mail_from => $e->{from},
+			rcpt => $e->{rcpt},
+			tls => $e->{tls},
+			user => $e->{user});
+		my ($head, $body) = split_head_body($data);
+		$msg{body} = $body;
+		$msg{header_lines} = parse_header_block($head);
+		$msg{headers} = {};
+		push @{ $msg{headers}{ lc $_->[0] } }, $_->[1]
+		  foreach @{ $msg{header_lines} };
+		$msg{message_id} = $msg{headers}{'message-id'}[0];
+		push @msgs, \%msg;
+	}
+	return @msgs;
+}
+
+=pod
+
+=head2 start_delay_proxy(%opts)
+
+t/delay_proxy.py: a TCP proxy on a free loopback port to 127.0.0.1:
+opts{target}, adding opts{delay_ms} to every chunk each way (a relay
+2 x delay_ms away).  Returns a hash ref: name, port, url, log, pid.
+
+=cut
+
+sub start_delay_proxy
+{
+	my (%opts) = @_;
+	my $name = $opts{name} // 'proxy';
+	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	my $log = "$PostgreSQL::Test::Utils::tmp_check/$name.log";
+	my $pid = start_helper(
+		"delay proxy $name",
+		[
+			$PYTHON, "$helper_dir/delay_proxy.py",
+			'--listen', $port, '--target', $opts{target},
+			'--delay-ms', $opts{delay_ms}, '--log', $log,
+			'--lifetime', 900
+		],
+		$log);
+	wait_for_greeting("delay proxy $name", $pid, $port, $log);
+	return {
+		name => $name,
+		port => $port,
+		url => "smtp://127.0.0.1:$port",
+		log => $log,
+		pid => $pid
+	};
+}
+
+=pod
+
+=head2 process_memory_kb($pid)
+
+VmRSS and VmHWM (peak resident) of a process, in kB, from
+/proc/<pid>/status: a hash ref, empty when the process is gone.
+
+=cut
+
+sub process_memory_kb
+{
+	my ($pid) = @_;
+	my %m;
+	open(my $fh, '<', "/proc/$pid/status") or return \%m;
+	while (my $line = <$fh>)
+	{
+		$m{$1} = $2 if $line =~ /^(VmRSS|VmHWM):\s+(\d+) kB/;
+	}
+	close($fh);
+	return \%m;
+}
+
+=pod
+
+=head2 mail_states($node, $where)
+
+"state:count" pairs of the mail matching $where (SQL), sorted by state,
+joined with commas: e.g. "failed:1,sent:4".
+
+=cut
+
+sub mail_states
+{
+	my ($node, $where) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT coalesce(string_agg(state || ':' || n, ',' ORDER BY state), '') FROM (SELECT state::text AS state, count(*) AS n FROM gatekeeper.mail WHERE $where GROUP BY 1) s"
+	);
 }
 
 sub note { Test::More::note(@_) }
