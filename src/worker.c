@@ -102,10 +102,24 @@
 static int	worker_slot;
 static char worker_name[64];
 
-/* the extension the saved plans were prepared for */
-static Oid	plans_extension = InvalidOid;
+/* the extension this worker last saw, to log its coming and going */
+static Oid	known_extension = InvalidOid;
 
-/* saved plans, prepared on first use */
+/*
+ * The statements the worker runs, each kept by gatekeeper_plan() on first
+ * use.  A kept plan outlives DROP EXTENSION: the plan cache re-plans it by
+ * name once the extension is back.  claim is read by column name, since
+ * 0.1.0's claim, until ALTER EXTENSION UPDATE, returns fewer columns.
+ */
+static const char claim_sql[] = "SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
+static const char ack_sql[] = "SELECT gatekeeper.ack($1::bigint[], $2::int[])";
+static const char nack_sql[] = "SELECT gatekeeper.nack($1::bigint, $2::int, $3::text, $4::boolean)";
+static const char unclaim_sql[] = "SELECT gatekeeper.unclaim($1::bigint[], $2::int[], $3::text, $4::interval)";
+static const char extend_sql[] = "SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)";
+static const char reap_sql[] = "SELECT gatekeeper.reap()";
+static const char purge_sql[] = "SELECT gatekeeper.purge()";
+static const char next_due_sql[] = "SELECT gatekeeper.next_due()";
+
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
@@ -165,10 +179,6 @@ static long nap(void);
 static void report(const char *state);
 static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
-static void forget_plans(void);
-static void forget_plan(SPIPlanPtr *plan);
-static SPIPlanPtr prepare_plan(SPIPlanPtr *plan, const char *query,
-							   int nargs, Oid *argtypes);
 static void housekeeping(void);
 static int	claim_window(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
@@ -399,7 +409,7 @@ housekeep(bool woken)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (now >= next_housekeeping || (woken && !OidIsValid(plans_extension)))
+	if (now >= next_housekeeping || (woken && !OidIsValid(known_extension)))
 		housekeeping();
 	if (woken)
 		next_claim_at = 0;
@@ -430,7 +440,7 @@ claim(bool woken)
 	int			want;
 	int			n;
 
-	if (!smtp_enabled || !OidIsValid(plans_extension) || now < backoff_until)
+	if (!smtp_enabled || !OidIsValid(known_extension) || now < backoff_until)
 		return;
 	if (now < next_claim_at || nlive > window / 2)
 		return;
@@ -598,9 +608,7 @@ extend(void)
 		values[0] = Int64GetDatum(d->mail.id);
 		values[1] = Int32GetDatum(d->mail.attempt);
 		values[2] = IntervalPGetDatum(lease);
-		ret = SPI_execute_plan(prepare_plan(&extend_plan,
-											"SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)",
-											3, argtypes),
+		ret = SPI_execute_plan(gatekeeper_plan(&extend_plan, extend_sql, 3, argtypes),
 							   values, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.extend() failed: %s", SPI_result_code_string(ret));
@@ -637,10 +645,10 @@ nap(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
-	bool		delivering = smtp_enabled && OidIsValid(plans_extension);
+	bool		delivering = smtp_enabled && OidIsValid(known_extension);
 
 	/* without the extension, housekeeping looks for it once a nap */
-	if (OidIsValid(plans_extension) || next_housekeeping > now)
+	if (OidIsValid(known_extension) || next_housekeeping > now)
 		wake = Min(wake, next_housekeeping);
 	if (backoff_until > now)
 		wake = Min(wake, backoff_until);
@@ -674,7 +682,7 @@ report(const char *state)
 
 	if (state == NULL)
 	{
-		if (!OidIsValid(plans_extension))
+		if (!OidIsValid(known_extension))
 			state = "waiting for extension";
 		else if (!smtp_enabled)
 			state = "no relay";
@@ -732,7 +740,7 @@ begin_work(const char *activity, Oid *extension)
 			ext = InvalidOid;
 	}
 
-	if (ext != plans_extension)
+	if (ext != known_extension)
 	{
 		/* log the comings and goings of the extension, never its absence */
 		if (OidIsValid(ext))
@@ -743,8 +751,7 @@ begin_work(const char *activity, Oid *extension)
 			ereport(LOG,
 					(errmsg("extension gatekeeper was dropped from database \"%s\"; gatekeeper worker waits for it",
 							gatekeeper_database)));
-		forget_plans();
-		plans_extension = ext;
+		known_extension = ext;
 	}
 
 	*extension = ext;
@@ -765,54 +772,6 @@ end_work(void)
 }
 
 /*
- * Free the saved plans: the extension they were prepared for is gone.
- */
-static void
-forget_plans(void)
-{
-	forget_plan(&claim_plan);
-	forget_plan(&ack_plan);
-	forget_plan(&nack_plan);
-	forget_plan(&unclaim_plan);
-	forget_plan(&reap_plan);
-	forget_plan(&purge_plan);
-	forget_plan(&next_due_plan);
-}
-
-/*
- * Free one saved plan, if it was prepared.
- */
-static void
-forget_plan(SPIPlanPtr *plan)
-{
-	if (*plan != NULL)
-	{
-		SPI_freeplan(*plan);
-		*plan = NULL;
-	}
-}
-
-/*
- * The saved plan in *plan, preparing it on first use.
- */
-static SPIPlanPtr
-prepare_plan(SPIPlanPtr *plan, const char *query, int nargs, Oid *argtypes)
-{
-	if (*plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare(query, nargs, argtypes);
-
-		if (p == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 query, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(p) != 0)
-			elog(ERROR, "SPI_keepplan failed for \"%s\"", query);
-		*plan = p;
-	}
-	return *plan;
-}
-
-/*
  * Reap expired leases and purge a batch of old mail, in a transaction of
  * their own, when the extension exists.
  */
@@ -828,13 +787,13 @@ housekeeping(void)
 		bool		isnull;
 		int64		purged = 0;
 
-		plan = prepare_plan(&reap_plan, "SELECT gatekeeper.reap()", 0, NULL);
+		plan = gatekeeper_plan(&reap_plan, reap_sql, 0, NULL);
 		ret = SPI_execute_plan(plan, NULL, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.reap() failed: %s",
 				 SPI_result_code_string(ret));
 
-		plan = prepare_plan(&purge_plan, "SELECT gatekeeper.purge()", 0, NULL);
+		plan = gatekeeper_plan(&purge_plan, purge_sql, 0, NULL);
 		ret = SPI_execute_plan(plan, NULL, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.purge() failed: %s",
@@ -872,9 +831,6 @@ housekeeping(void)
 static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
-	static const char *claim_query =
-		/* by name: 0.1.0's claim, until ALTER EXTENSION UPDATE, has fewer columns */
-		"SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
 	Oid			argtypes[3] = {TEXTOID, INT4OID, INTERVALOID};
 	Datum		values[3];
 	Interval   *lease;
@@ -901,7 +857,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	values[2] = IntervalPGetDatum(lease);
 
 	lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
-	plan = prepare_plan(&claim_plan, claim_query, 3, argtypes);
+	plan = gatekeeper_plan(&claim_plan, claim_sql, 3, argtypes);
 	ret = SPI_execute_plan(plan, values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "gatekeeper.claim() failed: %s",
@@ -929,8 +885,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	/* when the claim was not full, find when the next mail is due */
 	if (n < want)
 	{
-		plan = prepare_plan(&next_due_plan, "SELECT gatekeeper.next_due()",
-							0, NULL);
+		plan = gatekeeper_plan(&next_due_plan, next_due_sql, 0, NULL);
 		ret = SPI_execute_plan(plan, NULL, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.next_due() failed: %s",
@@ -1350,9 +1305,7 @@ record_outcomes(void)
 
 		values[0] = gatekeeper_array(ids, NULL, nsent, INT8OID);
 		values[1] = gatekeeper_array(attempts, NULL, nsent, INT4OID);
-		plan = prepare_plan(&ack_plan,
-							"SELECT gatekeeper.ack($1::bigint[], $2::int[])",
-							2, argtypes);
+		plan = gatekeeper_plan(&ack_plan, ack_sql, 2, argtypes);
 		ret = SPI_execute_plan(plan, values, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.ack() failed: %s",
@@ -1405,9 +1358,7 @@ record_outcomes(void)
 		values[2] = CStringGetTextDatum(d->error);
 		values[3] = BoolGetDatum(d->outcome == GATEKEEPER_FAIL);
 
-		plan = prepare_plan(&nack_plan,
-							"SELECT gatekeeper.nack($1::bigint, $2::int, $3::text, $4::boolean)",
-							4, argtypes);
+		plan = gatekeeper_plan(&nack_plan, nack_sql, 4, argtypes);
 		ret = SPI_execute_plan(plan, values, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.nack() failed: %s",
@@ -1439,9 +1390,7 @@ record_outcomes(void)
 		/* the worker backs off; the mail itself is due again at once */
 		values[3] = IntervalPGetDatum(delay);
 
-		plan = prepare_plan(&unclaim_plan,
-							"SELECT gatekeeper.unclaim($1::bigint[], $2::int[], $3::text, $4::interval)",
-							4, argtypes);
+		plan = gatekeeper_plan(&unclaim_plan, unclaim_sql, 4, argtypes);
 		ret = SPI_execute_plan(plan, values, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.unclaim() failed: %s",
