@@ -535,22 +535,47 @@ gatekeeper.default_sender = 'bench@example.com'"
 #             parallel bound is 16 connections / 1 s = 16 mails/s
 # smtp-sink counts and discards (-c).
 
-# relays_sink NAME PORT [ARGS...]: start smtp-sink -c on PORT; its
-# counter is read from $BK_WORK/NAME.out.
-relays_sink() {
-	local name=$1 port=$2
-	shift 2
-	mkdir -p "$BK_WORK/$name"
-	chmod 777 "$BK_WORK/$name"
-	bk_start_bg "$name" "$BK_WORK/$name" /usr/sbin/smtp-sink -u postfix -c "$@" "127.0.0.1:$port" 256
-	bk_wait_port "$port" || gk_die "smtp-sink $name did not start"
+# relays_port_ok NAME PORT: wait up to 10 s until what bk_start_bg NAME
+# started accepts on PORT; false at once if it exited (a port taken since
+# gk_free_port looked, e.g. by the local end of a loopback connection).
+relays_port_ok() {
+	local var="BK_PID_$1" i
+	for i in $(seq 1 100); do
+		kill -0 "${!var}" 2>/dev/null || return 1
+		gk_port_free "$2" || return 0
+		sleep 0.1
+	done
+	return 1
 }
 
-# relays_proxy NAME PORT TARGET: the delaying proxy, 10 ms each way.
+# relays_sink NAME [ARGS...]: start smtp-sink -c on a free port, set
+# RELAYS_PORT to it; its counter is read from $BK_WORK/NAME.out.
+relays_sink() {
+	local name=$1 try
+	shift
+	mkdir -p "$BK_WORK/$name"
+	chmod 777 "$BK_WORK/$name"
+	for try in 1 2 3 4 5; do
+		RELAYS_PORT=$(gk_free_port "$BK_PGPORT")
+		bk_start_bg "$name" "$BK_WORK/$name" /usr/sbin/smtp-sink -u postfix -c "$@" "127.0.0.1:$RELAYS_PORT" 256
+		relays_port_ok "$name" "$RELAYS_PORT" && return 0
+		bk_stop_bg "$name"
+	done
+	gk_die "smtp-sink $name did not start (see $BK_WORK/$name.err)"
+}
+
+# relays_proxy NAME TARGET: the delaying proxy, 10 ms each way, to
+# 127.0.0.1:TARGET, on a free port: RELAYS_PORT.
 relays_proxy() {
-	bk_start_bg "$1" "$BK_WORK" /usr/bin/python3 "$ROOT/t/delay_proxy.py" --listen "$2" --target "$3" \
-		--delay-ms 10 --log "$BK_WORK/$1.log" --lifetime 3600
-	bk_wait_port "$2" || gk_die "delay proxy $1 did not start"
+	local try
+	for try in 1 2 3 4 5; do
+		RELAYS_PORT=$(gk_free_port "$2")
+		bk_start_bg "$1" "$BK_WORK" /usr/bin/python3 "$ROOT/t/delay_proxy.py" --listen "$RELAYS_PORT" \
+			--target "$2" --delay-ms 10 --log "$BK_WORK/$1.log" --lifetime 3600
+		relays_port_ok "$1" "$RELAYS_PORT" && return 0
+		bk_stop_bg "$1"
+	done
+	gk_die "delay proxy $1 did not start (see $BK_WORK/$1.err)"
 }
 
 # relays_chunks NAME: the chunks the proxy's clients wrote (its exit line).
@@ -621,21 +646,21 @@ relays_per_mail() { perl -e 'printf "%.2f", $ARGV[0] / $ARGV[1]' "$1" "$2"; }
 scenario_relays() {
 	local sport pport c
 	# loopback
-	sport=$(gk_free_port "$BK_PGPORT")
-	relays_sink relay_sink "$sport" -m 64
+	relays_sink relay_sink -m 64
+	sport=$RELAYS_PORT
 	relays_source loopback "$RELAY_N" relay_sink "$sport" $((60 + RELAY_N / 100))
 	relays_worker loopback "$RELAY_N" relay_sink "$sport" $((60 + RELAY_N / 100))
 
 	# 20 ms away: the same sink behind the proxy, a proxy of its own for
 	# each client, so that its chunk count is that client's
-	pport=$(gk_free_port "$sport")
-	relays_proxy relay_proxy_source "$pport" "$sport"
+	relays_proxy relay_proxy_source "$sport"
+	pport=$RELAYS_PORT
 	relays_source rtt20 "$RELAY_RTT_N" relay_sink "$pport" $((60 + RELAY_RTT_N / 10))
 	bk_stop_bg relay_proxy_source
 	c=$(relays_chunks relay_proxy_source)
 	[ -z "$c" ] || bk_note relays "rtt20: smtp-source wrote $(relays_per_mail "$c" $((RUNS * RELAY_RTT_N))) chunks per mail through the proxy (about one per round trip it waited for)"
-	pport=$(gk_free_port "$sport")
-	relays_proxy relay_proxy_gk "$pport" "$sport"
+	relays_proxy relay_proxy_gk "$sport"
+	pport=$RELAYS_PORT
 	relays_worker rtt20 "$RELAY_RTT_N" relay_sink "$pport" $((60 + RELAY_RTT_N / 10))
 	bk_stop_bg relay_proxy_gk
 	c=$(relays_chunks relay_proxy_gk)
@@ -643,8 +668,8 @@ scenario_relays() {
 	bk_stop_bg relay_sink
 
 	# a second for each end-of-data
-	sport=$(gk_free_port "$BK_PGPORT")
-	relays_sink relay_sink_slow "$sport" -m 64 -W .:1
+	relays_sink relay_sink_slow -m 64 -W .:1
+	sport=$RELAYS_PORT
 	bk_record relays.slow_eod.bound 1 16
 	relays_source slow_eod "$RELAY_SLOW_N" relay_sink_slow "$sport" $((30 + RELAY_SLOW_N))
 	relays_worker slow_eod "$RELAY_SLOW_N" relay_sink_slow "$sport" $((30 + RELAY_SLOW_N))
