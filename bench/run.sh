@@ -20,7 +20,7 @@
 #   --smoke          tiny sizes, 1 run (CI keeps the harness working with it)
 #   --runs N         runs per measurement (default 5; --smoke: 1)
 #   --only LIST      comma-separated scenarios: enqueue,drain,backlog,
-#                    sustained,gates,delivery (default: all)
+#                    sustained,storage,gates,delivery (default: all)
 #   --install        build gatekeeper from this tree and install it first
 #                    (also done when no gatekeeper is installed)
 #   --output FILE    where to write the Markdown report
@@ -43,7 +43,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 
-ALL_SCENARIOS=(enqueue drain backlog sustained gates delivery)
+ALL_SCENARIOS=(enqueue drain backlog sustained storage gates delivery)
 SMOKE=0
 RUNS=
 ONLY=
@@ -100,6 +100,7 @@ if [ "$SMOKE" = 1 ]; then
 	DRAIN_N_100=1600 DRAIN_N_1000=8000
 	BACKLOG_SMALL=500 BACKLOG_BIG=5000 BACKLOG_TXNS=3
 	SUSTAINED_WAVES=10 SUSTAINED_N=4000
+	STORAGE_WAVES=3 STORAGE_N=4000
 	GATE_BATCH_TXNS=2 GATE_SINGLE_TXNS=50 REDIS_P_N=20000 REDIS_N=2000
 	DELIVERY_N=200 DELIVERY_LAT=3
 else
@@ -108,6 +109,7 @@ else
 	DRAIN_N_100=40000 DRAIN_N_1000=80000	# divisible by 8 claimers x batch
 	BACKLOG_SMALL=50000 BACKLOG_BIG=5000000 BACKLOG_TXNS=10
 	SUSTAINED_WAVES=10 SUSTAINED_N=400000
+	STORAGE_WAVES=6 STORAGE_N=300000
 	GATE_BATCH_TXNS=50 GATE_SINGLE_TXNS=2500 REDIS_P_N=2000000 REDIS_N=200000
 	DELIVERY_N=20000 DELIVERY_LAT=50
 fi

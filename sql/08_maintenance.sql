@@ -9,7 +9,7 @@ SELECT gatekeeper.create_queue('m_paused');
 --
 -- next_due: the earliest send_at of scheduled mail in unpaused queues
 --
-SELECT count(*) AS live_mail FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed');
+SELECT count(*) AS live_mail FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed');
 SELECT gatekeeper.next_due() AS nothing_scheduled;
 BEGIN;
 SELECT gatekeeper.enqueue('n1@maint.example', 'N', 'b', 'm_q', send_at => now() + interval '2 hours') IS NOT NULL AS low;
@@ -33,9 +33,10 @@ SELECT format('old%s@maint.example', i), 'Old', 'b', 'm_q' FROM generate_series(
 SELECT count(*) FILTER (WHERE gatekeeper.ack(c.id, c.attempt)) AS sent
   FROM gatekeeper.claim('w-maint', 10, queues => ARRAY['m_q']) AS c;
 -- two finished 8 days ago, one 6 days ago, one now; a scheduled mail created long ago stays
-UPDATE gatekeeper.mail SET finished_at = now() - interval '8 days'
- WHERE recipient IN ('old1@maint.example', 'old2@maint.example');
-UPDATE gatekeeper.mail SET finished_at = now() - interval '6 days' WHERE recipient = 'old3@maint.example';
+UPDATE gatekeeper.mail_done d SET finished_at = now() - interval '8 days' FROM gatekeeper.mail m
+ WHERE m.id = d.id AND m.recipient IN ('old1@maint.example', 'old2@maint.example');
+UPDATE gatekeeper.mail_done d SET finished_at = now() - interval '6 days' FROM gatekeeper.mail m
+ WHERE m.id = d.id AND m.recipient = 'old3@maint.example';
 SELECT gatekeeper.enqueue('waiting@maint.example', 'W', 'b', 'm_q', send_at => now() + interval '30 days') AS waiting \gset
 UPDATE gatekeeper.mail SET created_at = now() - interval '30 days' WHERE id = :waiting;
 -- gate passes: one expired, one live
@@ -43,16 +44,17 @@ SELECT gatekeeper.gate_pass('smart_sending', 'expired@maint.example') AS p1,
        gatekeeper.gate_pass('smart_sending', 'live@maint.example') AS p2;
 SELECT gatekeeper._gate_restamp('smart_sending', 'expired@maint.example', ARRAY[now() - interval '1 minute']);
 SELECT gatekeeper.purge() >= 3 AS purged;
-SELECT recipient, state FROM gatekeeper.mail WHERE recipient LIKE '%@maint.example' AND queue = 'm_q'
+SELECT recipient, state FROM gatekeeper.mail_status WHERE recipient LIKE '%@maint.example' AND queue = 'm_q'
  ORDER BY recipient;
 SELECT r AS recipient, e.sends_in_period
   FROM unnest(ARRAY['expired@maint.example', 'live@maint.example']) AS r, gatekeeper.explain(r) AS e
  WHERE e.gate = 'smart_sending' ORDER BY r;
 SELECT count(*) AS expired_log_rows FROM gatekeeper.gate_log WHERE expires < now();
 -- purge works in batches
-UPDATE gatekeeper.mail SET finished_at = now() - interval '8 days' WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
+UPDATE gatekeeper.mail_done d SET finished_at = now() - interval '8 days' FROM gatekeeper.mail m
+ WHERE m.id = d.id AND m.recipient IN ('old3@maint.example', 'old4@maint.example');
 SELECT gatekeeper.purge(1) AS purged_one;
-SELECT count(*) AS old_left FROM gatekeeper.mail WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
+SELECT count(*) AS old_left FROM gatekeeper.mail_status WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
 SELECT gatekeeper.purge(1) AS purged_another;
-SELECT count(*) AS old_left FROM gatekeeper.mail WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
+SELECT count(*) AS old_left FROM gatekeeper.mail_status WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
 SELECT gatekeeper.cancel(:waiting) AS cancelled;

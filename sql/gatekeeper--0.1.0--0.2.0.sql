@@ -657,6 +657,746 @@ REVOKE ALL ON FUNCTION gatekeeper._queue_builtin_insert() FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._gate_builtin_insert() FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._builtin_update() FROM PUBLIC;
 
+/* ---------------------------------------------------------------------------
+ * Issue 11, storage: the mail's content is written once, in gatekeeper.mail;
+ * a live mail's claim state is a narrow row in gatekeeper.mail_live, a
+ * finished mail's outcome a narrow row in gatekeeper.mail_done.  0.1.0's
+ * mail is moved: every mail keeps its content, state, attempts, lease,
+ * Message-ID and error.
+ * ---------------------------------------------------------------------------
+ */
+DROP VIEW gatekeeper.queue_stats;
+DROP INDEX gatekeeper.mail_due, gatekeeper.mail_lease, gatekeeper.mail_dedupe,
+	gatekeeper.mail_sent_key, gatekeeper.mail_finished;
+
+/*
+ * The mail lives in three tables (README, "Storage"):
+ *
+ *   mail		what the application enqueued (by enqueue, INSERT or COPY):
+ *				written once, never rewritten by gatekeeper
+ *   mail_live	one narrow row per mail still to go (scheduled or claimed):
+ *				its claim state, which claims, nacks and reaps update
+ *   mail_done	one narrow row per finished mail: its outcome
+ *
+ * The statement-level trigger on mail validates the statement's rows and
+ * writes their mail_live rows, in the same statement.  A mail that
+ * finishes leaves mail_live at once (a delete of a narrow row) and gains
+ * its mail_done row, so claims walk only live mail however much finished
+ * mail is retained, and neither a claim nor an ack rewrites the content.
+ * gatekeeper.mail_status joins the three for the owner's queries.
+ *
+ *   mail_due		scheduled mail by queue, priority, due time
+ *   mail_lease		claimed mail by lease expiry, for reaping (every way out
+ *					of claimed clears lease_until)
+ *   mail_dedupe	at most one live mail per queue and dedupe key
+ *   mail_done_key	finished mail by dedupe key, for the dedupe window and find()
+ *   mail_finished	finished mail by finish time, for purging
+ *   mail_recipient	mail by recipient, for history()
+ */
+CREATE TABLE gatekeeper.mail_live (
+	id			bigint PRIMARY KEY,
+	queue		text NOT NULL,
+	priority	int NOT NULL DEFAULT 0,
+	send_at		timestamptz NOT NULL,
+	state		gatekeeper.state NOT NULL DEFAULT 'scheduled',
+	attempt		int NOT NULL DEFAULT 0,
+	uncharged	int NOT NULL DEFAULT 0,
+	lease_until timestamptz,
+	worker		text,
+	message_id	text,
+	last_error	text,
+	dedupe_key	text
+);
+
+CREATE TABLE gatekeeper.mail_done (
+	id			bigint PRIMARY KEY,
+	queue		text NOT NULL,
+	state		gatekeeper.state NOT NULL,
+	attempt		int NOT NULL DEFAULT 0,
+	uncharged	int NOT NULL DEFAULT 0,
+	send_at		timestamptz NOT NULL,
+	worker		text,
+	message_id	text,
+	last_error	text,
+	dedupe_key	text,
+	finished_at timestamptz NOT NULL
+);
+
+COMMENT ON COLUMN gatekeeper.mail_live.attempt IS 'claims so far; (id, attempt) names one claim';
+COMMENT ON COLUMN gatekeeper.mail_live.uncharged IS 'claims handed back unsent because no relay was reachable; not counted against max_attempts';
+COMMENT ON COLUMN gatekeeper.mail_live.send_at IS 'when the mail is due: the enqueued send_at, moved by retries and deferrals';
+
+/*
+ * Every claim and every ack leaves a dead narrow row in mail_live, and
+ * dead entries in mail_due are what every claim walks past: vacuum it
+ * after 1% and unthrottled.  It stays as small as the live mail.
+ */
+ALTER TABLE gatekeeper.mail_live SET (
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 1000,
+	autovacuum_analyze_scale_factor = 0.02,
+	autovacuum_vacuum_cost_delay = 0
+);
+
+CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id)
+	WHERE state = 'scheduled';
+CREATE INDEX mail_lease ON gatekeeper.mail_live (lease_until)
+	WHERE lease_until IS NOT NULL;
+CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
+	WHERE dedupe_key IS NOT NULL;
+CREATE INDEX mail_done_key ON gatekeeper.mail_done (queue, dedupe_key, finished_at)
+	WHERE dedupe_key IS NOT NULL;
+CREATE INDEX mail_finished ON gatekeeper.mail_done (finished_at);
+CREATE INDEX mail_recipient ON gatekeeper.mail (recipient, created_at);
+
+-- 0.1.0's mail, moved: the live mail's state to mail_live, the finished
+-- mail's outcome to mail_done; the content stays where it is
+INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+								  lease_until, worker, message_id, last_error, dedupe_key)
+SELECT id, queue, priority, send_at, state, attempt, uncharged,
+	   lease_until, worker, message_id, last_error, dedupe_key
+  FROM gatekeeper.mail
+ WHERE state IN ('scheduled', 'claimed');
+INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+								  message_id, last_error, dedupe_key, finished_at)
+SELECT id, queue, state, attempt, uncharged, send_at, worker,
+	   message_id, last_error, dedupe_key, coalesce(finished_at, created_at)
+  FROM gatekeeper.mail
+ WHERE state NOT IN ('scheduled', 'claimed');
+
+ALTER TABLE gatekeeper.mail
+	DROP COLUMN state,
+	DROP COLUMN attempt,
+	DROP COLUMN uncharged,
+	DROP COLUMN lease_until,
+	DROP COLUMN worker,
+	DROP COLUMN message_id,
+	DROP COLUMN last_error,
+	DROP COLUMN finished_at;
+
+/*
+ * pg_dump order for the mail's three tables: mail_done before mail (the
+ * trigger on mail then knows which restored mails are finished: they get
+ * no live row, and a restored finished mail may name a dropped queue),
+ * mail_live after mail (a restored live row replaces the fresh one the
+ * trigger made; see _mail_live_restore).  Each order is a foreign key of
+ * an always-NULL column, NOT VALID, its triggers disabled, as
+ * mail._dump_order is (above).
+ */
+ALTER TABLE gatekeeper.mail ADD COLUMN _dump_order_done bigint;
+ALTER TABLE gatekeeper.mail_live ADD COLUMN _dump_order bigint;
+ALTER TABLE gatekeeper.mail
+	ADD CONSTRAINT mail_dump_order_done_null CHECK (_dump_order_done IS NULL) NOT VALID,
+	ADD CONSTRAINT mail_dump_order_done FOREIGN KEY (_dump_order_done)
+		REFERENCES gatekeeper.mail_done (id) NOT VALID;
+ALTER TABLE gatekeeper.mail_live
+	ADD CONSTRAINT mail_live_dump_order_null CHECK (_dump_order IS NULL) NOT VALID,
+	ADD CONSTRAINT mail_live_dump_order FOREIGN KEY (_dump_order)
+		REFERENCES gatekeeper.mail (id) NOT VALID;
+
+DO $$
+DECLARE
+	t record;
+BEGIN
+	FOR t IN SELECT n.nspname, c.relname, tg.tgname
+			   FROM pg_catalog.pg_trigger tg
+			   JOIN pg_catalog.pg_constraint k ON k.oid = tg.tgconstraint
+			   JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
+			   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			  WHERE k.conname IN ('mail_dump_order_done', 'mail_live_dump_order')
+				AND k.connamespace = 'gatekeeper'::pg_catalog.regnamespace
+	LOOP
+		EXECUTE pg_catalog.format('ALTER TABLE %I.%I DISABLE TRIGGER %I',
+								  t.nspname, t.relname, t.tgname);
+	END LOOP;
+END
+$$;
+
+COMMENT ON COLUMN gatekeeper.mail._dump_order_done IS 'always NULL; its foreign key (not enforced) makes pg_dump restore finished mail''s outcomes before mail';
+COMMENT ON COLUMN gatekeeper.mail_live._dump_order IS 'always NULL; its foreign key (not enforced) makes pg_dump restore mail before its live state';
+
+-- a live row restored by pg_dump (an INSERT not made by a trigger) replaces
+-- the fresh one the trigger on mail made for the restored mail
+CREATE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	UPDATE gatekeeper.mail_live l
+	   SET queue = NEW.queue, priority = NEW.priority, send_at = NEW.send_at, state = NEW.state,
+		   attempt = NEW.attempt, uncharged = NEW.uncharged, lease_until = NEW.lease_until,
+		   worker = NEW.worker, message_id = NEW.message_id, last_error = NEW.last_error,
+		   dedupe_key = NEW.dedupe_key
+	 WHERE l.id = NEW.id;
+	IF FOUND THEN
+		RETURN NULL;
+	END IF;
+	RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
+	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
+	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+
+-- an update of a mail's queue, priority, send_at or dedupe key (by its
+-- owner) reaches its state rows; a deleted mail takes them along
+CREATE FUNCTION gatekeeper._mail_sync() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF TG_OP = 'DELETE' THEN
+		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
+		DELETE FROM gatekeeper.mail_done d WHERE d.id IN (SELECT o.id FROM old_mail o);
+		RETURN NULL;
+	END IF;
+	UPDATE gatekeeper.mail_live l
+	   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+						  ELSE l.send_at END
+	 WHERE l.id = NEW.id;
+	UPDATE gatekeeper.mail_done d
+	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
+	 WHERE d.id = NEW.id AND (d.queue, d.dedupe_key) IS DISTINCT FROM (NEW.queue, NEW.dedupe_key);
+	RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER mail_sync_update AFTER UPDATE OF queue, priority, send_at, dedupe_key
+	ON gatekeeper.mail
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper._mail_sync();
+CREATE TRIGGER mail_sync_delete AFTER DELETE ON gatekeeper.mail
+	REFERENCING OLD TABLE AS old_mail
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._mail_sync();
+
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_live', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done', '');
+
+/*
+ * Every column the mail had in 0.1.0, for the owner's queries: the
+ * content, and the state from whichever of mail_live and mail_done holds
+ * the mail.
+ */
+CREATE VIEW gatekeeper.mail_status AS
+SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+	   m.dedupe_key, m.priority,
+	   CASE WHEN l.id IS NOT NULL THEN l.send_at ELSE coalesce(d.send_at, m.send_at) END AS send_at,
+	   m.send_by,
+	   CASE WHEN l.id IS NOT NULL THEN l.state ELSE d.state END AS state,
+	   CASE WHEN l.id IS NOT NULL THEN l.attempt ELSE coalesce(d.attempt, 0) END AS attempt,
+	   CASE WHEN l.id IS NOT NULL THEN l.uncharged ELSE coalesce(d.uncharged, 0) END AS uncharged,
+	   l.lease_until,
+	   CASE WHEN l.id IS NOT NULL THEN l.worker ELSE d.worker END AS worker,
+	   CASE WHEN l.id IS NOT NULL THEN l.message_id ELSE d.message_id END AS message_id,
+	   CASE WHEN l.id IS NOT NULL THEN l.last_error ELSE d.last_error END AS last_error,
+	   m.created_at,
+	   d.finished_at
+  FROM gatekeeper.mail m
+  LEFT JOIN gatekeeper.mail_live l ON l.id = m.id
+  LEFT JOIN gatekeeper.mail_done d ON d.id = m.id;
+
+CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	new_id bigint;
+	q gatekeeper.queue;
+	violated text;
+BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF priority IS NULL THEN
+		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF dedupe_key IS NULL THEN
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, priority, send_by)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by)
+		RETURNING id INTO new_id;
+		RETURN new_id;
+	END IF;
+
+	q := gatekeeper._queue(enqueue.queue);
+	/*
+	 * A live mail with this key wins; so does one sent within the queue's
+	 * dedupe window.  Otherwise insert; if a concurrent enqueue of the same
+	 * key got there first (its live row holds the key in mail_dedupe), the
+	 * next round finds its mail.
+	 */
+	FOR round IN 1..10 LOOP
+		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
+		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		IF q.dedupe_window IS NOT NULL THEN
+			SELECT d.id INTO new_id FROM gatekeeper.mail_done d
+			 WHERE d.queue = enqueue.queue AND d.dedupe_key = enqueue.dedupe_key
+			   AND d.state = 'sent' AND d.finished_at > now() - q.dedupe_window
+			 ORDER BY d.finished_at DESC LIMIT 1;
+			IF FOUND THEN
+				RETURN new_id;
+			END IF;
+		END IF;
+		BEGIN
+			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+										 headers, dedupe_key, priority, send_by)
+			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+					priority, send_by)
+			RETURNING id INTO new_id;
+			RETURN new_id;
+		EXCEPTION WHEN unique_violation THEN
+			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+			IF violated IS DISTINCT FROM 'mail_dedupe' THEN
+				RAISE;
+			END IF;
+		END;
+	END LOOP;
+	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
+		USING ERRCODE = 'serialization_failure';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.ack(id bigint, attempt int)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF ack.id IS NULL OR ack.attempt IS NULL THEN
+		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	WITH f AS (
+		DELETE FROM gatekeeper.mail_live l
+		 WHERE l.id = ack.id AND l.attempt = ack.attempt AND l.state = 'claimed'
+		RETURNING l.*
+	)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at)
+	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now()
+	  FROM f;
+	RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	m gatekeeper.mail_live;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+BEGIN
+	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO m FROM gatekeeper.mail_live l
+	 WHERE l.id = nack.id AND l.attempt = nack.attempt AND l.state = 'claimed'
+	   FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN NULL;			-- not this claim's to report: it changes nothing
+	END IF;
+	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
+	tries := m.attempt - m.uncharged;
+
+	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+		DELETE FROM gatekeeper.mail_live l WHERE l.id = m.id;
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at)
+		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
+				m.message_id, error, m.dedupe_key, now());
+		-- by what the mail holds, whatever its queue's gates are now
+		PERFORM gatekeeper._release_mail((SELECT c.recipient FROM gatekeeper.mail c WHERE c.id = m.id), m.id);
+		RETURN 'failed';
+	END IF;
+
+	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
+	base := coalesce(nullif(current_setting('gatekeeper.retry_delay', true), '')::interval,
+					 interval '30 seconds');
+	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+	delay := delay / 2 + delay / 2 * random();
+	UPDATE gatekeeper.mail_live l
+	   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = error
+	 WHERE l.id = m.id;
+	RETURN 'scheduled';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	UPDATE gatekeeper.mail_live l SET lease_until = now() + gatekeeper._duration(lease, 'lease')
+	 WHERE l.id = extend.id AND l.attempt = extend.attempt AND l.state = 'claimed';
+	RETURN FOUND;
+END
+$$;
+
+-- hand claimed mail back unsent and uncharged: no relay could be reached
+CREATE OR REPLACE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int;
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR cardinality(ids) <> cardinality(attempts) THEN
+		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	UPDATE gatekeeper.mail_live m
+	   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
+		   send_at = greatest(m.send_at, now() + gatekeeper._duration(delay, 'delay')), last_error = error
+	  FROM unnest(ids, attempts) AS u(id, attempt)
+	 WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed';
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.reap()
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int;
+	release_recipients text[];
+	release_holders bigint[];
+BEGIN
+	/*
+	 * at_most_once: the mail may have gone, so it is never sent again.
+	 * at_least_once: back to scheduled, unless its attempts are spent;
+	 * it keeps its gate passes, which its next claim re-passes.  Mail that
+	 * failed gives its passes back, all in one sorted release.
+	 */
+	WITH expired AS (
+		SELECT l.id FROM gatekeeper.mail_live l
+		 WHERE l.lease_until < now() AND l.state = 'claimed'
+		   FOR UPDATE SKIP LOCKED
+	), judged AS (
+		SELECT l.id,
+			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
+					WHEN l.attempt - l.uncharged >= q.max_attempts THEN 'failed'
+					ELSE 'scheduled' END AS outcome
+		  FROM expired e
+		  JOIN gatekeeper.mail_live l ON l.id = e.id
+		  JOIN gatekeeper.queue q ON q.name = l.queue
+	), back AS (
+		UPDATE gatekeeper.mail_live l
+		   SET state = 'scheduled', lease_until = NULL, worker = NULL, last_error = 'lease expired'
+		  FROM judged j
+		 WHERE l.id = j.id AND j.outcome = 'scheduled'
+		RETURNING l.id
+	), gone AS (
+		DELETE FROM gatekeeper.mail_live l
+		 USING judged j
+		 WHERE l.id = j.id AND j.outcome <> 'scheduled'
+		RETURNING l.*, j.outcome
+	), done AS (
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at)
+		SELECT g.id, g.queue, g.outcome::gatekeeper.state, g.attempt, g.uncharged, g.send_at, NULL,
+			   g.message_id, 'lease expired', g.dedupe_key, now()
+		  FROM gone g
+		RETURNING mail_done.id, mail_done.state
+	)
+	SELECT (SELECT count(*) FROM back) + count(d.id),
+		   array_agg(m.recipient) FILTER (WHERE d.state = 'failed'),
+		   array_agg(d.id) FILTER (WHERE d.state = 'failed')
+	  INTO n, release_recipients, release_holders
+	  FROM done d
+	  LEFT JOIN gatekeeper.mail m ON m.id = d.id;
+	IF release_recipients IS NOT NULL THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
+	RETURN n;
+END
+$$;
+
+-- the earliest send_at of scheduled mail in unpaused queues, for the worker's sleep
+CREATE OR REPLACE FUNCTION gatekeeper.next_due()
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH RECURSIVE lv(queue, p) AS (
+		SELECT q.name,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = q.name AND m.state = 'scheduled'
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM gatekeeper.queue q WHERE NOT q.paused
+		UNION ALL
+		SELECT lv.queue,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority = lv.p
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.cancel(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF cancel.id IS NULL THEN
+		RAISE EXCEPTION 'id must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	WITH f AS (
+		DELETE FROM gatekeeper.mail_live l
+		 WHERE l.id = cancel.id AND l.state = 'scheduled'
+		RETURNING l.*
+	)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at)
+	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now()
+	  FROM f;
+	RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.cancel_queue(queue text)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n bigint;
+BEGIN
+	PERFORM gatekeeper._queue(cancel_queue.queue);
+	WITH f AS (
+		DELETE FROM gatekeeper.mail_live l
+		 WHERE l.queue = cancel_queue.queue AND l.state = 'scheduled'
+		RETURNING l.*
+	)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at)
+	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now()
+	  FROM f;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.drop_queue(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	live bigint;
+BEGIN
+	IF drop_queue.name = 'default' THEN
+		RAISE EXCEPTION 'the default queue cannot be dropped' USING ERRCODE = 'reserved_name';
+	END IF;
+	PERFORM gatekeeper._queue(drop_queue.name, true);
+	-- wait out writers that may be adding mail to this queue, and hold off new ones
+	LOCK TABLE gatekeeper.mail IN SHARE MODE;
+	SELECT count(*) INTO live FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name;
+	IF live > 0 THEN
+		RAISE EXCEPTION 'queue "%" still holds % live mail', drop_queue.name, live
+			USING ERRCODE = 'object_in_use',
+				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
+	END IF;
+	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
+END
+$$;
+
+-- delete one batch of finished mail older than gatekeeper.retention and of expired
+-- gate log rows; sweep expired passes out of shared memory
+CREATE OR REPLACE FUNCTION gatekeeper.purge(batch int DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	retention interval;
+	n bigint;
+	p bigint;
+BEGIN
+	IF batch IS NULL THEN
+		RAISE EXCEPTION 'batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF batch < 1 THEN
+		RAISE EXCEPTION 'batch must be positive' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	retention := coalesce(nullif(current_setting('gatekeeper.retention', true), '')::interval,
+						  interval '7 days');
+	WITH gone AS (
+		DELETE FROM gatekeeper.mail_done d
+		 WHERE d.id IN (SELECT f.id FROM gatekeeper.mail_done f
+						 WHERE f.finished_at < now() - retention
+						 ORDER BY f.finished_at LIMIT batch
+						   FOR UPDATE SKIP LOCKED)
+		RETURNING d.id
+	)
+	DELETE FROM gatekeeper.mail m USING gone g WHERE m.id = g.id;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	DELETE FROM gatekeeper.gate_log g
+	 WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e
+							   WHERE e.expires < now() LIMIT batch
+								 FOR UPDATE SKIP LOCKED))
+	   AND g.expires < now();
+	GET DIAGNOSTICS p = ROW_COUNT;
+	PERFORM gatekeeper._gate_sweep();
+	RETURN n + p;
+END
+$$;
+
+CREATE OR REPLACE VIEW gatekeeper.queue_stats AS
+SELECT q.name AS queue,
+	   q.paused,
+	   coalesce(s.scheduled, 0) AS scheduled,
+	   coalesce(s.due, 0) AS due,
+	   coalesce(s.claimed, 0) AS claimed,
+	   coalesce(f.sent, 0) AS sent,
+	   coalesce(f.failed, 0) AS failed,
+	   coalesce(f.suppressed, 0) AS suppressed,
+	   coalesce(f.expired, 0) AS expired,
+	   coalesce(f.cancelled, 0) AS cancelled,
+	   coalesce(f.unknown, 0) AS unknown,
+	   s.oldest_due_age
+  FROM gatekeeper.queue q
+  LEFT JOIN (
+	SELECT l.queue,
+		   count(*) FILTER (WHERE l.state = 'scheduled') AS scheduled,
+		   count(*) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS due,
+		   count(*) FILTER (WHERE l.state = 'claimed') AS claimed,
+		   now() - min(l.send_at) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now())
+			 AS oldest_due_age
+	  FROM gatekeeper.mail_live l
+	 GROUP BY l.queue
+  ) s ON s.queue = q.name
+  LEFT JOIN (
+	SELECT d.queue,
+		   count(*) FILTER (WHERE d.state = 'sent') AS sent,
+		   count(*) FILTER (WHERE d.state = 'failed') AS failed,
+		   count(*) FILTER (WHERE d.state = 'suppressed') AS suppressed,
+		   count(*) FILTER (WHERE d.state = 'expired') AS expired,
+		   count(*) FILTER (WHERE d.state = 'cancelled') AS cancelled,
+		   count(*) FILTER (WHERE d.state = 'unknown') AS unknown
+	  FROM gatekeeper.mail_done d
+	 GROUP BY d.queue
+  ) f ON f.queue = q.name;
+
+-- value, or 22004 naming what when it is NULL
+CREATE OR REPLACE FUNCTION gatekeeper._not_null(value anyelement, what text)
+RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF value IS NULL THEN
+		RAISE EXCEPTION '% must not be null', what USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	RETURN value;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.status(id bigint)
+RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
+			   last_error text, message_id text, finished_at timestamptz, metadata jsonb)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT s.id, s.queue, s.state, s.attempt, s.send_at, s.last_error, s.message_id,
+		   s.finished_at, NULL::jsonb
+	  FROM gatekeeper.mail_status s
+	 WHERE s.id = gatekeeper._not_null($1, 'id')
+$$;
+
+CREATE FUNCTION gatekeeper.find(queue text, dedupe_key text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	found_id bigint;
+BEGIN
+	IF find.queue IS NULL OR find.dedupe_key IS NULL THEN
+		RAISE EXCEPTION 'queue and dedupe_key must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
+	 WHERE l.queue = find.queue AND l.dedupe_key = find.dedupe_key;
+	IF NOT FOUND THEN
+		SELECT d.id INTO found_id FROM gatekeeper.mail_done d
+		 WHERE d.queue = find.queue AND d.dedupe_key = find.dedupe_key
+		 ORDER BY d.finished_at DESC, d.id DESC LIMIT 1;
+	END IF;
+	RETURN found_id;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.history(recipient text, since timestamptz DEFAULT now() - interval '30 days')
+RETURNS TABLE (id bigint, queue text, state gatekeeper.state, send_at timestamptz,
+			   finished_at timestamptz, subject text, last_error text)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+	IF history.recipient IS NULL OR history.since IS NULL THEN
+		RAISE EXCEPTION 'recipient and since must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	RETURN QUERY
+	SELECT s.id, s.queue, s.state, s.send_at, s.finished_at, s.subject, s.last_error
+	  FROM gatekeeper.mail_status s
+	 WHERE s.recipient = history.recipient AND s.created_at >= history.since
+	 ORDER BY s.created_at, s.id;
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.status(bigint) IS 'a mail''s state, by id; for roles that cannot read gatekeeper.mail';
+COMMENT ON FUNCTION gatekeeper.find(text, text) IS 'the live, else the latest finished, mail with this dedupe key in this queue';
+COMMENT ON FUNCTION gatekeeper.history(text, timestamptz) IS 'the mail to one recipient enqueued since a time, oldest first';
+
 /*
  * Privileges: nothing new is PUBLIC's (keep this section last).
  */
