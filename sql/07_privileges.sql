@@ -25,6 +25,7 @@ GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz
                                              jsonb, text, int, timestamptz) TO regress_app_enqueue;
 GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
               priority, send_by) ON gatekeeper.mail TO regress_app_enqueue;
+GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO regress_app_enqueue;
 
 -- worker: claim and report back, and look at the counts
 GRANT USAGE ON SCHEMA gatekeeper TO regress_app_worker;

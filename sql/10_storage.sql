@@ -15,15 +15,19 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
--- the scans of a statement's plan that read a whole table
+-- the scans of a statement's plan that read a whole table of 1,000 rows or
+-- more (a segment holding a row or two is read whole, rightly)
 CREATE FUNCTION pg_temp.seq_scans(sql text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
 	line text;
 	found text := '';
+	rel text;
 BEGIN
 	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || sql LOOP
-		IF line ~ 'Seq Scan' THEN
+		rel := substring(line FROM 'Seq Scan on (\w+)');
+		IF rel IS NOT NULL AND EXISTS (SELECT FROM pg_class c
+										WHERE c.relname = rel AND c.reltuples >= 1000) THEN
 			found := found || btrim(line) || '; ';
 		END IF;
 	END LOOP;

@@ -8,10 +8,12 @@
  * named), shared by weight, each queue's share within its rate limit.
  * Each queue's share is taken by one statement of the form
  *
- *		UPDATE mail SET state = 'claimed', ...
+ *		UPDATE mail_live SET state = 'claimed', ... FROM mail
  *		 WHERE id = ANY (ARRAY(SELECT id ... FOR UPDATE SKIP LOCKED))
  *		RETURNING ...
  *
+ * which updates only the mail's narrow claim state (mail_live) and joins
+ * its content (mail) by primary key, never rewriting it.
  * so no two claimers ever get the same mail and none waits for another.
  * (= ANY (ARRAY(...)) is the plan-proof spelling of IN (SELECT ...): the
  * sub-select runs once as an init plan and the update probes the primary
@@ -24,7 +26,8 @@
  * queue must pass all of its queue's gates.  The gate entries of the whole
  * batch are locked in one global order (see gate.c), the mails are passed
  * in claim order, and the losers are suppressed, deferred to the gates'
- * next opening, or expired if that is past their send_by.
+ * next opening, or expired if that is past their send_by.  Mail that will
+ * not go leaves mail_live for mail_done in the same transaction.
  *
  *-------------------------------------------------------------------------
  */
@@ -183,7 +186,7 @@ static const char claim_sql[] =
 "              FOR UPDATE SKIP LOCKED) c "
 "        WHERE l.p IS NOT NULL "
 "        LIMIT $2)) "
-"   AND m.id = l.id "
+"   AND m.id = l.id AND m.segment = l.segment "
 "RETURNING l.id, l.attempt, l.queue, m.recipient, m.sender, m.subject, m.body, "
 "          m.html, m.headers, l.message_id, l.state = 'expired', l.priority, "
 "          l.send_at, m.send_by";
@@ -209,11 +212,11 @@ static const char finish_sql[] =
 "     WHERE l.id = u.id "
 "    RETURNING l.*, u.state AS outcome, u.error AS error) "
 "INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
-"                                  message_id, last_error, dedupe_key, finished_at) "
+"                                  message_id, last_error, dedupe_key, finished_at, segment) "
 "SELECT f.id, f.queue, coalesce(f.outcome::gatekeeper.state, f.state), "
 "       f.attempt - CASE WHEN f.state = 'claimed' THEN 1 ELSE 0 END, f.uncharged, f.send_at, "
 "       CASE WHEN f.state = 'claimed' THEN NULL ELSE f.worker END, f.message_id, "
-"       coalesce(f.error, f.last_error), f.dedupe_key, now() "
+"       coalesce(f.error, f.last_error), f.dedupe_key, now(), f.segment "
 "  FROM f";
 
 static const char spend_tokens_sql[] =
@@ -227,9 +230,9 @@ static const char ack_batch_sql[] =
 "     WHERE l.id = u.id AND l.attempt = u.attempt AND l.state = 'claimed' "
 "    RETURNING l.*) "
 "INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
-"                                  message_id, last_error, dedupe_key, finished_at) "
+"                                  message_id, last_error, dedupe_key, finished_at, segment) "
 "SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker, "
-"       f.message_id, f.last_error, f.dedupe_key, now() "
+"       f.message_id, f.last_error, f.dedupe_key, now(), f.segment "
 "  FROM f";
 
 /*

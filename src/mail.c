@@ -20,7 +20,10 @@
 
 #include "mail.h"
 
+#include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
@@ -36,9 +39,11 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
+PG_FUNCTION_INFO_V1(gatekeeper_segment);
 
 /* The columns the trigger reads, by attribute number. */
 typedef struct MailColumns
@@ -95,12 +100,12 @@ static const char done_ids_sql[] =
 "SELECT n.id FROM new_mail n JOIN gatekeeper.mail_done d ON d.id = n.id ORDER BY 1";
 
 static const char insert_live_sql[] =
-"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key) "
-"SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key FROM new_mail n";
+"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key, segment) "
+"SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key, n.segment FROM new_mail n";
 
 static const char insert_live_restore_sql[] =
-"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key) "
-"SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key FROM new_mail n "
+"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key, segment) "
+"SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key, n.segment FROM new_mail n "
 " WHERE NOT EXISTS (SELECT FROM gatekeeper.mail_done d WHERE d.id = n.id)";
 
 static const char is_live_sql[] =
@@ -588,4 +593,56 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 
 	elog(ERROR, "gatekeeper_mail_check fired for an event it does not handle");
 	return PointerGetDatum(NULL);	/* keep compiler quiet */
+}
+
+/*
+ * gatekeeper_segment
+ *		_segment(): the retention segment new mail goes to, the default of
+ *		gatekeeper.mail.segment.
+ *
+ * Read from gatekeeper.segment once per transaction and remembered, since
+ * every row of a COPY asks.  Read from the table directly, not by SQL: the
+ * inserting role needs no privilege on it.  A transaction that began
+ * before a rotation may go on adding mail to the segment before; that
+ * segment is the newest but one, and its tables are locked against the
+ * next rotations while the transaction lasts.
+ */
+Datum
+gatekeeper_segment(PG_FUNCTION_ARGS)
+{
+	static LocalTransactionId cached_lxid = InvalidLocalTransactionId;
+	static int16 cached = 0;
+
+	if (cached_lxid != MyProc->lxid)
+	{
+		Oid			nsp = get_namespace_oid("gatekeeper", false);
+		Oid			relid = get_relname_relid("segment", nsp);
+		Relation	rel;
+		TableScanDesc scan;
+		HeapTuple	tuple;
+		bool		isnull;
+		bool		pushed = false;
+
+		if (!OidIsValid(relid))
+			elog(ERROR, "table gatekeeper.segment is missing");
+		if (!ActiveSnapshotSet())
+		{
+			PushActiveSnapshot(GetTransactionSnapshot());
+			pushed = true;
+		}
+		rel = table_open(relid, AccessShareLock);
+		scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+		tuple = heap_getnext(scan, ForwardScanDirection);
+		if (tuple == NULL)
+			elog(ERROR, "table gatekeeper.segment is empty");
+		cached = DatumGetInt16(heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull));
+		if (isnull)
+			elog(ERROR, "table gatekeeper.segment holds no segment");
+		table_endscan(scan);
+		table_close(rel, AccessShareLock);
+		if (pushed)
+			PopActiveSnapshot();
+		cached_lxid = MyProc->lxid;
+	}
+	PG_RETURN_INT16(cached);
 }

@@ -30,18 +30,18 @@ BEGIN
 		WITH m AS (
 			INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 			SELECT * FROM bench_rows(n, prefix, q, due_in)
-			RETURNING id, queue, priority, send_at)
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at)
-		SELECT id, queue, priority, send_at FROM m;
+			RETURNING id, queue, priority, send_at, segment)
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
+		SELECT id, queue, priority, send_at, segment FROM m;
 	ELSE
 		WITH m AS (
 			INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 			SELECT * FROM bench_rows(n, prefix, q, due_in)
-			RETURNING id, queue, recipient, send_at)
+			RETURNING id, queue, recipient, send_at, segment)
 		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, send_at, message_id, worker,
-										  finished_at)
+										  finished_at, segment)
 		SELECT id, queue, st, 1, send_at, '<sent.' || recipient || '>', 'bench',
-			   now() - interval '1 hour'
+			   now() - interval '1 hour', segment
 		  FROM m;
 	END IF;
 END
@@ -62,6 +62,7 @@ CREATE INDEX ON bench_raw (finished_at) WHERE finished_at IS NOT NULL;
 -- The enqueue reference: a plain table with the same columns and
 -- defaults, an identity primary key, and nothing else.
 CREATE TABLE bench_plain (LIKE gatekeeper.mail INCLUDING DEFAULTS INCLUDING IDENTITY);
+ALTER TABLE bench_plain DROP COLUMN segment;
 ALTER TABLE bench_plain ADD PRIMARY KEY (id);
 
 -- The gates' "machine ceiling" line: gate_pass's key and nothing else.
