@@ -263,10 +263,11 @@ backlog_load() {
 	bk_sql "CALL bench_load($due, 'n', 'bench', interval '-1 minute')"
 	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
 	bk_note backlog "$(bk_sql "SELECT format('%s not-yet-due, %s sent, %s due: gatekeeper.mail is %s, its indexes %s; mail_live %s, mail_done %s (with indexes)',
-		$future, $sent, $due, pg_size_pretty(pg_table_size('gatekeeper.mail')),
-		pg_size_pretty(pg_indexes_size('gatekeeper.mail')),
+		$future, $sent, $due,
+		pg_size_pretty((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
+		pg_size_pretty((SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
 		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_live')),
-		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_done')))")"
+		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))))")"
 }
 
 scenario_backlog() {
@@ -313,11 +314,12 @@ scenario_sustained() {
 	done
 	bk_record sustained.last 1 "$rate"
 	bk_note sustained "$(bk_sql "SELECT format('after the waves: gatekeeper.mail is %s (indexes %s), mail_live %s, mail_done %s (with indexes); autovacuum ran %s times, autoanalyze %s; %s dead tuples left',
-		pg_size_pretty(pg_table_size('gatekeeper.mail')), pg_size_pretty(pg_indexes_size('gatekeeper.mail')),
+		pg_size_pretty((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
+		pg_size_pretty((SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
 		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_live')),
-		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_done')),
+		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))),
 		sum(autovacuum_count), sum(autoanalyze_count), sum(n_dead_tup))
-		FROM pg_stat_user_tables WHERE schemaname = 'gatekeeper' AND relname IN ('mail', 'mail_live', 'mail_done')")"
+		FROM pg_stat_user_tables WHERE schemaname = 'gatekeeper' AND relname ~ '^mail'")"
 	bk_reset_mail
 }
 
@@ -354,15 +356,21 @@ scenario_storage() {
 	bk_sql "INSERT INTO bench_plain (queue, recipient, subject, body, send_at)
 			SELECT queue, recipient, subject, body, send_at FROM gatekeeper.mail" >/dev/null
 	bk_record storage.size_plain 1 "$(bk_sql "SELECT pg_total_relation_size('bench_plain') / 1048576.0")"
-	bk_record storage.size_gk 1 "$(bk_sql "SELECT (pg_total_relation_size('gatekeeper.mail')
-		+ pg_total_relation_size('gatekeeper.mail_live') + pg_total_relation_size('gatekeeper.mail_done')) / 1048576.0")"
+	bk_record storage.size_gk 1 "$(bk_sql "SELECT sum(pg_total_relation_size(t.relid)) / 1048576.0
+		FROM (SELECT relid FROM pg_partition_tree('gatekeeper.mail')
+			  UNION ALL SELECT relid FROM pg_partition_tree('gatekeeper.mail_done')
+			  UNION ALL SELECT 'gatekeeper.mail_live'::regclass) t")"
 	bk_note storage "$(bk_sql "SELECT format('after %s waves of %s: gatekeeper.mail %s (heap and TOAST %s, indexes %s), mail_live %s, mail_done %s (with indexes); the same rows in a plain table %s',
 		$STORAGE_WAVES, $STORAGE_N,
-		pg_size_pretty(pg_total_relation_size('gatekeeper.mail')), pg_size_pretty(pg_table_size('gatekeeper.mail')),
-		pg_size_pretty(pg_indexes_size('gatekeeper.mail')),
-		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_live')),
-		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_done')),
-		pg_size_pretty(pg_total_relation_size('bench_plain')))")"
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'mail')),
+		pg_size_pretty(sum(pg_table_size(relid)) FILTER (WHERE t = 'mail')),
+		pg_size_pretty(sum(pg_indexes_size(relid)) FILTER (WHERE t = 'mail')),
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'live')),
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'done')),
+		pg_size_pretty(pg_total_relation_size('bench_plain')))
+		FROM (SELECT 'mail' AS t, relid FROM pg_partition_tree('gatekeeper.mail')
+			  UNION ALL SELECT 'done', relid FROM pg_partition_tree('gatekeeper.mail_done')
+			  UNION ALL SELECT 'live', 'gatekeeper.mail_live'::regclass) p")"
 	bk_reset_mail
 }
 
