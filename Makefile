@@ -17,7 +17,11 @@ OBJS = \
 	src/mail.o \
 	src/validate.o \
 	src/message.o \
-	src/smtp.o
+	src/smtp.o \
+	src/suppression.o \
+	src/unsubscribe.o \
+	src/window.o \
+	src/address.o
 
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 

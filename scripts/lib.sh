@@ -19,11 +19,14 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 unset LANGUAGE
 
 # What building and testing gatekeeper needs.  postfix is there for its
-# smtp-sink and smtp-source test tools, not for its daemon.
+# smtp-sink and smtp-source test tools, not for its daemon; python3-aiosmtpd
+# for a relay that requires AUTH (t/auth_relay.py).
 GK_BASE_PACKAGES=(
 	postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev
-	libipc-run-perl postfix make gcc libc6-dev perl
+	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd
 )
+# The TAP tests need these on top (t/060_exporter.pl scrapes the exporter).
+GK_TEST_PACKAGES=(prometheus-postgres-exporter)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
 
@@ -76,7 +79,21 @@ gk_ensure_packages() {
 		apt-get update -q
 		GK_APT_UPDATED=1
 	fi
-	apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+	# No daemon a package brings (postfix, redis-server, the Prometheus
+	# exporter) may start as a system service: the tests and the demo start
+	# their own, on loopback.  policy-rc.d is how Debian's maintainer
+	# scripts are told so; one the machine already has is left alone.
+	local policy=/usr/sbin/policy-rc.d made_policy=0
+	if [ ! -e "$policy" ]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 755 "$policy"
+		made_policy=1
+	fi
+	if ! apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null; then
+		[ "$made_policy" -eq 0 ] || rm -f "$policy"
+		gk_die "apt-get install ${missing[*]} failed"
+	fi
+	[ "$made_policy" -eq 0 ] || rm -f "$policy"
 	GK_INSTALLED_NOW+=("${missing[@]}")
 	for p in "${missing[@]}"; do
 		gk_pkg_installed "$p" || gk_die "package $p did not install"

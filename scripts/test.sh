@@ -71,6 +71,7 @@ gk_require_root
 STAGE="1/5 packages"
 gk_log "stage 1/5: packages"
 gk_ensure_packages "${GK_BASE_PACKAGES[@]}"
+gk_ensure_packages "${GK_TEST_PACKAGES[@]}"
 # the benchmark smoke run at the end needs Redis and PgQ as its references
 gk_ensure_packages "${GK_BENCH_PACKAGES[@]}"
 SUMMARY+=("packages      ok")

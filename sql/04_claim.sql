@@ -165,10 +165,10 @@ SELECT gatekeeper.cancel(:cap) AS cancelled;
 -- permanent => true fails at once, on the first attempt
 SELECT gatekeeper.enqueue('bounce@example.com', 'Bounce', 'b', 'c_main') AS bounce \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']);
-SELECT gatekeeper.nack(:bounce, 1, '550 no such user', permanent => true) AS nack_permanent;
+SELECT gatekeeper.nack(:bounce, 1, '554 5.7.1 rejected', permanent => true) AS nack_permanent;
 SELECT state, attempt, last_error, lease_until, finished_at IS NOT NULL AS finished
   FROM gatekeeper.mail_status WHERE id = :bounce;
-SELECT gatekeeper.nack(:bounce, 1, '550 again', true) AS nack_again;
+SELECT gatekeeper.nack(:bounce, 1, '554 again', true) AS nack_again;
 SELECT gatekeeper.ack(:bounce, 1) AS ack_after_failed;
 
 --

@@ -282,7 +282,7 @@ UPDATE gatekeeper.mail SET send_at = now() WHERE id = :a2;
 SELECT id = :a2 AS retried, attempt FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_both']);
 SELECT * FROM pg_temp.gate_view('and2@gates.example');
 -- a permanent failure releases the passes it held, in every gate
-SELECT gatekeeper.nack(:a2, 2, '550 no such user', permanent => true) AS nack_permanent;
+SELECT gatekeeper.nack(:a2, 2, '554 5.7.1 rejected', permanent => true) AS nack_permanent;
 SELECT * FROM pg_temp.gate_view('and2@gates.example');
 -- so the next mail for that recipient goes
 SELECT gatekeeper.enqueue('and2@gates.example', 'AND next', 'b', 'g_both') AS a3 \gset
@@ -323,7 +323,7 @@ SELECT count(*) AS passes FROM gatekeeper.gate_log \gset
 SELECT gatekeeper.enqueue('ungated@gates.example', 'U', 'b') AS u1 \gset
 SELECT gatekeeper.enqueue('ungated@gates.example', 'U', 'b') AS u2 \gset
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['default']);
-SELECT gatekeeper.nack(:u1, 1, '550 no', true) AS nack_permanent, gatekeeper.ack(:u2, 1) AS acked;
+SELECT gatekeeper.nack(:u1, 1, '554 no', true) AS nack_permanent, gatekeeper.ack(:u2, 1) AS acked;
 SELECT count(*) - :passes AS new_pass_rows FROM gatekeeper.gate_log;
 SELECT count(*) AS rows_for_ungated FROM gatekeeper.gate_log WHERE 'ungated@gates.example' = ANY (recipients);
 
@@ -336,7 +336,7 @@ SELECT count(*) AS claimed FROM gatekeeper.claim('w-gate', 10, '1 millisecond', 
 SELECT gatekeeper.alter_queue('g_moved', gates => '{}');
 SELECT gatekeeper.gate_open('g_win', 'moved@gates.example') AS open_before,
        gatekeeper.gate_open('g_win', 'moved2@gates.example') AS open_before2;
-SELECT gatekeeper.nack(:moved, 1, '550 no such user', true) AS nacked;
+SELECT gatekeeper.nack(:moved, 1, '554 5.7.1 rejected', true) AS nacked;
 SELECT gatekeeper.gate_open('g_win', 'moved@gates.example') AS open_after_nack;
 SELECT pg_sleep(0.01);
 SELECT gatekeeper.reap() >= 1 AS reaped;

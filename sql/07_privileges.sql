@@ -18,13 +18,14 @@ SELECT gatekeeper.create_queue('p_app');
 CREATE ROLE regress_app_enqueue NOLOGIN;
 CREATE ROLE regress_app_worker NOLOGIN;
 CREATE ROLE regress_nobody NOLOGIN;
+CREATE ROLE regress_monitor NOLOGIN;
 
 -- enqueue-only: enqueue(), and INSERT/COPY of the columns an application writes
 GRANT USAGE ON SCHEMA gatekeeper TO regress_app_enqueue;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
-                                             jsonb, text, int, timestamptz) TO regress_app_enqueue;
+                                             jsonb, text, int, timestamptz, text, jsonb, text) TO regress_app_enqueue;
 GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
-              priority, send_by) ON gatekeeper.mail TO regress_app_enqueue;
+              priority, send_by, recipient_name, metadata, timezone) ON gatekeeper.mail TO regress_app_enqueue;
 GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO regress_app_enqueue;
 
 -- worker: claim and report back, and look at the counts
@@ -38,6 +39,12 @@ GRANT EXECUTE ON FUNCTION gatekeeper.claim(text, int, interval, text[]),
                           gatekeeper.unclaim(bigint[], int[], text, interval)
    TO regress_app_worker;
 GRANT SELECT ON gatekeeper.queue_stats TO regress_app_worker;
+
+-- monitoring: the counts and the gates' shared memory, not the mail
+GRANT pg_monitor TO regress_monitor;
+GRANT USAGE ON SCHEMA gatekeeper TO regress_monitor;
+GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO regress_monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO regress_monitor;
 
 --
 -- the enqueue-only role
@@ -99,6 +106,17 @@ DROP TABLE w;
 RESET ROLE;
 
 --
+-- the monitoring role reads the figures, and nothing else
+--
+SET ROLE regress_monitor;
+SELECT queue, scheduled FROM gatekeeper.queue_stats WHERE queue = 'p_app';
+SELECT bytes_total > 0 AS has_limit FROM gatekeeper.gate_memory;
+SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
+SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b')$$) AS enqueue;
+RESET ROLE;
+
+--
 -- a role granted nothing can do nothing
 --
 SET ROLE regress_nobody;
@@ -113,8 +131,8 @@ SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'p_app' GROUP B
 
 -- clean up
 SELECT gatekeeper.cancel_queue('p_app') AS cancelled;
-DROP OWNED BY regress_app_enqueue, regress_app_worker, regress_nobody;
-DROP ROLE regress_app_enqueue, regress_app_worker, regress_nobody;
+DROP OWNED BY regress_app_enqueue, regress_app_worker, regress_nobody, regress_monitor;
+DROP ROLE regress_app_enqueue, regress_app_worker, regress_nobody, regress_monitor;
 SELECT count(*) AS acl_entries_left
   FROM pg_class c, aclexplode(c.relacl) a
  WHERE c.relnamespace = 'gatekeeper'::regnamespace AND a.grantee <> c.relowner;

@@ -36,7 +36,9 @@ END
 $$;
 
 SELECT gatekeeper.create_queue('st_q', dedupe_window => '1 hour');
-SELECT gatekeeper.enqueue('st1@storage.example', 'One', 'Body', queue => 'st_q', dedupe_key => 'k1') AS m1 \gset
+-- the content includes issue 12's columns: status() returns the metadata
+SELECT gatekeeper.enqueue('st1@storage.example', 'One', 'Body', queue => 'st_q', dedupe_key => 'k1',
+                          metadata => '{"campaign": "st"}') AS m1 \gset
 SELECT gatekeeper.enqueue('st2@storage.example', 'Two', 'Body', queue => 'st_q', dedupe_key => 'k2') AS m2 \gset
 SELECT gatekeeper.enqueue('st1@storage.example', 'Later', 'Body', queue => 'st_q',
                           send_at => now() + interval '1 day') AS m3 \gset
@@ -50,7 +52,7 @@ CREATE TEMP TABLE c AS SELECT * FROM gatekeeper.claim('w-st', 10, queues => ARRA
 SELECT count(*) AS claimed FROM c;
 SELECT state, attempt FROM gatekeeper.status(:m1);
 SELECT gatekeeper.ack(id, attempt) AS acked FROM c WHERE id = :m1;
-SELECT gatekeeper.nack(id, attempt, '550 no such user', true) AS nacked FROM c WHERE id = :m2;
+SELECT gatekeeper.nack(id, attempt, '554 5.7.1 rejected', true) AS nacked FROM c WHERE id = :m2;
 
 -- the content was written once: neither the claim nor the ack rewrote it
 SELECT xmin::text = :'content_xmin' AS content_untouched FROM gatekeeper.mail WHERE id = :m1;
@@ -58,7 +60,7 @@ SELECT xmin::text = :'content_xmin' AS content_untouched FROM gatekeeper.mail WH
 SELECT count(*) AS live_left FROM gatekeeper.mail_live WHERE id IN (:m1, :m2);
 
 SELECT state, attempt, last_error, message_id = (SELECT message_id FROM c WHERE id = :m1) AS same_message_id,
-       finished_at IS NOT NULL AS finished
+       finished_at IS NOT NULL AS finished, metadata
   FROM gatekeeper.status(:m1);
 SELECT state, last_error FROM gatekeeper.status(:m2);
 SELECT count(*) AS no_such_mail FROM gatekeeper.status(-1);

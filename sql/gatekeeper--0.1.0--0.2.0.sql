@@ -396,6 +396,20 @@ END
 $$;
 
 /*
+ * nack's backoff reads gatekeeper.retry_delay in C (issue 9, defect 11):
+ * current_setting(...)::interval read a placeholder's bare '30000' as
+ * 30000 seconds.
+ */
+-- gatekeeper.retry_delay as the setting means it (a bare number is milliseconds)
+CREATE FUNCTION gatekeeper._retry_delay()
+RETURNS interval
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry_delay_interval';
+
+REVOKE ALL ON FUNCTION gatekeeper._retry_delay() FROM PUBLIC;
+
+/*
  * Issue 9, gates: the shared-memory space's name (gatekeeper.gate_space), the
  * gatekeeper.gate_memory view, and nack and reap releasing a failed mail's
  * passes by what it holds rather than by its queue's gates now.
@@ -453,8 +467,7 @@ BEGIN
 	END IF;
 
 	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
-	base := coalesce(nullif(current_setting('gatekeeper.retry_delay', true), '')::interval,
-					 interval '30 seconds');
+	base := gatekeeper._retry_delay();
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
 	UPDATE gatekeeper.mail
@@ -1117,8 +1130,7 @@ BEGIN
 	END IF;
 
 	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
-	base := coalesce(nullif(current_setting('gatekeeper.retry_delay', true), '')::interval,
-					 interval '30 seconds');
+	base := gatekeeper._retry_delay();
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
 	UPDATE gatekeeper.mail_live l
@@ -1535,6 +1547,542 @@ $$;
 COMMENT ON FUNCTION gatekeeper.status(bigint) IS 'a mail''s state, by id; for roles that cannot read gatekeeper.mail';
 COMMENT ON FUNCTION gatekeeper.find(text, text) IS 'the live, else the latest finished, mail with this dedupe key in this queue';
 COMMENT ON FUNCTION gatekeeper.history(text, timestamptz) IS 'the mail to one recipient enqueued since a time, oldest first';
+
+/* ---------------------------------------------------------------------------
+ * Issue 12: the suppression list, one-click unsubscribe (RFC 8058), display
+ * names, sending windows.  Queues gain transactional, unsubscribe_url,
+ * send_window and timezone, so create_queue and alter_queue gain those
+ * arguments.
+ * ---------------------------------------------------------------------------
+ */
+-- EXECUTE grants on the functions this section drops and makes again,
+-- given back at its end (function and role apart by chr(30), pairs by chr(31))
+SELECT pg_catalog.set_config('gatekeeper_upgrade.grants',
+	coalesce((SELECT pg_catalog.string_agg(
+				  CASE p.proname
+					  WHEN 'create_queue' THEN 'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text)'
+					  WHEN 'alter_queue' THEN 'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text)'
+					  WHEN 'enqueue' THEN 'gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)'
+					  WHEN 'claim' THEN 'gatekeeper.claim(text, int, interval, text[])'
+				  END || pg_catalog.chr(30) || a.grantee::regrole::text, pg_catalog.chr(31))
+				FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+			   WHERE p.pronamespace = 'gatekeeper'::regnamespace
+				 AND p.oid IN ('gatekeeper.create_queue(text, text[], text, text, int, int, int, interval)'::regprocedure,
+							   'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval)'::regprocedure,
+							   'gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz)'::regprocedure,
+							   'gatekeeper.claim(text, int, interval, text[])'::regprocedure)
+				 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)), ''),
+	true);
+
+ALTER TABLE gatekeeper.queue
+	ADD COLUMN transactional boolean NOT NULL DEFAULT false,
+	ADD COLUMN unsubscribe_url text,
+	ADD COLUMN send_window text,
+	ADD COLUMN timezone text NOT NULL DEFAULT 'UTC';
+
+/*
+ * The suppression list: addresses that must not be mailed (src/suppression.c).
+ * address is the key the gates use (ASCII letters lower-cased); queue NULL
+ * means every queue.  One row per address and scope; the unique index is
+ * the one the claim probes, once per distinct recipient of a batch.
+ */
+CREATE TABLE gatekeeper.suppression_list (
+	address		text NOT NULL CHECK (address <> ''),
+	queue		text CHECK (queue <> ''),
+	reason		text NOT NULL
+		CHECK (reason IN ('hard_bounce', 'complaint', 'unsubscribe', 'manual')),
+	detail		text,
+	mail_id		bigint,
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	CONSTRAINT suppression_list_address_queue UNIQUE NULLS NOT DISTINCT (address, queue)
+);
+
+/*
+ * The secret that signs unsubscribe tokens (src/unsubscribe.c): 32 random
+ * bytes drawn at CREATE EXTENSION.  No role but the extension's owner reads
+ * it.  pg_dump keeps it, so that tokens in mail already sent still work in
+ * a restored database; a row inserted (a restore) replaces the one CREATE
+ * EXTENSION made.
+ */
+CREATE TABLE gatekeeper.unsubscribe_secret (
+	secret		bytea NOT NULL CHECK (length(secret) BETWEEN 32 AND 64)
+);
+
+CREATE FUNCTION gatekeeper._new_secret()
+RETURNS bytea
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_new_secret';
+
+CREATE FUNCTION gatekeeper._secret_insert() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM gatekeeper.unsubscribe_secret;
+	RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER unsubscribe_secret_insert BEFORE INSERT ON gatekeeper.unsubscribe_secret
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper._secret_insert();
+
+INSERT INTO gatekeeper.unsubscribe_secret (secret) VALUES (gatekeeper._new_secret());
+
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.suppression_list', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.unsubscribe_secret', '');
+
+-- the key an address is kept under in the suppression list, or 22023
+CREATE FUNCTION gatekeeper._address_key(address text)
+RETURNS text
+LANGUAGE c IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_address_key';
+
+-- raise 22023 unless each of a sending window and a time zone not NULL is valid
+CREATE FUNCTION gatekeeper._check_window(send_window text, timezone text)
+RETURNS void
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_check_window';
+
+-- at when inside the window in the zone, else the window's next opening
+-- (the claim's computation, for tests at fixed times)
+CREATE FUNCTION gatekeeper._window_open(send_window text, timezone text, at timestamptz)
+RETURNS timestamptz
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_window_open';
+
+-- raise 22023 (54000 when too long) unless url can be queue's unsubscribe_url
+CREATE FUNCTION gatekeeper._check_unsubscribe_url(url text, queue text)
+RETURNS void
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_check_unsubscribe_url_sql';
+
+-- the signed token for a recipient and a queue, as the claim puts it in the URL
+CREATE FUNCTION gatekeeper._unsubscribe_token(recipient text, queue text)
+RETURNS text
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_unsubscribe_token';
+
+-- a sender parsed (bare address, display name) and the From field written for it;
+-- name, when given, is the display name instead (a recipient_name)
+CREATE FUNCTION gatekeeper._mailbox(value text, name text DEFAULT NULL,
+	OUT address text, OUT display_name text, OUT field text)
+RETURNS record
+LANGUAGE c IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mailbox';
+
+-- add a suppression entry for an address key; true when new.  An entry
+-- that exists keeps its row, but takes the new reason when that stops more
+-- (hard_bounce or manual over unsubscribe or complaint)
+CREATE FUNCTION gatekeeper._suppress(address_key text, reason text, queue text,
+	detail text, mail_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	inserted boolean;
+BEGIN
+	INSERT INTO gatekeeper.suppression_list AS s (address, queue, reason, detail, mail_id)
+	VALUES (address_key, _suppress.queue, _suppress.reason, _suppress.detail, _suppress.mail_id)
+	ON CONFLICT ON CONSTRAINT suppression_list_address_queue DO UPDATE
+	   SET reason = EXCLUDED.reason, detail = EXCLUDED.detail, mail_id = EXCLUDED.mail_id
+	 WHERE s.reason IN ('unsubscribe', 'complaint')
+	   AND EXCLUDED.reason IN ('hard_bounce', 'manual')
+	RETURNING (xmax = 0) INTO inserted;
+	RETURN coalesce(inserted, false);
+END
+$$;
+
+-- which of these mails (recipient i to queue i) the claim would suppress, and why
+CREATE FUNCTION gatekeeper._suppressed(recipients text[], queues text[])
+RETURNS TABLE (recipient text, queue text, reason text)
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_suppressed';
+
+DROP FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval);
+DROP FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval);
+
+CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
+	on_gate_closed text DEFAULT 'suppress', delivery text DEFAULT 'at_least_once',
+	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
+	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
+	timezone text DEFAULT 'UTC')
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF create_queue.name IS NULL THEN
+		RAISE EXCEPTION 'queue name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_queue.name = '' THEN
+		RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF gates IS NULL OR on_gate_closed IS NULL OR delivery IS NULL OR max_attempts IS NULL OR weight IS NULL
+	   OR create_queue.transactional IS NULL OR create_queue.timezone IS NULL THEN
+		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts, weight, transactional and timezone must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, false);
+	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
+	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
+	BEGIN
+		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
+									  weight, rate_limit, dedupe_window, tokens, transactional,
+									  unsubscribe_url, send_window, timezone)
+		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
+				on_gate_closed, delivery, max_attempts, weight, rate_limit,
+				gatekeeper._duration(dedupe_window, 'dedupe_window'), coalesce(rate_limit, 0),
+				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
+				create_queue.timezone);
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
+	END;
+END
+$$;
+
+-- each argument NULL leaves its setting unchanged; unsubscribe_url => '' and
+-- send_window => '' remove them, as rate_limit => 0 and dedupe_window => '0' do
+CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
+	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
+	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
+	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
+	timezone text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._queue(alter_queue.name, true);
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, true);
+	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
+	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
+	UPDATE gatekeeper.queue q
+	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
+							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
+		   on_gate_closed = coalesce(alter_queue.on_gate_closed, q.on_gate_closed),
+		   delivery = coalesce(alter_queue.delivery, q.delivery),
+		   max_attempts = coalesce(alter_queue.max_attempts, q.max_attempts),
+		   weight = coalesce(alter_queue.weight, q.weight),
+		   rate_limit = CASE WHEN alter_queue.rate_limit = 0 THEN NULL
+							 ELSE coalesce(alter_queue.rate_limit, q.rate_limit) END,
+		   tokens = CASE WHEN alter_queue.rate_limit IS NOT NULL THEN alter_queue.rate_limit ELSE q.tokens END,
+		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN NULL
+								ELSE coalesce(gatekeeper._duration(alter_queue.dedupe_window, 'dedupe_window'),
+											  q.dedupe_window) END,
+		   transactional = coalesce(alter_queue.transactional, q.transactional),
+		   unsubscribe_url = CASE WHEN alter_queue.unsubscribe_url = '' THEN NULL
+								  ELSE coalesce(alter_queue.unsubscribe_url, q.unsubscribe_url) END,
+		   send_window = CASE WHEN alter_queue.send_window = '' THEN NULL
+							  ELSE coalesce(alter_queue.send_window, q.send_window) END,
+		   timezone = coalesce(alter_queue.timezone, q.timezone)
+	 WHERE q.name = alter_queue.name;
+END
+$$;
+
+/*
+ * Suppression and unsubscribe
+ */
+CREATE FUNCTION gatekeeper.suppress(address text, reason text DEFAULT 'manual',
+	queue text DEFAULT NULL, detail text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF address IS NULL OR reason IS NULL THEN
+		RAISE EXCEPTION 'address and reason must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF reason NOT IN ('hard_bounce', 'complaint', 'unsubscribe', 'manual') THEN
+		RAISE EXCEPTION 'invalid suppression reason "%"', reason
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'reason must be hard_bounce, complaint, unsubscribe or manual.';
+	END IF;
+	IF suppress.queue IS NOT NULL THEN
+		PERFORM gatekeeper._queue(suppress.queue);
+	END IF;
+	RETURN gatekeeper._suppress(gatekeeper._address_key(address), reason, suppress.queue,
+								detail, NULL);
+END
+$$;
+
+CREATE FUNCTION gatekeeper.unsuppress(address text, queue text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF address IS NULL THEN
+		RAISE EXCEPTION 'address must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	DELETE FROM gatekeeper.suppression_list s
+	 WHERE s.address = gatekeeper._address_key(unsuppress.address)
+	   AND s.queue IS NOT DISTINCT FROM unsuppress.queue;
+	RETURN FOUND;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.unsubscribe(token text)
+RETURNS boolean
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_unsubscribe';
+
+-- the suppression list: address (lower-cased), queue (NULL: every queue),
+-- reason, detail (a bounce's reply), the mail that bounced, when
+CREATE VIEW gatekeeper.suppression AS
+SELECT s.address, s.queue, s.reason, s.detail, s.mail_id, s.created_at
+  FROM gatekeeper.suppression_list s;
+
+/*
+ * Issue 12, delivery: the mail's recipient_name, metadata and timezone;
+ * enqueue takes them and claim returns recipient_name and metadata (both
+ * are dropped and made again, their signatures change); nack records hard
+ * bounces; status() returns the metadata.  On issue 11's layout: the new
+ * columns go last in gatekeeper.mail (the content, written once), and the
+ * claim state stays in mail_live.
+ */
+ALTER TABLE gatekeeper.mail
+	ADD COLUMN recipient_name text,
+	ADD COLUMN metadata jsonb,
+	ADD COLUMN timezone text;
+
+COMMENT ON COLUMN gatekeeper.mail.metadata IS 'the application''s own (campaign ids, tags): returned by claim, never sent';
+
+DROP TRIGGER mail_check_update ON gatekeeper.mail;
+CREATE TRIGGER mail_check_update
+	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers,
+		recipient_name, timezone
+	ON gatekeeper.mail
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper.mail_check();
+
+DROP FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz);
+CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	new_id bigint;
+	q gatekeeper.queue;
+	violated text;
+BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF priority IS NULL THEN
+		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF dedupe_key IS NULL THEN
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, priority, send_by, recipient_name, metadata, timezone)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
+				recipient_name, metadata, timezone)
+		RETURNING id INTO new_id;
+		RETURN new_id;
+	END IF;
+
+	q := gatekeeper._queue(enqueue.queue);
+	/*
+	 * A live mail with this key wins; so does one sent within the queue's
+	 * dedupe window.  Otherwise insert; if a concurrent enqueue of the same
+	 * key got there first (its live row holds the key in mail_dedupe), the
+	 * next round finds its mail.
+	 */
+	FOR round IN 1..10 LOOP
+		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
+		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		IF q.dedupe_window IS NOT NULL THEN
+			SELECT d.id INTO new_id FROM gatekeeper.mail_done d
+			 WHERE d.queue = enqueue.queue AND d.dedupe_key = enqueue.dedupe_key
+			   AND d.state = 'sent' AND d.finished_at > now() - q.dedupe_window
+			 ORDER BY d.finished_at DESC LIMIT 1;
+			IF FOUND THEN
+				RETURN new_id;
+			END IF;
+		END IF;
+		BEGIN
+			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+										 headers, dedupe_key, priority, send_by, recipient_name,
+										 metadata, timezone)
+			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+					priority, send_by, recipient_name, metadata, timezone)
+			RETURNING id INTO new_id;
+			RETURN new_id;
+		EXCEPTION WHEN unique_violation THEN
+			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+			IF violated IS DISTINCT FROM 'mail_dedupe' THEN
+				RAISE;
+			END IF;
+		END;
+	END LOOP;
+	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
+		USING ERRCODE = 'serialization_failure';
+END
+$$;
+
+DROP FUNCTION gatekeeper.claim(text, int, interval, text[]);
+CREATE FUNCTION gatekeeper.claim(worker text, batch int DEFAULT 100,
+	lease interval DEFAULT '5 minutes', queues text[] DEFAULT NULL)
+RETURNS TABLE (id bigint, attempt int, queue text, recipient text, recipient_name text,
+			   sender text, subject text, body text, html text, headers jsonb,
+			   message_id text, metadata jsonb)
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- the claim's generic plan cannot see its LIMIT and is costed for 10% of the
+-- table: on a big table that crosses jit_above_cost, and compiling costs
+-- tens of milliseconds for a statement that touches one batch by index
+SET jit = off
+AS 'MODULE_PATHNAME', 'gatekeeper_claim';
+
+-- does a relay's reply (an error text that starts with it) say the mailbox
+-- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
+-- or 553 without an enhanced code.  Policy and content refusals (5.7.x) and
+-- every other code do not.
+CREATE FUNCTION gatekeeper._hard_bounce(error text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN error ~ '^5[0-9][0-9][ -][245]\.[0-9]{1,3}\.[0-9]{1,3}([^0-9.]|$)'
+		THEN substring(error FROM '^5[0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})')
+			 IN ('5.1.1', '5.1.2', '5.1.3', '5.1.6', '5.1.10')
+		ELSE error ~ '^55[013]([ -]|$)' AND error !~ '^5[0-9][0-9][ -][0-9]+\.[0-9]'
+	END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	m gatekeeper.mail_live;
+	recipient text;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+BEGIN
+	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO m FROM gatekeeper.mail_live l
+	 WHERE l.id = nack.id AND l.attempt = nack.attempt AND l.state = 'claimed'
+	   FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN NULL;			-- not this claim's to report: it changes nothing
+	END IF;
+	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
+	tries := m.attempt - m.uncharged;
+
+	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+		DELETE FROM gatekeeper.mail_live l WHERE l.id = m.id;
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at, segment)
+		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
+				m.message_id, error, m.dedupe_key, now(), m.segment);
+		SELECT c.recipient INTO recipient FROM gatekeeper.mail c
+		 WHERE c.id = m.id AND c.segment = m.segment;
+		-- the relay said the mailbox does not exist: never mail it again
+		IF permanent AND gatekeeper._hard_bounce(error) THEN
+			PERFORM gatekeeper._suppress(gatekeeper._address_key(recipient), 'hard_bounce',
+										 NULL, error, m.id);
+		END IF;
+		-- by what the mail holds, whatever its queue's gates are now
+		PERFORM gatekeeper._release_mail(recipient, m.id);
+		RETURN 'failed';
+	END IF;
+
+	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
+	base := gatekeeper._retry_delay();
+	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+	delay := delay / 2 + delay / 2 * random();
+	UPDATE gatekeeper.mail_live l
+	   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = error
+	 WHERE l.id = m.id;
+	RETURN 'scheduled';
+END
+$$;
+
+-- the owner's view of the mail shows the new columns, and status() returns
+-- the metadata
+CREATE OR REPLACE VIEW gatekeeper.mail_status AS
+SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+	   m.dedupe_key, m.priority,
+	   CASE WHEN l.id IS NOT NULL THEN l.send_at ELSE coalesce(d.send_at, m.send_at) END AS send_at,
+	   m.send_by,
+	   CASE WHEN l.id IS NOT NULL THEN l.state ELSE d.state END AS state,
+	   CASE WHEN l.id IS NOT NULL THEN l.attempt ELSE coalesce(d.attempt, 0) END AS attempt,
+	   CASE WHEN l.id IS NOT NULL THEN l.uncharged ELSE coalesce(d.uncharged, 0) END AS uncharged,
+	   l.lease_until,
+	   CASE WHEN l.id IS NOT NULL THEN l.worker ELSE d.worker END AS worker,
+	   CASE WHEN l.id IS NOT NULL THEN l.message_id ELSE d.message_id END AS message_id,
+	   CASE WHEN l.id IS NOT NULL THEN l.last_error ELSE d.last_error END AS last_error,
+	   m.created_at,
+	   d.finished_at,
+	   m.recipient_name,
+	   m.metadata,
+	   m.timezone
+  FROM gatekeeper.mail m
+  LEFT JOIN gatekeeper.mail_live l ON l.id = m.id
+  LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
+
+CREATE OR REPLACE FUNCTION gatekeeper.status(id bigint)
+RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
+			   last_error text, message_id text, finished_at timestamptz, metadata jsonb)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT s.id, s.queue, s.state, s.attempt, s.send_at, s.last_error, s.message_id,
+		   s.finished_at, s.metadata
+	  FROM gatekeeper.mail_status s
+	 WHERE s.id = gatekeeper._not_null($1, 'id')
+$$;
+
+-- the functions dropped and made again above keep the EXECUTE grants their
+-- 0.1.0 versions had (recorded at the start of this section)
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT split_part(e, chr(30), 1) AS fn, split_part(e, chr(30), 2) AS grantee
+			   FROM unnest(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants', true), ''), chr(31))) AS e
+	LOOP
+		EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', g.fn, g.grantee);
+	END LOOP;
+END
+$$;
 
 /*
  * Privileges: nothing new is PUBLIC's (keep this section last).

@@ -35,6 +35,9 @@
 
 #include "gate.h"
 #include "mail.h"
+#include "suppression.h"
+#include "unsubscribe.h"
+#include "window.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
@@ -48,6 +51,9 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/datum.h"
+#include "utils/fmgrprotos.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
@@ -69,18 +75,21 @@ enum
 	COL_ATTEMPT,
 	COL_QUEUE,
 	COL_RECIPIENT,
+	COL_RECIPIENT_NAME,
 	COL_SENDER,
 	COL_SUBJECT,
 	COL_BODY,
 	COL_HTML,
 	COL_HEADERS,
-	COL_MESSAGE_ID,				/* the last column claim returns */
+	COL_MESSAGE_ID,
+	COL_METADATA,				/* the last column claim returns */
 	COL_EXPIRED,
 	COL_PRIORITY,
 	COL_SEND_AT,
-	COL_SEND_BY
+	COL_SEND_BY,
+	COL_TIMEZONE
 };
-#define NUM_OUTPUT_COLUMNS COL_MESSAGE_ID
+#define NUM_OUTPUT_COLUMNS COL_METADATA
 
 /* A gate as a queue applies it. */
 typedef struct QueueGate
@@ -105,6 +114,12 @@ typedef struct ClaimQueue
 	int			got;			/* claimed so far (winners and losers) */
 	int			sent;			/* winners */
 	bool		more;			/* may hold more due mail */
+	bool		transactional;	/* global unsubscribes and complaints do not stop it */
+	char	   *unsubscribe_url;	/* NULL: no List-Unsubscribe */
+	bool		has_window;		/* sends only within window */
+	GatekeeperWindow window;
+	char	   *send_window;	/* as given, for messages */
+	char	   *timezone;		/* for mail that names none */
 } ClaimQueue;
 
 /* One mail the claim statement returned. */
@@ -124,19 +139,33 @@ typedef struct Claimed
 	bool		nomem;			/* gate memory had no room: deferred a while */
 	TimestampTz reopens;		/* when its closed gates open again */
 	const char *closed_gate;
+	char	   *timezone;		/* the mail's own, or NULL */
+	const char *suppressed;		/* the suppression list's reason, or NULL */
+	bool		outside_window; /* deferred to reopens, its window's opening */
+	const char *window_zone;	/* the zone it was judged in */
 } Claimed;
 
+/*
+ * The queues' policies.  0.1.0's schema (a new library before ALTER EXTENSION
+ * UPDATE) has no transactional, unsubscribe_url, send_window or timezone.
+ */
+#define QUEUES_SQL(policy) \
+"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, " \
+"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       array_agg(least(g.max_sends, 10000) ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       array_agg(now() + g.period ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
+"       " policy " " \
+"  FROM gatekeeper.queue q " \
+"  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) " \
+" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) " \
+" GROUP BY q.name " \
+" ORDER BY q.name"
+
 static const char queues_sql[] =
-"SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, "
-"       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-"       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-"       array_agg(least(g.max_sends, 10000) ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), "
-"       array_agg(now() + g.period ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL) "
-"  FROM gatekeeper.queue q "
-"  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) "
-" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) "
-" GROUP BY q.name "
-" ORDER BY q.name";
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone");
+static const char queues_010_sql[] =
+QUEUES_SQL("false, NULL::text, NULL::text, 'UTC'::text");
 
 static const char unknown_sql[] =
 "SELECT u.name FROM unnest($1) AS u(name) "
@@ -165,7 +194,8 @@ static const char claim_sql[] =
 "       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE l.last_error END, "
 "       message_id = coalesce(l.message_id, "
 "           '<' || l.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
-"           coalesce(nullif($5, ''), nullif(split_part(coalesce(m.sender, $6), '@', 2), ''), 'gatekeeper.invalid') || '>') "
+"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), "
+"                    'gatekeeper.invalid') || '>') "
 "  FROM gatekeeper.mail m "
 " WHERE l.id = ANY (ARRAY( "
 "       WITH RECURSIVE levels(p) AS ( "
@@ -187,9 +217,9 @@ static const char claim_sql[] =
 "        WHERE l.p IS NOT NULL "
 "        LIMIT $2)) "
 "   AND m.id = l.id AND m.segment = l.segment "
-"RETURNING l.id, l.attempt, l.queue, m.recipient, m.sender, m.subject, m.body, "
-"          m.html, m.headers, l.message_id, l.state = 'expired', l.priority, "
-"          l.send_at, m.send_by";
+"RETURNING l.id, l.attempt, l.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
+"          m.body, m.html, m.headers, l.message_id, m.metadata, l.state = 'expired', "
+"          l.priority, l.send_at, m.send_by, m.timezone";
 
 /* Claimed mail a gate deferred: back to scheduled, its claim undone. */
 static const char defer_sql[] =
@@ -250,7 +280,8 @@ static const char claim_010_sql[] =
 "       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, "
 "       message_id = coalesce(m.message_id, "
 "           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
-"           coalesce(nullif($5, ''), nullif(split_part(coalesce(m.sender, $6), '@', 2), ''), 'gatekeeper.invalid') || '>') "
+"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), "
+"                    'gatekeeper.invalid') || '>') "
 " WHERE m.id = ANY (ARRAY( "
 "       WITH RECURSIVE levels(p) AS ( "
 "           (SELECT d.priority FROM gatekeeper.mail d "
@@ -270,9 +301,9 @@ static const char claim_010_sql[] =
 "              FOR UPDATE SKIP LOCKED) c "
 "        WHERE l.p IS NOT NULL "
 "        LIMIT $2)) "
-"RETURNING m.id, m.attempt, m.queue, m.recipient, m.sender, m.subject, m.body, "
-"          m.html, m.headers, m.message_id, m.state = 'expired', m.priority, "
-"          m.send_at, m.send_by";
+"RETURNING m.id, m.attempt, m.queue, m.recipient, NULL::text, m.sender, m.subject, "
+"          m.body, m.html, m.headers, m.message_id, NULL::jsonb, m.state = 'expired', "
+"          m.priority, m.send_at, m.send_by, NULL::text";
 
 static const char settle_losers_010_sql[] =
 "UPDATE gatekeeper.mail m "
@@ -291,6 +322,7 @@ static const char ack_batch_010_sql[] =
 " WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'";
 
 static SPIPlanPtr queues_plan = NULL;
+static SPIPlanPtr queues_010_plan = NULL;
 static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
@@ -311,7 +343,7 @@ static uint32 claim_rotation = 0;
  * error, so a typo cannot silently claim nothing.
  */
 static ClaimQueue *
-load_queues(ArrayType *filter, int *nqueues)
+load_queues(ArrayType *filter, int *nqueues, bool v010)
 {
 	Datum		arg;
 	char		argnull = filter ? ' ' : 'n';
@@ -319,12 +351,14 @@ load_queues(ArrayType *filter, int *nqueues)
 	uint64		n;
 	uint64		i;
 
-	if (queues_plan == NULL)
 	{
 		Oid			type = TEXTARRAYOID;
 
-		gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
 		gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
+		if (v010)
+			gatekeeper_plan(&queues_010_plan, queues_010_sql, 1, &type);
+		else
+			gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
 	}
 
 	arg = PointerGetDatum(filter);
@@ -346,7 +380,7 @@ load_queues(ArrayType *filter, int *nqueues)
 		}
 	}
 
-	if (SPI_execute_plan(queues_plan, &arg, &argnull, true, 0) != SPI_OK_SELECT)
+	if (SPI_execute_plan(v010 ? queues_010_plan : queues_plan, &arg, &argnull, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not load queues");
 	n = SPI_processed;
 	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));
@@ -366,6 +400,15 @@ load_queues(ArrayType *filter, int *nqueues)
 		q->tokens = isnull ? 0 : DatumGetInt32(d);	/* the rate, for now */
 		q->cap = INT_MAX;
 		q->more = true;
+		q->transactional = DatumGetBool(SPI_getbinval(tup, desc, 9, &isnull));
+		q->unsubscribe_url = SPI_getvalue(tup, desc, 10);
+		q->send_window = SPI_getvalue(tup, desc, 11);
+		q->timezone = SPI_getvalue(tup, desc, 12);
+		if (q->send_window != NULL)
+		{
+			gatekeeper_parse_window(q->send_window, &q->window);
+			q->has_window = true;
+		}
 
 		d = SPI_getbinval(tup, desc, 5, &isnull);
 		if (!isnull)
@@ -484,6 +527,7 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 		c->send_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, COL_SEND_AT, &isnull));
 		d = SPI_getbinval(tup, desc, COL_SEND_BY, &isnull);
 		c->send_by = isnull ? 0 : DatumGetTimestampTz(d);
+		c->timezone = SPI_getvalue(tup, desc, COL_TIMEZONE);
 		if (q->ngates > 0)
 			c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
 	}
@@ -646,7 +690,7 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
 	 */
 	order = palloc(Max(nclaimed, 1) * sizeof(Claimed *));
 	for (i = 0; i < nclaimed; i++)
-		if (!claimed[i].expired && claimed[i].queue->ngates > 0)
+		if (!claimed[i].expired && !claimed[i].lost && claimed[i].queue->ngates > 0)
 			order[norder++] = &claimed[i];
 	qsort(order, norder, sizeof(Claimed *), claimed_cmp);
 	nlocking = norder;
@@ -787,7 +831,8 @@ apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
 	int			i;
 
 	for (i = 0; i < nclaimed && !any; i++)
-		any = claimed[i].expired ? claimed[i].attempt > 0 : claimed[i].queue->ngates > 0;
+		any = claimed[i].expired ? claimed[i].attempt > 0 :
+			(!claimed[i].lost && claimed[i].queue->ngates > 0);
 	if (!any)
 		return;
 
@@ -818,7 +863,7 @@ apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
 		{
 			Claimed    *c = &claimed[i];
 
-			if (c->expired || c->queue->ngates == 0)
+			if (c->expired || c->lost || c->queue->ngates == 0)
 				continue;
 			c->lost = true;
 			c->nomem = true;
@@ -827,6 +872,216 @@ apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
 		}
 	}
 	PG_END_TRY();
+}
+
+/*
+ * Hold back due mail outside its queue's sending window: it is deferred to
+ * the window's next opening, judged in the mail's time zone, else the
+ * queue's.  A zone the time zone data no longer knows (it was valid at
+ * enqueue) falls back to the queue's, then to UTC, rather than fail every
+ * claim of the queue.
+ */
+static void
+apply_windows(Claimed *claimed, int nclaimed, TimestampTz now)
+{
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		const char *name = c->timezone;
+		pg_tz	   *zone = NULL;
+		TimestampTz opens;
+
+		if (c->expired || c->lost || !c->queue->has_window)
+			continue;
+		if (name != NULL)
+			zone = pg_tzset(name);
+		if (zone == NULL)
+		{
+			name = c->queue->timezone;
+			zone = pg_tzset(name);
+		}
+		if (zone == NULL)
+		{
+			name = "UTC";
+			zone = pg_tzset(name);
+		}
+		opens = gatekeeper_window_next_open(&c->queue->window, zone, now);
+		if (opens <= now)
+			continue;
+		c->lost = true;
+		c->outside_window = true;
+		c->reopens = opens;
+		c->window_zone = name;
+	}
+}
+
+/*
+ * Check the mail that may go against the suppression list, in one
+ * statement for the batch (src/suppression.c), and mark what it stops.
+ * Suppressed mail takes no gate pass: this runs before the gates.
+ */
+static void
+apply_suppression(Claimed *claimed, int nclaimed)
+{
+	GatekeeperSuppressionProbe *probes;
+	Claimed   **of;
+	int			n = 0;
+	int			i;
+
+	probes = palloc(Max(nclaimed, 1) * sizeof(GatekeeperSuppressionProbe));
+	of = palloc(Max(nclaimed, 1) * sizeof(Claimed *));
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+
+		if (c->expired || c->lost)
+			continue;
+		if (c->key == NULL)
+			c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
+		probes[n].key = c->key;
+		probes[n].queue = c->queue->name;
+		probes[n].transactional = c->queue->transactional;
+		of[n] = c;
+		n++;
+	}
+	gatekeeper_suppression_check(probes, n);
+	for (i = 0; i < n; i++)
+	{
+		if (probes[i].reason == NULL)
+			continue;
+		of[i]->lost = true;
+		of[i]->suppressed = probes[i].reason;
+	}
+}
+
+/*
+ * Does this JSON object of headers name the header already, in any case?
+ */
+static bool
+headers_have(Jsonb *headers, const char *name)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			len = strlen(name);
+
+	if (!JB_ROOT_IS_OBJECT(headers))
+		return false;
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY && v.val.string.len == len &&
+			pg_strncasecmp(v.val.string.val, name, len) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * RFC 8058 one-click unsubscribe: the mail of a queue with an
+ * unsubscribe_url goes out with List-Unsubscribe (the URL, its {token}
+ * signed for this recipient and queue) and List-Unsubscribe-Post, unless
+ * it brings its own List-Unsubscribe.  They are added to the headers the
+ * claim returns, so an external sender gets them as the background
+ * worker does.  Runs with SPI connected (the token's secret is read once
+ * per transaction); the new headers are made in keep.
+ */
+static void
+add_unsubscribe_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
+{
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		Jsonb	   *headers = NULL;
+		char	   *url;
+		StringInfoData json;
+		Datum		added;
+		MemoryContext old;
+
+		if (c->expired || c->lost || c->queue->unsubscribe_url == NULL)
+			continue;
+		if (!c->nulls[COL_HEADERS - 1])
+		{
+			headers = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
+			if (headers_have(headers, "List-Unsubscribe"))
+				continue;
+		}
+		url = gatekeeper_unsubscribe_url(c->queue->unsubscribe_url,
+										 TextDatumGetCString(c->values[COL_RECIPIENT - 1]),
+										 c->queue->name);
+		initStringInfo(&json);
+		appendStringInfoString(&json, "{\"List-Unsubscribe\": ");
+		escape_json(&json, psprintf("<%s>", url));
+		if (headers == NULL || !headers_have(headers, "List-Unsubscribe-Post"))
+			appendStringInfoString(&json, ", \"List-Unsubscribe-Post\": \"List-Unsubscribe=One-Click\"");
+		appendStringInfoChar(&json, '}');
+
+		old = MemoryContextSwitchTo(keep);
+		added = DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+		if (headers != NULL)
+			added = DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(headers), added);
+		MemoryContextSwitchTo(old);
+		c->values[COL_HEADERS - 1] = added;
+		c->nulls[COL_HEADERS - 1] = false;
+	}
+}
+
+/*
+ * What becomes of a claimed mail that may not go, and the error recorded:
+ * in the claim's order of checks, outside its sending window (deferred to
+ * the opening, or expired if that is past send_by), on the suppression
+ * list, then closed at a gate (suppressed, deferred to the reopening, or
+ * expired).  Sets c->reopens where the mail is deferred for gate memory.
+ */
+static const char *
+loser_outcome(Claimed *c, TimestampTz now, char **error)
+{
+	const char *state;
+
+	if (c->suppressed)
+	{
+		state = "suppressed";
+		*error = psprintf("suppressed: %s", c->suppressed);
+	}
+	else if (c->outside_window && c->send_by != 0 && c->reopens > c->send_by)
+	{
+		state = "expired";
+		*error = psprintf("sending window %s (%s) opens only after send_by",
+						  c->queue->send_window, c->window_zone);
+	}
+	else if (c->outside_window)
+	{
+		state = "scheduled";
+		*error = psprintf("deferred: outside sending window %s (%s)",
+						  c->queue->send_window, c->window_zone);
+	}
+	else if (c->nomem)
+	{
+		state = "scheduled";
+		*error = pstrdup("deferred: gate memory is full");
+		c->reopens = TimestampTzPlusMilliseconds(now, GATE_MEMORY_RETRY_MS);
+	}
+	else if (!c->queue->defer)
+	{
+		state = "suppressed";
+		*error = psprintf("suppressed: gate \"%s\" was closed", c->closed_gate);
+	}
+	else if (c->send_by != 0 && c->reopens > c->send_by)
+	{
+		state = "expired";
+		*error = psprintf("gate \"%s\" stays closed past send_by", c->closed_gate);
+	}
+	else
+	{
+		state = "scheduled";
+		*error = psprintf("deferred: gate \"%s\" was closed", c->closed_gate);
+	}
+
+	return state;
 }
 
 /*
@@ -871,27 +1126,7 @@ settle_losers_010(Claimed *claimed, int nclaimed, TimestampTz now)
 
 		if (!c->lost)
 			continue;
-		if (c->nomem)
-		{
-			state = "scheduled";
-			error = pstrdup("deferred: gate memory is full");
-			c->reopens = TimestampTzPlusMilliseconds(now, GATE_MEMORY_RETRY_MS);
-		}
-		else if (!c->queue->defer)
-		{
-			state = "suppressed";
-			error = psprintf("suppressed: gate \"%s\" was closed", c->closed_gate);
-		}
-		else if (c->send_by != 0 && c->reopens > c->send_by)
-		{
-			state = "expired";
-			error = psprintf("gate \"%s\" stays closed past send_by", c->closed_gate);
-		}
-		else
-		{
-			state = "scheduled";
-			error = psprintf("deferred: gate \"%s\" was closed", c->closed_gate);
-		}
+		state = loser_outcome(c, now, &error);
 		ids[n] = Int64GetDatum(c->id);
 		states[n] = CStringGetTextDatum(state);
 		send_ats[n] = TimestampTzGetDatum(Max(c->reopens, c->send_at));
@@ -914,11 +1149,12 @@ settle_losers_010(Claimed *claimed, int nclaimed, TimestampTz now)
 }
 
 /*
- * Record what became of the claimed mails that will not go: those that
- * lost at a gate (suppressed, or deferred to when the gates reopen, or
- * expired if that is past send_by) and those past send_by.  The deferred
- * go back to scheduled in mail_live; the rest leave it for mail_done.  A
- * claim a gate refused never became visible, so its attempt is restored.
+ * Record what became of the claimed mails that will not go: those held
+ * back by their sending window, the suppression list or a gate (see
+ * loser_outcome) and those past send_by.  The deferred go back to
+ * scheduled in mail_live with their new due time; the rest leave it for
+ * mail_done.  A claim that was refused never became visible, so its
+ * attempt is restored.
  */
 static void
 settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now)
@@ -974,27 +1210,7 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now)
 		}
 		if (!c->lost)
 			continue;
-		if (c->nomem)
-		{
-			state = "scheduled";
-			error = pstrdup("deferred: gate memory is full");
-			c->reopens = TimestampTzPlusMilliseconds(now, GATE_MEMORY_RETRY_MS);
-		}
-		else if (!c->queue->defer)
-		{
-			state = "suppressed";
-			error = psprintf("suppressed: gate \"%s\" was closed", c->closed_gate);
-		}
-		else if (c->send_by != 0 && c->reopens > c->send_by)
-		{
-			state = "expired";
-			error = psprintf("gate \"%s\" stays closed past send_by", c->closed_gate);
-		}
-		else
-		{
-			state = "scheduled";
-			error = psprintf("deferred: gate \"%s\" was closed", c->closed_gate);
-		}
+		state = loser_outcome(c, now, &error);
 		if (strcmp(state, "scheduled") == 0)
 		{
 			defer_ids[ndefer] = Int64GetDatum(c->id);
@@ -1067,8 +1283,8 @@ spend_tokens(ClaimQueue *queues, int nqueues)
  * claim(worker text, batch int DEFAULT 100, lease interval DEFAULT '5 minutes',
  *		 queues text[] DEFAULT NULL)
  *	RETURNS TABLE (id bigint, attempt int, queue text, recipient text,
- *				   sender text, subject text, body text, html text,
- *				   headers jsonb, message_id text)
+ *				   recipient_name text, sender text, subject text, body text,
+ *				   html text, headers jsonb, message_id text, metadata jsonb)
  */
 Datum
 gatekeeper_claim(PG_FUNCTION_ARGS)
@@ -1085,6 +1301,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	Claimed    *claimed;
 	int			nclaimed;
 	bool		split;
+	bool		v010;
 	int			i;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -1118,22 +1335,36 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 
+	/*
+	 * 0.1.0's schema (a new library before ALTER EXTENSION UPDATE): the
+	 * state is in gatekeeper.mail itself, there are none of the tables and
+	 * columns of suppression, windows and unsubscribe, and the declared
+	 * result has no recipient_name or metadata.
+	 */
 	split = gatekeeper_mail_split();
+	v010 = rsinfo->setDesc->natts < NUM_OUTPUT_COLUMNS;
+
 	SPI_connect();
-	queues = load_queues(filter, &nqueues);
+	queues = load_queues(filter, &nqueues, !split);
 
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
 	nclaimed = claim_fairly(split, queues, nqueues, batch, lease, worker, claimed, keep);
 
 	/*
-	 * The gates, in this transaction: a claimed mail that may not go is
-	 * settled now and never returned.
+	 * In this transaction, in this order: the sending windows (mail outside
+	 * its window waits for the opening, and is judged by the list and the
+	 * gates then), the suppression list, the gates.  A claimed mail that
+	 * may not go is settled now and never returned, and takes no gate pass.
 	 */
+	apply_windows(claimed, nclaimed, now);
+	if (split)
+		apply_suppression(claimed, nclaimed);
 	apply_gates_or_defer(claimed, nclaimed, now);
 	if (split)
 		settle_claimed(claimed, nclaimed, now);
 	else
 		settle_losers_010(claimed, nclaimed, now);
+	add_unsubscribe_headers(claimed, nclaimed, keep);
 
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)
@@ -1146,7 +1377,25 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	{
 		Claimed    *c = &claimed[i];
 
-		if (!c->expired && !c->lost)
+		if (c->expired || c->lost)
+			continue;
+		if (v010)
+		{
+			Datum		values[NUM_OUTPUT_COLUMNS];
+			bool		nulls[NUM_OUTPUT_COLUMNS];
+			int			k;
+			int			o = 0;
+
+			for (k = 0; k < NUM_OUTPUT_COLUMNS; k++)
+			{
+				if (k == COL_RECIPIENT_NAME - 1 || k == COL_METADATA - 1)
+					continue;
+				values[o] = c->values[k];
+				nulls[o++] = c->nulls[k];
+			}
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+		else
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
 	}
 

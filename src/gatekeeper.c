@@ -23,6 +23,7 @@
  *-------------------------------------------------------------------------
  */
 #include "gatekeeper.h"
+#include "address.h"
 
 #include <limits.h>
 
@@ -53,7 +54,7 @@ int			gatekeeper_lease = 5 * 60 * 1000;
 int			gatekeeper_retry_delay = 30 * 1000;
 char	   *gatekeeper_smtp_url = NULL;
 char	   *gatekeeper_smtp_user = NULL;
-char	   *gatekeeper_smtp_password = NULL;
+char	   *gatekeeper_smtp_password_file = NULL;
 int			gatekeeper_smtp_connections = 16;
 int			gatekeeper_smtp_timeout = 30 * 1000;
 char	   *gatekeeper_default_sender = NULL;
@@ -97,8 +98,12 @@ static bool xact_callback_registered = false;
 void		_PG_init(void);
 
 PG_FUNCTION_INFO_V1(gatekeeper_wake);
+PG_FUNCTION_INFO_V1(gatekeeper_retry_delay_interval);
 
 static bool check_database(char **newval, void **extra, GucSource source);
+static bool check_smtp_url(char **newval, void **extra, GucSource source);
+static bool check_default_sender(char **newval, void **extra, GucSource source);
+static char *hide_userinfo(const char *text);
 static void gatekeeper_emit_log(ErrorData *edata);
 static Size gatekeeper_shmem_size(void);
 static void gatekeeper_shmem_request(void);
@@ -117,6 +122,13 @@ void
 _PG_init(void)
 {
 	gatekeeper_define_settings();
+
+	/*
+	 * Changed and refused settings are logged: keep the relay credentials
+	 * out, in every process that checks the settings.
+	 */
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = gatekeeper_emit_log;
 
 	/*
 	 * Loaded on demand: the reloadable settings are all a backend needs.
@@ -158,10 +170,6 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("gatekeeper");
-
-	/* the postmaster logs changed settings: keep the credentials out */
-	prev_emit_log_hook = emit_log_hook;
-	emit_log_hook = gatekeeper_emit_log;
 
 	/* pg_upgrade's server must not deliver mail */
 	if (IsBinaryUpgrade)
@@ -228,13 +236,13 @@ gatekeeper_define_settings(void)
 
 	DefineCustomStringVariable("gatekeeper.smtp_url",
 							   "SMTP relay the gatekeeper workers deliver to.",
-							   "smtp://host:port or smtps://host:port.  Empty: the workers "
-							   "deliver nothing, but still reap and purge.",
+							   "smtp://host:port or smtps://host:port, without user or password.  "
+							   "Empty: the workers deliver nothing, but still reap and purge.",
 							   &gatekeeper_smtp_url,
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
-							   NULL, NULL, NULL);
+							   check_smtp_url, NULL, NULL);
 
 	DefineCustomStringVariable("gatekeeper.smtp_user",
 							   "User name for the SMTP relay.",
@@ -245,13 +253,19 @@ gatekeeper_define_settings(void)
 							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
 							   NULL, NULL, NULL);
 
-	DefineCustomStringVariable("gatekeeper.smtp_password",
-							   "Password for the SMTP relay.",
-							   NULL,
-							   &gatekeeper_smtp_password,
+	/*
+	 * The password itself is in no setting: pg_read_all_settings reads
+	 * every setting, GUC_SUPERUSER_ONLY ones included.  The workers read
+	 * the file (src/smtp.c).
+	 */
+	DefineCustomStringVariable("gatekeeper.smtp_password_file",
+							   "File holding the password for the SMTP relay.",
+							   "Read by the workers at start and at each reload; it must be "
+							   "readable by the server's OS user only.  Empty: no password.",
+							   &gatekeeper_smtp_password_file,
 							   "",
 							   PGC_SIGHUP,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   GUC_SUPERUSER_ONLY,
 							   NULL, NULL, NULL);
 
 	DefineCustomIntVariable("gatekeeper.smtp_connections",
@@ -274,12 +288,13 @@ gatekeeper_define_settings(void)
 
 	DefineCustomStringVariable("gatekeeper.default_sender",
 							   "From address of mail that names no sender.",
-							   "Mail without a sender fails when this is empty.",
+							   "A bare address (local@domain).  Mail without a sender fails when "
+							   "this is empty.",
 							   &gatekeeper_default_sender,
 							   "",
 							   PGC_SIGHUP,
 							   0,
-							   NULL, NULL, NULL);
+							   check_default_sender, NULL, NULL);
 
 	DefineCustomStringVariable("gatekeeper.message_id_domain",
 							   "Right-hand side of the Message-ID of each mail.",
@@ -327,6 +342,80 @@ check_database(char **newval, void **extra, GucSource source)
 }
 
 /*
+ * gatekeeper.smtp_url names the relay and nothing else: a password in it
+ * would be readable by pg_read_all_settings and written wherever the
+ * setting is logged or copied, and a user name belongs beside the
+ * password.  The message does not repeat the value (GUC's own would).
+ */
+static bool
+check_smtp_url(char **newval, void **extra, GucSource source)
+{
+	const char *url = *newval;
+	const char *authority;
+	const char *at = NULL;
+	const char *p;
+
+	(void) extra;
+	(void) source;
+
+	if (url == NULL || url[0] == '\0')
+		return true;
+
+	authority = strstr(url, "://");
+	authority = authority ? authority + 3 : url;
+	for (p = authority; *p && *p != '/' && *p != '?' && *p != '#'; p++)
+	{
+		if (*p == '@')
+			at = p;
+	}
+	if (at == NULL)
+		return true;
+
+	if (memchr(authority, ':', at - authority) != NULL)
+	{
+		GUC_check_errmsg("gatekeeper.smtp_url must not contain a password");
+		GUC_check_errdetail("Every setting can be read by members of pg_read_all_settings.");
+		GUC_check_errhint("Put the password in a file that only the server's OS user can read, "
+						  "name it in gatekeeper.smtp_password_file, and set the user name in "
+						  "gatekeeper.smtp_user.");
+	}
+	else
+	{
+		GUC_check_errmsg("gatekeeper.smtp_url must not contain a user name");
+		GUC_check_errhint("Set the user name in gatekeeper.smtp_user and the password file in "
+						  "gatekeeper.smtp_password_file.");
+	}
+	return false;
+}
+
+/*
+ * gatekeeper.default_sender is an address or a display name and an
+ * address, as a mail's sender is: the envelope and the Message-ID's domain
+ * take the bare address, From shows the name.
+ */
+static bool
+check_default_sender(char **newval, void **extra, GucSource source)
+{
+	const char *problem;
+	char	   *name;
+	char	   *address;
+
+	(void) extra;
+	(void) source;
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+
+	problem = gatekeeper_mailbox_problem(*newval, &name, &address);
+	if (problem == NULL)
+		return true;
+
+	GUC_check_errdetail("%s", problem);
+	GUC_check_errhint("Give an address (shop@example.com) or a name and an address (Shop <shop@example.com>).");
+	return false;
+}
+
+/*
  * emit_log_hook: when the configuration is reloaded the postmaster logs
  * each changed setting with its new value.  For the relay credentials,
  * log that they changed, not what to; for a relay URL that embeds them
@@ -335,47 +424,62 @@ check_database(char **newval, void **extra, GucSource source)
 static void
 gatekeeper_emit_log(ErrorData *edata)
 {
-	static const char *const secrets[] = {
-		"\"gatekeeper.smtp_user\"",
-		"\"gatekeeper.smtp_password\"",
-	};
-
-	if (edata->message_id != NULL && edata->message != NULL &&
-		strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0)
+	if (edata->message != NULL &&
+		strstr(edata->message, "gatekeeper.smtp_") != NULL)
 	{
-		int			i;
-
-		for (i = 0; i < (int) lengthof(secrets); i++)
+		if (edata->message_id != NULL &&
+			strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0 &&
+			strstr(edata->message, "\"gatekeeper.smtp_user\"") != NULL)
+			edata->message = pstrdup("parameter \"gatekeeper.smtp_user\" changed");
+		else if (strstr(edata->message, "gatekeeper.smtp_url") != NULL)
 		{
-			if (strstr(edata->message, secrets[i]) != NULL)
-			{
-				edata->message = psprintf("parameter %s changed", secrets[i]);
-				break;
-			}
-		}
+			edata->message = hide_userinfo(edata->message);
 
-		if (strstr(edata->message, "\"gatekeeper.smtp_url\"") != NULL &&
-			gatekeeper_smtp_url != NULL)
-		{
-			const char *url = gatekeeper_smtp_url;
-			const char *authority = strstr(url, "://");
-			const char *at = NULL;
-			const char *p;
-
-			authority = authority ? authority + 3 : url;
-			for (p = authority; *p && *p != '/' && *p != '?' && *p != '#'; p++)
-			{
-				if (*p == '@')
-					at = p;
-			}
-			if (at != NULL)
-				edata->message = psprintf("parameter \"gatekeeper.smtp_url\" changed to \"%.*s***%s\"",
-										  (int) (authority - url), url, at);
+			/* the statement that set it may hold what was refused */
+			if (edata->elevel >= ERROR)
+				edata->hide_stmt = true;
 		}
 	}
 
 	if (prev_emit_log_hook)
 		prev_emit_log_hook(edata);
+}
+
+/*
+ * A copy of text with the user information of every URL in it ("user:pw@"
+ * after "://") replaced by "***@".
+ */
+static char *
+hide_userinfo(const char *text)
+{
+	StringInfoData buf;
+	const char *p = text;
+	const char *scheme;
+
+	initStringInfo(&buf);
+	while ((scheme = strstr(p, "://")) != NULL)
+	{
+		const char *authority = scheme + 3;
+		const char *at = NULL;
+		const char *q;
+
+		for (q = authority; *q && *q != '/' && *q != '?' && *q != '#' &&
+			 *q != '"' && *q != ' '; q++)
+		{
+			if (*q == '@')
+				at = q;
+		}
+		appendBinaryStringInfo(&buf, p, authority - p);
+		if (at != NULL)
+		{
+			appendStringInfoString(&buf, "***");
+			p = at;
+		}
+		else
+			p = authority;
+	}
+	appendStringInfoString(&buf, p);
+	return buf.data;
 }
 
 /*
@@ -499,6 +603,22 @@ gatekeeper_wake(PG_FUNCTION_ARGS)
 
 	gatekeeper_wake_at_commit();
 	PG_RETURN_VOID();
+}
+
+/*
+ * gatekeeper._retry_delay(): gatekeeper.retry_delay as an interval, for
+ * nack's backoff.  Read here rather than with current_setting(), which
+ * in a session that has not loaded the library yet returns a placeholder's
+ * bare text: '30000' means 30000 ms to this setting, 30000 s to ::interval.
+ * Calling this loads the library, which defines the setting.
+ */
+Datum
+gatekeeper_retry_delay_interval(PG_FUNCTION_ARGS)
+{
+	Interval   *result = palloc0(sizeof(Interval));
+
+	result->time = (int64) gatekeeper_retry_delay * INT64CONST(1000);
+	PG_RETURN_INTERVAL_P(result);
 }
 
 /*

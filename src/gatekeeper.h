@@ -19,6 +19,10 @@
  * src/gate_funcs.c		the gates' SQL-callable functions
  * src/mail.c			the insert trigger that validates every new mail
  * src/validate.c		address and header validation
+ * src/address.c		display names: parsing senders, writing From and To
+ * src/suppression.c	the suppression list and the claim's lookup in it
+ * src/unsubscribe.c	one-click unsubscribe tokens and URLs
+ * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
  * src/smtp.c			delivery over SMTP through libcurl's multi interface
  *
@@ -31,6 +35,7 @@
 
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
 /*
@@ -45,7 +50,7 @@ extern int	gatekeeper_lease;
 extern int	gatekeeper_retry_delay;
 extern char *gatekeeper_smtp_url;
 extern char *gatekeeper_smtp_user;
-extern char *gatekeeper_smtp_password;
+extern char *gatekeeper_smtp_password_file;
 extern int	gatekeeper_smtp_connections;
 extern int	gatekeeper_smtp_timeout;
 extern char *gatekeeper_default_sender;
@@ -77,9 +82,22 @@ extern PGDLLEXPORT void gatekeeper_worker_main(Datum main_arg);
  * src/validate.c: each raises an error with a documented SQLSTATE when its
  * input is malformed.  "what" names the field in the error message.
  */
+extern const char *gatekeeper_address_problem(const char *address);
 extern void gatekeeper_check_address(const char *address, const char *what);
 extern void gatekeeper_check_header_value(const char *value, const char *what);
 extern void gatekeeper_check_header_name(const char *name);
+extern void gatekeeper_check_headers(Jsonb *headers);
+extern bool gatekeeper_header_reserved(const char *name);
+
+/*
+ * What src/message.c can always fold into header lines of at most 998
+ * octets, and src/validate.c therefore allows: a word written as it is
+ * (one in angle brackets) of at most GATEKEEPER_HEADER_WORD_MAX octets,
+ * and runs of at most GATEKEEPER_HEADER_SPACE_MAX spaces and tabs.  Any
+ * longer word is written as encoded-words, which fold anywhere.
+ */
+#define GATEKEEPER_HEADER_WORD_MAX	900
+#define GATEKEEPER_HEADER_SPACE_MAX	78
 
 /*
  * An interval of a kind ("period", "dedupe_window", "lease", "delay")
@@ -108,6 +126,7 @@ typedef struct GatekeeperMail
 	int32		attempt;
 	char	   *queue;
 	char	   *recipient;
+	char	   *recipient_name; /* display name in To, or NULL */
 	char	   *sender;
 	char	   *subject;
 	char	   *body;
@@ -118,8 +137,8 @@ typedef struct GatekeeperMail
 
 /*
  * src/message.c: the RFC 5322 message for one mail, CRLF line endings,
- * appended to buf.  from is the From address to use (the mail's sender or
- * the default sender).
+ * appended to buf.  from is the sender to write in From (the mail's sender
+ * or the default sender: an address, or a display name and an address).
  */
 extern void gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
 									 const char *from);
@@ -136,7 +155,8 @@ typedef enum GatekeeperOutcome
 typedef struct GatekeeperDelivery
 {
 	const GatekeeperMail *mail;
-	const char *from;			/* envelope sender */
+	const char *from;			/* envelope sender: a bare address */
+	const char *from_field;		/* the sender as given, perhaps with a name */
 	StringInfoData message;		/* built message */
 	GatekeeperOutcome outcome;	/* set by gatekeeper_smtp_deliver */
 	long		reply_code;		/* last SMTP reply code, 0 if none */
@@ -150,5 +170,6 @@ typedef struct GatekeeperDelivery
  */
 extern void gatekeeper_smtp_deliver(GatekeeperDelivery *items, int n);
 extern void gatekeeper_smtp_reset(void);
+extern bool gatekeeper_smtp_load_password(void);
 
 #endif							/* GATEKEEPER_H */

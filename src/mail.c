@@ -42,6 +42,9 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "address.h"
+#include "window.h"
+
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
 PG_FUNCTION_INFO_V1(gatekeeper_segment);
 
@@ -60,6 +63,8 @@ typedef struct MailColumns
 	int			send_at;
 	int			send_by;
 	int			state;			/* 0.1.0's layout only; 0 otherwise */
+	int			recipient_name; /* 0.2.0's, 0 before the update */
+	int			timezone;		/* 0.2.0's, 0 before the update */
 	Oid			state_type;
 	Oid			scheduled;		/* enum value 'scheduled' */
 } MailColumns;
@@ -151,6 +156,8 @@ load_columns(Relation rel)
 	columns.send_at = SPI_fnumber(desc, "send_at");
 	columns.send_by = SPI_fnumber(desc, "send_by");
 	columns.state = SPI_fnumber(desc, "state");
+	columns.recipient_name = Max(SPI_fnumber(desc, "recipient_name"), 0);
+	columns.timezone = Max(SPI_fnumber(desc, "timezone"), 0);
 	if (columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
 		columns.subject <= 0 || columns.body <= 0 || columns.html <= 0 ||
 		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0)
@@ -252,45 +259,6 @@ column_size(HeapTuple tuple, TupleDesc desc, int attnum)
 }
 
 /*
- * Validate the user's headers: a JSON object of header name to string.
- */
-static void
-check_headers(Jsonb *headers)
-{
-	JsonbIterator *it;
-	JsonbValue	v;
-	JsonbIteratorToken tok;
-	char	   *name = NULL;
-
-	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("headers must be a JSON object of header names to strings")));
-
-	it = JsonbIteratorInit(&headers->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		if (tok == WJB_KEY)
-		{
-			name = pnstrdup(v.val.string.val, v.val.string.len);
-			gatekeeper_check_header_name(name);
-		}
-		else if (tok == WJB_VALUE)
-		{
-			char	   *value;
-
-			if (v.type != jbvString)
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("value of header \"%s\" must be a string", name)));
-			value = pnstrdup(v.val.string.val, v.val.string.len);
-			gatekeeper_check_header_value(value, "header value");
-			pfree(value);
-		}
-	}
-}
-
-/*
  * Whether a mail is still to go: in 0.1.0's layout by its state column;
  * otherwise by finished (the caller knows).
  */
@@ -324,24 +292,54 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 	Datum		send_by;
 	Datum		d;
 	Size		size;
+	bool		to_go;
+
+	/*
+	 * The content of mail that is still to go (new mail, or mail being
+	 * changed) must be sendable.  Finished mail inserted as such is a
+	 * restore (pg_dump) of history, perhaps written by a version with
+	 * other rules: it loads as it is, so that a restore never fails on it.
+	 */
+	to_go = scheduled || !inserting;
 
 	recipient = column_text(tuple, desc, columns.recipient);
 	if (recipient == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("recipient must not be null")));
-	gatekeeper_check_address(recipient, "recipient");
+	if (to_go)
+		gatekeeper_check_address(recipient, "recipient");
 
 	sender = column_text(tuple, desc, columns.sender);
-	if (sender != NULL)
-		gatekeeper_check_address(sender, "sender");
+	if (sender != NULL && to_go)
+	{
+		char	   *name;
+		char	   *address;
+
+		gatekeeper_parse_mailbox(sender, "sender", &name, &address);
+	}
+	if (columns.recipient_name > 0 && to_go)
+	{
+		char	   *name = column_text(tuple, desc, columns.recipient_name);
+
+		if (name != NULL)
+			gatekeeper_check_display_name(name, "recipient_name");
+	}
+	if (columns.timezone > 0 && to_go)
+	{
+		char	   *zone = column_text(tuple, desc, columns.timezone);
+
+		if (zone != NULL)
+			(void) gatekeeper_check_timezone(zone, "timezone");
+	}
 
 	subject = column_text(tuple, desc, columns.subject);
 	if (subject == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("subject must not be null")));
-	gatekeeper_check_header_value(subject, "subject");
+	if (to_go)
+		gatekeeper_check_header_value(subject, "subject");
 
 	(void) heap_getattr(tuple, columns.body, desc, &isnull);
 	if (isnull)
@@ -350,8 +348,8 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 				 errmsg("body must not be null")));
 
 	d = heap_getattr(tuple, columns.headers, desc, &isnull);
-	if (!isnull)
-		check_headers(DatumGetJsonbP(d));
+	if (!isnull && to_go)
+		gatekeeper_check_headers(DatumGetJsonbP(d));
 
 	size = column_size(tuple, desc, columns.subject) +
 		column_size(tuple, desc, columns.body) +

@@ -21,6 +21,7 @@
  *-------------------------------------------------------------------------
  */
 #include "gatekeeper.h"
+#include "address.h"
 
 #include "common/hashfn.h"
 #include "fmgr.h"
@@ -51,10 +52,14 @@
 #define ENCODED_MIN_ROOM	30
 
 /*
- * A plain word longer than this is written as encoded-words, which can be
- * folded, so that no header line comes near the 998-octet limit.
+ * A word longer than this is written as encoded-words, which can be
+ * folded, so that no header line comes near the 998-octet limit (enqueue
+ * refuses longer words in angle brackets, which are otherwise kept whole).
  */
-#define HEADER_WORD_MAX		900
+#define HEADER_WORD_MAX		GATEKEEPER_HEADER_WORD_MAX
+
+/* RFC 5322 2.1.1: the longest line, CRLF excluded */
+#define HEADER_LINE_MAX		998
 
 /* Longest 7bit body line, CRLF excluded. */
 #define BODY_7BIT_WIDTH		78
@@ -95,6 +100,9 @@ static void append_date_header(StringInfo buf);
 static void append_header(StringInfo buf, const char *name, const char *value,
 						  bool address);
 static void append_custom_headers(StringInfo buf, const char *json);
+static void append_mailbox_header(StringInfo buf, const char *name,
+								  const char *mailbox, const char *display_name);
+static int	custom_header_cmp(const void *a, const void *b);
 static bool header_name_usable(const char *name);
 static bool word_needs_encoding(const char *word, int len, bool address);
 static void header_append(HeaderLine *hl, const char *ws, int wslen,
@@ -129,8 +137,9 @@ gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
 	const char *body = mail->body ? mail->body : "";
 
 	append_date_header(buf);
-	append_header(buf, "From", from ? from : "", true);
-	append_header(buf, "To", mail->recipient ? mail->recipient : "", true);
+	append_mailbox_header(buf, "From", from ? from : "", NULL);
+	append_mailbox_header(buf, "To", mail->recipient ? mail->recipient : "",
+						  mail->recipient_name);
 	append_header(buf, "Subject", mail->subject ? mail->subject : "", false);
 	if (mail->message_id != NULL && mail->message_id[0] != '\0')
 		append_header(buf, "Message-ID", mail->message_id, true);
@@ -249,6 +258,34 @@ append_date_header(StringInfo buf)
 }
 
 /*
+ * append_mailbox_header
+ *		From or To: mailbox is an address or "Name <address>" (validated at
+ *		enqueue, or by the setting's check hook), display_name a name to
+ *		write instead of the one it holds (a mail's recipient_name).  The
+ *		name is written by src/address.c: a quoted-string, or encoded-words
+ *		when it is not ASCII.
+ */
+static void
+append_mailbox_header(StringInfo buf, const char *name, const char *mailbox,
+					  const char *display_name)
+{
+	char	   *parsed_name;
+	char	   *address;
+
+	if (gatekeeper_mailbox_problem(mailbox, &parsed_name, &address) != NULL)
+	{
+		/* cannot happen for validated input: write it as before */
+		append_header(buf, name, mailbox, true);
+		return;
+	}
+	if (display_name != NULL && display_name[0] != '\0')
+		parsed_name = (char *) display_name;
+	appendStringInfo(buf, "%s: ", name);
+	gatekeeper_format_mailbox(buf, parsed_name, address, strlen(name) + 2);
+	appendStringInfoString(buf, "\r\n");
+}
+
+/*
  * append_header
  *		Append one header field, folded, with RFC 2047 encoded-words for the
  *		words that need them.
@@ -330,14 +367,26 @@ append_header(StringInfo buf, const char *name, const char *value, bool address)
 	pfree(v);
 }
 
+/* One of the user's headers, as append_custom_headers collects them. */
+typedef struct CustomHeader
+{
+	char	   *name;
+	char	   *value;
+	int			position;		/* in the JSON object */
+	bool		skip;			/* a second one of the same name */
+} CustomHeader;
+
 /*
  * append_custom_headers
  *		Append the user's headers, a JSON object of name -> value.
  *
- * enqueue has validated them; here a name that is not a valid field name,
- * or one this file writes itself, is skipped rather than duplicated.
- * Numbers and booleans are written as their JSON text; null and nested
- * values are skipped.  The order is jsonb's key order.
+ * enqueue has validated them; mail enqueued by an older version may still
+ * hold what it now refuses, so here a name that is not a valid field name
+ * or that gatekeeper reserves (gatekeeper_header_reserved, the one list
+ * for both) is skipped, and so is each name after the first that differs
+ * from it only in case.  Numbers and booleans are written as their JSON
+ * text; null and nested values are skipped.  The order is jsonb's key
+ * order.
  */
 static void
 append_custom_headers(StringInfo buf, const char *json)
@@ -347,11 +396,16 @@ append_custom_headers(StringInfo buf, const char *json)
 	JsonbValue	v;
 	JsonbIteratorToken tok;
 	char	   *name = NULL;
+	CustomHeader *headers;
+	CustomHeader **sorted;
+	int			n = 0;
+	int			i;
 
 	jb = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(json)));
-	if (!JB_ROOT_IS_OBJECT(jb))
+	if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_COUNT(jb) == 0)
 		return;
 
+	headers = palloc0(sizeof(CustomHeader) * JB_ROOT_COUNT(jb));
 	it = JsonbIteratorInit(&jb->root);
 	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
@@ -376,27 +430,61 @@ append_custom_headers(StringInfo buf, const char *json)
 				default:
 					break;
 			}
-			if (value != NULL && header_name_usable(name))
-				append_header(buf, name, value, false);
+			if (value != NULL && header_name_usable(name) &&
+				n < (int) JB_ROOT_COUNT(jb))
+			{
+				headers[n].name = name;
+				headers[n].value = value;
+				headers[n].position = n;
+				n++;
+			}
 			name = NULL;
 		}
 	}
+
+	/* the first of each name, in any case, is the one written */
+	sorted = palloc(sizeof(CustomHeader *) * Max(n, 1));
+	for (i = 0; i < n; i++)
+		sorted[i] = &headers[i];
+	qsort(sorted, n, sizeof(CustomHeader *), custom_header_cmp);
+	for (i = 1; i < n; i++)
+	{
+		if (pg_strcasecmp(sorted[i - 1]->name, sorted[i]->name) == 0)
+			sorted[i]->skip = true;
+	}
+
+	for (i = 0; i < n; i++)
+	{
+		if (!headers[i].skip)
+			append_header(buf, headers[i].name, headers[i].value, false);
+	}
+	pfree(sorted);
+}
+
+/*
+ * Order custom headers by name in any case, then by position, for qsort.
+ */
+static int
+custom_header_cmp(const void *a, const void *b)
+{
+	const CustomHeader *ha = *(const CustomHeader *const *) a;
+	const CustomHeader *hb = *(const CustomHeader *const *) b;
+	int			c = pg_strcasecmp(ha->name, hb->name);
+
+	if (c != 0)
+		return c;
+	return ha->position - hb->position;
 }
 
 /*
  * header_name_usable
  *		Is name a valid field name (RFC 5322 2.2: printable ASCII but ':')
- *		that this file does not write itself?
+ *		that gatekeeper does not reserve?
  */
 static bool
 header_name_usable(const char *name)
 {
-	static const char *const owned[] = {
-		"Date", "From", "To", "Subject", "Message-ID", "MIME-Version",
-		"Content-Type", "Content-Transfer-Encoding"
-	};
 	const char *p;
-	size_t		i;
 
 	if (name[0] == '\0')
 		return false;
@@ -407,44 +495,50 @@ header_name_usable(const char *name)
 		if (c < 33 || c > 126 || c == ':')
 			return false;
 	}
-	for (i = 0; i < lengthof(owned); i++)
-	{
-		if (pg_strcasecmp(name, owned[i]) == 0)
-			return false;
-	}
-	return true;
+	return !gatekeeper_header_reserved(name);
 }
 
 /*
  * word_needs_encoding
  *		Must this whitespace-free word of a header value be an encoded-word?
  *
- * Yes when it holds a non-ASCII octet or a control character, looks like
- * an encoded-word itself ("=?"), which a reader would decode, or is too
- * long for a line.  An angle-bracketed word ("<...>": an address, a URL)
- * is never encoded, nor, in an address header, a word holding '@':
- * encoded-words are not allowed there, and raw UTF-8 (RFC 6532) is the
- * better outcome.
+ * Yes when it is too long for a line, holds a control character, looks
+ * like an encoded-word itself ("=?"), which a reader would decode, or
+ * holds a non-ASCII octet.  Two kinds of word are written as they are
+ * when they are short enough and free of control characters: an
+ * angle-bracketed word ("<...>": an address, a URL), if it is ASCII
+ * (enqueue refuses anything else; mail from older versions may still hold
+ * it), and, in an address header, a word holding '@': encoded-words are
+ * not allowed there, and raw UTF-8 (RFC 6532) is the better outcome.
  */
 static bool
 word_needs_encoding(const char *word, int len, bool address)
 {
 	int			i;
+	bool		ascii = true;
 
-	if (len >= 2 && word[0] == '<' && word[len - 1] == '>')
-		return false;
-	if (address && memchr(word, '@', len) != NULL)
-		return false;
 	if (len > HEADER_WORD_MAX)
 		return true;
-
 	for (i = 0; i < len; i++)
 	{
 		unsigned char c = (unsigned char) word[i];
 
-		if (c >= 0x7f || c < 0x20)
+		if (c < 0x20 || c == 0x7f)
 			return true;
-		if (c == '=' && i + 1 < len && word[i + 1] == '?')
+		if (c > 0x7f)
+			ascii = false;
+	}
+
+	if (len >= 2 && word[0] == '<' && word[len - 1] == '>')
+		return !ascii;
+	if (address && memchr(word, '@', len) != NULL)
+		return false;
+	if (!ascii)
+		return true;
+
+	for (i = 0; i + 1 < len; i++)
+	{
+		if (word[i] == '=' && word[i + 1] == '?')
 			return true;
 	}
 	return false;
@@ -489,16 +583,42 @@ header_fold(HeaderLine *hl)
  *		Write a plain word, folding first if it would overrun the line.
  *
  * A word longer than a line stays whole: it cannot be split, and RFC 5322
- * only requires lines under 998 octets (longer words are encoded).
+ * only requires lines of at most 998 octets (longer words are encoded).
+ * The fold goes before the whitespace, which starts the next line, unless
+ * that line would pass 998 octets: then as much of the whitespace as
+ * needed ends the current line instead, so that the value unfolds to what
+ * it was.  enqueue bounds runs of whitespace so that this always fits;
+ * should a longer run come from older mail, the spaces that fit on no line
+ * are dropped rather than a line made too long.
  */
 static void
 header_put_word(HeaderLine *hl, const char *ws, int wslen, const char *word,
 				int len)
 {
 	int			eff_ws = (hl->empty || wslen == 0) ? 1 : wslen;
+	int			keep;
 
-	if (!hl->empty && hl->linelen + eff_ws + len > HEADER_WIDTH)
-		header_fold(hl);
+	if (hl->empty || hl->linelen + eff_ws + len <= HEADER_WIDTH)
+	{
+		header_append(hl, ws, wslen, word, len);
+		return;
+	}
+
+	if (wslen > 1 && wslen + len > HEADER_LINE_MAX)
+	{
+		keep = Min(wslen + len - HEADER_LINE_MAX,
+				   Min(wslen - 1, HEADER_LINE_MAX - hl->linelen));
+		if (keep > 0)
+		{
+			appendBinaryStringInfo(hl->buf, ws, keep);
+			hl->linelen += keep;
+			ws += keep;
+			wslen -= keep;
+		}
+		if (wslen + len > HEADER_LINE_MAX)
+			wslen = Max(HEADER_LINE_MAX - len, 1);
+	}
+	header_fold(hl);
 	header_append(hl, ws, wslen, word, len);
 }
 

@@ -32,7 +32,9 @@
  */
 #include "gatekeeper.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -49,6 +51,9 @@
 /* Longest single wait, a safety net should libcurl's timer be missed. */
 #define SMTP_MAX_WAIT_MS	1000
 
+/* Longest relay password read from gatekeeper.smtp_password_file. */
+#define SMTP_PASSWORD_MAX	1024
+
 /* One easy handle of the pool and the transfer it carries. */
 typedef struct SmtpSlot
 {
@@ -59,6 +64,7 @@ typedef struct SmtpSlot
 	bool		mail_sent;		/* MAIL FROM went out in this transfer */
 	bool		rcpt_sent;		/* RCPT TO went out in this transfer */
 	bool		quit_sent;		/* QUIT went out: later replies are not news */
+	bool		in_auth;		/* AUTH went out, and no command since */
 	bool		retried;		/* already restarted on a fresh connection */
 	long		reply_code;		/* last reply code seen in this transfer */
 	char		reply[160];		/* its text */
@@ -80,8 +86,6 @@ typedef struct SmtpConfig
 	char	   *url;
 	char	   *user;
 	char	   *password;
-	char	   *url_password[2];	/* a password embedded in the URL, as
-									 * written and decoded */
 	int			connections;
 	int			timeout;
 	bool		smtps;
@@ -93,6 +97,12 @@ static CURLM *smtp_multi = NULL;
 static SmtpSlot *smtp_slots = NULL;
 static int	smtp_nslots = 0;
 static SmtpConfig smtp_config;
+
+/*
+ * The relay password as gatekeeper_smtp_load_password last read it from
+ * gatekeeper.smtp_password_file, in TopMemoryContext; NULL for none.
+ */
+static char *smtp_password = NULL;
 
 /* sockets, kept with malloc: the socket callback may not ereport */
 static SmtpSocket *smtp_socks = NULL;
@@ -298,16 +308,135 @@ gatekeeper_smtp_reset(void)
 		explicit_bzero(smtp_config.password, strlen(smtp_config.password));
 		pfree(smtp_config.password);
 	}
-	for (i = 0; i < 2; i++)
-	{
-		if (smtp_config.url_password[i] != NULL)
-		{
-			explicit_bzero(smtp_config.url_password[i],
-						   strlen(smtp_config.url_password[i]));
-			pfree(smtp_config.url_password[i]);
-		}
-	}
 	memset(&smtp_config, 0, sizeof(smtp_config));
+}
+
+/*
+ * gatekeeper_smtp_load_password
+ *		Read the relay password from gatekeeper.smtp_password_file; forget
+ *		the one read before.  Returns false, having said why in the log,
+ *		when the file cannot be used: then no mail should be delivered.
+ *
+ * The file must be a regular file that only the server's OS user can
+ * read, with the rule PostgreSQL applies to its SSL key: owned by that
+ * user with no group or other permissions (u=rw, 0600, or less), or owned
+ * by root with at most u=rw,g=r (0640).  One trailing newline (LF or
+ * CRLF) is not part of the password.  The password is never logged.
+ * Problems are logged at LOG, as PostgreSQL logs a bad configuration
+ * file at reload: the server log is where an administrator looks.
+ */
+bool
+gatekeeper_smtp_load_password(void)
+{
+	const char *path = gatekeeper_smtp_password_file;
+	char		buf[SMTP_PASSWORD_MAX + 2];
+	struct stat st;
+	ssize_t		len = 0;
+	int			fd;
+
+	if (smtp_password != NULL)
+	{
+		explicit_bzero(smtp_password, strlen(smtp_password));
+		pfree(smtp_password);
+		smtp_password = NULL;
+	}
+	if (path == NULL || path[0] == '\0')
+		return true;
+
+	fd = open(path, O_RDONLY | PG_BINARY | O_CLOEXEC, 0);
+	if (fd < 0)
+	{
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("could not open relay password file \"%s\": %m", path),
+				 errdetail("The gatekeeper worker delivers no mail until gatekeeper.smtp_password_file can be read.")));
+		return false;
+	}
+	if (fstat(fd, &st) != 0)
+	{
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("could not stat relay password file \"%s\": %m", path)));
+		close(fd);
+		return false;
+	}
+	if (!S_ISREG(st.st_mode))
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" is not a regular file", path),
+				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+	if (st.st_uid != geteuid() && st.st_uid != 0)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" must be owned by the database user or root", path),
+				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+	if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO))) ||
+		(st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO))))
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" has group or world access", path),
+				 errdetail("File must have permissions u=rw (0600) or less if owned by the database user, "
+						   "or permissions u=rw,g=r (0640) or less if owned by root.  "
+						   "The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+
+	for (;;)
+	{
+		ssize_t		n = read(fd, buf + len, sizeof(buf) - 1 - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+		{
+			ereport(LOG,
+					(errcode_for_file_access(),
+					 errmsg("could not read relay password file \"%s\": %m", path)));
+			explicit_bzero(buf, sizeof(buf));
+			close(fd);
+			return false;
+		}
+		if (n == 0 || len + n >= (ssize_t) sizeof(buf) - 1)
+		{
+			len += n;
+			break;
+		}
+		len += n;
+	}
+	close(fd);
+	buf[len] = '\0';
+
+	if (len > 0 && buf[len - 1] == '\n')
+		buf[--len] = '\0';
+	if (len > 0 && buf[len - 1] == '\r')
+		buf[--len] = '\0';
+
+	if (len > SMTP_PASSWORD_MAX || len == 0 ||
+		memchr(buf, '\0', len) != NULL || strpbrk(buf, "\r\n") != NULL)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" does not hold a password", path),
+				 errdetail("It must hold one line of 1 to %d bytes, without NUL.  "
+						   "The gatekeeper worker delivers no mail until it is corrected.",
+						   SMTP_PASSWORD_MAX)));
+		explicit_bzero(buf, sizeof(buf));
+		return false;
+	}
+
+	smtp_password = MemoryContextStrdup(TopMemoryContext, buf);
+	explicit_bzero(buf, sizeof(buf));
+	return true;
 }
 
 /*
@@ -333,7 +462,7 @@ smtp_setup(void)
 	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
 	smtp_config.url = pstrdup(gatekeeper_smtp_url);
 	smtp_config.user = pstrdup(gatekeeper_smtp_user ? gatekeeper_smtp_user : "");
-	smtp_config.password = pstrdup(gatekeeper_smtp_password ? gatekeeper_smtp_password : "");
+	smtp_config.password = pstrdup(smtp_password ? smtp_password : "");
 	smtp_config.connections = gatekeeper_smtp_connections;
 	smtp_config.timeout = gatekeeper_smtp_timeout;
 	smtp_parse_url(smtp_config.url);
@@ -366,27 +495,25 @@ smtp_config_matches(void)
 {
 	return strcmp(smtp_config.url, gatekeeper_smtp_url) == 0 &&
 		strcmp(smtp_config.user, gatekeeper_smtp_user ? gatekeeper_smtp_user : "") == 0 &&
-		strcmp(smtp_config.password, gatekeeper_smtp_password ? gatekeeper_smtp_password : "") == 0 &&
+		strcmp(smtp_config.password, smtp_password ? smtp_password : "") == 0 &&
 		smtp_config.connections == gatekeeper_smtp_connections &&
 		smtp_config.timeout == gatekeeper_smtp_timeout;
 }
 
 /*
  * smtp_parse_url
- *		Note in smtp_config whether the URL is smtps://, whether its host is
- *		the loopback, and any password embedded in it (to keep it out of
- *		error text).  Called in TopMemoryContext.
+ *		Note in smtp_config whether the URL is smtps://, and whether its host
+ *		is the loopback.  (It holds no user information: the setting's
+ *		check hook refuses that.)
  */
 static void
 smtp_parse_url(const char *url)
 {
 	CURLU	   *u = curl_url();
 	char	   *part = NULL;
-	int			i;
 
 	smtp_config.smtps = pg_strncasecmp(url, "smtps://", 8) == 0;
 	smtp_config.loopback = false;
-	smtp_config.url_password[0] = smtp_config.url_password[1] = NULL;
 	if (u == NULL)
 		return;
 	if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK)
@@ -397,17 +524,6 @@ smtp_parse_url(const char *url)
 				strncmp(part, "127.", 4) == 0 ||
 				strcmp(part, "[::1]") == 0;
 			curl_free(part);
-		}
-		for (i = 0; i < 2; i++)
-		{
-			part = NULL;
-			if (curl_url_get(u, CURLUPART_PASSWORD, &part,
-							 i == 0 ? 0 : CURLU_URLDECODE) == CURLUE_OK)
-			{
-				if (part[0] != '\0')
-					smtp_config.url_password[i] = pstrdup(part);
-				curl_free(part);
-			}
 		}
 	}
 	curl_url_cleanup(u);
@@ -465,7 +581,7 @@ smtp_new_easy(SmtpSlot *slot)
 	if (!smtp_config.smtps)
 	{
 		bool		credentials = smtp_config.user[0] != '\0' ||
-			smtp_config.password[0] != '\0' || smtp_config.url_password[0] != NULL;
+			smtp_config.password[0] != '\0';
 
 		smtp_check(curl_easy_setopt(e, CURLOPT_USE_SSL,
 									(long) (credentials && !smtp_config.loopback ?
@@ -581,6 +697,7 @@ smtp_launch(SmtpSlot *slot)
 	slot->mail_sent = false;
 	slot->rcpt_sent = false;
 	slot->quit_sent = false;
+	slot->in_auth = false;
 	slot->reply_code = 0;
 	slot->reply[0] = '\0';
 	slot->errbuf[0] = '\0';
@@ -677,8 +794,6 @@ smtp_set_error(SmtpSlot *slot, CURLcode rc, const char *prefix)
 			 reply, detail, (int) rc);
 
 	smtp_scrub(item->error, smtp_config.password);
-	smtp_scrub(item->error, smtp_config.url_password[0]);
-	smtp_scrub(item->error, smtp_config.url_password[1]);
 }
 
 /*
@@ -961,6 +1076,15 @@ smtp_debug_cb(CURL *easy, curl_infotype type, char *data, size_t size, void *arg
 
 	if (type == CURLINFO_HEADER_OUT)
 	{
+		/* what follows AUTH until the next command belongs to the login */
+		if (size >= 4 && pg_strncasecmp(data, "AUTH", 4) == 0)
+			slot->in_auth = true;
+		else if (size >= 4 && (pg_strncasecmp(data, "MAIL", 4) == 0 ||
+							   pg_strncasecmp(data, "RSET", 4) == 0 ||
+							   pg_strncasecmp(data, "QUIT", 4) == 0 ||
+							   pg_strncasecmp(data, "EHLO", 4) == 0))
+			slot->in_auth = false;
+
 		if (size >= 9 && pg_strncasecmp(data, "MAIL FROM", 9) == 0)
 			slot->mail_sent = true;
 		else if (size >= 7 && pg_strncasecmp(data, "RCPT TO", 7) == 0)
@@ -978,6 +1102,22 @@ smtp_debug_cb(CURL *easy, curl_infotype type, char *data, size_t size, void *arg
 
 		while (len > 0 && (data[len - 1] == '\r' || data[len - 1] == '\n'))
 			len--;
+
+		/*
+		 * A reply during the login keeps its codes only: a relay may echo
+		 * what it was sent, and the client's side of AUTH carries the
+		 * password (base64 is no disguise).
+		 */
+		if (slot->in_auth)
+		{
+			size_t		codes = 3;
+
+			while (codes < len && (data[codes] == ' ' || data[codes] == '-' ||
+								   data[codes] == '.' ||
+								   (data[codes] >= '0' && data[codes] <= '9')))
+				codes++;
+			len = codes;
+		}
 		len = Min(len, sizeof(slot->reply) - 1);
 		for (i = 0; i < len; i++)
 		{
@@ -986,6 +1126,8 @@ smtp_debug_cb(CURL *easy, curl_infotype type, char *data, size_t size, void *arg
 			slot->reply[i] = (c < 0x20 || c == 0x7f) ? ' ' : (char) c;
 		}
 		slot->reply[len] = '\0';
+		if (slot->in_auth)
+			strlcat(slot->reply, " (reply to AUTH)", sizeof(slot->reply));
 		slot->reply_code = (data[0] - '0') * 100 + (data[1] - '0') * 10 + (data[2] - '0');
 	}
 	return 0;

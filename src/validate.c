@@ -19,6 +19,7 @@
 #include "datatype/timestamp.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
+#include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
 /* RFC 5321 limits */
@@ -30,15 +31,26 @@
 #define MAX_HEADER_NAME 76
 
 /*
- * Header names gatekeeper writes itself; a user's header may not replace
- * them.  Compared case-insensitively.
+ * What src/message.c can always fold into lines of at most 998 octets
+ * (RFC 5322 2.1.1): a word kept whole (in angle brackets) of at most
+ * GATEKEEPER_HEADER_WORD_MAX octets, next to at most
+ * GATEKEEPER_HEADER_SPACE_MAX spaces and tabs in a row.  Longer words
+ * outside angle brackets are written as encoded-words, which fold
+ * anywhere.
  */
-static const char *const owned_headers[] = {
+#define MAX_HEADER_SPACE GATEKEEPER_HEADER_SPACE_MAX
+
+/*
+ * Header names gatekeeper writes itself, or that the relay and the reader's
+ * side add: a user's header may not replace or repeat them.  This is the
+ * one list; src/message.c asks gatekeeper_header_reserved() too, so what
+ * enqueue refuses and what the builder skips cannot drift apart.  Compared
+ * case-insensitively; every name beginning "Content-" is reserved as well
+ * (the MIME structure is gatekeeper's).
+ */
+static const char *const reserved_headers[] = {
 	"bcc",
 	"cc",
-	"content-disposition",
-	"content-transfer-encoding",
-	"content-type",
 	"date",
 	"from",
 	"message-id",
@@ -50,6 +62,8 @@ static const char *const owned_headers[] = {
 	"to",
 	NULL
 };
+
+#define RESERVED_PREFIX "content-"
 
 /*
  * atext of RFC 5322 section 3.2.3: the characters of a dot-atom.
@@ -63,55 +77,36 @@ is_atext(unsigned char c)
 }
 
 /*
- * Raise the error for an invalid address, saying why.
- */
-static void
-invalid_address(const char *address, const char *what, const char *why)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("invalid %s address \"%s\"", what, address),
-			 errdetail("%s", why)));
-}
-
-/*
- * gatekeeper_check_address
- *		Accept a bare mailbox "local@domain": a dot-atom local part and a
- *		domain of letter-digit-hyphen labels, within RFC 5321's lengths.
+ * gatekeeper_address_problem
+ *		Why address is not a bare mailbox "local@domain" as gatekeeper
+ *		accepts it, as a full sentence; NULL when it is one.
  *
- * Quoted local parts, domain literals and display names are refused: no
- * relay we hand mail to needs them, and every one of them has been a
- * source of parser disagreements.
+ * A dot-atom local part and a domain of letter-digit-hyphen labels,
+ * within RFC 5321's lengths.  Quoted local parts, domain literals and
+ * display names are refused: no relay we hand mail to needs them, and
+ * every one of them has been a source of parser disagreements.  Raises no
+ * error, so that a setting's check hook can use it.
  */
-void
-gatekeeper_check_address(const char *address, const char *what)
+const char *
+gatekeeper_address_problem(const char *address)
 {
 	const char *at;
 	const char *p;
 	size_t		len = strlen(address);
 	size_t		label = 0;
 
-	for (p = address; *p; p++)
-	{
-		if (*p == '\r' || *p == '\n')
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("%s address must not contain a line break", what),
-					 errdetail("A CR or LF in an address could inject headers or SMTP commands.")));
-	}
-
 	if (len == 0)
-		invalid_address(address, what, "The address is empty.");
+		return "The address is empty.";
 	if (len > MAX_ADDRESS)
-		invalid_address(address, what, "The address is longer than 254 characters.");
+		return "The address is longer than 254 characters.";
 
 	at = strrchr(address, '@');
 	if (at == NULL)
-		invalid_address(address, what, "The address has no \"@\".");
+		return "The address has no \"@\".";
 	if (at == address)
-		invalid_address(address, what, "The local part before \"@\" is empty.");
+		return "The local part before \"@\" is empty.";
 	if (at - address > MAX_LOCAL_PART)
-		invalid_address(address, what, "The local part is longer than 64 characters.");
+		return "The local part is longer than 64 characters.";
 
 	/* local part: dot-atom */
 	for (p = address; p < at; p++)
@@ -119,18 +114,16 @@ gatekeeper_check_address(const char *address, const char *what)
 		if (*p == '.')
 		{
 			if (p == address || p + 1 == at || p[1] == '.')
-				invalid_address(address, what,
-								"The local part has a leading, trailing or doubled dot.");
+				return "The local part has a leading, trailing or doubled dot.";
 		}
 		else if (!is_atext((unsigned char) *p))
-			invalid_address(address, what,
-							"The local part may hold only letters, digits, dots and !#$%&'*+-/=?^_`{|}~.");
+			return "The local part may hold only letters, digits, dots and !#$%&'*+-/=?^_`{|}~.";
 	}
 
 	/* domain: LDH labels separated by single dots */
 	p = at + 1;
 	if (*p == '\0')
-		invalid_address(address, what, "The domain after \"@\" is empty.");
+		return "The domain after \"@\" is empty.";
 	for (; *p; p++)
 	{
 		unsigned char c = (unsigned char) *p;
@@ -138,38 +131,153 @@ gatekeeper_check_address(const char *address, const char *what)
 		if (c == '.')
 		{
 			if (label == 0 || p[1] == '\0')
-				invalid_address(address, what, "The domain has an empty label.");
+				return "The domain has an empty label.";
 			if (p[-1] == '-')
-				invalid_address(address, what, "A domain label ends with a hyphen.");
+				return "A domain label ends with a hyphen.";
 			label = 0;
 			continue;
 		}
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
 			  (c >= '0' && c <= '9') || c == '-'))
-			invalid_address(address, what,
-							"The domain may hold only letters, digits, hyphens and dots.");
+			return "The domain may hold only letters, digits, hyphens and dots.";
 		if (c == '-' && label == 0)
-			invalid_address(address, what, "A domain label starts with a hyphen.");
+			return "A domain label starts with a hyphen.";
 		if (++label > MAX_LABEL)
-			invalid_address(address, what, "A domain label is longer than 63 characters.");
+			return "A domain label is longer than 63 characters.";
 	}
 	if (p[-1] == '-')
-		invalid_address(address, what, "A domain label ends with a hyphen.");
+		return "A domain label ends with a hyphen.";
+	return NULL;
+}
+
+/*
+ * gatekeeper_check_address
+ *		Raise an error unless address is a bare mailbox that
+ *		gatekeeper_address_problem accepts.
+ */
+void
+gatekeeper_check_address(const char *address, const char *what)
+{
+	const char *problem;
+
+	if (strpbrk(address, "\r\n") != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s address must not contain a line break", what),
+				 errdetail("A CR or LF in an address could inject headers or SMTP commands.")));
+
+	problem = gatekeeper_address_problem(address);
+	if (problem != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid %s address \"%s\"", what, address),
+				 errdetail("%s", problem)));
 }
 
 /*
  * gatekeeper_check_header_value
- *		A subject or header value may hold any text but line breaks (and
- *		NUL, which text cannot hold anyway).
+ *		A subject or header value: text without control characters, that
+ *		src/message.c can write in lines of at most 998 octets, with
+ *		nothing in angle brackets that would have to be encoded.
+ *
+ * A CR or LF would let the value start a header of its own; other control
+ * characters (C0 but tab, DEL, C1) have no business in a header and some
+ * software acts on them.  An angle-bracketed word ("<https://...>", a
+ * message ID) is written as it is: RFC 2047 allows no encoded-word there,
+ * so it must be printable ASCII, and it cannot be folded, so it must fit
+ * a line.
  */
 void
 gatekeeper_check_header_value(const char *value, const char *what)
 {
+	const unsigned char *p;
+	int			space = 0;
+
 	if (strpbrk(value, "\r\n") != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must not contain a line break", what),
 				 errdetail("A CR or LF in a header value could inject headers.")));
+
+	for (p = (const unsigned char *) value; *p; p++)
+	{
+		bool		control = (*p < 0x20 && *p != '\t') || *p == 0x7f ||
+			(*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f);
+
+		if (control)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must not contain control characters", what),
+					 errdetail("It holds U+%04X at octet %d.",
+							   *p == 0xc2 ? p[1] : *p,
+							   (int) (p - (const unsigned char *) value) + 1)));
+
+		if (*p == ' ' || *p == '\t')
+		{
+			if (++space > MAX_HEADER_SPACE)
+				ereport(ERROR,
+						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+						 errmsg("%s has more than %d spaces and tabs in a row",
+								what, MAX_HEADER_SPACE),
+						 errdetail("Such a run cannot always be folded into header lines of at most 998 octets.")));
+		}
+		else
+			space = 0;
+	}
+
+	/* words in angle brackets */
+	p = (const unsigned char *) value;
+	while (*p)
+	{
+		const unsigned char *word;
+		size_t		len;
+		size_t		i;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		word = p;
+		while (*p && *p != ' ' && *p != '\t')
+			p++;
+		len = p - word;
+		if (len < 2 || word[0] != '<' || word[len - 1] != '>')
+			continue;
+
+		for (i = 0; i < len; i++)
+		{
+			if (word[i] > 0x7e)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("%s must hold only ASCII in angle brackets", what),
+						 errdetail("Text in angle brackets (an address, a URL, a message ID) cannot be encoded for mail."),
+						 errhint("Percent-encode URLs and write domains in their ASCII (punycode) form.")));
+		}
+		if (len > GATEKEEPER_HEADER_WORD_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("%s holds %zu octets in angle brackets without a space, more than %d",
+							what, len, GATEKEEPER_HEADER_WORD_MAX),
+					 errdetail("Text in angle brackets cannot be folded, and a header line may not exceed 998 octets.")));
+	}
+}
+
+/*
+ * gatekeeper_header_reserved
+ *		Is name (any case) a header gatekeeper owns: one of reserved_headers
+ *		or a Content-* header?
+ */
+bool
+gatekeeper_header_reserved(const char *name)
+{
+	const char *const *reserved;
+
+	if (pg_strncasecmp(name, RESERVED_PREFIX, strlen(RESERVED_PREFIX)) == 0)
+		return true;
+	for (reserved = reserved_headers; *reserved; reserved++)
+	{
+		if (pg_strcasecmp(name, *reserved) == 0)
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -180,7 +288,6 @@ void
 gatekeeper_check_header_name(const char *name)
 {
 	const char *p;
-	const char *const *owned;
 
 	if (*name == '\0')
 		ereport(ERROR,
@@ -201,15 +308,83 @@ gatekeeper_check_header_name(const char *name)
 					 errmsg("invalid header name \"%s\"", name),
 					 errdetail("Header names may hold only printable ASCII characters other than colon.")));
 	}
-	for (owned = owned_headers; *owned; owned++)
+	if (gatekeeper_header_reserved(name))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("header \"%s\" is set by gatekeeper", name),
+				 errdetail("From, To, Subject, Date, Message-ID and the MIME (Content-*) headers are written by gatekeeper itself."),
+				 errhint("Use the sender and subject arguments for From and Subject.")));
+}
+
+/*
+ * Order header names case-insensitively, for qsort.
+ */
+static int
+header_name_cmp(const void *a, const void *b)
+{
+	return pg_strcasecmp(*(char *const *) a, *(char *const *) b);
+}
+
+/*
+ * gatekeeper_check_headers
+ *		The user's headers: a JSON object of valid, unreserved header names
+ *		to valid values, no name given twice (JSON keys are distinct, but
+ *		header names are compared in any case: "Reply-To" and "reply-to"
+ *		would be two Reply-To fields).
+ */
+void
+gatekeeper_check_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *name = NULL;
+	char	  **names;
+	int			n = 0;
+	int			i;
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers must be a JSON object of header names to strings")));
+
+	names = palloc(sizeof(char *) * Max(JB_ROOT_COUNT(headers), 1));
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
-		if (pg_strcasecmp(name, *owned) == 0)
+		if (tok == WJB_KEY)
+		{
+			name = pnstrdup(v.val.string.val, v.val.string.len);
+			gatekeeper_check_header_name(name);
+			names[n++] = name;
+		}
+		else if (tok == WJB_VALUE)
+		{
+			char	   *value;
+
+			if (v.type != jbvString)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("value of header \"%s\" must be a string", name)));
+			value = pnstrdup(v.val.string.val, v.val.string.len);
+			gatekeeper_check_header_value(value, "header value");
+			pfree(value);
+		}
+	}
+
+	qsort(names, n, sizeof(char *), header_name_cmp);
+	for (i = 1; i < n; i++)
+	{
+		if (pg_strcasecmp(names[i - 1], names[i]) == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("header \"%s\" is set by gatekeeper", name),
-					 errdetail("From, To, Subject, Date, Message-ID and the MIME headers are written by gatekeeper itself."),
-					 errhint("Use the sender and subject arguments for From and Subject.")));
+					 errmsg("header \"%s\" is given twice, as \"%s\" and \"%s\"",
+							names[i], names[i - 1], names[i]),
+					 errdetail("Header names are compared without regard to case.")));
 	}
+	for (i = 0; i < n; i++)
+		pfree(names[i]);
+	pfree(names);
 }
 
 /*

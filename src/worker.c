@@ -31,6 +31,7 @@
  *-------------------------------------------------------------------------
  */
 #include "gatekeeper.h"
+#include "address.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -299,8 +300,10 @@ database_ready(const char *name)
 /*
  * Act on the settings, at start and after each reload.
  *
- * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL,
- * off when it is empty.  The URL is never logged: it may carry credentials.
+ * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL
+ * and the password file, if one is named, can be used; off when the URL
+ * is empty.  The relay password is read from its file here, so at start
+ * and at every reload.
  *
  * A claim takes gatekeeper.batch_size mails, but no more than the relay
  * connections can finish within four fifths of the lease even if every
@@ -315,6 +318,8 @@ check_settings(void)
 
 	if (url[0] == '\0')
 		smtp_enabled = false;
+	else if (!gatekeeper_smtp_load_password())
+		smtp_enabled = false;	/* the log says why */
 	else if (pg_strncasecmp(url, "smtp://", 7) == 0 ||
 			 pg_strncasecmp(url, "smtps://", 8) == 0)
 		smtp_enabled = true;
@@ -611,9 +616,8 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 		   TimestampTz *next_due, bool *have_next_due)
 {
 	static const char *claim_query =
-		"SELECT id, attempt, queue, recipient, sender, subject, body, html, "
-		"headers::text, message_id "
-		"FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
+		/* by name: 0.1.0's claim, until ALTER EXTENSION UPDATE, has fewer columns */
+		"SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
 	Oid			argtypes[3] = {TEXTOID, INT4OID, INTERVALOID};
 	Datum		values[3];
 	Interval   *lease;
@@ -694,9 +698,22 @@ claim_mail(GatekeeperDelivery **items, int *ndeliver,
 		memset(&item, 0, sizeof(item));
 		item.mail = &mails[i];
 		if (mails[i].sender != NULL && mails[i].sender[0] != '\0')
-			item.from = mails[i].sender;
+			item.from_field = mails[i].sender;
 		else if (default_sender[0] != '\0')
-			item.from = default_sender;
+			item.from_field = default_sender;
+		if (item.from_field != NULL)
+		{
+			/* the envelope takes the bare address of "Name <address>" */
+			MemoryContext old = MemoryContextSwitchTo(batch_context);
+			char	   *name;
+			char	   *address;
+
+			if (gatekeeper_mailbox_problem(item.from_field, &name, &address) == NULL)
+				item.from = address;
+			else
+				item.from = item.from_field;
+			MemoryContextSwitchTo(old);
+		}
 
 		if (item.from == NULL)
 		{
@@ -743,33 +760,45 @@ copy_mail(GatekeeperMail *mail, HeapTuple tuple, TupleDesc desc)
 		elog(ERROR, "gatekeeper.claim() returned a null attempt");
 	mail->attempt = DatumGetInt32(d);
 
-	mail->queue = copy_text(tuple, desc, 3);
-	mail->recipient = copy_text(tuple, desc, 4);
-	mail->sender = copy_text(tuple, desc, 5);
-	mail->subject = copy_text(tuple, desc, 6);
-	mail->body = copy_text(tuple, desc, 7);
-	mail->html = copy_text(tuple, desc, 8);
-	mail->headers_json = copy_text(tuple, desc, 9);
-	mail->message_id = copy_text(tuple, desc, 10);
+	mail->queue = copy_text(tuple, desc, SPI_fnumber(desc, "queue"));
+	mail->recipient = copy_text(tuple, desc, SPI_fnumber(desc, "recipient"));
+	mail->recipient_name = copy_text(tuple, desc, SPI_fnumber(desc, "recipient_name"));
+	mail->sender = copy_text(tuple, desc, SPI_fnumber(desc, "sender"));
+	mail->subject = copy_text(tuple, desc, SPI_fnumber(desc, "subject"));
+	mail->body = copy_text(tuple, desc, SPI_fnumber(desc, "body"));
+	mail->html = copy_text(tuple, desc, SPI_fnumber(desc, "html"));
+	mail->headers_json = copy_text(tuple, desc, SPI_fnumber(desc, "headers"));
+	mail->message_id = copy_text(tuple, desc, SPI_fnumber(desc, "message_id"));
 }
 
 /*
- * A text column of a claimed row as a C string in batch_context, or NULL.
- * Detoasts inside the transaction.
+ * A text or jsonb column of a claimed row as a C string in batch_context,
+ * or NULL (also when the row has no such column).  Detoasts inside the
+ * transaction.
  */
 static char *
 copy_text(HeapTuple tuple, TupleDesc desc, int column)
 {
 	bool		isnull;
-	Datum		d = SPI_getbinval(tuple, desc, column, &isnull);
+	Datum		d;
 	MemoryContext oldcontext;
 	char	   *result;
 
+	if (column <= 0)
+		return NULL;
+	d = SPI_getbinval(tuple, desc, column, &isnull);
 	if (isnull)
 		return NULL;
 
 	oldcontext = MemoryContextSwitchTo(batch_context);
-	result = TextDatumGetCString(d);
+	if (SPI_gettypeid(desc, column) == JSONBOID)
+	{
+		Jsonb	   *jb = DatumGetJsonbP(d);
+
+		result = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+	}
+	else
+		result = TextDatumGetCString(d);
 	MemoryContextSwitchTo(oldcontext);
 
 	return result;
@@ -794,7 +823,8 @@ build_message(GatekeeperDelivery *item)
 	PG_TRY();
 	{
 		initStringInfo(&item->message);
-		gatekeeper_build_message(&item->message, item->mail, item->from);
+		gatekeeper_build_message(&item->message, item->mail,
+								 item->from_field ? item->from_field : item->from);
 
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);

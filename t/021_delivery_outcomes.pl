@@ -19,8 +19,9 @@
 #  5. Relay too slow (no answer to DATA within gatekeeper.smtp_timeout):
 #     retried like a 4xx, and sent once when the relay answers in time.
 #
-# The relay URL carries a user and password throughout: no error recorded
-# or logged may show the password.
+# The worker has relay credentials throughout (gatekeeper.smtp_user and
+# the password in gatekeeper.smtp_password_file): no error recorded or
+# logged may show the password.
 
 use strict;
 use warnings;
@@ -40,10 +41,15 @@ my $port = PostgreSQL::Test::Cluster::get_free_port();
 # all of it, long enough for the test to swap relays in between
 my $retry_delay = 3;
 
-# credentials in the URL; the sinks offer no AUTH (-a), so libcurl sends
-# none, except in phase 4
+# credentials; the sinks offer no AUTH (-a), so libcurl sends none,
+# except in phase 4
 my $secret = 'Pw-9c41e7';
-my $url = "smtp://mailer:$secret\@127.0.0.1:$port";
+my $url = "smtp://127.0.0.1:$port";
+my $pwfile = "$PostgreSQL::Test::Utils::tmp_check/outcomes_password";
+open(my $pwfh, '>', $pwfile) or die "$pwfile: $!";
+print $pwfh "$secret\n";
+close($pwfh);
+chmod(0600, $pwfile) or die "chmod $pwfile: $!";
 
 my $sink = GatekeeperTest::start_sink(
 	port => $port,
@@ -53,7 +59,9 @@ my $node = GatekeeperTest::new_node(
 	'outcomes',
 	smtp_url => $url,
 	conf => "gatekeeper.retry_delay = '${retry_delay}s'\n"
-	  . "gatekeeper.smtp_timeout = '2s'\n");
+	  . "gatekeeper.smtp_timeout = '2s'\n"
+	  . "gatekeeper.smtp_user = 'mailer'\n"
+	  . "gatekeeper.smtp_password_file = '$pwfile'\n");
 $node->start;
 $node->safe_psql(
 	'postgres', q{
@@ -339,7 +347,7 @@ is(copies_at($fast_sink, $slow->{message_id}) + GatekeeperTest::sink_count($slow
 	1, 'timeout: exactly once');
 
 #
-# The password in the URL, in whatever was recorded or logged
+# The password, in whatever was recorded or logged
 #
 my @errors = grep { $_ ne '' } split /\n/,
   $node->safe_psql('postgres', 'SELECT DISTINCT last_error FROM gatekeeper.mail_status WHERE last_error IS NOT NULL');

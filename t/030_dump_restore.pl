@@ -45,6 +45,11 @@ SELECT gatekeeper.create_queue('promo', gates => '{smart_sending,weekly}', on_ga
 	max_attempts => 3, weight => 2, rate_limit => 1000, dedupe_window => '1 day');
 SELECT gatekeeper.create_queue('news', gates => '{daily}', delivery => 'at_most_once');
 SELECT gatekeeper.pause('news');
+-- issue 12: queue options, suppressions (one global, one for a queue)
+SELECT gatekeeper.alter_queue('promo', unsubscribe_url => 'https://shop.example.com/u/{token}',
+	send_window => '21:00-08:00', timezone => 'Europe/Paris', transactional => true);
+SELECT gatekeeper.suppress('gone@example.com', 'hard_bounce', detail => '550 5.1.1 no such user');
+SELECT gatekeeper.suppress('tired@example.com', 'unsubscribe', 'news');
 -- the built-in rows, changed
 SELECT gatekeeper.alter_queue('default', weight => 5, max_attempts => 7);
 SELECT gatekeeper.alter_gate('smart_sending', period => '20 hours');
@@ -101,7 +106,9 @@ my @tables = (
 	[ 'mail_live', 'id' ],
 	[ 'mail_done', 'id' ],
 	[ 'mail_status', 'id' ],
-	[ 'gate_log', 'id' ]);
+	[ 'gate_log', 'id' ],
+	[ 'suppression_list', 'address, queue' ],
+	[ 'unsubscribe_secret', 'secret' ]);
 my @recipients = map { "$_\@example.com" }
   qw(sent failed held passed fresh capped b1 b2 news new);
 
@@ -129,6 +136,9 @@ SELECT r, e.gate, e.open, e.next_open, e.sends_in_period, e.max_sends
 }
 
 my $source = snapshot('src');
+# a token made before the dump, to be used after the restore
+my $token = $node->safe_psql('src',
+	"SELECT gatekeeper._unsubscribe_token('reader\@example.com', 'promo')");
 
 my $custom = $node->basedir . '/src.dump';
 my $plain = $node->basedir . '/src.sql';
@@ -162,6 +172,17 @@ foreach my $db (qw(dst_custom dst_plain))
 		is($restored->{$what}, $source->{$what}, "$db: $what as in the source");
 	}
 
+	is($node->safe_psql($db, "SELECT count(*) FROM gatekeeper.unsubscribe_secret"),
+		'1', "$db: one unsubscribe secret, the source's");
+	is($node->safe_psql($db, "SELECT gatekeeper.unsubscribe('$token')"),
+		't', "$db: an unsubscribe token made before the dump verifies");
+	is( $node->safe_psql(
+			$db,
+			"SELECT string_agg(recipient || ':' || queue || ':' || reason, ',' ORDER BY recipient) "
+			  . "FROM gatekeeper._suppressed('{gone\@example.com,tired\@example.com,reader\@example.com}', '{default,news,promo}')"
+		),
+		'gone@example.com:default:hard_bounce,reader@example.com:promo:unsubscribe,tired@example.com:news:unsubscribe',
+		"$db: restored suppressions stop their mail");
 	is($node->safe_psql($db, "SELECT weight || ',' || max_attempts FROM gatekeeper.queue WHERE name = 'default'"),
 		'5,7', "$db: the changed default queue");
 	is($node->safe_psql($db, "SELECT period FROM gatekeeper.gate WHERE name = 'smart_sending'"),

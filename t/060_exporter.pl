@@ -1,0 +1,122 @@
+# Copyright: gatekeeper contributors
+#
+# Monitoring with Prometheus: Debian's postgres_exporter, started on
+# loopback with the repository's monitoring/queries.yaml and connected as
+# the README's monitoring role (no superuser, no SELECT on the mail),
+# serves gatekeeper's queue and gate-memory figures as metrics with the
+# values the database holds.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use GatekeeperTest;
+use HTTP::Tiny;
+use POSIX ();
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+
+my $exporter = '/usr/bin/prometheus-postgres-exporter';
+plan skip_all => "$exporter is not installed" unless -x $exporter;
+
+my $node = GatekeeperTest::new_node('exporter', conf => "gatekeeper.workers = 0\n");
+$node->start;
+$node->safe_psql('postgres', q{
+CREATE EXTENSION gatekeeper;
+SELECT gatekeeper.create_queue('promo', gates => '{smart_sending}');
+SELECT gatekeeper.create_queue('later');
+SELECT gatekeeper.pause('later');
+SELECT gatekeeper.enqueue('r' || i || '@example.com', 's', 'b', queue => 'promo',
+						  send_at => now() - interval '90 seconds')
+  FROM generate_series(1, 5) AS i;
+SELECT gatekeeper.enqueue('l' || i || '@example.com', 's', 'b', queue => 'later',
+						  send_at => now() + interval '1 day')
+  FROM generate_series(1, 3) AS i;
+SELECT count(*) FROM gatekeeper.claim('w', 2, '5 minutes', '{promo}');
+SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+	ARRAY['g1@example.com', 'g2@example.com', 'g3@example.com', 'g4@example.com']);
+
+-- the README's monitoring role
+CREATE ROLE monitor LOGIN;
+GRANT pg_monitor TO monitor;
+GRANT USAGE ON SCHEMA gatekeeper TO monitor;
+GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO monitor;
+});
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $log = "$PostgreSQL::Test::Utils::tmp_check/exporter.log";
+my $queries = "$FindBin::RealBin/../monitoring/queries.yaml";
+ok(-f $queries, 'monitoring/queries.yaml is in the repository');
+
+my $dsn = sprintf('host=%s port=%d user=monitor dbname=postgres sslmode=disable',
+	$node->host, $node->port);
+my $pid = fork();
+die "fork: $!" unless defined $pid;
+if ($pid == 0)
+{
+	open(STDOUT, '>>', $log) or POSIX::_exit(126);
+	open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
+	$ENV{DATA_SOURCE_NAME} = $dsn;
+	exec($exporter, "--web.listen-address=127.0.0.1:$port",
+		"--extend.query-path=$queries", '--disable-default-metrics',
+		'--disable-settings-metrics')
+	  or POSIX::_exit(127);
+}
+END { kill 'TERM', $pid if $pid; }
+
+# one scrape, once the exporter answers (at most 20 s)
+my $http = HTTP::Tiny->new(timeout => 10);
+my $body;
+for (1 .. 200)
+{
+	my $r = $http->get("http://127.0.0.1:$port/metrics");
+	if ($r->{success} && $r->{content} =~ /^gatekeeper_/m)
+	{
+		$body = $r->{content};
+		last;
+	}
+	usleep(100_000);
+}
+ok(defined $body, 'the exporter serves gatekeeper metrics')
+  or diag(slurp_file($log));
+$body //= '';
+
+# the value of one series, by metric name and labels
+sub metric
+{
+	my ($name, $labels) = @_;
+	foreach my $line (split /\n/, $body)
+	{
+		next if $line =~ /^#/;
+		next unless $line =~ /^\Q$name\E(\{[^}]*\})?\s+(\S+)$/;
+		my ($l, $v) = ($1 // '', $2);
+		next if defined $labels && index($l, $labels) < 0;
+		return $v + 0;
+	}
+	return undef;
+}
+
+is(metric('gatekeeper_queue_scheduled', 'queue="promo"'), 3, 'scheduled: 3 of 5 promo mails left');
+is(metric('gatekeeper_queue_claimed', 'queue="promo"'), 2, 'claimed: the 2 a worker holds');
+is(metric('gatekeeper_queue_due', 'queue="promo"'), 3, 'due: the 3 scheduled promo mails');
+is(metric('gatekeeper_queue_due', 'queue="later"'), 0, 'due: none of the mail scheduled tomorrow');
+is(metric('gatekeeper_queue_scheduled', 'queue="later"'), 3, 'scheduled: the 3 mails for tomorrow');
+is(metric('gatekeeper_queue_paused', 'queue="later"'), 1, 'paused: 1 for the paused queue');
+is(metric('gatekeeper_queue_paused', 'queue="promo"'), 0, 'paused: 0 for the others');
+my $age = metric('gatekeeper_queue_oldest_due_age_seconds', 'queue="promo"');
+ok(defined $age && $age >= 90 && $age < 600, 'oldest due age: the promo mail has waited 90 s or more')
+  or diag("oldest_due_age_seconds: " . ($age // 'missing'));
+is(metric('gatekeeper_gate_memory_entries'), 6, 'gate memory entries: 4 passes by gate_pass, 2 by the claim');
+is(metric('gatekeeper_gate_memory_used_bytes'), 6 * 64, 'gate memory used: 64 bytes an entry');
+is(metric('gatekeeper_gate_memory_limit_bytes'),
+	$node->safe_psql('postgres', 'SELECT bytes_total FROM gatekeeper.gate_memory'),
+	'gate memory limit: the setting');
+like($body, qr/^# TYPE gatekeeper_gate_memory_full_refusals_total counter$/m,
+	'refusals are a counter');
+unlike(slurp_file($log), qr/level=error/, 'the exporter logged no error');
+
+done_testing();
