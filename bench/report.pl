@@ -59,6 +59,10 @@ my %fig = (
 	'backlog.sent'       => ['claim(1000)+ack, 50k not-yet-due + 5M sent retained', 'ms'],
 	'sustained.first'    => ['drain rate, first wave', 'mails/s'],
 	'sustained.last'     => ['drain rate, last wave', 'mails/s'],
+	'storage.first'      => ['drain rate, first wave of 1 kB mail', 'mails/s'],
+	'storage.last'       => ['drain rate, last wave, finished mail retained', 'mails/s'],
+	'storage.size_plain' => ['the same rows in a plain table (heap, TOAST, primary key)', 'MB'],
+	'storage.size_gk'    => ['gatekeeper\'s mail tables after the waves (heap, TOAST, indexes)', 'MB'],
 	'gates.redis_p64'    => ['Redis SET NX EX, pipelined -P 64, 4 clients', 'ops/s'],
 	'gates.redis_p1'     => ['Redis SET NX EX, unpipelined, 4 clients', 'ops/s'],
 	'gates.batch'        => ['gate_pass(text[]) 1,000 new recipients/call, 4 clients', 'passes/s'],
@@ -81,7 +85,7 @@ my %fig = (
 my @sections = (
 	['enqueue', [
 		['enqueue.copy_plain'],
-		['enqueue.copy_gk', 'enqueue.copy_plain', ['>=', 0.5]],
+		['enqueue.copy_gk', 'enqueue.copy_plain', ['>=', 0.8]],
 		['enqueue.fn', 'enqueue.copy_plain'],
 	]],
 	['drain', []],
@@ -93,6 +97,12 @@ my @sections = (
 	['sustained', [
 		['sustained.first'],
 		['sustained.last', 'sustained.first', ['>=', 0.8]],
+	]],
+	['storage', [
+		['storage.first'],
+		['storage.last', 'storage.first', ['>=', 0.9]],
+		['storage.size_plain'],
+		['storage.size_gk', 'storage.size_plain', ['<=', 1.5]],
 	]],
 	['gates', [
 		['gates.redis_p64'],
@@ -260,6 +270,7 @@ my %desc = (
 	enqueue => 'Enqueue: server-side COPY of the same CSV rows into gatekeeper.mail and into a plain table with the same columns and defaults (identity primary key, no other index, no trigger); and gatekeeper.enqueue() called once per row by one statement, all in one transaction.',
 	drain => 'Drain: N due mails preloaded and vacuumed, then drained by k pgbench clients (-M prepared), each looping claim(batch) in one transaction and ack(ids, attempts) in the next, until all are sent; rate = N / wall time. Raw UPDATE: the same rows copied into a table with the same columns, defaults and indexes (no gatekeeper code), marked sent by id range in batches of the same size by the same number of clients: one row write per row, the machine\'s row-write ceiling for this layout. PgQ: the same number of events (same payload) inserted by k producers in transactions of `batch` events with a tick after each, then consumed by one consumer (next_batch, get_batch_events, finish_batch per transaction); rate = N / (insert + consume). "Well ahead of PgQ" is taken as >= 1.5x.',
 	backlog => 'Backlog: latency of one claim(1000)+ack round (pgbench -M prepared, one client, per-transaction log; median per run) with 50,000 or 5,000,000 not-yet-due mails (due a day later) in the same queue, or 50,000 not-yet-due plus 5,000,000 sent mails retained. Each backlog is loaded, vacuumed and analyzed before it is measured.',
+	storage => 'Storage: 6 waves of 300,000 mails with 1 kB bodies, each enqueued by one INSERT ... SELECT and drained to completion by 4 claimers at batch 1000, finished mail retained; the on-disk size of the mail tables against the same rows in a plain table; run once.',
 	sustained => 'Sustained: 10 consecutive waves of 400,000 mails, each enqueued by one INSERT ... SELECT and drained by 4 claimers at batch 1000, with default autovacuum and nothing in between; run once.',
 	gates => 'Gates: gate_pass(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
 	relays => 'Relays (issue 10): the relays a user meets, each measured with the worker (gatekeeper.smtp_connections = 16, helo_name set; time from the commit of N due mails in one INSERT until smtp-sink has counted them) and with smtp-source -s 16 -d (16 sessions, connections reused, same body size) through the same endpoint in the same run: a loopback smtp-sink -c; the same sink behind t/delay_proxy.py adding 10 ms to every chunk each way (a relay 20 ms away; the proxy counts the chunks each client wrote, about one per round trip waited for, noted per mail); smtp-sink -W .:1 (one second per end-of-data), against the parallel bound of 16 connections per second.',

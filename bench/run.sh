@@ -20,7 +20,7 @@
 #   --smoke          tiny sizes, 1 run (CI keeps the harness working with it)
 #   --runs N         runs per measurement (default 5; --smoke: 1)
 #   --only LIST      comma-separated scenarios: enqueue,drain,backlog,
-#                    sustained,gates,delivery,relays (default: all)
+#                    sustained,storage,gates,delivery,relays (default: all)
 #   --install        build gatekeeper from this tree and install it first
 #                    (also done when no gatekeeper is installed)
 #   --output FILE    where to write the Markdown report
@@ -43,7 +43,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 
-ALL_SCENARIOS=(enqueue drain backlog sustained gates delivery relays)
+ALL_SCENARIOS=(enqueue drain backlog sustained storage gates delivery relays)
 SMOKE=0
 RUNS=
 ONLY=
@@ -100,15 +100,17 @@ if [ "$SMOKE" = 1 ]; then
 	DRAIN_N_100=1600 DRAIN_N_1000=8000
 	BACKLOG_SMALL=500 BACKLOG_BIG=5000 BACKLOG_TXNS=3
 	SUSTAINED_WAVES=10 SUSTAINED_N=4000
+	STORAGE_WAVES=3 STORAGE_N=4000
 	GATE_BATCH_TXNS=2 GATE_SINGLE_TXNS=50 REDIS_P_N=20000 REDIS_N=2000
 	DELIVERY_N=200 DELIVERY_LAT=3
 	RELAY_N=200 RELAY_RTT_N=48 RELAY_SLOW_N=16
 else
 	ENQ_ROWS=200000 ENQ_CALLS=100000
-	DRAIN_CONFIGS="100:1 100:2 100:4 100:8 1000:1 1000:2 1000:4 1000:8"
+	DRAIN_CONFIGS=${BK_DRAIN_CONFIGS:-"100:1 100:2 100:4 100:8 1000:1 1000:2 1000:4 1000:8"}
 	DRAIN_N_100=40000 DRAIN_N_1000=80000	# divisible by 8 claimers x batch
 	BACKLOG_SMALL=50000 BACKLOG_BIG=5000000 BACKLOG_TXNS=10
 	SUSTAINED_WAVES=10 SUSTAINED_N=400000
+	STORAGE_WAVES=6 STORAGE_N=300000
 	GATE_BATCH_TXNS=50 GATE_SINGLE_TXNS=2500 REDIS_P_N=2000000 REDIS_N=200000
 	DELIVERY_N=20000 DELIVERY_LAT=50
 	# relays: loopback as delivery; 2,000 mails 20 ms away (issue 10);

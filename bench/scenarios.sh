@@ -28,7 +28,7 @@ bk_machine_info() {
 # bk_reset_mail: empty gatekeeper's tables (and the references'), ready
 # for a new measurement.
 bk_reset_mail() {
-	bk_sql "TRUNCATE gatekeeper.mail, gatekeeper.gate_log, bench_raw, bench_plain, bench_pass RESTART IDENTITY" >/dev/null
+	bk_sql "TRUNCATE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done, gatekeeper.gate_log, bench_raw, bench_plain, bench_pass RESTART IDENTITY" >/dev/null
 }
 
 # bk_only_queue NAME: pause every queue but NAME, so a claim's fair share
@@ -99,10 +99,10 @@ scenario_enqueue() {
 drain_preload() {
 	bk_reset_mail
 	bk_sql "CALL bench_load($DRAIN_N, '${2:-d}', '$1', interval '-1 minute')"
-	bk_sql "INSERT INTO bench_raw SELECT * FROM gatekeeper.mail" >/dev/null
+	bk_sql "INSERT INTO bench_raw SELECT * FROM gatekeeper.mail_status" >/dev/null
 	[ "$(bk_sql "SELECT min(id) || ' ' || max(id) FROM bench_raw")" = "1 $DRAIN_N" ] ||
 		gk_die "preloaded ids are not 1..$DRAIN_N"
-	bk_sql "VACUUM ANALYZE gatekeeper.mail"
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
 	bk_sql "VACUUM ANALYZE bench_raw"
 }
 
@@ -115,9 +115,9 @@ drain_gk() {
 	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/drain.sql" -D batch="$b" \
 		-c "$k" -j "$(bk_jobs "$k")" -t $((DRAIN_N / b / k))
 	t1=$(bk_now)
-	left=$(bk_sql "SELECT count(*) FILTER (WHERE state <> 'sent') || ' ' || count(*) FROM gatekeeper.mail")
+	left=$(bk_sql "SELECT count(*) FILTER (WHERE state <> 'sent') || ' ' || count(*) FROM gatekeeper.mail_status")
 	if [ "$left" != "0 $DRAIN_N" ]; then
-		bk_sql "SELECT state, count(*) FROM gatekeeper.mail GROUP BY 1" >&2
+		bk_sql "SELECT state, count(*) FROM gatekeeper.mail_status GROUP BY 1" >&2
 		gk_die "$fig: not every mail was sent ($left)"
 	fi
 	bk_record "$fig" "$run" "$(bk_rate "$DRAIN_N" "$t0" "$t1")"
@@ -261,10 +261,13 @@ backlog_load() {
 		bk_sql "CALL bench_load($sent, 's', 'bench', interval '-1 day', 'sent')"
 	fi
 	bk_sql "CALL bench_load($due, 'n', 'bench', interval '-1 minute')"
-	bk_sql "VACUUM ANALYZE gatekeeper.mail"
-	bk_note backlog "$(bk_sql "SELECT format('%s not-yet-due, %s sent, %s due: gatekeeper.mail is %s, its indexes %s',
-		$future, $sent, $due, pg_size_pretty(pg_table_size('gatekeeper.mail')),
-		pg_size_pretty(pg_indexes_size('gatekeeper.mail')))")"
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
+	bk_note backlog "$(bk_sql "SELECT format('%s not-yet-due, %s sent, %s due: gatekeeper.mail is %s, its indexes %s; mail_live %s, mail_done %s (with indexes)',
+		$future, $sent, $due,
+		pg_size_pretty((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
+		pg_size_pretty((SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
+		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_live')),
+		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))))")"
 }
 
 scenario_backlog() {
@@ -291,7 +294,7 @@ scenario_sustained() {
 	local w t0 t1 t2 rate first= rates=
 	bk_reset_mail
 	bk_only_queue bench
-	bk_sql "VACUUM ANALYZE gatekeeper.mail"
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
 	bk_settle
 	for w in $(seq 1 "$SUSTAINED_WAVES"); do
 		t0=$(bk_now)
@@ -301,7 +304,7 @@ scenario_sustained() {
 		bk_pgbench "$BK_WORK/pgbench.sustained.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
 			-c 4 -j "$(bk_jobs 4)" -t $((SUSTAINED_N / 1000 / 4))
 		t2=$(bk_now)
-		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail WHERE state <> 'sent'")" = 0 ] ||
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail_live")" = 0 ] ||
 			gk_die "sustained wave $w left mail unsent"
 		rate=$(bk_rate "$SUSTAINED_N" "$t1" "$t2")
 		rates="$rates${rates:+, }$(printf '%.0f' "$rate")"
@@ -310,10 +313,64 @@ scenario_sustained() {
 		bk_note sustained "wave $w: enqueue $(printf '%.0f' "$(bk_rate "$SUSTAINED_N" "$t0" "$t1")") mails/s, drain $(printf '%.0f' "$rate") mails/s"
 	done
 	bk_record sustained.last 1 "$rate"
-	bk_note sustained "$(bk_sql "SELECT format('after the waves: gatekeeper.mail is %s (indexes %s); autovacuum ran %s times, autoanalyze %s; %s dead tuples left',
-		pg_size_pretty(pg_table_size('gatekeeper.mail')), pg_size_pretty(pg_indexes_size('gatekeeper.mail')),
-		autovacuum_count, autoanalyze_count, n_dead_tup)
-		FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail'::regclass")"
+	bk_note sustained "$(bk_sql "SELECT format('after the waves: gatekeeper.mail is %s (indexes %s), mail_live %s, mail_done %s (with indexes); autovacuum ran %s times, autoanalyze %s; %s dead tuples left',
+		pg_size_pretty((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
+		pg_size_pretty((SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
+		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_live')),
+		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))),
+		sum(autovacuum_count), sum(autoanalyze_count), sum(n_dead_tup))
+		FROM pg_stat_user_tables WHERE schemaname = 'gatekeeper' AND relname ~ '^mail'")"
+	bk_reset_mail
+}
+
+# ================================================================== storage
+#
+# STORAGE_WAVES waves of STORAGE_N mails with 1 kB bodies, each enqueued by
+# one INSERT ... SELECT and drained to completion by 4 claimers at batch
+# 1000, finished mail retained.  Then the on-disk size of the mail (heap,
+# TOAST and indexes of gatekeeper.mail, mail_live and mail_done) against
+# the same rows' content in a plain table (bench_plain: identity primary
+# key, nothing else), and the drain rate of the last wave against the
+# first.  Run once, whatever --runs.
+scenario_storage() {
+	local w t0 t1 rate first=
+	bk_reset_mail
+	bk_only_queue bench
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
+	bk_settle
+	for w in $(seq 1 "$STORAGE_WAVES"); do
+		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+				SELECT * FROM bench_rows($STORAGE_N, 's${w}_', 'bench', interval '0')"
+		t0=$(bk_now)
+		bk_pgbench "$BK_WORK/pgbench.storage.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
+			-c 4 -j "$(bk_jobs 4)" -t $((STORAGE_N / 1000 / 4))
+		t1=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail_live")" = 0 ] ||
+			gk_die "storage wave $w left mail unsent"
+		rate=$(bk_rate "$STORAGE_N" "$t0" "$t1")
+		gk_log "storage wave $w: drain $rate/s"
+		[ -n "$first" ] || { first=$rate; bk_record storage.first 1 "$rate"; }
+		bk_note storage "wave $w: drain $(printf '%.0f' "$rate") mails/s"
+	done
+	bk_record storage.last 1 "$rate"
+	bk_sql "INSERT INTO bench_plain (queue, recipient, subject, body, send_at)
+			SELECT queue, recipient, subject, body, send_at FROM gatekeeper.mail" >/dev/null
+	bk_record storage.size_plain 1 "$(bk_sql "SELECT pg_total_relation_size('bench_plain') / 1048576.0")"
+	bk_record storage.size_gk 1 "$(bk_sql "SELECT sum(pg_total_relation_size(t.relid)) / 1048576.0
+		FROM (SELECT relid FROM pg_partition_tree('gatekeeper.mail')
+			  UNION ALL SELECT relid FROM pg_partition_tree('gatekeeper.mail_done')
+			  UNION ALL SELECT 'gatekeeper.mail_live'::regclass) t")"
+	bk_note storage "$(bk_sql "SELECT format('after %s waves of %s: gatekeeper.mail %s (heap and TOAST %s, indexes %s), mail_live %s, mail_done %s (with indexes); the same rows in a plain table %s',
+		$STORAGE_WAVES, $STORAGE_N,
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'mail')),
+		pg_size_pretty(sum(pg_table_size(relid)) FILTER (WHERE t = 'mail')),
+		pg_size_pretty(sum(pg_indexes_size(relid)) FILTER (WHERE t = 'mail')),
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'live')),
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'done')),
+		pg_size_pretty(pg_total_relation_size('bench_plain')))
+		FROM (SELECT 'mail' AS t, relid FROM pg_partition_tree('gatekeeper.mail')
+			  UNION ALL SELECT 'done', relid FROM pg_partition_tree('gatekeeper.mail_done')
+			  UNION ALL SELECT 'live', 'gatekeeper.mail_live'::regclass) p")"
 	bk_reset_mail
 }
 
@@ -413,7 +470,7 @@ sink_count() {
 delivery_settled() {
 	local i
 	for i in $(seq 1 300); do
-		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed')")" = 0 ] && return 0
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail_live")" = 0 ] && return 0
 		sleep 0.2
 	done
 	return 1
@@ -433,7 +490,7 @@ delivery_rate() {
 			SELECT * FROM bench_rows($DELIVERY_N, '$prefix', 'default', interval '0')"
 	t0=$(bk_now)
 	if ! t1=$(perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + DELIVERY_N)) $((60 + DELIVERY_N / 100))); then
-		DELIVERY_MISSED="$(($(sink_count) - c0)) of $DELIVERY_N mails reached smtp-sink in time ($(bk_sql "SELECT string_agg(state || ' ' || n, ', ') FROM (SELECT state, count(*) n FROM gatekeeper.mail GROUP BY 1) s"))"
+		DELIVERY_MISSED="$(($(sink_count) - c0)) of $DELIVERY_N mails reached smtp-sink in time ($(bk_sql "SELECT string_agg(state || ' ' || n, ', ') FROM (SELECT state, count(*) n FROM gatekeeper.mail_status GROUP BY 1) s"))"
 		return 1
 	fi
 	bk_record "$fig" "$run" "$(bk_rate "$DELIVERY_N" "$t0" "$t1")"
@@ -460,7 +517,7 @@ gatekeeper.default_sender = 'bench@example.com'"
 	c0=$(sink_count)
 	bk_sql "SELECT gatekeeper.enqueue('probe@example.com', 'probe', 'probe')" >/dev/null
 	if ! perl "$BENCH/sink.pl" wait "$BK_WORK/sink.out" $((c0 + 1)) 30 >/dev/null; then
-		reason="no mail reached smtp-sink within 30 s of a commit ($(bk_sql "SELECT coalesce(string_agg(state || ': ' || coalesce(last_error, '-'), '; '), 'no mail') FROM gatekeeper.mail"))"
+		reason="no mail reached smtp-sink within 30 s of a commit ($(bk_sql "SELECT coalesce(string_agg(state || ': ' || coalesce(last_error, '-'), '; '), 'no mail') FROM gatekeeper.mail_status"))"
 	fi
 	bk_sql "SELECT 1 FROM pg_stat_activity WHERE backend_type LIKE 'gatekeeper%' LIMIT 1" | grep -q 1 ||
 		reason="${reason:-}${reason:+; }no gatekeeper worker in pg_stat_activity"

@@ -337,7 +337,7 @@ while :; do
 done
 # The relay has the last messages once their sessions end; give it a moment.
 for _ in $(seq 1 50); do
-	[ "$(count_received)" -ge "$(q1 "SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent'")" ] && break
+	[ "$(count_received)" -ge "$(q1 "SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent'")" ] && break
 	sleep 0.2
 done
 
@@ -409,7 +409,7 @@ read -r SENT_DB LIVE_DB BAD_DB < <(q -At -F ' ' -c "
 	SELECT count(*) FILTER (WHERE state = 'sent'),
 		   count(*) FILTER (WHERE state IN ('scheduled', 'claimed')),
 		   count(*) FILTER (WHERE state IN ('failed', 'expired', 'unknown', 'cancelled'))
-	  FROM gatekeeper.mail")
+	  FROM gatekeeper.mail_status")
 PASS=0
 FAIL=0
 # check CONDITION-COMMAND... -- DESCRIPTION

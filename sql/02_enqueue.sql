@@ -25,7 +25,7 @@ SELECT :first > 0 AS has_id;
 SELECT id - :first AS rel_id, queue, recipient, sender, subject, body, html, headers,
        dedupe_key, priority, state, attempt, send_by, lease_until, worker, message_id,
        last_error, finished_at, send_at = created_at AS due_at_enqueue
-  FROM gatekeeper.mail WHERE id = :first;
+  FROM gatekeeper.mail_status WHERE id = :first;
 
 -- every argument is stored
 SELECT gatekeeper.enqueue('bob@example.com', 'All fields', 'Plain body',
@@ -36,7 +36,7 @@ SELECT gatekeeper.enqueue('bob@example.com', 'All fields', 'Plain body',
 SELECT id - :first AS rel_id, queue, recipient, sender, subject, body, html, headers,
        priority, state, attempt,
        send_at - created_at AS send_at_from_now, send_by - created_at AS send_by_from_now
-  FROM gatekeeper.mail WHERE id = :full;
+  FROM gatekeeper.mail_status WHERE id = :full;
 
 -- successive ids differ and grow
 SELECT gatekeeper.enqueue('carol@example.com', 'Second', 'b', queue => 'enq') AS a \gset
@@ -50,7 +50,7 @@ SELECT scheduled, due FROM gatekeeper.queue_stats WHERE queue = 'enq';
 BEGIN;
 SELECT gatekeeper.enqueue('rolled@example.com', 'Gone', 'b', queue => 'enq') IS NOT NULL AS enqueued;
 ROLLBACK;
-SELECT count(*) AS rolled_back FROM gatekeeper.mail WHERE recipient = 'rolled@example.com';
+SELECT count(*) AS rolled_back FROM gatekeeper.mail_status WHERE recipient = 'rolled@example.com';
 
 --
 -- dedupe_key: while a mail with the key is live in the queue, enqueue
@@ -61,7 +61,7 @@ SELECT gatekeeper.enqueue('dave@example.com', 'Receipt #1', 'first',
 SELECT gatekeeper.enqueue('dave@example.com', 'Receipt #1 again', 'second',
                           queue => 'enq', dedupe_key => 'order-1') = :d1 AS same_id;
 SELECT count(*) AS rows_with_key, min(subject) AS subject, min(body) AS body
-  FROM gatekeeper.mail WHERE queue = 'enq' AND dedupe_key = 'order-1';
+  FROM gatekeeper.mail_status WHERE queue = 'enq' AND dedupe_key = 'order-1';
 -- the same key in another queue is another mail
 SELECT gatekeeper.enqueue('dave@example.com', 'Receipt #1', 'other queue',
                           queue => 'enq_other', dedupe_key => 'order-1') <> :d1 AS other_queue_new_id;
@@ -75,7 +75,7 @@ SELECT gatekeeper.ack(:d1, 1) AS acked;
 SELECT gatekeeper.enqueue('dave@example.com', 'Receipt #1', 'after sent',
                           queue => 'enq', dedupe_key => 'order-1') AS d2 \gset
 SELECT :d2 <> :d1 AS new_id_after_sent;
-SELECT id - :d1 AS rel_id, state, body FROM gatekeeper.mail
+SELECT id - :d1 AS rel_id, state, body FROM gatekeeper.mail_status
  WHERE queue = 'enq' AND dedupe_key = 'order-1' ORDER BY id;
 -- a cancelled mail does not hold its key
 SELECT gatekeeper.cancel(:d2) AS cancelled;
@@ -90,21 +90,21 @@ SELECT count(*) AS claimed FROM gatekeeper.claim('w-enq', 100, queues => ARRAY['
 SELECT gatekeeper.ack(:w1, 1) AS acked;
 SELECT gatekeeper.enqueue('erin@example.com', 'Welcome', 'twice',
                           queue => 'enq_window', dedupe_key => 'welcome') = :w1 AS same_id_within_window;
-SELECT count(*) AS rows_with_key FROM gatekeeper.mail
+SELECT count(*) AS rows_with_key FROM gatekeeper.mail_status
  WHERE queue = 'enq_window' AND dedupe_key = 'welcome';
 -- sent longer ago than the window: a new mail
-UPDATE gatekeeper.mail SET finished_at = now() - interval '61 minutes' WHERE id = :w1;
+UPDATE gatekeeper.mail_done SET finished_at = now() - interval '61 minutes' WHERE id = :w1;
 SELECT gatekeeper.enqueue('erin@example.com', 'Welcome', 'after the window',
                           queue => 'enq_window', dedupe_key => 'welcome') <> :w1 AS new_id_after_window;
-SELECT state, body FROM gatekeeper.mail
+SELECT state, body FROM gatekeeper.mail_status
  WHERE queue = 'enq_window' AND dedupe_key = 'welcome' ORDER BY id;
 -- alter_queue(dedupe_window => '0') removes the window: a sent mail no longer holds its key
 SELECT count(*) AS claimed FROM gatekeeper.claim('w-enq', 100, queues => ARRAY['enq_window']);
-SELECT count(*) FILTER (WHERE gatekeeper.ack(id, attempt)) AS acked FROM gatekeeper.mail
+SELECT count(*) FILTER (WHERE gatekeeper.ack(id, attempt)) AS acked FROM gatekeeper.mail_status
  WHERE queue = 'enq_window' AND state = 'claimed';
 SELECT gatekeeper.enqueue('erin@example.com', 'Welcome', 'window holds',
                           queue => 'enq_window', dedupe_key => 'welcome') AS w3 \gset
-SELECT state FROM gatekeeper.mail WHERE id = :w3;
+SELECT state FROM gatekeeper.mail_status WHERE id = :w3;
 SELECT gatekeeper.alter_queue('enq_window', dedupe_window => '0');
 SELECT dedupe_window FROM gatekeeper.queue WHERE name = 'enq_window';
 SELECT gatekeeper.enqueue('erin@example.com', 'Welcome', 'no window',
@@ -120,7 +120,7 @@ SELECT format('user%s@bulk.example', i), format('Bulk %s', i), 'bulk body', 'enq
   FROM generate_series(1, 1000) AS i;
 SELECT count(*) AS bulk_rows, count(DISTINCT id) AS distinct_ids,
        bool_and(state = 'scheduled' AND attempt = 0) AS all_scheduled
-  FROM gatekeeper.mail WHERE recipient LIKE '%@bulk.example';
+  FROM gatekeeper.mail_status WHERE recipient LIKE '%@bulk.example';
 SELECT pg_temp.error_of($$
 	INSERT INTO gatekeeper.mail (recipient, subject, body, queue)
 	SELECT CASE WHEN i = 500 THEN 'not an address' ELSE format('bad%s@bulk2.example', i) END,
@@ -131,13 +131,13 @@ SELECT pg_temp.error_of($$
 	SELECT format('bad%s@bulk2.example', i), 'Bulk', 'b',
 	       CASE WHEN i = 999 THEN 'no_such_queue' ELSE 'enq' END
 	  FROM generate_series(1, 1000) AS i$$);
-SELECT count(*) AS written_by_failed_inserts FROM gatekeeper.mail
+SELECT count(*) AS written_by_failed_inserts FROM gatekeeper.mail_status
  WHERE recipient LIKE '%@bulk2.example';
 -- a plain INSERT of a live dedupe key conflicts
 SELECT pg_temp.error_of($$
 	INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
 	VALUES ('x@bulk3.example', 's', 'b', 'enq', 'k'), ('y@bulk3.example', 's', 'b', 'enq', 'k')$$);
-SELECT count(*) AS written_with_conflicting_keys FROM gatekeeper.mail
+SELECT count(*) AS written_with_conflicting_keys FROM gatekeeper.mail_status
  WHERE recipient LIKE '%@bulk3.example';
 
 --
@@ -148,7 +148,7 @@ copy1@copy.example	Copied 1	body 1	enq
 copy2@copy.example	Copied 2	body 2	enq_other
 copy3@copy.example	Copied 3	body 3	default
 \.
-SELECT recipient, subject, body, queue, state FROM gatekeeper.mail
+SELECT recipient, subject, body, queue, state FROM gatekeeper.mail_status
  WHERE recipient LIKE '%@copy.example' ORDER BY recipient;
 \set VERBOSITY sqlstate
 -- an invalid address in the middle: 22023
@@ -172,7 +172,7 @@ COPY gatekeeper.mail (recipient, subject, body, queue) FROM stdin;
 copy11@copy.example	Copied 11	\N	enq
 \.
 \set VERBOSITY terse
-SELECT count(*) AS copied_rows FROM gatekeeper.mail WHERE recipient LIKE '%@copy.example';
+SELECT count(*) AS copied_rows FROM gatekeeper.mail_status WHERE recipient LIKE '%@copy.example';
 
 --
 -- non-ASCII subjects and bodies are stored, and claimed, intact
@@ -188,7 +188,7 @@ SELECT subject = 'Grüße aus Köln — 今日は 🎉' AS subject_intact,
        html = '<p>Grüße — 今日は</p>' AS html_intact,
        headers ->> 'X-Note' = 'naïve café' AS header_intact,
        octet_length(subject) AS subject_bytes, octet_length(body) AS body_bytes
-  FROM gatekeeper.mail WHERE id = :u;
+  FROM gatekeeper.mail_status WHERE id = :u;
 SELECT id = :u AS is_it,
        subject = 'Grüße aus Köln — 今日は 🎉' AS subject_intact,
        body = E'Hallo José,\nvielen Dank für Ihre Bestellung über 42 €.\n👍' AS body_intact,
@@ -199,6 +199,6 @@ SELECT id = :u AS is_it,
 
 -- leave no live mail behind for later tests
 SELECT gatekeeper.cancel_queue(q) AS cancelled FROM unnest(ARRAY['default', 'enq', 'enq_other']) AS q ORDER BY q;
-UPDATE gatekeeper.mail SET state = 'sent', finished_at = now(), lease_until = NULL
- WHERE state = 'claimed' AND queue LIKE 'enq%';
+DO $$ BEGIN PERFORM gatekeeper.ack(id, attempt) FROM gatekeeper.mail_live
+ WHERE state = 'claimed' AND queue LIKE 'enq%'; END $$;
 SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats ORDER BY queue;

@@ -36,7 +36,7 @@ $$;
 
 SELECT gatekeeper.create_queue('bad');
 SELECT gatekeeper.create_gate('bad_gate', '1 hour');
-SELECT count(*) AS mail_before FROM gatekeeper.mail \gset
+SELECT count(*) AS mail_before FROM gatekeeper.mail_status \gset
 SELECT count(*) AS passes_before FROM gatekeeper.gate_log \gset
 
 --
@@ -342,7 +342,7 @@ SELECT pg_temp.error_of(format($$UPDATE gatekeeper.mail SET subject = E'Fine\r\n
 SELECT pg_temp.error_of(format($$UPDATE gatekeeper.mail SET recipient = 'nobody' WHERE id = %s$$, :upd)) AS update_recipient;
 SELECT pg_temp.error_of(format($$UPDATE gatekeeper.mail SET headers = '{"From": "ceo@example.com"}' WHERE id = %s$$, :upd)) AS update_headers;
 SELECT pg_temp.error_of(format($$UPDATE gatekeeper.mail SET queue = 'no_such_queue' WHERE id = %s$$, :upd)) AS update_queue;
-SELECT subject, recipient, headers, queue FROM gatekeeper.mail WHERE id = :upd;
+SELECT subject, recipient, headers, queue FROM gatekeeper.mail_status WHERE id = :upd;
 SELECT gatekeeper.cancel(:upd) AS cancelled;
 
 --
@@ -351,7 +351,7 @@ SELECT gatekeeper.cancel(:upd) AS cancelled;
 SELECT count(*) - :mail_before AS mail_written,
        count(*) FILTER (WHERE id NOT IN (:live, :upd) AND queue LIKE 'bad%') AS unexpected_mail,
        count(*) FILTER (WHERE state IN ('scheduled', 'claimed') AND queue LIKE 'bad%') AS live_mail_left
-  FROM gatekeeper.mail;
+  FROM gatekeeper.mail_status;
 SELECT count(*) - :passes_before AS passes_written FROM gatekeeper.gate_log;
 SELECT name FROM gatekeeper.queue ORDER BY name;
 SELECT name FROM gatekeeper.gate ORDER BY name;

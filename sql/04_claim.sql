@@ -34,14 +34,14 @@ SELECT id = :due AS is_due, attempt, queue, recipient, sender, subject, body, ht
        message_id ~ ('^<' || :due || '\.[0-9a-f]+@shop\.example>$') AS message_id_shape
   FROM gatekeeper.claim('w1', 10, queues => ARRAY['c_main', 'c_paused']) ORDER BY id;
 SELECT state, attempt, worker, lease_until = now() + interval '5 minutes' AS default_lease
-  FROM gatekeeper.mail WHERE id = :due;
+  FROM gatekeeper.mail_status WHERE id = :due;
 COMMIT;
 SELECT id = :other AS is_other, queue FROM gatekeeper.claim('w1', 10, '1 minute', ARRAY['c_other']) ORDER BY id;
 -- nothing else is due anywhere: an unfiltered claim takes nothing from the
 -- future or the paused queue
 SELECT count(*) AS unfiltered FROM gatekeeper.claim('w1');
-SELECT id = :future AS is_future, state, attempt FROM gatekeeper.mail WHERE id IN (:future, :paused) ORDER BY id;
-SELECT id = :paused AS is_paused, state, attempt FROM gatekeeper.mail WHERE id = :paused;
+SELECT id = :future AS is_future, state, attempt FROM gatekeeper.mail_status WHERE id IN (:future, :paused) ORDER BY id;
+SELECT id = :paused AS is_paused, state, attempt FROM gatekeeper.mail_status WHERE id = :paused;
 
 -- pause and resume
 SELECT queue, paused, scheduled, due FROM gatekeeper.queue_stats WHERE queue = 'c_paused';
@@ -57,10 +57,10 @@ SELECT gatekeeper.resume('c_paused'), gatekeeper.resume('c_paused');
 -- ack: true once, then false; a stale attempt is false and changes nothing
 --
 SELECT gatekeeper.ack(:due, 2) AS ack_wrong_attempt;
-SELECT state FROM gatekeeper.mail WHERE id = :due;
+SELECT state FROM gatekeeper.mail_status WHERE id = :due;
 SELECT gatekeeper.ack(:due, 1) AS ack;
 SELECT gatekeeper.ack(:due, 1) AS ack_again;
-SELECT state, attempt, lease_until, finished_at IS NOT NULL AS finished FROM gatekeeper.mail WHERE id = :due;
+SELECT state, attempt, lease_until, finished_at IS NOT NULL AS finished FROM gatekeeper.mail_status WHERE id = :due;
 SELECT gatekeeper.ack(:future, 0) AS ack_unclaimed;
 SELECT gatekeeper.ack(-1, 1) AS ack_no_such_mail;
 
@@ -72,14 +72,14 @@ SELECT gatekeeper.enqueue('retry@example.com', 'Retry', 'b', 'c_main') AS r \gse
 SELECT attempt, message_id AS mid1 FROM gatekeeper.claim('w1', 10, queues => ARRAY['c_main']) \gset
 SELECT :attempt AS first_attempt;
 SELECT gatekeeper.nack(:r, 1, '421 try later') AS nack;
-SELECT state, attempt, last_error, lease_until, send_at > now() AS backed_off FROM gatekeeper.mail WHERE id = :r;
+SELECT state, attempt, last_error, lease_until, send_at > now() AS backed_off FROM gatekeeper.mail_status WHERE id = :r;
 UPDATE gatekeeper.mail SET send_at = now() WHERE id = :r;
 SELECT attempt, message_id = :'mid1' AS same_message_id FROM gatekeeper.claim('w1', 10, queues => ARRAY['c_main']);
 -- the first attempt's worker is now stale
 SELECT gatekeeper.ack(:r, 1) AS stale_ack;
 SELECT gatekeeper.nack(:r, 1, 'stale') AS stale_nack;
 SELECT gatekeeper.extend(:r, 1, '1 hour') AS stale_extend;
-SELECT state, attempt, last_error FROM gatekeeper.mail WHERE id = :r;
+SELECT state, attempt, last_error FROM gatekeeper.mail_status WHERE id = :r;
 SELECT gatekeeper.ack(:r, 2) AS ack_second_attempt;
 
 --
@@ -96,7 +96,7 @@ SELECT gatekeeper.ack(array_agg(id ORDER BY id),
 SELECT gatekeeper.ack(array_agg(id ORDER BY id), array_agg(attempt ORDER BY id)) AS acked_again FROM claimed;
 SELECT gatekeeper.ack('{}'::bigint[], '{}'::int[]) AS acked_none;
 SELECT pg_temp.error_of($$SELECT gatekeeper.ack('{1,2}'::bigint[], '{1}'::int[])$$) AS mismatched_lengths;
-SELECT state, count(*) FROM gatekeeper.mail WHERE id IN (SELECT id FROM claimed) GROUP BY state ORDER BY state;
+SELECT state, count(*) FROM gatekeeper.mail_status WHERE id IN (SELECT id FROM claimed) GROUP BY state ORDER BY state;
 DROP TABLE claimed;
 
 --
@@ -110,13 +110,13 @@ CREATE TEMP TABLE backoff (try int, id bigint, state text, delay interval);
 CREATE FUNCTION pg_temp.backoff_round(try int) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-	UPDATE gatekeeper.mail SET send_at = now()
-	 WHERE queue = 'c_main' AND recipient LIKE 'backoff%' AND state = 'scheduled';
+	UPDATE gatekeeper.mail_live l SET send_at = now() FROM gatekeeper.mail m
+	 WHERE m.id = l.id AND l.queue = 'c_main' AND m.recipient LIKE 'backoff%' AND l.state = 'scheduled';
 	INSERT INTO backoff
 	SELECT try, c.id, gatekeeper.nack(c.id, c.attempt, format('450 busy (try %s)', try)), NULL
 	  FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']) AS c;
 	UPDATE backoff b SET delay = m.send_at - now()
-	  FROM gatekeeper.mail m WHERE m.id = b.id AND b.try = backoff_round.try;
+	  FROM gatekeeper.mail_status m WHERE m.id = b.id AND b.try = backoff_round.try;
 END
 $$;
 SELECT pg_temp.backoff_round(1);
@@ -130,34 +130,34 @@ SELECT try, state, count(*) AS mails,
 SELECT try, state, count(*) AS mails FROM backoff WHERE state <> 'scheduled' GROUP BY try, state ORDER BY try;
 -- a failed mail keeps its last error and its attempt count
 SELECT state, attempt, last_error, lease_until, finished_at IS NOT NULL AS finished, count(*)
-  FROM gatekeeper.mail WHERE recipient LIKE 'backoff%'
+  FROM gatekeeper.mail_status WHERE recipient LIKE 'backoff%'
  GROUP BY 1, 2, 3, 4, 5 ORDER BY 1;
 -- a failed mail is not claimed again, nor nacked again
 UPDATE gatekeeper.mail SET send_at = now() WHERE recipient LIKE 'backoff%';
 SELECT count(*) AS claimed_after_failed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']);
-SELECT gatekeeper.nack(id, attempt, 'again') AS nack_failed FROM gatekeeper.mail
+SELECT gatekeeper.nack(id, attempt, 'again') AS nack_failed FROM gatekeeper.mail_status
  WHERE recipient = 'backoff1@example.com';
 DROP TABLE backoff;
 
 -- claims handed back uncharged (unclaim) do not count as tries
 SELECT gatekeeper.enqueue('cap@example.com', 'Cap', 'b', 'c_main') AS cap \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']);
-UPDATE gatekeeper.mail SET attempt = 20, uncharged = 18 WHERE id = :cap;  -- tries = 2
+UPDATE gatekeeper.mail_live SET attempt = 20, uncharged = 18 WHERE id = :cap;  -- tries = 2
 BEGIN;
 SELECT gatekeeper.nack(:cap, 20, 'busy') AS nack_uncharged;
 SELECT send_at - now() BETWEEN interval '30 seconds' AND interval '60 seconds' AS second_try_delay
-  FROM gatekeeper.mail WHERE id = :cap;
+  FROM gatekeeper.mail_status WHERE id = :cap;
 COMMIT;
 -- the backoff is capped at 6 hours
 SELECT gatekeeper.alter_queue('c_main', max_attempts => 100);
 SELECT max_attempts FROM gatekeeper.queue WHERE name = 'c_main';
 UPDATE gatekeeper.mail SET send_at = now() WHERE id = :cap;
 SELECT attempt FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']);
-UPDATE gatekeeper.mail SET attempt = 40, uncharged = 0 WHERE id = :cap;
+UPDATE gatekeeper.mail_live SET attempt = 40, uncharged = 0 WHERE id = :cap;
 BEGIN;
 SELECT gatekeeper.nack(:cap, 40, 'busy') AS nack_40th;
 SELECT send_at - now() BETWEEN interval '3 hours' AND interval '6 hours' AS capped
-  FROM gatekeeper.mail WHERE id = :cap;
+  FROM gatekeeper.mail_status WHERE id = :cap;
 COMMIT;
 SELECT gatekeeper.alter_queue('c_main', max_attempts => 4);
 SELECT gatekeeper.cancel(:cap) AS cancelled;
@@ -167,7 +167,7 @@ SELECT gatekeeper.enqueue('bounce@example.com', 'Bounce', 'b', 'c_main') AS boun
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']);
 SELECT gatekeeper.nack(:bounce, 1, '554 5.7.1 rejected', permanent => true) AS nack_permanent;
 SELECT state, attempt, last_error, lease_until, finished_at IS NOT NULL AS finished
-  FROM gatekeeper.mail WHERE id = :bounce;
+  FROM gatekeeper.mail_status WHERE id = :bounce;
 SELECT gatekeeper.nack(:bounce, 1, '554 again', true) AS nack_again;
 SELECT gatekeeper.ack(:bounce, 1) AS ack_after_failed;
 
@@ -178,13 +178,13 @@ SELECT gatekeeper.enqueue('slow@example.com', 'Slow', 'b', 'c_main') AS slow \gs
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, '1 minute', ARRAY['c_main']);
 BEGIN;
 SELECT gatekeeper.extend(:slow, 1, '10 minutes') AS extended;
-SELECT lease_until = now() + interval '10 minutes' AS lease_moved, state FROM gatekeeper.mail WHERE id = :slow;
+SELECT lease_until = now() + interval '10 minutes' AS lease_moved, state FROM gatekeeper.mail_status WHERE id = :slow;
 COMMIT;
 SELECT gatekeeper.extend(:slow, 0, '10 minutes') AS extend_wrong_attempt;
 SELECT gatekeeper.extend(:slow, 2, '10 minutes') AS extend_future_attempt;
 SELECT gatekeeper.ack(:slow, 1) AS acked;
 SELECT gatekeeper.extend(:slow, 1, '10 minutes') AS extend_after_ack;
-SELECT lease_until FROM gatekeeper.mail WHERE id = :slow;
+SELECT lease_until FROM gatekeeper.mail_status WHERE id = :slow;
 
 --
 -- reap: a lease that ran out
@@ -196,12 +196,12 @@ SELECT gatekeeper.enqueue('once@example.com', 'Once', 'b', 'c_once') AS once \gs
 SELECT gatekeeper.enqueue('live@example.com', 'Live lease', 'b', 'c_other') AS live \gset
 SELECT queue, attempt FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main', 'c_amo', 'c_once', 'c_other'])
  ORDER BY queue;
-SELECT message_id AS alo_mid FROM gatekeeper.mail WHERE id = :alo \gset
+SELECT message_id AS alo_mid FROM gatekeeper.mail_status WHERE id = :alo \gset
 -- simulate the leases running out, except the last one's
-UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE id IN (:alo, :amo, :once);
+UPDATE gatekeeper.mail_live SET lease_until = now() - interval '1 second' WHERE id IN (:alo, :amo, :once);
 SELECT gatekeeper.reap() AS reaped;
 SELECT queue, state, attempt, last_error, lease_until IS NOT NULL AS leased, finished_at IS NOT NULL AS finished
-  FROM gatekeeper.mail WHERE id IN (:alo, :amo, :once, :live) ORDER BY queue;
+  FROM gatekeeper.mail_status WHERE id IN (:alo, :amo, :once, :live) ORDER BY queue;
 SELECT gatekeeper.reap() AS reaped_again;
 -- the reaped at-least-once mail goes again, with its Message-ID; the old claim is stale
 SELECT id = :alo AS is_alo, attempt, message_id = :'alo_mid' AS same_message_id
@@ -209,7 +209,7 @@ SELECT id = :alo AS is_alo, attempt, message_id = :'alo_mid' AS same_message_id
 SELECT gatekeeper.ack(:alo, 1) AS stale_ack, gatekeeper.ack(:alo, 2) AS ack;
 -- an unknown (at-most-once) mail is never sent again
 SELECT gatekeeper.ack(:amo, 1) AS ack_unknown;
-SELECT state FROM gatekeeper.mail WHERE id = :amo;
+SELECT state FROM gatekeeper.mail_status WHERE id = :amo;
 SELECT gatekeeper.ack(:live, 1) AS ack_live;
 
 --
@@ -218,11 +218,11 @@ SELECT gatekeeper.ack(:live, 1) AS ack_live;
 SELECT gatekeeper.enqueue('cancel1@example.com', 'C', 'b', 'c_other', send_at => now() + interval '1 day') AS c1 \gset
 SELECT gatekeeper.enqueue('cancel2@example.com', 'C', 'b', 'c_other') AS c2 \gset
 SELECT gatekeeper.cancel(:c1) AS cancel_scheduled;
-SELECT state, finished_at IS NOT NULL AS finished FROM gatekeeper.mail WHERE id = :c1;
+SELECT state, finished_at IS NOT NULL AS finished FROM gatekeeper.mail_status WHERE id = :c1;
 SELECT gatekeeper.cancel(:c1) AS cancel_twice;
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_other']);
 SELECT gatekeeper.cancel(:c2) AS cancel_claimed;
-SELECT state FROM gatekeeper.mail WHERE id = :c2;
+SELECT state FROM gatekeeper.mail_status WHERE id = :c2;
 SELECT gatekeeper.ack(:c2, 1) AS ack;
 SELECT gatekeeper.cancel(:c2) AS cancel_sent;
 SELECT gatekeeper.cancel(-1) AS cancel_no_such_mail;
@@ -234,8 +234,8 @@ SELECT format('cq%s@example.com', i), 'CQ', 'b', 'c_other',
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_other']);
 SELECT gatekeeper.cancel_queue('c_other') AS cancelled;
 SELECT gatekeeper.cancel_queue('c_other') AS cancelled_again;
-SELECT state, count(*) FROM gatekeeper.mail WHERE recipient LIKE 'cq%' GROUP BY state ORDER BY state;
-SELECT count(*) AS acked FROM gatekeeper.mail m
+SELECT state, count(*) FROM gatekeeper.mail_status WHERE recipient LIKE 'cq%' GROUP BY state ORDER BY state;
+SELECT count(*) AS acked FROM gatekeeper.mail_status m
  WHERE recipient LIKE 'cq%' AND state = 'claimed' AND gatekeeper.ack(m.id, m.attempt);
 
 --
@@ -247,7 +247,7 @@ SELECT gatekeeper.enqueue('intime@example.com', 'In time', 'b', 'c_other',
                           send_at => now() - interval '2 hours', send_by => now() + interval '1 hour') AS intime \gset
 SELECT id = :intime AS is_in_time, attempt FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_other']);
 SELECT recipient, state, attempt, last_error, finished_at IS NOT NULL AS finished, lease_until IS NOT NULL AS leased
-  FROM gatekeeper.mail WHERE id IN (:late, :intime) ORDER BY recipient;
+  FROM gatekeeper.mail_status WHERE id IN (:late, :intime) ORDER BY recipient;
 SELECT gatekeeper.ack(:intime, 1) AS acked;
 -- a retried mail that missed its deadline expires too
 SELECT gatekeeper.enqueue('retrylate@example.com', 'Retry late', 'b', 'c_other',
@@ -256,7 +256,7 @@ SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_o
 SELECT gatekeeper.nack(:rl, 1, '421 later') AS nack;
 UPDATE gatekeeper.mail SET send_at = now() - interval '2 hours', send_by = now() - interval '1 hour' WHERE id = :rl;
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_other']);
-SELECT state, attempt, last_error FROM gatekeeper.mail WHERE id = :rl;
+SELECT state, attempt, last_error FROM gatekeeper.mail_status WHERE id = :rl;
 
 --
 -- unclaim (the worker's "no relay reachable"): back to scheduled, not
@@ -265,7 +265,7 @@ SELECT state, attempt, last_error FROM gatekeeper.mail WHERE id = :rl;
 SELECT gatekeeper.enqueue('unreach@example.com', 'U', 'b', 'c_once') AS u \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_once']);
 SELECT gatekeeper.unclaim(ARRAY[:u]::bigint[], ARRAY[1], 'connection refused') AS unclaimed;
-SELECT state, attempt, uncharged, last_error, lease_until FROM gatekeeper.mail WHERE id = :u;
+SELECT state, attempt, uncharged, last_error, lease_until FROM gatekeeper.mail_status WHERE id = :u;
 SELECT attempt FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_once']);
 -- c_once allows one attempt; the uncharged claim does not count, so this
 -- nack is the first real try and exhausts it
@@ -312,4 +312,4 @@ SELECT queue, paused, scheduled, due, claimed, sent, failed, suppressed, expired
 
 -- leave no live mail behind
 SELECT gatekeeper.cancel_queue(name) FROM gatekeeper.queue WHERE name LIKE 'c\_%' ORDER BY name;
-SELECT count(*) AS live FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed');
+SELECT count(*) AS live FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed');

@@ -50,7 +50,7 @@ SELECT gatekeeper.resume('f_heavy');
 INSERT INTO got SELECT 5, queue, id, attempt
   FROM gatekeeper.claim('w-fair', 10000, queues => ARRAY['f_heavy', 'f_light', 'f_small']);
 SELECT count(*) AS rest FROM got WHERE round = 5;
-SELECT count(*) AS still_due FROM gatekeeper.mail
+SELECT count(*) AS still_due FROM gatekeeper.mail_status
  WHERE queue IN ('f_heavy', 'f_light', 'f_small') AND state = 'scheduled';
 SELECT queue, count(*) AS claimed, count(DISTINCT id) AS distinct_mails, max(attempt) AS max_attempt
   FROM got GROUP BY queue ORDER BY queue;
@@ -123,10 +123,10 @@ SELECT gatekeeper.alter_queue('f_rate', rate_limit => 0);
 SELECT rate_limit FROM gatekeeper.queue WHERE name = 'f_rate';
 INSERT INTO got SELECT 5, queue, id, attempt FROM gatekeeper.claim('w-rate', 1000, queues => ARRAY['f_rate']);
 SELECT (SELECT count(*) FROM got WHERE queue = 'f_rate') AS rate_claimed_in_all,
-       (SELECT count(*) FROM gatekeeper.mail WHERE queue = 'f_rate' AND state = 'scheduled') AS left_scheduled;
+       (SELECT count(*) FROM gatekeeper.mail_status WHERE queue = 'f_rate' AND state = 'scheduled') AS left_scheduled;
 SELECT gatekeeper.ack(array_agg(id), array_agg(attempt)) = count(*) AS all_acked FROM got;
 DROP TABLE got;
 
 -- leave no live mail behind
 SELECT count(gatekeeper.cancel_queue(name)) AS queues FROM gatekeeper.queue WHERE name LIKE 'f\_%';
-SELECT count(*) AS live FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed');
+SELECT count(*) AS live FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed');

@@ -207,14 +207,14 @@ SELECT gatekeeper.ack(:m1, 1) AS acked;
 SELECT gatekeeper.enqueue('claim1@gates.example', 'S2', 'b', 'g_sup') AS m2 \gset
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_sup']);
 SELECT state, attempt, last_error, lease_until IS NULL AS no_lease, finished_at IS NOT NULL AS finished
-  FROM gatekeeper.mail WHERE id = :m2;
+  FROM gatekeeper.mail_status WHERE id = :m2;
 
 -- defer: the mail waits for the gate's next opening, its attempt restored
 SELECT gatekeeper.enqueue('claim1@gates.example', 'D', 'b', 'g_def') AS d1 \gset
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_def']);
 SELECT state, attempt, last_error, lease_until IS NULL AS no_lease, finished_at IS NULL AS not_finished,
        send_at = gatekeeper.gate_next_open('g_win', 'claim1@gates.example') AS deferred_to_reopening
-  FROM gatekeeper.mail WHERE id = :d1;
+  FROM gatekeeper.mail_status WHERE id = :d1;
 -- not due again until then
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_def']);
 -- at the reopening it goes
@@ -232,11 +232,11 @@ SELECT gatekeeper.gate_release('g_win', 'def2@gates.example', :d3) AS released,
 UPDATE gatekeeper.mail SET send_at = now() WHERE id = :d3;
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_def']);
 SELECT state, attempt, send_at = gatekeeper.gate_next_open('g_win', 'def2@gates.example') AS deferred_to_reopening
-  FROM gatekeeper.mail WHERE id = :d3;
+  FROM gatekeeper.mail_status WHERE id = :d3;
 -- deferred past send_by: expired
 SELECT gatekeeper.enqueue('claim1@gates.example', 'D2', 'b', 'g_def', send_by => now() + interval '10 minutes') AS d2 \gset
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_def']);
-SELECT state, attempt, last_error, finished_at IS NOT NULL AS finished FROM gatekeeper.mail WHERE id = :d2;
+SELECT state, attempt, last_error, finished_at IS NOT NULL AS finished FROM gatekeeper.mail_status WHERE id = :d2;
 
 -- two due mails for one recipient in one batch: the first (priority, then
 -- send_at) goes, the other is suppressed
@@ -246,21 +246,21 @@ INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, priority)
 	('pair@gates.example', 'urgent', 'b', 'g_sup', now(), 5),
 	('solo@gates.example', 'solo', 'b', 'g_sup', now(), 0);
 SELECT recipient, subject FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_sup']) ORDER BY recipient;
-SELECT recipient, subject, state, last_error FROM gatekeeper.mail
+SELECT recipient, subject, state, last_error FROM gatekeeper.mail_status
  WHERE lower(recipient) IN ('pair@gates.example', 'solo@gates.example') ORDER BY subject;
 -- across queues too: two queues sharing a gate, one claim over both
 INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at) VALUES
 	('cross@gates.example', 'from g_sup', 'b', 'g_sup', now() - interval '2 minutes'),
 	('cross@gates.example', 'from g_def', 'b', 'g_def', now() - interval '1 minute');
 SELECT queue, subject FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_sup', 'g_def']) ORDER BY queue;
-SELECT queue, state, last_error, send_at > now() AS deferred FROM gatekeeper.mail
+SELECT queue, state, last_error, send_at > now() AS deferred FROM gatekeeper.mail_status
  WHERE recipient = 'cross@gates.example' ORDER BY queue;
 -- a cap of 3: three of four go
 INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at)
 SELECT 'four@gates.example', format('mail %s', i), 'b', 'g_capq', now() - i * interval '1 minute'
   FROM generate_series(1, 4) AS i;
 SELECT subject FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_capq']) ORDER BY subject;
-SELECT subject, state FROM gatekeeper.mail WHERE recipient = 'four@gates.example' ORDER BY subject;
+SELECT subject, state FROM gatekeeper.mail_status WHERE recipient = 'four@gates.example' ORDER BY subject;
 SELECT * FROM pg_temp.gate_view('four@gates.example');
 
 -- two gates (AND): a mail that fails the second gate takes no pass from the first
@@ -268,7 +268,7 @@ SELECT gatekeeper.gate_pass('g_win', 'and@gates.example') AS win_taken;
 SELECT * FROM pg_temp.gate_view('and@gates.example');
 SELECT gatekeeper.enqueue('and@gates.example', 'AND', 'b', 'g_both') AS a1 \gset
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_both']);
-SELECT state, last_error FROM gatekeeper.mail WHERE id = :a1;
+SELECT state, last_error FROM gatekeeper.mail_status WHERE id = :a1;
 SELECT * FROM pg_temp.gate_view('and@gates.example');
 -- and one that passes both holds a pass in each
 SELECT gatekeeper.enqueue('and2@gates.example', 'AND', 'b', 'g_both') AS a2 \gset
@@ -292,23 +292,23 @@ SELECT gatekeeper.ack(:a3, 1) AS acked;
 -- a lease that ran out with attempts spent: failed, and the passes released
 SELECT gatekeeper.enqueue('reaped@gates.example', 'R', 'b', 'g_once') AS r1 \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_once']);
-UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE id = :r1;
+UPDATE gatekeeper.mail_live SET lease_until = now() - interval '1 second' WHERE id = :r1;
 SELECT gatekeeper.reap() AS reaped;
-SELECT state FROM gatekeeper.mail WHERE id = :r1;
+SELECT state FROM gatekeeper.mail_status WHERE id = :r1;
 SELECT * FROM pg_temp.gate_view('reaped@gates.example');
 -- a lease that ran out with attempts left: the mail keeps its pass for its retry
 SELECT gatekeeper.enqueue('reaped2@gates.example', 'R', 'b', 'g_sup') AS r2 \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_sup']);
-UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE id = :r2;
+UPDATE gatekeeper.mail_live SET lease_until = now() - interval '1 second' WHERE id = :r2;
 SELECT gatekeeper.reap() AS reaped;
-SELECT state FROM gatekeeper.mail WHERE id = :r2;
+SELECT state FROM gatekeeper.mail_status WHERE id = :r2;
 SELECT * FROM pg_temp.gate_view('reaped2@gates.example');
 SELECT id = :r2 AS reclaimed, attempt FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_sup']);
 -- and a retry that misses its send_by expires and gives its pass back
 SELECT gatekeeper.nack(:r2, 2, '421 later') AS nack;
 UPDATE gatekeeper.mail SET send_at = now() - interval '2 hours', send_by = now() - interval '1 hour' WHERE id = :r2;
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_sup']);
-SELECT state FROM gatekeeper.mail WHERE id = :r2;
+SELECT state FROM gatekeeper.mail_status WHERE id = :r2;
 SELECT * FROM pg_temp.gate_view('reaped2@gates.example');
 
 -- gate_release by mail id frees a claimed mail's pass (an application's own cleanup)
@@ -340,7 +340,7 @@ SELECT gatekeeper.nack(:moved, 1, '554 5.7.1 rejected', true) AS nacked;
 SELECT gatekeeper.gate_open('g_win', 'moved@gates.example') AS open_after_nack;
 SELECT pg_sleep(0.01);
 SELECT gatekeeper.reap() >= 1 AS reaped;
-SELECT state FROM gatekeeper.mail WHERE id = :moved2;
+SELECT state FROM gatekeeper.mail_status WHERE id = :moved2;
 SELECT gatekeeper.gate_open('g_win', 'moved2@gates.example') AS open_after_reap;
 
 -- dropping a gate removes it from view, with its passes
@@ -353,5 +353,5 @@ SELECT queue, scheduled, claimed, sent, failed, suppressed, expired
 
 -- leave no live mail behind
 SELECT count(gatekeeper.cancel_queue(name)) AS queues FROM gatekeeper.queue WHERE name LIKE 'g\_%';
-SELECT count(*) FILTER (WHERE gatekeeper.ack(id, attempt)) AS acked FROM gatekeeper.mail WHERE state = 'claimed';
-SELECT count(*) AS live FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed');
+SELECT count(*) FILTER (WHERE gatekeeper.ack(id, attempt)) AS acked FROM gatekeeper.mail_status WHERE state = 'claimed';
+SELECT count(*) AS live FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed');

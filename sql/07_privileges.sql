@@ -26,6 +26,7 @@ GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz
                                              jsonb, text, int, timestamptz, text, jsonb, text) TO regress_app_enqueue;
 GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
               priority, send_by, recipient_name, metadata, timezone) ON gatekeeper.mail TO regress_app_enqueue;
+GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO regress_app_enqueue;
 
 -- worker: claim and report back, and look at the counts
 GRANT USAGE ON SCHEMA gatekeeper TO regress_app_worker;
@@ -64,7 +65,7 @@ copy2@priv.example	Copied	b	p_app
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('bad', 's', 'b', 'p_app')$$) AS invalid_address;
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('a@priv.example', 's', 'b', 'p_typo')$$) AS unknown_queue;
 -- but not the columns that belong to gatekeeper, nor reading mail
-SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue, state) VALUES ('a@priv.example', 's', 'b', 'p_app', 'sent')$$) AS insert_state;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail_live (id, queue, send_at, state) VALUES (1, 'p_app', now(), 'sent')$$) AS insert_state;
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (id, recipient, subject, body, queue) VALUES (1, 'a@priv.example', 's', 'b', 'p_app')$$) AS insert_id;
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('a@priv.example', 's', 'b', 'p_app') RETURNING id$$) AS insert_returning;
 SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
@@ -80,7 +81,7 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.create_queue('p_mine')$$) AS create_
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('smart_sending', 'a@priv.example')$$) AS gate_pass;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.explain('a@priv.example')$$) AS explain;
 RESET ROLE;
-SELECT state, count(*) FROM gatekeeper.mail WHERE queue = 'p_app' GROUP BY state ORDER BY state;
+SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'p_app' GROUP BY state ORDER BY state;
 
 --
 -- the worker role
@@ -98,7 +99,7 @@ SELECT gatekeeper.unclaim('{}'::bigint[], '{}'::int[], 'none') AS unclaimed;
 SELECT queue, scheduled, claimed, sent FROM gatekeeper.queue_stats WHERE queue = 'p_app';
 SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
 SELECT pg_temp.error_of($$SELECT recipient FROM gatekeeper.mail$$) AS select_recipients;
-SELECT pg_temp.error_of($$UPDATE gatekeeper.mail SET state = 'sent'$$) AS update_mail;
+SELECT pg_temp.error_of($$UPDATE gatekeeper.mail_live SET state = 'sent'$$) AS update_mail;
 SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b', 'p_app')$$) AS enqueue;
 SELECT pg_temp.error_of($$SELECT gatekeeper.cancel_queue('p_app')$$) AS cancel_queue;
 SELECT pg_temp.error_of($$SELECT gatekeeper.pause('p_app')$$) AS pause;
@@ -130,7 +131,7 @@ SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.worker_status$$) AS wo
 RESET ROLE;
 
 -- the state after all this
-SELECT state, count(*) FROM gatekeeper.mail WHERE queue = 'p_app' GROUP BY state ORDER BY state;
+SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'p_app' GROUP BY state ORDER BY state;
 
 -- clean up
 SELECT gatekeeper.cancel_queue('p_app') AS cancelled;

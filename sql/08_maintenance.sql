@@ -9,7 +9,7 @@ SELECT gatekeeper.create_queue('m_paused');
 --
 -- next_due: the earliest send_at of scheduled mail in unpaused queues
 --
-SELECT count(*) AS live_mail FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed');
+SELECT count(*) AS live_mail FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed');
 SELECT gatekeeper.next_due() AS nothing_scheduled;
 BEGIN;
 SELECT gatekeeper.enqueue('n1@maint.example', 'N', 'b', 'm_q', send_at => now() + interval '2 hours') IS NOT NULL AS low;
@@ -25,34 +25,56 @@ COMMIT;
 SELECT gatekeeper.cancel_queue('m_q') AS cancelled, gatekeeper.cancel_queue('m_paused') AS cancelled_paused;
 
 --
--- purge: finished mail older than the retention, and expired gate passes
+-- purge: finished mail older than the retention goes by rotating the four
+-- retention segments (whole partitions emptied by TRUNCATE); mail that is
+-- still to go survives the rotation; expired gate passes go too
 --
 SELECT current_setting('gatekeeper.retention') AS retention;
+SELECT current AS segment_at_start FROM gatekeeper.segment;
 INSERT INTO gatekeeper.mail (recipient, subject, body, queue)
 SELECT format('old%s@maint.example', i), 'Old', 'b', 'm_q' FROM generate_series(1, 4) AS i;
 SELECT count(*) FILTER (WHERE gatekeeper.ack(c.id, c.attempt)) AS sent
   FROM gatekeeper.claim('w-maint', 10, queues => ARRAY['m_q']) AS c;
--- two finished 8 days ago, one 6 days ago, one now; a scheduled mail created long ago stays
-UPDATE gatekeeper.mail SET finished_at = now() - interval '8 days'
- WHERE recipient IN ('old1@maint.example', 'old2@maint.example');
-UPDATE gatekeeper.mail SET finished_at = now() - interval '6 days' WHERE recipient = 'old3@maint.example';
 SELECT gatekeeper.enqueue('waiting@maint.example', 'W', 'b', 'm_q', send_at => now() + interval '30 days') AS waiting \gset
-UPDATE gatekeeper.mail SET created_at = now() - interval '30 days' WHERE id = :waiting;
+-- all mail finished so far finished 8 days ago, but old3 6 days ago
+UPDATE gatekeeper.mail_done SET finished_at = now() - interval '8 days';
+UPDATE gatekeeper.mail_done d SET finished_at = now() - interval '6 days' FROM gatekeeper.mail m
+ WHERE m.id = d.id AND m.segment = d.segment AND m.recipient = 'old3@maint.example';
 -- gate passes: one expired, one live
 SELECT gatekeeper.gate_pass('smart_sending', 'expired@maint.example') AS p1,
        gatekeeper.gate_pass('smart_sending', 'live@maint.example') AS p2;
 SELECT gatekeeper._gate_restamp('smart_sending', 'expired@maint.example', ARRAY[now() - interval '1 minute']);
-SELECT gatekeeper.purge() >= 3 AS purged;
-SELECT recipient, state FROM gatekeeper.mail WHERE recipient LIKE '%@maint.example' AND queue = 'm_q'
- ORDER BY recipient;
+-- the current segment is younger than half the retention: no rotation
+SELECT gatekeeper.purge() AS purged_young;
+SELECT current AS segment FROM gatekeeper.segment;
 SELECT r AS recipient, e.sends_in_period
   FROM unnest(ARRAY['expired@maint.example', 'live@maint.example']) AS r, gatekeeper.explain(r) AS e
  WHERE e.gate = 'smart_sending' ORDER BY r;
 SELECT count(*) AS expired_log_rows FROM gatekeeper.gate_log WHERE expires < now();
--- purge works in batches
-UPDATE gatekeeper.mail SET finished_at = now() - interval '8 days' WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
-SELECT gatekeeper.purge(1) AS purged_one;
-SELECT count(*) AS old_left FROM gatekeeper.mail WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
-SELECT gatekeeper.purge(1) AS purged_another;
-SELECT count(*) AS old_left FROM gatekeeper.mail WHERE recipient IN ('old3@maint.example', 'old4@maint.example');
+-- segments 1, 2 and 3 are empty: each rotation comes once the current
+-- segment is half the retention old
+CREATE FUNCTION pg_temp.rotate(OUT purged bigint, OUT segment smallint)
+LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE gatekeeper.segment SET rotated_at = now() - interval '4 days';
+	purged := gatekeeper.purge();
+	SELECT s.current INTO segment FROM gatekeeper.segment s;
+END
+$$;
+SELECT * FROM pg_temp.rotate();
+SELECT * FROM pg_temp.rotate();
+SELECT * FROM pg_temp.rotate();
+-- back to segment 0: old3 finished within the retention, so it stays
+SELECT * FROM pg_temp.rotate();
+SELECT s.recipient, s.state, m.segment FROM gatekeeper.mail_status s JOIN gatekeeper.mail m USING (id)
+ WHERE s.recipient LIKE '%@maint.example' AND s.queue = 'm_q' ORDER BY s.recipient;
+-- once old3 is past the retention too, segment 0 is emptied; the waiting
+-- mail moves to segment 3 first, with its state and content
+UPDATE gatekeeper.mail_done d SET finished_at = now() - interval '8 days' FROM gatekeeper.mail m
+ WHERE m.id = d.id AND m.segment = d.segment AND m.recipient = 'old3@maint.example';
+SELECT purged >= 4 AS purged, segment FROM pg_temp.rotate();
+SELECT s.recipient, s.subject, s.state, m.segment, s.send_at > now() + interval '29 days' AS still_later
+  FROM gatekeeper.mail_status s JOIN gatekeeper.mail m USING (id)
+ WHERE s.recipient LIKE '%@maint.example' ORDER BY s.recipient;
+SELECT count(*) AS rows_left_in_segment_0 FROM gatekeeper.mail_0;
 SELECT gatekeeper.cancel(:waiting) AS cancelled;

@@ -143,8 +143,14 @@ SELECT c.queue, c.recipient, c.recipient_name, c.metadata,
 	   c.headers ->> 'List-Unsubscribe' ~ '^<https://shop\.example\.com/u/[A-Za-z0-9_-]+>$' AS list_unsubscribe
   FROM claimed AS c
  ORDER BY 1, 2;
-SELECT queue, recipient, state, attempt, last_error FROM gatekeeper.mail
+SELECT queue, recipient, state, attempt, last_error FROM gatekeeper.mail_status
  WHERE queue IN ('c_promo', 'c_receipts') AND state = 'suppressed' ORDER BY 1, 2;
+-- suppressed mail is finished: it left mail_live for mail_done
+SELECT count(*) FILTER (WHERE l.id IS NOT NULL) AS still_live, count(*) FILTER (WHERE d.id IS NOT NULL) AS done
+  FROM gatekeeper.mail_status s
+  LEFT JOIN gatekeeper.mail_live l ON l.id = s.id
+  LEFT JOIN gatekeeper.mail_done d ON d.id = s.id
+ WHERE s.queue IN ('c_promo', 'c_receipts') AND s.state = 'suppressed';
 -- suppressed mail took no pass of smart_sending: the gate is still open
 SELECT r, gatekeeper.gate_open('smart_sending', r) AS open
   FROM unnest(ARRAY['c-bounced@example.com', 'c-unsub@example.com', 'c-promo-only@example.com',
@@ -182,7 +188,7 @@ SELECT m.recipient,
 						   WHEN 'retry@bounce.example' THEN '550 5.1.1 user unknown'
 						   ELSE '550 no such user here' END,
 					   permanent => m.recipient <> 'retry@bounce.example') AS nack
-  FROM gatekeeper.mail m WHERE m.queue = 'b_news' ORDER BY m.recipient;
+  FROM gatekeeper.mail_status m WHERE m.queue = 'b_news' ORDER BY m.recipient;
 SELECT s.address, s.queue, s.reason, s.detail, s.mail_id = m.id AS bounced_mail
   FROM gatekeeper.suppression s JOIN gatekeeper.mail m ON m.recipient = s.address AND m.queue = 'b_news'
  ORDER BY 1;
@@ -190,7 +196,7 @@ SELECT s.address, s.queue, s.reason, s.detail, s.mail_id = m.id AS bounced_mail
 SELECT count(gatekeeper.enqueue(r || '@bounce.example', 'Again', 'Body', queue => 'b_other')) AS enqueued
   FROM unnest(ARRAY['dead', 'policy', 'plain']) AS r;
 SELECT recipient FROM gatekeeper.claim('w', 100, queues => '{b_other}') ORDER BY 1;
-SELECT recipient, state, last_error FROM gatekeeper.mail WHERE queue = 'b_other' ORDER BY 1;
+SELECT recipient, state, last_error FROM gatekeeper.mail_status WHERE queue = 'b_other' ORDER BY 1;
 
 -- Sending windows in the claim: due mail outside its window is deferred to
 -- the next opening in its zone (the mail's, else the queue's), uncharged;
@@ -209,4 +215,4 @@ SELECT m.recipient, m.state, m.attempt,
 	   m.send_at = gatekeeper._window_open(:'later_window', coalesce(m.timezone, 'UTC'), now()) AS at_opening,
 	   m.send_at > now() AS later,
 	   regexp_replace(m.last_error, '\d\d:\d\d-\d\d:\d\d', 'HH:MM-HH:MM') AS last_error
-  FROM gatekeeper.mail m WHERE m.queue IN ('w_later', 'w_open') ORDER BY 1;
+  FROM gatekeeper.mail_status m WHERE m.queue IN ('w_later', 'w_open') ORDER BY 1;

@@ -8,10 +8,12 @@
  * named), shared by weight, each queue's share within its rate limit.
  * Each queue's share is taken by one statement of the form
  *
- *		UPDATE mail SET state = 'claimed', ...
+ *		UPDATE mail_live SET state = 'claimed', ... FROM mail
  *		 WHERE id = ANY (ARRAY(SELECT id ... FOR UPDATE SKIP LOCKED))
  *		RETURNING ...
  *
+ * which updates only the mail's narrow claim state (mail_live) and joins
+ * its content (mail) by primary key, never rewriting it.
  * so no two claimers ever get the same mail and none waits for another.
  * (= ANY (ARRAY(...)) is the plan-proof spelling of IN (SELECT ...): the
  * sub-select runs once as an init plan and the update probes the primary
@@ -24,13 +26,15 @@
  * queue must pass all of its queue's gates.  The gate entries of the whole
  * batch are locked in one global order (see gate.c), the mails are passed
  * in claim order, and the losers are suppressed, deferred to the gates'
- * next opening, or expired if that is past their send_by.
+ * next opening, or expired if that is past their send_by.  Mail that will
+ * not go leaves mail_live for mail_done in the same transaction.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "gate.h"
+#include "mail.h"
 #include "suppression.h"
 #include "unsubscribe.h"
 #include "window.h"
@@ -175,49 +179,133 @@ static const char bucket_sql[] =
 "  FROM gatekeeper.queue q WHERE q.name = $1 "
 "   FOR UPDATE SKIP LOCKED";
 
-#define CLAIM_SQL(returning) \
-"UPDATE gatekeeper.mail m " \
-"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, " \
-"       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, " \
-"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, " \
-"       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, " \
-"       finished_at = CASE WHEN m.send_by < now() THEN now() END, " \
-"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, " \
-"       message_id = coalesce(m.message_id, " \
-"           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || " \
-"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), " \
-"                    'gatekeeper.invalid') || '>') " \
-" WHERE m.id = ANY (ARRAY( " \
-"       WITH RECURSIVE levels(p) AS ( " \
-"           (SELECT d.priority FROM gatekeeper.mail d " \
-"             WHERE d.queue = $1 AND d.state = 'scheduled' " \
-"             ORDER BY d.priority DESC LIMIT 1) " \
-"           UNION ALL " \
-"           SELECT (SELECT d.priority FROM gatekeeper.mail d " \
-"                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p " \
-"                    ORDER BY d.priority DESC LIMIT 1) " \
-"             FROM levels l WHERE l.p IS NOT NULL) " \
-"       SELECT c.id FROM levels l, LATERAL ( " \
-"           SELECT d.id FROM gatekeeper.mail d " \
-"            WHERE d.queue = $1 AND d.state = 'scheduled' " \
-"              AND d.priority = l.p AND d.send_at <= now() " \
-"            ORDER BY d.send_at, d.id " \
-"            LIMIT $2 " \
-"              FOR UPDATE SKIP LOCKED) c " \
-"        WHERE l.p IS NOT NULL " \
-"        LIMIT $2)) " \
-"RETURNING " returning
-
+/*
+ * The claim of one queue's share.  The claim state is a narrow row of
+ * gatekeeper.mail_live; the content is joined by primary key and never
+ * rewritten.  Mail past its send_by is marked expired here and moved to
+ * mail_done by settle_claimed.
+ */
 static const char claim_sql[] =
-CLAIM_SQL("m.id, m.attempt, m.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
-		  "m.body, m.html, m.headers, m.message_id, m.metadata, m.state = 'expired', "
-		  "m.priority, m.send_at, m.send_by, m.timezone");
-static const char claim_010_sql[] =
-CLAIM_SQL("m.id, m.attempt, m.queue, m.recipient, NULL::text, m.sender, m.subject, "
-		  "m.body, m.html, m.headers, m.message_id, NULL::jsonb, m.state = 'expired', "
-		  "m.priority, m.send_at, m.send_by, NULL::text");
+"UPDATE gatekeeper.mail_live l "
+"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
+"       attempt = l.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
+"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
+"       worker = CASE WHEN m.send_by < now() THEN l.worker ELSE $4 END, "
+"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE l.last_error END, "
+"       message_id = coalesce(l.message_id, "
+"           '<' || l.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
+"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), "
+"                    'gatekeeper.invalid') || '>') "
+"  FROM gatekeeper.mail m "
+" WHERE l.id = ANY (ARRAY( "
+"       WITH RECURSIVE levels(p) AS ( "
+"           (SELECT d.priority FROM gatekeeper.mail_live d "
+"             WHERE d.queue = $1 AND d.state = 'scheduled' "
+"             ORDER BY d.priority DESC LIMIT 1) "
+"           UNION ALL "
+"           SELECT (SELECT d.priority FROM gatekeeper.mail_live d "
+"                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
+"                    ORDER BY d.priority DESC LIMIT 1) "
+"             FROM levels l WHERE l.p IS NOT NULL) "
+"       SELECT c.id FROM levels l, LATERAL ( "
+"           SELECT d.id FROM gatekeeper.mail_live d "
+"            WHERE d.queue = $1 AND d.state = 'scheduled' "
+"              AND d.priority = l.p AND d.send_at <= now() "
+"            ORDER BY d.send_at, d.id "
+"            LIMIT $2 "
+"              FOR UPDATE SKIP LOCKED) c "
+"        WHERE l.p IS NOT NULL "
+"        LIMIT $2)) "
+"   AND m.id = l.id AND m.segment = l.segment "
+"RETURNING l.id, l.attempt, l.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
+"          m.body, m.html, m.headers, l.message_id, m.metadata, l.state = 'expired', "
+"          l.priority, l.send_at, m.send_by, m.timezone";
 
-static const char settle_losers_sql[] =
+/* Claimed mail a gate deferred: back to scheduled, its claim undone. */
+static const char defer_sql[] =
+"UPDATE gatekeeper.mail_live l "
+"   SET state = 'scheduled', send_at = u.send_at, attempt = l.attempt - 1, "
+"       lease_until = NULL, worker = NULL, last_error = u.error "
+"  FROM unnest($1, $2, $3) AS u(id, send_at, error) "
+" WHERE l.id = u.id";
+
+/*
+ * Claimed mail that will not go (suppressed, or expired), out of
+ * mail_live and into mail_done; a NULL state or error keeps the row's
+ * (mail the claim statement expired).  A claim a gate refused never
+ * became visible: its attempt is restored.
+ */
+static const char finish_sql[] =
+"WITH f AS ( "
+"    DELETE FROM gatekeeper.mail_live l "
+"     USING unnest($1, $2, $3) AS u(id, state, error) "
+"     WHERE l.id = u.id "
+"    RETURNING l.*, u.state AS outcome, u.error AS error) "
+"INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
+"                                  message_id, last_error, dedupe_key, finished_at, segment) "
+"SELECT f.id, f.queue, coalesce(f.outcome::gatekeeper.state, f.state), "
+"       f.attempt - CASE WHEN f.state = 'claimed' THEN 1 ELSE 0 END, f.uncharged, f.send_at, "
+"       CASE WHEN f.state = 'claimed' THEN NULL ELSE f.worker END, f.message_id, "
+"       coalesce(f.error, f.last_error), f.dedupe_key, now(), f.segment "
+"  FROM f";
+
+static const char spend_tokens_sql[] =
+"UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
+" WHERE name = $1";
+
+static const char ack_batch_sql[] =
+"WITH f AS ( "
+"    DELETE FROM gatekeeper.mail_live l "
+"     USING unnest($1, $2) AS u(id, attempt) "
+"     WHERE l.id = u.id AND l.attempt = u.attempt AND l.state = 'claimed' "
+"    RETURNING l.*) "
+"INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
+"                                  message_id, last_error, dedupe_key, finished_at, segment) "
+"SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker, "
+"       f.message_id, f.last_error, f.dedupe_key, now(), f.segment "
+"  FROM f";
+
+/*
+ * The same for the 0.1.0 layout, in which gatekeeper.mail holds the
+ * state too: 0.1.0's SQL functions call this library until ALTER
+ * EXTENSION gatekeeper UPDATE.
+ */
+static const char claim_010_sql[] =
+"UPDATE gatekeeper.mail m "
+"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
+"       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
+"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
+"       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, "
+"       finished_at = CASE WHEN m.send_by < now() THEN now() END, "
+"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, "
+"       message_id = coalesce(m.message_id, "
+"           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
+"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), "
+"                    'gatekeeper.invalid') || '>') "
+" WHERE m.id = ANY (ARRAY( "
+"       WITH RECURSIVE levels(p) AS ( "
+"           (SELECT d.priority FROM gatekeeper.mail d "
+"             WHERE d.queue = $1 AND d.state = 'scheduled' "
+"             ORDER BY d.priority DESC LIMIT 1) "
+"           UNION ALL "
+"           SELECT (SELECT d.priority FROM gatekeeper.mail d "
+"                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
+"                    ORDER BY d.priority DESC LIMIT 1) "
+"             FROM levels l WHERE l.p IS NOT NULL) "
+"       SELECT c.id FROM levels l, LATERAL ( "
+"           SELECT d.id FROM gatekeeper.mail d "
+"            WHERE d.queue = $1 AND d.state = 'scheduled' "
+"              AND d.priority = l.p AND d.send_at <= now() "
+"            ORDER BY d.send_at, d.id "
+"            LIMIT $2 "
+"              FOR UPDATE SKIP LOCKED) c "
+"        WHERE l.p IS NOT NULL "
+"        LIMIT $2)) "
+"RETURNING m.id, m.attempt, m.queue, m.recipient, NULL::text, m.sender, m.subject, "
+"          m.body, m.html, m.headers, m.message_id, NULL::jsonb, m.state = 'expired', "
+"          m.priority, m.send_at, m.send_by, NULL::text";
+
+static const char settle_losers_010_sql[] =
 "UPDATE gatekeeper.mail m "
 "   SET state = u.state::gatekeeper.state, "
 "       send_at = CASE WHEN u.state = 'scheduled' THEN u.send_at ELSE m.send_at END, "
@@ -227,11 +315,7 @@ static const char settle_losers_sql[] =
 "  FROM unnest($1, $2, $3, $4) AS u(id, state, send_at, error) "
 " WHERE m.id = u.id";
 
-static const char spend_tokens_sql[] =
-"UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
-" WHERE name = $1";
-
-static const char ack_batch_sql[] =
+static const char ack_batch_010_sql[] =
 "UPDATE gatekeeper.mail m "
 "   SET state = 'sent', finished_at = now(), lease_until = NULL "
 "  FROM unnest($1, $2) AS u(id, attempt) "
@@ -242,10 +326,13 @@ static SPIPlanPtr queues_010_plan = NULL;
 static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
-static SPIPlanPtr claim_010_plan = NULL;
-static SPIPlanPtr settle_losers_plan = NULL;
+static SPIPlanPtr defer_plan = NULL;
+static SPIPlanPtr finish_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
 static SPIPlanPtr ack_batch_plan = NULL;
+static SPIPlanPtr claim_010_plan = NULL;
+static SPIPlanPtr settle_losers_010_plan = NULL;
+static SPIPlanPtr ack_batch_010_plan = NULL;
 static uint32 claim_rotation = 0;
 
 /*
@@ -390,20 +477,19 @@ load_queues(ArrayType *filter, int *nqueues, bool v010)
  * Run the claim statement for one queue's share; append what it claimed.
  */
 static int
-claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
-				 Claimed *claimed, int *nclaimed, MemoryContext keep, bool v010)
+claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *worker,
+				 Claimed *claimed, int *nclaimed, MemoryContext keep)
 {
-	SPIPlanPtr *plan = v010 ? &claim_010_plan : &claim_plan;
 	Datum		args[6];
 	uint64		i;
 	MemoryContext old;
+	SPIPlanPtr	plan;
+	Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
 
-	if (*plan == NULL)
-	{
-		Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
-
-		gatekeeper_plan(plan, v010 ? claim_010_sql : claim_sql, 6, types);
-	}
+	if (split)
+		plan = gatekeeper_plan(&claim_plan, claim_sql, 6, types);
+	else
+		plan = gatekeeper_plan(&claim_010_plan, claim_010_sql, 6, types);
 
 	args[0] = CStringGetTextDatum(q->name);
 	args[1] = Int32GetDatum(share);
@@ -412,7 +498,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	args[4] = CStringGetTextDatum(gatekeeper_message_id_domain ? gatekeeper_message_id_domain : "");
 	args[5] = CStringGetTextDatum(gatekeeper_default_sender ? gatekeeper_default_sender : "");
 
-	if (gatekeeper_execute_by_key(*plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
 
 	old = MemoryContextSwitchTo(keep);
@@ -460,8 +546,8 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
  * queue can give more.
  */
 static int
-claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
-			 text *worker, Claimed *claimed, MemoryContext keep, bool v010)
+claim_fairly(bool split, ClaimQueue *queues, int nqueues, int batch, Interval *lease,
+			 text *worker, Claimed *claimed, MemoryContext keep)
 {
 	int			nclaimed = 0;
 	int		   *shares = palloc(Max(nqueues, 1) * sizeof(int));
@@ -509,7 +595,7 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 
 			if (share <= 0)
 				continue;
-			got = claim_from_queue(q, share, lease, worker, claimed, &nclaimed, keep, v010);
+			got = claim_from_queue(split, q, share, lease, worker, claimed, &nclaimed, keep);
 			q->got += got;
 			progress += got;
 			if (got < share)
@@ -945,12 +1031,66 @@ add_unsubscribe_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 }
 
 /*
+ * What becomes of a claimed mail that may not go, and the error recorded:
+ * in the claim's order of checks, outside its sending window (deferred to
+ * the opening, or expired if that is past send_by), on the suppression
+ * list, then closed at a gate (suppressed, deferred to the reopening, or
+ * expired).  Sets c->reopens where the mail is deferred for gate memory.
+ */
+static const char *
+loser_outcome(Claimed *c, TimestampTz now, char **error)
+{
+	const char *state;
+
+	if (c->suppressed)
+	{
+		state = "suppressed";
+		*error = psprintf("suppressed: %s", c->suppressed);
+	}
+	else if (c->outside_window && c->send_by != 0 && c->reopens > c->send_by)
+	{
+		state = "expired";
+		*error = psprintf("sending window %s (%s) opens only after send_by",
+						  c->queue->send_window, c->window_zone);
+	}
+	else if (c->outside_window)
+	{
+		state = "scheduled";
+		*error = psprintf("deferred: outside sending window %s (%s)",
+						  c->queue->send_window, c->window_zone);
+	}
+	else if (c->nomem)
+	{
+		state = "scheduled";
+		*error = pstrdup("deferred: gate memory is full");
+		c->reopens = TimestampTzPlusMilliseconds(now, GATE_MEMORY_RETRY_MS);
+	}
+	else if (!c->queue->defer)
+	{
+		state = "suppressed";
+		*error = psprintf("suppressed: gate \"%s\" was closed", c->closed_gate);
+	}
+	else if (c->send_by != 0 && c->reopens > c->send_by)
+	{
+		state = "expired";
+		*error = psprintf("gate \"%s\" stays closed past send_by", c->closed_gate);
+	}
+	else
+	{
+		state = "scheduled";
+		*error = psprintf("deferred: gate \"%s\" was closed", c->closed_gate);
+	}
+
+	return state;
+}
+
+/*
  * Record what became of the mails that lost at a gate: suppressed, or
  * deferred to when the gates reopen (expired if that is past send_by).
  * Their claim never became visible, so their attempt count is restored.
  */
 static void
-settle_losers(Claimed *claimed, int nclaimed, TimestampTz now)
+settle_losers_010(Claimed *claimed, int nclaimed, TimestampTz now)
 {
 	Datum	   *ids;
 	Datum	   *states;
@@ -986,44 +1126,7 @@ settle_losers(Claimed *claimed, int nclaimed, TimestampTz now)
 
 		if (!c->lost)
 			continue;
-		if (c->suppressed)
-		{
-			state = "suppressed";
-			error = psprintf("suppressed: %s", c->suppressed);
-		}
-		else if (c->outside_window && c->send_by != 0 && c->reopens > c->send_by)
-		{
-			state = "expired";
-			error = psprintf("sending window %s (%s) opens only after send_by",
-							 c->queue->send_window, c->window_zone);
-		}
-		else if (c->outside_window)
-		{
-			state = "scheduled";
-			error = psprintf("deferred: outside sending window %s (%s)",
-							 c->queue->send_window, c->window_zone);
-		}
-		else if (c->nomem)
-		{
-			state = "scheduled";
-			error = pstrdup("deferred: gate memory is full");
-			c->reopens = TimestampTzPlusMilliseconds(now, GATE_MEMORY_RETRY_MS);
-		}
-		else if (!c->queue->defer)
-		{
-			state = "suppressed";
-			error = psprintf("suppressed: gate \"%s\" was closed", c->closed_gate);
-		}
-		else if (c->send_by != 0 && c->reopens > c->send_by)
-		{
-			state = "expired";
-			error = psprintf("gate \"%s\" stays closed past send_by", c->closed_gate);
-		}
-		else
-		{
-			state = "scheduled";
-			error = psprintf("deferred: gate \"%s\" was closed", c->closed_gate);
-		}
+		state = loser_outcome(c, now, &error);
 		ids[n] = Int64GetDatum(c->id);
 		states[n] = CStringGetTextDatum(state);
 		send_ats[n] = TimestampTzGetDatum(Max(c->reopens, c->send_at));
@@ -1031,18 +1134,121 @@ settle_losers(Claimed *claimed, int nclaimed, TimestampTz now)
 		n++;
 	}
 
-	if (settle_losers_plan == NULL)
+	if (settle_losers_010_plan == NULL)
 	{
 		Oid			types[4] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID};
 
-		gatekeeper_plan(&settle_losers_plan, settle_losers_sql, 4, types);
+		gatekeeper_plan(&settle_losers_010_plan, settle_losers_010_sql, 4, types);
 	}
 	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
 	args[1] = gatekeeper_array(states, NULL, n, TEXTOID);
 	args[2] = gatekeeper_array(send_ats, NULL, n, TIMESTAMPTZOID);
 	args[3] = gatekeeper_array(errors, NULL, n, TEXTOID);
-	if (gatekeeper_execute_by_key(settle_losers_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_by_key(settle_losers_010_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not record gated mail");
+}
+
+/*
+ * Record what became of the claimed mails that will not go: those held
+ * back by their sending window, the suppression list or a gate (see
+ * loser_outcome) and those past send_by.  The deferred go back to
+ * scheduled in mail_live with their new due time; the rest leave it for
+ * mail_done.  A claim that was refused never became visible, so its
+ * attempt is restored.
+ */
+static void
+settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now)
+{
+	Datum	   *defer_ids;
+	Datum	   *defer_send_ats;
+	Datum	   *defer_errors;
+	Datum	   *done_ids;
+	Datum	   *done_states;
+	Datum	   *done_errors;
+	bool	   *done_nulls;
+	int			ndefer = 0;
+	int			ndone = 0;
+	int			nomem = 0;
+	int			i;
+	Datum		args[3];
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		if (claimed[i].lost || claimed[i].expired)
+			ndone++;
+		if (claimed[i].nomem)
+			nomem++;
+	}
+	if (ndone == 0)
+		return;
+	if (nomem > 0)
+		gatekeeper_gate_memory_warning(nomem);
+
+	defer_ids = palloc(ndone * sizeof(Datum));
+	defer_send_ats = palloc(ndone * sizeof(Datum));
+	defer_errors = palloc(ndone * sizeof(Datum));
+	done_ids = palloc(ndone * sizeof(Datum));
+	done_states = palloc(ndone * sizeof(Datum));
+	done_errors = palloc(ndone * sizeof(Datum));
+	done_nulls = palloc0(ndone * sizeof(bool));
+	ndone = 0;
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		const char *state;
+		char	   *error;
+
+		if (c->expired)
+		{
+			/* the claim statement marked it expired: keep what it wrote */
+			done_nulls[ndone] = true;
+			done_ids[ndone] = Int64GetDatum(c->id);
+			done_states[ndone] = (Datum) 0;
+			done_errors[ndone] = (Datum) 0;
+			ndone++;
+			continue;
+		}
+		if (!c->lost)
+			continue;
+		state = loser_outcome(c, now, &error);
+		if (strcmp(state, "scheduled") == 0)
+		{
+			defer_ids[ndefer] = Int64GetDatum(c->id);
+			defer_send_ats[ndefer] = TimestampTzGetDatum(Max(c->reopens, c->send_at));
+			defer_errors[ndefer] = CStringGetTextDatum(error);
+			ndefer++;
+		}
+		else
+		{
+			done_ids[ndone] = Int64GetDatum(c->id);
+			done_states[ndone] = CStringGetTextDatum(state);
+			done_errors[ndone] = CStringGetTextDatum(error);
+			ndone++;
+		}
+	}
+
+	if (ndefer > 0)
+	{
+		Oid			types[3] = {INT8ARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID};
+
+		gatekeeper_plan(&defer_plan, defer_sql, 3, types);
+		args[0] = gatekeeper_array(defer_ids, NULL, ndefer, INT8OID);
+		args[1] = gatekeeper_array(defer_send_ats, NULL, ndefer, TIMESTAMPTZOID);
+		args[2] = gatekeeper_array(defer_errors, NULL, ndefer, TEXTOID);
+		if (gatekeeper_execute_by_key(defer_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "could not record deferred mail");
+	}
+	if (ndone > 0)
+	{
+		Oid			types[3] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
+
+		gatekeeper_plan(&finish_plan, finish_sql, 3, types);
+		args[0] = gatekeeper_array(done_ids, NULL, ndone, INT8OID);
+		args[1] = gatekeeper_array(done_states, done_nulls, ndone, TEXTOID);
+		args[2] = gatekeeper_array(done_errors, done_nulls, ndone, TEXTOID);
+		if (gatekeeper_execute_by_key(finish_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not record mail that will not go");
+	}
 }
 
 /*
@@ -1094,6 +1300,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	int			nqueues;
 	Claimed    *claimed;
 	int			nclaimed;
+	bool		split;
 	bool		v010;
 	int			i;
 
@@ -1129,17 +1336,19 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 
 	/*
-	 * Declared by 0.1.0's script (a new library before ALTER EXTENSION
-	 * UPDATE): no recipient_name or metadata in the result, and none of
-	 * the tables and columns of suppression, windows and unsubscribe.
+	 * 0.1.0's schema (a new library before ALTER EXTENSION UPDATE): the
+	 * state is in gatekeeper.mail itself, there are none of the tables and
+	 * columns of suppression, windows and unsubscribe, and the declared
+	 * result has no recipient_name or metadata.
 	 */
+	split = gatekeeper_mail_split();
 	v010 = rsinfo->setDesc->natts < NUM_OUTPUT_COLUMNS;
 
 	SPI_connect();
-	queues = load_queues(filter, &nqueues, v010);
+	queues = load_queues(filter, &nqueues, !split);
 
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
-	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep, v010);
+	nclaimed = claim_fairly(split, queues, nqueues, batch, lease, worker, claimed, keep);
 
 	/*
 	 * In this transaction, in this order: the sending windows (mail outside
@@ -1148,10 +1357,13 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	 * may not go is settled now and never returned, and takes no gate pass.
 	 */
 	apply_windows(claimed, nclaimed, now);
-	if (!v010)
+	if (split)
 		apply_suppression(claimed, nclaimed);
 	apply_gates_or_defer(claimed, nclaimed, now);
-	settle_losers(claimed, nclaimed, now);
+	if (split)
+		settle_claimed(claimed, nclaimed, now);
+	else
+		settle_losers_010(claimed, nclaimed, now);
 	add_unsubscribe_headers(claimed, nclaimed, keep);
 
 	for (i = 0; i < nclaimed; i++)
@@ -1200,6 +1412,9 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	ArrayType  *ids;
 	ArrayType  *attempts;
 	Datum		args[2];
+	Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
+	SPIPlanPtr	plan;
+	bool		split;
 	uint64		n;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
@@ -1215,16 +1430,16 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ids and attempts must be one-dimensional arrays of the same length")));
 
+	split = gatekeeper_mail_split();
 	SPI_connect();
-	if (ack_batch_plan == NULL)
-	{
-		Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
-
-		gatekeeper_plan(&ack_batch_plan, ack_batch_sql, 2, types);
-	}
+	if (split)
+		plan = gatekeeper_plan(&ack_batch_plan, ack_batch_sql, 2, types);
+	else
+		plan = gatekeeper_plan(&ack_batch_010_plan, ack_batch_010_sql, 2, types);
 	args[0] = PointerGetDatum(ids);
 	args[1] = PointerGetDatum(attempts);
-	if (gatekeeper_execute_by_key(ack_batch_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) !=
+		(split ? SPI_OK_INSERT : SPI_OK_UPDATE))
 		elog(ERROR, "ack failed");
 	n = SPI_processed;
 	SPI_finish();

@@ -5,14 +5,25 @@
  *
  * Mail arrives by gatekeeper.enqueue, by INSERT and by COPY; all three
  * pass through this one trigger, so the same validation holds for all of
- * them, and a bad row aborts the statement: nothing is written.  The trigger also notes that due mail was written,
- * so the delivery workers are woken when the transaction commits.
+ * them, and a bad row aborts the statement: nothing is written.  The
+ * trigger then writes the statement's mail_live rows (the claim state,
+ * one narrow row per mail) with one INSERT ... SELECT from the statement's
+ * transition table, and notes that due mail was written, so the delivery
+ * workers are woken when the transaction commits.
+ *
+ * The same library serves 0.1.0's layout (state in gatekeeper.mail
+ * itself, no mail_live) until ALTER EXTENSION gatekeeper UPDATE.
  *
  *-------------------------------------------------------------------------
  */
-#include "gatekeeper.h"
+#include "postgres.h"
 
+#include "mail.h"
+
+#include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
@@ -21,16 +32,21 @@
 #include "access/detoast.h"
 #include "fmgr.h"
 #include "storage/proc.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "address.h"
 #include "window.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
+PG_FUNCTION_INFO_V1(gatekeeper_segment);
 
 /* The columns the trigger reads, by attribute number. */
 typedef struct MailColumns
@@ -46,7 +62,7 @@ typedef struct MailColumns
 	int			headers;
 	int			send_at;
 	int			send_by;
-	int			state;
+	int			state;			/* 0.1.0's layout only; 0 otherwise */
 	int			recipient_name; /* 0.2.0's, 0 before the update */
 	int			timezone;		/* 0.2.0's, 0 before the update */
 	Oid			state_type;
@@ -76,6 +92,50 @@ static QueueCache queue_cache;
 static SPIPlanPtr queue_plan = NULL;
 
 /*
+ * The statements over the trigger's transition table, new_mail.  Ids at or
+ * above the lowest new one in mail_done mean a restore (pg_dump loads
+ * finished mail's outcomes first) or ids given by hand: only then is each
+ * new mail looked up there.
+ */
+static const char any_done_sql[] =
+"SELECT EXISTS (SELECT FROM gatekeeper.mail_done d "
+"                WHERE d.id >= (SELECT min(n.id) FROM new_mail n))";
+
+static const char done_ids_sql[] =
+"SELECT n.id FROM new_mail n JOIN gatekeeper.mail_done d ON d.id = n.id ORDER BY 1";
+
+static const char insert_live_sql[] =
+"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key, segment) "
+"SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key, n.segment FROM new_mail n";
+
+static const char insert_live_restore_sql[] =
+"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key, segment) "
+"SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key, n.segment FROM new_mail n "
+" WHERE NOT EXISTS (SELECT FROM gatekeeper.mail_done d WHERE d.id = n.id)";
+
+static const char is_live_sql[] =
+"SELECT EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = $1)";
+
+static SPIPlanPtr any_done_plan = NULL;
+static SPIPlanPtr done_ids_plan = NULL;
+static SPIPlanPtr insert_live_plan = NULL;
+static SPIPlanPtr insert_live_restore_plan = NULL;
+static SPIPlanPtr is_live_plan = NULL;
+
+/*
+ * gatekeeper_mail_split
+ *		Whether the mail's state is in mail_live and mail_done (0.2.0), not
+ *		in gatekeeper.mail itself (0.1.0).
+ */
+bool
+gatekeeper_mail_split(void)
+{
+	Oid			nsp = get_namespace_oid("gatekeeper", true);
+
+	return OidIsValid(nsp) && OidIsValid(get_relname_relid("mail_live", nsp));
+}
+
+/*
  * Look up the attribute numbers of the columns we check.
  */
 static void
@@ -100,14 +160,18 @@ load_columns(Relation rel)
 	columns.timezone = Max(SPI_fnumber(desc, "timezone"), 0);
 	if (columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
 		columns.subject <= 0 || columns.body <= 0 || columns.html <= 0 ||
-		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0 ||
-		columns.state <= 0)
+		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0)
 		elog(ERROR, "gatekeeper_mail_check fired on a table that is not gatekeeper.mail");
 
-	columns.state_type = TupleDescAttr(desc, columns.state - 1)->atttypid;
-	columns.scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
-															 CStringGetDatum("scheduled"),
-															 ObjectIdGetDatum(columns.state_type)));
+	if (columns.state > 0)
+	{
+		columns.state_type = TupleDescAttr(desc, columns.state - 1)->atttypid;
+		columns.scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
+																 CStringGetDatum("scheduled"),
+																 ObjectIdGetDatum(columns.state_type)));
+	}
+	else
+		columns.state = 0;
 	columns.relid = RelationGetRelid(rel);
 	columns.natts = desc->natts;
 }
@@ -195,11 +259,28 @@ column_size(HeapTuple tuple, TupleDesc desc, int attnum)
 }
 
 /*
+ * Whether a mail is still to go: in 0.1.0's layout by its state column;
+ * otherwise by finished (the caller knows).
+ */
+static bool
+mail_scheduled(HeapTuple tuple, TupleDesc desc, bool finished)
+{
+	bool		isnull;
+	Datum		d;
+
+	if (columns.state == 0)
+		return !finished;
+	d = heap_getattr(tuple, columns.state, desc, &isnull);
+	return !isnull && DatumGetObjectId(d) == columns.scheduled;
+}
+
+/*
  * Reject a mail, with the SQLSTATEs the README documents, when any field is
- * malformed.  inserting: the mail is new, not an update of one.
+ * malformed.  inserting: the mail is new, not an update of one; scheduled:
+ * it is still to go.
  */
 static void
-check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
+check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 {
 	char	   *recipient;
 	char	   *sender;
@@ -211,11 +292,7 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
 	Datum		send_by;
 	Datum		d;
 	Size		size;
-	bool		scheduled;
 	bool		to_go;
-
-	d = heap_getattr(tuple, columns.state, desc, &isnull);
-	scheduled = !isnull && DatumGetObjectId(d) == columns.scheduled;
 
 	/*
 	 * The content of mail that is still to go (new mail, or mail being
@@ -328,14 +405,113 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting)
 }
 
 /*
+ * Whether the mail with this id is live (0.2.0's layout), for the update
+ * of a mail.
+ */
+static bool
+mail_is_live(HeapTuple tuple, TupleDesc desc)
+{
+	bool		isnull;
+	Datum		id = heap_getattr(tuple, 1, desc, &isnull);
+	bool		live;
+	Oid			type = INT8OID;
+
+	if (isnull)
+		return false;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	gatekeeper_plan(&is_live_plan, is_live_sql, 1, &type);
+	if (SPI_execute_plan(is_live_plan, &id, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "live mail lookup failed");
+	live = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return live;
+}
+
+/*
+ * The ids of the statement's mails that are finished (in mail_done), sorted,
+ * or NULL when there are none: *n is set to their count.
+ */
+static int64 *
+finished_ids(TriggerData *trigdata, int *n)
+{
+	bool		isnull;
+	int64	   *ids = NULL;
+	uint64		i;
+
+	*n = 0;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
+		elog(ERROR, "SPI_register_trigger_data failed");
+	gatekeeper_plan(&any_done_plan, any_done_sql, 0, NULL);
+	if (SPI_execute_plan(any_done_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "finished mail lookup failed");
+	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+	{
+		gatekeeper_plan(&done_ids_plan, done_ids_sql, 0, NULL);
+		if (SPI_execute_plan(done_ids_plan, NULL, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "finished mail lookup failed");
+		if (SPI_processed > 0)
+		{
+			ids = MemoryContextAlloc(CurTransactionContext, SPI_processed * sizeof(int64));
+			for (i = 0; i < SPI_processed; i++)
+				ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+			*n = (int) SPI_processed;
+		}
+	}
+	SPI_finish();
+	return ids;
+}
+
+/*
+ * Order of int64s, for bsearch.
+ */
+static int
+int64_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * Write the live rows of the statement's new mails, those not finished.
+ */
+static void
+insert_live(TriggerData *trigdata, bool restoring)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
+		elog(ERROR, "SPI_register_trigger_data failed");
+	if (restoring)
+	{
+		gatekeeper_plan(&insert_live_restore_plan, insert_live_restore_sql, 0, NULL);
+		if (SPI_execute_plan(insert_live_restore_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not write live mail");
+	}
+	else
+	{
+		gatekeeper_plan(&insert_live_plan, insert_live_sql, 0, NULL);
+		if (SPI_execute_plan(insert_live_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not write live mail");
+	}
+	SPI_finish();
+}
+
+/*
  * gatekeeper_mail_check
  *		The trigger function of gatekeeper.mail.
  *
  * AFTER INSERT FOR EACH STATEMENT, over the statement's new rows: one
  * call per INSERT or COPY, however many rows, so COPY keeps its
  * multi-row inserts and the function's pinned settings are applied once;
- * an error aborts the statement, so nothing is written.  BEFORE UPDATE
- * FOR EACH ROW of the content columns, for the rare update of a mail.
+ * an error aborts the statement, so nothing is written.  Then the live
+ * rows, in one statement.  BEFORE UPDATE FOR EACH ROW of the content
+ * columns, for the rare update of a mail.
  */
 Datum
 gatekeeper_mail_check(PG_FUNCTION_ARGS)
@@ -354,8 +530,15 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		TRIGGER_FIRED_BEFORE(trigdata->tg_event) &&
 		TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
 	{
-		check_mail(trigdata->tg_newtuple, desc, false);
-		return PointerGetDatum(trigdata->tg_newtuple);
+		HeapTuple	tuple = trigdata->tg_newtuple;
+		bool		scheduled;
+
+		if (columns.state != 0)
+			scheduled = mail_scheduled(tuple, desc, false);
+		else
+			scheduled = mail_is_live(tuple, desc);
+		check_mail(tuple, desc, false, scheduled);
+		return PointerGetDatum(tuple);
 	}
 
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) &&
@@ -364,18 +547,33 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		trigdata->tg_newtable != NULL)
 	{
 		TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-		MemoryContext per_row = AllocSetContextCreate(CurrentMemoryContext,
-													  "gatekeeper mail check",
-													  ALLOCSET_DEFAULT_SIZES);
-		MemoryContext old = MemoryContextSwitchTo(per_row);
+		MemoryContext per_row;
+		MemoryContext old;
+		int64	   *done = NULL;
+		int			ndone = 0;
 
+		if (columns.state == 0)
+			done = finished_ids(trigdata, &ndone);
+
+		per_row = AllocSetContextCreate(CurrentMemoryContext,
+										"gatekeeper mail check",
+										ALLOCSET_DEFAULT_SIZES);
+		old = MemoryContextSwitchTo(per_row);
 		tuplestore_rescan(trigdata->tg_newtable);
 		while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
 		{
 			bool		should_free;
 			HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+			bool		finished = false;
 
-			check_mail(tuple, desc, true);
+			if (ndone > 0)
+			{
+				bool		isnull;
+				int64		id = DatumGetInt64(heap_getattr(tuple, 1, desc, &isnull));
+
+				finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
+			}
+			check_mail(tuple, desc, true, mail_scheduled(tuple, desc, finished));
 			if (should_free)
 				heap_freetuple(tuple);
 			/* a tuple read back from disk lives in per_row: let go of it first */
@@ -385,9 +583,64 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		MemoryContextSwitchTo(old);
 		MemoryContextDelete(per_row);
 		ExecDropSingleTupleTableSlot(slot);
+
+		if (columns.state == 0)
+			insert_live(trigdata, ndone > 0);
 		return PointerGetDatum(NULL);
 	}
 
 	elog(ERROR, "gatekeeper_mail_check fired for an event it does not handle");
 	return PointerGetDatum(NULL);	/* keep compiler quiet */
+}
+
+/*
+ * gatekeeper_segment
+ *		_segment(): the retention segment new mail goes to, the default of
+ *		gatekeeper.mail.segment.
+ *
+ * Read from gatekeeper.segment once per transaction and remembered, since
+ * every row of a COPY asks.  Read from the table directly, not by SQL: the
+ * inserting role needs no privilege on it.  A transaction that began
+ * before a rotation may go on adding mail to the segment before; that
+ * segment is the newest but one, and its tables are locked against the
+ * next rotations while the transaction lasts.
+ */
+Datum
+gatekeeper_segment(PG_FUNCTION_ARGS)
+{
+	static LocalTransactionId cached_lxid = InvalidLocalTransactionId;
+	static int16 cached = 0;
+
+	if (cached_lxid != MyProc->lxid)
+	{
+		Oid			nsp = get_namespace_oid("gatekeeper", false);
+		Oid			relid = get_relname_relid("segment", nsp);
+		Relation	rel;
+		TableScanDesc scan;
+		HeapTuple	tuple;
+		bool		isnull;
+		bool		pushed = false;
+
+		if (!OidIsValid(relid))
+			elog(ERROR, "table gatekeeper.segment is missing");
+		if (!ActiveSnapshotSet())
+		{
+			PushActiveSnapshot(GetTransactionSnapshot());
+			pushed = true;
+		}
+		rel = table_open(relid, AccessShareLock);
+		scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+		tuple = heap_getnext(scan, ForwardScanDirection);
+		if (tuple == NULL)
+			elog(ERROR, "table gatekeeper.segment is empty");
+		cached = DatumGetInt16(heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull));
+		if (isnull)
+			elog(ERROR, "table gatekeeper.segment holds no segment");
+		table_endscan(scan);
+		table_close(rel, AccessShareLock);
+		if (pushed)
+			PopActiveSnapshot();
+		cached_lxid = MyProc->lxid;
+	}
+	PG_RETURN_INT16(cached);
 }

@@ -59,7 +59,7 @@ INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 SELECT 'q' || (i % 4 + 1), 'user' || i || '\@example.com', 'mail ' || i, 'body',
 	   now() - interval '1 hour' + i * interval '10 ms'
   FROM generate_series(1, $mails) AS i;
-ANALYZE gatekeeper.mail;
+ANALYZE gatekeeper.mail, gatekeeper.mail_live;
 CREATE TABLE claims_log (xid xid8 NOT NULL, worker text NOT NULL, id bigint NOT NULL,
 						 attempt int NOT NULL, queue text NOT NULL);
 CREATE INDEX ON claims_log (xid);
@@ -68,7 +68,7 @@ CREATE TABLE acks_log (xid xid8 PRIMARY KEY, claimed int NOT NULL, acked int NOT
 
 is( $node->safe_psql(
 		'stress',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state = 'scheduled' AND send_at <= now()"),
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'scheduled' AND send_at <= now()"),
 	$mails,
 	"$mails mails are due");
 
@@ -90,11 +90,11 @@ like(
 	qr{processed: @{[ $clients * $transactions ]}/@{[ $clients * $transactions ]}},
 	'every claimer transaction committed');
 is($err, '', 'no claimer saw an error');
-$node->safe_psql('stress', 'ANALYZE gatekeeper.mail, claims_log, acks_log');
+$node->safe_psql('stress', 'ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done, claims_log, acks_log');
 note(sprintf("drained %d mails with %d claimers in %.1f s", $mails, $clients, $elapsed));
 
 is( $node->safe_psql(
-		'stress', "SELECT state, count(*) FROM gatekeeper.mail GROUP BY state ORDER BY state"),
+		'stress', "SELECT state, count(*) FROM gatekeeper.mail_status GROUP BY state ORDER BY state"),
 	"sent|$mails",
 	'every mail was sent');
 
@@ -107,7 +107,7 @@ SELECT count(*), count(DISTINCT id), count(*) FILTER (WHERE attempt <> 1)
 
 is( $node->safe_psql(
 		'stress', qq{
-SELECT count(*) FROM gatekeeper.mail m
+SELECT count(*) FROM gatekeeper.mail_status m
   LEFT JOIN claims_log l ON l.id = m.id AND l.attempt = m.attempt AND l.worker = m.worker
  WHERE l.id IS NULL OR m.attempt <> 1}),
 	'0',

@@ -80,7 +80,7 @@ INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 SELECT 'receipts', 'user' || r || '\@example.com', 'receipt', 'body',
 	   now() - random() * interval '1 hour'
   FROM generate_series(1, $receipts) AS r;
-ANALYZE gatekeeper.mail;
+ANALYZE gatekeeper.mail, gatekeeper.mail_live;
 CREATE TABLE claims_log (xid xid8 NOT NULL, worker text NOT NULL, id bigint NOT NULL,
 						 attempt int NOT NULL, queue text NOT NULL, recipient text NOT NULL);
 CREATE INDEX ON claims_log (xid);
@@ -89,7 +89,7 @@ CREATE TABLE acks_log (xid xid8 PRIMARY KEY, claimed int NOT NULL, acked int NOT
 
 is( $node->safe_psql(
 		'stress',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state = 'scheduled' AND send_at <= now()"),
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'scheduled' AND send_at <= now()"),
 	$promos + $receipts,
 	'all mail is due');
 
@@ -111,14 +111,14 @@ like(
 	qr{processed: @{[ $clients * $transactions ]}/@{[ $clients * $transactions ]}},
 	'every claimer transaction committed');
 is($err, '', 'no claimer saw an error');
-$node->safe_psql('stress', 'ANALYZE gatekeeper.mail, claims_log, acks_log');
+$node->safe_psql('stress', 'ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done, claims_log, acks_log');
 note(sprintf("drained %d mails with %d claimers in %.1f s",
 	$promos + $receipts, $clients, $elapsed));
 
 is( $node->safe_psql(
 		'stress', qq{
 SELECT CASE WHEN queue = 'receipts' THEN 'receipt' ELSE 'promo' END AS kind, state, count(*)
-  FROM gatekeeper.mail GROUP BY 1, 2 ORDER BY 1, 2}),
+  FROM gatekeeper.mail_status GROUP BY 1, 2 ORDER BY 1, 2}),
 	"promo|sent|$recipients\npromo|suppressed|@{[ $promos - $recipients ]}\nreceipt|sent|$receipts",
 	'one promotional mail per recipient went, the rest were suppressed, every receipt went');
 
@@ -143,7 +143,7 @@ SELECT count(*), count(DISTINCT id), count(*) FILTER (WHERE attempt <> 1) FROM c
 
 is( $node->safe_psql(
 		'stress', qq{
-SELECT count(*) FROM gatekeeper.mail
+SELECT count(*) FROM gatekeeper.mail_status
  WHERE state = 'suppressed'
    AND (attempt <> 0 OR worker IS NOT NULL
 		OR last_error IS DISTINCT FROM 'suppressed: gate "smart_sending" was closed')}),
@@ -152,7 +152,7 @@ SELECT count(*) FROM gatekeeper.mail
 
 is( $node->safe_psql(
 		'stress', qq{
-SELECT count(*) FROM gatekeeper.mail m
+SELECT count(*) FROM gatekeeper.mail_status m
   LEFT JOIN claims_log l ON l.id = m.id AND l.attempt = m.attempt AND l.worker = m.worker
  WHERE m.state = 'sent' AND l.id IS NULL}),
 	'0',

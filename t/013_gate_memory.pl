@@ -127,7 +127,7 @@ is($stdout, 'default|3', 'it returns the ungated mail, and no gated mail');
 like($stderr, qr/WARNING:  gatekeeper gate memory is full: 3 gated mails deferred/, 'with a warning');
 is( $node->safe_psql('postgres', q{
 SELECT state || ' ' || (send_at > now() + interval '5 seconds') || ' ' || last_error || ' ' || attempt
-  FROM gatekeeper.mail WHERE queue = 'promo' GROUP BY 1 ORDER BY 1}),
+  FROM gatekeeper.mail_status WHERE queue = 'promo' GROUP BY 1 ORDER BY 1}),
 	'scheduled true deferred: gate memory is full 0',
 	'the gated mail stays scheduled, deferred a while, not suppressed nor charged an attempt');
 is($node->safe_psql('postgres', 'SELECT full_refusals FROM gatekeeper.gate_memory'),

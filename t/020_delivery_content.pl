@@ -115,14 +115,14 @@ GatekeeperTest::psql_utf8($node, 'postgres', $sql);
 my $n = scalar(@mails);
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed')",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed')",
 		'0', 60),
 	'the worker finished every mail');
 
 is( $node->safe_psql(
 		'postgres',
 		"SELECT string_agg(recipient || ': ' || state || coalesce(' (' || last_error || ')', ''), ', ' ORDER BY id) "
-		  . "FROM gatekeeper.mail WHERE state <> 'sent'"),
+		  . "FROM gatekeeper.mail_status WHERE state <> 'sent'"),
 	'',
 	'every mail is sent');
 
@@ -135,7 +135,7 @@ foreach my $row (
 	split /\n/,
 	$node->safe_psql(
 		'postgres',
-		"SELECT recipient, message_id, attempt FROM gatekeeper.mail ORDER BY id"))
+		"SELECT recipient, message_id, attempt FROM gatekeeper.mail_status ORDER BY id"))
 {
 	my ($rcpt, $mid, $attempt) = split /\|/, $row;
 	$db{$rcpt} = { message_id => $mid, attempt => $attempt };

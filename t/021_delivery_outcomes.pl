@@ -78,7 +78,7 @@ sub mail_row
 {
 	my ($id) = @_;
 	my $row = $node->safe_psql('postgres',
-		"SELECT state, attempt, uncharged, message_id, coalesce(last_error, '') FROM gatekeeper.mail WHERE id = $id"
+		"SELECT state, attempt, uncharged, message_id, coalesce(last_error, '') FROM gatekeeper.mail_status WHERE id = $id"
 	);
 	my %r;
 	@r{qw(state attempt uncharged message_id last_error)} = split /\|/, $row, 5;
@@ -108,7 +108,7 @@ my $once_id = enqueue('once@customer.example', 'promo_once');
 my $t0 = time;
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state = 'scheduled' AND attempt = 1 AND last_error IS NOT NULL FROM gatekeeper.mail WHERE id = $soft_id",
+		"SELECT state = 'scheduled' AND attempt = 1 AND last_error IS NOT NULL FROM gatekeeper.mail_status WHERE id = $soft_id",
 		't', 30),
 	'4xx: the mail is back to scheduled after its first attempt');
 my $soft = mail_row($soft_id);
@@ -116,14 +116,14 @@ like($soft->{last_error}, qr/\b450\b/, "4xx: last_error has the relay's reply")
   or diag("last_error: $soft->{last_error}");
 is($soft->{uncharged}, 0, '4xx: the attempt is charged');
 my $backoff = $node->safe_psql('postgres',
-	"SELECT extract(epoch FROM send_at - now()) FROM gatekeeper.mail WHERE id = $soft_id");
+	"SELECT extract(epoch FROM send_at - now()) FROM gatekeeper.mail_status WHERE id = $soft_id");
 cmp_ok($backoff, '>', $retry_delay / 2 - 0.5,
 	"4xx: the retry waits about half gatekeeper.retry_delay or more ($backoff s)");
 cmp_ok($backoff, '<=', $retry_delay,
 	"4xx: the first backoff is at most gatekeeper.retry_delay");
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE id = $once_id",
+		"SELECT state FROM gatekeeper.mail_status WHERE id = $once_id",
 		'failed', 30),
 	'4xx, attempts spent: the mail failed');
 my $once = mail_row($once_id);
@@ -138,7 +138,7 @@ my $ok_sink = GatekeeperTest::start_sink(port => $port, name => 'ok', args => ['
 
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE id = $soft_id",
+		"SELECT state FROM gatekeeper.mail_status WHERE id = $soft_id",
 		'sent', $retry_delay + 30),
 	'4xx: the mail is sent once the relay accepts it');
 $soft = mail_row($soft_id);
@@ -163,7 +163,7 @@ is($node->safe_psql('postgres', "SELECT gatekeeper.gate_open('smart_sending', '$
 my $hard_id = enqueue($vip, 'promo');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE id = $hard_id",
+		"SELECT state FROM gatekeeper.mail_status WHERE id = $hard_id",
 		'failed', 30),
 	'5xx: the mail failed');
 my $hard = mail_row($hard_id);
@@ -182,7 +182,7 @@ my $again_id = enqueue($vip, 'promo');
 my $control_id = enqueue('control@customer.example', 'promo');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT string_agg(state::text, ',' ORDER BY id) FROM gatekeeper.mail WHERE id IN ($again_id, $control_id)",
+		"SELECT string_agg(state::text, ',' ORDER BY id) FROM gatekeeper.mail_status WHERE id IN ($again_id, $control_id)",
 		'sent,sent', 30),
 	'5xx: the next mail to the recipient is sent');
 my $again = mail_row($again_id);
@@ -197,7 +197,7 @@ is( $node->safe_psql('postgres',
 my $held_id = enqueue('control@customer.example', 'promo');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE id = $held_id",
+		"SELECT state FROM gatekeeper.mail_status WHERE id = $held_id",
 		'suppressed', 30),
 	'control: the next mail to that recipient is suppressed');
 
@@ -220,18 +220,18 @@ my $down = "id >= $first_id";
 
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $down AND state = 'scheduled' AND uncharged >= 2",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $down AND state = 'scheduled' AND uncharged >= 2",
 		'50', 30),
 	'relay down: every mail was tried and handed back, twice');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || max(attempt - uncharged) FROM gatekeeper.mail WHERE $down"
+		"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || max(attempt - uncharged) FROM gatekeeper.mail_status WHERE $down"
 	),
 	'0,0',
 	'relay down: no mail failed and no attempt was charged');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $down AND coalesce(last_error, '') = ''"),
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $down AND coalesce(last_error, '') = ''"),
 	'0',
 	'relay down: last_error says why');
 
@@ -243,14 +243,14 @@ unlike($log, qr/\b(ERROR|FATAL|PANIC):/, 'relay down: no errors in the log');
 my $back_sink = GatekeeperTest::start_sink(port => $port, name => 'back', args => ['-a']);
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $down AND state = 'sent'",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $down AND state = 'sent'",
 		'50', 60),
 	'relay back: every mail is sent');
 ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($back_sink) >= 50 }, 10),
 	'relay back: the relay has 50 messages');
 
 my %expected = map { $_ => 1 } split /\n/,
-  $node->safe_psql('postgres', "SELECT message_id FROM gatekeeper.mail WHERE $down");
+  $node->safe_psql('postgres', "SELECT message_id FROM gatekeeper.mail_status WHERE $down");
 my @got = GatekeeperTest::sink_messages($back_sink);
 my %got;
 $got{ $_->{message_id} // '' }++ foreach @got;
@@ -260,7 +260,7 @@ is_deeply([ sort keys %got ], [ sort keys %expected ],
 	'relay back: the Message-IDs are those of the 50 mails');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT max(attempt - uncharged) || ',' || min(attempt - uncharged) FROM gatekeeper.mail WHERE $down"
+		"SELECT max(attempt - uncharged) || ',' || min(attempt - uncharged) FROM gatekeeper.mail_status WHERE $down"
 	),
 	'1,1',
 	'relay back: one charged attempt each');
@@ -288,12 +288,12 @@ SELECT min(id) FROM m});
 my $login = "id >= $first_id";
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $login AND state = 'scheduled' AND uncharged >= 1",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $login AND state = 'scheduled' AND uncharged >= 1",
 		'5', 30),
 	'login refused: every mail was tried and handed back');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || max(attempt - uncharged) FROM gatekeeper.mail WHERE $login"
+		"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || max(attempt - uncharged) FROM gatekeeper.mail_status WHERE $login"
 	),
 	'0,0',
 	'login refused: no mail failed and no attempt was charged');
@@ -305,7 +305,7 @@ GatekeeperTest::stop_sink($noauth_sink);
 my $auth_sink = GatekeeperTest::start_sink(port => $port, name => 'auth', args => ['-a']);
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $login AND state = 'sent'",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $login AND state = 'sent'",
 		'5', 60),
 	'login taken: every mail is sent');
 ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($auth_sink) >= 5 }, 10),
@@ -324,7 +324,7 @@ my $slow_sink = GatekeeperTest::start_sink(
 my $slow_id = enqueue('slow@customer.example');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state = 'scheduled' AND attempt = 1 AND last_error IS NOT NULL FROM gatekeeper.mail WHERE id = $slow_id",
+		"SELECT state = 'scheduled' AND attempt = 1 AND last_error IS NOT NULL FROM gatekeeper.mail_status WHERE id = $slow_id",
 		't', 30),
 	'timeout: the mail is back to scheduled after its first attempt');
 my $slow = mail_row($slow_id);
@@ -336,7 +336,7 @@ GatekeeperTest::stop_sink($slow_sink);
 my $fast_sink = GatekeeperTest::start_sink(port => $port, name => 'fast', args => ['-a']);
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE id = $slow_id",
+		"SELECT state FROM gatekeeper.mail_status WHERE id = $slow_id",
 		'sent', $retry_delay + 30),
 	'timeout: the mail is sent once the relay is fast again');
 $slow = mail_row($slow_id);
@@ -350,7 +350,7 @@ is(copies_at($fast_sink, $slow->{message_id}) + GatekeeperTest::sink_count($slow
 # The password, in whatever was recorded or logged
 #
 my @errors = grep { $_ ne '' } split /\n/,
-  $node->safe_psql('postgres', 'SELECT DISTINCT last_error FROM gatekeeper.mail WHERE last_error IS NOT NULL');
+  $node->safe_psql('postgres', 'SELECT DISTINCT last_error FROM gatekeeper.mail_status WHERE last_error IS NOT NULL');
 cmp_ok(scalar(@errors), '>=', 3, 'errors were recorded: ' . join(' / ', @errors));
 is(scalar(grep { /\Q$secret\E/ } @errors), 0, 'no last_error shows the password');
 unlike(slurp_file($node->logfile), qr/\Q$secret\E/, 'the log does not show the password');

@@ -81,7 +81,7 @@ sub enqueue_and_crash
 			my $row = $node->safe_psql(
 				'postgres', qq{
 SELECT a.pid || '|' || coalesce(a.query, '') || '|' ||
-	   (SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent' AND recipient LIKE '$prefix%')
+	   (SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent' AND recipient LIKE '$prefix%')
   FROM pg_stat_activity a WHERE a.backend_type = 'gatekeeper worker'});
 			my ($pid, $activity, $sent) = split /\|/, $row;
 			return 0 unless defined $sent;
@@ -158,14 +158,14 @@ sub check_campaign
 
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent' AND recipient LIKE '$prefix%'",
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent' AND recipient LIKE '$prefix%'",
 			$mails, 120),
 		"$prefix: every mail is sent in the end");
 	note(sprintf("$prefix: all sent %.1f s after the restart", time - $start));
 
 	is( $node->safe_psql(
 			'postgres',
-			"SELECT coalesce(string_agg(state || ':' || n, ','), '') FROM (SELECT state, count(*) AS n FROM gatekeeper.mail WHERE state <> 'sent' AND recipient LIKE '$prefix%' GROUP BY state) s"
+			"SELECT coalesce(string_agg(state || ':' || n, ','), '') FROM (SELECT state, count(*) AS n FROM gatekeeper.mail_status WHERE state <> 'sent' AND recipient LIKE '$prefix%' GROUP BY state) s"
 		),
 		'',
 		"$prefix: no mail is in any other state");
@@ -176,7 +176,7 @@ sub check_campaign
 		split /\n/,
 		$node->safe_psql(
 			'postgres',
-			"SELECT recipient, message_id, attempt FROM gatekeeper.mail WHERE recipient LIKE '$prefix%'"))
+			"SELECT recipient, message_id, attempt FROM gatekeeper.mail_status WHERE recipient LIKE '$prefix%'"))
 	{
 		my ($rcpt, $mid, $attempt) = split /\|/, $row;
 		$db{"<$rcpt>"} = { message_id => $mid, attempt => $attempt };
@@ -226,7 +226,7 @@ sub check_campaign
 	cmp_ok($duplicated, '<=', $batch_size,
 		"$prefix: duplicates are at most the one batch in flight ($duplicated)");
 	my $retried = $node->safe_psql('postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE attempt >= 2 AND recipient LIKE '$prefix%'");
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE attempt >= 2 AND recipient LIKE '$prefix%'");
 	cmp_ok($retried, '<=', $batch_size,
 		"$prefix: mails claimed again are at most the one batch in flight ($retried)");
 	note("$prefix: $duplicated mails were delivered twice; $retried were claimed again");
@@ -272,14 +272,14 @@ $node->safe_psql('postgres',
 ($offset, $killed) = enqueue_and_crash('c', 'worker', 'once');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE recipient LIKE 'c%' AND state IN ('scheduled', 'claimed')",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE recipient LIKE 'c%' AND state IN ('scheduled', 'claimed')",
 		'0', 120),
 	'c: no mail is left to send');
 my ($sent, $unknown, $other, $max_attempt) = split /\|/, $node->safe_psql(
 	'postgres', q{
 SELECT count(*) FILTER (WHERE state = 'sent'), count(*) FILTER (WHERE state = 'unknown'),
 	   count(*) FILTER (WHERE state NOT IN ('sent', 'unknown')), max(attempt)
-  FROM gatekeeper.mail WHERE recipient LIKE 'c%'});
+  FROM gatekeeper.mail_status WHERE recipient LIKE 'c%'});
 is($sent + $unknown, $mails, "c: every mail is sent ($sent) or unknown ($unknown)");
 is($other, 0, 'c: none in any other state');
 cmp_ok($unknown, '<=', $batch_size, 'c: unknown are at most the one batch in flight');
@@ -288,7 +288,7 @@ note("c: $unknown mails are unknown");
 
 my %state = map { my ($r, $st) = split /\|/; ("<$r>" => $st) } split /\n/,
   $node->safe_psql('postgres',
-	"SELECT recipient, state FROM gatekeeper.mail WHERE recipient LIKE 'c%'");
+	"SELECT recipient, state FROM gatekeeper.mail_status WHERE recipient LIKE 'c%'");
 my %copies;
 foreach my $msg (GatekeeperTest::sink_messages($sink))
 {
@@ -312,7 +312,7 @@ ok( GatekeeperTest::poll_until(
 enqueue_campaign('d');
 check_campaign('d');
 is( $node->safe_psql('postgres',
-		"SELECT max(attempt) || ',' || count(DISTINCT worker) FROM gatekeeper.mail WHERE recipient LIKE 'd%'"),
+		"SELECT max(attempt) || ',' || count(DISTINCT worker) FROM gatekeeper.mail_status WHERE recipient LIKE 'd%'"),
 	'1,2',
 	'd: every mail went on its first attempt, and both workers took part');
 

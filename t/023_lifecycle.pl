@@ -65,7 +65,7 @@ SELECT '$tag' || i || '\@customer.example', 'Mail ' || i, 'Body ' || i
 sub all_sent_query
 {
 	my ($tag) = @_;
-	return "SELECT count(*) FILTER (WHERE state <> 'sent') = 0 AND count(*) > 0 FROM gatekeeper.mail WHERE recipient LIKE '$tag%'";
+	return "SELECT count(*) FILTER (WHERE state <> 'sent') = 0 AND count(*) > 0 FROM gatekeeper.mail_status WHERE recipient LIKE '$tag%'";
 }
 
 sub log_since

@@ -47,7 +47,7 @@ sub state_of
 {
 	my ($tag) = @_;
 	return $node->safe_psql('postgres',
-		"SELECT string_agg(DISTINCT state::text, ',') FROM gatekeeper.mail WHERE recipient LIKE '$tag%'"
+		"SELECT string_agg(DISTINCT state::text, ',') FROM gatekeeper.mail_status WHERE recipient LIKE '$tag%'"
 	);
 }
 
@@ -59,7 +59,7 @@ sub sent_within
 	return undef
 	  unless GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) > 0 AND bool_and(state = 'sent') FROM gatekeeper.mail WHERE recipient LIKE '$tag%'",
+		"SELECT count(*) > 0 AND bool_and(state = 'sent') FROM gatekeeper.mail_status WHERE recipient LIKE '$tag%'",
 		't', 30);
 	return time - $since;
 }
@@ -99,7 +99,7 @@ ok(defined $took, 'a due mail is sent');
 cmp_ok($took // 99, '<', $prompt, sprintf('within %d s of its commit (%.2f s)', $prompt, $took // 99));
 is( $node->safe_psql(
 		'postgres',
-		"SELECT extract(epoch FROM finished_at - created_at) < $prompt FROM gatekeeper.mail WHERE recipient = 'one\@customer.example'"
+		"SELECT extract(epoch FROM finished_at - created_at) < $prompt FROM gatekeeper.mail_status WHERE recipient = 'one\@customer.example'"
 	),
 	't',
 	'the table agrees');
@@ -150,7 +150,7 @@ ok(defined $took, 'mail due in 3 s is sent');
 cmp_ok($took // 99, '<', 3 + $prompt, sprintf('soon after it is due (%.2f s after the commit)', $took // 99));
 my ($early, $late) = split /\|/, $node->safe_psql(
 	'postgres',
-	"SELECT finished_at >= send_at, extract(epoch FROM finished_at - send_at) FROM gatekeeper.mail WHERE recipient = 'later\@customer.example'"
+	"SELECT finished_at >= send_at, extract(epoch FROM finished_at - send_at) FROM gatekeeper.mail_status WHERE recipient = 'later\@customer.example'"
 );
 is($early, 't', 'not before it was due');
 cmp_ok($late, '<', $prompt, "delivered $late s after it was due");
@@ -247,7 +247,7 @@ $node->safe_psql('postgres', q{SELECT gatekeeper.pause('external')});
 ok(worker_asleep(), 'the worker sleeps');
 $t0 = time;
 ok(GatekeeperTest::poll_until($node, 'postgres',
-	q{SELECT state || ':' || coalesce(last_error, '') FROM gatekeeper.mail
+	q{SELECT state || ':' || coalesce(last_error, '') FROM gatekeeper.mail_status
 	   WHERE recipient = 'abandoned@customer.example'},
 	'scheduled:lease expired', 20),
 	'the abandoned claim is reaped back to scheduled');

@@ -28,8 +28,8 @@ SELECT count(*) FROM gatekeeper.claim('external', 1);
 # a fresh session: nack is PL/pgSQL, so nothing has loaded the library yet
 my $delay = $node->safe_psql(
 	'postgres', q{
-SELECT gatekeeper.nack(id, attempt, 'try later') FROM gatekeeper.mail;
-SELECT extract(epoch FROM send_at - now())::int FROM gatekeeper.mail;
+SELECT gatekeeper.nack(id, attempt, 'try later') FROM gatekeeper.mail_status;
+SELECT extract(epoch FROM send_at - now())::int FROM gatekeeper.mail_status;
 });
 my ($state, $seconds) = split /\n/, $delay;
 is($state, 'scheduled', 'the mail is scheduled again');

@@ -104,7 +104,7 @@ ok(log_shows($node, qr/password file .*relay_password.* has group or world acces
 $node->safe_psql('postgres',
 	"SELECT gatekeeper.enqueue('first\@customer.example', 'First', 'Body')");
 sleep(2);
-is($node->safe_psql('postgres', "SELECT state FROM gatekeeper.mail"),
+is($node->safe_psql('postgres', "SELECT state FROM gatekeeper.mail_status"),
 	'scheduled', 'no mail goes while the password file is refused');
 is(scalar(grep { /^message/ } relay_lines()), 0, 'the relay has no message');
 
@@ -114,7 +114,7 @@ is(scalar(grep { /^message/ } relay_lines()), 0, 'the relay has no message');
 chmod(0600, $pwfile);
 $node->reload;
 ok( GatekeeperTest::poll_until(
-		$node, 'postgres', "SELECT state FROM gatekeeper.mail", 'sent', 30),
+		$node, 'postgres', "SELECT state FROM gatekeeper.mail_status", 'sent', 30),
 	'with the file readable by the server only, the mail is sent');
 is_deeply([ grep { /^auth/ } relay_lines() ], [ 'auth ok PLAIN mailer' ],
 	'the relay saw one login, as mailer with the password from the file');
@@ -134,7 +134,7 @@ $node->safe_psql('postgres',
 	"SELECT gatekeeper.enqueue('second\@customer.example', 'Second', 'Body')");
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE recipient = 'second\@customer.example'",
+		"SELECT state FROM gatekeeper.mail_status WHERE recipient = 'second\@customer.example'",
 		'sent', 30),
 	'after a reload the new password from the file is used');
 is_deeply([ grep { /^auth/ } relay_lines() ], [ 'auth ok PLAIN mailer' ],
@@ -180,7 +180,7 @@ like($err, qr/smtp_password_file/, 'ALTER SYSTEM: the error points to gatekeeper
 #
 unlike(slurp_file($node->logfile), qr/\Q$secret\E|\Q$secret2\E/, 'the log shows no password');
 is($node->safe_psql('postgres',
-	"SELECT count(*) FROM gatekeeper.mail WHERE last_error ~ 'Relay-Pw'"), '0',
+	"SELECT count(*) FROM gatekeeper.mail_status WHERE last_error ~ 'Relay-Pw'"), '0',
 	'no last_error shows a password');
 
 $node->stop;

@@ -67,10 +67,10 @@ $node->safe_psql('postgres',
 	"SELECT gatekeeper.enqueue('alive\@customer.example', 'News', 'Body', 'news')");
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT string_agg(recipient || ':' || state, ',' ORDER BY recipient) FROM gatekeeper.mail",
+		"SELECT string_agg(recipient || ':' || state, ',' ORDER BY recipient) FROM gatekeeper.mail_status",
 		'alive@customer.example:sent,dead@customer.example:failed'),
 	'the refused mail fails, the other is sent');
-like($node->safe_psql('postgres', "SELECT last_error FROM gatekeeper.mail WHERE id = $dead_id"),
+like($node->safe_psql('postgres', "SELECT last_error FROM gatekeeper.mail_status WHERE id = $dead_id"),
 	qr/^550 5\.1\.1 /, 'last_error starts with the relay reply');
 is( $node->safe_psql(
 		'postgres',
@@ -89,11 +89,11 @@ $node->safe_psql('postgres',
 	"SELECT gatekeeper.enqueue('marker\@customer.example', 'Promo', 'Body', 'promo')");
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE recipient = 'marker\@customer.example'", 'sent'),
+		"SELECT state FROM gatekeeper.mail_status WHERE recipient = 'marker\@customer.example'", 'sent'),
 	'a later mail in the same claim goes');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT state || '|' || last_error FROM gatekeeper.mail "
+		"SELECT state || '|' || last_error FROM gatekeeper.mail_status "
 		  . "WHERE recipient = 'Dead\@Customer.example'"),
 	'suppressed|suppressed: hard_bounce',
 	'the mail to the bounced address (in any case) is suppressed by the claim');
@@ -113,7 +113,7 @@ SELECT gatekeeper.enqueue('reader@customer.example', 'Sale', 'Body', 'promo',
 	metadata => '{"campaign": "sale"}')});
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT state FROM gatekeeper.mail WHERE recipient = 'reader\@customer.example'", 'sent'),
+		"SELECT state FROM gatekeeper.mail_status WHERE recipient = 'reader\@customer.example'", 'sent'),
 	'the promotional mail is sent');
 my ($message) = grep { /^message \S+ reader\@customer\.example / } relay_lines();
 like($message, qr/^message shop\@example\.com reader\@customer\.example /,
@@ -160,7 +160,7 @@ $node->safe_psql('postgres',
 	"SELECT gatekeeper.enqueue('reader\@customer.example', 'News 2', 'Body', 'news')");
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT string_agg(subject || ':' || state, ',' ORDER BY subject) FROM gatekeeper.mail "
+		"SELECT string_agg(subject || ':' || state, ',' ORDER BY subject) FROM gatekeeper.mail_status "
 		  . "WHERE recipient = 'reader\@customer.example' AND subject LIKE '% 2'",
 		'News 2:sent,Sale 2:suppressed'),
 	'the next promotional mail is suppressed; the news still goes');

@@ -92,7 +92,7 @@ SELECT 'bulk' || i || '@example.com', 'Bulk ' || i, 'Body', now() + interval '1 
 
 is( $node->safe_psql(
 		'src',
-		"SELECT string_agg(recipient || ':' || state, ',' ORDER BY recipient) FROM gatekeeper.mail WHERE queue = 'promo'"
+		"SELECT string_agg(recipient || ':' || state, ',' ORDER BY recipient) FROM gatekeeper.mail_status WHERE queue = 'promo'"
 	),
 	'failed@example.com:failed,fresh@example.com:scheduled,held@example.com:claimed,'
 	  . 'passed@example.com:scheduled,sent@example.com:sent',
@@ -103,6 +103,9 @@ my @tables = (
 	[ 'queue', 'name' ],
 	[ 'gate', 'name' ],
 	[ 'mail', 'id' ],
+	[ 'mail_live', 'id' ],
+	[ 'mail_done', 'id' ],
+	[ 'mail_status', 'id' ],
 	[ 'gate_log', 'id' ],
 	[ 'suppression_list', 'address, queue' ],
 	[ 'unsubscribe_secret', 'secret' ]);
@@ -204,22 +207,22 @@ SELECT string_agg(r || ':' || gatekeeper.gate_pass('smart_sending', r), ',' ORDE
 			$db, "SELECT string_agg(recipient || ':' || attempt, ',') FROM gatekeeper.claim('w2', 10, queues => '{promo}')"),
 		'fresh@example.com:1',
 		"$db: claim passes the gates of the open recipient only");
-	is($node->safe_psql($db, "SELECT state FROM gatekeeper.mail WHERE recipient = 'passed\@example.com'"),
+	is($node->safe_psql($db, "SELECT state FROM gatekeeper.mail_status WHERE recipient = 'passed\@example.com'"),
 		'scheduled', "$db: the mail behind the closed gate waits");
 
 	# enqueue: dedupe against restored mail, and new ids after the old ones
 	is( $node->safe_psql(
 			$db, q{
 SELECT gatekeeper.enqueue('fresh@example.com', 'Again', 'Body', queue => 'promo', dedupe_key => 'fresh-1')
-	   = (SELECT id FROM gatekeeper.mail WHERE dedupe_key = 'fresh-1'),
+	   = (SELECT id FROM gatekeeper.mail_status WHERE dedupe_key = 'fresh-1'),
 	   gatekeeper.enqueue('sent@example.com', 'Again', 'Body', queue => 'promo', dedupe_key => 'sent-1')
-	   = (SELECT id FROM gatekeeper.mail WHERE dedupe_key = 'sent-1')}),
+	   = (SELECT id FROM gatekeeper.mail_status WHERE dedupe_key = 'sent-1')}),
 		't|t', "$db: enqueue finds restored mail by its dedupe key");
 	my ($out, $err) = ('', '');
 	my $ret = $node->psql(
 		$db, q{
 SELECT gatekeeper.enqueue('one@example.com', 'New', 'Body', queue => 'promo', dedupe_key => 'new-1')
-	   > (SELECT max(id) FROM gatekeeper.mail WHERE recipient <> 'one@example.com');
+	   > (SELECT max(id) FROM gatekeeper.mail_status WHERE recipient <> 'one@example.com');
 INSERT INTO gatekeeper.mail (recipient, subject, body)
 SELECT 'more' || i || '@example.com', 'More', 'Body' FROM generate_series(1, 300) AS i;
 SELECT gatekeeper.create_gate('brand_new', '1 hour', 2);

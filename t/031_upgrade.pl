@@ -74,6 +74,20 @@ SELECT gatekeeper.enqueue('fresh@example.com', 'Fresh', 'Body', queue => 'promo'
 SELECT gatekeeper.enqueue('later@example.com', 'Later', 'Body', send_at => now() + interval '2 days');
 SELECT gatekeeper.enqueue('news@example.com', 'News', 'Body', queue => 'news');
 SELECT gatekeeper.cancel(gatekeeper.enqueue('gone@example.com', 'Gone', 'Body', send_at => now() + interval '1 day'));
+
+-- the other terminal states: suppressed at a closed gate, expired past
+-- send_by, unknown (an at-most-once lease ran out); and a retry due later
+SELECT gatekeeper.create_queue('strict', gates => '{smart_sending}');
+SELECT gatekeeper.create_queue('once', delivery => 'at_most_once');
+SELECT gatekeeper.enqueue('passed@example.com', 'Suppressed', 'Body', queue => 'strict');
+SELECT gatekeeper.enqueue('late@example.com', 'Expired', 'Body', queue => 'strict',
+	send_at => now() - interval '2 hours', send_by => now() - interval '1 hour');
+SELECT gatekeeper.enqueue('lost@example.com', 'Unknown', 'Body', queue => 'once');
+SELECT gatekeeper.enqueue('retry@example.com', 'Retry', 'Body', queue => 'once');
+SELECT count(*) FROM gatekeeper.claim('w3', 10, queues => '{strict,once}');
+SELECT gatekeeper.nack(id, attempt, '451 try later') FROM gatekeeper.mail WHERE recipient = 'retry@example.com';
+UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE recipient = 'lost@example.com';
+SELECT gatekeeper.reap();
 });
 
 # ---------------------------------------------------------------- data
@@ -102,8 +116,14 @@ sub data_snapshot
 	my %s;
 	foreach my $table (sort keys %table_key)
 	{
+		# 0.2.0 keeps the mail's state apart from its content:
+		# gatekeeper.mail_status has every column 0.1.0's mail had
+		my $from = $table;
+		$from = 'mail_status'
+		  if $table eq 'mail'
+		  && $node->safe_psql($db, "SELECT to_regclass('gatekeeper.mail_status') IS NOT NULL") eq 't';
 		$s{$table} = $node->safe_psql($db,
-			"SELECT $old_columns{$table} FROM gatekeeper.$table ORDER BY $table_key{$table}");
+			"SELECT $old_columns{$table} FROM gatekeeper.$from ORDER BY $table_key{$table}");
 	}
 	foreach my $seq (qw(mail gate gate_log))
 	{
@@ -120,7 +140,10 @@ SELECT r, e.gate, e.open, e.next_open, e.sends_in_period, e.max_sends
 }
 
 my $before = data_snapshot('updated');
-like($before->{mail}, qr/\|sent\|.*\|failed\|.*\|claimed\|/s, 'updated: mail in several states before the update');
+foreach my $state (qw(scheduled claimed sent failed suppressed expired cancelled unknown))
+{
+	like($before->{mail}, qr/\|$state\|/, "updated: mail $state before the update");
+}
 
 $node->safe_psql('updated', 'ALTER EXTENSION gatekeeper UPDATE');
 is($node->safe_psql('updated', "SELECT extversion FROM pg_extension WHERE extname = 'gatekeeper'"),

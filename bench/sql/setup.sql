@@ -19,32 +19,50 @@ $$;
 
 -- Load n mails into gatekeeper.mail directly, as a superuser, without the
 -- validation trigger (these rows are known valid; loading is not what is
--- measured).  state 'sent' makes finished mail, as retention keeps it.
+-- measured), with their state rows: mail_live for scheduled mail,
+-- mail_done for finished mail ('sent', as retention keeps it).
 CREATE PROCEDURE bench_load(n bigint, prefix text, q text, due_in interval,
 							st gatekeeper.state DEFAULT 'scheduled')
 LANGUAGE plpgsql AS $$
 BEGIN
 	SET LOCAL session_replication_role = replica;
 	IF st = 'scheduled' THEN
-		INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
-		SELECT * FROM bench_rows(n, prefix, q, due_in);
+		WITH m AS (
+			INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+			SELECT * FROM bench_rows(n, prefix, q, due_in)
+			RETURNING id, queue, priority, send_at, segment)
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
+		SELECT id, queue, priority, send_at, segment FROM m;
 	ELSE
-		INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at, state, attempt,
-									 message_id, worker, finished_at)
-		SELECT r.queue, r.recipient, r.subject, r.body, r.send_at, st, 1,
-			   '<sent.' || r.recipient || '>', 'bench', now() - interval '1 hour'
-		  FROM bench_rows(n, prefix, q, due_in) AS r;
+		WITH m AS (
+			INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+			SELECT * FROM bench_rows(n, prefix, q, due_in)
+			RETURNING id, queue, recipient, send_at, segment)
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, send_at, message_id, worker,
+										  finished_at, segment)
+		SELECT id, queue, st, 1, send_at, '<sent.' || recipient || '>', 'bench',
+			   now() - interval '1 hour', segment
+		  FROM m;
 	END IF;
 END
 $$;
 
--- The raw-UPDATE reference: a plain copy of gatekeeper.mail's rows, with
--- its columns, defaults and indexes, but none of gatekeeper's code.
-CREATE TABLE bench_raw (LIKE gatekeeper.mail INCLUDING DEFAULTS INCLUDING INDEXES);
+-- The raw-UPDATE reference: the mail as one table, 0.1.0's (every column
+-- of gatekeeper.mail_status, with 0.1.0's indexes), but none of
+-- gatekeeper's code: one row write per row.
+CREATE TABLE bench_raw AS SELECT * FROM gatekeeper.mail_status WITH NO DATA;
+ALTER TABLE bench_raw ADD PRIMARY KEY (id);
+CREATE INDEX ON bench_raw (queue, priority DESC, send_at, id) WHERE state = 'scheduled';
+CREATE INDEX ON bench_raw (lease_until) WHERE lease_until IS NOT NULL;
+CREATE UNIQUE INDEX ON bench_raw (queue, dedupe_key)
+	WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed');
+CREATE INDEX ON bench_raw (queue, dedupe_key, finished_at) WHERE dedupe_key IS NOT NULL AND state = 'sent';
+CREATE INDEX ON bench_raw (finished_at) WHERE finished_at IS NOT NULL;
 
 -- The enqueue reference: a plain table with the same columns and
 -- defaults, an identity primary key, and nothing else.
 CREATE TABLE bench_plain (LIKE gatekeeper.mail INCLUDING DEFAULTS INCLUDING IDENTITY);
+ALTER TABLE bench_plain DROP COLUMN segment;
 ALTER TABLE bench_plain ADD PRIMARY KEY (id);
 
 -- The gates' "machine ceiling" line: gate_pass's key and nothing else.

@@ -1,0 +1,15 @@
+/*-------------------------------------------------------------------------
+ *
+ * mail.h
+ *		What the rest of gatekeeper uses of mail.c.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_MAIL_H
+#define GATEKEEPER_MAIL_H
+
+#include "gatekeeper.h"
+
+extern bool gatekeeper_mail_split(void);
+
+#endif							/* GATEKEEPER_MAIL_H */
