@@ -673,7 +673,7 @@ gatekeeper.default_sender = 'bench@example.com'"
 	c0=$(perl "$BENCH/sink.pl" count "$BK_WORK/$sink.out")
 	bk_sql "SELECT gatekeeper.enqueue('probe@example.com', 'probe', 'probe')" >/dev/null
 	if ! perl "$BENCH/sink.pl" wait "$BK_WORK/$sink.out" $((c0 + 1)) 30 >/dev/null; then
-		reason="no mail reached smtp-sink within 30 s of a commit ($(bk_sql "SELECT coalesce(string_agg(state || ': ' || coalesce(last_error, '-'), '; '), 'no mail') FROM gatekeeper.mail"))"
+		reason="no mail reached smtp-sink within 30 s of a commit ($(bk_sql "SELECT coalesce(string_agg(state || ': ' || coalesce(last_error, '-'), '; '), 'no mail') FROM gatekeeper.mail_status"))"
 	fi
 	delivery_settled || true
 	for run in $(seq 1 "$RUNS"); do

@@ -71,7 +71,7 @@ SELECT min(id) FROM m});
 
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT count(*) FROM gatekeeper.mail WHERE id >= $first AND state = 'sent'",
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE id >= $first AND state = 'sent'",
 			$n, 60),
 		"$name: every mail is sent");
 	ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($sink) >= $n }, 10),
@@ -79,7 +79,7 @@ SELECT min(id) FROM m});
 
 	my %mail = map { my @f = split /\|/; $f[0] => { id => $f[1], i => $f[2] } }
 	  split /\n/, $node->safe_psql('postgres',
-		"SELECT message_id, id, id - $first + 1 FROM gatekeeper.mail WHERE id >= $first");
+		"SELECT message_id, id, id - $first + 1 FROM gatekeeper.mail_status WHERE id >= $first");
 	my @got = GatekeeperTest::sink_messages($sink);
 	is(scalar(@got), $n, "$name: $n messages at the relay, none twice");
 	my $intact = 0;
@@ -124,7 +124,7 @@ WITH m AS (
 SELECT min(id) FROM m});
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT count(*) FROM gatekeeper.mail WHERE id >= $first AND state = 'sent'",
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE id >= $first AND state = 'sent'",
 			$n, 90),
 		"slow end-of-data: all $n mails are sent");
 	my $took = time - $start;
@@ -159,11 +159,11 @@ SELECT min(id) FROM m});
 	my $range = "id >= $first";
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT count(*) FROM gatekeeper.mail WHERE $range AND uncharged >= 2",
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE $range AND uncharged >= 2",
 			$n, 60),
 		'refused MAIL FROM: every mail was handed back, uncharged, twice');
 	is( $node->safe_psql('postgres',
-			"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || max(attempt - uncharged) FROM gatekeeper.mail WHERE $range"
+			"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || max(attempt - uncharged) FROM gatekeeper.mail_status WHERE $range"
 		),
 		'0,0',
 		'refused MAIL FROM: no mail failed, no attempt was charged');
@@ -179,11 +179,11 @@ SELECT min(id) FROM m});
 	my $ok_sink = GatekeeperTest::start_sink(port => $port, name => 'accept_again');
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT count(*) FROM gatekeeper.mail WHERE $range AND state = 'sent'",
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE $range AND state = 'sent'",
 			$n, 60),
 		'relay fixed: every mail is sent');
 	is( $node->safe_psql('postgres',
-			"SELECT min(attempt - uncharged) || ',' || max(attempt - uncharged) FROM gatekeeper.mail WHERE $range"
+			"SELECT min(attempt - uncharged) || ',' || max(attempt - uncharged) FROM gatekeeper.mail_status WHERE $range"
 		),
 		'1,1',
 		'relay fixed: one charged attempt each');

@@ -85,12 +85,12 @@ my $n = scalar(@mails);
 
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed')",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed')",
 		'0', 30),
 	'the worker finished every mail');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT string_agg(recipient || ': ' || state || coalesce(' (' || last_error || ')', ''), ', ' ORDER BY id) FROM gatekeeper.mail WHERE state <> 'sent'"
+		"SELECT string_agg(recipient || ': ' || state || coalesce(' (' || last_error || ')', ''), ', ' ORDER BY id) FROM gatekeeper.mail_status WHERE state <> 'sent'"
 	),
 	'',
 	'every mail is sent');
@@ -102,7 +102,7 @@ my %db;
 foreach my $row (
 	split /\n/,
 	$node->safe_psql('postgres',
-		'SELECT recipient, message_id FROM gatekeeper.mail ORDER BY id'))
+		'SELECT recipient, message_id FROM gatekeeper.mail_status ORDER BY id'))
 {
 	my ($rcpt, $mid) = split /\|/, $row;
 	$db{$rcpt} = $mid;

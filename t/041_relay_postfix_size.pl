@@ -38,19 +38,19 @@ my $small_id = $node->safe_psql('postgres',
 
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE id IN ($big_id, $small_id) AND state IN ('scheduled', 'claimed')",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE id IN ($big_id, $small_id) AND state IN ('scheduled', 'claimed')",
 		'0', 30),
 	'the worker finished both mails');
 
 my ($state, $attempt, $error) = split /\|/,
   $node->safe_psql('postgres',
-	"SELECT state, attempt - uncharged, coalesce(last_error, '') FROM gatekeeper.mail WHERE id = $big_id");
+	"SELECT state, attempt - uncharged, coalesce(last_error, '') FROM gatekeeper.mail_status WHERE id = $big_id");
 is($state, 'failed', 'the mail over the relay\'s SIZE failed');
 is($attempt, 1, 'on its first attempt, without retries');
 like($error, qr/size/i, "last_error names the size limit: $error");
 like($error, qr/200000/, 'last_error gives the relay\'s limit');
 
-is($node->safe_psql('postgres', "SELECT state FROM gatekeeper.mail WHERE id = $small_id"),
+is($node->safe_psql('postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $small_id"),
 	'sent', 'the small mail is sent');
 ok( GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($pf->{sink}) >= 1 }, 10),
 	'Postfix accepted the small mail');

@@ -35,11 +35,11 @@ $node->safe_psql('postgres',
 );
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed')",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed')",
 		'0', 30),
 	'the worker finished every mail');
 is( $node->safe_psql('postgres',
-		"SELECT string_agg(state || coalesce(' (' || last_error || ')', ''), ', ') FROM gatekeeper.mail WHERE state <> 'sent'"
+		"SELECT string_agg(state || coalesce(' (' || last_error || ')', ''), ', ') FROM gatekeeper.mail_status WHERE state <> 'sent'"
 	),
 	'',
 	'Postfix accepted every mail');
@@ -56,7 +56,7 @@ ok( GatekeeperTest::poll_until(
 my $id = $node->safe_psql('postgres',
 	q{SELECT gatekeeper.enqueue('after-reload@customer.example', 'After', 'Body')});
 ok( GatekeeperTest::poll_until(
-		$node, 'postgres', "SELECT state FROM gatekeeper.mail WHERE id = $id", 'sent', 30),
+		$node, 'postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $id", 'sent', 30),
 	'the mail after the reload is sent');
 
 # Postfix logs a session (and the HELO name it gave) when it ends: stop

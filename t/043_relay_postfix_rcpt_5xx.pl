@@ -41,13 +41,13 @@ COMMIT;
 
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed')",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed')",
 		'0', 30),
 	'the worker finished every mail');
 
 my ($state, $attempt, $error) = split /\|/,
   $node->safe_psql('postgres',
-	"SELECT state, attempt, coalesce(last_error, '') FROM gatekeeper.mail WHERE recipient = 'nobody-here\@customer.example'"
+	"SELECT state, attempt, coalesce(last_error, '') FROM gatekeeper.mail_status WHERE recipient = 'nobody-here\@customer.example'"
   );
 is($state, 'failed', 'the mail to the unknown recipient failed');
 is($attempt, 1, 'on its first attempt: a 5xx is not retried');
@@ -56,12 +56,12 @@ like($error, qr/\b5\.1\.1\b/, 'last_error keeps the enhanced status code 5.1.1')
 like($error, qr/User unknown/, 'last_error keeps the relay\'s text');
 
 is( $node->safe_psql('postgres',
-		"SELECT string_agg(recipient || ': ' || state || coalesce(' (' || last_error || ')', ''), ', ' ORDER BY id) FROM gatekeeper.mail WHERE recipient <> 'nobody-here\@customer.example' AND state <> 'sent'"
+		"SELECT string_agg(recipient || ': ' || state || coalesce(' (' || last_error || ')', ''), ', ' ORDER BY id) FROM gatekeeper.mail_status WHERE recipient <> 'nobody-here\@customer.example' AND state <> 'sent'"
 	),
 	'',
 	'the five other mails are sent');
 is( $node->safe_psql('postgres',
-		"SELECT max(attempt) FROM gatekeeper.mail WHERE recipient <> 'nobody-here\@customer.example'"),
+		"SELECT max(attempt) FROM gatekeeper.mail_status WHERE recipient <> 'nobody-here\@customer.example'"),
 	'1', 'each on its first attempt');
 
 ok( GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($pf->{sink}) >= 5 }, 10),

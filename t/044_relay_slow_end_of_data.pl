@@ -35,7 +35,7 @@ $node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
 my $warm = $node->safe_psql('postgres',
 	q{SELECT gatekeeper.enqueue('warm@customer.example', 'Warm', 'Body')});
 ok( GatekeeperTest::poll_until(
-		$node, 'postgres', "SELECT state FROM gatekeeper.mail WHERE id = $warm", 'sent', 30),
+		$node, 'postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $warm", 'sent', 30),
 	'a first mail is sent');
 
 my $t0 = time;
@@ -44,7 +44,7 @@ my $first = $node->safe_psql('postgres',
 );
 my $all_sent = GatekeeperTest::poll_until(
 	$node, 'postgres',
-	"SELECT count(*) FROM gatekeeper.mail WHERE id >= $first AND state = 'sent'",
+	"SELECT count(*) FROM gatekeeper.mail_status WHERE id >= $first AND state = 'sent'",
 	$n, 20);
 my $took = time - $t0;
 ok($all_sent, "$n mails sent");

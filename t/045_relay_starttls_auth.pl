@@ -62,10 +62,10 @@ SELECT gatekeeper.enqueue('tls' || i || '@customer.example', 'Over TLS ' || i, E
 });
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent'",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent'",
 		'3', 30),
 	'every mail is sent over STARTTLS with AUTH')
-  or diag($node->safe_psql('postgres', 'SELECT state, attempt, last_error FROM gatekeeper.mail'));
+  or diag($node->safe_psql('postgres', 'SELECT state, attempt, last_error FROM gatekeeper.mail_status'));
 
 my @events = GatekeeperTest::relay_events($relay);
 my @msgs = GatekeeperTest::relay_messages($relay);
@@ -84,7 +84,7 @@ is(scalar(@ahead), 0, 'no command sent ahead of a reply: PIPELINING was not offe
   or diag(join("\n", map { "$_->{line} ($_->{ahead} octets ahead)" } @ahead));
 
 my %mid = map { split /\|/ } split /\n/,
-  $node->safe_psql('postgres', 'SELECT recipient, message_id FROM gatekeeper.mail');
+  $node->safe_psql('postgres', 'SELECT recipient, message_id FROM gatekeeper.mail_status');
 foreach my $m (@msgs)
 {
 	my $rcpt = $m->{rcpt}[0];
@@ -101,7 +101,7 @@ my @forms = (
 my $node_log = slurp_file($node->logfile);
 my $relay_log = slurp_file($relay->{events}) . (-f $relay->{log} ? slurp_file($relay->{log}) : '');
 my $errors = $node->safe_psql('postgres',
-	"SELECT coalesce(string_agg(last_error, ' '), '') FROM gatekeeper.mail");
+	"SELECT coalesce(string_agg(last_error, ' '), '') FROM gatekeeper.mail_status");
 foreach my $f (@forms)
 {
 	unlike($node_log, qr/\Q$f\E/, 'the server log does not show the password (' . length($f) . ' chars form)');

@@ -61,15 +61,15 @@ sub refused_phase
 		"$what: the worker tried STARTTLS");
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT state = 'scheduled' AND attempt >= 1 AND attempt = uncharged FROM gatekeeper.mail WHERE id = $id",
+			"SELECT state = 'scheduled' AND attempt >= 1 AND attempt = uncharged FROM gatekeeper.mail_status WHERE id = $id",
 			't', 30),
 		"$what: the mail is back to scheduled, its attempts uncharged")
-	  or diag($node->safe_psql('postgres', "SELECT state, attempt, uncharged, last_error FROM gatekeeper.mail WHERE id = $id"));
+	  or diag($node->safe_psql('postgres', "SELECT state, attempt, uncharged, last_error FROM gatekeeper.mail_status WHERE id = $id"));
 	my @events = GatekeeperTest::relay_events($relay);
 	is(scalar(grep { $_->{event} =~ /^(tls|auth|mail|message)$/ } @events), 0,
 		"$what: no TLS session, no AUTH, no MAIL, no message at the relay")
 	  or diag(join("\n", map { JSON::PP::encode_json($_) } @events));
-	isnt($node->safe_psql('postgres', "SELECT coalesce(last_error, '') FROM gatekeeper.mail WHERE id = $id"),
+	isnt($node->safe_psql('postgres', "SELECT coalesce(last_error, '') FROM gatekeeper.mail_status WHERE id = $id"),
 		'', "$what: last_error says why");
 	return;
 }
@@ -97,10 +97,10 @@ GatekeeperTest::stop_relay($relay);
 #
 $relay = GatekeeperTest::start_relay(name => 'verify_ok', tls => $ca, %relay_opts);
 ok( GatekeeperTest::poll_until(
-		$node, 'postgres', "SELECT state FROM gatekeeper.mail WHERE id = $id", 'sent', 40),
+		$node, 'postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $id", 'sent', 40),
 	'the right certificate: the mail is sent')
-  or diag($node->safe_psql('postgres', "SELECT state, attempt, uncharged, last_error FROM gatekeeper.mail WHERE id = $id"));
-is($node->safe_psql('postgres', "SELECT attempt - uncharged FROM gatekeeper.mail WHERE id = $id"),
+  or diag($node->safe_psql('postgres', "SELECT state, attempt, uncharged, last_error FROM gatekeeper.mail_status WHERE id = $id"));
+is($node->safe_psql('postgres', "SELECT attempt - uncharged FROM gatekeeper.mail_status WHERE id = $id"),
 	'1', 'one charged attempt: the refusals were not the mail\'s');
 my @msgs = GatekeeperTest::relay_messages($relay);
 is(scalar(@msgs), 1, 'the relay received it once');

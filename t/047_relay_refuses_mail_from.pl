@@ -52,19 +52,19 @@ my $max_failed = 0;
 my $until = time + 4;
 while (time < $until)
 {
-	my $f = $node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail WHERE state = 'failed'");
+	my $f = $node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'failed'");
 	$max_failed = $f if $f > $max_failed;
 	usleep(200_000);
 }
 cmp_ok($max_failed, '<=', 5, "at most a handful of mails failed ($max_failed of $n)");
 is( $node->safe_psql('postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state NOT IN ('failed', 'scheduled', 'claimed')"),
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state NOT IN ('failed', 'scheduled', 'claimed')"),
 	'0', 'nothing was sent or otherwise finished');
 is( $node->safe_psql('postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state <> 'failed' AND attempt <> uncharged"),
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state <> 'failed' AND attempt <> uncharged"),
 	'0', 'the mails that did not fail have no attempt charged');
 my $failed_errors = $node->safe_psql('postgres',
-	"SELECT coalesce(string_agg(DISTINCT last_error, ' / '), '') FROM gatekeeper.mail WHERE state = 'failed'");
+	"SELECT coalesce(string_agg(DISTINCT last_error, ' / '), '') FROM gatekeeper.mail_status WHERE state = 'failed'");
 like($failed_errors, qr/^(|.*5\.7\.1.*)$/, "a mail that failed says 5.7.1 ($failed_errors)");
 my $log = slurp_file($node->logfile, $log_offset);
 like($log, qr/Client host rejected/, "the worker logs what the relay said");
@@ -78,10 +78,10 @@ cmp_ok(scalar(@mails), '<', $n,
 # the relay is fixed
 GatekeeperTest::stop_relay($relay);
 my $fixed = GatekeeperTest::start_relay(name => 'fixed', port => $port);
-my $failed = $node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail WHERE state = 'failed'");
+my $failed = $node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'failed'");
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent'",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent'",
 		$n - $failed, 60),
 	'once the relay accepts, every mail that did not fail is sent')
   or diag(GatekeeperTest::mail_states($node, 'true'));
@@ -90,7 +90,7 @@ $seen{ $_->{message_id} }++ foreach GatekeeperTest::relay_messages($fixed);
 is(scalar(keys %seen), $n - $failed, 'the relay has each of them');
 is(scalar(grep { $_ > 1 } values %seen), 0, 'once');
 is( $node->safe_psql('postgres',
-		"SELECT max(attempt - uncharged) FROM gatekeeper.mail WHERE state = 'sent'"),
+		"SELECT max(attempt - uncharged) FROM gatekeeper.mail_status WHERE state = 'sent'"),
 	'1', 'each on one charged attempt');
 
 $node->stop;

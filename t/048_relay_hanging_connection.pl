@@ -49,7 +49,7 @@ ok( GatekeeperTest::wait_for(
 my $most = $n - 2;
 my $ok = GatekeeperTest::poll_until(
 	$node, 'postgres',
-	"SELECT count(*) >= $most FROM gatekeeper.mail WHERE state = 'sent'",
+	"SELECT count(*) >= $most FROM gatekeeper.mail_status WHERE state = 'sent'",
 	't', 5);
 my $took = time - $t0;
 ok($ok, sprintf('at least %d of %d mails sent in %.1f s, with one connection hanging', $most, $n, $took))
@@ -60,7 +60,7 @@ ok(!(grep { $_->{event} eq 'disconnect' && $_->{conn} == $hung->{conn} } Gatekee
 
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent'",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent'",
 		$n, 60),
 	'every mail is sent in the end')
   or diag(GatekeeperTest::mail_states($node, 'true'));

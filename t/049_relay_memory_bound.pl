@@ -74,7 +74,7 @@ while (time < $deadline)
 	}
 	close($fh);
 	my $left = $node->safe_psql('postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state IN ('scheduled', 'claimed')");
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed')");
 	if ($left eq '0')
 	{
 		$done = 1;

@@ -55,12 +55,12 @@ sub sent_once
 	my ($s, $where, $what) = @_;
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT count(*) FROM gatekeeper.mail WHERE $where AND state = 'sent'",
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE $where AND state = 'sent'",
 			'4', 30),
 		"$what: every mail is sent")
 	  or diag(GatekeeperTest::mail_states($node, $where));
 	my %want = map { $_ => 1 } split /\n/,
-	  $node->safe_psql('postgres', "SELECT message_id FROM gatekeeper.mail WHERE $where");
+	  $node->safe_psql('postgres', "SELECT message_id FROM gatekeeper.mail_status WHERE $where");
 	ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($s) >= 4 }, 10),
 		"$what: the relay has them");
 	my %got;
@@ -86,18 +86,18 @@ $sink = GatekeeperTest::start_sink(port => $port, name => 'soft_eod', args => [ 
 my $soft = enqueue_four('softeod');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $soft AND attempt - uncharged >= 1 AND state IN ('scheduled', 'claimed', 'sent')",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $soft AND attempt - uncharged >= 1 AND state IN ('scheduled', 'claimed', 'sent')",
 		'4', 30),
 	'4xx to the data: every mail was tried');
 is( $node->safe_psql('postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $soft AND state NOT IN ('scheduled', 'claimed')"),
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $soft AND state NOT IN ('scheduled', 'claimed')"),
 	'0', '4xx to the data: none sent, none failed');
-like($node->safe_psql('postgres', "SELECT min(last_error) FROM gatekeeper.mail WHERE $soft"),
+like($node->safe_psql('postgres', "SELECT min(last_error) FROM gatekeeper.mail_status WHERE $soft"),
 	qr/\b4\d\d\b/, '4xx to the data: last_error has the reply');
 GatekeeperTest::stop_sink($sink);
 $sink = GatekeeperTest::start_sink(port => $port, name => 'soft_eod_ok');
 sent_once($sink, $soft, '4xx to the data, then accepted');
-is($node->safe_psql('postgres', "SELECT min(attempt - uncharged) FROM gatekeeper.mail WHERE $soft"),
+is($node->safe_psql('postgres', "SELECT min(attempt - uncharged) FROM gatekeeper.mail_status WHERE $soft"),
 	'2', '4xx to the data: the 4xx attempt was charged');
 GatekeeperTest::stop_sink($sink);
 
@@ -106,13 +106,13 @@ $sink = GatekeeperTest::start_sink(port => $port, name => 'hard_eod', args => [ 
 my $hard = enqueue_four('hardeod');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE $hard AND state = 'failed'",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE $hard AND state = 'failed'",
 		'4', 30),
 	'5xx to the data: every mail failed')
   or diag(GatekeeperTest::mail_states($node, $hard));
-is($node->safe_psql('postgres', "SELECT max(attempt) FROM gatekeeper.mail WHERE $hard"),
+is($node->safe_psql('postgres', "SELECT max(attempt) FROM gatekeeper.mail_status WHERE $hard"),
 	'1', '5xx to the data: on the first attempt');
-like($node->safe_psql('postgres', "SELECT min(last_error) FROM gatekeeper.mail WHERE $hard"),
+like($node->safe_psql('postgres', "SELECT min(last_error) FROM gatekeeper.mail_status WHERE $hard"),
 	qr/\b5\d\d\b/, '5xx to the data: last_error has the reply');
 
 $node->stop;

@@ -38,11 +38,11 @@ $node->safe_psql('postgres',
 );
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
-		"SELECT count(*) FROM gatekeeper.mail WHERE state = 'sent'",
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent'",
 		'6', 30),
 	'every mail is sent')
   or diag(GatekeeperTest::mail_states($node, 'true') . ' '
-	  . $node->safe_psql('postgres', "SELECT string_agg(DISTINCT last_error, ' / ') FROM gatekeeper.mail"));
+	  . $node->safe_psql('postgres', "SELECT string_agg(DISTINCT last_error, ' / ') FROM gatekeeper.mail_status"));
 ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($pf->{sink}) >= 6 }, 10),
 	'Postfix accepted them');
 

@@ -1262,7 +1262,7 @@ sub mail_states
 {
 	my ($node, $where) = @_;
 	return $node->safe_psql('postgres',
-		"SELECT coalesce(string_agg(state || ':' || n, ',' ORDER BY state), '') FROM (SELECT state::text AS state, count(*) AS n FROM gatekeeper.mail WHERE $where GROUP BY 1) s"
+		"SELECT coalesce(string_agg(state || ':' || n, ',' ORDER BY state), '') FROM (SELECT state::text AS state, count(*) AS n FROM gatekeeper.mail_status WHERE $where GROUP BY 1) s"
 	);
 }
 
