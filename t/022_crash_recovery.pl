@@ -85,7 +85,10 @@ SELECT a.pid || '|' || coalesce(a.query, '') || '|' ||
   FROM pg_stat_activity a WHERE a.backend_type = 'gatekeeper worker'});
 			my ($pid, $activity, $sent) = split /\|/, $row;
 			return 0 unless defined $sent;
-			return 0 unless $sent >= $mails / 10 && $activity =~ /^delivering/;
+			# the worker runs a continuous pipeline: with a tenth of the
+			# campaign sent and some left, it has mail in flight, whatever
+			# step (claiming, delivering, recording) its activity names
+			return 0 unless $sent >= $mails / 10 && $sent < $mails;
 			if ($what eq 'worker')
 			{
 				kill('KILL', $pid) or die "could not kill $pid: $!";
