@@ -65,7 +65,7 @@ my %fig = (
 	'storage.size_gk'    => ['gatekeeper\'s mail tables after the waves (heap, TOAST, indexes)', 'MB'],
 	'gates.redis_p64'    => ['Redis SET NX EX, pipelined -P 64, 4 clients', 'ops/s'],
 	'gates.redis_p1'     => ['Redis SET NX EX, unpipelined, 4 clients', 'ops/s'],
-	'gates.batch'        => ['gate_pass(text[]) 1,000 new recipients/call, 4 clients', 'passes/s'],
+	'gates.batch'        => ['gate_pass_batch(text[]) 1,000 new recipients/call, 4 clients', 'passes/s'],
 	'gates.ceiling'      => ['INSERT ON CONFLICT DO NOTHING, same keys, bare table (ceiling)', 'rows/s'],
 	'gates.single_on'    => ['gate_pass(text), 4 clients, synchronous_commit on', 'calls/s'],
 	'gates.single_off'   => ['gate_pass(text), 4 clients, synchronous_commit off', 'calls/s'],
@@ -272,7 +272,7 @@ my %desc = (
 	backlog => 'Backlog: latency of one claim(1000)+ack round (pgbench -M prepared, one client, per-transaction log; median per run) with 50,000 or 5,000,000 not-yet-due mails (due a day later) in the same queue, or 50,000 not-yet-due plus 5,000,000 sent mails retained. Each backlog is loaded, vacuumed and analyzed before it is measured.',
 	storage => 'Storage: 6 waves of 300,000 mails with 1 kB bodies, each enqueued by one INSERT ... SELECT and drained to completion by 4 claimers at batch 1000, finished mail retained; the on-disk size of the mail tables against the same rows in a plain table; run once.',
 	sustained => 'Sustained: 10 consecutive waves of 400,000 mails, each enqueued by one INSERT ... SELECT and drained by 4 claimers at batch 1000, with default autovacuum and nothing in between; run once.',
-	gates => 'Gates: gate_pass(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
+	gates => 'Gates: gate_pass_batch(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
 	relays => 'Relays (issue 10): the relays a user meets, each measured with the worker (gatekeeper.smtp_connections = 16, helo_name set; time from the commit of N due mails in one INSERT until smtp-sink has counted them) and with smtp-source -s 16 -d (16 sessions, connections reused, same body size) through the same endpoint in the same run: a loopback smtp-sink -c; the same sink behind t/delay_proxy.py adding 10 ms to every chunk each way (a relay 20 ms away; the proxy counts the chunks each client wrote, about one per round trip waited for, noted per mail); smtp-sink -W .:1 (one second per end-of-data), against the parallel bound of 16 connections per second.',
 	delivery => 'Delivery: the worker (gatekeeper.smtp_connections = 16) sending to a loopback smtp-sink that counts and discards; time from the commit of N due mails until smtp-sink has counted N; and from the commit of one due mail until smtp-sink counts it, repeated (median, p99). Reference: smtp-source -s 16 -d (16 sessions, connections reused) into the same sink, same body size. The 2-worker line runs gatekeeper.workers = 2 with 8 connections each (the same 16 in all), after the 1-worker runs, against the same smtp-source figures.',
 );

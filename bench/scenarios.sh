@@ -82,7 +82,7 @@ scenario_enqueue() {
 #   raw    DRAIN_N rows of bench_raw (a copy of the preloaded mail) marked
 #          sent by id range, one UPDATE per batch, by the same number of
 #          clients;
-#   gk     DRAIN_N due mails drained by claim(batch) + ack(ids, attempts);
+#   gk     DRAIN_N due mails drained by claim(batch) + ack_batch(ids, attempts);
 #   gated  the same through a queue gated by smart_sending, every recipient
 #          distinct (so every mail passes: this is the gate's overhead);
 #   pgq    DRAIN_N PgQ events inserted by the same number of producers in
@@ -231,7 +231,7 @@ scenario_drain() {
 
 # ================================================================== backlog
 #
-# claim(1000) + ack latency of one client (pgbench -M prepared, per-
+# claim(1000) + ack_batch latency of one client (pgbench -M prepared, per-
 # transaction log), with BACKLOG_TXNS rounds a run, over a due pool big
 # enough for every run, at three backlogs:
 #   small  BACKLOG_SMALL not-yet-due mails (send_at a day ahead)
@@ -376,7 +376,7 @@ scenario_storage() {
 
 # ================================================================== gates
 #
-#   batch     gate_pass(gate, text[]) with 1,000 new recipients a call, 4
+#   batch     gate_pass_batch(gate, text[]) with 1,000 new recipients a call, 4
 #             clients, GATE_BATCH_TXNS calls each: passes/s
 #   ceiling   the same keys INSERTed ... ON CONFLICT DO NOTHING into a bare
 #             2-column table (informative: the machine's ceiling)

@@ -198,12 +198,12 @@ SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', NULL)$$) AS claim_
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 1, NULL)$$) AS claim_null_lease;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 1, queues => ARRAY['bad', NULL])$$) AS claim_null_queue_name;
 SELECT pg_temp.error_of($$SELECT gatekeeper.ack(NULL::bigint, 1)$$) AS ack_null_id;
-SELECT pg_temp.error_of($$SELECT gatekeeper.ack(NULL::bigint[], '{1}')$$) AS ack_null_ids;
+SELECT pg_temp.error_of($$SELECT gatekeeper.ack_batch(NULL::bigint[], '{1}')$$) AS ack_null_ids;
 SELECT pg_temp.error_of($$SELECT gatekeeper.nack(1, NULL, 'e')$$) AS nack_null_attempt;
 SELECT pg_temp.error_of($$SELECT gatekeeper.extend(1, 1, NULL)$$) AS extend_null_lease;
 SELECT pg_temp.error_of($$SELECT gatekeeper.cancel(NULL)$$) AS cancel_null;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('bad_gate', NULL::text)$$) AS gate_pass_null_recipient;
-SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('bad_gate', ARRAY['a@example.com', NULL])$$) AS gate_pass_null_in_batch;
+SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass_batch('bad_gate', ARRAY['a@example.com', NULL])$$) AS gate_pass_null_in_batch;
 SELECT pg_temp.error_of($$SELECT gatekeeper.create_gate('g_null', NULL)$$) AS create_gate_null_period;
 SELECT pg_temp.error_of($$SELECT gatekeeper.create_queue('q_null', gates => NULL)$$) AS create_queue_null_gates;
 SELECT pg_temp.error_of($$SELECT gatekeeper.create_queue('q_null', ARRAY['bad_gate', NULL])$$) AS create_queue_null_gate_name;
@@ -235,7 +235,7 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.create_queue('q_nogate', gates => AR
 SELECT pg_temp.error_of($$SELECT gatekeeper.alter_queue('bad', gates => ARRAY['no_such_gate'])$$) AS alter_queue;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('no_such_gate', 'a@example.com')$$) AS gate_pass;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('no_such_gate', 'a@example.com', 1)$$) AS gate_pass_holder;
-SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('no_such_gate', ARRAY['a@example.com'])$$) AS gate_pass_batch;
+SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass_batch('no_such_gate', ARRAY['a@example.com'])$$) AS gate_pass_batch;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_open('no_such_gate', 'a@example.com')$$) AS gate_open;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_next_open('no_such_gate', 'a@example.com')$$) AS gate_next_open;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_release('no_such_gate', 'a@example.com', 1)$$) AS gate_release;

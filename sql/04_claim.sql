@@ -90,12 +90,12 @@ SELECT gatekeeper.enqueue(format('batch%s@example.com', i), 'Batch', 'b', 'c_mai
 CREATE TEMP TABLE claimed AS SELECT id, attempt FROM gatekeeper.claim('w1', 10, queues => ARRAY['c_main']);
 SELECT count(*) AS claimed FROM claimed;
 -- one stale attempt among them: only the others count
-SELECT gatekeeper.ack(array_agg(id ORDER BY id),
+SELECT gatekeeper.ack_batch(array_agg(id ORDER BY id),
                       array_agg(CASE WHEN id = (SELECT max(id) FROM claimed) THEN attempt + 1 ELSE attempt END ORDER BY id)) AS acked
   FROM claimed;
-SELECT gatekeeper.ack(array_agg(id ORDER BY id), array_agg(attempt ORDER BY id)) AS acked_again FROM claimed;
-SELECT gatekeeper.ack('{}'::bigint[], '{}'::int[]) AS acked_none;
-SELECT pg_temp.error_of($$SELECT gatekeeper.ack('{1,2}'::bigint[], '{1}'::int[])$$) AS mismatched_lengths;
+SELECT gatekeeper.ack_batch(array_agg(id ORDER BY id), array_agg(attempt ORDER BY id)) AS acked_again FROM claimed;
+SELECT gatekeeper.ack_batch('{}'::bigint[], '{}'::int[]) AS acked_none;
+SELECT pg_temp.error_of($$SELECT gatekeeper.ack_batch('{1,2}'::bigint[], '{1}'::int[])$$) AS mismatched_lengths;
 SELECT state, count(*) FROM gatekeeper.mail_status WHERE id IN (SELECT id FROM claimed) GROUP BY state ORDER BY state;
 DROP TABLE claimed;
 

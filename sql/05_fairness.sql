@@ -54,7 +54,7 @@ SELECT count(*) AS still_due FROM gatekeeper.mail_status
  WHERE queue IN ('f_heavy', 'f_light', 'f_small') AND state = 'scheduled';
 SELECT queue, count(*) AS claimed, count(DISTINCT id) AS distinct_mails, max(attempt) AS max_attempt
   FROM got GROUP BY queue ORDER BY queue;
-SELECT gatekeeper.ack(array_agg(id), array_agg(attempt)) AS acked FROM got;
+SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked FROM got;
 DROP TABLE got;
 
 --
@@ -81,7 +81,7 @@ SELECT format('tie%s@example.com', i), 'P', 'b', 'f_prio', '2000-01-01 00:00:00+
   FROM generate_series(1, 4) AS i;
 INSERT INTO got SELECT 4, recipient, id, attempt FROM gatekeeper.claim('w-prio', 2, queues => ARRAY['f_prio']);
 SELECT recipient FROM got WHERE round = 4 ORDER BY recipient;
-SELECT gatekeeper.ack(array_agg(id), array_agg(attempt)) AS acked FROM got;
+SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked FROM got;
 DROP TABLE got;
 
 --
@@ -124,7 +124,7 @@ SELECT rate_limit FROM gatekeeper.queue WHERE name = 'f_rate';
 INSERT INTO got SELECT 5, queue, id, attempt FROM gatekeeper.claim('w-rate', 1000, queues => ARRAY['f_rate']);
 SELECT (SELECT count(*) FROM got WHERE queue = 'f_rate') AS rate_claimed_in_all,
        (SELECT count(*) FROM gatekeeper.mail_status WHERE queue = 'f_rate' AND state = 'scheduled') AS left_scheduled;
-SELECT gatekeeper.ack(array_agg(id), array_agg(attempt)) = count(*) AS all_acked FROM got;
+SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) = count(*) AS all_acked FROM got;
 DROP TABLE got;
 
 -- leave no live mail behind

@@ -53,15 +53,15 @@ SELECT * FROM pg_temp.gate_view('cap@gates.example');
 
 -- gate_pass on many recipients: who passed, in order; a recipient named
 -- twice is gated twice
-SELECT * FROM gatekeeper.gate_pass('g_win',
+SELECT * FROM gatekeeper.gate_pass_batch('g_win',
 	ARRAY['b1@gates.example', 'b2@gates.example', 'b1@gates.example',
 	      'one@gates.example', 'B3@Gates.Example', 'b3@gates.example'])
 	WITH ORDINALITY AS t(passed, nth_passed) ORDER BY nth_passed;
-SELECT * FROM gatekeeper.gate_pass('g_cap',
+SELECT * FROM gatekeeper.gate_pass_batch('g_cap',
 	ARRAY['c1@gates.example', 'c1@gates.example', 'c2@gates.example', 'c1@gates.example',
 	      'c1@gates.example', 'cap@gates.example'])
 	WITH ORDINALITY AS t(passed, nth_passed) ORDER BY nth_passed;
-SELECT * FROM gatekeeper.gate_pass('g_cap', '{}'::text[]);
+SELECT * FROM gatekeeper.gate_pass_batch('g_cap', '{}'::text[]);
 
 --
 -- gate_open and gate_next_open: NULL when open, the reopening when closed

@@ -27,13 +27,17 @@ GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz
 GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
               priority, send_by, recipient_name, metadata, timezone) ON gatekeeper.mail TO regress_app_enqueue;
 GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO regress_app_enqueue;
+GRANT EXECUTE ON FUNCTION gatekeeper.status(bigint), gatekeeper.find(text, text),
+                          gatekeeper.history(text, timestamptz),
+                          gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO regress_app_enqueue;
 
 -- worker: claim and report back, and look at the counts
 GRANT USAGE ON SCHEMA gatekeeper TO regress_app_worker;
 GRANT EXECUTE ON FUNCTION gatekeeper.claim(text, int, interval, text[]),
                           gatekeeper.ack(bigint, int),
-                          gatekeeper.ack(bigint[], int[]),
+                          gatekeeper.ack_batch(bigint[], int[]),
                           gatekeeper.nack(bigint, int, text, boolean),
+                          gatekeeper.nack_batch(bigint[], int[], text[], boolean),
                           gatekeeper.extend(bigint, int, interval),
                           gatekeeper.reap(),
                           gatekeeper.unclaim(bigint[], int[], text, interval)
@@ -73,13 +77,25 @@ SELECT pg_temp.error_of($$UPDATE gatekeeper.mail SET subject = 'x'$$) AS update_
 SELECT pg_temp.error_of($$DELETE FROM gatekeeper.mail$$) AS delete_mail;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
 SELECT pg_temp.error_of($$SELECT gatekeeper.ack(1, 1)$$) AS ack;
-SELECT pg_temp.error_of($$SELECT gatekeeper.cancel(1)$$) AS cancel;
+SELECT pg_temp.error_of($$SELECT gatekeeper.ack_batch('{1}', '{1}')$$) AS ack_batch;
+SELECT pg_temp.error_of($$SELECT gatekeeper.nack_batch('{1}', '{1}', '{e}')$$) AS nack_batch;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.queue_stats$$) AS queue_stats;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.queue$$) AS select_queue;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.gate_log$$) AS select_gate_log;
 SELECT pg_temp.error_of($$SELECT gatekeeper.create_queue('p_mine')$$) AS create_queue;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_pass('smart_sending', 'a@priv.example')$$) AS gate_pass;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.explain('a@priv.example')$$) AS explain;
+-- it looks up and cancels its own mail, by id or by its key, through
+-- functions that do not need SELECT on gatekeeper.mail
+SELECT gatekeeper.enqueue('p3@priv.example', 'Hello', 'b', 'p_app', dedupe_key => 'k3') AS k3 \gset
+SELECT gatekeeper.find('p_app', 'k') = :k1 AS found;
+SELECT queue, state, attempt FROM gatekeeper.status(:k1);
+SELECT count(*) AS history FROM gatekeeper.history('p2@priv.example');
+SELECT gatekeeper.cancel('p_app', 'k3') AS cancelled_by_key;
+SELECT gatekeeper.cancel('p_app', 'k3') AS cancelled_again;
+SELECT state FROM gatekeeper.status(:k3);
+SELECT gatekeeper.enqueue('p4@priv.example', 'Hello', 'b', 'p_app') AS k4 \gset
+SELECT gatekeeper.cancel(:k4) AS cancelled_by_id;
 RESET ROLE;
 SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'p_app' GROUP BY state ORDER BY state;
 
@@ -92,8 +108,9 @@ SELECT count(*) AS claimed FROM w;
 SELECT gatekeeper.extend(min(id), 1, '10 minutes') AS extended FROM w;
 SELECT gatekeeper.nack(min(id), 1, '421 later') AS nacked FROM w;
 SELECT gatekeeper.ack(max(id), 1) AS acked FROM w;
-SELECT gatekeeper.ack(array_agg(id), array_agg(attempt)) AS acked_batch FROM w
+SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked_batch FROM w
  WHERE id NOT IN ((SELECT min(id) FROM w), (SELECT max(id) FROM w));
+SELECT gatekeeper.nack_batch('{}', '{}', '{}') AS nacked_none;
 SELECT gatekeeper.reap() AS reaped;
 SELECT gatekeeper.unclaim('{}'::bigint[], '{}'::int[], 'none') AS unclaimed;
 SELECT queue, scheduled, claimed, sent FROM gatekeeper.queue_stats WHERE queue = 'p_app';
@@ -117,6 +134,8 @@ SELECT count(*) >= 0 AS reads_worker_status FROM gatekeeper.worker_status;
 SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
 SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b')$$) AS enqueue;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.status(1)$$) AS status;
+SELECT pg_temp.error_of($$SELECT gatekeeper.cancel('p_app', 'k')$$) AS cancel_by_key;
 RESET ROLE;
 
 --

@@ -38,6 +38,7 @@ LANGUAGE sql AS $$
 		WHEN arg IN ('gate') THEN '''smart_sending'''
 		WHEN arg IN ('recipient') THEN '''a@example.com'''
 		WHEN arg IN ('recipients') THEN '''{a@example.com}'''
+		WHEN arg IN ('errors') THEN '''{x}'''
 		WHEN arg IN ('queues', 'gates') THEN '''{}'''
 		WHEN typ = 'text'::regtype THEN '''x'''
 		WHEN typ = 'interval'::regtype THEN '''1 minute'''

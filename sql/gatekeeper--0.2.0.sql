@@ -748,6 +748,30 @@ BEGIN
 END
 $$;
 
+-- cancel the scheduled mail of a queue that has this dedupe key (the
+-- application's own key for it); false when there is none
+CREATE FUNCTION gatekeeper.cancel(queue text, dedupe_key text)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	found_id bigint;
+BEGIN
+	IF cancel.queue IS NULL OR cancel.dedupe_key IS NULL THEN
+		RAISE EXCEPTION 'queue and dedupe_key must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._queue(cancel.queue);
+	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
+	 WHERE l.queue = cancel.queue AND l.dedupe_key = cancel.dedupe_key AND l.state = 'scheduled';
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	RETURN gatekeeper.cancel(found_id);
+END
+$$;
+
 CREATE FUNCTION gatekeeper.cancel_queue(queue text)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -875,7 +899,7 @@ LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_pass';
 
-CREATE FUNCTION gatekeeper.gate_pass(gate text, recipients text[])
+CREATE FUNCTION gatekeeper.gate_pass_batch(gate text, recipients text[])
 RETURNS SETOF text
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1134,7 +1158,8 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION gatekeeper.ack(ids bigint[], attempts int[])
+-- ack for many claims at once: how many were still the caller's
+CREATE FUNCTION gatekeeper.ack_batch(ids bigint[], attempts int[])
 RETURNS int
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1216,6 +1241,102 @@ BEGIN
 	   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = error
 	 WHERE l.id = m.id;
 	RETURN 'scheduled';
+END
+$$;
+
+-- nack for many claims at once, each element as nack() would do it; returns
+-- how many were still the caller's.  The claims are locked in id order,
+-- hard bounces suppressed in address order and the passes of the mail that
+-- failed given back in one sorted release, so that concurrent batches do
+-- not deadlock.
+CREATE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
+	permanent boolean DEFAULT false)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	e record;
+	m gatekeeper.mail_live;
+	q gatekeeper.queue;
+	recipient text;
+	tries int;
+	delay interval;
+	base interval;
+	n int := 0;
+	bounce_keys text[] := '{}';
+	bounce_errors text[] := '{}';
+	bounce_ids bigint[] := '{}';
+	release_recipients text[] := '{}';
+	release_holders bigint[] := '{}';
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR errors IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts, errors and permanent must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR array_ndims(errors) > 1
+	   OR cardinality(ids) <> cardinality(attempts) OR cardinality(ids) <> cardinality(errors) THEN
+		RAISE EXCEPTION 'ids, attempts and errors must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL
+	   OR array_position(errors, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'ids, attempts and errors must not contain nulls'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+
+	base := gatekeeper._retry_delay();
+	FOR e IN SELECT u.id, u.attempt, u.error
+			   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
+			  ORDER BY u.id, u.i
+	LOOP
+		SELECT * INTO m FROM gatekeeper.mail_live l
+		 WHERE l.id = e.id AND l.attempt = e.attempt AND l.state = 'claimed'
+		   FOR UPDATE;
+		CONTINUE WHEN NOT FOUND;	-- not this claim's to report: it changes nothing
+		n := n + 1;
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
+		tries := m.attempt - m.uncharged;
+
+		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+			DELETE FROM gatekeeper.mail_live l WHERE l.id = m.id;
+			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+											  message_id, last_error, dedupe_key, finished_at, segment)
+			VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
+					m.message_id, e.error, m.dedupe_key, now(), m.segment);
+			SELECT c.recipient INTO recipient FROM gatekeeper.mail c
+			 WHERE c.id = m.id AND c.segment = m.segment;
+			-- the relay said the mailbox does not exist: never mail it again
+			IF permanent AND gatekeeper._hard_bounce(e.error) THEN
+				bounce_keys := bounce_keys || gatekeeper._address_key(recipient);
+				bounce_errors := bounce_errors || e.error;
+				bounce_ids := bounce_ids || m.id;
+			END IF;
+			release_recipients := release_recipients || recipient;
+			release_holders := release_holders || m.id;
+			CONTINUE;
+		END IF;
+
+		-- exponential backoff with equal jitter, as nack()'s
+		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+		delay := delay / 2 + delay / 2 * random();
+		UPDATE gatekeeper.mail_live l
+		   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = e.error
+		 WHERE l.id = m.id;
+	END LOOP;
+
+	FOR e IN SELECT b.key, b.error, b.id
+			   FROM unnest(bounce_keys, bounce_errors, bounce_ids) AS b(key, error, id)
+			  ORDER BY b.key, b.id
+	LOOP
+		PERFORM gatekeeper._suppress(e.key, 'hard_bounce', NULL, e.error, e.id);
+	END LOOP;
+	-- by what the mail holds, whatever its queue's gates are now
+	IF cardinality(release_recipients) > 0 THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
+	RETURN n;
 END
 $$;
 

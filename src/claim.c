@@ -1403,8 +1403,10 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 }
 
 /*
- * ack(ids bigint[], attempts int[]) RETURNS int
+ * ack_batch(ids bigint[], attempts int[]) RETURNS int
  *		Report a batch of claims sent; returns how many were still theirs.
+ *		(0.1.0's ack(bigint[], int[]) calls it too.)  An element repeated
+ *		counts once; a NULL element is refused, as a NULL is by ack().
  */
 Datum
 gatekeeper_ack_batch(PG_FUNCTION_ARGS)
@@ -1429,6 +1431,10 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ids and attempts must be one-dimensional arrays of the same length")));
+	if (array_contains_nulls(ids) || array_contains_nulls(attempts))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids and attempts must not contain nulls")));
 
 	split = gatekeeper_mail_split();
 	SPI_connect();

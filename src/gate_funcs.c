@@ -89,7 +89,8 @@ require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 }
 
 /*
- * The key of a recipient argument; error 22023 if it is empty.
+ * The key of a recipient argument; error 22023 unless it is an address a
+ * mail could be sent to (gatekeeper_check_address, as enqueue checks it).
  */
 static char *
 recipient_arg(text *recipient)
@@ -101,6 +102,7 @@ recipient_arg(text *recipient)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("recipient must not be empty")));
+	gatekeeper_check_address(s, "recipient");
 	/* as gatekeeper_recipient_key, in place */
 	for (p = s; *p; p++)
 		*p = pg_ascii_tolower((unsigned char) *p);
@@ -156,9 +158,11 @@ row_index_cmp(const void *a, const void *b, void *arg)
 }
 
 /*
- * gate_pass(gate text, recipients text[]) RETURNS SETOF text
+ * gate_pass_batch(gate text, recipients text[]) RETURNS SETOF text
  *		Pass each recipient in turn; return those that passed, in order.
  *		A recipient named twice is gated twice, like any two callers.
+ *		Every recipient is checked before any is passed.  (0.1.0's
+ *		gate_pass(text, text[]) calls it too.)
  */
 Datum
 gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)

@@ -47,6 +47,7 @@
  */
 #include "gatekeeper.h"
 #include "address.h"
+#include "mail.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -112,7 +113,9 @@ static Oid	known_extension = InvalidOid;
  * 0.1.0's claim, until ALTER EXTENSION UPDATE, returns fewer columns.
  */
 static const char claim_sql[] = "SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
-static const char ack_sql[] = "SELECT gatekeeper.ack($1::bigint[], $2::int[])";
+static const char ack_sql[] = "SELECT gatekeeper.ack_batch($1::bigint[], $2::int[])";
+/* 0.1.0 has no ack_batch, but an array overload of ack */
+static const char ack_010_sql[] = "SELECT gatekeeper.ack($1::bigint[], $2::int[])";
 static const char nack_sql[] = "SELECT gatekeeper.nack($1::bigint, $2::int, $3::text, $4::boolean)";
 static const char unclaim_sql[] = "SELECT gatekeeper.unclaim($1::bigint[], $2::int[], $3::text, $4::interval)";
 static const char extend_sql[] = "SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)";
@@ -122,6 +125,7 @@ static const char next_due_sql[] = "SELECT gatekeeper.next_due()";
 
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
+static SPIPlanPtr ack_010_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr unclaim_plan = NULL;
 static SPIPlanPtr extend_plan = NULL;
@@ -1305,10 +1309,13 @@ record_outcomes(void)
 
 		values[0] = gatekeeper_array(ids, NULL, nsent, INT8OID);
 		values[1] = gatekeeper_array(attempts, NULL, nsent, INT4OID);
-		plan = gatekeeper_plan(&ack_plan, ack_sql, 2, argtypes);
+		if (gatekeeper_mail_split())
+			plan = gatekeeper_plan(&ack_plan, ack_sql, 2, argtypes);
+		else
+			plan = gatekeeper_plan(&ack_010_plan, ack_010_sql, 2, argtypes);
 		ret = SPI_execute_plan(plan, values, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.ack() failed: %s",
+			elog(ERROR, "gatekeeper.ack_batch() failed: %s",
 				 SPI_result_code_string(ret));
 		if (SPI_processed == 1)
 		{

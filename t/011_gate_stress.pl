@@ -101,7 +101,7 @@ SELECT pg_current_xact_id(), 'bench-' || :client_id, c.id, c.attempt, c.queue, c
   FROM gatekeeper.claim('bench-' || :client_id, $batch) AS c;
 INSERT INTO acks_log (xid, claimed, acked)
 SELECT pg_current_xact_id(), count(*),
-	   gatekeeper.ack(coalesce(array_agg(l.id), '{}'), coalesce(array_agg(l.attempt), '{}'))
+	   gatekeeper.ack_batch(coalesce(array_agg(l.id), '{}'), coalesce(array_agg(l.attempt), '{}'))
   FROM claims_log l WHERE l.xid = pg_current_xact_id();
 COMMIT;
 });

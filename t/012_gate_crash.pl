@@ -39,7 +39,7 @@ SELECT gatekeeper.create_gate('weekly', '7 days', 2);
 SELECT gatekeeper.create_queue('promo', gates => ARRAY['smart_sending']);
 -- committed, one at a time and in a batch
 SELECT gatekeeper.gate_pass('smart_sending', 'kept@crash.example');
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY(SELECT 'batch' || i || '@crash.example' FROM generate_series(1, 500) AS i));
 SELECT gatekeeper.gate_pass('weekly', 'cap@crash.example', 1), gatekeeper.gate_pass('weekly', 'cap@crash.example', 2);
 -- given back
@@ -136,7 +136,7 @@ $small->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
 my ($ret, $stdout, $stderr) = $small->psql(
 	'postgres', q{
 \set VERBOSITY verbose
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY(SELECT 'many' || i || '@full.example' FROM generate_series(1, 20000) AS i));
 });
 isnt($ret, 0, 'a batch that does not fit fails');
@@ -145,7 +145,7 @@ is( $small->safe_psql('postgres',
 		"SELECT count(*) FROM gatekeeper.gate_log; SELECT gatekeeper.gate_open('smart_sending', 'many1\@full.example')"),
 	"0\nt", 'and writes nothing');
 is( $small->safe_psql('postgres',
-		"SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+		"SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 			ARRAY(SELECT 'few' || i || '\@full.example' FROM generate_series(1, 1000) AS i))"),
 	'1000', 'a batch that fits passes');
 $small->stop;

@@ -43,7 +43,7 @@ $holder->query_safe(
 my ($ret, $stdout, $stderr) = $node->psql(
 	'postgres', q{
 SET statement_timeout = '1s';
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY['aaa@block.example'] || ARRAY(SELECT 'cut' || i || '@leak.example' FROM generate_series(1, 30000) AS i));
 });
 isnt($ret, 0, 'a batch waiting for an entry is cut off by statement_timeout');
@@ -52,7 +52,7 @@ $holder->query_safe('ROLLBACK');
 $holder->quit;
 
 ($ret, $stdout, $stderr) = $node->psql('postgres', q{
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY(SELECT 'after' || i || '@leak.example' FROM generate_series(1, 20000) AS i))});
 is($stdout, '20000', 'after the cancelled batch, 20000 new passes still fit');
 
@@ -60,10 +60,10 @@ is($stdout, '20000', 'after the cancelled batch, 20000 new passes still fit');
 is( ($node->psql('postgres', q{
 BEGIN;
 SAVEPOINT s;
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY(SELECT 'sp' || i || '@leak.example' FROM generate_series(1, 15000) AS i));
 ROLLBACK TO SAVEPOINT s;
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY(SELECT 'sp2_' || i || '@leak.example' FROM generate_series(1, 15000) AS i));
 COMMIT;
 }))[1], "15000\n15000", 'a batch rolled back to a savepoint leaves room for another as big');
@@ -89,7 +89,7 @@ for my $round (1 .. 60)
 {
 	($ret, $stdout, $full_stderr) = $node->psql('hog', qq{
 \\set VERBOSITY verbose
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY(SELECT 'hog$round-' || i || '\@fill.example' FROM generate_series(1, 1000) AS i));
 });
 	if ($ret != 0) { $filled = 1; last; }

@@ -34,12 +34,12 @@ UPDATE gatekeeper.gate SET max_sends = 100000 WHERE name = 'huge_cap';
 my $started = $node->safe_psql('postgres', 'SELECT pg_postmaster_start_time()');
 
 my ($ret, $first, $stderr) = $node->psql('postgres', q{
-SELECT count(*) FROM gatekeeper.gate_pass('huge_cap', array_fill('victim@example.com'::text, ARRAY[35000]));
+SELECT count(*) FROM gatekeeper.gate_pass_batch('huge_cap', array_fill('victim@example.com'::text, ARRAY[35000]));
 });
 is($ret, 0, 'a batch of 35000 passes for one recipient does not fail');
 is($first, '10000', 'the gate lets 10000 through, the bound on max_sends');
 ($ret, my $second, $stderr) = $node->psql('postgres', q{
-SELECT count(*) FROM gatekeeper.gate_pass('huge_cap', array_fill('victim@example.com'::text, ARRAY[5000]));
+SELECT count(*) FROM gatekeeper.gate_pass_batch('huge_cap', array_fill('victim@example.com'::text, ARRAY[5000]));
 });
 is($ret, 0, 'another 5000 do not fail');
 is($second, '0', 'and none passes: the gate is closed');

@@ -74,7 +74,7 @@ SELECT gatekeeper.gate_pass('smart_sending', 'passed@example.com');
 SELECT gatekeeper.gate_pass('weekly', 'capped@example.com', h) FROM generate_series(41, 43) AS h;
 -- holder 41 holds its pass already: this one counts nothing
 SELECT gatekeeper.gate_pass('weekly', 'capped@example.com', 41);
-SELECT * FROM gatekeeper.gate_pass('weekly', ARRAY['b1@example.com', 'b2@example.com']);
+SELECT * FROM gatekeeper.gate_pass_batch('weekly', ARRAY['b1@example.com', 'b2@example.com']);
 SELECT gatekeeper.gate_pass('daily', 'news@example.com');
 
 -- scheduled: due in promo (one gate closed, one open), later, paused

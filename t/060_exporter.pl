@@ -36,7 +36,7 @@ SELECT gatekeeper.enqueue('l' || i || '@example.com', 's', 'b', queue => 'later'
 						  send_at => now() + interval '1 day')
   FROM generate_series(1, 3) AS i;
 SELECT count(*) FROM gatekeeper.claim('w', 2, '5 minutes', '{promo}');
-SELECT count(*) FROM gatekeeper.gate_pass('smart_sending',
+SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY['g1@example.com', 'g2@example.com', 'g3@example.com', 'g4@example.com']);
 
 -- the README's monitoring role

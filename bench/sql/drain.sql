@@ -2,4 +2,4 @@
 -- transaction), then report it sent (another).  -D batch=N.
 SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(attempt), '{}') AS atts
   FROM gatekeeper.claim('bench', :batch) \gset
-SELECT gatekeeper.ack(:ids::bigint[], :atts::int[]);
+SELECT gatekeeper.ack_batch(:ids::bigint[], :atts::int[]);
