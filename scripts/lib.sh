@@ -29,8 +29,9 @@ GK_BASE_PACKAGES=(
 	postgresql-15 postgresql-server-dev-15 libssl-dev
 	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd openssl
 )
-# The TAP tests need these on top (t/060_exporter.pl scrapes the exporter).
-GK_TEST_PACKAGES=(prometheus-postgres-exporter)
+# The TAP tests need these on top (t/060_exporter.pl scrapes the exporter;
+# t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3).
+GK_TEST_PACKAGES=(prometheus-postgres-exporter python3-psycopg2)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
 
