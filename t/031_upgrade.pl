@@ -46,6 +46,23 @@ $node->safe_psql('fresh', 'CREATE EXTENSION gatekeeper');
 is($node->safe_psql('updated', "SELECT extversion FROM pg_extension WHERE extname = 'gatekeeper'"),
 	'0.1.0', 'updated: 0.1.0 installed');
 
+# EXECUTE grants carry over to the functions that replace 0.1.0's array
+# overloads (issue 13): granted on the old ones in "updated" and on their
+# replacements in "fresh", so that the ACLs compared below must match
+$node->safe_psql('postgres', 'CREATE ROLE upgrade_worker; CREATE ROLE upgrade_gates; CREATE ROLE upgrade_app');
+$node->safe_psql('updated', q{
+GRANT EXECUTE ON FUNCTION gatekeeper.ack(bigint[], int[]), gatekeeper.nack(bigint, int, text, boolean)
+   TO upgrade_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass(text, text[]) TO upgrade_gates;
+GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint) TO upgrade_app;
+});
+$node->safe_psql('fresh', q{
+GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack(bigint, int, text, boolean),
+                          gatekeeper.nack_batch(bigint[], int[], text[], boolean) TO upgrade_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
+GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
+});
+
 # 0.1.0 in use
 $node->safe_psql(
 	'updated', q{
