@@ -1528,13 +1528,15 @@ AS 'MODULE_PATHNAME', 'gatekeeper_forget_queue';
 CREATE TRIGGER queue_forget AFTER DELETE ON gatekeeper.queue
 	FOR EACH ROW EXECUTE FUNCTION gatekeeper._forget_queue();
 
--- one queue's totals since the server started or reset_stats(): NULLs
--- when the library was not preloaded (nothing is counted then)
-CREATE FUNCTION gatekeeper._queue_totals(queue text, OUT enqueued bigint, OUT sent bigint,
-		OUT failed bigint, OUT suppressed bigint, OUT expired bigint, OUT cancelled bigint,
-		OUT unknown bigint)
-RETURNS record
-LANGUAGE c VOLATILE STRICT
+-- the totals of this database's queues since the server started or
+-- reset_stats(), by hashtextextended(name, 0) of the queue's name: no row
+-- for a queue that has counted nothing, none at all when the library was
+-- not preloaded (nothing is counted then)
+CREATE FUNCTION gatekeeper._queue_totals(OUT queue_hash bigint, OUT enqueued bigint,
+		OUT sent bigint, OUT failed bigint, OUT suppressed bigint, OUT expired bigint,
+		OUT cancelled bigint, OUT unknown bigint)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_queue_totals';
 
@@ -1555,13 +1557,13 @@ SELECT q.name AS queue,
 	   coalesce(s.due, 0) AS due,
 	   coalesce(s.claimed, 0) AS claimed,
 	   s.oldest_due_age,
-	   t.enqueued,
-	   t.sent,
-	   t.failed,
-	   t.suppressed,
-	   t.expired,
-	   t.cancelled,
-	   t.unknown
+	   coalesce(t.enqueued, 0) AS enqueued,
+	   coalesce(t.sent, 0) AS sent,
+	   coalesce(t.failed, 0) AS failed,
+	   coalesce(t.suppressed, 0) AS suppressed,
+	   coalesce(t.expired, 0) AS expired,
+	   coalesce(t.cancelled, 0) AS cancelled,
+	   coalesce(t.unknown, 0) AS unknown
   FROM gatekeeper.queue q
   LEFT JOIN (
 	SELECT l.queue,
@@ -1573,7 +1575,7 @@ SELECT q.name AS queue,
 	  FROM gatekeeper.mail_live l
 	 GROUP BY l.queue
   ) s ON s.queue = q.name
-  CROSS JOIN LATERAL gatekeeper._queue_totals(q.name) AS t;
+  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
 	'per queue: live mail (scheduled, due, claimed, oldest due age) and totals that never go down (enqueued and each outcome)';

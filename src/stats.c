@@ -17,7 +17,8 @@
  *
  * The totals live in a fixed-size shared hash keyed by database, the
  * extension's OID (a new CREATE EXTENSION starts afresh) and a 64-bit hash
- * of the queue's name; a deleted queue row (drop_queue) removes its entry
+ * of the queue's name, the one hashtextextended(name, 0) gives, by which
+ * the view joins the totals to gatekeeper.queue in one pass; a deleted queue row (drop_queue) removes its entry
  * when the deleting transaction commits, so a new queue with an old name
  * starts at zero.  Like PostgreSQL's statistics, the postmaster writes the
  * hash to pg_stat/gatekeeper.stat at a clean shutdown and reads it back
@@ -209,6 +210,7 @@ stats_key(const char *name, int len)
 	memset(&key, 0, sizeof(key));
 	key.database = MyDatabaseId;
 	key.extension = current_extension();
+	/* what hashtextextended(name, 0) returns for a deterministic collation */
 	key.queue = hash_bytes_extended((const unsigned char *) name, len, 0);
 	return key;
 }
@@ -491,41 +493,58 @@ gatekeeper_forget_queue(PG_FUNCTION_ARGS)
 
 /*
  * gatekeeper_queue_totals
- *		gatekeeper._queue_totals(queue): the queue's committed totals since
- *		the server started (or the last reset), zero for a queue that has
- *		none yet, NULL when the library was not preloaded.
+ *		gatekeeper._queue_totals(): the committed totals of the current
+ *		database's queues since the server started (or the last reset), one
+ *		row per queue that has any, keyed by hashtextextended(name, 0);
+ *		no rows when the library was not preloaded.
  */
 Datum
 gatekeeper_queue_totals(PG_FUNCTION_ARGS)
 {
-	text	   *queue = PG_GETARG_TEXT_PP(0);
-	TupleDesc	tupdesc;
-	Datum		values[STAT_KINDS];
-	bool		nulls[STAT_KINDS];
-	int64		counts[STAT_KINDS];
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	HASH_SEQ_STATUS scan;
+	StatsEntry *entry;
+	StatsEntry *found;
+	Oid			extension;
+	int			n = 0;
+	int			max = 64;
 	int			i;
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
+	InitMaterializedSRF(fcinfo, 0);
+	if (stats_hash == NULL)
+		return (Datum) 0;
 
-	memset(counts, 0, sizeof(counts));
-	if (stats_hash != NULL)
+	/* copy under the lock, build the rows after */
+	extension = current_extension();
+	found = palloc(max * sizeof(StatsEntry));
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
 	{
-		StatsKey	key = stats_key(VARDATA_ANY(queue), VARSIZE_ANY_EXHDR(queue));
-		StatsEntry *entry;
+		if (entry->key.database != MyDatabaseId || entry->key.extension != extension)
+			continue;
+		if (n == max)
+		{
+			max *= 2;
+			found = repalloc(found, max * sizeof(StatsEntry));
+		}
+		found[n++] = *entry;
+	}
+	LWLockRelease(stats_shared->lock);
 
-		LWLockAcquire(stats_shared->lock, LW_SHARED);
-		entry = hash_search(stats_hash, &key, HASH_FIND, NULL);
-		if (entry != NULL)
-			memcpy(counts, entry->counts, sizeof(counts));
-		LWLockRelease(stats_shared->lock);
-	}
-	for (i = 0; i < STAT_KINDS; i++)
+	for (i = 0; i < n; i++)
 	{
-		values[i] = Int64GetDatum(counts[i]);
-		nulls[i] = (stats_hash == NULL);
+		Datum		values[STAT_KINDS + 1];
+		bool		nulls[STAT_KINDS + 1];
+		int			k;
+
+		memset(nulls, 0, sizeof(nulls));
+		values[0] = Int64GetDatum((int64) found[i].key.queue);
+		for (k = 0; k < STAT_KINDS; k++)
+			values[k + 1] = Int64GetDatum(found[i].counts[k]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	return (Datum) 0;
 }
 
 /*

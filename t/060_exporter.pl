@@ -52,7 +52,7 @@ CREATE ROLE monitor LOGIN;
 GRANT pg_monitor TO monitor;
 GRANT USAGE ON SCHEMA gatekeeper TO monitor;
 GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(text) TO monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals() TO monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO monitor;
 });
 
