@@ -413,13 +413,20 @@ stats_load_done() {
 
 # stats_measure SIZE: RUNS runs of STATS_CALLS calls of each view.
 stats_measure() {
-	local size=$1 run view log
+	local size=$1 run view log plan
 	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done" >/dev/null
 	bk_note stats "$(bk_sql "SELECT format('%s finished mails retained (mail_done %s with indexes), %s live; queue_stats of bench: %s',
 		(SELECT count(*) FROM gatekeeper.mail_done),
 		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))),
 		(SELECT count(*) FROM gatekeeper.mail_live),
 		(SELECT row_to_json(s) FROM gatekeeper.queue_stats s WHERE queue = 'bench'))")"
+	# what the plans read: the live mail, the queues, functions; never mail_done
+	for view in queue_stats worker_status; do
+		plan=$(bk_sql "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM gatekeeper.$view")
+		bk_note stats "$size: $view's plan: $(printf '%s\n' "$plan" |
+			grep -oE '(Seq|Index|Index Only|Bitmap Heap|Function) Scan( using [a-z_]+)? on [a-z_]+' |
+			sort -u | paste -sd, -) ($(printf '%s\n' "$plan" | grep -m1 -oE 'shared hit=[0-9]+( read=[0-9]+)?' || echo 'no buffers'))"
+	done
 	printf 'SELECT * FROM gatekeeper.queue_stats;\n' >"$BK_WORK/stats_queue.sql"
 	printf 'SELECT * FROM gatekeeper.worker_status;\n' >"$BK_WORK/stats_worker.sql"
 	for run in $(seq 1 "$RUNS"); do
