@@ -425,7 +425,7 @@ stats_measure() {
 		plan=$(bk_sql "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM gatekeeper.$view")
 		bk_note stats "$size: $view's plan: $(printf '%s\n' "$plan" |
 			grep -oE '(Seq|Index|Index Only|Bitmap Heap|Function) Scan( using [a-z_]+)? on [a-z_]+' |
-			sort -u | paste -sd, -) ($(printf '%s\n' "$plan" | grep -m1 -oE 'shared hit=[0-9]+( read=[0-9]+)?' || echo 'no buffers'))"
+			sort -u | paste -sd, -) (first buffers line, planning's when execution read none: $(printf '%s\n' "$plan" | grep -m1 -oE 'shared hit=[0-9]+( read=[0-9]+)?' || echo 'no buffers'))"
 	done
 	printf 'SELECT * FROM gatekeeper.queue_stats;\n' >"$BK_WORK/stats_queue.sql"
 	printf 'SELECT * FROM gatekeeper.worker_status;\n' >"$BK_WORK/stats_worker.sql"
