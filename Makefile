@@ -21,7 +21,8 @@ OBJS = \
 	src/suppression.o \
 	src/unsubscribe.o \
 	src/window.o \
-	src/address.o
+	src/address.o \
+	src/stats.o
 
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 

@@ -20,7 +20,7 @@
 #   --smoke          tiny sizes, 1 run (CI keeps the harness working with it)
 #   --runs N         runs per measurement (default 5; --smoke: 1)
 #   --only LIST      comma-separated scenarios: enqueue,drain,backlog,
-#                    sustained,storage,gates,delivery,relays (default: all)
+#                    sustained,storage,stats,gates,delivery,relays (default: all)
 #   --install        build gatekeeper from this tree and install it first
 #                    (also done when no gatekeeper is installed)
 #   --output FILE    where to write the Markdown report
@@ -43,7 +43,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 
-ALL_SCENARIOS=(enqueue drain backlog sustained storage gates delivery relays)
+ALL_SCENARIOS=(enqueue drain backlog sustained storage stats gates delivery relays)
 SMOKE=0
 RUNS=
 ONLY=
@@ -101,6 +101,7 @@ if [ "$SMOKE" = 1 ]; then
 	BACKLOG_SMALL=500 BACKLOG_BIG=5000 BACKLOG_TXNS=3
 	SUSTAINED_WAVES=10 SUSTAINED_N=4000
 	STORAGE_WAVES=3 STORAGE_N=4000
+	STATS_SMALL=500 STATS_BIG=5000 STATS_CALLS=20
 	GATE_BATCH_TXNS=2 GATE_SINGLE_TXNS=50 REDIS_P_N=20000 REDIS_N=2000
 	DELIVERY_N=200 DELIVERY_LAT=3
 	RELAY_N=200 RELAY_RTT_N=48 RELAY_SLOW_N=16
@@ -111,6 +112,7 @@ else
 	BACKLOG_SMALL=50000 BACKLOG_BIG=5000000 BACKLOG_TXNS=10
 	SUSTAINED_WAVES=10 SUSTAINED_N=400000
 	STORAGE_WAVES=6 STORAGE_N=300000
+	STATS_SMALL=50000 STATS_BIG=5000000 STATS_CALLS=50
 	GATE_BATCH_TXNS=50 GATE_SINGLE_TXNS=2500 REDIS_P_N=2000000 REDIS_N=200000
 	DELIVERY_N=20000 DELIVERY_LAT=50
 	# relays: loopback as delivery; 2,000 mails 20 ms away (issue 10);

@@ -374,6 +374,142 @@ scenario_storage() {
 	bk_reset_mail
 }
 
+# ================================================================== stats
+#
+# What a Prometheus scrape costs: the latency of SELECT * FROM
+# gatekeeper.queue_stats and of gatekeeper.worker_status (pgbench, one
+# client, STATS_CALLS calls a run, per-call log; median per run) with
+# STATS_SMALL and then STATS_BIG finished mails retained (mail_done), plus
+# 2,000 mails enqueued through the trigger of which 1,000 are claimed and
+# acked (so the totals count something) and 1,000 left due.  The retained
+# mail is loaded in bulk past the triggers (short content: only its
+# number matters here).  At STATS_BIG also one scrape of Debian's
+# prometheus-postgres-exporter with monitoring/queries.yaml, when it is
+# installed, and the reference: the count over the finished mail that
+# queue_stats did before it kept totals.
+
+# stats_load_done N: add N finished mails (sent, failed, suppressed) to
+# the retained ones, in slices of a million.
+stats_load_done() {
+	local n=$1 from to
+	from=$(($(bk_sql "SELECT coalesce(max(id), 0) FROM gatekeeper.mail") + 1))
+	while [ "$n" -gt 0 ]; do
+		to=$((from + (n > 1000000 ? 1000000 : n) - 1))
+		bk_sql "SET session_replication_role = replica;
+			WITH m AS (
+				INSERT INTO gatekeeper.mail (id, queue, recipient, subject, body, send_at)
+				SELECT i, 'bench', 'd' || i || '@example.com', 's', 'b', now() - interval '1 day'
+				  FROM generate_series($from, $to) AS i
+				RETURNING id, queue, send_at, segment)
+			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, send_at, finished_at, segment)
+			SELECT id, queue, (ARRAY['sent', 'sent', 'sent', 'failed', 'suppressed'])[1 + id % 5]::gatekeeper.state,
+				   1, send_at, now() - interval '1 hour', segment
+			  FROM m" >/dev/null
+		n=$((n - (to - from + 1)))
+		from=$((to + 1))
+	done
+	bk_sql "SELECT setval('gatekeeper.mail_id_seq', (SELECT max(id) FROM gatekeeper.mail))" >/dev/null
+}
+
+# stats_measure SIZE: RUNS runs of STATS_CALLS calls of each view.
+stats_measure() {
+	local size=$1 run view log plan
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done" >/dev/null
+	bk_note stats "$(bk_sql "SELECT format('%s finished mails retained (mail_done %s with indexes), %s live; queue_stats of bench: %s',
+		(SELECT count(*) FROM gatekeeper.mail_done),
+		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))),
+		(SELECT count(*) FROM gatekeeper.mail_live),
+		(SELECT row_to_json(s) FROM gatekeeper.queue_stats s WHERE queue = 'bench'))")"
+	# what the plans read: the live mail, the queues, functions; never mail_done
+	for view in queue_stats worker_status; do
+		plan=$(bk_sql "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM gatekeeper.$view")
+		bk_note stats "$size: $view's plan: $(printf '%s\n' "$plan" |
+			grep -oE '(Seq|Index|Index Only|Bitmap Heap|Function) Scan( using [a-z_]+)? on [a-z_]+' |
+			sort -u | paste -sd, -) (first buffers line, planning's when execution read none: $(printf '%s\n' "$plan" | grep -m1 -oE 'shared hit=[0-9]+( read=[0-9]+)?' || echo 'no buffers'))"
+	done
+	printf 'SELECT * FROM gatekeeper.queue_stats;\n' >"$BK_WORK/stats_queue.sql"
+	printf 'SELECT * FROM gatekeeper.worker_status;\n' >"$BK_WORK/stats_worker.sql"
+	for run in $(seq 1 "$RUNS"); do
+		for view in queue worker; do
+			log=$BK_WORK/pgbench.stats.$view.$size.$run
+			rm -f "$log".*
+			bk_pgbench "$log.out" -f "$BK_WORK/stats_$view.sql" -c 1 -t "$STATS_CALLS" -l --log-prefix="$log"
+			bk_record "stats.$view.$size" "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
+		done
+	done
+}
+
+# stats_scrape_once URL: the wall time of one GET of URL, in ms.
+stats_scrape_once() {
+	perl -MHTTP::Tiny -MTime::HiRes=time -e '
+		my $t = time; my $r = HTTP::Tiny->new(timeout => 30)->get($ARGV[0]);
+		die "scrape failed: $r->{status}\n" unless $r->{success};
+		printf "%.3f\n", (time - $t) * 1000' "$1"
+}
+
+# stats_scrape FIGURE QUERIES [FLAGS...]: start the exporter with the
+# queries file QUERIES (none when empty) and FLAGS, scrape it once to
+# warm up (it connects to the server then), then RUNS times as FIGURE.
+stats_scrape() {
+	local fig=$1 queries=$2 port run
+	shift 2
+	port=$(gk_free_port "$BK_PGPORT")
+	DATA_SOURCE_NAME="host=127.0.0.1 port=$BK_PGPORT user=postgres dbname=bench sslmode=disable" \
+		bk_start_bg exporter "$BK_WORK" /usr/bin/prometheus-postgres-exporter \
+		--web.listen-address="127.0.0.1:$port" ${queries:+--extend.query-path="$queries"} "$@"
+	bk_wait_port "$port" || { bk_stop_bg exporter; gk_die "the exporter did not listen on $port"; }
+	stats_scrape_once "http://127.0.0.1:$port/metrics" >/dev/null
+	if [ -n "$queries" ] && ! perl -MHTTP::Tiny -e 'exit(HTTP::Tiny->new->get($ARGV[0])->{content} =~ /^gatekeeper_queue_sent_total/m ? 0 : 1)' \
+		"http://127.0.0.1:$port/metrics"; then
+		bk_stop_bg exporter
+		gk_die "the exporter serves no gatekeeper_queue_sent_total"
+	fi
+	for run in $(seq 1 "$RUNS"); do
+		if [ -n "$fig" ]; then
+			bk_record "$fig" "$run" "$(stats_scrape_once "http://127.0.0.1:$port/metrics")"
+		else
+			bk_note stats "a scrape of the exporter started as the README starts it (its own database and bgwriter collectors on too): $(stats_scrape_once "http://127.0.0.1:$port/metrics") ms"
+			break
+		fi
+	done
+	bk_stop_bg exporter
+}
+
+scenario_stats() {
+	local run log
+	bk_reset_mail
+	bk_only_queue bench
+	bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+			SELECT * FROM bench_rows(2000, 'st', 'bench', interval '-1 minute')" >/dev/null
+	bk_sql "SELECT count(*) FILTER (WHERE gatekeeper.ack(c.id, c.attempt))
+			  FROM gatekeeper.claim('bench-stats', 1000, '5 minutes', '{bench}') AS c" >/dev/null
+	stats_load_done "$STATS_SMALL"
+	stats_measure small
+	gk_log "stats: loading $STATS_BIG finished mails"
+	stats_load_done $((STATS_BIG - STATS_SMALL))
+	stats_measure big
+	if [ -x /usr/bin/prometheus-postgres-exporter ]; then
+		# gatekeeper's queries alone (the exporter's own collectors off), then
+		# the exporter with nothing to query (its own cost), then as the
+		# README starts it (its database collector sizes every database)
+		stats_scrape stats.scrape.big "$ROOT/monitoring/queries.yaml" --disable-default-metrics \
+			--disable-settings-metrics --no-collector.database --no-collector.bgwriter
+		stats_scrape stats.scrape.bare "" --disable-default-metrics \
+			--disable-settings-metrics --no-collector.database --no-collector.bgwriter
+		stats_scrape "" "$ROOT/monitoring/queries.yaml"
+	else
+		bk_skip stats.scrape.big "/usr/bin/prometheus-postgres-exporter is not installed"
+	fi
+	printf 'SELECT d.queue, d.state, count(*) FROM gatekeeper.mail_done d GROUP BY 1, 2;\n' >"$BK_WORK/stats_scan.sql"
+	for run in $(seq 1 "$RUNS"); do
+		log=$BK_WORK/pgbench.stats.scan.$run
+		rm -f "$log".*
+		bk_pgbench "$log.out" -f "$BK_WORK/stats_scan.sql" -c 1 -t 3 -l --log-prefix="$log"
+		bk_record stats.scan.big "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
+	done
+	bk_reset_mail
+}
+
 # ================================================================== gates
 #
 #   batch     gate_pass_batch(gate, text[]) with 1,000 new recipients a call, 4

@@ -43,11 +43,13 @@ GRANT EXECUTE ON FUNCTION gatekeeper.claim(text, int, interval, text[]),
                           gatekeeper.unclaim(bigint[], int[], text, interval)
    TO regress_app_worker;
 GRANT SELECT ON gatekeeper.queue_stats TO regress_app_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals() TO regress_app_worker;
 
 -- monitoring: the counts and the gates' shared memory, not the mail
 GRANT pg_monitor TO regress_monitor;
 GRANT USAGE ON SCHEMA gatekeeper TO regress_monitor;
 GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO regress_monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals() TO regress_monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO regress_monitor;
 GRANT SELECT ON gatekeeper.worker_status TO regress_monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO regress_monitor;
@@ -121,6 +123,7 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b', 
 SELECT pg_temp.error_of($$SELECT gatekeeper.cancel_queue('p_app')$$) AS cancel_queue;
 SELECT pg_temp.error_of($$SELECT gatekeeper.pause('p_app')$$) AS pause;
 SELECT pg_temp.error_of($$SELECT gatekeeper.purge()$$) AS purge;
+SELECT pg_temp.error_of($$SELECT gatekeeper.reset_stats()$$) AS reset_stats;
 DROP TABLE w;
 RESET ROLE;
 
@@ -136,6 +139,14 @@ SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
 SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('a@priv.example', 's', 'b')$$) AS enqueue;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.status(1)$$) AS status;
 SELECT pg_temp.error_of($$SELECT gatekeeper.cancel('p_app', 'k')$$) AS cancel_by_key;
+-- reset_stats() only once granted (the README's optional GRANT); it zeroes the totals
+SELECT pg_temp.error_of($$SELECT gatekeeper.reset_stats()$$) AS reset_stats;
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION gatekeeper.reset_stats() TO regress_monitor;
+SET ROLE regress_monitor;
+SELECT enqueued > 0 AND sent > 0 AS has_totals FROM gatekeeper.queue_stats WHERE queue = 'p_app';
+SELECT gatekeeper.reset_stats();
+SELECT queue, scheduled, enqueued, sent, failed FROM gatekeeper.queue_stats WHERE queue = 'p_app';
 RESET ROLE;
 
 --
@@ -147,6 +158,7 @@ SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body)
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
 SELECT pg_temp.error_of($$SELECT gatekeeper.gate_open('smart_sending', 'a@priv.example')$$) AS gate_open;
 SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.worker_status$$) AS worker_status;
+SELECT pg_temp.error_of($$SELECT gatekeeper.reset_stats()$$) AS reset_stats;
 RESET ROLE;
 
 -- the state after all this

@@ -1218,42 +1218,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE VIEW gatekeeper.queue_stats AS
-SELECT q.name AS queue,
-	   q.paused,
-	   coalesce(s.scheduled, 0) AS scheduled,
-	   coalesce(s.due, 0) AS due,
-	   coalesce(s.claimed, 0) AS claimed,
-	   coalesce(f.sent, 0) AS sent,
-	   coalesce(f.failed, 0) AS failed,
-	   coalesce(f.suppressed, 0) AS suppressed,
-	   coalesce(f.expired, 0) AS expired,
-	   coalesce(f.cancelled, 0) AS cancelled,
-	   coalesce(f.unknown, 0) AS unknown,
-	   s.oldest_due_age
-  FROM gatekeeper.queue q
-  LEFT JOIN (
-	SELECT l.queue,
-		   count(*) FILTER (WHERE l.state = 'scheduled') AS scheduled,
-		   count(*) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS due,
-		   count(*) FILTER (WHERE l.state = 'claimed') AS claimed,
-		   now() - min(l.send_at) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now())
-			 AS oldest_due_age
-	  FROM gatekeeper.mail_live l
-	 GROUP BY l.queue
-  ) s ON s.queue = q.name
-  LEFT JOIN (
-	SELECT d.queue,
-		   count(*) FILTER (WHERE d.state = 'sent') AS sent,
-		   count(*) FILTER (WHERE d.state = 'failed') AS failed,
-		   count(*) FILTER (WHERE d.state = 'suppressed') AS suppressed,
-		   count(*) FILTER (WHERE d.state = 'expired') AS expired,
-		   count(*) FILTER (WHERE d.state = 'cancelled') AS cancelled,
-		   count(*) FILTER (WHERE d.state = 'unknown') AS unknown
-	  FROM gatekeeper.mail_done d
-	 GROUP BY d.queue
-  ) f ON f.queue = q.name;
-
 -- value, or 22004 naming what when it is NULL
 CREATE OR REPLACE FUNCTION gatekeeper._not_null(value anyelement, what text)
 RETURNS anyelement
@@ -2069,6 +2033,96 @@ BEGIN
 	END LOOP;
 END
 $$;
+
+/*
+ * Issue 13, metrics: queue_stats answers from the live mail and from
+ * totals kept in shared memory (src/stats.c), never from finished mail;
+ * the totals count from the update on.
+ */
+/*
+ * Queue totals (src/stats.c): mails enqueued and finished, per queue, kept
+ * in shared memory for queue_stats, so that a scrape never counts rows and
+ * purging never lowers them.  Every mail enters through the statement
+ * trigger of gatekeeper.mail (which counts it), and every way a mail
+ * finishes inserts its outcome into gatekeeper.mail_done, whose statement
+ * trigger counts the outcomes by queue and state; only committed work
+ * counts.  A deleted queue's totals go, so a new queue of that name starts
+ * at zero.
+ */
+CREATE FUNCTION gatekeeper._count_done() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_count_done';
+
+CREATE TRIGGER mail_done_count AFTER INSERT ON gatekeeper.mail_done
+	REFERENCING NEW TABLE AS new_done
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_done();
+
+CREATE FUNCTION gatekeeper._forget_queue() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_forget_queue';
+
+CREATE TRIGGER queue_forget AFTER DELETE ON gatekeeper.queue
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper._forget_queue();
+
+-- the totals of this database's queues since the server started or
+-- reset_stats(), by hashtextextended(name, 0) of the queue's name: no row
+-- for a queue that has counted nothing, none at all when the library was
+-- not preloaded (nothing is counted then)
+CREATE FUNCTION gatekeeper._queue_totals(OUT queue_hash bigint, OUT enqueued bigint,
+		OUT sent bigint, OUT failed bigint, OUT suppressed bigint, OUT expired bigint,
+		OUT cancelled bigint, OUT unknown bigint)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_queue_totals';
+
+CREATE FUNCTION gatekeeper.reset_stats()
+RETURNS void
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_reset_stats';
+
+COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats for every queue of this database';
+
+-- live counts from mail_live (the live mail only, never the finished),
+-- totals from shared memory
+CREATE VIEW gatekeeper.queue_stats AS
+SELECT q.name AS queue,
+	   q.paused,
+	   coalesce(s.scheduled, 0) AS scheduled,
+	   coalesce(s.due, 0) AS due,
+	   coalesce(s.claimed, 0) AS claimed,
+	   s.oldest_due_age,
+	   coalesce(t.enqueued, 0) AS enqueued,
+	   coalesce(t.sent, 0) AS sent,
+	   coalesce(t.failed, 0) AS failed,
+	   coalesce(t.suppressed, 0) AS suppressed,
+	   coalesce(t.expired, 0) AS expired,
+	   coalesce(t.cancelled, 0) AS cancelled,
+	   coalesce(t.unknown, 0) AS unknown
+  FROM gatekeeper.queue q
+  LEFT JOIN (
+	SELECT l.queue,
+		   count(*) FILTER (WHERE l.state = 'scheduled') AS scheduled,
+		   count(*) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS due,
+		   count(*) FILTER (WHERE l.state = 'claimed') AS claimed,
+		   now() - min(l.send_at) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now())
+			 AS oldest_due_age
+	  FROM gatekeeper.mail_live l
+	 GROUP BY l.queue
+  ) s ON s.queue = q.name
+  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
+
+COMMENT ON VIEW gatekeeper.queue_stats IS
+	'per queue: live mail (scheduled, due, claimed, oldest due age) and totals that never go down (enqueued and each outcome)';
+
+REVOKE ALL ON FUNCTION gatekeeper._count_done() FROM PUBLIC;
+REVOKE ALL ON FUNCTION gatekeeper._forget_queue() FROM PUBLIC;
+REVOKE ALL ON FUNCTION gatekeeper._queue_totals() FROM PUBLIC;
+REVOKE ALL ON FUNCTION gatekeeper.reset_stats() FROM PUBLIC;
+REVOKE ALL ON TABLE gatekeeper.queue_stats FROM PUBLIC;
 
 /*
  * Privileges: nothing new is PUBLIC's (keep this section last).

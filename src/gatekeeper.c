@@ -24,6 +24,7 @@
  */
 #include "gatekeeper.h"
 #include "address.h"
+#include "stats.h"
 
 #include <limits.h>
 
@@ -600,6 +601,7 @@ gatekeeper_shmem_request(void)
 
 	RequestAddinShmemSpace(gatekeeper_shmem_size());
 	RequestAddinShmemSpace(gatekeeper_gate_shmem_size());
+	gatekeeper_stats_shmem_request();
 }
 
 /*
@@ -638,6 +640,7 @@ gatekeeper_shmem_startup(void)
 		}
 	}
 	gatekeeper_gate_shmem_init();
+	gatekeeper_stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

@@ -25,6 +25,7 @@
  * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
  * src/smtp_client.c	the event-driven SMTP client the worker delivers with
+ * src/stats.c			the queues' totals in shared memory, for queue_stats
  *
  *-------------------------------------------------------------------------
  */

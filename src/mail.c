@@ -43,6 +43,7 @@
 #include "utils/timestamp.h"
 
 #include "address.h"
+#include "stats.h"
 #include "window.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
@@ -585,7 +586,10 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		ExecDropSingleTupleTableSlot(slot);
 
 		if (columns.state == 0)
+		{
 			insert_live(trigdata, ndone > 0);
+			gatekeeper_stats_count_enqueued(trigdata);
+		}
 		return PointerGetDatum(NULL);
 	}
 

@@ -172,6 +172,12 @@ foreach my $db (qw(dst_custom dst_plain))
 		is($restored->{$what}, $source->{$what}, "$db: $what as in the source");
 	}
 
+	# a restore is not new work: queue_stats' totals count none of it
+	is( $node->safe_psql(
+			$db,
+			"SELECT sum(enqueued + sent + failed + suppressed + expired + cancelled + unknown) FROM gatekeeper.queue_stats"
+		),
+		'0', "$db: the restore counted nothing in queue_stats' totals");
 	is($node->safe_psql($db, "SELECT count(*) FROM gatekeeper.unsubscribe_secret"),
 		'1', "$db: one unsubscribe secret, the source's");
 	is($node->safe_psql($db, "SELECT gatekeeper.unsubscribe('$token')"),

@@ -36,6 +36,14 @@ SELECT gatekeeper.enqueue('l' || i || '@example.com', 's', 'b', queue => 'later'
 						  send_at => now() + interval '1 day')
   FROM generate_series(1, 3) AS i;
 SELECT count(*) FROM gatekeeper.claim('w', 2, '5 minutes', '{promo}');
+-- finished mail: 2 sent, 1 failed, 1 cancelled of 4 enqueued
+SELECT gatekeeper.create_queue('done');
+SELECT gatekeeper.enqueue('d' || i || '@example.com', 's', 'b', queue => 'done')
+  FROM generate_series(1, 4) AS i;
+SELECT gatekeeper.cancel(max(id)) FROM gatekeeper.mail_status WHERE queue = 'done';
+CREATE TEMP TABLE c AS SELECT id, attempt FROM gatekeeper.claim('w', 10, '5 minutes', '{done}');
+SELECT gatekeeper.ack(id, attempt) FROM c WHERE id < (SELECT max(id) FROM c);
+SELECT gatekeeper.nack(id, attempt, '550 no such user', true) FROM c WHERE id = (SELECT max(id) FROM c);
 SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY['g1@example.com', 'g2@example.com', 'g3@example.com', 'g4@example.com']);
 
@@ -44,6 +52,7 @@ CREATE ROLE monitor LOGIN;
 GRANT pg_monitor TO monitor;
 GRANT USAGE ON SCHEMA gatekeeper TO monitor;
 GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals() TO monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO monitor;
 });
 
@@ -117,6 +126,22 @@ is(metric('gatekeeper_gate_memory_limit_bytes'),
 	'gate memory limit: the setting');
 like($body, qr/^# TYPE gatekeeper_gate_memory_full_refusals_total counter$/m,
 	'refusals are a counter');
+# the totals are counters, one series per queue
+is(metric('gatekeeper_queue_enqueued_total', 'queue="done"'), 4, 'enqueued_total: 4 in done');
+is(metric('gatekeeper_queue_sent_total', 'queue="done"'), 2, 'sent_total: 2 acked');
+is(metric('gatekeeper_queue_failed_total', 'queue="done"'), 1, 'failed_total: 1 nacked for good');
+is(metric('gatekeeper_queue_cancelled_total', 'queue="done"'), 1, 'cancelled_total: 1 cancelled');
+is(metric('gatekeeper_queue_suppressed_total', 'queue="done"'), 0, 'suppressed_total: none');
+is(metric('gatekeeper_queue_enqueued_total', 'queue="promo"'), 5, 'enqueued_total: 5 in promo');
+is(metric('gatekeeper_queue_sent_total', 'queue="promo"'), 0, 'sent_total: none of promo yet');
+foreach my $c (qw(enqueued sent failed suppressed expired cancelled unknown))
+{
+	like($body, qr/^# TYPE gatekeeper_queue_${c}_total counter$/m, "${c}_total is a counter");
+}
+foreach my $g (qw(scheduled due claimed oldest_due_age_seconds))
+{
+	like($body, qr/^# TYPE gatekeeper_queue_$g gauge$/m, "$g is a gauge");
+}
 unlike(slurp_file($log), qr/level=error/, 'the exporter logged no error');
 
 done_testing();

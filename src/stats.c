@@ -1,0 +1,791 @@
+/*-------------------------------------------------------------------------
+ *
+ * stats.c
+ *		The queues' totals: mails enqueued and finished, per queue, kept in
+ *		shared memory so that gatekeeper.queue_stats never counts rows.
+ *
+ * Every mail enters through the statement trigger of gatekeeper.mail
+ * (src/mail.c calls gatekeeper_stats_count_enqueued once per statement),
+ * and every way a mail finishes (ack, nack, claim, reap, expiry, cancel,
+ * whatever function does it) inserts its outcome into gatekeeper.mail_done,
+ * whose statement trigger (gatekeeper._count_done) counts the statement's
+ * outcomes by queue and state.  Both only note the counts in this
+ * backend, by transaction nesting level: a subtransaction that aborts
+ * drops its own, one that commits hands them to its parent, and only a
+ * top-level commit adds them to shared memory, so the totals count
+ * committed work only.  Purging and rotation remove rows, never counts.
+ *
+ * The totals live in a fixed-size shared hash keyed by database, the
+ * extension's OID (a new CREATE EXTENSION starts afresh) and a 64-bit hash
+ * of the queue's name, the one hashtextextended(name, 0) gives, by which
+ * the view joins the totals to gatekeeper.queue in one pass; a deleted queue row (drop_queue) removes its entry
+ * when the deleting transaction commits, so a new queue with an old name
+ * starts at zero.  Like PostgreSQL's statistics, the postmaster writes the
+ * hash to pg_stat/gatekeeper.stat at a clean shutdown and reads it back
+ * (and removes the file) at start: after a crash the totals start at
+ * zero.  gatekeeper.reset_stats() zeroes the current database's.
+ *
+ * IDENTIFICATION
+ *		src/stats.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "stats.h"
+
+#include <unistd.h>
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "commands/extension.h"
+#include "common/hashfn.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/fd.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/tuplestore.h"
+
+PG_FUNCTION_INFO_V1(gatekeeper_count_done);
+PG_FUNCTION_INFO_V1(gatekeeper_forget_queue);
+PG_FUNCTION_INFO_V1(gatekeeper_queue_totals);
+PG_FUNCTION_INFO_V1(gatekeeper_reset_stats);
+
+/* What is counted, in the order of queue_stats' columns */
+typedef enum StatKind
+{
+	STAT_ENQUEUED,
+	STAT_SENT,
+	STAT_FAILED,
+	STAT_SUPPRESSED,
+	STAT_EXPIRED,
+	STAT_CANCELLED,
+	STAT_UNKNOWN,
+	STAT_KINDS
+} StatKind;
+
+/* The terminal states, by StatKind from STAT_SENT on */
+static const char *const finished_states[] = {
+	"sent", "failed", "suppressed", "expired", "cancelled", "unknown"
+};
+
+/* Queues whose totals shared memory holds, server-wide */
+#define STATS_MAX_QUEUES	5000
+
+/* Distinct queues one statement's rows are grouped by before noting them */
+#define STATS_GROUPS		16
+
+#define STATS_FILE			"pg_stat/gatekeeper.stat"
+#define STATS_FILE_TMP		STATS_FILE ".tmp"
+#define STATS_FILE_MAGIC	0x474B5331	/* "GKS1" */
+#define STATS_TRANCHE		"gatekeeper stats"
+
+typedef struct StatsKey
+{
+	Oid			database;
+	Oid			extension;		/* pg_extension's OID of gatekeeper */
+	uint64		queue;			/* hash of the queue's name */
+} StatsKey;
+
+typedef struct StatsEntry
+{
+	StatsKey	key;
+	int64		counts[STAT_KINDS];
+} StatsEntry;
+
+typedef struct StatsShared
+{
+	LWLock	   *lock;			/* protects the hash and its entries */
+	bool		full_logged;	/* "totals not kept" was logged */
+} StatsShared;
+
+/* A count noted by this backend, not yet committed */
+typedef struct PendingStats
+{
+	StatsKey	key;
+	int			level;			/* transaction nesting level that noted it */
+	bool		forget;			/* the queue was deleted: its totals go */
+	int64		counts[STAT_KINDS];
+} PendingStats;
+
+/* One queue's rows in one statement */
+typedef struct StatsGroup
+{
+	text	   *queue;
+	int64		counts[STAT_KINDS];
+} StatsGroup;
+
+/* NULL unless the library was preloaded */
+static StatsShared *stats_shared = NULL;
+static HTAB *stats_hash = NULL;
+
+static PendingStats *pending = NULL;
+static int	npending = 0;
+static int	maxpending = 0;
+static bool callbacks_registered = false;
+
+static StatsKey stats_key(const char *name, int len);
+static Oid	current_extension(void);
+static void note_counts(const StatsKey *key, const int64 *counts);
+static void note_forget(const StatsKey *key);
+static PendingStats *pending_append(const StatsKey *key);
+static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
+					   int state_att, Oid *state_values);
+static void note_groups(StatsGroup *groups, int ngroups);
+static void stats_xact_callback(XactEvent event, void *arg);
+static void stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+								   SubTransactionId parentSubid, void *arg);
+static void stats_flush(void);
+static void stats_load(void);
+static void stats_save(int code, Datum arg);
+
+/*
+ * Bytes of shared memory for the totals.
+ */
+Size
+gatekeeper_stats_shmem_size(void)
+{
+	return add_size(MAXALIGN(sizeof(StatsShared)),
+					hash_estimate_size(STATS_MAX_QUEUES, sizeof(StatsEntry)));
+}
+
+/*
+ * shmem_request_hook's part: the space and the lock.
+ */
+void
+gatekeeper_stats_shmem_request(void)
+{
+	RequestAddinShmemSpace(gatekeeper_stats_shmem_size());
+	RequestNamedLWLockTranche(STATS_TRANCHE, 1);
+}
+
+/*
+ * shmem_startup_hook's part, with AddinShmemInitLock held: create or attach
+ * to the totals.  The postmaster loads the file of the last clean shutdown
+ * into a new hash and writes it again when it exits.
+ */
+void
+gatekeeper_stats_shmem_init(void)
+{
+	bool		found;
+	HASHCTL		info;
+
+	stats_shared = ShmemInitStruct("gatekeeper stats", sizeof(StatsShared), &found);
+	if (!found)
+	{
+		stats_shared->lock = &(GetNamedLWLockTranche(STATS_TRANCHE))->lock;
+		stats_shared->full_logged = false;
+	}
+	memset(&info, 0, sizeof(info));
+	info.keysize = sizeof(StatsKey);
+	info.entrysize = sizeof(StatsEntry);
+	stats_hash = ShmemInitHash("gatekeeper stats hash",
+							   STATS_MAX_QUEUES, STATS_MAX_QUEUES,
+							   &info, HASH_ELEM | HASH_BLOBS);
+	if (!IsUnderPostmaster)
+	{
+		on_shmem_exit(stats_save, (Datum) 0);
+		if (!found)
+			stats_load();
+	}
+}
+
+/*
+ * The key of a queue's totals in the current database.
+ */
+static StatsKey
+stats_key(const char *name, int len)
+{
+	StatsKey	key;
+
+	memset(&key, 0, sizeof(key));
+	key.database = MyDatabaseId;
+	key.extension = current_extension();
+	/* what hashtextextended(name, 0) returns for a deterministic collation */
+	key.queue = hash_bytes_extended((const unsigned char *) name, len, 0);
+	return key;
+}
+
+/*
+ * gatekeeper's pg_extension OID, looked up once per command.
+ */
+static Oid
+current_extension(void)
+{
+	static LocalTransactionId lxid = InvalidLocalTransactionId;
+	static CommandId cid = InvalidCommandId;
+	static Oid	extension = InvalidOid;
+
+	if (lxid != MyProc->lxid || cid != GetCurrentCommandId(false) ||
+		!OidIsValid(extension))
+	{
+		extension = get_extension_oid("gatekeeper", true);
+		lxid = MyProc->lxid;
+		cid = GetCurrentCommandId(false);
+	}
+	return extension;
+}
+
+/*
+ * A new record at the end of the pending list, for the current level.
+ */
+static PendingStats *
+pending_append(const StatsKey *key)
+{
+	PendingStats *p;
+
+	if (!callbacks_registered)
+	{
+		RegisterXactCallback(stats_xact_callback, NULL);
+		RegisterSubXactCallback(stats_subxact_callback, NULL);
+		callbacks_registered = true;
+	}
+	if (npending == maxpending)
+	{
+		int			newmax = Max(16, maxpending * 2);
+
+		if (pending == NULL)
+			pending = MemoryContextAlloc(TopMemoryContext, newmax * sizeof(PendingStats));
+		else
+			pending = repalloc(pending, newmax * sizeof(PendingStats));
+		maxpending = newmax;
+	}
+	p = &pending[npending++];
+	memset(p, 0, sizeof(*p));
+	p->key = *key;
+	p->level = GetCurrentTransactionNestLevel();
+	return p;
+}
+
+/*
+ * Note counts for a queue, to be added when the transaction commits.
+ * They join the queue's latest record of this level unless the queue was
+ * deleted since.
+ */
+static void
+note_counts(const StatsKey *key, const int64 *counts)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	PendingStats *p = NULL;
+	int			i;
+
+	if (stats_hash == NULL)
+		return;
+	for (i = npending - 1; i >= 0 && pending[i].level == level; i--)
+	{
+		if (memcmp(&pending[i].key, key, sizeof(StatsKey)) != 0)
+			continue;
+		if (!pending[i].forget)
+			p = &pending[i];
+		break;
+	}
+	if (p == NULL)
+		p = pending_append(key);
+	for (i = 0; i < STAT_KINDS; i++)
+		p->counts[i] += counts[i];
+}
+
+/*
+ * Note that a queue was deleted: at commit its totals go.
+ */
+static void
+note_forget(const StatsKey *key)
+{
+	if (stats_hash == NULL)
+		return;
+	pending_append(key)->forget = true;
+}
+
+/*
+ * Count a statement's rows by queue: one count of kind "enqueued" per row
+ * when state_att is 0, else one of the kind of the row's state (the
+ * values of state_values, in finished_states' order).
+ */
+static void
+count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att, int state_att,
+		   Oid *state_values)
+{
+	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	StatsGroup	groups[STATS_GROUPS];
+	int			ngroups = 0;
+	MemoryContext context;
+	MemoryContext old;
+
+	context = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper stats",
+									ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(context);
+	tuplestore_rescan(rows);
+	while (tuplestore_gettupleslot(rows, true, false, slot))
+	{
+		bool		isnull;
+		Datum		queue = slot_getattr(slot, queue_att, &isnull);
+		StatsGroup *g = NULL;
+		int			kind = STAT_ENQUEUED;
+		int			i;
+
+		if (isnull)
+			continue;
+		if (state_att > 0)
+		{
+			Datum		state = slot_getattr(slot, state_att, &isnull);
+
+			if (isnull)
+				continue;
+			for (kind = STAT_SENT; kind < STAT_KINDS; kind++)
+				if (state_values[kind - STAT_SENT] == DatumGetObjectId(state))
+					break;
+			if (kind == STAT_KINDS)
+				continue;
+		}
+		for (i = 0; i < ngroups; i++)
+		{
+			text	   *q = (text *) DatumGetPointer(queue);
+
+			if (VARSIZE_ANY_EXHDR(q) == VARSIZE_ANY_EXHDR(groups[i].queue) &&
+				memcmp(VARDATA_ANY(q), VARDATA_ANY(groups[i].queue),
+					   VARSIZE_ANY_EXHDR(q)) == 0)
+			{
+				g = &groups[i];
+				break;
+			}
+		}
+		if (g == NULL)
+		{
+			if (ngroups == STATS_GROUPS)
+			{
+				note_groups(groups, ngroups);
+				ngroups = 0;
+			}
+			g = &groups[ngroups++];
+			memset(g, 0, sizeof(*g));
+			g->queue = DatumGetTextPCopy(queue);
+		}
+		g->counts[kind]++;
+		ExecClearTuple(slot);
+	}
+	note_groups(groups, ngroups);
+	ExecDropSingleTupleTableSlot(slot);
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(context);
+}
+
+/*
+ * Note each group's counts, and let go of its queue name.
+ */
+static void
+note_groups(StatsGroup *groups, int ngroups)
+{
+	int			i;
+
+	for (i = 0; i < ngroups; i++)
+	{
+		StatsKey	key = stats_key(VARDATA_ANY(groups[i].queue),
+									VARSIZE_ANY_EXHDR(groups[i].queue));
+
+		note_counts(&key, groups[i].counts);
+		pfree(groups[i].queue);
+	}
+}
+
+/*
+ * gatekeeper_stats_count_enqueued
+ *		Count the new mail of one INSERT or COPY into gatekeeper.mail, from
+ *		the statement trigger's transition table (src/mail.c).
+ */
+void
+gatekeeper_stats_count_enqueued(TriggerData *trigdata)
+{
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	int			queue_att;
+
+	if (stats_hash == NULL || trigdata->tg_newtable == NULL)
+		return;
+	queue_att = SPI_fnumber(desc, "queue");
+	if (queue_att <= 0)
+		elog(ERROR, "gatekeeper.mail has no column queue");
+	count_rows(trigdata->tg_newtable, desc, queue_att, 0, NULL);
+}
+
+/*
+ * gatekeeper_count_done
+ *		gatekeeper._count_done(), the AFTER INSERT FOR EACH STATEMENT
+ *		trigger of gatekeeper.mail_done: count the statement's outcomes by
+ *		queue and state.
+ */
+Datum
+gatekeeper_count_done(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	TupleDesc	desc;
+	int			queue_att;
+	int			state_att;
+	Oid			state_values[STAT_KINDS - STAT_SENT];
+	Oid			state_type;
+	int			i;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
+		trigdata->tg_newtable == NULL)
+		elog(ERROR, "gatekeeper_count_done must be an insert statement trigger with a new table");
+	if (stats_hash == NULL)
+		return PointerGetDatum(NULL);
+
+	desc = RelationGetDescr(trigdata->tg_relation);
+	queue_att = SPI_fnumber(desc, "queue");
+	state_att = SPI_fnumber(desc, "state");
+	if (queue_att <= 0 || state_att <= 0)
+		elog(ERROR, "gatekeeper_count_done fired on a table without queue and state");
+	state_type = TupleDescAttr(desc, state_att - 1)->atttypid;
+	for (i = 0; i < STAT_KINDS - STAT_SENT; i++)
+		state_values[i] = DatumGetObjectId(DirectFunctionCall2(enum_in,
+															   CStringGetDatum(finished_states[i]),
+															   ObjectIdGetDatum(state_type)));
+	count_rows(trigdata->tg_newtable, desc, queue_att, state_att, state_values);
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * gatekeeper_forget_queue
+ *		gatekeeper._forget_queue(), the AFTER DELETE FOR EACH ROW trigger of
+ *		gatekeeper.queue: the deleted queue's totals go when the transaction
+ *		commits, so a new queue of that name starts at zero.
+ */
+Datum
+gatekeeper_forget_queue(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	TupleDesc	desc;
+	int			name_att;
+	bool		isnull;
+	Datum		name;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BY_DELETE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		elog(ERROR, "gatekeeper_forget_queue must be a delete row trigger");
+	if (stats_hash == NULL)
+		return PointerGetDatum(NULL);
+
+	desc = RelationGetDescr(trigdata->tg_relation);
+	name_att = SPI_fnumber(desc, "name");
+	if (name_att <= 0)
+		elog(ERROR, "gatekeeper_forget_queue fired on a table without name");
+	name = heap_getattr(trigdata->tg_trigtuple, name_att, desc, &isnull);
+	if (!isnull)
+	{
+		text	   *t = DatumGetTextPP(name);
+		StatsKey	key = stats_key(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+
+		note_forget(&key);
+	}
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * gatekeeper_queue_totals
+ *		gatekeeper._queue_totals(): the committed totals of the current
+ *		database's queues since the server started (or the last reset), one
+ *		row per queue that has any, keyed by hashtextextended(name, 0);
+ *		no rows when the library was not preloaded.
+ */
+Datum
+gatekeeper_queue_totals(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	HASH_SEQ_STATUS scan;
+	StatsEntry *entry;
+	StatsEntry *found;
+	Oid			extension;
+	int			n = 0;
+	int			max = 64;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (stats_hash == NULL)
+		return (Datum) 0;
+
+	/* copy under the lock, build the rows after */
+	extension = current_extension();
+	found = palloc(max * sizeof(StatsEntry));
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		if (entry->key.database != MyDatabaseId || entry->key.extension != extension)
+			continue;
+		if (n == max)
+		{
+			max *= 2;
+			found = repalloc(found, max * sizeof(StatsEntry));
+		}
+		found[n++] = *entry;
+	}
+	LWLockRelease(stats_shared->lock);
+
+	for (i = 0; i < n; i++)
+	{
+		Datum		values[STAT_KINDS + 1];
+		bool		nulls[STAT_KINDS + 1];
+		int			k;
+
+		memset(nulls, 0, sizeof(nulls));
+		values[0] = Int64GetDatum((int64) found[i].key.queue);
+		for (k = 0; k < STAT_KINDS; k++)
+			values[k + 1] = Int64GetDatum(found[i].counts[k]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/*
+ * gatekeeper_reset_stats
+ *		gatekeeper.reset_stats(): zero the totals of every queue of the
+ *		current database, at once (not at commit, like pg_stat_reset).
+ */
+Datum
+gatekeeper_reset_stats(PG_FUNCTION_ARGS)
+{
+	HASH_SEQ_STATUS scan;
+	StatsEntry *entry;
+
+	if (stats_hash == NULL)
+		PG_RETURN_VOID();
+
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		if (entry->key.database == MyDatabaseId)
+			hash_search(stats_hash, &entry->key, HASH_REMOVE, NULL);
+	}
+	LWLockRelease(stats_shared->lock);
+	PG_RETURN_VOID();
+}
+
+/*
+ * At top-level commit, add what this transaction noted; at abort or
+ * PREPARE TRANSACTION, drop it (a prepared transaction's work is not
+ * counted).
+ */
+static void
+stats_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+			stats_flush();
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			npending = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * A subtransaction that aborts drops what it noted; one that commits hands
+ * it to its parent, merged into the parent's records where no deletion of
+ * the queue lies between.  Records are in order of nesting level, so a
+ * subtransaction's are the last ones.
+ */
+static void
+stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	int			first;
+	int			out;
+	int			i;
+
+	if (npending == 0)
+		return;
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		while (npending > 0 && pending[npending - 1].level >= level)
+			npending--;
+		return;
+	}
+	if (event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
+
+	for (first = npending; first > 0 && pending[first - 1].level >= level; first--)
+		pending[first - 1].level = level - 1;
+	out = first;
+	for (i = first; i < npending; i++)
+	{
+		PendingStats *p = &pending[i];
+		bool		merged = false;
+		int			j;
+
+		if (!p->forget)
+		{
+			for (j = out - 1; j >= 0 && pending[j].level == level - 1; j--)
+			{
+				int			k;
+
+				if (memcmp(&pending[j].key, &p->key, sizeof(StatsKey)) != 0)
+					continue;
+				if (!pending[j].forget)
+				{
+					for (k = 0; k < STAT_KINDS; k++)
+						pending[j].counts[k] += p->counts[k];
+					merged = true;
+				}
+				break;
+			}
+		}
+		if (!merged)
+			pending[out++] = *p;
+	}
+	npending = out;
+}
+
+/*
+ * Add the committed transaction's counts to shared memory, in the order
+ * they were noted.  Runs after the commit: must not fail.
+ */
+static void
+stats_flush(void)
+{
+	int			i;
+	bool		full = false;
+
+	if (npending == 0 || stats_hash == NULL)
+	{
+		npending = 0;
+		return;
+	}
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < npending; i++)
+	{
+		PendingStats *p = &pending[i];
+		StatsEntry *entry;
+		bool		found;
+		int			k;
+
+		if (p->forget)
+		{
+			hash_search(stats_hash, &p->key, HASH_REMOVE, NULL);
+			continue;
+		}
+		entry = hash_search(stats_hash, &p->key, HASH_ENTER_NULL, &found);
+		if (entry == NULL)
+		{
+			full = !stats_shared->full_logged;
+			stats_shared->full_logged = true;
+			continue;
+		}
+		if (!found)
+			memset(entry->counts, 0, sizeof(entry->counts));
+		for (k = 0; k < STAT_KINDS; k++)
+			entry->counts[k] += p->counts[k];
+	}
+	LWLockRelease(stats_shared->lock);
+	npending = 0;
+	if (full)
+		ereport(LOG,
+				(errmsg("gatekeeper keeps the totals of %d queues at most: further queues have none",
+						STATS_MAX_QUEUES),
+				 errhint("Dropped queues and reset_stats() make room; so does a restart.")));
+}
+
+/*
+ * In the postmaster at start: read the totals of the last clean shutdown,
+ * then remove the file, so that after a crash the totals start at zero.
+ */
+static void
+stats_load(void)
+{
+	FILE	   *file;
+	uint32		header[2];
+	StatsEntry	e;
+	uint32		n;
+
+	file = AllocateFile(STATS_FILE, PG_BINARY_R);
+	if (file == NULL)
+	{
+		if (errno != ENOENT)
+			ereport(LOG,
+					(errcode_for_file_access(),
+					 errmsg("could not read file \"%s\": %m", STATS_FILE)));
+		return;
+	}
+	if (fread(header, sizeof(header), 1, file) != 1 || header[0] != STATS_FILE_MAGIC)
+		ereport(LOG,
+				(errmsg("ignoring gatekeeper totals file \"%s\": not one this version wrote",
+						STATS_FILE)));
+	else
+	{
+		for (n = 0; n < header[1] && fread(&e, sizeof(e), 1, file) == 1; n++)
+		{
+			StatsEntry *entry = hash_search(stats_hash, &e.key, HASH_ENTER_NULL, NULL);
+
+			if (entry == NULL)
+				break;
+			memcpy(entry->counts, e.counts, sizeof(e.counts));
+		}
+	}
+	FreeFile(file);
+	unlink(STATS_FILE);
+}
+
+/*
+ * on_shmem_exit in the postmaster: at a clean exit write the totals, to a
+ * temporary file renamed into place.
+ */
+static void
+stats_save(int code, Datum arg)
+{
+	FILE	   *file;
+	HASH_SEQ_STATUS scan;
+	StatsEntry *entry;
+	uint32		header[2];
+
+	if (code != 0 || stats_hash == NULL)
+		return;
+	file = AllocateFile(STATS_FILE_TMP, PG_BINARY_W);
+	if (file == NULL)
+		goto error;
+	header[0] = STATS_FILE_MAGIC;
+	header[1] = (uint32) hash_get_num_entries(stats_hash);
+	if (fwrite(header, sizeof(header), 1, file) != 1)
+		goto error;
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		if (fwrite(entry, sizeof(*entry), 1, file) != 1)
+		{
+			hash_seq_term(&scan);
+			goto error;
+		}
+	}
+	if (FreeFile(file))
+	{
+		file = NULL;
+		goto error;
+	}
+	(void) durable_rename(STATS_FILE_TMP, STATS_FILE, LOG);
+	return;
+
+error:
+	ereport(LOG,
+			(errcode_for_file_access(),
+			 errmsg("could not write file \"%s\": %m", STATS_FILE_TMP)));
+	if (file)
+		FreeFile(file);
+	unlink(STATS_FILE_TMP);
+}

@@ -1,0 +1,20 @@
+/*-------------------------------------------------------------------------
+ *
+ * stats.h
+ *		What the rest of gatekeeper uses of stats.c: the queues' totals.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_STATS_H
+#define GATEKEEPER_STATS_H
+
+#include "gatekeeper.h"
+
+#include "commands/trigger.h"
+
+extern Size gatekeeper_stats_shmem_size(void);
+extern void gatekeeper_stats_shmem_request(void);
+extern void gatekeeper_stats_shmem_init(void);
+extern void gatekeeper_stats_count_enqueued(TriggerData *trigdata);
+
+#endif							/* GATEKEEPER_STATS_H */
