@@ -229,6 +229,84 @@ scenario_drain() {
 	bk_reset_mail
 }
 
+# ================================================================== suppression
+#
+# Opt-in (--only suppression; not in a full run).  Issue 12: the claim
+# probes the suppression list once per distinct recipient of its batch,
+# in the same transaction as the gates.  SUPP_N due mails through
+# bench_gated (smart_sending, every recipient distinct), drained by
+# SUPP_CLAIMERS claimers at batch SUPP_BATCH, three ways in each run:
+#   none   the suppression list empty (the reference);
+#   miss   SUPP_LIST global hard_bounce entries, none of them a drained
+#          recipient;
+#   hit10  SUPP_LIST entries, one in ten drained recipients among them
+#          (those mails end suppressed, the others sent).
+# The list is loaded before each "miss" (not timed), vacuumed and
+# analyzed; rate = mails finished (sent or suppressed) / wall time.
+
+# supp_drain FIGURE RUN PREFIX SUPPRESSED: drain the preloaded mail, check
+# that SUPPRESSED mails ended suppressed and the rest sent.
+supp_drain() {
+	local fig=$1 run=$2 prefix=$3 want=$4 t0 t1 got
+	DRAIN_N=$SUPP_N drain_preload bench_gated "$prefix"
+	bk_only_queue bench_gated
+	bk_settle
+	t0=$(bk_now)
+	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/drain.sql" -D batch="$SUPP_BATCH" \
+		-c "$SUPP_CLAIMERS" -j "$(bk_jobs "$SUPP_CLAIMERS")" -t $((SUPP_N / SUPP_BATCH / SUPP_CLAIMERS))
+	t1=$(bk_now)
+	got=$(bk_sql "SELECT count(*) FILTER (WHERE state = 'sent') || ' ' || count(*) FILTER (WHERE state = 'suppressed')
+				   FROM gatekeeper.mail_status")
+	if [ "$got" != "$((SUPP_N - want)) $want" ]; then
+		bk_sql "SELECT state, count(*) FROM gatekeeper.mail_status GROUP BY 1" >&2
+		gk_die "$fig: expected $((SUPP_N - want)) sent and $want suppressed, got $got"
+	fi
+	bk_record "$fig" "$run" "$(bk_rate "$SUPP_N" "$t0" "$t1")"
+}
+
+scenario_suppression() {
+	local run hits=$((SUPP_N / 10)) prefix
+	for run in $(seq 1 "$RUNS"); do
+		gk_log "suppression run $run: $SUPP_N mails, batch $SUPP_BATCH, $SUPP_CLAIMERS claimers; list of $SUPP_LIST"
+		bk_sql "TRUNCATE gatekeeper.suppression_list" >/dev/null
+		supp_drain suppression.none "$run" "sn${run}_" 0
+
+		bk_sql "INSERT INTO gatekeeper.suppression_list (address, reason, detail)
+				SELECT 'gone' || i || '@bounced.example', 'hard_bounce', '550 5.1.1 User unknown'
+				  FROM generate_series(1, $SUPP_LIST) AS i" >/dev/null
+		bk_sql "VACUUM ANALYZE gatekeeper.suppression_list"
+		supp_drain suppression.miss "$run" "sm${run}_" 0
+
+		# one in ten of the next drain's recipients replace as many entries
+		prefix="sh${run}_"
+		bk_sql "DELETE FROM gatekeeper.suppression_list
+				 WHERE address IN (SELECT 'gone' || i || '@bounced.example' FROM generate_series(1, $hits) AS i);
+				INSERT INTO gatekeeper.suppression_list (address, reason, detail)
+				SELECT '$prefix' || i || '@example.com', 'hard_bounce', '550 5.1.1 User unknown'
+				  FROM generate_series(10, $SUPP_N, 10) AS i" >/dev/null
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.suppression_list")" = "$SUPP_LIST" ] ||
+			gk_die "the suppression list does not hold $SUPP_LIST entries"
+		bk_sql "VACUUM ANALYZE gatekeeper.suppression_list"
+		supp_drain suppression.hit10 "$run" "$prefix" "$hits"
+		if [ "$run" = 1 ]; then
+			bk_note suppression "$(supp_explain "$prefix")"
+		fi
+	done
+	bk_sql "TRUNCATE gatekeeper.suppression_list" >/dev/null
+	bk_reset_mail
+}
+
+# supp_explain PREFIX: the claim's suppression probe for one batch of
+# distinct recipients (as src/suppression.c runs it), with the list loaded:
+# its plan, and buffers and time as EXPLAIN (ANALYZE, BUFFERS) reports them.
+supp_explain() {
+	bk_sql "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY ON)
+			SELECT s.address, s.queue, s.reason FROM gatekeeper.suppression_list s
+			 WHERE s.address = ANY (ARRAY(SELECT '$1' || i || '@example.com'
+										   FROM generate_series(1, $SUPP_BATCH) AS i))" |
+		tr -s ' ' | paste -sd ';' | sed 's/;/; /g' | sed 's/^/probe of a batch of '"$SUPP_BATCH"' recipients: /'
+}
+
 # ================================================================== backlog
 #
 # claim(1000) + ack latency of one client (pgbench -M prepared, per-
