@@ -84,6 +84,9 @@ my %fig = (
 	'suppression.none'   => ['claim+ack smart_sending, batch 1000, 4 claimers, empty suppression list', 'mails/s'],
 	'suppression.miss'   => ['the same, 1,000,000 suppressed addresses, none of them drained', 'mails/s'],
 	'suppression.hit10'  => ['the same, 1,000,000 suppressed addresses, 10% of the drained among them', 'mails/s'],
+	'suppression.none.round'  => ['median claim(1000)+ack round of those drains, empty list', 'ms'],
+	'suppression.miss.round'  => ['median round, 1,000,000 suppressed, none drained', 'ms'],
+	'suppression.hit10.round' => ['median round, 1,000,000 suppressed, 10% of the drained', 'ms'],
 );
 my @sections = (
 	['enqueue', [
@@ -136,6 +139,9 @@ my @sections = (
 		['suppression.none'],
 		['suppression.miss', 'suppression.none', ['>=', 0.9]],
 		['suppression.hit10', 'suppression.none', ['>=', 0.9]],
+		['suppression.none.round'],
+		['suppression.miss.round', 'suppression.none.round', ['<=', 1.1]],
+		['suppression.hit10.round', 'suppression.none.round', ['<=', 1.1]],
 	]],
 );
 for my $b (100, 1000) {

@@ -242,7 +242,9 @@ scenario_drain() {
 #   hit10  SUPP_LIST entries, one in ten drained recipients among them
 #          (those mails end suppressed, the others sent).
 # The list is loaded (not timed), vacuumed and analyzed before it is
-# measured; rate = mails finished (sent or suppressed) / wall time.
+# measured; rate = mails finished (sent or suppressed) / wall time.  Also
+# the median latency of the claim+ack rounds (pgbench's per-transaction
+# log), which bursts of load from elsewhere on the machine move less.
 
 # supp_drain FIGURE RUN PREFIX SUPPRESSED: drain the preloaded mail, check
 # that SUPPRESSED mails ended suppressed and the rest sent.
@@ -252,8 +254,10 @@ supp_drain() {
 	bk_only_queue bench_gated
 	bk_settle
 	t0=$(bk_now)
+	rm -f "$BK_WORK/txlog.$fig.$run".*
 	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/drain.sql" -D batch="$SUPP_BATCH" \
-		-c "$SUPP_CLAIMERS" -j "$(bk_jobs "$SUPP_CLAIMERS")" -t $((SUPP_N / SUPP_BATCH / SUPP_CLAIMERS))
+		-c "$SUPP_CLAIMERS" -j "$(bk_jobs "$SUPP_CLAIMERS")" -t $((SUPP_N / SUPP_BATCH / SUPP_CLAIMERS)) \
+		-l --log-prefix="$BK_WORK/txlog.$fig.$run"
 	t1=$(bk_now)
 	got=$(bk_sql "SELECT count(*) FILTER (WHERE state = 'sent') || ' ' || count(*) FILTER (WHERE state = 'suppressed')
 				   FROM gatekeeper.mail_status")
@@ -262,6 +266,9 @@ supp_drain() {
 		gk_die "$fig: expected $((SUPP_N - want)) sent and $want suppressed, got $got"
 	fi
 	bk_record "$fig" "$run" "$(bk_rate "$SUPP_N" "$t0" "$t1")"
+	# the median claim(batch)+ack round of the clients: a burst of load
+	# from elsewhere on the machine moves it less than the wall time
+	bk_record "$fig.round" "$run" "$(perl "$BENCH/report.pl" --latency-median "$BK_WORK/txlog.$fig.$run".*)"
 }
 
 # supp_list_gone: the list holds SUPP_LIST entries none of which is a
