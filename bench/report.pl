@@ -87,6 +87,9 @@ my %fig = (
 	'suppression.none.round'  => ['median claim(1000)+ack round of those drains, empty list', 'ms'],
 	'suppression.miss.round'  => ['median round, 1,000,000 suppressed, none drained', 'ms'],
 	'suppression.hit10.round' => ['median round, 1,000,000 suppressed, 10% of the drained', 'ms'],
+	'suppression.none.cpu'  => ['server CPU per mail over those drains, empty list', 'us'],
+	'suppression.miss.cpu'  => ['server CPU per mail, 1,000,000 suppressed, none drained', 'us'],
+	'suppression.hit10.cpu' => ['server CPU per mail, 1,000,000 suppressed, 10% of the drained', 'us'],
 );
 my @sections = (
 	['enqueue', [
@@ -142,6 +145,9 @@ my @sections = (
 		['suppression.none.round'],
 		['suppression.miss.round', 'suppression.none.round', ['<=', 1.1]],
 		['suppression.hit10.round', 'suppression.none.round', ['<=', 1.1]],
+		['suppression.none.cpu'],
+		['suppression.miss.cpu', 'suppression.none.cpu', ['<=', 1.1]],
+		['suppression.hit10.cpu', 'suppression.none.cpu', ['<=', 1.1]],
 	]],
 );
 for my $b (100, 1000) {
@@ -195,7 +201,7 @@ close $fh;
 sub fmt {
 	my ($v, $unit) = @_;
 	return '-' unless defined $v;
-	if ($unit eq 'ms') {
+	if ($unit eq 'ms' || $unit eq 'us') {
 		return sprintf($v < 10 ? '%.2f' : '%.1f', $v);
 	}
 	my $s = sprintf('%.0f', $v);

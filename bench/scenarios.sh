@@ -244,21 +244,42 @@ scenario_drain() {
 # The list is loaded (not timed), vacuumed and analyzed before it is
 # measured; rate = mails finished (sent or suppressed) / wall time.  Also
 # the median latency of the claim+ack rounds (pgbench's per-transaction
-# log), which bursts of load from elsewhere on the machine move less.
+# log), and the server's CPU time per mail (every process of the cluster),
+# which bursts of load from elsewhere on the machine move less.
+
+# supp_cpu: CPU seconds the cluster has used so far: the postmaster's
+# children still running, and (cutime, cstime) those it has reaped.
+supp_cpu() {
+	local pm
+	pm=$(head -n 1 "$BK_DATA/postmaster.pid")
+	{
+		awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
+		for c in $(ps -o pid= --ppid "$pm"); do
+			awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null || true
+		done
+	} | awk -v hz="$(getconf CLK_TCK)" '{ t += $1 } END { printf "%.2f\n", t / hz }'
+}
 
 # supp_drain FIGURE RUN PREFIX SUPPRESSED: drain the preloaded mail, check
 # that SUPPRESSED mails ended suppressed and the rest sent.
 supp_drain() {
-	local fig=$1 run=$2 prefix=$3 want=$4 t0 t1 got
+	local fig=$1 run=$2 prefix=$3 want=$4 t0 t1 got c0 c1
 	DRAIN_N=$SUPP_N drain_preload bench_gated "$prefix"
 	bk_only_queue bench_gated
 	bk_settle
 	t0=$(bk_now)
 	rm -f "$BK_WORK/txlog.$fig.$run".*
+	c0=$(supp_cpu)
 	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/drain.sql" -D batch="$SUPP_BATCH" \
 		-c "$SUPP_CLAIMERS" -j "$(bk_jobs "$SUPP_CLAIMERS")" -t $((SUPP_N / SUPP_BATCH / SUPP_CLAIMERS)) \
 		-l --log-prefix="$BK_WORK/txlog.$fig.$run"
 	t1=$(bk_now)
+	# the claimers' backends have exited once only this session is left
+	for _ in $(seq 1 50); do
+		[ "$(bk_sql "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
+		sleep 0.1
+	done
+	c1=$(supp_cpu)
 	got=$(bk_sql "SELECT count(*) FILTER (WHERE state = 'sent') || ' ' || count(*) FILTER (WHERE state = 'suppressed')
 				   FROM gatekeeper.mail_status")
 	if [ "$got" != "$((SUPP_N - want)) $want" ]; then
@@ -269,6 +290,9 @@ supp_drain() {
 	# the median claim(batch)+ack round of the clients: a burst of load
 	# from elsewhere on the machine moves it less than the wall time
 	bk_record "$fig.round" "$run" "$(perl "$BENCH/report.pl" --latency-median "$BK_WORK/txlog.$fig.$run".*)"
+	# and the server CPU a mail cost (every process of the cluster, over
+	# the drain): what load elsewhere on the machine moves least
+	bk_record "$fig.cpu" "$run" "$(perl -e 'printf "%.2f", ($ARGV[1] - $ARGV[0]) * 1e6 / $ARGV[2]' "$c0" "$c1" "$SUPP_N")"
 }
 
 # supp_list_gone: the list holds SUPP_LIST entries none of which is a
