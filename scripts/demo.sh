@@ -517,7 +517,7 @@ RATE=$(find "$MAILDIR" -type f -size +0 -printf '%T@\n' | sort -n | awk '
 		printf "%.0f messages/s while delivering (%d messages, %.1f s busy, %.1f s first to last; busiest second: %d)", NR / active, NR, active, prev - first, peak
 	}')
 
-printf '\n==================== the SMTP server received ====================\n'
+printf '\n==================== the relay received (Postfix; the files smtp-sink wrote behind it) ====================\n'
 printf '  messages                         %s\n' "$RECEIVED"
 printf '  distinct recipients              %s\n' "$RCPTS"
 printf '  promotional messages             %s, to %s customers\n' "$PROMO_RCVD" "$PROMO_RCPTS"
@@ -600,7 +600,7 @@ check all '[ "$DONE" -eq 1 ]' '[ "$LIVE_DB" -eq 0 ]' -- \
 check all '[ "$BAD_DB" -eq 0 ]' '[ "$FAILED_DB" -eq 1 ]' -- \
 	"one mail failed, the hard bounce ($FAILED_DB); none expired, cancelled or unknown ($BAD_DB)"
 check [ "$RECEIVED" -eq "$SENT_DB" ] -- \
-	"the SMTP server received exactly what gatekeeper marked sent ($RECEIVED received, $SENT_DB sent)"
+	"the relay received exactly what gatekeeper marked sent ($RECEIVED received, $SENT_DB sent)"
 check [ "$PROMO_MAX" -eq 1 ] -- \
 	"smart sending: no customer got more than one promotional mail (most: $PROMO_MAX)"
 check [ "$PROMO_RCPTS" -eq "$PROMO_PEOPLE" ] -- \
