@@ -88,6 +88,15 @@ my %fig = (
 	'relays.slow_eod.bound' => ['parallel bound: 16 connections / 1 s per end-of-data', 'mails/s'],
 	'relays.slow_eod.source' => ['smtp-source -d -s 16 -> smtp-sink -W .:1', 'mails/s'],
 	'relays.slow_eod.gk' => ['worker, 16 connections -> smtp-sink -W .:1', 'mails/s'],
+	'suppression.none'   => ['claim+ack smart_sending, batch 1000, 4 claimers, empty suppression list', 'mails/s'],
+	'suppression.miss'   => ['the same, 1,000,000 suppressed addresses, none of them drained', 'mails/s'],
+	'suppression.hit10'  => ['the same, 1,000,000 suppressed addresses, 10% of the drained among them', 'mails/s'],
+	'suppression.none.round'  => ['median claim(1000)+ack round of those drains, empty list', 'ms'],
+	'suppression.miss.round'  => ['median round, 1,000,000 suppressed, none drained', 'ms'],
+	'suppression.hit10.round' => ['median round, 1,000,000 suppressed, 10% of the drained', 'ms'],
+	'suppression.none.cpu'  => ['server CPU per mail over those drains, empty list', 'us'],
+	'suppression.miss.cpu'  => ['server CPU per mail, 1,000,000 suppressed, none drained', 'us'],
+	'suppression.hit10.cpu' => ['server CPU per mail, 1,000,000 suppressed, 10% of the drained', 'us'],
 );
 my @sections = (
 	['enqueue', [
@@ -145,6 +154,17 @@ my @sections = (
 		['relays.slow_eod.gk', 'relays.slow_eod.bound', ['>=', 0.9]],
 		['relays.slow_eod.gk', 'relays.slow_eod.source'],
 	]],
+	['suppression', [
+		['suppression.none'],
+		['suppression.miss', 'suppression.none', ['>=', 0.9]],
+		['suppression.hit10', 'suppression.none', ['>=', 0.9]],
+		['suppression.none.round'],
+		['suppression.miss.round', 'suppression.none.round', ['<=', 1.1]],
+		['suppression.hit10.round', 'suppression.none.round', ['<=', 1.1]],
+		['suppression.none.cpu'],
+		['suppression.miss.cpu', 'suppression.none.cpu', ['<=', 1.1]],
+		['suppression.hit10.cpu', 'suppression.none.cpu', ['<=', 1.1]],
+	]],
 );
 for my $b (100, 1000) {
 	for my $k (1, 2, 4, 8) {
@@ -197,7 +217,7 @@ close $fh;
 sub fmt {
 	my ($v, $unit) = @_;
 	return '-' unless defined $v;
-	if ($unit eq 'ms') {
+	if ($unit eq 'ms' || $unit eq 'us') {
 		return sprintf($v < 10 ? '%.2f' : '%.1f', $v);
 	}
 	my $s = sprintf('%.0f', $v);
@@ -291,6 +311,7 @@ my %desc = (
 	stats => 'Stats (issue 13): what a Prometheus scrape costs. Latency of SELECT * FROM gatekeeper.queue_stats and of gatekeeper.worker_status (pgbench -M prepared, one client, 50 calls a run, per-call log; median per run) with 50,000 and then 5,000,000 finished mails retained in mail_done (loaded in bulk past the triggers), beside 2,000 mails enqueued through the trigger, 1,000 of them claimed and acked, 1,000 left due; at 5,000,000 also one scrape of prometheus-postgres-exporter with monitoring/queries.yaml (wall time of the HTTP GET after a warm-up scrape; the exporter\'s own database and bgwriter collectors off, so only gatekeeper\'s queries run), against the same exporter with no queries; and for reference the count over the finished mail by queue and state that queue_stats ran before it kept totals.',
 	gates => 'Gates: gate_pass_batch(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
 	relays => 'Relays (issue 10): the relays a user meets, each measured with the worker (gatekeeper.smtp_connections = 16, helo_name set; time from the commit of N due mails in one INSERT until smtp-sink has counted them) and with smtp-source -s 16 -d (16 sessions, connections reused, same body size) through the same endpoint in the same run: a loopback smtp-sink -c; the same sink behind t/delay_proxy.py adding 10 ms to every chunk each way (a relay 20 ms away; the proxy counts the chunks each client wrote, about one per round trip waited for, noted per mail); smtp-sink -W .:1 (one second per end-of-data), against the parallel bound of 16 connections per second.',
+	suppression => 'Suppression (issue 12, opt-in: --only suppression): 80,000 due mails through a queue gated by smart_sending (distinct recipients), drained by 4 pgbench clients looping claim(1000) and ack, three ways in each run: with the suppression list empty (the reference), with 1,000,000 global hard_bounce entries none of which is a drained recipient, and with 1,000,000 entries of which one in ten drained recipients (8,000) are part (those mails end suppressed); rate = mails finished / wall time. The list is loaded, vacuumed and analyzed before it is measured (not timed).',
 	delivery => 'Delivery: the worker (gatekeeper.smtp_connections = 16) sending to a loopback smtp-sink that counts and discards; time from the commit of N due mails until smtp-sink has counted N; and from the commit of one due mail until smtp-sink counts it, repeated (median, p99). Reference: smtp-source -s 16 -d (16 sessions, connections reused) into the same sink, same body size. The 2-worker line runs gatekeeper.workers = 2 with 8 connections each (the same 16 in all), after the 1-worker runs, against the same smtp-source figures.',
 );
 open(my $md, '>', $output) or die "$output: $!\n";

@@ -229,6 +229,134 @@ scenario_drain() {
 	bk_reset_mail
 }
 
+# ================================================================== suppression
+#
+# Opt-in (--only suppression; not in a full run).  Issue 12: the claim
+# probes the suppression list once per distinct recipient of its batch,
+# in the same transaction as the gates.  SUPP_N due mails through
+# bench_gated (smart_sending, every recipient distinct), drained by
+# SUPP_CLAIMERS claimers at batch SUPP_BATCH, three ways in each run:
+#   none   the suppression list empty (the reference);
+#   miss   SUPP_LIST global hard_bounce entries, none of them a drained
+#          recipient;
+#   hit10  SUPP_LIST entries, one in ten drained recipients among them
+#          (those mails end suppressed, the others sent).
+# The list is loaded (not timed), vacuumed and analyzed before it is
+# measured; rate = mails finished (sent or suppressed) / wall time.  Also
+# the median latency of the claim+ack rounds (pgbench's per-transaction
+# log), and the server's CPU time per mail (every process of the cluster),
+# which bursts of load from elsewhere on the machine move less.
+
+# supp_cpu: CPU seconds the cluster has used so far: the postmaster's
+# children still running, and (cutime, cstime) those it has reaped.
+supp_cpu() {
+	local pm
+	pm=$(head -n 1 "$BK_DATA/postmaster.pid")
+	{
+		awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
+		for c in $(ps -o pid= --ppid "$pm"); do
+			awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null || true
+		done
+	} | awk -v hz="$(getconf CLK_TCK)" '{ t += $1 } END { printf "%.2f\n", t / hz }'
+}
+
+# supp_drain FIGURE RUN PREFIX SUPPRESSED: drain the preloaded mail, check
+# that SUPPRESSED mails ended suppressed and the rest sent.
+supp_drain() {
+	local fig=$1 run=$2 prefix=$3 want=$4 t0 t1 got c0 c1
+	DRAIN_N=$SUPP_N drain_preload bench_gated "$prefix"
+	bk_only_queue bench_gated
+	bk_settle
+	t0=$(bk_now)
+	rm -f "$BK_WORK/txlog.$fig.$run".*
+	c0=$(supp_cpu)
+	bk_pgbench "$BK_WORK/pgbench.$fig.$run.log" -f "$SQL/drain.sql" -D batch="$SUPP_BATCH" \
+		-c "$SUPP_CLAIMERS" -j "$(bk_jobs "$SUPP_CLAIMERS")" -t $((SUPP_N / SUPP_BATCH / SUPP_CLAIMERS)) \
+		-l --log-prefix="$BK_WORK/txlog.$fig.$run"
+	t1=$(bk_now)
+	# the claimers' backends have exited once only this session is left
+	for _ in $(seq 1 50); do
+		[ "$(bk_sql "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
+		sleep 0.1
+	done
+	c1=$(supp_cpu)
+	got=$(bk_sql "SELECT count(*) FILTER (WHERE state = 'sent') || ' ' || count(*) FILTER (WHERE state = 'suppressed')
+				   FROM gatekeeper.mail_status")
+	if [ "$got" != "$((SUPP_N - want)) $want" ]; then
+		bk_sql "SELECT state, count(*) FROM gatekeeper.mail_status GROUP BY 1" >&2
+		gk_die "$fig: expected $((SUPP_N - want)) sent and $want suppressed, got $got"
+	fi
+	bk_record "$fig" "$run" "$(bk_rate "$SUPP_N" "$t0" "$t1")"
+	# the median claim(batch)+ack round of the clients: a burst of load
+	# from elsewhere on the machine moves it less than the wall time
+	bk_record "$fig.round" "$run" "$(perl "$BENCH/report.pl" --latency-median "$BK_WORK/txlog.$fig.$run".*)"
+	# and the server CPU a mail cost (every process of the cluster, over
+	# the drain): what load elsewhere on the machine moves least
+	bk_record "$fig.cpu" "$run" "$(perl -e 'printf "%.2f", ($ARGV[1] - $ARGV[0]) * 1e6 / $ARGV[2]' "$c0" "$c1" "$SUPP_N")"
+}
+
+# supp_list_gone: the list holds SUPP_LIST entries none of which is a
+# drained recipient.  supp_list_hits PREFIX: one in ten of the recipients
+# PREFIX<i>@example.com replace as many of those entries (still SUPP_LIST).
+supp_list_gone() {
+	bk_sql "TRUNCATE gatekeeper.suppression_list;
+			INSERT INTO gatekeeper.suppression_list (address, reason, detail)
+			SELECT 'gone' || i || '@bounced.example', 'hard_bounce', '550 5.1.1 User unknown'
+			  FROM generate_series(1, $SUPP_LIST) AS i" >/dev/null
+	bk_sql "VACUUM ANALYZE gatekeeper.suppression_list"
+}
+supp_list_hits() {
+	bk_sql "DELETE FROM gatekeeper.suppression_list
+			 WHERE address IN (SELECT 'gone' || i || '@bounced.example' FROM generate_series(1, $SUPP_N / 10) AS i);
+			INSERT INTO gatekeeper.suppression_list (address, reason, detail)
+			SELECT '$1' || i || '@example.com', 'hard_bounce', '550 5.1.1 User unknown'
+			  FROM generate_series(10, $SUPP_N, 10) AS i" >/dev/null
+	[ "$(bk_sql "SELECT count(*) FROM gatekeeper.suppression_list")" = "$SUPP_LIST" ] ||
+		gk_die "the suppression list does not hold $SUPP_LIST entries"
+	bk_sql "VACUUM ANALYZE gatekeeper.suppression_list"
+}
+
+# Odd runs go none, miss, hit10; even runs hit10, miss, none, so that no
+# variant always comes first (one load of the list a run either way).
+scenario_suppression() {
+	local run hits=$((SUPP_N / 10))
+	for run in $(seq 1 "$RUNS"); do
+		gk_log "suppression run $run: $SUPP_N mails, batch $SUPP_BATCH, $SUPP_CLAIMERS claimers; list of $SUPP_LIST"
+		if [ $((run % 2)) = 1 ]; then
+			bk_sql "TRUNCATE gatekeeper.suppression_list" >/dev/null
+			supp_drain suppression.none "$run" "sn${run}_" 0
+			supp_list_gone
+			supp_drain suppression.miss "$run" "sm${run}_" 0
+			supp_list_hits "sh${run}_"
+			supp_drain suppression.hit10 "$run" "sh${run}_" "$hits"
+			if [ "$run" = 1 ]; then
+				bk_note suppression "$(supp_explain "sh${run}_")"
+			fi
+		else
+			supp_list_gone
+			supp_list_hits "sh${run}_"
+			supp_drain suppression.hit10 "$run" "sh${run}_" "$hits"
+			supp_list_gone
+			supp_drain suppression.miss "$run" "sm${run}_" 0
+			bk_sql "TRUNCATE gatekeeper.suppression_list" >/dev/null
+			supp_drain suppression.none "$run" "sn${run}_" 0
+		fi
+	done
+	bk_sql "TRUNCATE gatekeeper.suppression_list" >/dev/null
+	bk_reset_mail
+}
+
+# supp_explain PREFIX: the claim's suppression probe for one batch of
+# distinct recipients (as src/suppression.c runs it), with the list loaded:
+# its plan, and buffers and time as EXPLAIN (ANALYZE, BUFFERS) reports them.
+supp_explain() {
+	bk_sql "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY ON)
+			SELECT s.address, s.queue, s.reason FROM gatekeeper.suppression_list s
+			 WHERE s.address = ANY (ARRAY(SELECT '$1' || i || '@example.com'
+										   FROM generate_series(1, $SUPP_BATCH) AS i))" |
+		tr -s ' ' | paste -sd ';' | sed 's/;/; /g' | sed 's/^/probe of a batch of '"$SUPP_BATCH"' recipients: /'
+}
+
 # ================================================================== backlog
 #
 # claim(1000) + ack_batch latency of one client (pgbench -M prepared, per-

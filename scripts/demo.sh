@@ -5,8 +5,11 @@
 #
 # Installs what it needs, builds and installs gatekeeper, then starts a
 # throwaway PostgreSQL 15 cluster with the gatekeeper worker preloaded and a
-# real SMTP server (Postfix's smtp-sink, keeping every message it receives as
-# a file), both on loopback.  A shop with 50,000 customers then schedules:
+# real SMTP relay: a private Postfix smtpd (t/pfmaster.py runs it without
+# Postfix's master, as the postfix user) that refuses one customer's mailbox
+# with "550 5.1.1 User unknown" and hands every message it accepts to
+# Postfix's smtp-sink, which keeps each as a file; all on loopback.  A shop
+# with 50,000 customers then schedules:
 #
 #   promo_black_friday   to all 50,000 customers      (COPY, as from an export)
 #   promo_new_arrivals   to 30,000 of them            (INSERT ... SELECT)
@@ -15,11 +18,18 @@
 #                        (INSERT ... SELECT and gatekeeper.enqueue), no gates
 #
 # The three campaigns share the smart_sending gate: however they overlap and
-# however they race, each customer gets one promotional mail.  The worker
-# delivers everything over SMTP while the script shows progress; the report
-# at the end counts from both sides: gatekeeper.queue_stats, and the files
-# the SMTP server wrote.  Everything started is stopped and removed on exit,
-# Ctrl-C included.
+# however they race, each customer gets one promotional mail.  Their queues
+# have an unsubscribe_url, so every promotional mail carries RFC 8058
+# one-click unsubscribe headers.  The worker delivers everything over SMTP
+# while the script shows progress.  Later that day: the customer whose
+# mailbox does not exist has been suppressed by the relay's 550 5.1.1 (a hard
+# bounce); another customer unsubscribes with the token from the
+# List-Unsubscribe header of the mail the relay received; a new customer
+# signs up; and the shop sends a reminder to the three.  The report at the
+# end counts from both sides: gatekeeper (queue_stats, the suppression
+# list, mail states) and the relay (Postfix's log, the files smtp-sink
+# wrote).  Everything started is stopped and removed on exit, Ctrl-C
+# included.
 #
 # Settings (environment): GK_DEMO_RECIPIENTS (default 50000, a multiple of
 # 50 keeps the numbers round), GK_DEMO_TIMEOUT (seconds for delivery,
@@ -44,7 +54,11 @@ WORK=
 PGDATA=
 PG_STARTED=0
 SINK_PID=
+PF_PID=
 INTERRUPTED=0
+# the customer whose mailbox does not exist, and the one who unsubscribes
+BOUNCED=customer42@example.com
+UNSUB=customer3@example.com
 
 cleanup() {
 	local rc=$?
@@ -54,11 +68,17 @@ cleanup() {
 	if [ "$rc" -ne 0 ] && [ "$INTERRUPTED" -eq 0 ] && [ -n "$WORK" ]; then
 		[ -f "$WORK/postgres.log" ] && { printf '\n----- postgres.log (last 30 lines) -----\n'; tail -n 30 "$WORK/postgres.log"; } >&2
 		[ -s "$WORK/smtp-sink.log" ] && { printf '\n----- smtp-sink.log (last 10 lines) -----\n'; tail -n 10 "$WORK/smtp-sink.log"; } >&2
+		[ -s "$WORK/postfix.log" ] && { printf '\n----- postfix.log (last 10 lines) -----\n'; tail -n 10 "$WORK/postfix.log"; } >&2
 	fi
 	if [ "$PG_STARTED" -eq 1 ]; then
 		gk_log "stopping the demo cluster"
 		gk_run_as_postgres pg_ctl -D "$PGDATA" -m fast -w -t 30 stop >/dev/null 2>&1 ||
 			gk_run_as_postgres pg_ctl -D "$PGDATA" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
+	fi
+	if [ -n "$PF_PID" ] && kill -0 "$PF_PID" 2>/dev/null; then
+		gk_log "stopping Postfix (pid $PF_PID)"
+		kill "$PF_PID" 2>/dev/null || true
+		wait "$PF_PID" 2>/dev/null || true
 	fi
 	if [ -n "$SINK_PID" ] && kill -0 "$SINK_PID" 2>/dev/null; then
 		gk_log "stopping smtp-sink (pid $SINK_PID)"
@@ -91,11 +111,11 @@ q1() {
 }
 
 # ------------------------------------------------------------ 1. packages
-gk_log "1/6 packages"
+gk_log "1/7 packages"
 gk_ensure_packages "${GK_BASE_PACKAGES[@]}"
 
 # ------------------------------------------------------------ 2. build
-gk_log "2/6 build and install gatekeeper"
+gk_log "2/7 build and install gatekeeper"
 WORK=$(gk_make_workdir gatekeeper-demo)
 cd "$WORK"
 gk_stage_source "$ROOT" "$WORK/src"
@@ -107,8 +127,8 @@ gk_install "$WORK/src" || gk_die "make install failed"
 rm -rf "$WORK/src"
 
 # ------------------------------------------------------------ 3. SMTP server
-gk_log "3/6 SMTP server: Postfix's smtp-sink on loopback, one file per message"
-SMTP_PORT=$(gk_free_port)
+gk_log "3/7 SMTP relay: a private Postfix smtpd on loopback, smtp-sink behind it keeping one file per message"
+SINK_PORT=$(gk_free_port)
 MAILDIR=$WORK/smtp
 mkdir -p "$MAILDIR"
 chown postfix: "$MAILDIR"
@@ -116,27 +136,78 @@ chown postfix: "$MAILDIR"
 # transaction to its own file (a strftime template plus a random suffix);
 # -m: up to 256 sessions at once; 256: the listen backlog.
 smtp-sink -u postfix -h smtp-sink.demo -m 256 -d "$MAILDIR/%Y%m%d%H%M%S." \
-	"127.0.0.1:$SMTP_PORT" 256 >"$WORK/smtp-sink.log" 2>&1 &
+	"127.0.0.1:$SINK_PORT" 256 >"$WORK/smtp-sink.log" 2>&1 &
 SINK_PID=$!
 for _ in $(seq 1 50); do
-	gk_port_free "$SMTP_PORT" || break
+	gk_port_free "$SINK_PORT" || break
 	kill -0 "$SINK_PID" 2>/dev/null || gk_die "smtp-sink did not start: $(cat "$WORK/smtp-sink.log")"
 	sleep 0.1
 done
-gk_port_free "$SMTP_PORT" && gk_die "smtp-sink is not listening on 127.0.0.1:$SMTP_PORT"
-# Prove it receives before relying on it, then forget the probe.
+gk_port_free "$SINK_PORT" && gk_die "smtp-sink is not listening on 127.0.0.1:$SINK_PORT"
+
+# Postfix's smtpd in front of it: its own configuration, queue and log
+# under $WORK (the machine's Postfix, if any, is not touched), run as the
+# postfix user by t/pfmaster.py, which stands in for master(8).  An access
+# map refuses $BOUNCED at RCPT TO as a mailbox that does not exist; every
+# message accepted is handed to smtp-sink (smtpd_proxy_filter).
+SMTP_PORT=$(gk_free_port "$SINK_PORT")
+PF=$WORK/postfix
+mkdir -p "$PF/conf" "$PF/queue" "$PF/data"
+cp "$ROOT/t/pfmaster.py" "$PF/pfmaster.py"
+printf '%s 550 5.1.1 User unknown\n' "$BOUNCED" >"$PF/conf/recipient_access"
+: >"$PF/conf/master.cf"
+cat >"$PF/conf/main.cf" <<EOF
+compatibility_level = 3.6
+config_directory = $PF/conf
+queue_directory = $PF/queue
+data_directory = $PF/data
+mail_owner = postfix
+setgid_group = postdrop
+myhostname = relay.demo.example
+mydomain = demo.example
+inet_interfaces = 127.0.0.1
+mynetworks = 127.0.0.0/8
+mydestination =
+relay_domains =
+local_recipient_maps =
+smtpd_reject_unlisted_recipient = no
+smtpd_reject_unlisted_sender = no
+smtpd_relay_restrictions = permit_mynetworks, reject
+smtpd_recipient_restrictions = check_recipient_access texthash:$PF/conf/recipient_access, permit
+smtpd_peername_lookup = no
+smtpd_client_connection_count_limit = 0
+smtpd_client_connection_rate_limit = 0
+smtpd_proxy_filter = 127.0.0.1:$SINK_PORT
+smtpd_proxy_timeout = 30s
+maillog_file_prefixes = $PF
+maillog_file = $PF/maillog
+EOF
+: >"$WORK/postfix.log"
+chown -R postfix: "$PF" "$WORK/postfix.log"
+setpriv --reuid=postfix --regid=postfix --init-groups \
+	/usr/bin/python3 "$PF/pfmaster.py" --config "$PF/conf" --queue "$PF/queue" --port "$SMTP_PORT" \
+	--log "$WORK/postfix.log" --daemon-dir /usr/lib/postfix/sbin --max-children 64 \
+	--lifetime $((TIMEOUT + 900)) </dev/null >>"$WORK/postfix.log" 2>&1 &
+PF_PID=$!
+for _ in $(seq 1 100); do
+	gk_port_free "$SMTP_PORT" || break
+	kill -0 "$PF_PID" 2>/dev/null || gk_die "Postfix did not start: $(cat "$WORK/postfix.log")"
+	sleep 0.1
+done
+gk_port_free "$SMTP_PORT" && gk_die "Postfix is not listening on 127.0.0.1:$SMTP_PORT"
+# Prove the chain receives before relying on it, then forget the probe.
 smtp-source -m 1 -f probe@example.com -t probe@example.com "127.0.0.1:$SMTP_PORT" ||
-	gk_die "smtp-sink refused a probe message"
+	gk_die "Postfix refused a probe message"
 for _ in $(seq 1 50); do
 	[ -n "$(find "$MAILDIR" -type f -size +0 -print -quit)" ] && break
 	sleep 0.1
 done
 grep -rqs '^X-Rcpt-Args: <probe@example.com>' "$MAILDIR" || gk_die "smtp-sink did not store the probe message"
 find "$MAILDIR" -type f -delete
-gk_log "smtp-sink (pid $SINK_PID) listens on 127.0.0.1:$SMTP_PORT and stored a probe message"
+gk_log "Postfix (pid $PF_PID) listens on 127.0.0.1:$SMTP_PORT; smtp-sink (pid $SINK_PID) behind it stored a probe message"
 
 # ------------------------------------------------------------ 4. cluster
-gk_log "4/6 PostgreSQL 15 cluster, as the postgres user, with the gatekeeper worker"
+gk_log "4/7 PostgreSQL 15 cluster, as the postgres user, with the gatekeeper worker"
 PG_PORT=$(gk_free_port "$SMTP_PORT")
 PGDATA=$WORK/pgdata
 install -d -o postgres -g postgres -m 755 "$WORK/run"
@@ -165,7 +236,7 @@ PG_STARTED=1
 gk_log "cluster on 127.0.0.1:$PG_PORT (data in $PGDATA), database $DB"
 
 # ------------------------------------------------------------ 5. the shop
-gk_log "5/6 a shop with $N customers schedules three overlapping campaigns and its receipts"
+gk_log "5/7 a shop with $N customers schedules three overlapping campaigns and its receipts"
 T0=$(date +%s.%N)
 q -v n="$N" <<'SQL'
 CREATE EXTENSION gatekeeper;
@@ -191,9 +262,11 @@ CREATE TABLE shop.orders (
 -- Three promotional campaigns behind Smart Sending (one promotional mail
 -- per customer per 16 hours), and the transactional receipts, ungated and
 -- weighted so a receipt never waits behind a campaign.
-SELECT gatekeeper.create_queue('promo_black_friday', gates => '{smart_sending}') \g /dev/null
-SELECT gatekeeper.create_queue('promo_new_arrivals', gates => '{smart_sending}') \g /dev/null
-SELECT gatekeeper.create_queue('promo_winback', gates => '{smart_sending}') \g /dev/null
+-- Each promotional mail carries RFC 8058 one-click unsubscribe headers,
+-- with a token signed for its recipient and queue.
+SELECT gatekeeper.create_queue(q, gates => '{smart_sending}',
+							   unsubscribe_url => 'https://shop.example.com/unsubscribe/{token}')
+  FROM unnest(ARRAY['promo_black_friday', 'promo_new_arrivals', 'promo_winback']) AS q \g /dev/null
 SELECT gatekeeper.create_queue('receipts', weight => 10) \g /dev/null
 SQL
 
@@ -310,7 +383,7 @@ printf '  gatekeeper workers running: %s\n\n' \
 	"$(q1 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'gatekeeper worker'")"
 
 # ------------------------------------------------------------ 6. delivery
-gk_log "6/6 delivery (progress every 2 s, at most ${TIMEOUT} s)"
+gk_log "6/7 delivery (progress every 2 s, at most ${TIMEOUT} s)"
 count_received() {
 	find "$MAILDIR" -type f | wc -l
 }
@@ -323,7 +396,7 @@ while :; do
 		  FROM gatekeeper.queue_stats")
 	RECEIVED=$(count_received)
 	ELAPSED=$(($(date +%s) - START))
-	printf '  %4ds  scheduled %7s (due %7s)  claimed %6s  sent %7s  suppressed %7s  failed %s | smtp-sink received %7s\n' \
+	printf '  %4ds  scheduled %7s (due %7s)  claimed %6s  sent %7s  suppressed %7s  failed %s | relay received %7s\n' \
 		"$ELAPSED" "$SCHEDULED" "$DUE" "$CLAIMED" "$SENT" "$SUPPRESSED" "$FAILED" "$RECEIVED"
 	if [ "$((SCHEDULED + CLAIMED))" -eq 0 ]; then
 		DONE=1
@@ -341,6 +414,54 @@ for _ in $(seq 1 50); do
 	sleep 0.2
 done
 
+# ------------------------------------------------------------ 7. later that day
+gk_log "7/7 later that day: a hard bounce, an unsubscribe, a new customer, a reminder"
+# $UNSUB clicks "unsubscribe" in the promotional mail they received: the
+# shop's endpoint gets the token of the List-Unsubscribe URL (here read from
+# the message the relay received) and passes it to gatekeeper.unsubscribe(),
+# which suppresses $UNSUB for the queue that mail came from.
+read -r UNSUB_URL UNSUB_QUEUE < <(grep -rli "^X-Rcpt-Args: <$UNSUB>" "$MAILDIR" | xargs -r awk '
+	function trim(s) { sub(/^[ \t]+/, "", s); sub(/[ \t\r]+$/, "", s); return s }
+	function header_done() {
+		if (name == "list-unsubscribe") url = value
+		else if (name == "x-campaign") campaign = value
+		name = ""
+	}
+	FNR == 1 { in_header = 1; url = campaign = name = "" }
+	!in_header { next }
+	/^[ \t]/ { value = value trim($0); next }
+	/^\r?$/ { header_done(); in_header = 0; if (url != "") { print url, campaign; exit } next }
+	{ header_done(); i = index($0, ":"); name = tolower(substr($0, 1, i - 1)); value = trim(substr($0, i + 1)) }
+') || true
+TOKEN=$(printf '%s' "${UNSUB_URL:-}" | sed -n 's|^<https://shop\.example\.com/unsubscribe/\([A-Za-z0-9_-]*\)>$|\1|p')
+[ -n "$TOKEN" ] || gk_die "the relay received no mail to $UNSUB with a List-Unsubscribe token"
+UNSUBSCRIBED=$(q1 "SELECT gatekeeper.unsubscribe('$TOKEN')")
+printf '  %s unsubscribed from %s: List-Unsubscribe: %s -> gatekeeper.unsubscribe(token) = %s\n' \
+	"$UNSUB" "$UNSUB_QUEUE" "$UNSUB_URL" "$UNSUBSCRIBED"
+
+# A customer signs up, and the shop sends a reminder in that same campaign
+# to the new customer, to the one who unsubscribed and to the one whose
+# mailbox does not exist (a hard bounce this morning).
+NEWCOMER=customer$((N + 1))@example.com
+q -v n="$N" -v queue="$UNSUB_QUEUE" -v bounced="$BOUNCED" -v unsub="$UNSUB" -v newcomer="$NEWCOMER" <<'SQL'
+INSERT INTO shop.customer VALUES (:n + 1, :'newcomer', 'Nina');
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers)
+SELECT email, 'Black Friday: the last hours',
+	   format(E'Hi %s,\n\n40 %% off everything ends tonight.\n\nThe Shop', first_name),
+	   :'queue', jsonb_build_object('X-Campaign', :'queue')
+  FROM shop.customer
+ WHERE email IN (:'bounced', :'unsub', :'newcomer');
+SQL
+for _ in $(seq 1 150); do
+	[ "$(q1 "SELECT count(*) FROM gatekeeper.mail_status
+			  WHERE subject = 'Black Friday: the last hours' AND state IN ('scheduled', 'claimed')")" = 0 ] && break
+	sleep 0.2
+done
+for _ in $(seq 1 50); do
+	grep -rqsi "^X-Rcpt-Args: <$NEWCOMER>" "$MAILDIR" && break
+	sleep 0.2
+done
+
 # ------------------------------------------------------------ report
 printf '\n==================== gatekeeper: queue_stats ====================\n'
 q -P footer=off -c "SELECT queue, scheduled, claimed, sent, suppressed, failed, expired, cancelled, unknown
@@ -354,13 +475,14 @@ find "$MAILDIR" -type f -size +0 -print0 | xargs -0 -r awk '
 		if (name == "x-rcpt-args") { split(value, w, " "); rcpt = tolower(w[1]); gsub(/[<>]/, "", rcpt) }
 		else if (name == "message-id") mid = value
 		else if (name == "x-campaign") campaign = value
+		else if (name == "subject") subject = value
 		name = ""
 	}
 	function emit() {
 		if (in_header) header_done()
-		print (rcpt == "" ? "?" : rcpt) "\t" (mid == "" ? "-" : mid) "\t" (campaign == "" ? "?" : campaign)
+		print (rcpt == "" ? "?" : rcpt) "\t" (mid == "" ? "-" : mid) "\t" (campaign == "" ? "?" : campaign) "\t" subject
 	}
-	FNR == 1 { if (seen) emit(); seen = 1; in_header = 1; rcpt = mid = campaign = name = "" }
+	FNR == 1 { if (seen) emit(); seen = 1; in_header = 1; rcpt = mid = campaign = subject = name = "" }
 	!in_header { next }
 	/^[ \t]/ { value = value " " trim($0); next }
 	/^\r?$/ { header_done(); in_header = 0; next }
@@ -395,7 +517,7 @@ RATE=$(find "$MAILDIR" -type f -size +0 -printf '%T@\n' | sort -n | awk '
 		printf "%.0f messages/s while delivering (%d messages, %.1f s busy, %.1f s first to last; busiest second: %d)", NR / active, NR, active, prev - first, peak
 	}')
 
-printf '\n==================== the SMTP server received ====================\n'
+printf '\n==================== the relay received (Postfix; the files smtp-sink wrote behind it) ====================\n'
 printf '  messages                         %s\n' "$RECEIVED"
 printf '  distinct recipients              %s\n' "$RCPTS"
 printf '  promotional messages             %s, to %s customers\n' "$PROMO_RCVD" "$PROMO_RCPTS"
@@ -404,12 +526,59 @@ printf '  receipts and shipping notices    %s\n' "$RECEIPTS_RCVD"
 printf '  duplicate Message-IDs            %s   (messages without one: %s)\n' "$DUP_IDS" "$NO_IDS"
 printf '  delivery rate                    %s\n' "$RATE"
 
+# ------------------------------------------------------------ suppression report
+printf '\n==================== a hard bounce and an unsubscribe: gatekeeper ====================\n'
+q -P footer=off -c "SELECT address, coalesce(queue, '(every queue)') AS queue, reason, detail, mail_id
+	FROM gatekeeper.suppression ORDER BY created_at"
+q -P footer=off -v bounced="$BOUNCED" -v unsub="$UNSUB" -v newcomer="$NEWCOMER" <<'SQL'
+SELECT recipient, queue, subject, state, last_error
+  FROM gatekeeper.mail_status
+ WHERE lower(recipient) IN (:'bounced', :'unsub', :'newcomer')
+ ORDER BY recipient, id;
+SQL
+REFUSAL_LINES=$(grep -F "NOQUEUE: reject: RCPT from" "$WORK/postfix.log" | grep -F "<$BOUNCED>" || true)
+REFUSALS=$(printf '%s' "$REFUSAL_LINES" | grep -c . || true)
+relay_got() {
+	awk -F '\t' -v r="$1" -v s="${2:-}" '$1 == r && (s == "" || $4 == s) { n++ } END { print n + 0 }' "$WORK/received.tsv"
+}
+relay_subjects() {
+	awk -F '\t' -v r="$1" '$1 == r { printf "%s%s", (n++ ? "; " : ""), $4 } END { if (!n) printf "nothing" }' "$WORK/received.tsv"
+}
+REMINDER='Black Friday: the last hours'
+printf '\n==================== a hard bounce and an unsubscribe: the relay ====================\n'
+printf "  Postfix refused %s %s time(s):\n" "$BOUNCED" "$REFUSALS"
+printf '%s\n' "$REFUSAL_LINES" | sed -e 's/^/    /'
+for r in "$BOUNCED" "$UNSUB" "$NEWCOMER"; do
+	printf '  received for %-26s %s\n' "$r:" "$(relay_subjects "$r")"
+done
+
+read -r B_STATES B_SUPPRESSION U_SUPPRESSION R_BOUNCED R_UNSUB R_NEWCOMER < <(
+	q -At -F ' ' -v bounced="$BOUNCED" -v unsub="$UNSUB" -v newcomer="$NEWCOMER" -v queue="$UNSUB_QUEUE" <<'SQL'
+SELECT (SELECT string_agg(DISTINCT state::text, ',' ORDER BY state::text) FROM gatekeeper.mail_status
+		 WHERE lower(recipient) = :'bounced'),
+	   (SELECT coalesce(queue, '*') || ':' || reason || ':' || (detail LIKE '550 5.1.1 %')
+		  FROM gatekeeper.suppression WHERE address = :'bounced'),
+	   (SELECT coalesce(queue, '*') || ':' || reason FROM gatekeeper.suppression WHERE address = :'unsub'),
+	   (SELECT state || ':' || coalesce(replace(last_error, ' ', '_'), '-') FROM gatekeeper.mail_status
+		 WHERE recipient = :'bounced' AND subject = 'Black Friday: the last hours'),
+	   (SELECT state || ':' || coalesce(replace(last_error, ' ', '_'), '-') FROM gatekeeper.mail_status
+		 WHERE recipient = :'unsub' AND subject = 'Black Friday: the last hours'),
+	   (SELECT state FROM gatekeeper.mail_status
+		 WHERE recipient = :'newcomer' AND subject = 'Black Friday: the last hours');
+SQL
+)
+
 # ------------------------------------------------------------ checks
-read -r SENT_DB LIVE_DB BAD_DB < <(q -At -F ' ' -c "
+read -r SENT_DB LIVE_DB BAD_DB FAILED_DB < <(q -At -F ' ' -c "
 	SELECT count(*) FILTER (WHERE state = 'sent'),
 		   count(*) FILTER (WHERE state IN ('scheduled', 'claimed')),
-		   count(*) FILTER (WHERE state IN ('failed', 'expired', 'unknown', 'cancelled'))
+		   count(*) FILTER (WHERE state IN ('expired', 'unknown', 'cancelled')),
+		   count(*) FILTER (WHERE state = 'failed')
 	  FROM gatekeeper.mail_status")
+# every customer a promotional mail was meant for, but the one whose
+# mailbox does not exist
+PROMO_PEOPLE=$(q1 "SELECT count(DISTINCT lower(recipient)) FROM gatekeeper.mail
+	WHERE queue LIKE 'promo\_%' AND lower(recipient) <> '$BOUNCED'")
 PASS=0
 FAIL=0
 # check CONDITION-COMMAND... -- DESCRIPTION
@@ -428,13 +597,25 @@ all() { local c; for c in "$@"; do eval "$c" || return 1; done; }
 printf '\n==================== checks ====================\n'
 check all '[ "$DONE" -eq 1 ]' '[ "$LIVE_DB" -eq 0 ]' -- \
 	"every mail reached a final state ($LIVE_DB still scheduled or claimed)"
-check [ "$BAD_DB" -eq 0 ] -- "none failed, expired, cancelled or unknown ($BAD_DB)"
+check all '[ "$BAD_DB" -eq 0 ]' '[ "$FAILED_DB" -eq 1 ]' -- \
+	"one mail failed, the hard bounce ($FAILED_DB); none expired, cancelled or unknown ($BAD_DB)"
 check [ "$RECEIVED" -eq "$SENT_DB" ] -- \
-	"the SMTP server received exactly what gatekeeper marked sent ($RECEIVED received, $SENT_DB sent)"
+	"the relay received exactly what gatekeeper marked sent ($RECEIVED received, $SENT_DB sent)"
 check [ "$PROMO_MAX" -eq 1 ] -- \
 	"smart sending: no customer got more than one promotional mail (most: $PROMO_MAX)"
 check [ "$PROMO_RCPTS" -eq "$PROMO_PEOPLE" ] -- \
-	"every customer in a campaign got one ($PROMO_RCPTS of $PROMO_PEOPLE)"
+	"every customer in a campaign but the bounced one got one ($PROMO_RCPTS of $PROMO_PEOPLE)"
+check all '[ "$REFUSALS" -eq 1 ]' '[ "$(relay_got "$BOUNCED")" -eq 0 ]' -- \
+	"hard bounce: Postfix refused $BOUNCED once with 550 5.1.1 and received nothing for it ($REFUSALS refusal(s))"
+check all '[ "$B_STATES" = "failed,suppressed" ]' '[ "$B_SUPPRESSION" = "*:hard_bounce:true" ]' \
+	'[ "$R_BOUNCED" = "suppressed:suppressed:_hard_bounce" ]' -- \
+	"hard bounce: gatekeeper failed that mail, suppressed the address in every queue, and suppressed its later mail ($B_STATES; $B_SUPPRESSION; reminder $R_BOUNCED)"
+check all '[ "$UNSUBSCRIBED" = t ]' '[ "$U_SUPPRESSION" = "$UNSUB_QUEUE:unsubscribe" ]' \
+	'[ "$R_UNSUB" = "suppressed:suppressed:_unsubscribe" ]' -- \
+	"unsubscribe: the token from the delivered List-Unsubscribe suppressed $UNSUB for $UNSUB_QUEUE, and the reminder to them ($U_SUPPRESSION; reminder $R_UNSUB)"
+check all '[ "$(relay_got "$UNSUB" "$REMINDER")" -eq 0 ]' '[ "$(relay_got "$NEWCOMER" "$REMINDER")" -eq 1 ]' \
+	'[ "$R_NEWCOMER" = sent ]' -- \
+	"the relay received the reminder for the new customer ($R_NEWCOMER), not for $UNSUB"
 check [ "$RECEIPTS_RCVD" -eq "$RECEIPTS" ] -- \
 	"every committed receipt arrived ($RECEIPTS_RCVD of $RECEIPTS)"
 check all '[ "$DUP_IDS" -eq 0 ]' '[ "$NO_IDS" -eq 0 ]' -- \

@@ -20,7 +20,7 @@ unset LANGUAGE
 
 # What building and testing gatekeeper needs.  postfix is there for its
 # smtp-sink and smtp-source test tools and for the private smtpd the TAP
-# tests run under their own directory (t/pfmaster.py), never for the
+# tests and the demo run under their own directory (t/pfmaster.py), never for the
 # system's daemon.  libssl-dev: the SMTP client's TLS.  python3-aiosmtpd:
 # relays that require AUTH (t/auth_relay.py) and the scriptable
 # STARTTLS/AUTH relay (t/relay.py), with /usr/bin/python3; openssl makes

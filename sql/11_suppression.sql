@@ -216,3 +216,27 @@ SELECT m.recipient, m.state, m.attempt,
 	   m.send_at > now() AS later,
 	   regexp_replace(m.last_error, '\d\d:\d\d-\d\d:\d\d', 'HH:MM-HH:MM') AS last_error
   FROM gatekeeper.mail_status m WHERE m.queue IN ('w_later', 'w_open') ORDER BY 1;
+
+-- gatekeeper.max_message_size (10MB here) counts the RFC 8058 header lines
+-- the claim adds to the mail of a queue with an unsubscribe_url: a mail at
+-- the limit elsewhere is over it there, and fits with those octets fewer;
+-- a mail that brings its own List-Unsubscribe is charged its own headers
+-- only.  The same trigger checks enqueue, INSERT and COPY.
+SELECT gatekeeper.create_queue('m_plain');
+SELECT gatekeeper.create_queue('m_unsub', unsubscribe_url => 'https://shop.example.com/u/{token}?list=m');
+SELECT octet_length('List-Unsubscribe: <' ||
+					replace('https://shop.example.com/u/{token}?list=m', '{token}',
+							gatekeeper._unsubscribe_token('Max@Example.com', 'm_unsub')) || E'>\r\n' ||
+					E'List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n') AS added \gset
+SELECT :added > 150 AS added_over_150;
+BEGIN;
+SELECT gatekeeper.enqueue('Max@Example.com', 's', repeat('x', 10 * 1024 * 1024 - 1), 'm_plain') > 0 AS plain_at_the_limit;
+SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('Max@Example.com', 's', repeat('x', 10 * 1024 * 1024 - 1), 'm_unsub')$$) AS unsub_over;
+SELECT gatekeeper.enqueue('Max@Example.com', 's', repeat('x', 10 * 1024 * 1024 - 1 - :added), 'm_unsub') > 0 AS unsub_at_the_limit;
+SELECT pg_temp.error_of(format($$SELECT gatekeeper.enqueue('Max@Example.com', 's', repeat('x', %s), 'm_unsub')$$,
+							   10 * 1024 * 1024 - :added)) AS unsub_one_over;
+SELECT pg_temp.error_of(format($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue)
+	VALUES ('Max@Example.com', 's', repeat('x', %s), 'm_unsub')$$, 10 * 1024 * 1024 - :added)) AS insert_one_over;
+SELECT gatekeeper.enqueue('Max@Example.com', 's', repeat('x', 10 * 1024 * 1024 - 1 - 150), 'm_unsub',
+						  headers => '{"List-Unsubscribe": "<https://own.example/u>"}') > 0 AS own_header_fits;
+ROLLBACK;

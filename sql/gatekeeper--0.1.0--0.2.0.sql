@@ -1232,19 +1232,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper.status(id bigint)
-RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
-			   last_error text, message_id text, finished_at timestamptz, metadata jsonb)
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT s.id, s.queue, s.state, s.attempt, s.send_at, s.last_error, s.message_id,
-		   s.finished_at, NULL::jsonb
-	  FROM gatekeeper.mail_status s
-	 WHERE s.id = gatekeeper._not_null($1, 'id')
-$$;
-
 CREATE FUNCTION gatekeeper.find(queue text, dedupe_key text)
 RETURNS bigint
 LANGUAGE plpgsql STABLE
@@ -1289,7 +1276,6 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION gatekeeper.status(bigint) IS 'a mail''s state, by id; for roles that cannot read gatekeeper.mail';
 COMMENT ON FUNCTION gatekeeper.find(text, text) IS 'the live, else the latest finished, mail with this dedupe key in this queue';
 COMMENT ON FUNCTION gatekeeper.history(text, timestamptz) IS 'the mail to one recipient enqueued since a time, oldest first';
 
@@ -1802,7 +1788,7 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
   LEFT JOIN gatekeeper.mail_live l ON l.id = m.id
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
-CREATE OR REPLACE FUNCTION gatekeeper.status(id bigint)
+CREATE FUNCTION gatekeeper.status(id bigint)
 RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
 			   last_error text, message_id text, finished_at timestamptz, metadata jsonb)
 LANGUAGE sql STABLE
@@ -1814,6 +1800,8 @@ AS $$
 	  FROM gatekeeper.mail_status s
 	 WHERE s.id = gatekeeper._not_null($1, 'id')
 $$;
+
+COMMENT ON FUNCTION gatekeeper.status(bigint) IS 'a mail''s state, by id; for roles that cannot read gatekeeper.mail';
 
 -- the functions dropped and made again above keep the EXECUTE grants their
 -- 0.1.0 versions had (recorded at the start of this section)

@@ -44,6 +44,7 @@
 
 #include "address.h"
 #include "stats.h"
+#include "unsubscribe.h"
 #include "window.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
@@ -87,10 +88,12 @@ typedef struct QueueCache
 	int			n;
 	int			next;
 	char	   *names[QUEUE_CACHE_SIZE];
+	char	   *unsubscribe_urls[QUEUE_CACHE_SIZE]; /* NULL: none */
 } QueueCache;
 
 static QueueCache queue_cache;
 static SPIPlanPtr queue_plan = NULL;
+static SPIPlanPtr queue_url_plan = NULL;	/* 0.2.0's layout */
 
 /*
  * The statements over the trigger's transition table, new_mail.  Ids at or
@@ -178,20 +181,27 @@ load_columns(Relation rel)
 }
 
 /*
- * Raise an error unless the queue exists.
+ * Raise an error unless the queue exists.  Returns its unsubscribe_url
+ * (0.2.0's layout), NULL when it has none.
  */
-static void
+static const char *
 check_queue_exists(const char *queue)
 {
 	int			i;
 	Datum		arg;
 	bool		found;
+	char	   *url = NULL;
+	bool		with_url = columns.recipient_name > 0;
 
 	if (queue_cache.lxid != MyProc->lxid ||
 		queue_cache.cid != GetCurrentCommandId(false))
 	{
 		for (i = 0; i < queue_cache.n; i++)
+		{
 			pfree(queue_cache.names[i]);
+			if (queue_cache.unsubscribe_urls[i] != NULL)
+				pfree(queue_cache.unsubscribe_urls[i]);
+		}
 		queue_cache.n = 0;
 		queue_cache.next = 0;
 		queue_cache.lxid = MyProc->lxid;
@@ -199,11 +209,11 @@ check_queue_exists(const char *queue)
 	}
 	for (i = 0; i < queue_cache.n; i++)
 		if (strcmp(queue_cache.names[i], queue) == 0)
-			return;
+			return queue_cache.unsubscribe_urls[i];
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (queue_plan == NULL)
+	if (!with_url && queue_plan == NULL)
 	{
 		Oid			argtype = TEXTOID;
 
@@ -213,10 +223,27 @@ check_queue_exists(const char *queue)
 			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
 		SPI_keepplan(queue_plan);
 	}
+	if (with_url && queue_url_plan == NULL)
+	{
+		Oid			argtype = TEXTOID;
+
+		queue_url_plan = SPI_prepare("SELECT q.unsubscribe_url FROM gatekeeper.queue q WHERE q.name = $1",
+									 1, &argtype);
+		if (queue_url_plan == NULL)
+			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+		SPI_keepplan(queue_url_plan);
+	}
 	arg = CStringGetTextDatum(queue);
-	if (SPI_execute_plan(queue_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+	if (SPI_execute_plan(with_url ? queue_url_plan : queue_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "queue lookup failed");
 	found = SPI_processed > 0;
+	if (found && with_url)
+	{
+		char	   *value = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+		if (value != NULL)
+			url = MemoryContextStrdup(TopMemoryContext, value);
+	}
 	SPI_finish();
 
 	if (!found)
@@ -231,8 +258,12 @@ check_queue_exists(const char *queue)
 	{
 		i = queue_cache.next++ % QUEUE_CACHE_SIZE;
 		pfree(queue_cache.names[i]);
+		if (queue_cache.unsubscribe_urls[i] != NULL)
+			pfree(queue_cache.unsubscribe_urls[i]);
 	}
 	queue_cache.names[i] = MemoryContextStrdup(TopMemoryContext, queue);
+	queue_cache.unsubscribe_urls[i] = url;
+	return url;
 }
 
 /*
@@ -396,7 +427,30 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("queue must not be null")));
 	if (scheduled)
-		check_queue_exists(queue);
+	{
+		const char *url = check_queue_exists(queue);
+
+		/*
+		 * The claim adds the RFC 8058 headers to the mail of a queue with an
+		 * unsubscribe_url: they count against the limit too.
+		 */
+		if (url != NULL && to_go)
+		{
+			Jsonb	   *headers = NULL;
+			Size		added;
+
+			d = heap_getattr(tuple, columns.headers, desc, &isnull);
+			if (!isnull)
+				headers = DatumGetJsonbP(d);
+			added = gatekeeper_unsubscribe_headers_size(url, recipient, queue, headers);
+			if (size + added > (Size) gatekeeper_max_message_size)
+				ereport(ERROR,
+						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+						 errmsg("mail is larger than gatekeeper.max_message_size"),
+						 errdetail("Subject, body, html and headers hold %zu bytes, and the List-Unsubscribe headers of queue \"%s\" add %zu; the limit is %d bytes.",
+								   size, queue, added, gatekeeper_max_message_size)));
+		}
+	}
 
 	/* wake the workers at commit when this mail is due within a nap */
 	if (scheduled &&

@@ -27,6 +27,7 @@
 #include "fmgr.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 
 #include "gatekeeper.h"
@@ -325,6 +326,61 @@ gatekeeper_unsubscribe_url(const char *url_template, const char *recipient,
 	appendStringInfoString(&buf, make_token(recipient, queue));
 	appendStringInfoString(&buf, at + strlen(TOKEN_PLACEHOLDER));
 	return buf.data;
+}
+
+/*
+ * has_header
+ *		Whether the mail's headers name this field, in any case.
+ */
+static bool
+has_header(Jsonb *headers, const char *name)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			len = strlen(name);
+
+	if (headers == NULL || !JB_ROOT_IS_OBJECT(headers))
+		return false;
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY && v.val.string.len == len &&
+			pg_strncasecmp(v.val.string.val, name, len) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * gatekeeper_unsubscribe_headers_size
+ *		The octets of the header lines the claim adds to a mail to
+ *		recipient in queue, whose unsubscribe_url is url_template, and
+ *		whose own headers are headers (NULL: none): "List-Unsubscribe:
+ *		<URL>" and "List-Unsubscribe-Post: List-Unsubscribe=One-Click",
+ *		each with its CRLF, as the claim adds them (nothing when the mail
+ *		brings its own List-Unsubscribe; no second List-Unsubscribe-Post).
+ *		The token's length follows from the lengths of the recipient's key
+ *		and the queue's name alone, so the secret is not read: the
+ *		enqueuing role need not be able to.
+ */
+Size
+gatekeeper_unsubscribe_headers_size(const char *url_template, const char *recipient,
+									const char *queue, Jsonb *headers)
+{
+	static const char list_unsubscribe[] = "List-Unsubscribe: <>\r\n";
+	static const char one_click[] = "List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n";
+	int			raw;
+	Size		size;
+
+	if (has_header(headers, "List-Unsubscribe"))
+		return 0;
+	raw = 2 + strlen(gatekeeper_recipient_key(recipient)) + strlen(queue) + TOKEN_MAC_LEN;
+	size = strlen(list_unsubscribe) + strlen(url_template) - strlen(TOKEN_PLACEHOLDER) +
+		(raw * 4 + 2) / 3;
+	if (!has_header(headers, "List-Unsubscribe-Post"))
+		size += strlen(one_click);
+	return size;
 }
 
 PG_FUNCTION_INFO_V1(gatekeeper_new_secret);

@@ -9,6 +9,8 @@
 #ifndef GATEKEEPER_UNSUBSCRIBE_H
 #define GATEKEEPER_UNSUBSCRIBE_H
 
+#include "utils/jsonb.h"
+
 /*
  * Raise 22023 (54000 when too long for a header line) unless url is an
  * https URL holding {token} once that can carry a token for queue.
@@ -23,5 +25,16 @@ extern void gatekeeper_check_unsubscribe_url(const char *url, const char *queue)
  */
 extern char *gatekeeper_unsubscribe_url(const char *url_template,
 										const char *recipient, const char *queue);
+
+/*
+ * The octets of the List-Unsubscribe and List-Unsubscribe-Post header lines
+ * the claim adds to a mail to recipient in a queue whose unsubscribe_url is
+ * url_template (0 when the mail's own headers hold List-Unsubscribe):
+ * counted against gatekeeper.max_message_size at enqueue.  Reads no secret.
+ */
+extern Size gatekeeper_unsubscribe_headers_size(const char *url_template,
+												const char *recipient,
+												const char *queue,
+												Jsonb *headers);
 
 #endif							/* GATEKEEPER_UNSUBSCRIBE_H */
