@@ -855,9 +855,10 @@ gatekeeper_wake_workers(void)
 
 /*
  * Post a due time to announce (the minimum of what is posted wins) and wake
- * the first worker, which announces, if it serves this database.  Runs
- * after the commit is visible, so the worker that looks sees the mail.
- * Must not fail.
+ * the first worker, which announces, when it serves this database (while
+ * it is not running, it looks at everything when it starts).  Runs after
+ * the commit is visible, so the worker that looks sees the mail.  Must not
+ * fail.
  */
 static void
 gatekeeper_post_announcement(TimestampTz due)
@@ -870,19 +871,20 @@ gatekeeper_post_announcement(TimestampTz due)
 
 	if (gatekeeper_shared->nslots == 0)
 		return;
-	old = pg_atomic_read_u64(&gatekeeper_shared->announce_due);
-	while ((TimestampTz) old > due &&
-		   !pg_atomic_compare_exchange_u64(&gatekeeper_shared->announce_due, &old, (uint64) due))
-		;
-
 	slot = &gatekeeper_shared->slots[0];
 	SpinLockAcquire(&gatekeeper_shared->mutex);
 	pid = slot->pid;
 	pgprocno = slot->pgprocno;
 	database = slot->database;
 	SpinLockRelease(&gatekeeper_shared->mutex);
-	if (pid != 0 && database == MyDatabaseId)
-		SetLatch(&GetPGProcByNumber(pgprocno)->procLatch);
+	if (pid == 0 || database != MyDatabaseId)
+		return;
+
+	old = pg_atomic_read_u64(&gatekeeper_shared->announce_due);
+	while ((TimestampTz) old > due &&
+		   !pg_atomic_compare_exchange_u64(&gatekeeper_shared->announce_due, &old, (uint64) due))
+		;
+	SetLatch(&GetPGProcByNumber(pgprocno)->procLatch);
 }
 
 /*
