@@ -147,9 +147,10 @@ static TimestampTz next_housekeeping = 0;
  * announce_seen: mail then due later, it announces when it comes due, and
  * only that.  A commit of mail due later posts its time and wakes the
  * worker, which looks at once; mail it finds already due had come due
- * between that commit and the look, and is announced then.  The worker
- * also looks every few seconds, for mail made due later by nack or by a
- * claim, which post nothing.
+ * between that commit and the look, and is announced then (nack and
+ * unclaim post the same way).  The worker also looks every few seconds,
+ * for mail a claim defers (a closed gate, a sending window), which posts
+ * nothing.
  */
 typedef struct AnnounceQueue
 {
