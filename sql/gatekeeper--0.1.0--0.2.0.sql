@@ -2012,12 +2012,31 @@ AS $$
 BEGIN
 	PERFORM pg_catalog.pg_notify('gatekeeper', q.name)
 	   FROM gatekeeper.queue q
-	  WHERE q.notify AND (candidates IS NULL OR q.name = ANY (candidates))
+	  WHERE q.notify AND NOT q.paused AND (candidates IS NULL OR q.name = ANY (candidates))
 		AND gatekeeper._first_due(q.name, since) <= upto;
 	RETURN QUERY
 		SELECT q.name, gatekeeper._first_due(q.name, upto)
 		  FROM gatekeeper.queue q WHERE q.notify
 		 ORDER BY q.name;
+END
+$$;
+
+-- a notify queue resumed announces its due mail
+CREATE OR REPLACE FUNCTION gatekeeper.resume(queue text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._queue(resume.queue, true);
+	UPDATE gatekeeper.queue SET paused = false WHERE name = resume.queue;
+	PERFORM gatekeeper._wake();
+	-- its due mail may be claimed again: external senders of a notify queue hear of it
+	PERFORM gatekeeper._announce(q.name, now())
+	   FROM gatekeeper.queue q
+	  WHERE q.name = resume.queue AND q.notify
+		AND gatekeeper._first_due(q.name, '-infinity') <= now();
 END
 $$;
 

@@ -88,7 +88,8 @@ typedef struct QueueCache
 	int			n;
 	int			next;
 	char	   *names[QUEUE_CACHE_SIZE];
-	bool		notify[QUEUE_CACHE_SIZE];	/* the queue announces its mail */
+	bool		notify[QUEUE_CACHE_SIZE];	/* the queue announces its mail (it
+											 * has notify, and is not paused) */
 	bool		announced[QUEUE_CACHE_SIZE];	/* and this command did */
 } QueueCache;
 
@@ -98,7 +99,7 @@ static SPIPlanPtr queue_notify_plan = NULL;
 
 /* 0.1.0's gatekeeper.queue, until ALTER EXTENSION UPDATE, has no notify */
 static const char queue_sql[] = "SELECT false FROM gatekeeper.queue WHERE name = $1";
-static const char queue_notify_sql[] = "SELECT notify FROM gatekeeper.queue WHERE name = $1";
+static const char queue_notify_sql[] = "SELECT notify AND NOT paused FROM gatekeeper.queue WHERE name = $1";
 
 /*
  * The statements over the trigger's transition table, new_mail.  Ids at or

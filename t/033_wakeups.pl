@@ -12,6 +12,7 @@
 #  - mail due 2 s after its commit is announced once, when it comes due
 #    (not before, and within a bound after), by the first worker;
 #  - unclaim with no delay announces the mail handed back;
+#  - a paused queue announces nothing; resume() announces its due mail;
 #  - the running worker, delivering to a relay, never claims a queue with
 #    background = false (over several seconds, while it sends another
 #    queue's mail), an external claim gets that mail, and once the queue
@@ -47,6 +48,7 @@ SELECT gatekeeper.create_queue('n_b', notify => true);
 SELECT gatekeeper.create_queue('n_quiet');
 SELECT gatekeeper.create_queue('n_later', notify => true, background => false);
 SELECT gatekeeper.create_queue('n_back', notify => true, background => false);
+SELECT gatekeeper.create_queue('n_paused', notify => true, background => false);
 SELECT gatekeeper.create_queue('n_ext', background => false);
 SELECT gatekeeper.create_queue('n_worker');
 });
@@ -168,6 +170,15 @@ SELECT gatekeeper.unclaim(array_agg(c.id), array_agg(c.attempt), 'not now', inte
 	'1',
 	'an external sender hands it back');
 is(received_within(1.5), 'n_back', 'mail handed back with no delay is announced again');
+
+# a paused queue announces nothing; resume() announces its due mail
+$node->safe_psql('postgres', q{
+SELECT gatekeeper.pause('n_paused');
+SELECT gatekeeper.enqueue('paused' || i || '@example.com', 'S', 'B', queue => 'n_paused') FROM generate_series(1, 3) AS i;
+});
+is(received_within(1.5), '', 'mail for a paused queue is not announced');
+$node->safe_psql('postgres', "SELECT gatekeeper.resume('n_paused')");
+is(received_within(1.5), 'n_paused', 'resume() announces the due mail, once');
 
 # background = false: the running worker never claims it
 $node->safe_psql(
