@@ -946,6 +946,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	n int;
+	back_queues text[];
+	back_due timestamptz[];
 BEGIN
 	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
 		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -954,12 +956,20 @@ BEGIN
 		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	UPDATE gatekeeper.mail_live m
-	   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
-		   send_at = greatest(m.send_at, now() + gatekeeper._duration(delay, 'delay')), last_error = error
-	  FROM unnest(ids, attempts) AS u(id, attempt)
-	 WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed';
-	GET DIAGNOSTICS n = ROW_COUNT;
+	WITH back AS (
+		UPDATE gatekeeper.mail_live m
+		   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
+			   send_at = greatest(m.send_at, now() + gatekeeper._duration(delay, 'delay')), last_error = error
+		  FROM unnest(ids, attempts) AS u(id, attempt)
+		 WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'
+		RETURNING m.queue, m.send_at
+	)
+	SELECT count(*), array_agg(b.queue), array_agg(b.send_at) INTO n, back_queues, back_due FROM back b;
+	-- external senders listening for a notify queue hear of it
+	PERFORM gatekeeper._announce(b.queue, min(b.due))
+	   FROM unnest(back_queues, back_due) AS b(queue, due)
+	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
+	  GROUP BY b.queue;
 	RETURN n;
 END
 $$;
@@ -974,6 +984,8 @@ DECLARE
 	n int;
 	release_recipients text[];
 	release_holders bigint[];
+	back_queues text[];
+	back_due timestamptz[];
 BEGIN
 	/*
 	 * at_most_once: the mail may have gone, so it is never sent again.
@@ -998,7 +1010,7 @@ BEGIN
 		   SET state = 'scheduled', lease_until = NULL, worker = NULL, last_error = 'lease expired'
 		  FROM judged j
 		 WHERE l.id = j.id AND j.outcome = 'scheduled'
-		RETURNING l.id
+		RETURNING l.id, l.queue, l.send_at
 	), gone AS (
 		DELETE FROM gatekeeper.mail_live l
 		 USING judged j
@@ -1014,13 +1026,19 @@ BEGIN
 	)
 	SELECT (SELECT count(*) FROM back) + count(d.id),
 		   array_agg(m.recipient) FILTER (WHERE d.state = 'failed'),
-		   array_agg(d.id) FILTER (WHERE d.state = 'failed')
-	  INTO n, release_recipients, release_holders
+		   array_agg(d.id) FILTER (WHERE d.state = 'failed'),
+		   (SELECT array_agg(b.queue) FROM back b), (SELECT array_agg(b.send_at) FROM back b)
+	  INTO n, release_recipients, release_holders, back_queues, back_due
 	  FROM done d
 	  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment;
 	IF release_recipients IS NOT NULL THEN
 		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
 	END IF;
+	-- mail back to scheduled is due again: external senders of a notify queue hear of it
+	PERFORM gatekeeper._announce(b.queue, min(b.due))
+	   FROM unnest(back_queues, back_due) AS b(queue, due)
+	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
+	  GROUP BY b.queue;
 	RETURN n;
 END
 $$;
@@ -1291,8 +1309,8 @@ COMMENT ON FUNCTION gatekeeper.history(text, timestamptz) IS 'the mail to one re
 SELECT pg_catalog.set_config('gatekeeper_upgrade.grants',
 	coalesce((SELECT pg_catalog.string_agg(
 				  CASE p.proname
-					  WHEN 'create_queue' THEN 'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text)'
-					  WHEN 'alter_queue' THEN 'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text)'
+					  WHEN 'create_queue' THEN 'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)'
+					  WHEN 'alter_queue' THEN 'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)'
 					  WHEN 'enqueue' THEN 'gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)'
 					  WHEN 'claim' THEN 'gatekeeper.claim(text, int, interval, text[])'
 				  END || pg_catalog.chr(30) || a.grantee::regrole::text, pg_catalog.chr(31))
@@ -1446,7 +1464,8 @@ CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
 	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
-	timezone text DEFAULT 'UTC')
+	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
+	notify boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1464,6 +1483,10 @@ BEGIN
 		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts, weight, transactional and timezone must not be null'
 			USING ERRCODE = 'null_value_not_allowed';
 	END IF;
+	IF create_queue.background IS NULL OR create_queue.notify IS NULL THEN
+		RAISE EXCEPTION 'background and notify must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_notify(create_queue.name, create_queue.notify);
 	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
 										   weight, rate_limit, dedupe_window, false);
 	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
@@ -1471,12 +1494,12 @@ BEGIN
 	BEGIN
 		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
 									  weight, rate_limit, dedupe_window, tokens, transactional,
-									  unsubscribe_url, send_window, timezone)
+									  unsubscribe_url, send_window, timezone, background, notify)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
 				on_gate_closed, delivery, max_attempts, weight, rate_limit,
 				gatekeeper._duration(dedupe_window, 'dedupe_window'), coalesce(rate_limit, 0),
 				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
-				create_queue.timezone);
+				create_queue.timezone, create_queue.background, create_queue.notify);
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
 	END;
@@ -1490,16 +1513,27 @@ CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
-	timezone text DEFAULT NULL)
+	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
+	notify boolean DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+	/*
+	 * Taking a queue from the background workers waits for the claims in
+	 * progress (each worker's claim holds ROW SHARE on gatekeeper.queue
+	 * from before it reads the queues): once this commits, no worker claim
+	 * that read the queue as its own is still running.
+	 */
+	IF alter_queue.background = false THEN
+		LOCK TABLE gatekeeper.queue IN EXCLUSIVE MODE;
+	END IF;
 	PERFORM gatekeeper._queue(alter_queue.name, true);
 	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
 										   weight, rate_limit, dedupe_window, true);
+	PERFORM gatekeeper._check_notify(alter_queue.name, alter_queue.notify);
 	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
 	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
 	UPDATE gatekeeper.queue q
@@ -1520,7 +1554,9 @@ BEGIN
 								  ELSE coalesce(alter_queue.unsubscribe_url, q.unsubscribe_url) END,
 		   send_window = CASE WHEN alter_queue.send_window = '' THEN NULL
 							  ELSE coalesce(alter_queue.send_window, q.send_window) END,
-		   timezone = coalesce(alter_queue.timezone, q.timezone)
+		   timezone = coalesce(alter_queue.timezone, q.timezone),
+		   background = coalesce(alter_queue.background, q.background),
+		   notify = coalesce(alter_queue.notify, q.notify)
 	 WHERE q.name = alter_queue.name;
 END
 $$;
@@ -1761,6 +1797,9 @@ BEGIN
 	UPDATE gatekeeper.mail_live l
 	   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = error
 	 WHERE l.id = m.id;
+	IF q.notify THEN
+		PERFORM gatekeeper._announce(m.queue, now() + delay);
+	END IF;
 	RETURN 'scheduled';
 END
 $$;
@@ -1959,6 +1998,9 @@ BEGIN
 		UPDATE gatekeeper.mail_live l
 		   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = e.error
 		 WHERE l.id = m.id;
+		IF q.notify THEN
+			PERFORM gatekeeper._announce(m.queue, now() + delay);
+		END IF;
 	END LOOP;
 
 	FOR e IN SELECT b.key, b.error, b.id
@@ -2111,6 +2153,115 @@ REVOKE ALL ON FUNCTION gatekeeper._forget_queue() FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._queue_totals() FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper.reset_stats() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.queue_stats FROM PUBLIC;
+
+/*
+ * Issue 13: wake-ups.  Queues gain background (false: only external
+ * claimers serve it) and notify (NOTIFY gatekeeper, '<queue>' when its mail
+ * is due), at the end of the table as in a fresh install; create_queue and
+ * alter_queue (above) take them.
+ */
+ALTER TABLE gatekeeper.queue
+	ADD COLUMN background boolean NOT NULL DEFAULT true,
+	ADD COLUMN notify boolean NOT NULL DEFAULT false;
+
+COMMENT ON COLUMN gatekeeper.queue.background IS 'the background workers claim its mail; false: only external claimers do';
+COMMENT ON COLUMN gatekeeper.queue.notify IS 'NOTIFY gatekeeper, ''<queue>'' when its mail is due (at the commit that makes it due, or when it comes due)';
+
+-- raise 54000 when notify is asked for a queue whose name cannot be a
+-- notification's payload (PostgreSQL takes less than 8000 bytes)
+CREATE FUNCTION gatekeeper._check_notify(queue text, notify boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF notify AND octet_length(queue) >= 8000 THEN
+		RAISE EXCEPTION 'queue name is too long for notify'
+			USING ERRCODE = 'program_limit_exceeded',
+				  DETAIL = format('The name has %s bytes; a NOTIFY payload must be shorter than 8000 bytes.',
+								  octet_length(queue));
+	END IF;
+END
+$$;
+
+/*
+ * Wake-ups for external senders (src/mail.c, src/worker.c): a queue with
+ * notify sends NOTIFY gatekeeper, '<queue>' when due mail for it commits,
+ * and the first background worker announces mail that comes due later,
+ * when it comes due.
+ */
+
+-- the earliest send_at after "after" of the queue's scheduled mail, one
+-- index probe per priority level
+CREATE FUNCTION gatekeeper._first_due(queue text, after timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH RECURSIVE lv(p) AS (
+		(SELECT m.priority FROM gatekeeper.mail_live m
+		  WHERE m.queue = $1 AND m.state = 'scheduled'
+		  ORDER BY m.priority DESC LIMIT 1)
+		UNION ALL
+		SELECT (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
+				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority = lv.p
+				   AND m.send_at > $2
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+$$;
+
+-- announce a notify queue's mail made due again (unclaim, reap): at commit
+-- when it is due by now, else by the worker when it comes due
+CREATE FUNCTION gatekeeper._announce(queue text, due timestamptz)
+RETURNS void
+LANGUAGE c STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_announce';
+
+-- for the first background worker: NOTIFY each notify queue among
+-- candidates (NULL: all of them) holding scheduled mail due in
+-- (since, upto]; then, for every notify queue, its earliest scheduled
+-- mail due after upto (NULL when none)
+CREATE FUNCTION gatekeeper._announce_due(candidates text[], since timestamptz, upto timestamptz)
+RETURNS TABLE (queue text, next_due timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM pg_catalog.pg_notify('gatekeeper', q.name)
+	   FROM gatekeeper.queue q
+	  WHERE q.notify AND NOT q.paused AND (candidates IS NULL OR q.name = ANY (candidates))
+		AND gatekeeper._first_due(q.name, since) <= upto;
+	RETURN QUERY
+		SELECT q.name, gatekeeper._first_due(q.name, upto)
+		  FROM gatekeeper.queue q WHERE q.notify
+		 ORDER BY q.name;
+END
+$$;
+
+-- a notify queue resumed announces its due mail
+CREATE OR REPLACE FUNCTION gatekeeper.resume(queue text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._queue(resume.queue, true);
+	UPDATE gatekeeper.queue SET paused = false WHERE name = resume.queue;
+	PERFORM gatekeeper._wake();
+	-- its due mail may be claimed again: external senders of a notify queue hear of it
+	PERFORM gatekeeper._announce(q.name, now())
+	   FROM gatekeeper.queue q
+	  WHERE q.name = resume.queue AND q.notify
+		AND gatekeeper._first_due(q.name, '-infinity') <= now();
+END
+$$;
 
 /*
  * Privileges: nothing new is PUBLIC's (keep this section last).

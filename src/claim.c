@@ -5,7 +5,8 @@
  *		gates; and the batch ack that reports it sent.
  *
  * A claim takes up to `batch` due mails from the unpaused queues (or those
- * named), shared by weight, each queue's share within its rate limit.
+ * named; a background worker's, from those with background set), shared
+ * by weight, each queue's share within its rate limit.
  * Each queue's share is taken by one statement of the form
  *
  *		UPDATE mail_live SET state = 'claimed', ... FROM mail
@@ -41,12 +42,14 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -54,6 +57,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
@@ -149,7 +153,7 @@ typedef struct Claimed
  * The queues' policies.  0.1.0's schema (a new library before ALTER EXTENSION
  * UPDATE) has no transactional, unsubscribe_url, send_window or timezone.
  */
-#define QUEUES_SQL(policy) \
+#define QUEUES_SQL(policy, filter) \
 "SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, " \
 "       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
 "       array_agg(g.id ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
@@ -158,14 +162,18 @@ typedef struct Claimed
 "       " policy " " \
 "  FROM gatekeeper.queue q " \
 "  LEFT JOIN gatekeeper.gate g ON g.name = ANY (q.gates) " \
-" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) " \
+" WHERE NOT q.paused AND ($1 IS NULL OR q.name = ANY ($1)) " filter \
 " GROUP BY q.name " \
 " ORDER BY q.name"
 
 static const char queues_sql[] =
-QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone");
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone", "");
 static const char queues_010_sql[] =
-QUEUES_SQL("false, NULL::text, NULL::text, 'UTC'::text");
+QUEUES_SQL("false, NULL::text, NULL::text, 'UTC'::text", "");
+
+/* a background worker's claim: only the queues it serves */
+static const char queues_background_sql[] =
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone", " AND q.background ");
 
 static const char unknown_sql[] =
 "SELECT u.name FROM unnest($1) AS u(name) "
@@ -323,6 +331,7 @@ static const char ack_batch_010_sql[] =
 
 static SPIPlanPtr queues_plan = NULL;
 static SPIPlanPtr queues_010_plan = NULL;
+static SPIPlanPtr queues_background_plan = NULL;
 static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
@@ -350,15 +359,19 @@ load_queues(ArrayType *filter, int *nqueues, bool v010)
 	ClaimQueue *queues;
 	uint64		n;
 	uint64		i;
+	SPIPlanPtr	plan;
+	bool		background = gatekeeper_background_claim && !v010;
 
 	{
 		Oid			type = TEXTARRAYOID;
 
 		gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
 		if (v010)
-			gatekeeper_plan(&queues_010_plan, queues_010_sql, 1, &type);
+			plan = gatekeeper_plan(&queues_010_plan, queues_010_sql, 1, &type);
+		else if (background)
+			plan = gatekeeper_plan(&queues_background_plan, queues_background_sql, 1, &type);
 		else
-			gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
+			plan = gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
 	}
 
 	arg = PointerGetDatum(filter);
@@ -380,7 +393,21 @@ load_queues(ArrayType *filter, int *nqueues, bool v010)
 		}
 	}
 
-	if (SPI_execute_plan(v010 ? queues_010_plan : queues_plan, &arg, &argnull, true, 0) != SPI_OK_SELECT)
+	/*
+	 * A background worker serves the queues with background set.  ROW SHARE
+	 * on gatekeeper.queue, taken before the queues are read with a snapshot
+	 * of their own, makes alter_queue(background => false), which takes
+	 * EXCLUSIVE, wait for this claim: once it commits no worker claim that
+	 * saw the queue as its own is still running, and the next one sees it
+	 * is not.
+	 */
+	if (background)
+	{
+		Oid			nsp = get_namespace_oid("gatekeeper", false);
+
+		LockRelationOid(get_relname_relid("queue", nsp), RowShareLock);
+	}
+	if (SPI_execute_plan(plan, &arg, &argnull, !background, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not load queues");
 	n = SPI_processed;
 	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));

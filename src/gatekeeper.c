@@ -17,6 +17,11 @@
  * commit, the workers connected to that database are woken through their
  * latches.
  *
+ * Wake-ups for external senders: a transaction that writes mail of a
+ * notify queue due later calls gatekeeper_announce_later(); at commit the
+ * earliest such time goes to shared memory and the first worker, which
+ * announces mail as it comes due, is woken to look at it (src/worker.c).
+ *
  * IDENTIFICATION
  *		src/gatekeeper.c
  *
@@ -29,6 +34,7 @@
 #include <limits.h>
 
 #include "access/xact.h"
+#include "commands/async.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -69,6 +75,9 @@ int			gatekeeper_retention = 7 * 24 * 60 * 60;
 int			gatekeeper_max_message_size = 10 * 1024 * 1024;
 int			gatekeeper_gate_memory = 256 * 1024;
 
+/* set by the background workers (src/worker.c), read by the claim */
+bool		gatekeeper_background_claim = false;
+
 /*
  * One background worker's slot.  pid is 0 while no worker is connected
  * through this slot.
@@ -87,6 +96,9 @@ typedef struct GatekeeperShared
 {
 	slock_t		mutex;			/* protects every slot's pid, pgprocno,
 								 * database and connecting */
+	pg_atomic_uint64 announce_due;	/* earliest due time of notify queues'
+									 * mail committed since the first worker
+									 * looked, or DT_NOEND */
 	int			nslots;
 	GatekeeperSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } GatekeeperShared;
@@ -102,9 +114,13 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 static bool wake_pending = false;
 static bool xact_callback_registered = false;
 
+/* the earliest due time this transaction asked to be announced, or DT_NOEND */
+static TimestampTz announce_pending = DT_NOEND;
+
 void		_PG_init(void);
 
 PG_FUNCTION_INFO_V1(gatekeeper_wake);
+PG_FUNCTION_INFO_V1(gatekeeper_announce);
 PG_FUNCTION_INFO_V1(gatekeeper_worker_status);
 PG_FUNCTION_INFO_V1(gatekeeper_retry_delay_interval);
 
@@ -120,6 +136,8 @@ static void gatekeeper_shmem_startup(void);
 static void gatekeeper_register_workers(void);
 static void gatekeeper_xact_callback(XactEvent event, void *arg);
 static void gatekeeper_wake_workers(void);
+static void gatekeeper_register_xact_callback(void);
+static void gatekeeper_post_announcement(TimestampTz due);
 static void gatekeeper_slot_detach(int code, Datum arg);
 static GatekeeperSlot *gatekeeper_slot(int slotno);
 
@@ -626,6 +644,7 @@ gatekeeper_shmem_startup(void)
 		int			i;
 
 		SpinLockInit(&gatekeeper_shared->mutex);
+		pg_atomic_init_u64(&gatekeeper_shared->announce_due, (uint64) DT_NOEND);
 		gatekeeper_shared->nslots = gatekeeper_workers;
 		for (i = 0; i < gatekeeper_workers; i++)
 		{
@@ -656,12 +675,81 @@ gatekeeper_wake_at_commit(void)
 	if (wake_pending || gatekeeper_shared == NULL)
 		return;
 
+	gatekeeper_register_xact_callback();
+	wake_pending = true;
+}
+
+/*
+ * Register the transaction callback, once per backend.
+ */
+static void
+gatekeeper_register_xact_callback(void)
+{
 	if (!xact_callback_registered)
 	{
 		RegisterXactCallback(gatekeeper_xact_callback, NULL);
 		xact_callback_registered = true;
 	}
-	wake_pending = true;
+}
+
+/*
+ * NOTIFY gatekeeper, '<queue>' at commit.  PostgreSQL folds the same
+ * notification made twice in a transaction into one (commands/async.c), so
+ * callers need not remember whom they announced.
+ */
+void
+gatekeeper_notify_queue(const char *queue)
+{
+	Async_Notify(GATEKEEPER_CHANNEL, queue);
+}
+
+/*
+ * Have the first background worker announce mail of a notify queue that is
+ * due at "due", later than now: if this transaction commits, the earliest
+ * such time goes to shared memory and the worker is woken to look.  Called
+ * for every such row, so it does little.  A no-op without preloading: then
+ * there is no worker.
+ */
+void
+gatekeeper_announce_later(TimestampTz due)
+{
+	if (gatekeeper_shared == NULL)
+		return;
+	if (announce_pending == DT_NOEND)
+		gatekeeper_register_xact_callback();
+	if (due < announce_pending)
+		announce_pending = due;
+}
+
+/*
+ * For the first worker: the earliest due time posted since it last asked,
+ * or DT_NOEND; asking consumes it.
+ */
+TimestampTz
+gatekeeper_announce_posted(void)
+{
+	if (gatekeeper_shared == NULL)
+		return DT_NOEND;
+	return (TimestampTz) pg_atomic_exchange_u64(&gatekeeper_shared->announce_due,
+												(uint64) DT_NOEND);
+}
+
+/*
+ * gatekeeper._announce(queue, due): announce a notify queue's mail made due
+ * at "due" by a function (unclaim, reap, nack): at commit when it is due by
+ * now, else by the worker when it comes due.
+ */
+Datum
+gatekeeper_announce(PG_FUNCTION_ARGS)
+{
+	char	   *queue = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	TimestampTz due = PG_GETARG_TIMESTAMPTZ(1);
+
+	if (due <= GetCurrentTimestamp())
+		gatekeeper_notify_queue(queue);
+	else
+		gatekeeper_announce_later(due);
+	PG_RETURN_VOID();
 }
 
 /*
@@ -701,22 +789,31 @@ gatekeeper_retry_delay_interval(PG_FUNCTION_ARGS)
 static void
 gatekeeper_xact_callback(XactEvent event, void *arg)
 {
+	TimestampTz announce = announce_pending;
+
 	(void) arg;
 
-	if (!wake_pending)
+	if (!wake_pending && announce == DT_NOEND)
 		return;
 
 	switch (event)
 	{
 		case XACT_EVENT_COMMIT:
-			wake_pending = false;
-			gatekeeper_wake_workers();
+			announce_pending = DT_NOEND;
+			if (announce != DT_NOEND)
+				gatekeeper_post_announcement(announce);
+			if (wake_pending)
+			{
+				wake_pending = false;
+				gatekeeper_wake_workers();
+			}
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PREPARE:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			wake_pending = false;
+			announce_pending = DT_NOEND;
 			break;
 		default:
 			break;
@@ -757,6 +854,40 @@ gatekeeper_wake_workers(void)
 		pg_atomic_write_u32(&slot->wake, 1);
 		SetLatch(&GetPGProcByNumber(pgprocno)->procLatch);
 	}
+}
+
+/*
+ * Post a due time to announce (the minimum of what is posted wins) and wake
+ * the first worker, which announces, when it serves this database (while
+ * it is not running, it looks at everything when it starts).  Runs after
+ * the commit is visible, so the worker that looks sees the mail.  Must not
+ * fail.
+ */
+static void
+gatekeeper_post_announcement(TimestampTz due)
+{
+	GatekeeperSlot *slot;
+	uint64		old;
+	pid_t		pid;
+	int			pgprocno;
+	Oid			database;
+
+	if (gatekeeper_shared->nslots == 0)
+		return;
+	slot = &gatekeeper_shared->slots[0];
+	SpinLockAcquire(&gatekeeper_shared->mutex);
+	pid = slot->pid;
+	pgprocno = slot->pgprocno;
+	database = slot->database;
+	SpinLockRelease(&gatekeeper_shared->mutex);
+	if (pid == 0 || database != MyDatabaseId)
+		return;
+
+	old = pg_atomic_read_u64(&gatekeeper_shared->announce_due);
+	while ((TimestampTz) old > due &&
+		   !pg_atomic_compare_exchange_u64(&gatekeeper_shared->announce_due, &old, (uint64) due))
+		;
+	SetLatch(&GetPGProcByNumber(pgprocno)->procLatch);
 }
 
 /*

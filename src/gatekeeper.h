@@ -66,6 +66,19 @@ extern int	gatekeeper_gate_memory;	/* kB */
 /* src/gatekeeper.c */
 extern void gatekeeper_define_settings(void);
 extern void gatekeeper_wake_at_commit(void);
+
+/*
+ * src/gatekeeper.c: wake-ups for external senders.  A notify queue's due
+ * mail is announced with NOTIFY on this channel, the queue's name as the
+ * payload.
+ */
+#define GATEKEEPER_CHANNEL "gatekeeper"
+extern void gatekeeper_notify_queue(const char *queue);
+extern void gatekeeper_announce_later(TimestampTz due);
+extern TimestampTz gatekeeper_announce_posted(void);
+
+/* true in the background workers: their claims leave background = false queues alone */
+extern bool gatekeeper_background_claim;
 extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes);
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,

@@ -9,7 +9,9 @@
  * trigger then writes the statement's mail_live rows (the claim state,
  * one narrow row per mail) with one INSERT ... SELECT from the statement's
  * transition table, and notes that due mail was written, so the delivery
- * workers are woken when the transaction commits.
+ * workers are woken when the transaction commits.  Due mail of a notify
+ * queue is announced (NOTIFY gatekeeper, '<queue>') at commit, once per
+ * statement and queue; mail due later is left to the first worker.
  *
  * The same library serves 0.1.0's layout (state in gatekeeper.mail
  * itself, no mail_live) until ALTER EXTENSION gatekeeper UPDATE.
@@ -74,10 +76,10 @@ typedef struct MailColumns
 static MailColumns columns;
 
 /*
- * Queues known to exist in the current command.  A COPY of a million rows
- * names a handful of queues; looking each up once per command is enough,
- * because drop_queue locks gatekeeper.mail against writers before it
- * checks that nothing references the queue.
+ * Queues known to exist in the current command, with their notify flag.  A
+ * COPY of a million rows names a handful of queues; looking each up once
+ * per command is enough, because drop_queue locks gatekeeper.mail against
+ * writers before it checks that nothing references the queue.
  */
 #define QUEUE_CACHE_SIZE 8
 
@@ -89,11 +91,24 @@ typedef struct QueueCache
 	int			next;
 	char	   *names[QUEUE_CACHE_SIZE];
 	char	   *unsubscribe_urls[QUEUE_CACHE_SIZE]; /* NULL: none */
+	bool		notify[QUEUE_CACHE_SIZE];	/* the queue announces its mail (it
+											 * has notify, and is not paused) */
+	bool		announced[QUEUE_CACHE_SIZE];	/* and this command did */
 } QueueCache;
 
 static QueueCache queue_cache;
 static SPIPlanPtr queue_plan = NULL;
-static SPIPlanPtr queue_url_plan = NULL;	/* 0.2.0's layout */
+static SPIPlanPtr queue_url_plan = NULL;
+static SPIPlanPtr queue_notify_plan = NULL;
+
+/*
+ * The queue's unsubscribe_url and whether it announces its mail.  0.1.0's
+ * gatekeeper.queue, until ALTER EXTENSION UPDATE, has neither; the update
+ * adds unsubscribe_url before notify.
+ */
+static const char queue_sql[] = "SELECT NULL::text, false FROM gatekeeper.queue WHERE name = $1";
+static const char queue_url_sql[] = "SELECT unsubscribe_url, false FROM gatekeeper.queue WHERE name = $1";
+static const char queue_notify_sql[] = "SELECT unsubscribe_url, notify AND NOT paused FROM gatekeeper.queue WHERE name = $1";
 
 /*
  * The statements over the trigger's transition table, new_mail.  Ids at or
@@ -181,17 +196,31 @@ load_columns(Relation rel)
 }
 
 /*
- * Raise an error unless the queue exists.  Returns its unsubscribe_url
- * (0.2.0's layout), NULL when it has none.
+ * Whether gatekeeper.queue has the notify column (0.2.0).
  */
-static const char *
+static bool
+queue_has_notify(void)
+{
+	Oid			nsp = get_namespace_oid("gatekeeper", true);
+	Oid			relid = OidIsValid(nsp) ? get_relname_relid("queue", nsp) : InvalidOid;
+
+	return OidIsValid(relid) && get_attnum(relid, "notify") != InvalidAttrNumber;
+}
+
+/*
+ * Raise an error unless the queue exists; returns its place in the
+ * cache, which holds its unsubscribe_url and notify flag.
+ */
+static int
 check_queue_exists(const char *queue)
 {
 	int			i;
 	Datum		arg;
 	bool		found;
 	char	   *url = NULL;
-	bool		with_url = columns.recipient_name > 0;
+	bool		notify = false;
+	Oid			argtype = TEXTOID;
+	SPIPlanPtr	plan;
 
 	if (queue_cache.lxid != MyProc->lxid ||
 		queue_cache.cid != GetCurrentCommandId(false))
@@ -209,40 +238,29 @@ check_queue_exists(const char *queue)
 	}
 	for (i = 0; i < queue_cache.n; i++)
 		if (strcmp(queue_cache.names[i], queue) == 0)
-			return queue_cache.unsubscribe_urls[i];
+			return i;
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (!with_url && queue_plan == NULL)
-	{
-		Oid			argtype = TEXTOID;
-
-		queue_plan = SPI_prepare("SELECT 1 FROM gatekeeper.queue WHERE name = $1",
-								 1, &argtype);
-		if (queue_plan == NULL)
-			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-		SPI_keepplan(queue_plan);
-	}
-	if (with_url && queue_url_plan == NULL)
-	{
-		Oid			argtype = TEXTOID;
-
-		queue_url_plan = SPI_prepare("SELECT q.unsubscribe_url FROM gatekeeper.queue q WHERE q.name = $1",
-									 1, &argtype);
-		if (queue_url_plan == NULL)
-			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-		SPI_keepplan(queue_url_plan);
-	}
+	if (queue_has_notify())
+		plan = gatekeeper_plan(&queue_notify_plan, queue_notify_sql, 1, &argtype);
+	else if (columns.recipient_name > 0)
+		plan = gatekeeper_plan(&queue_url_plan, queue_url_sql, 1, &argtype);
+	else
+		plan = gatekeeper_plan(&queue_plan, queue_sql, 1, &argtype);
 	arg = CStringGetTextDatum(queue);
-	if (SPI_execute_plan(with_url ? queue_url_plan : queue_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+	if (SPI_execute_plan(plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "queue lookup failed");
 	found = SPI_processed > 0;
-	if (found && with_url)
+	if (found)
 	{
 		char	   *value = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		bool		isnull;
 
 		if (value != NULL)
 			url = MemoryContextStrdup(TopMemoryContext, value);
+		notify = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											SPI_tuptable->tupdesc, 2, &isnull)) && !isnull;
 	}
 	SPI_finish();
 
@@ -263,7 +281,29 @@ check_queue_exists(const char *queue)
 	}
 	queue_cache.names[i] = MemoryContextStrdup(TopMemoryContext, queue);
 	queue_cache.unsubscribe_urls[i] = url;
-	return url;
+	queue_cache.notify[i] = notify;
+	queue_cache.announced[i] = false;
+	return i;
+}
+
+/*
+ * Announce a new mail of a notify queue: due by the statement's start, at
+ * commit (once per statement and queue here; async.c folds the rest);
+ * due later, by the first worker when it comes due.
+ */
+static void
+announce_mail(int cached, TimestampTz send_at)
+{
+	if (send_at <= GetCurrentStatementStartTimestamp())
+	{
+		if (!queue_cache.announced[cached])
+		{
+			gatekeeper_notify_queue(queue_cache.names[cached]);
+			queue_cache.announced[cached] = true;
+		}
+	}
+	else
+		gatekeeper_announce_later(send_at);
 }
 
 /*
@@ -428,7 +468,8 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 				 errmsg("queue must not be null")));
 	if (scheduled)
 	{
-		const char *url = check_queue_exists(queue);
+		int			cached = check_queue_exists(queue);
+		const char *url = queue_cache.unsubscribe_urls[cached];
 
 		/*
 		 * The claim adds the RFC 8058 headers to the mail of a queue with an
@@ -450,6 +491,9 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 						 errdetail("Subject, body, html and headers hold %zu bytes, and the List-Unsubscribe headers of queue \"%s\" add %zu; the limit is %d bytes.",
 								   size, queue, added, gatekeeper_max_message_size)));
 		}
+
+		if (inserting && queue_cache.notify[cached])
+			announce_mail(cached, DatumGetTimestampTz(send_at));
 	}
 
 	/* wake the workers at commit when this mail is due within a nap */

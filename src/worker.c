@@ -5,12 +5,15 @@
  *		SMTP and records what became of it, as a continuous pipeline.
  *
  * Each of gatekeeper.workers workers connects to gatekeeper.database and
- * loops over five verbs:
+ * loops over six verbs:
  *
  *	housekeep	every few seconds, reap expired leases and purge old mail
  *				(and find out whether the extension exists: without it the
  *				worker idles quietly; CREATE EXTENSION may come later, DROP
  *				EXTENSION at any time);
+ *	announce	(the first worker only) NOTIFY gatekeeper, '<queue>' for the
+ *				notify queues' mail that comes due after its commit, when it
+ *				comes due, before claiming it itself;
  *	claim		when the mail in flight runs low, claim more with
  *				gatekeeper.claim, in a short transaction of its own;
  *	send		build each claimed mail's message just before it goes on the
@@ -54,6 +57,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
@@ -72,6 +76,7 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
@@ -122,6 +127,8 @@ static const char extend_sql[] = "SELECT gatekeeper.extend($1::bigint, $2::int, 
 static const char reap_sql[] = "SELECT gatekeeper.reap()";
 static const char purge_sql[] = "SELECT gatekeeper.purge()";
 static const char next_due_sql[] = "SELECT gatekeeper.next_due()";
+static const char announce_due_sql[] =
+"SELECT queue, next_due FROM gatekeeper._announce_due($1::text[], $2::timestamptz, $3::timestamptz)";
 
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
@@ -132,8 +139,36 @@ static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr next_due_plan = NULL;
+static SPIPlanPtr announce_due_plan = NULL;
 
 static TimestampTz next_housekeeping = 0;
+
+/*
+ * Wake-ups (the first worker only).  A commit announces the mail of notify
+ * queues that is due by then; mail it writes due later is this worker's to
+ * announce, and so is mail that nack, unclaim or a claim's deferral makes
+ * due later.  The worker looks at the notify queues' scheduled mail at
+ * announce_seen: mail then due later, it announces when it comes due, and
+ * only that.  A commit of mail due later posts its time and wakes the
+ * worker, which looks at once; mail it finds already due had come due
+ * between that commit and the look, and is announced then (nack and
+ * unclaim post the same way).  The worker also looks every few seconds,
+ * for mail a claim defers (a closed gate, a sending window), which posts
+ * nothing.
+ */
+typedef struct AnnounceQueue
+{
+	char	   *name;
+	TimestampTz next_due;		/* of mail seen at announce_seen, or DT_NOEND */
+} AnnounceQueue;
+
+static AnnounceQueue *announce_queues = NULL;
+static int	nannounce_queues = 0;
+static TimestampTz announce_seen = 0;	/* 0: never looked */
+static TimestampTz next_announce = 0;
+
+/* how often the first worker looks at notify queues' mail without a post */
+#define ANNOUNCE_INTERVAL_MS		5000
 
 /*
  * The pipeline.  Every claimed mail not yet recorded is on "live", in the
@@ -179,6 +214,7 @@ static void deliver(void);
 static void collect(void);
 static void record(void);
 static void extend(void);
+static void announce(void);
 static long nap(void);
 static void report(const char *state);
 static bool begin_work(const char *activity, Oid *extension);
@@ -204,6 +240,7 @@ void
 gatekeeper_worker_main(Datum main_arg)
 {
 	worker_slot = DatumGetInt32(main_arg);
+	gatekeeper_background_claim = true;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -255,6 +292,7 @@ gatekeeper_worker_main(Datum main_arg)
 		woken = gatekeeper_slot_woken(worker_slot, true);
 
 		housekeep(woken);
+		announce();
 		claim(woken);
 		deliver();
 		record();
@@ -638,6 +676,108 @@ extend(void)
 }
 
 /*
+ * announce: (the first worker only) NOTIFY the notify queues whose mail,
+ * seen earlier as due later, is due now; when a commit posted mail due
+ * later, or every few seconds, look again at what is due later.  See
+ * AnnounceQueue.  The first look after the worker starts announces every
+ * notify queue with due mail: what came due while no worker ran.
+ */
+static void
+announce(void)
+{
+	TimestampTz now;
+	TimestampTz posted;
+	TimestampTz since;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	Oid			argtypes[3] = {TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum	   *due;
+	int			ndue = 0;
+	Oid			extension;
+	Oid			nsp;
+	Oid			relid;
+	MemoryContext old;
+	uint64		i;
+	int			k;
+
+	if (worker_slot != 0 || !OidIsValid(known_extension))
+		return;
+	now = GetCurrentTimestamp();
+	posted = gatekeeper_announce_posted();
+	if (posted == DT_NOEND && now < next_announce)
+		return;
+
+	if (!begin_work("announcing due mail", &extension))
+	{
+		end_work();
+		return;
+	}
+
+	/* 0.1.0's queues, until ALTER EXTENSION UPDATE, have no notify */
+	nsp = get_namespace_oid("gatekeeper", false);
+	relid = get_relname_relid("queue", nsp);
+	if (!OidIsValid(relid) || get_attnum(relid, "notify") == InvalidAttrNumber)
+	{
+		end_work();
+		next_announce = TimestampTzPlusMilliseconds(now, ANNOUNCE_INTERVAL_MS);
+		return;
+	}
+
+	/*
+	 * Which queues to announce: those whose mail seen due later is due now;
+	 * after a post of mail already due, or on the first look, every notify
+	 * queue with mail due since then.
+	 */
+	due = palloc(sizeof(Datum) * Max(nannounce_queues, 1));
+	for (k = 0; k < nannounce_queues; k++)
+		if (announce_queues[k].next_due <= now)
+			due[ndue++] = CStringGetTextDatum(announce_queues[k].name);
+	since = announce_seen;
+	if (announce_seen == 0)
+	{
+		since = DT_NOBEGIN;
+		nulls[0] = 'n';
+	}
+	else if (posted <= now)
+	{
+		since = Min(since, posted - 1);
+		nulls[0] = 'n';
+	}
+	values[0] = nulls[0] == 'n' ? (Datum) 0 : gatekeeper_array(due, NULL, ndue, TEXTOID);
+	values[1] = TimestampTzGetDatum(since);
+	values[2] = TimestampTzGetDatum(now);
+
+	if (SPI_execute_plan(gatekeeper_plan(&announce_due_plan, announce_due_sql, 3, argtypes),
+						 values, nulls, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "gatekeeper._announce_due() failed");
+
+	/* what is due later, as of now */
+	for (k = 0; k < nannounce_queues; k++)
+		pfree(announce_queues[k].name);
+	if (announce_queues != NULL)
+		pfree(announce_queues);
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	nannounce_queues = (int) SPI_processed;
+	announce_queues = palloc(sizeof(AnnounceQueue) * Max(nannounce_queues, 1));
+	next_announce = TimestampTzPlusMilliseconds(now, nannounce_queues > 0 ?
+												Min(gatekeeper_naptime, ANNOUNCE_INTERVAL_MS) :
+												ANNOUNCE_INTERVAL_MS);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		Datum		d;
+
+		announce_queues[i].name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull);
+		announce_queues[i].next_due = isnull ? DT_NOEND : DatumGetTimestampTz(d);
+		next_announce = Min(next_announce, announce_queues[i].next_due);
+	}
+	MemoryContextSwitchTo(old);
+	announce_seen = now;
+	end_work();
+}
+
+/*
  * nap: how long to sleep before the next round, in milliseconds: until the
  * soonest of housekeeping, the next claim (when the window has room), the
  * end of the backoff, recording the outcomes, extending a lease, or at
@@ -666,6 +806,8 @@ nap(void)
 	}
 	if (noutcomes > 0)
 		wake = Min(wake, TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS));
+	if (worker_slot == 0 && OidIsValid(known_extension))
+		wake = Min(wake, next_announce);
 	if (!dlist_is_empty(&live))
 		wake = Min(wake,
 				   TimestampTzPlusMilliseconds(dlist_container(GatekeeperDelivery, live_node,

@@ -52,6 +52,9 @@ SELECT gatekeeper.suppress('gone@example.com', 'hard_bounce', detail => '550 5.1
 SELECT gatekeeper.suppress('tired@example.com', 'unsubscribe', 'news');
 -- the built-in rows, changed
 SELECT gatekeeper.alter_queue('default', weight => 5, max_attempts => 7);
+-- issue 13: wake-up options, on a queue and on the default queue
+SELECT gatekeeper.alter_queue('news', background => false, notify => true);
+SELECT gatekeeper.alter_queue('default', notify => true);
 SELECT gatekeeper.alter_gate('smart_sending', period => '20 hours');
 
 -- finished mail of a queue dropped since
@@ -191,6 +194,12 @@ foreach my $db (qw(dst_custom dst_plain))
 		"$db: restored suppressions stop their mail");
 	is($node->safe_psql($db, "SELECT weight || ',' || max_attempts FROM gatekeeper.queue WHERE name = 'default'"),
 		'5,7', "$db: the changed default queue");
+	is( $node->safe_psql(
+			$db,
+			"SELECT string_agg(name || ':' || background || ':' || notify, ',' ORDER BY name) FROM gatekeeper.queue WHERE name IN ('default', 'news', 'promo')"
+		),
+		'default:true:true,news:false:true,promo:true:false',
+		"$db: the queues' background and notify options");
 	is($node->safe_psql($db, "SELECT period FROM gatekeeper.gate WHERE name = 'smart_sending'"),
 		'20:00:00', "$db: the changed smart_sending gate");
 
