@@ -6,6 +6,7 @@
 # own GRANT recipe) and passes every value as a plain %s parameter, no
 # casts: it enqueues in a transaction and rolls back, COPYs 50,000 mails,
 # drains them with claim, ack_batch and nack_batch (empty batches too),
+# sleeps on LISTEN gatekeeper until a commit into a notify queue wakes it,
 # and looks its mail up and cancels it by its own key with status, find,
 # history and cancel.  The test checks the program's output line by line
 # and the database's state through gatekeeper.mail_status.
@@ -38,6 +39,8 @@ $node->safe_psql('postgres', q{
 CREATE EXTENSION gatekeeper;
 SELECT gatekeeper.create_queue('drv', max_attempts => 3);
 SELECT gatekeeper.create_queue('drv_later');
+SELECT gatekeeper.create_queue('drv_notify', notify => true);
+SELECT gatekeeper.create_queue('drv_quiet');
 });
 
 # the roles, exactly as the README's recipe makes them
@@ -105,7 +108,11 @@ is(field('sender', 'bounced'), $bounces, 'nack_batch(permanent) counted every bo
 is(field('sender', 'retried'), $busy, 'nack_batch counted every retry');
 cmp_ok(field('sender', 'empty_calls') // 0, '>=', 3, 'the last round sent empty batches');
 
-ok(!defined $line{listen}, 'no LISTEN step yet (NOTIFY wake-ups come with the queue option notify)');
+is(field('listen', 'before_commit'), '0', 'LISTEN gatekeeper: nothing heard before the enqueuing transaction commits');
+is(field('listen', 'notifications'), '1', 'one notification for the commit of three due mails (none for the queue without notify)');
+is(field('listen', 'payloads'), 'drv_notify', 'naming the notify queue');
+is(field('listen', 'claimed'), '3', 'the woken sender claimed its three mails');
+is(field('listen', 'acked'), '3', 'and acked them with ack_batch');
 
 # looking up and cancelling by key
 is(field('lookup', 'before'), 'scheduled', 'status() of a keyed mail: scheduled');
@@ -129,6 +136,10 @@ is($node->safe_psql('postgres',
 	$busy, 'the retried mail backs off, with its error');
 is(GatekeeperTest::mail_states($node, "queue = 'drv_later'"),
 	'cancelled:2,scheduled:1', 'drv_later: one scheduled, two cancelled (by key, by id)');
+is(GatekeeperTest::mail_states($node, "queue = 'drv_notify'"), 'sent:3',
+	'drv_notify: the three mails the woken sender claimed are sent');
+is(GatekeeperTest::mail_states($node, "queue = 'drv_quiet'"), 'scheduled:1',
+	'drv_quiet: its mail was not announced and waits for a claim');
 is(GatekeeperTest::mail_states($node, "recipient = 'rolledback\@drivers.example'"),
 	'', 'the rolled-back enqueue wrote nothing');
 is($node->safe_psql('postgres',

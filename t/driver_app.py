@@ -13,12 +13,16 @@ Perl test reads; any error ends the program with a traceback and status 1.
 
 import argparse
 import io
+import select
 import sys
+import time
 
 import psycopg2
 
 QUEUE = "drv"  # the COPY's mail, drained by the sender loop
 LATER = "drv_later"  # mail with dedupe keys, due far ahead
+NOTIFY = "drv_notify"  # a queue created with notify => true
+QUIET = "drv_quiet"  # one created without
 BATCH = 1000
 
 # recipients of the COPY whose relay answers are scripted: every 1000th
@@ -150,18 +154,54 @@ def step_sender(args, worker):
         acked=acked, bounced=bounced, retried=retried, empty_calls=empty_calls)
 
 
-# --------------------------------------------------------------------------
-# LISTEN / NOTIFY wake-ups (issue 13, "Wake-ups"): a queue created with
-# notify => true sends NOTIFY gatekeeper, '<queue>' when due mail for it
-# commits.  That queue option is being built separately; its step goes
-# here, between the sender loop and the lookups, as
-#     def step_listen(args, app, worker): LISTEN gatekeeper as the worker
-#         role, enqueue due mail into a notify queue as the enqueue role,
-#         commit, and wait (select() on worker.fileno(), with a timeout)
-#         for the notification naming the queue; print one line,
-#         "listen: ...".
-# and in main(), where marked.  It prints nothing until then.
-# --------------------------------------------------------------------------
+def wait_notifies(conn, seconds):
+    """The notifications that arrive on conn within seconds."""
+    got = []
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return got
+        if select.select([conn], [], [], left) == ([], [], []):
+            return got
+        conn.poll()
+        while conn.notifies:
+            n = conn.notifies.pop(0)
+            got.append((n.channel, n.payload))
+
+
+def step_listen(args, app, worker):
+    """An external sender sleeps on LISTEN gatekeeper instead of polling:
+    the application's transaction enqueues due mail into a notify queue
+    (and into one without notify); nothing is heard before it commits,
+    one notification naming the notify queue after; the sender wakes and
+    claims that queue's mail."""
+    with worker.cursor() as cur:
+        cur.execute("LISTEN gatekeeper")
+    worker.commit()
+    with app.cursor() as cur:
+        for i in range(3):
+            cur.execute("SELECT gatekeeper.enqueue(%s, %s, %s, %s)",
+                        ("wake%d@drivers.example" % i, "Your code", "1234", NOTIFY))
+        cur.execute("SELECT gatekeeper.enqueue(%s, %s, %s, %s)",
+                    ("quiet@drivers.example", "Hello", "Hello", QUIET))
+        before = wait_notifies(worker, 0.5)
+    app.commit()
+    heard = wait_notifies(worker, 10)
+    # a moment longer: a second notification for the same commit would show here
+    heard += wait_notifies(worker, 0.5)
+    with worker.cursor() as cur:
+        queues = sorted(set(p for c, p in heard if c == "gatekeeper"))
+        cur.execute("SELECT id, attempt FROM gatekeeper.claim(%s, %s, %s, %s)",
+                    ("driver-app", BATCH, "5 minutes", queues))
+        rows = cur.fetchall()
+        cur.execute("SELECT gatekeeper.ack_batch(%s, %s)",
+                    ([r[0] for r in rows], [r[1] for r in rows]))
+        acked = cur.fetchone()[0]
+        cur.execute("UNLISTEN gatekeeper")
+    worker.commit()
+    say("listen", before_commit=len(before), notifications=len(heard),
+        payloads=",".join(p for c, p in heard) or "-", claimed=len(rows), acked=acked)
 
 
 def step_lookup(args, app, ids):
@@ -212,7 +252,7 @@ def main():
     step_copy(args, app)
     ids = step_enqueue_keys(args, app)
     step_sender(args, worker)
-    # the LISTEN step goes here: step_listen(args, app, worker) (see above)
+    step_listen(args, app, worker)
     step_lookup(args, app, ids)
     app.close()
     worker.close()
