@@ -1813,7 +1813,8 @@ SELECT q.name AS queue,
 	   coalesce(t.suppressed, 0) AS suppressed,
 	   coalesce(t.expired, 0) AS expired,
 	   coalesce(t.cancelled, 0) AS cancelled,
-	   coalesce(t.unknown, 0) AS unknown
+	   coalesce(t.unknown, 0) AS unknown,
+	   coalesce(s.lease_expired, 0) AS lease_expired
   FROM gatekeeper.queue q
   LEFT JOIN (
 	SELECT l.queue,
@@ -1821,14 +1822,15 @@ SELECT q.name AS queue,
 		   count(*) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS due,
 		   count(*) FILTER (WHERE l.state = 'claimed') AS claimed,
 		   now() - min(l.send_at) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now())
-			 AS oldest_due_age
+			 AS oldest_due_age,
+		   count(*) FILTER (WHERE l.state = 'claimed' AND l.lease_until < now()) AS lease_expired
 	  FROM gatekeeper.mail_live l
 	 GROUP BY l.queue
   ) s ON s.queue = q.name
   LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue: live mail (scheduled, due, claimed, oldest due age) and totals that never go down (enqueued and each outcome)';
+	'per queue: live mail (scheduled, due, claimed, oldest due age), totals that never go down (enqueued and each outcome), and claims whose lease ran out';
 
 -- value, or 22004 naming what when it is NULL
 CREATE FUNCTION gatekeeper._not_null(value anyelement, what text)

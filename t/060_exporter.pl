@@ -3,8 +3,8 @@
 # Monitoring with Prometheus: Debian's postgres_exporter, started on
 # loopback with the repository's monitoring/queries.yaml and connected as
 # the README's monitoring role (no superuser, no SELECT on the mail),
-# serves gatekeeper's queue and gate-memory figures as metrics with the
-# values the database holds.
+# serves gatekeeper's queue, gate-memory and worker figures as metrics
+# with the values the database holds.
 
 use strict;
 use warnings;
@@ -22,12 +22,15 @@ use Time::HiRes qw(usleep);
 my $exporter = '/usr/bin/prometheus-postgres-exporter';
 plan skip_all => "$exporter is not installed" unless -x $exporter;
 
+# no background worker at first (so nothing reaps the expired lease below);
+# one for the worker series after a restart, with every queue here reserved
+# for external senders (background => false) so it sends none of their mail
 my $node = GatekeeperTest::new_node('exporter', conf => "gatekeeper.workers = 0\n");
 $node->start;
 $node->safe_psql('postgres', q{
 CREATE EXTENSION gatekeeper;
-SELECT gatekeeper.create_queue('promo', gates => '{smart_sending}');
-SELECT gatekeeper.create_queue('later');
+SELECT gatekeeper.create_queue('promo', gates => '{smart_sending}', background => false);
+SELECT gatekeeper.create_queue('later', background => false);
 SELECT gatekeeper.pause('later');
 SELECT gatekeeper.enqueue('r' || i || '@example.com', 's', 'b', queue => 'promo',
 						  send_at => now() - interval '90 seconds')
@@ -37,13 +40,17 @@ SELECT gatekeeper.enqueue('l' || i || '@example.com', 's', 'b', queue => 'later'
   FROM generate_series(1, 3) AS i;
 SELECT count(*) FROM gatekeeper.claim('w', 2, '5 minutes', '{promo}');
 -- finished mail: 2 sent, 1 failed, 1 cancelled of 4 enqueued
-SELECT gatekeeper.create_queue('done');
+SELECT gatekeeper.create_queue('done', background => false);
 SELECT gatekeeper.enqueue('d' || i || '@example.com', 's', 'b', queue => 'done')
   FROM generate_series(1, 4) AS i;
 SELECT gatekeeper.cancel(max(id)) FROM gatekeeper.mail_status WHERE queue = 'done';
 CREATE TEMP TABLE c AS SELECT id, attempt FROM gatekeeper.claim('w', 10, '5 minutes', '{done}');
 SELECT gatekeeper.ack(id, attempt) FROM c WHERE id < (SELECT max(id) FROM c);
 SELECT gatekeeper.nack(id, attempt, '550 no such user', true) FROM c WHERE id = (SELECT max(id) FROM c);
+-- a sender that died holding a mail: its lease runs out
+SELECT gatekeeper.create_queue('stuck', background => false);
+SELECT gatekeeper.enqueue('s1@example.com', 's', 'b', queue => 'stuck');
+SELECT count(*) FROM gatekeeper.claim('dead', 1, '1 ms', '{stuck}');
 SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 	ARRAY['g1@example.com', 'g2@example.com', 'g3@example.com', 'g4@example.com']);
 
@@ -54,6 +61,8 @@ GRANT USAGE ON SCHEMA gatekeeper TO monitor;
 GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals() TO monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO monitor;
+GRANT SELECT ON gatekeeper.worker_status TO monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO monitor;
 });
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
@@ -63,33 +72,42 @@ ok(-f $queries, 'monitoring/queries.yaml is in the repository');
 
 my $dsn = sprintf('host=%s port=%d user=monitor dbname=postgres sslmode=disable',
 	$node->host, $node->port);
-my $pid = fork();
-die "fork: $!" unless defined $pid;
-if ($pid == 0)
+my @exporters;
+END { kill 'TERM', @exporters if @exporters; }
+sub start_exporter
 {
-	open(STDOUT, '>>', $log) or POSIX::_exit(126);
-	open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
-	$ENV{DATA_SOURCE_NAME} = $dsn;
-	exec($exporter, "--web.listen-address=127.0.0.1:$port",
-		"--extend.query-path=$queries", '--disable-default-metrics',
-		'--disable-settings-metrics')
-	  or POSIX::_exit(127);
-}
-END { kill 'TERM', $pid if $pid; }
-
-# one scrape, once the exporter answers (at most 20 s)
-my $http = HTTP::Tiny->new(timeout => 10);
-my $body;
-for (1 .. 200)
-{
-	my $r = $http->get("http://127.0.0.1:$port/metrics");
-	if ($r->{success} && $r->{content} =~ /^gatekeeper_/m)
+	my $pid = fork();
+	die "fork: $!" unless defined $pid;
+	if ($pid == 0)
 	{
-		$body = $r->{content};
-		last;
+		open(STDOUT, '>>', $log) or POSIX::_exit(126);
+		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
+		$ENV{DATA_SOURCE_NAME} = $dsn;
+		exec($exporter, "--web.listen-address=127.0.0.1:$port",
+			"--extend.query-path=$queries", '--disable-default-metrics',
+			'--disable-settings-metrics')
+		  or POSIX::_exit(127);
 	}
-	usleep(100_000);
+	push @exporters, $pid;
+	return $pid;
 }
+my $exporter_pid = start_exporter();
+
+# one scrape, once the exporter answers with a series matching $want (at
+# most 20 s)
+my $http = HTTP::Tiny->new(timeout => 10);
+sub scrape
+{
+	my ($want) = @_;
+	for (1 .. 200)
+	{
+		my $r = $http->get("http://127.0.0.1:$port/metrics");
+		return $r->{content} if $r->{success} && $r->{content} =~ $want;
+		usleep(100_000);
+	}
+	return undef;
+}
+my $body = scrape(qr/^gatekeeper_/m);
 ok(defined $body, 'the exporter serves gatekeeper metrics')
   or diag(slurp_file($log));
 $body //= '';
@@ -134,14 +152,43 @@ is(metric('gatekeeper_queue_cancelled_total', 'queue="done"'), 1, 'cancelled_tot
 is(metric('gatekeeper_queue_suppressed_total', 'queue="done"'), 0, 'suppressed_total: none');
 is(metric('gatekeeper_queue_enqueued_total', 'queue="promo"'), 5, 'enqueued_total: 5 in promo');
 is(metric('gatekeeper_queue_sent_total', 'queue="promo"'), 0, 'sent_total: none of promo yet');
+# a claim whose lease ran out, the stuck-sender alarm
+is(metric('gatekeeper_queue_lease_expired', 'queue="stuck"'), 1, 'lease_expired: the dead sender\'s claim');
+is(metric('gatekeeper_queue_lease_expired', 'queue="promo"'), 0, 'lease_expired: none of the leases still running');
 foreach my $c (qw(enqueued sent failed suppressed expired cancelled unknown))
 {
 	like($body, qr/^# TYPE gatekeeper_queue_${c}_total counter$/m, "${c}_total is a counter");
 }
-foreach my $g (qw(scheduled due claimed oldest_due_age_seconds))
+foreach my $g (qw(scheduled due claimed oldest_due_age_seconds lease_expired))
 {
 	like($body, qr/^# TYPE gatekeeper_queue_$g gauge$/m, "$g is a gauge");
 }
+is(metric('gatekeeper_worker_up'), undef, 'no worker series while no worker runs');
 unlike(slurp_file($log), qr/level=error/, 'the exporter logged no error');
+
+# the worker's health: restart with one worker, and the exporter (it does
+# not reconnect by itself to a restarted server)
+$node->append_conf('postgresql.conf', "gatekeeper.workers = 1\n");
+$node->restart;
+kill 'TERM', $exporter_pid;
+waitpid($exporter_pid, 0);
+$port = PostgreSQL::Test::Cluster::get_free_port();
+$exporter_pid = start_exporter();
+$node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM gatekeeper.worker_status')
+  or die 'the background worker did not show in worker_status';
+my $worker_pid = $node->safe_psql('postgres', 'SELECT pid FROM gatekeeper.worker_status');
+$body = scrape(qr/^gatekeeper_worker_up\{[^}]*pid="$worker_pid"[^}]*\} 1$/m);
+ok(defined $body, 'after the restart the exporter serves the worker series')
+  or diag(slurp_file($log));
+$body //= '';
+is(metric('gatekeeper_worker_up', qq{pid="$worker_pid"}), 1, 'worker up, labelled by its pid');
+is(metric('gatekeeper_worker_in_flight', qq{pid="$worker_pid"}), 0, 'worker in flight: nothing (its queues are reserved)');
+is(metric('gatekeeper_worker_relay_open', qq{pid="$worker_pid"}), 0, 'worker relay breaker: not open');
+is(metric('gatekeeper_worker_last_success_seconds', qq{pid="$worker_pid"}), 0, 'worker last success: never');
+my $started = metric('gatekeeper_worker_started_seconds', qq{pid="$worker_pid"});
+ok(defined $started && abs($started - time()) < 600, 'worker started: a time of this run')
+  or diag('started_seconds: ' . ($started // 'missing'));
+like($body, qr/^# TYPE gatekeeper_worker_sent_total counter$/m, 'worker sent_total is a counter');
+
 
 done_testing();
