@@ -27,3 +27,22 @@ SELECT m.id - :first AS id, s.state FROM gatekeeper.mail m, gatekeeper.status(m.
  WHERE m.queue = 'rr_q' ORDER BY m.id;
 
 SELECT gatekeeper.cancel_queue('rr_q') AS cancelled;
+
+-- The segment new mail goes to: mail.segment's default reads the
+-- read-only setting gatekeeper.current_segment (falling back to
+-- _segment()), which follows gatekeeper.segment as a rotation changes it.
+SELECT current_setting('gatekeeper.current_segment')::smallint = s.current AS setting_is_current,
+       gatekeeper._segment() = s.current AS function_is_current
+  FROM gatekeeper.segment s;
+SET gatekeeper.current_segment = 3;
+BEGIN;
+UPDATE gatekeeper.segment SET current = (current + 1) % 4;
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('seg@example.com', 's', 'b', 'rr_q');
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM STDIN (FORMAT csv);
+seg2@example.com,s,b,rr_q
+\.
+SELECT m.recipient, m.segment = s.current AS in_current, l.segment = s.current AS live_in_current
+  FROM gatekeeper.mail m JOIN gatekeeper.mail_live l ON l.id = m.id, gatekeeper.segment s
+ WHERE m.recipient LIKE 'seg%' ORDER BY 1;
+ROLLBACK;
+SELECT gatekeeper.drop_queue('rr_q');

@@ -42,6 +42,7 @@
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -964,35 +965,38 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 }
 
 /*
- * gatekeeper_segment
- *		_segment(): the retention segment new mail goes to, the default of
- *		gatekeeper.mail.segment.
- *
- * Read from gatekeeper.segment once per transaction and remembered, since
- * every row of a COPY asks.  Read from the table directly, not by SQL: the
- * inserting role needs no privilege on it.  A transaction that began
- * before a rotation may go on adding mail to the segment before; that
- * segment is the newest but one, and its tables are locked against the
- * next rotations while the transaction lasts.
+ * The retention segment new mail goes to, read from gatekeeper.segment once
+ * per transaction and remembered, since every row of a COPY asks.  Read
+ * from the table directly, not by SQL: the inserting role needs no
+ * privilege on it.  A transaction that began before a rotation may go on
+ * adding mail to the segment before; that segment is the newest but one,
+ * and its tables are locked against the next rotations while the
+ * transaction lasts.  missing_ok: 0 when the extension's table is not
+ * there (for the setting below, which any session may show).
  */
-Datum
-gatekeeper_segment(PG_FUNCTION_ARGS)
+static int16
+current_segment(bool missing_ok)
 {
 	static LocalTransactionId cached_lxid = InvalidLocalTransactionId;
 	static int16 cached = 0;
 
 	if (cached_lxid != MyProc->lxid)
 	{
-		Oid			nsp = get_namespace_oid("gatekeeper", false);
-		Oid			relid = get_relname_relid("segment", nsp);
+		Oid			nsp = get_namespace_oid("gatekeeper", missing_ok);
+		Oid			relid = OidIsValid(nsp) ? get_relname_relid("segment", nsp) : InvalidOid;
 		Relation	rel;
 		TableScanDesc scan;
 		HeapTuple	tuple;
 		bool		isnull;
 		bool		pushed = false;
+		int16		segment;
 
 		if (!OidIsValid(relid))
+		{
+			if (missing_ok)
+				return 0;
 			elog(ERROR, "table gatekeeper.segment is missing");
+		}
 		if (!ActiveSnapshotSet())
 		{
 			PushActiveSnapshot(GetTransactionSnapshot());
@@ -1003,14 +1007,65 @@ gatekeeper_segment(PG_FUNCTION_ARGS)
 		tuple = heap_getnext(scan, ForwardScanDirection);
 		if (tuple == NULL)
 			elog(ERROR, "table gatekeeper.segment is empty");
-		cached = DatumGetInt16(heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull));
-		if (isnull)
+		segment = DatumGetInt16(heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull));
+		if (isnull || segment < 0 || segment > 3)
 			elog(ERROR, "table gatekeeper.segment holds no segment");
 		table_endscan(scan);
 		table_close(rel, AccessShareLock);
 		if (pushed)
 			PopActiveSnapshot();
+		cached = segment;
 		cached_lxid = MyProc->lxid;
 	}
-	PG_RETURN_INT16(cached);
+	return cached;
+}
+
+/*
+ * gatekeeper_segment
+ *		_segment(): the retention segment new mail goes to.
+ *
+ * The default of gatekeeper.mail.segment falls back to it when the
+ * setting below is not defined (the library not yet loaded in a session
+ * where it is not preloaded); its call loads the library.
+ */
+Datum
+gatekeeper_segment(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT16(current_segment(false));
+}
+
+/*
+ * gatekeeper.current_segment: the same, as a read-only setting.
+ *
+ * The default of gatekeeper.mail.segment is
+ * coalesce(current_setting('gatekeeper.current_segment', true)::smallint,
+ * gatekeeper._segment()): every row of an INSERT or COPY evaluates it, and
+ * a call of _segment() costs a save and restore of every setting (its
+ * pinned search_path), about 5% of a COPY in perf, where reading a
+ * setting costs a lookup.  Its value is not stored: the show hook reads
+ * the segment as _segment() does.  PGC_INTERNAL, so no role can set it.
+ */
+static int	current_segment_setting = 0;
+
+static const char *
+show_current_segment(void)
+{
+	static const char *const names[] = {"0", "1", "2", "3"};
+
+	if (!IsTransactionState())
+		return names[0];
+	return names[current_segment(true)];
+}
+
+void
+gatekeeper_define_segment_setting(void)
+{
+	DefineCustomIntVariable("gatekeeper.current_segment",
+							"The retention segment new mail goes to (read only).",
+							"The default of gatekeeper.mail.segment: gatekeeper.segment as this transaction reads it.",
+							&current_segment_setting,
+							0, 0, 3,
+							PGC_INTERNAL,
+							GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE | GUC_NO_RESET_ALL,
+							NULL, NULL, show_current_segment);
 }
