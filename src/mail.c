@@ -737,7 +737,8 @@ live_open(TupleDesc mail_desc)
 	w->queue_att = Max(SPI_fnumber(desc, "queue"), 0);
 	w->dedupe_att = Max(SPI_fnumber(desc, "dedupe_key"), 0);
 	w->rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(w->rri, rel, 1, NULL, 0);
+	/* no range table: ri_RangeTableIndex 0, which ExecConstraints allows */
+	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
 	ExecOpenIndices(w->rri, false);
 	w->bistate = GetBulkInsertState();
 	w->cid = GetCurrentCommandId(true);
