@@ -30,6 +30,7 @@
 #include "gatekeeper.h"
 #include "address.h"
 #include "stats.h"
+#include "mail.h"
 
 #include <limits.h>
 
@@ -222,6 +223,8 @@ gatekeeper_define_settings(void)
 	if (defined)
 		return;
 	defined = true;
+
+	gatekeeper_define_segment_setting();
 
 	DefineCustomIntVariable("gatekeeper.naptime",
 							"Longest sleep of a gatekeeper worker between passes.",

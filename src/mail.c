@@ -5,13 +5,15 @@
  *
  * Mail arrives by gatekeeper.enqueue, by INSERT and by COPY; all three
  * pass through this one trigger, so the same validation holds for all of
- * them, and a bad row aborts the statement: nothing is written.  The
- * trigger then writes the statement's mail_live rows (the claim state,
- * one narrow row per mail) with one INSERT ... SELECT from the statement's
- * transition table, and notes that due mail was written, so the delivery
- * workers are woken when the transaction commits.  Due mail of a notify
- * queue is announced (NOTIFY gatekeeper, '<queue>') at commit, once per
- * statement and queue; mail due later is left to the first worker.
+ * them, and a bad row aborts the statement: nothing is written.  In the
+ * same pass over the statement's transition table the trigger writes the
+ * statement's mail_live rows (the claim state, one narrow row per mail)
+ * straight into the table, in batches of multi-row heap inserts with
+ * their index entries (see LiveWriter), and notes that due mail was
+ * written, so the delivery workers are woken when the transaction commits.
+ * Due mail of a notify queue is announced (NOTIFY gatekeeper, '<queue>')
+ * at commit, once per statement and queue; mail due later is left to the
+ * first worker.
  *
  * The same library serves 0.1.0's layout (state in gatekeeper.mail
  * itself, no mail_live) until ALTER EXTENSION gatekeeper UPDATE.
@@ -28,15 +30,22 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
+#include "optimizer/optimizer.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/tuplestore.h"
 #include "access/detoast.h"
 #include "fmgr.h"
 #include "storage/proc.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "mb/pg_wchar.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -504,6 +513,56 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 }
 
 /*
+ * Where in the statement a bad row is, for the error's context line: its
+ * position among the statement's rows (for COPY, its line, not counting a
+ * header) and its recipient.
+ */
+typedef struct RowContext
+{
+	int64		row;
+	HeapTuple	tuple;
+	TupleDesc	desc;
+} RowContext;
+
+static void
+row_error_context(void *arg)
+{
+	RowContext *where = (RowContext *) arg;
+	char	   *recipient = NULL;
+	StringInfoData buf;
+	const char *p;
+
+	if (where->tuple == NULL)
+		return;
+	if (columns.recipient > 0)
+		recipient = column_text(where->tuple, where->desc, columns.recipient);
+	if (recipient == NULL)
+	{
+		errcontext("row %lld of the statement, recipient NULL",
+				   (long long) where->row);
+		return;
+	}
+
+	/* the recipient as a quoted literal, control characters escaped */
+	initStringInfo(&buf);
+	for (p = recipient; *p != '\0' && buf.len < 200; p += pg_mblen(p))
+	{
+		unsigned char c = (unsigned char) *p;
+
+		if (c < 0x20 || c == 0x7f)
+			appendStringInfo(&buf, "\\x%02x", c);
+		else if (c == '"')
+			appendStringInfoString(&buf, "\\\"");
+		else
+			appendBinaryStringInfo(&buf, p, pg_mblen(p));
+	}
+	if (*p != '\0')
+		appendStringInfoString(&buf, "...");
+	errcontext("row %lld of the statement, recipient \"%s\"",
+			   (long long) where->row, buf.data);
+}
+
+/*
  * Whether the mail with this id is live (0.2.0's layout), for the update
  * of a mail.
  */
@@ -602,6 +661,295 @@ insert_live(TriggerData *trigdata, bool restoring)
 }
 
 /*
+ * The statement's mail_live rows, written straight into the table.
+ *
+ * An INSERT ... SELECT from the transition table (the SQL path below, kept
+ * for restores) reads every new mail a second time and goes through the
+ * executor row by row: about a sixth of a COPY's time.  Instead, the pass
+ * that validates the rows also forms their live rows and writes them in
+ * batches with table_multi_insert(), as COPY itself does, then inserts
+ * their index entries (the unique mail_dedupe included, so a second live
+ * mail with the same queue and dedupe key fails as it would in SQL).
+ *
+ * Columns copied from the mail are the six the SQL path names; every
+ * other column of mail_live takes its default, evaluated once per
+ * statement.  The direct path is taken only when it does exactly what the
+ * SQL would: no row trigger of mail_live that fires here (mail_live_restore
+ * fires only at trigger depth 0, for restores), no volatile default, and
+ * each copied column of the same type in both tables; otherwise the SQL
+ * path runs.
+ */
+#define LIVE_BATCH 1000
+
+static const char *const live_copied[] = {
+	"id", "queue", "priority", "send_at", "dedupe_key", "segment"
+};
+
+typedef struct LiveWriter
+{
+	Relation	rel;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	BulkInsertState bistate;
+	CommandId	cid;
+	MemoryContext batch_cxt;	/* what a batch's inserts allocate */
+	int			natts;
+	int		   *source;			/* per mail_live attribute: the mail's
+								 * attribute it copies, or 0 */
+	Datum	   *fixed;			/* else its default, evaluated once */
+	bool	   *fixed_null;
+	int			queue_att;		/* mail_live's queue and dedupe_key, for */
+	int			dedupe_att;		/* the context of a dedupe conflict */
+	TupleTableSlot *slots[LIVE_BATCH];
+	int64		first_row;		/* the statement's row of slots[0] */
+	int			nslots;
+	int			nmade;			/* slots created so far */
+	int			current;		/* the slot whose index entries are going in */
+} LiveWriter;
+
+/*
+ * The context of an error while a live row's index entries go in: a
+ * second live mail with the same queue and dedupe key.  The unique index's
+ * own detail names the key only to roles that may read the table; this
+ * line names the row, queue and key to any role that may insert.
+ */
+static void
+live_error_context(void *arg)
+{
+	LiveWriter *w = (LiveWriter *) arg;
+	TupleTableSlot *slot = w->slots[w->current];
+	bool		qnull = true;
+	bool		knull = true;
+	Datum		q = (Datum) 0;
+	Datum		k = (Datum) 0;
+
+	if (w->queue_att > 0)
+		q = slot_getattr(slot, w->queue_att, &qnull);
+	if (w->dedupe_att > 0)
+		k = slot_getattr(slot, w->dedupe_att, &knull);
+	if (knull)
+		errcontext("row %lld of the statement",
+				   (long long) (w->first_row + w->current));
+	else
+		errcontext("row %lld of the statement, queue \"%s\", dedupe key \"%s\"",
+				   (long long) (w->first_row + w->current),
+				   qnull ? "" : TextDatumGetCString(q), TextDatumGetCString(k));
+}
+
+/*
+ * Whether mail_live has a row-level insert trigger that would fire for the
+ * statement trigger's inserts (trigger depth 1): any but mail_live_restore.
+ */
+static bool
+live_has_triggers(Relation rel)
+{
+	TriggerDesc *td = rel->trigdesc;
+	int			i;
+
+	if (td == NULL)
+		return false;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+
+		if (!TRIGGER_FOR_INSERT(t->tgtype) || t->tgenabled == TRIGGER_DISABLED)
+			continue;
+		if (strcmp(t->tgname, "mail_live_restore") == 0)
+			continue;
+		return true;
+	}
+	return false;
+}
+
+/*
+ * Open mail_live for the direct path, or return NULL when the SQL path
+ * must write the rows instead.
+ */
+static LiveWriter *
+live_open(TupleDesc mail_desc)
+{
+	Oid			nsp = get_namespace_oid("gatekeeper", false);
+	Oid			relid = get_relname_relid("mail_live", nsp);
+	Relation	rel;
+	TupleDesc	desc;
+	LiveWriter *w;
+	int			i;
+	int			j;
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "table gatekeeper.mail_live is missing");
+	rel = table_open(relid, RowExclusiveLock);
+	if (live_has_triggers(rel))
+	{
+		table_close(rel, RowExclusiveLock);
+		return NULL;
+	}
+	desc = RelationGetDescr(rel);
+
+	w = palloc0(sizeof(LiveWriter));
+	w->rel = rel;
+	w->natts = desc->natts;
+	w->source = palloc0(desc->natts * sizeof(int));
+	w->fixed = palloc0(desc->natts * sizeof(Datum));
+	w->fixed_null = palloc0(desc->natts * sizeof(bool));
+	w->estate = CreateExecutorState();
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		const char *name = NameStr(att->attname);
+		Node	   *def;
+
+		w->fixed_null[i] = true;
+		if (att->attisdropped)
+			continue;
+		for (j = 0; j < (int) lengthof(live_copied); j++)
+			if (strcmp(name, live_copied[j]) == 0)
+				break;
+		if (j < (int) lengthof(live_copied))
+		{
+			int			src = SPI_fnumber(mail_desc, name);
+
+			if (src <= 0 || TupleDescAttr(mail_desc, src - 1)->atttypid != att->atttypid)
+				goto use_sql;
+			w->source[i] = src;
+			continue;
+		}
+		def = build_column_default(rel, i + 1);
+		if (def == NULL)
+			continue;
+		if (contain_volatile_functions(def))
+			goto use_sql;
+		{
+			ExprState  *es = ExecPrepareExpr((Expr *) expression_planner((Expr *) def),
+											 w->estate);
+			ExprContext *econtext = GetPerTupleExprContext(w->estate);
+			MemoryContext old = MemoryContextSwitchTo(w->estate->es_query_cxt);
+
+			w->fixed[i] = ExecEvalExpr(es, econtext, &w->fixed_null[i]);
+			if (!w->fixed_null[i])
+				w->fixed[i] = datumCopy(w->fixed[i], att->attbyval, att->attlen);
+			MemoryContextSwitchTo(old);
+		}
+	}
+
+	w->queue_att = Max(SPI_fnumber(desc, "queue"), 0);
+	w->dedupe_att = Max(SPI_fnumber(desc, "dedupe_key"), 0);
+	w->rri = makeNode(ResultRelInfo);
+	/* no range table: ri_RangeTableIndex 0, which ExecConstraints allows */
+	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
+	ExecOpenIndices(w->rri, false);
+	w->bistate = GetBulkInsertState();
+	w->cid = GetCurrentCommandId(true);
+	w->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
+										 "gatekeeper live rows",
+										 ALLOCSET_DEFAULT_SIZES);
+	return w;
+
+use_sql:
+	FreeExecutorState(w->estate);
+	table_close(rel, RowExclusiveLock);
+	return NULL;
+}
+
+/*
+ * Write the buffered live rows and their index entries.
+ */
+static void
+live_flush(LiveWriter *w)
+{
+	MemoryContext old;
+	ErrorContextCallback errcallback;
+	int			i;
+
+	if (w->nslots == 0)
+		return;
+	old = MemoryContextSwitchTo(w->batch_cxt);
+	table_multi_insert(w->rel, w->slots, w->nslots, w->cid, 0, w->bistate);
+	errcallback.callback = live_error_context;
+	errcallback.arg = w;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+	for (i = 0; i < w->nslots; i++)
+	{
+		List	   *recheck;
+
+		w->current = i;
+		ResetPerTupleExprContext(w->estate);
+		recheck = ExecInsertIndexTuples(w->rri, w->slots[i], w->estate,
+										false, false, NULL, NIL);
+		list_free(recheck);
+		ExecClearTuple(w->slots[i]);
+	}
+	error_context_stack = errcallback.previous;
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(w->batch_cxt);
+	w->nslots = 0;
+}
+
+/*
+ * Buffer the live row of one new mail.
+ */
+static void
+live_add(LiveWriter *w, HeapTuple mail, TupleDesc mail_desc, int64 row)
+{
+	TupleTableSlot *slot;
+	int			i;
+
+	if (w->nslots == w->nmade)
+	{
+		/* slots outlive the caller's per-row context */
+		MemoryContext old = MemoryContextSwitchTo(w->estate->es_query_cxt);
+
+		w->slots[w->nmade++] = table_slot_create(w->rel, NULL);
+		MemoryContextSwitchTo(old);
+	}
+	slot = w->slots[w->nslots];
+	if (w->nslots == 0)
+		w->first_row = row;
+	ExecClearTuple(slot);
+	for (i = 0; i < w->natts; i++)
+	{
+		if (w->source[i] > 0)
+			slot->tts_values[i] = heap_getattr(mail, w->source[i], mail_desc,
+											   &slot->tts_isnull[i]);
+		else
+		{
+			slot->tts_values[i] = w->fixed[i];
+			slot->tts_isnull[i] = w->fixed_null[i];
+		}
+	}
+	ExecStoreVirtualTuple(slot);
+	/* copy the values out of the mail, which the caller frees */
+	ExecMaterializeSlot(slot);
+	if (w->rel->rd_att->constr != NULL)
+		ExecConstraints(w->rri, slot, w->estate);
+	if (++w->nslots == LIVE_BATCH)
+		live_flush(w);
+}
+
+/*
+ * Write what is left, and close.
+ */
+static void
+live_close(LiveWriter *w)
+{
+	int			i;
+
+	live_flush(w);
+	for (i = 0; i < w->nmade; i++)
+		ExecDropSingleTupleTableSlot(w->slots[i]);
+	FreeBulkInsertState(w->bistate);
+	ExecCloseIndices(w->rri);
+	FreeExecutorState(w->estate);
+	table_close(w->rel, RowExclusiveLock);
+	MemoryContextDelete(w->batch_cxt);
+	/* as SPI does after a statement: later commands see the rows */
+	CommandCounterIncrement();
+}
+
+/*
  * gatekeeper_mail_check
  *		The trigger function of gatekeeper.mail.
  *
@@ -650,9 +998,23 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		MemoryContext old;
 		int64	   *done = NULL;
 		int			ndone = 0;
+		LiveWriter *live = NULL;
+		RowContext	where;
+		ErrorContextCallback errcallback;
 
 		if (columns.state == 0)
+		{
 			done = finished_ids(trigdata, &ndone);
+			if (ndone == 0)
+				live = live_open(desc);
+		}
+
+		where.row = 0;
+		where.tuple = NULL;
+		where.desc = desc;
+		errcallback.callback = row_error_context;
+		errcallback.arg = &where;
+		errcallback.previous = error_context_stack;
 
 		per_row = AllocSetContextCreate(CurrentMemoryContext,
 										"gatekeeper mail check",
@@ -664,6 +1026,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			bool		should_free;
 			HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
 			bool		finished = false;
+			bool		scheduled;
 
 			if (ndone > 0)
 			{
@@ -672,7 +1035,15 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 
 				finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
 			}
-			check_mail(tuple, desc, true, mail_scheduled(tuple, desc, finished));
+			where.row++;
+			where.tuple = tuple;
+			error_context_stack = &errcallback;
+			scheduled = mail_scheduled(tuple, desc, finished);
+			check_mail(tuple, desc, true, scheduled);
+			error_context_stack = errcallback.previous;
+			where.tuple = NULL;
+			if (live != NULL)
+				live_add(live, tuple, desc, where.row);
 			if (should_free)
 				heap_freetuple(tuple);
 			/* a tuple read back from disk lives in per_row: let go of it first */
@@ -683,11 +1054,12 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		MemoryContextDelete(per_row);
 		ExecDropSingleTupleTableSlot(slot);
 
-		if (columns.state == 0)
-		{
+		if (live != NULL)
+			live_close(live);
+		else if (columns.state == 0)
 			insert_live(trigdata, ndone > 0);
+		if (columns.state == 0)
 			gatekeeper_stats_count_enqueued(trigdata);
-		}
 		return PointerGetDatum(NULL);
 	}
 
@@ -696,35 +1068,38 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 }
 
 /*
- * gatekeeper_segment
- *		_segment(): the retention segment new mail goes to, the default of
- *		gatekeeper.mail.segment.
- *
- * Read from gatekeeper.segment once per transaction and remembered, since
- * every row of a COPY asks.  Read from the table directly, not by SQL: the
- * inserting role needs no privilege on it.  A transaction that began
- * before a rotation may go on adding mail to the segment before; that
- * segment is the newest but one, and its tables are locked against the
- * next rotations while the transaction lasts.
+ * The retention segment new mail goes to, read from gatekeeper.segment once
+ * per transaction and remembered, since every row of a COPY asks.  Read
+ * from the table directly, not by SQL: the inserting role needs no
+ * privilege on it.  A transaction that began before a rotation may go on
+ * adding mail to the segment before; that segment is the newest but one,
+ * and its tables are locked against the next rotations while the
+ * transaction lasts.  missing_ok: 0 when the extension's table is not
+ * there (for the setting below, which any session may show).
  */
-Datum
-gatekeeper_segment(PG_FUNCTION_ARGS)
+static int16
+current_segment(bool missing_ok)
 {
 	static LocalTransactionId cached_lxid = InvalidLocalTransactionId;
 	static int16 cached = 0;
 
 	if (cached_lxid != MyProc->lxid)
 	{
-		Oid			nsp = get_namespace_oid("gatekeeper", false);
-		Oid			relid = get_relname_relid("segment", nsp);
+		Oid			nsp = get_namespace_oid("gatekeeper", missing_ok);
+		Oid			relid = OidIsValid(nsp) ? get_relname_relid("segment", nsp) : InvalidOid;
 		Relation	rel;
 		TableScanDesc scan;
 		HeapTuple	tuple;
 		bool		isnull;
 		bool		pushed = false;
+		int16		segment;
 
 		if (!OidIsValid(relid))
+		{
+			if (missing_ok)
+				return 0;
 			elog(ERROR, "table gatekeeper.segment is missing");
+		}
 		if (!ActiveSnapshotSet())
 		{
 			PushActiveSnapshot(GetTransactionSnapshot());
@@ -735,14 +1110,65 @@ gatekeeper_segment(PG_FUNCTION_ARGS)
 		tuple = heap_getnext(scan, ForwardScanDirection);
 		if (tuple == NULL)
 			elog(ERROR, "table gatekeeper.segment is empty");
-		cached = DatumGetInt16(heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull));
-		if (isnull)
+		segment = DatumGetInt16(heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull));
+		if (isnull || segment < 0 || segment > 3)
 			elog(ERROR, "table gatekeeper.segment holds no segment");
 		table_endscan(scan);
 		table_close(rel, AccessShareLock);
 		if (pushed)
 			PopActiveSnapshot();
+		cached = segment;
 		cached_lxid = MyProc->lxid;
 	}
-	PG_RETURN_INT16(cached);
+	return cached;
+}
+
+/*
+ * gatekeeper_segment
+ *		_segment(): the retention segment new mail goes to.
+ *
+ * The default of gatekeeper.mail.segment falls back to it when the
+ * setting below is not defined (the library not yet loaded in a session
+ * where it is not preloaded); its call loads the library.
+ */
+Datum
+gatekeeper_segment(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT16(current_segment(false));
+}
+
+/*
+ * gatekeeper.current_segment: the same, as a read-only setting.
+ *
+ * The default of gatekeeper.mail.segment is
+ * coalesce(current_setting('gatekeeper.current_segment', true)::smallint,
+ * gatekeeper._segment()): every row of an INSERT or COPY evaluates it, and
+ * a call of _segment() costs a save and restore of every setting (its
+ * pinned search_path), about 5% of a COPY in perf, where reading a
+ * setting costs a lookup.  Its value is not stored: the show hook reads
+ * the segment as _segment() does.  PGC_INTERNAL, so no role can set it.
+ */
+static int	current_segment_setting = 0;
+
+static const char *
+show_current_segment(void)
+{
+	static const char *const names[] = {"0", "1", "2", "3"};
+
+	if (!IsTransactionState())
+		return names[0];
+	return names[current_segment(true)];
+}
+
+void
+gatekeeper_define_segment_setting(void)
+{
+	DefineCustomIntVariable("gatekeeper.current_segment",
+							"The retention segment new mail goes to (read only).",
+							"The default of gatekeeper.mail.segment: gatekeeper.segment as this transaction reads it.",
+							&current_segment_setting,
+							0, 0, 3,
+							PGC_INTERNAL,
+							GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE | GUC_NO_RESET_ALL,
+							NULL, NULL, show_current_segment);
 }

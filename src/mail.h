@@ -11,5 +11,6 @@
 #include "gatekeeper.h"
 
 extern bool gatekeeper_mail_split(void);
+extern void gatekeeper_define_segment_setting(void);
 
 #endif							/* GATEKEEPER_MAIL_H */
