@@ -21,6 +21,12 @@ SELECT gatekeeper.enqueue('n4@maint.example', 'N', 'b', 'm_q', send_at => now() 
 SELECT gatekeeper.next_due() = now() + interval '90 minutes' AS any_priority;
 SELECT gatekeeper.resume('m_paused');
 SELECT gatekeeper.next_due() = now() + interval '1 hour' AS resumed;
+-- only the queues asked about (an external sender's, as claim's queues)
+SELECT gatekeeper.next_due(ARRAY['m_q']) = now() + interval '90 minutes' AS only_m_q,
+       gatekeeper.next_due(ARRAY['m_paused']) = now() + interval '1 hour' AS only_m_paused,
+       gatekeeper.next_due('{}') IS NULL AS no_queues,
+       gatekeeper.next_due(ARRAY['no_such_queue']) IS NULL AS unknown_queue,
+       gatekeeper.next_due(NULL) = now() + interval '1 hour' AS null_is_every_queue;
 COMMIT;
 SELECT gatekeeper.cancel_queue('m_q') AS cancelled, gatekeeper.cancel_queue('m_paused') AS cancelled_paused;
 

@@ -92,6 +92,7 @@ PREPARE st AS SELECT queue, state, attempt FROM gatekeeper.status($1);
 PREPARE fnd AS SELECT gatekeeper.find($1, $2);
 PREPARE hist AS SELECT queue, state, subject FROM gatekeeper.history($1, $2);
 PREPARE hist1 AS SELECT count(*) FROM gatekeeper.history($1);
+PREPARE nxt AS SELECT gatekeeper.next_due($1) IS NOT NULL AS has_due;
 
 -- and runs it, every value a text literal
 EXECUTE enq('d1@drivers.example', 'One', 'b', 'drv', 'key-1') \gset d1_
@@ -107,6 +108,7 @@ EXECUTE enq3('d5@drivers.example', 'Five', 'b') \gset
 EXECUTE st(:'d1');
 EXECUTE hist('d1@drivers.example', '-infinity');
 EXECUTE hist1('d1@drivers.example');
+EXECUTE nxt('{drv}');
 -- cancel by the application's key: true once, then false; cancel by id
 EXECUTE cnlk('drv', 'key-4');
 EXECUTE cnlk('drv', 'key-4');

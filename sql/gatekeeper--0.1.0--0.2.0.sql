@@ -1054,32 +1054,6 @@ BEGIN
 END
 $$;
 
--- the earliest send_at of scheduled mail in unpaused queues, for the worker's sleep
-CREATE OR REPLACE FUNCTION gatekeeper.next_due()
-RETURNS timestamptz
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-	WITH RECURSIVE lv(queue, p) AS (
-		SELECT q.name,
-			   (SELECT m.priority FROM gatekeeper.mail_live m
-				 WHERE m.queue = q.name AND m.state = 'scheduled'
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM gatekeeper.queue q WHERE NOT q.paused
-		UNION ALL
-		SELECT lv.queue,
-			   (SELECT m.priority FROM gatekeeper.mail_live m
-				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority < lv.p
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM lv WHERE lv.p IS NOT NULL
-	)
-	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
-				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority = lv.p
-				 ORDER BY m.send_at LIMIT 1))
-	  FROM lv WHERE lv.p IS NOT NULL
-$$;
-
 CREATE OR REPLACE FUNCTION gatekeeper.cancel(id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -1901,7 +1875,8 @@ REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
  * overloads of ack and gate_pass (the same C functions); nack_batch and
  * cancel(queue, dedupe_key) are new.  A role that could run a dropped
  * overload may run its replacement, one that could nack may nack_batch,
- * one that could cancel by id may cancel by key.
+ * one that could cancel by id may cancel by key.  next_due() takes the
+ * queues to look at, as claim() does.
  * ---------------------------------------------------------------------------
  */
 -- the EXECUTE grants to carry over (function and role apart by chr(30),
@@ -1913,7 +1888,8 @@ SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_13',
 							 ('gatekeeper.gate_pass(text, text[])', 'gatekeeper.gate_pass_batch(text, text[])'),
 							 ('gatekeeper.nack(bigint, int, text, boolean)',
 							  'gatekeeper.nack_batch(bigint[], int[], text[], boolean)'),
-							 ('gatekeeper.cancel(bigint)', 'gatekeeper.cancel(text, text)')) AS f(old, fn),
+							 ('gatekeeper.cancel(bigint)', 'gatekeeper.cancel(text, text)'),
+							 ('gatekeeper.next_due()', 'gatekeeper.next_due(text[])')) AS f(old, fn),
 					 pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
 			   WHERE p.oid = f.old::pg_catalog.regprocedure
 				 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)), ''),
@@ -1921,6 +1897,37 @@ SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_13',
 
 DROP FUNCTION gatekeeper.ack(bigint[], int[]);
 DROP FUNCTION gatekeeper.gate_pass(text, text[]);
+-- next_due() takes the queues to look at, as claim() does (0.1.0's had none)
+DROP FUNCTION gatekeeper.next_due();
+
+-- the earliest send_at of scheduled mail in unpaused queues (only "queues",
+-- if given): when an external sender should claim next; the background
+-- worker asks it for the queues it serves
+CREATE FUNCTION gatekeeper.next_due(queues text[] DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH RECURSIVE lv(queue, p) AS (
+		SELECT q.name,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = q.name AND m.state = 'scheduled'
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM gatekeeper.queue q
+		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
+		UNION ALL
+		SELECT lv.queue,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority = lv.p
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+$$;
 
 -- ack for many claims at once: how many were still the caller's
 CREATE FUNCTION gatekeeper.ack_batch(ids bigint[], attempts int[])

@@ -1524,8 +1524,10 @@ BEGIN
 END
 $$;
 
--- the earliest send_at of scheduled mail in unpaused queues, for the worker's sleep
-CREATE FUNCTION gatekeeper.next_due()
+-- the earliest send_at of scheduled mail in unpaused queues (only "queues",
+-- if given): when an external sender should claim next; the background
+-- worker asks it for the queues it serves
+CREATE FUNCTION gatekeeper.next_due(queues text[] DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE sql STABLE
 SECURITY DEFINER
@@ -1536,7 +1538,8 @@ AS $$
 			   (SELECT m.priority FROM gatekeeper.mail_live m
 				 WHERE m.queue = q.name AND m.state = 'scheduled'
 				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM gatekeeper.queue q WHERE NOT q.paused
+		  FROM gatekeeper.queue q
+		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
 		UNION ALL
 		SELECT lv.queue,
 			   (SELECT m.priority FROM gatekeeper.mail_live m

@@ -126,7 +126,10 @@ static const char unclaim_sql[] = "SELECT gatekeeper.unclaim($1::bigint[], $2::i
 static const char extend_sql[] = "SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)";
 static const char reap_sql[] = "SELECT gatekeeper.reap()";
 static const char purge_sql[] = "SELECT gatekeeper.purge()";
-static const char next_due_sql[] = "SELECT gatekeeper.next_due()";
+/* the queues the background workers serve (0.1.0 has no background) */
+static const char next_due_sql[] =
+"SELECT gatekeeper.next_due(ARRAY(SELECT q.name FROM gatekeeper.queue q WHERE q.background))";
+static const char next_due_010_sql[] = "SELECT gatekeeper.next_due()";
 static const char announce_due_sql[] =
 "SELECT queue, next_due FROM gatekeeper._announce_due($1::text[], $2::timestamptz, $3::timestamptz)";
 
@@ -139,6 +142,7 @@ static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr next_due_plan = NULL;
+static SPIPlanPtr next_due_010_plan = NULL;
 static SPIPlanPtr announce_due_plan = NULL;
 
 static TimestampTz next_housekeeping = 0;
@@ -1031,7 +1035,10 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	/* when the claim was not full, find when the next mail is due */
 	if (n < want)
 	{
-		plan = gatekeeper_plan(&next_due_plan, next_due_sql, 0, NULL);
+		if (gatekeeper_mail_split())
+			plan = gatekeeper_plan(&next_due_plan, next_due_sql, 0, NULL);
+		else
+			plan = gatekeeper_plan(&next_due_010_plan, next_due_010_sql, 0, NULL);
 		ret = SPI_execute_plan(plan, NULL, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.next_due() failed: %s",

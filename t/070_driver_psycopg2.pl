@@ -113,6 +113,7 @@ is(field('listen', 'notifications'), '1', 'one notification for the commit of th
 is(field('listen', 'payloads'), 'drv_notify', 'naming the notify queue');
 is(field('listen', 'claimed'), '3', 'the woken sender claimed its three mails');
 is(field('listen', 'acked'), '3', 'and acked them with ack_batch');
+is(field('listen', 'next_due_year'), '2099', 'next_due(queues) with an untyped array: the keyed mail due in 2099');
 
 # looking up and cancelling by key
 is(field('lookup', 'before'), 'scheduled', 'status() of a keyed mail: scheduled');

@@ -199,9 +199,13 @@ def step_listen(args, app, worker):
                     ([r[0] for r in rows], [r[1] for r in rows]))
         acked = cur.fetchone()[0]
         cur.execute("UNLISTEN gatekeeper")
+        # when to look again for mail not yet due: the keyed mail of LATER
+        cur.execute("SELECT extract(year FROM gatekeeper.next_due(%s))::int", ([LATER],))
+        next_due_year = cur.fetchone()[0]
     worker.commit()
     say("listen", before_commit=len(before), notifications=len(heard),
-        payloads=",".join(p for c, p in heard) or "-", claimed=len(rows), acked=acked)
+        payloads=",".join(p for c, p in heard) or "-", claimed=len(rows), acked=acked,
+        next_due_year=next_due_year)
 
 
 def step_lookup(args, app, ids):
