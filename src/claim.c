@@ -984,29 +984,6 @@ apply_suppression(Claimed *claimed, int nclaimed)
 }
 
 /*
- * Does this JSON object of headers name the header already, in any case?
- */
-static bool
-headers_have(Jsonb *headers, const char *name)
-{
-	JsonbIterator *it;
-	JsonbValue	v;
-	JsonbIteratorToken tok;
-	int			len = strlen(name);
-
-	if (!JB_ROOT_IS_OBJECT(headers))
-		return false;
-	it = JsonbIteratorInit(&headers->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		if (tok == WJB_KEY && v.val.string.len == len &&
-			pg_strncasecmp(v.val.string.val, name, len) == 0)
-			return true;
-	}
-	return false;
-}
-
-/*
  * RFC 8058 one-click unsubscribe: the mail of a queue with an
  * unsubscribe_url goes out with List-Unsubscribe (the URL, its {token}
  * signed for this recipient and queue) and List-Unsubscribe-Post, unless
@@ -1034,7 +1011,7 @@ add_unsubscribe_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 		if (!c->nulls[COL_HEADERS - 1])
 		{
 			headers = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
-			if (headers_have(headers, "List-Unsubscribe"))
+			if (gatekeeper_headers_have(headers, "List-Unsubscribe"))
 				continue;
 		}
 		url = gatekeeper_unsubscribe_url(c->queue->unsubscribe_url,
@@ -1043,7 +1020,7 @@ add_unsubscribe_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 		initStringInfo(&json);
 		appendStringInfoString(&json, "{\"List-Unsubscribe\": ");
 		escape_json(&json, psprintf("<%s>", url));
-		if (headers == NULL || !headers_have(headers, "List-Unsubscribe-Post"))
+		if (headers == NULL || !gatekeeper_headers_have(headers, "List-Unsubscribe-Post"))
 			appendStringInfoString(&json, ", \"List-Unsubscribe-Post\": \"List-Unsubscribe=One-Click\"");
 		appendStringInfoChar(&json, '}');
 

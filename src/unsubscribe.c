@@ -329,11 +329,12 @@ gatekeeper_unsubscribe_url(const char *url_template, const char *recipient,
 }
 
 /*
- * has_header
- *		Whether the mail's headers name this field, in any case.
+ * gatekeeper_headers_have
+ *		Whether the mail's headers (a JSON object, or NULL) name this field,
+ *		in any case.
  */
-static bool
-has_header(Jsonb *headers, const char *name)
+bool
+gatekeeper_headers_have(Jsonb *headers, const char *name)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
@@ -373,12 +374,12 @@ gatekeeper_unsubscribe_headers_size(const char *url_template, const char *recipi
 	int			raw;
 	Size		size;
 
-	if (has_header(headers, "List-Unsubscribe"))
+	if (gatekeeper_headers_have(headers, "List-Unsubscribe"))
 		return 0;
 	raw = 2 + strlen(gatekeeper_recipient_key(recipient)) + strlen(queue) + TOKEN_MAC_LEN;
 	size = strlen(list_unsubscribe) + strlen(url_template) - strlen(TOKEN_PLACEHOLDER) +
 		(raw * 4 + 2) / 3;
-	if (!has_header(headers, "List-Unsubscribe-Post"))
+	if (!gatekeeper_headers_have(headers, "List-Unsubscribe-Post"))
 		size += strlen(one_click);
 	return size;
 }

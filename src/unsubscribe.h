@@ -15,6 +15,7 @@
  * Raise 22023 (54000 when too long for a header line) unless url is an
  * https URL holding {token} once that can carry a token for queue.
  */
+extern bool gatekeeper_headers_have(Jsonb *headers, const char *name);
 extern void gatekeeper_check_unsubscribe_url(const char *url, const char *queue);
 
 /*
