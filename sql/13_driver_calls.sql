@@ -161,6 +161,9 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.nack_batch('{1}', NULL, '{x}')$$) AS
 SELECT pg_temp.error_of($$SELECT gatekeeper.nack_batch('{1}', '{1}', NULL)$$) AS nack_null_errors;
 SELECT pg_temp.error_of($$SELECT gatekeeper.nack_batch('{1}', '{1}', '{x}', NULL)$$) AS nack_null_permanent;
 SELECT pg_temp.error_of($$SELECT gatekeeper.nack_batch('{{1}}', '{{1}}', '{{x}}')$$) AS nack_two_dimensions;
+-- unclaim hands claims back as a batch too: no NULL elements either
+SELECT pg_temp.error_of(format('SELECT gatekeeper.unclaim(%L, %L, %L, %L)', '{' || :b1 || ',NULL}', '{1,1}', 'x', '0')) AS unclaim_null_id;
+SELECT pg_temp.error_of(format('SELECT gatekeeper.unclaim(%L, %L, %L, %L)', '{' || :b1 || '}', '{NULL}', 'x', '0')) AS unclaim_null_attempt;
 -- a good element ahead of a bad one was not reported
 SELECT state, count(*) FROM gatekeeper.mail_status WHERE id IN (SELECT id FROM bc) GROUP BY state;
 

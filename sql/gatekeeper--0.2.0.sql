@@ -1437,6 +1437,9 @@ BEGIN
 		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'ids and attempts must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
 	WITH back AS (
 		UPDATE gatekeeper.mail_live m
 		   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
