@@ -189,7 +189,8 @@ for my $b (100, 1000) {
 				["drain.gated.b$b.k$k", "drain.raw.b$b.k$k", ['>=', 0.4]],
 				["drain.gated.b$b.k$k", "drain.pgq.b$b.k$k", ['>=', 1.5]],
 				["drain.pgmq.b$b.k$k"],
-				["drain.gk.b$b.k$k", "drain.pgmq.b$b.k$k"];
+				["drain.gk.b$b.k$k", "drain.pgmq.b$b.k$k", ['>=', 1.5]],
+				["drain.gated.b$b.k$k", "drain.pgmq.b$b.k$k", ['>=', 1.0]];
 		}
 	}
 }
