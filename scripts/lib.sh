@@ -194,11 +194,20 @@ gk_port_free() {
 	! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-# gk_free_port [EXCEPT]: print a free loopback port (not EXCEPT).
+# gk_free_port [EXCEPT]: print a free loopback port (not EXCEPT).  The
+# port is taken below the kernel's ephemeral range when there is room: a
+# port in that range can become the local end of some loopback connection
+# between this look and the server's bind (seen: the bench's exporter
+# failed with "address already in use").
 gk_free_port() {
-	local p _
+	local p _ lo=32768 base=20000 span=40000
+	read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+	if [ "$lo" -gt 12000 ]; then
+		base=10000
+		span=$((lo - 10000))
+	fi
 	for _ in $(seq 1 500); do
-		p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		p=$((base + (RANDOM * 32768 + RANDOM) % span))
 		[ "$p" != "${1:-}" ] || continue
 		if gk_port_free "$p"; then
 			printf '%s\n' "$p"
