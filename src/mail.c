@@ -999,6 +999,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		int64	   *done = NULL;
 		int			ndone = 0;
 		LiveWriter *live = NULL;
+		StatsTally *tally = NULL;
 		RowContext	where;
 		ErrorContextCallback errcallback;
 
@@ -1007,6 +1008,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			done = finished_ids(trigdata, &ndone);
 			if (ndone == 0)
 				live = live_open(desc);
+			tally = gatekeeper_stats_tally_start();
 		}
 
 		where.row = 0;
@@ -1044,6 +1046,14 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			where.tuple = NULL;
 			if (live != NULL)
 				live_add(live, tuple, desc, where.row);
+			if (tally != NULL)
+			{
+				bool		isnull;
+				Datum		queue = heap_getattr(tuple, columns.queue, desc, &isnull);
+
+				if (!isnull)
+					gatekeeper_stats_count_enqueued(tally, queue);
+			}
 			if (should_free)
 				heap_freetuple(tuple);
 			/* a tuple read back from disk lives in per_row: let go of it first */
@@ -1058,8 +1068,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			live_close(live);
 		else if (columns.state == 0)
 			insert_live(trigdata, ndone > 0);
-		if (columns.state == 0)
-			gatekeeper_stats_count_enqueued(trigdata);
+		gatekeeper_stats_tally_end(tally);
 		return PointerGetDatum(NULL);
 	}
 

@@ -5,7 +5,7 @@
  *		shared memory so that gatekeeper.queue_stats never counts rows.
  *
  * Every mail enters through the statement trigger of gatekeeper.mail
- * (src/mail.c calls gatekeeper_stats_count_enqueued once per statement),
+ * (src/mail.c counts each row in its validation pass over the statement),
  * and every way a mail finishes (ack, nack, claim, reap, expiry, cancel,
  * whatever function does it) inserts its outcome into gatekeeper.mail_done,
  * whose statement trigger (gatekeeper._count_done) counts the statement's
@@ -124,6 +124,18 @@ typedef struct StatsGroup
 	int64		counts[STAT_KINDS];
 } StatsGroup;
 
+/*
+ * A statement's rows counted by queue: the groups seen last, noted (and
+ * the slots reused) whenever all are taken; the queue names are copied
+ * into the tally's own context.
+ */
+struct StatsTally
+{
+	MemoryContext context;
+	int			ngroups;
+	StatsGroup	groups[STATS_GROUPS];
+};
+
 /* NULL unless the library was preloaded */
 static StatsShared *stats_shared = NULL;
 static HTAB *stats_hash = NULL;
@@ -140,7 +152,7 @@ static void note_forget(const StatsKey *key);
 static PendingStats *pending_append(const StatsKey *key);
 static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
 					   int state_att, Oid *state_values);
-static void note_groups(StatsGroup *groups, int ngroups);
+static void note_groups(StatsTally *tally);
 static void stats_xact_callback(XactEvent event, void *arg);
 static void stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								   SubTransactionId parentSubid, void *arg);
@@ -306,113 +318,134 @@ note_forget(const StatsKey *key)
 }
 
 /*
- * Count a statement's rows by queue: one count of kind "enqueued" per row
- * when state_att is 0, else one of the kind of the row's state (the
- * values of state_values, in finished_states' order).
+ * Start a tally of a statement's rows by queue, in the current memory
+ * context; NULL when the library was not preloaded (nothing is counted).
+ */
+StatsTally *
+gatekeeper_stats_tally_start(void)
+{
+	StatsTally *tally;
+
+	if (stats_hash == NULL)
+		return NULL;
+	tally = palloc(sizeof(StatsTally));
+	tally->context = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper stats",
+										   ALLOCSET_SMALL_SIZES);
+	tally->ngroups = 0;
+	return tally;
+}
+
+/*
+ * Count one row of this queue (a text datum) as kind.
+ */
+static void
+tally_add(StatsTally *tally, Datum queue, int kind)
+{
+	text	   *q = (text *) DatumGetPointer(queue);
+	StatsGroup *g = NULL;
+	int			i;
+
+	for (i = 0; i < tally->ngroups; i++)
+	{
+		if (VARSIZE_ANY_EXHDR(q) == VARSIZE_ANY_EXHDR(tally->groups[i].queue) &&
+			memcmp(VARDATA_ANY(q), VARDATA_ANY(tally->groups[i].queue),
+				   VARSIZE_ANY_EXHDR(q)) == 0)
+		{
+			g = &tally->groups[i];
+			break;
+		}
+	}
+	if (g == NULL)
+	{
+		if (tally->ngroups == STATS_GROUPS)
+			note_groups(tally);
+		g = &tally->groups[tally->ngroups++];
+		memset(g, 0, sizeof(*g));
+		g->queue = (text *) MemoryContextAlloc(tally->context, VARSIZE_ANY_EXHDR(q) + VARHDRSZ);
+		SET_VARSIZE(g->queue, VARSIZE_ANY_EXHDR(q) + VARHDRSZ);
+		memcpy(VARDATA(g->queue), VARDATA_ANY(q), VARSIZE_ANY_EXHDR(q));
+	}
+	g->counts[kind]++;
+}
+
+/*
+ * gatekeeper_stats_count_enqueued
+ *		Count one new mail of this queue (a text datum) in the tally of an
+ *		INSERT or COPY into gatekeeper.mail (src/mail.c, in its validation
+ *		pass over the statement's rows).
+ */
+void
+gatekeeper_stats_count_enqueued(StatsTally *tally, Datum queue)
+{
+	if (tally != NULL)
+		tally_add(tally, queue, STAT_ENQUEUED);
+}
+
+/*
+ * Note the tally's counts and free it.
+ */
+void
+gatekeeper_stats_tally_end(StatsTally *tally)
+{
+	if (tally == NULL)
+		return;
+	note_groups(tally);
+	MemoryContextDelete(tally->context);
+	pfree(tally);
+}
+
+/*
+ * Count a statement's outcomes by queue and state (one of state_values,
+ * in finished_states' order).
  */
 static void
 count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att, int state_att,
 		   Oid *state_values)
 {
 	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	StatsGroup	groups[STATS_GROUPS];
-	int			ngroups = 0;
-	MemoryContext context;
-	MemoryContext old;
+	StatsTally *tally = gatekeeper_stats_tally_start();
 
-	context = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper stats",
-									ALLOCSET_SMALL_SIZES);
-	old = MemoryContextSwitchTo(context);
 	tuplestore_rescan(rows);
 	while (tuplestore_gettupleslot(rows, true, false, slot))
 	{
 		bool		isnull;
 		Datum		queue = slot_getattr(slot, queue_att, &isnull);
-		StatsGroup *g = NULL;
-		int			kind = STAT_ENQUEUED;
-		int			i;
+		Datum		state;
+		int			kind;
 
 		if (isnull)
 			continue;
-		if (state_att > 0)
-		{
-			Datum		state = slot_getattr(slot, state_att, &isnull);
-
-			if (isnull)
-				continue;
-			for (kind = STAT_SENT; kind < STAT_KINDS; kind++)
-				if (state_values[kind - STAT_SENT] == DatumGetObjectId(state))
-					break;
-			if (kind == STAT_KINDS)
-				continue;
-		}
-		for (i = 0; i < ngroups; i++)
-		{
-			text	   *q = (text *) DatumGetPointer(queue);
-
-			if (VARSIZE_ANY_EXHDR(q) == VARSIZE_ANY_EXHDR(groups[i].queue) &&
-				memcmp(VARDATA_ANY(q), VARDATA_ANY(groups[i].queue),
-					   VARSIZE_ANY_EXHDR(q)) == 0)
-			{
-				g = &groups[i];
+		state = slot_getattr(slot, state_att, &isnull);
+		if (isnull)
+			continue;
+		for (kind = STAT_SENT; kind < STAT_KINDS; kind++)
+			if (state_values[kind - STAT_SENT] == DatumGetObjectId(state))
 				break;
-			}
-		}
-		if (g == NULL)
-		{
-			if (ngroups == STATS_GROUPS)
-			{
-				note_groups(groups, ngroups);
-				ngroups = 0;
-			}
-			g = &groups[ngroups++];
-			memset(g, 0, sizeof(*g));
-			g->queue = DatumGetTextPCopy(queue);
-		}
-		g->counts[kind]++;
+		if (kind < STAT_KINDS)
+			tally_add(tally, queue, kind);
 		ExecClearTuple(slot);
 	}
-	note_groups(groups, ngroups);
+	gatekeeper_stats_tally_end(tally);
 	ExecDropSingleTupleTableSlot(slot);
-	MemoryContextSwitchTo(old);
-	MemoryContextDelete(context);
 }
 
 /*
- * Note each group's counts, and let go of its queue name.
+ * Note each group's counts, and let go of the groups.
  */
 static void
-note_groups(StatsGroup *groups, int ngroups)
+note_groups(StatsTally *tally)
 {
 	int			i;
 
-	for (i = 0; i < ngroups; i++)
+	for (i = 0; i < tally->ngroups; i++)
 	{
-		StatsKey	key = stats_key(VARDATA_ANY(groups[i].queue),
-									VARSIZE_ANY_EXHDR(groups[i].queue));
+		StatsKey	key = stats_key(VARDATA_ANY(tally->groups[i].queue),
+									VARSIZE_ANY_EXHDR(tally->groups[i].queue));
 
-		note_counts(&key, groups[i].counts);
-		pfree(groups[i].queue);
+		note_counts(&key, tally->groups[i].counts);
 	}
-}
-
-/*
- * gatekeeper_stats_count_enqueued
- *		Count the new mail of one INSERT or COPY into gatekeeper.mail, from
- *		the statement trigger's transition table (src/mail.c).
- */
-void
-gatekeeper_stats_count_enqueued(TriggerData *trigdata)
-{
-	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
-	int			queue_att;
-
-	if (stats_hash == NULL || trigdata->tg_newtable == NULL)
-		return;
-	queue_att = SPI_fnumber(desc, "queue");
-	if (queue_att <= 0)
-		elog(ERROR, "gatekeeper.mail has no column queue");
-	count_rows(trigdata->tg_newtable, desc, queue_att, 0, NULL);
+	tally->ngroups = 0;
+	MemoryContextReset(tally->context);
 }
 
 /*

@@ -15,6 +15,10 @@
 extern Size gatekeeper_stats_shmem_size(void);
 extern void gatekeeper_stats_shmem_request(void);
 extern void gatekeeper_stats_shmem_init(void);
-extern void gatekeeper_stats_count_enqueued(TriggerData *trigdata);
+typedef struct StatsTally StatsTally;
+
+extern StatsTally *gatekeeper_stats_tally_start(void);
+extern void gatekeeper_stats_count_enqueued(StatsTally *tally, Datum queue);
+extern void gatekeeper_stats_tally_end(StatsTally *tally);
 
 #endif							/* GATEKEEPER_STATS_H */
