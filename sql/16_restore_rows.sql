@@ -28,6 +28,32 @@ SELECT m.id - :first AS id, s.state FROM gatekeeper.mail m, gatekeeper.status(m.
 
 SELECT gatekeeper.cancel_queue('rr_q') AS cancelled;
 
+-- The outcome restore trigger stays out of gatekeeper's own statements
+-- (claim, ack_batch), which move the live rows themselves: its function
+-- is called for an outcome inserted by a statement of the owner, not for
+-- an ack.
+SET track_functions = 'pl';
+SELECT count(gatekeeper.enqueue('rr' || i || '@example.com', 's', 'b', 'rr_q')) AS enqueued
+  FROM generate_series(4, 5) AS i;
+SELECT pg_stat_force_next_flush();
+SELECT coalesce((SELECT calls FROM pg_stat_user_functions
+				  WHERE funcid = 'gatekeeper._mail_live_restore'::regproc), 0) AS calls_before \gset
+SELECT gatekeeper.ack_batch(array_agg(c.id), array_agg(c.attempt)) AS acked
+  FROM gatekeeper.claim('rr_q', 1) c;
+SELECT pg_stat_force_next_flush();
+SELECT coalesce((SELECT calls FROM pg_stat_user_functions
+				  WHERE funcid = 'gatekeeper._mail_live_restore'::regproc), 0) - :calls_before
+	   AS calls_after_ack;
+INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, send_at, finished_at, segment)
+SELECT l.id, l.queue, 'sent', 1, l.send_at, now(), l.segment
+  FROM gatekeeper.mail_live l WHERE l.queue = 'rr_q';
+SELECT pg_stat_force_next_flush();
+SELECT coalesce((SELECT calls FROM pg_stat_user_functions
+				  WHERE funcid = 'gatekeeper._mail_live_restore'::regproc), 0) - :calls_before
+	   AS calls_after_insert,
+	   (SELECT count(*) FROM gatekeeper.mail_live WHERE queue = 'rr_q') AS live_left;
+RESET track_functions;
+
 -- The segment new mail goes to: mail.segment's default reads the
 -- read-only setting gatekeeper.current_segment (falling back to
 -- _segment()), which follows gatekeeper.segment as a rotation changes it.

@@ -629,12 +629,20 @@ $$;
 CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
 	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+-- whether gatekeeper's own C code runs the statement now (src/gatekeeper.c)
+CREATE FUNCTION gatekeeper._own_statement() RETURNS boolean
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
+
 -- per statement, not per row: gatekeeper's own functions write outcomes
 -- at trigger depth 0 too (every ack), and a row trigger there cost a
--- sixth of the drain
+-- sixth of the drain; and not after the statements of gatekeeper's C code
+-- (every ack and claim), which move the live rows themselves
 CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 	REFERENCING NEW TABLE AS new_done
-	FOR EACH STATEMENT WHEN (pg_catalog.pg_trigger_depth() < 1)
+	FOR EACH STATEMENT
+	WHEN (pg_catalog.pg_trigger_depth() < 1 AND NOT gatekeeper._own_statement())
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
 
 -- an update of a mail's queue, priority, send_at or dedupe key (by its

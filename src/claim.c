@@ -10,15 +10,20 @@
  * Each queue's share is taken by one statement of the form
  *
  *		UPDATE mail_live SET state = 'claimed', ... FROM mail
- *		 WHERE id = ANY (ARRAY(SELECT id ... FOR UPDATE SKIP LOCKED))
+ *		 WHERE ctid = ANY (ARRAY(SELECT ctid ... FOR UPDATE SKIP LOCKED))
  *		RETURNING ...
  *
  * which updates only the mail's narrow claim state (mail_live) and joins
- * its content (mail) by primary key, never rewriting it.
- * so no two claimers ever get the same mail and none waits for another.
- * (= ANY (ARRAY(...)) is the plan-proof spelling of IN (SELECT ...): the
- * sub-select runs once as an init plan and the update probes the primary
- * key, whatever the planner thinks of the LIMIT, even in a generic plan.)
+ * its content (mail) by primary key, never rewriting it; the sub-select
+ * locks the rows it takes, so no two claimers ever get the same mail and
+ * none waits for another.  (= ANY (ARRAY(...)) is the plan-proof spelling
+ * of IN (SELECT ...): the sub-select runs once as an init plan, whatever
+ * the planner thinks of the LIMIT, even in a generic plan.  It hands over
+ * the locked row versions themselves, which the update fetches by TID: a
+ * probe of mail_live's primary key per mail cost a tenth of the drain.  A
+ * row some other transaction changed between this statement's snapshot
+ * and the lock is locked but not visible to the update, so it stays
+ * scheduled for the next claim.)
  * Inside a queue the sub-select walks the due index one priority level
  * at a time, so its cost grows with the batch, never with mail that is not
  * yet due or already finished.
@@ -205,7 +210,7 @@ static const char claim_sql[] =
 "           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), "
 "                    'gatekeeper.invalid') || '>') "
 "  FROM gatekeeper.mail m "
-" WHERE l.id = ANY (ARRAY( "
+" WHERE l.ctid = ANY (ARRAY( "
 "       WITH RECURSIVE levels(p) AS ( "
 "           (SELECT d.priority FROM gatekeeper.mail_live d "
 "             WHERE d.queue = $1 AND d.state = 'scheduled' "
@@ -215,8 +220,8 @@ static const char claim_sql[] =
 "                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
 "                    ORDER BY d.priority DESC LIMIT 1) "
 "             FROM levels l WHERE l.p IS NOT NULL) "
-"       SELECT c.id FROM levels l, LATERAL ( "
-"           SELECT d.id FROM gatekeeper.mail_live d "
+"       SELECT c.ctid FROM levels l, LATERAL ( "
+"           SELECT d.ctid FROM gatekeeper.mail_live d "
 "            WHERE d.queue = $1 AND d.state = 'scheduled' "
 "              AND d.priority = l.p AND d.send_at <= now() "
 "            ORDER BY d.send_at, d.id "
