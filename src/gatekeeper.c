@@ -1028,8 +1028,47 @@ int
 gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 						  bool read_only, long count)
 {
+	return gatekeeper_execute_by_key_into(plan, values, nulls, read_only, count, NULL);
+}
+
+/*
+ * gatekeeper_execute_by_key_into
+ *		The same, sending the rows the statement returns to dest (NULL:
+ *		to SPI_tuptable, as SPI_execute_plan does).
+ *
+ * A receiver of its own lets a caller that copies the rows out anyway
+ * take them from the executor's slots, without SPI forming each into a
+ * tuple first (for a claim, a copy of every mail's content).
+ */
+int
+gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
+							   bool read_only, long count, DestReceiver *dest)
+{
 	int			nestlevel = NewGUCNestLevel();
+	int			nargs = SPI_getargcount(plan);
+	SPIExecuteOptions options;
+	ParamListInfo params = NULL;
 	int			ret;
+	int			i;
+
+	if (nargs > 0)
+	{
+		params = makeParamList(nargs);
+		for (i = 0; i < nargs; i++)
+		{
+			ParamExternData *prm = &params->params[i];
+
+			prm->value = values[i];
+			prm->isnull = nulls != NULL && nulls[i] == 'n';
+			prm->pflags = PARAM_FLAG_CONST;
+			prm->ptype = SPI_getargtypeid(plan, i);
+		}
+	}
+	memset(&options, 0, sizeof(options));
+	options.params = params;
+	options.read_only = read_only;
+	options.tcount = count;
+	options.dest = dest;
 
 	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
@@ -1040,7 +1079,7 @@ gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 	own_statements++;
 	PG_TRY();
 	{
-		ret = SPI_execute_plan(plan, values, nulls, read_only, count);
+		ret = SPI_execute_plan_extended(plan, &options);
 	}
 	PG_FINALLY();
 	{

@@ -83,6 +83,8 @@ extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, 
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 									  bool read_only, long count);
+extern int	gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
+										   bool read_only, long count, DestReceiver *dest);
 
 /*
  * src/gatekeeper.c: each worker's slot in shared memory, for src/worker.c.
