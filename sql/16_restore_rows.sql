@@ -1,4 +1,4 @@
--- The restore triggers (pg_dump --load-via-partition-root): outcomes
+-- The restore triggers (rows loaded through the partitioned tables): outcomes
 -- inserted into gatekeeper.mail_done remove the live rows of their mail,
 -- all of a statement's rows at once (a statement-level trigger), and a
 -- live row inserted into mail_live replaces the fresh one.
@@ -39,7 +39,7 @@ SELECT pg_stat_force_next_flush();
 SELECT coalesce((SELECT calls FROM pg_stat_user_functions
 				  WHERE funcid = 'gatekeeper._mail_live_restore'::regproc), 0) AS calls_before \gset
 SELECT gatekeeper.ack_batch(array_agg(c.id), array_agg(c.attempt)) AS acked
-  FROM gatekeeper.claim('rr_q', 1) c;
+  FROM gatekeeper.claim('rr_worker', 1, queues => ARRAY['rr_q']) c;
 SELECT pg_stat_force_next_flush();
 SELECT coalesce((SELECT calls FROM pg_stat_user_functions
 				  WHERE funcid = 'gatekeeper._mail_live_restore'::regproc), 0) - :calls_before
@@ -53,6 +53,33 @@ SELECT coalesce((SELECT calls FROM pg_stat_user_functions
 	   AS calls_after_insert,
 	   (SELECT count(*) FROM gatekeeper.mail_live WHERE queue = 'rr_q') AS live_left;
 RESET track_functions;
+
+-- Loading a dump through gatekeeper.mail (pg_dump --load-via-partition-root:
+-- check_function_bodies off, by a role that may write mail_live): the rows
+-- load as they were, with no live row (the dump brings its own).  A role
+-- that may only enqueue gets its rows checked whatever it sets.
+CREATE ROLE rr_app;
+GRANT USAGE ON SCHEMA gatekeeper TO rr_app;
+GRANT INSERT ON gatekeeper.mail TO rr_app;
+GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO rr_app;
+SET ROLE rr_app;
+SET check_function_bodies = off;
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue)
+VALUES ('rr-app@example.com', 's', 'b', 'rr_no_such_queue');
+RESET check_function_bodies;
+RESET ROLE;
+SET check_function_bodies = off;
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue)
+VALUES ('rr-dump@example.com', 's', 'b', 'rr_no_such_queue');
+RESET check_function_bodies;
+SELECT m.recipient, m.queue,
+	   (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.id = m.id) AS live
+  FROM gatekeeper.mail m WHERE m.recipient LIKE 'rr-%' ORDER BY 1;
+DELETE FROM gatekeeper.mail WHERE recipient LIKE 'rr-%';
+REVOKE ALL ON gatekeeper.mail FROM rr_app;
+REVOKE ALL ON FUNCTION gatekeeper._segment() FROM rr_app;
+REVOKE ALL ON SCHEMA gatekeeper FROM rr_app;
+DROP ROLE rr_app;
 
 -- The segment new mail goes to: mail.segment's default reads the
 -- read-only setting gatekeeper.current_segment (falling back to

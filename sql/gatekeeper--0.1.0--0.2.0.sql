@@ -600,9 +600,11 @@ CREATE TRIGGER mail_check_update
  * (mail_0, mail_done_0, ...), where the statement trigger of
  * gatekeeper.mail does not fire, and mail_live's rows as they were.  A
  * dump loaded through the partitioned tables instead
- * (--load-via-partition-root) passes the trigger, which makes fresh live
- * rows: a restored live row replaces the fresh one, and a restored
- * outcome removes the live row of its mail.
+ * (--load-via-partition-root) passes the trigger, which sees a dump being
+ * loaded (src/gatekeeper.c, gatekeeper_loading_dump) and makes no live
+ * rows either.  Rows loaded through them otherwise (check_function_bodies
+ * on) get fresh live rows: a restored live row replaces the fresh one,
+ * and a restored outcome removes the live row of its mail.
  */
 CREATE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
 LANGUAGE plpgsql

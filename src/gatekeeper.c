@@ -47,6 +47,7 @@
 #include "storage/proc.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
+#include "utils/acl.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/array.h"
@@ -1007,6 +1008,9 @@ gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
 	return p;
 }
 
+/* statements of gatekeeper_execute_by_key running now (nested: >1) */
+static int	own_statements = 0;
+
 /*
  * gatekeeper_execute_by_key
  *		SPI_execute_plan for a statement that finds its rows by key (the
@@ -1021,9 +1025,6 @@ gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
  * therefore off while these statements run (and are planned), leaving the
  * key lookups they are written for.
  */
-/* statements of gatekeeper_execute_by_key running now (nested: >1) */
-static int	own_statements = 0;
-
 int
 gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 						  bool read_only, long count)
@@ -1106,6 +1107,37 @@ Datum
 gatekeeper_own_statement(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_BOOL(own_statements > 0);
+}
+
+/*
+ * gatekeeper_loading_dump
+ *		Whether the rows a statement inserts into gatekeeper's tables (rel is
+ *		one of them) are a dump being loaded, to be taken as they were.
+ *
+ * pg_dump --load-via-partition-root loads the mail through
+ * gatekeeper.mail, where the insert trigger would validate each row and
+ * give it a live row; but the queues' rows load after the mail's, and the
+ * mail's own live rows and outcomes after that: every mail of a queue but
+ * the default one would be refused, or made live a second time.  A
+ * dump's loading is told by check_function_bodies being off (pg_dump's
+ * scripts and pg_restore turn it off, for the same reason: what is loaded
+ * was checked when it was made, and may refer to what comes later) in a
+ * statement run by a role that may insert into mail_live itself (as the
+ * role loading a dump of gatekeeper's tables must; an application's role
+ * may not, and its rows are checked whatever it sets).  The rows then
+ * load as a dump into the partitions does: unchecked, uncounted, made live
+ * by the dump's own mail_live rows.
+ */
+bool
+gatekeeper_loading_dump(Relation rel)
+{
+	Oid			live;
+
+	if (check_function_bodies)
+		return false;
+	live = get_relname_relid("mail_live", RelationGetNamespace(rel));
+	return OidIsValid(live) &&
+		pg_class_aclcheck(live, GetOuterUserId(), ACL_INSERT) == ACLCHECK_OK;
 }
 
 /*

@@ -37,6 +37,7 @@
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "utils/jsonb.h"
+#include "utils/rel.h"
 #include "utils/timestamp.h"
 
 /*
@@ -83,6 +84,7 @@ extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, 
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 									  bool read_only, long count);
+extern bool gatekeeper_loading_dump(Relation rel);
 extern int	gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
 										   bool read_only, long count, DestReceiver *dest);
 

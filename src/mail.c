@@ -1003,6 +1003,13 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		RowContext	where;
 		ErrorContextCallback errcallback;
 
+		/* a dump loaded through gatekeeper.mail: the rows as they were */
+		if (columns.state == 0 && gatekeeper_loading_dump(rel))
+		{
+			ExecDropSingleTupleTableSlot(slot);
+			return PointerGetDatum(NULL);
+		}
+
 		if (columns.state == 0)
 		{
 			done = finished_ids(trigdata, &ndone);

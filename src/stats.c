@@ -470,7 +470,8 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
 		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
 		trigdata->tg_newtable == NULL)
 		elog(ERROR, "gatekeeper_count_done must be an insert statement trigger with a new table");
-	if (stats_hash == NULL)
+	/* a restore is not new work (see gatekeeper_loading_dump) */
+	if (stats_hash == NULL || gatekeeper_loading_dump(trigdata->tg_relation))
 		return PointerGetDatum(NULL);
 
 	desc = RelationGetDescr(trigdata->tg_relation);

@@ -7,8 +7,10 @@
 # a queue dropped since), with dedupe keys, and gate passes made by
 # gate_pass (one at a time, in a batch, with a holder) and by claims (one
 # given back by a permanent failure).  It is dumped in custom and in plain
-# format and restored into new databases, CREATE EXTENSION included:
-# pg_restore --exit-on-error and psql with ON_ERROR_STOP must succeed.
+# format, each also with --load-via-partition-root (the mail's rows then
+# load through gatekeeper.mail, before the queues' rows), and restored into
+# new databases, CREATE EXTENSION included: pg_restore --exit-on-error and
+# psql with ON_ERROR_STOP must succeed.
 #
 # In each restored database, the rows of every table and the values of the
 # sequences equal the source's, and so does what explain() says of each
@@ -152,8 +154,26 @@ $node->command_ok(
 	[ 'pg_dump', '-f', $plain, '-d', $node->connstr('src') ],
 	'pg_dump plain');
 
+# through the partitioned tables: the mail's rows come before the queues'
+my $root_custom = $node->basedir . '/src_root.dump';
+my $root_plain = $node->basedir . '/src_root.sql';
+$node->command_ok(
+	[
+		'pg_dump', '--load-via-partition-root', '-Fc', '-f', $root_custom,
+		'-d', $node->connstr('src')
+	],
+	'pg_dump --load-via-partition-root -Fc');
+$node->command_ok(
+	[
+		'pg_dump', '--load-via-partition-root', '-f', $root_plain,
+		'-d', $node->connstr('src')
+	],
+	'pg_dump --load-via-partition-root plain');
+
 $node->safe_psql('postgres', 'CREATE DATABASE dst_custom');
 $node->safe_psql('postgres', 'CREATE DATABASE dst_plain');
+$node->safe_psql('postgres', 'CREATE DATABASE dst_root_custom');
+$node->safe_psql('postgres', 'CREATE DATABASE dst_root_plain');
 $node->command_ok(
 	[
 		'pg_restore', '--exit-on-error', '-d',
@@ -166,8 +186,20 @@ $node->command_ok(
 		$node->connstr('dst_plain'), '-f', $plain
 	],
 	'psql restores the plain dump');
+$node->command_ok(
+	[
+		'pg_restore', '--exit-on-error', '-d',
+		$node->connstr('dst_root_custom'), $root_custom
+	],
+	'pg_restore of the custom dump made through the partitioned tables succeeds');
+$node->command_ok(
+	[
+		'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d',
+		$node->connstr('dst_root_plain'), '-f', $root_plain
+	],
+	'psql restores the plain dump made through the partitioned tables');
 
-foreach my $db (qw(dst_custom dst_plain))
+foreach my $db (qw(dst_custom dst_plain dst_root_custom dst_root_plain))
 {
 	my $restored = snapshot($db);
 	foreach my $what (sort keys %$source)
