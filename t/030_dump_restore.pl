@@ -145,61 +145,35 @@ my $source = snapshot('src');
 my $token = $node->safe_psql('src',
 	"SELECT gatekeeper._unsubscribe_token('reader\@example.com', 'promo')");
 
-my $custom = $node->basedir . '/src.dump';
-my $plain = $node->basedir . '/src.sql';
-$node->command_ok(
-	[ 'pg_dump', '-Fc', '-f', $custom, '-d', $node->connstr('src') ],
-	'pg_dump -Fc');
-$node->command_ok(
-	[ 'pg_dump', '-f', $plain, '-d', $node->connstr('src') ],
-	'pg_dump plain');
+# each dump: custom and plain, from the partitions (the default) and
+# through the partitioned tables (the mail's rows then come before the
+# queues'); each restored into a database of its own
+my @dumps = (
+	[ 'dst_custom',      'src.dump',      [ '-Fc' ] ],
+	[ 'dst_plain',       'src.sql',       [] ],
+	[ 'dst_root_custom', 'src_root.dump', [ '--load-via-partition-root', '-Fc' ] ],
+	[ 'dst_root_plain',  'src_root.sql',  [ '--load-via-partition-root' ] ]);
+foreach my $d (@dumps)
+{
+	my ($db, $file, $options) = @$d;
+	my $path = $node->basedir . "/$file";
+	my $custom = grep { $_ eq '-Fc' } @$options;
 
-# through the partitioned tables: the mail's rows come before the queues'
-my $root_custom = $node->basedir . '/src_root.dump';
-my $root_plain = $node->basedir . '/src_root.sql';
-$node->command_ok(
-	[
-		'pg_dump', '--load-via-partition-root', '-Fc', '-f', $root_custom,
-		'-d', $node->connstr('src')
-	],
-	'pg_dump --load-via-partition-root -Fc');
-$node->command_ok(
-	[
-		'pg_dump', '--load-via-partition-root', '-f', $root_plain,
-		'-d', $node->connstr('src')
-	],
-	'pg_dump --load-via-partition-root plain');
+	$node->command_ok(
+		[ 'pg_dump', @$options, '-f', $path, '-d', $node->connstr('src') ],
+		"pg_dump " . join(' ', @$options, '-f', $file));
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	$node->command_ok(
+		$custom
+		? [ 'pg_restore', '--exit-on-error', '-d', $node->connstr($db), $path ]
+		: [
+			'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d',
+			$node->connstr($db), '-f', $path
+		],
+		"$db: $file restores without error");
+}
 
-$node->safe_psql('postgres', 'CREATE DATABASE dst_custom');
-$node->safe_psql('postgres', 'CREATE DATABASE dst_plain');
-$node->safe_psql('postgres', 'CREATE DATABASE dst_root_custom');
-$node->safe_psql('postgres', 'CREATE DATABASE dst_root_plain');
-$node->command_ok(
-	[
-		'pg_restore', '--exit-on-error', '-d',
-		$node->connstr('dst_custom'), $custom
-	],
-	'pg_restore of the custom dump succeeds');
-$node->command_ok(
-	[
-		'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d',
-		$node->connstr('dst_plain'), '-f', $plain
-	],
-	'psql restores the plain dump');
-$node->command_ok(
-	[
-		'pg_restore', '--exit-on-error', '-d',
-		$node->connstr('dst_root_custom'), $root_custom
-	],
-	'pg_restore of the custom dump made through the partitioned tables succeeds');
-$node->command_ok(
-	[
-		'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d',
-		$node->connstr('dst_root_plain'), '-f', $root_plain
-	],
-	'psql restores the plain dump made through the partitioned tables');
-
-foreach my $db (qw(dst_custom dst_plain dst_root_custom dst_root_plain))
+foreach my $db (map { $_->[0] } @dumps)
 {
 	my $restored = snapshot($db);
 	foreach my $what (sort keys %$source)
