@@ -71,6 +71,9 @@ RESET ROLE;
 SET check_function_bodies = off;
 INSERT INTO gatekeeper.mail (recipient, subject, body, queue)
 VALUES ('rr-dump@example.com', 's', 'b', 'rr_no_such_queue');
+-- not a statement of the dump: enqueue() in the same session, as usual
+SELECT gatekeeper.enqueue('rr-enqueued@example.com', 's', 'b', 'rr_q') > 0 AS enqueued;
+SELECT gatekeeper.enqueue('rr-enqueued@example.com', 's', 'b', 'rr_no_such_queue');
 RESET check_function_bodies;
 SELECT m.recipient, m.queue,
 	   (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.id = m.id) AS live

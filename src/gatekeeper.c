@@ -47,6 +47,7 @@
 #include "storage/proc.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
+#include "tcop/pquery.h"
 #include "utils/acl.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -1124,9 +1125,12 @@ gatekeeper_own_statement(PG_FUNCTION_ARGS)
  * was checked when it was made, and may refer to what comes later) in a
  * statement run by a role that may insert into mail_live itself (as the
  * role loading a dump of gatekeeper's tables must; an application's role
- * may not, and its rows are checked whatever it sets).  The rows then
- * load as a dump into the partitions does: unchecked, uncounted, made live
- * by the dump's own mail_live rows.
+ * may not, and its rows are checked whatever it sets), as the statement
+ * the client sent (COPY, or INSERT for a dump made with --inserts): a
+ * call of enqueue() or anything else in a session left so after loading a
+ * dump is mail as usual.  The rows then load as a dump into the
+ * partitions does: unchecked, uncounted, made live by the dump's own
+ * mail_live rows.
  */
 bool
 gatekeeper_loading_dump(Relation rel)
@@ -1134,6 +1138,10 @@ gatekeeper_loading_dump(Relation rel)
 	Oid			live;
 
 	if (check_function_bodies)
+		return false;
+	if (ActivePortal == NULL ||
+		(ActivePortal->commandTag != CMDTAG_COPY &&
+		 ActivePortal->commandTag != CMDTAG_INSERT))
 		return false;
 	live = get_relname_relid("mail_live", RelationGetNamespace(rel));
 	return OidIsValid(live) &&
