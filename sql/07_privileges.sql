@@ -3,15 +3,7 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.error_of(sql text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE sql;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
+\i sql/error_of.inc
 
 SELECT gatekeeper.create_queue('p_app');
 

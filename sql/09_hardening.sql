@@ -6,15 +6,7 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.error_of(sql text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE sql;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
+\i sql/error_of.inc
 
 -- Every public function, each argument NULL in turn with the others valid.
 CREATE TEMP TABLE probe (fn text, arg text, sqlstate text, msg text);

@@ -5,15 +5,7 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.error_of(sql text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE sql;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
+\i sql/error_of.inc
 
 -- the scans of a statement's plan that read a whole table of 1,000 rows or
 -- more (a segment holding a row or two is read whole, rightly)

@@ -9,18 +9,7 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.error_of(sql text) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-	detail text;
-BEGIN
-	EXECUTE sql;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
-	RETURN SQLSTATE || ': ' || SQLERRM || coalesce(' (' || nullif(detail, '') || ')', '');
-END
-$$;
+\i sql/error_of_detail.inc
 
 -- Queue options
 SELECT gatekeeper.create_queue('o_promo', unsubscribe_url => 'https://shop.example.com/unsubscribe?t={token}&src=mail',

@@ -6,15 +6,7 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.error_of(sql text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE sql;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
+\i sql/error_of.inc
 
 --
 -- (a) no two functions of the schema can be called with the same number of

@@ -12,18 +12,7 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.error_of(sql text) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-	detail text;
-BEGIN
-	EXECUTE sql;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
-	RETURN SQLSTATE || ': ' || SQLERRM || coalesce(' (' || nullif(detail, '') || ')', '');
-END
-$$;
+\i sql/error_of_detail.inc
 
 -- defaults, and both options given
 SELECT gatekeeper.create_queue('wk_plain');
