@@ -22,7 +22,8 @@ OBJS = \
 	src/unsubscribe.o \
 	src/window.o \
 	src/address.o \
-	src/stats.o
+	src/stats.o \
+	src/maintenance.o
 
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 

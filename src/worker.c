@@ -7,7 +7,9 @@
  * Each of gatekeeper.workers workers connects to gatekeeper.database and
  * loops over six verbs:
  *
- *	housekeep	every few seconds, reap expired leases and purge old mail
+ *	housekeep	every few seconds, reap expired leases and purge old mail,
+ *				the first worker have mail_live vacuumed after a burst
+ *				(src/maintenance.c)
  *				(and find out whether the extension exists: without it the
  *				worker idles quietly; CREATE EXTENSION may come later, DROP
  *				EXTENSION at any time);
@@ -82,6 +84,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "maintenance.h"
 #include "smtp_client.h"
 
 /* how often expired leases are reaped and old mail is purged */
@@ -956,6 +959,10 @@ housekeeping(void)
 			if (!isnull)
 				purged = DatumGetInt64(d);
 		}
+
+		/* the first worker has mail_live vacuumed after a burst */
+		if (worker_slot == 0)
+			gatekeeper_live_maintenance();
 
 		/* purge deletes in batches: with more to purge, go on next pass */
 		next_housekeeping = purged > 0 ? 0 :

@@ -1,0 +1,196 @@
+/*-------------------------------------------------------------------------
+ *
+ * maintenance.c
+ *		Vacuuming gatekeeper.mail_live after a burst of mail.
+ *
+ * Every mail leaves two dead versions of its live row (the claim's update
+ * and the ack's delete).  Opportunistic pruning frees their space on the
+ * pages the claims touch, but only a vacuum enters it in the free space
+ * map, so until autovacuum comes by (once per autovacuum_naptime, a
+ * minute by default) every new version and every new live row goes to a
+ * new page: a campaign of a few hundred thousand mails drained in a
+ * minute leaves mail_live hundreds of megabytes large, and the next
+ * campaign's claims walk and write a table spread over them.
+ *
+ * So the first delivery worker looks at mail_live's statistics at every
+ * housekeeping pass, and when its dead rows are many (at least
+ * LIVE_VACUUM_MIN_DEAD) and outnumber the live mail tenfold, which is to
+ * say a burst has just drained, starts a background worker of its own to
+ * vacuum it.  The vacuum then finds pages that are nearly all dead: it
+ * enters them in the free space map and gives the empty tail back to the
+ * file system, before the next burst.  Under a steady load the live mail
+ * is rarely a tenth of the dead rows and autovacuum, tuned for mail_live
+ * in the install script, goes on doing the work.  The delivery worker
+ * does not wait for the vacuum: it goes on delivering while the vacuum
+ * worker runs, and starts no second one until the first has exited.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "maintenance.h"
+
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "commands/vacuum.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "storage/ipc.h"
+#include "tcop/tcopprot.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+
+PGDLLEXPORT void gatekeeper_vacuum_main(Datum main_arg);
+
+/* dead live rows that make a vacuum worth starting */
+#define LIVE_VACUUM_MIN_DEAD	10000
+
+/* and how many times the live mail they must outnumber */
+#define LIVE_VACUUM_DEAD_RATIO	10
+
+/* the vacuum worker this backend started last, or NULL */
+static BackgroundWorkerHandle *vacuum_worker = NULL;
+
+/*
+ * gatekeeper.mail_live's oid in this database, or InvalidOid (0.1.0's
+ * layout, or no extension).
+ */
+static Oid
+live_relid(void)
+{
+	Oid			nsp = get_namespace_oid("gatekeeper", true);
+
+	if (!OidIsValid(nsp))
+		return InvalidOid;
+	return get_relname_relid("mail_live", nsp);
+}
+
+/*
+ * gatekeeper_live_maintenance
+ *		Start a worker to vacuum mail_live when a burst has left it mostly
+ *		dead.  Called by the first delivery worker's housekeeping, in a
+ *		transaction; returns at once.
+ */
+void
+gatekeeper_live_maintenance(void)
+{
+	Oid			relid = live_relid();
+	PgStat_StatTabEntry *stats;
+	BackgroundWorker worker;
+	pid_t		pid;
+	int64		dead;
+	int64		live;
+
+	if (!OidIsValid(relid))
+		return;
+	if (vacuum_worker != NULL)
+	{
+		if (GetBackgroundWorkerPid(vacuum_worker, &pid) != BGWH_STOPPED)
+			return;				/* still vacuuming, or about to */
+		pfree(vacuum_worker);
+		vacuum_worker = NULL;
+	}
+
+	/* the counts as the other backends last reported them */
+	pgstat_clear_snapshot();
+	stats = pgstat_fetch_stat_tabentry(relid);
+	if (stats == NULL)
+		return;
+	dead = stats->n_dead_tuples;
+	live = Max(stats->n_live_tuples, 0);
+	if (dead < LIVE_VACUUM_MIN_DEAD || dead < live * LIVE_VACUUM_DEAD_RATIO)
+		return;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "gatekeeper");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "gatekeeper_vacuum_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "gatekeeper vacuum of mail_live");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "gatekeeper vacuum");
+	worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
+	worker.bgw_notify_pid = 0;
+
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		if (!RegisterDynamicBackgroundWorker(&worker, &vacuum_worker))
+		{
+			static bool told = false;
+
+			vacuum_worker = NULL;
+			ereport(told ? DEBUG1 : LOG,
+					(errmsg("gatekeeper could not start a worker to vacuum mail_live"),
+					 errdetail("All background worker slots are in use; autovacuum will vacuum it."),
+					 errhint("Raise max_worker_processes.")));
+			told = true;
+		}
+		MemoryContextSwitchTo(old);
+	}
+	if (vacuum_worker != NULL)
+		ereport(DEBUG1,
+				(errmsg("gatekeeper vacuums mail_live: %lld dead rows, %lld live",
+						(long long) dead, (long long) live)));
+}
+
+/*
+ * gatekeeper_vacuum_main
+ *		The vacuum worker: VACUUM gatekeeper.mail_live in the database
+ *		main_arg names, and exit.
+ */
+void
+gatekeeper_vacuum_main(Datum main_arg)
+{
+	Oid			relid;
+	VacuumParams params;
+	MemoryContext old;
+	List	   *rels;
+
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
+	pgstat_report_appname("gatekeeper vacuum");
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	relid = live_relid();
+	if (!OidIsValid(relid))
+	{
+		CommitTransactionCommand();
+		proc_exit(0);
+	}
+	pgstat_report_activity(STATE_RUNNING, "VACUUM gatekeeper.mail_live");
+
+	/* as a VACUUM statement would run it, less parallel workers */
+	memset(&params, 0, sizeof(params));
+	params.options = VACOPT_VACUUM | VACOPT_PROCESS_TOAST | VACOPT_SKIP_LOCKED;
+	params.freeze_min_age = -1;
+	params.freeze_table_age = -1;
+	params.multixact_freeze_min_age = -1;
+	params.multixact_freeze_table_age = -1;
+	params.is_wraparound = false;
+	params.log_min_duration = -1;
+	params.index_cleanup = VACOPTVALUE_UNSPECIFIED;
+	params.truncate = VACOPTVALUE_UNSPECIFIED;
+	params.nworkers = -1;
+
+	/*
+	 * vacuum() keeps its memory under PortalContext, as in a statement, and
+	 * commits the transaction it is called in before its work: the list of
+	 * relations must outlive that transaction too.
+	 */
+	PortalContext = AllocSetContextCreate(TopMemoryContext, "gatekeeper vacuum",
+										  ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(PortalContext);
+	rels = list_make1(makeVacuumRelation(NULL, relid, NIL));
+	vacuum(rels, &params, NULL, true);
+	MemoryContextSwitchTo(old);
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	proc_exit(0);
+}

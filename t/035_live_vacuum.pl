@@ -1,0 +1,106 @@
+# Copyright: gatekeeper contributors
+
+# mail_live is vacuumed after a burst, without waiting for autovacuum
+# (src/maintenance.c): autovacuum is off here, so only the worker's own
+# vacuum can clean it.
+#
+#  - while the live mail is more than a tenth of the dead rows, nothing is
+#    vacuumed (a steady load is autovacuum's);
+#  - once a burst has drained, the first worker has mail_live vacuumed: it
+#    gives the emptied pages back (the file shrinks) and its dead rows are
+#    gone;
+#  - the worker that does it does not claim the burst's queue (background
+#    => false) and goes on delivering: mail enqueued afterwards is sent.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use GatekeeperTest;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $burst = 30000;
+
+my $sink = GatekeeperTest::start_sink(name => 'live_vacuum');
+my $node = GatekeeperTest::new_node('live_vacuum',
+	sink => $sink,
+	conf => "gatekeeper.workers = 1\nautovacuum = off\n");
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
+$node->safe_psql('postgres', "SELECT gatekeeper.create_queue('burst', background => false)");
+
+my $vacuums_sql = q{
+SELECT vacuum_count || '|' || autovacuum_count FROM pg_stat_user_tables
+ WHERE relid = 'gatekeeper.mail_live'::regclass};
+
+$node->safe_psql(
+	'postgres', qq{
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+SELECT 'burst', 'b' || i || '\@example.com', 'Burst', 'Body ' || i
+  FROM generate_series(1, $burst) AS i});
+
+# claim and ack up to $n mails, 10,000 (claim's most) at a time
+sub drain
+{
+	my ($n) = @_;
+	my $done = 0;
+	while ($done < $n)
+	{
+		my $batch = $n - $done > 10000 ? 10000 : $n - $done;
+		my $got = $node->safe_psql('postgres',
+			"SELECT count(*) FILTER (WHERE gatekeeper.ack(c.id, c.attempt)) FROM gatekeeper.claim('ext', $batch, queues => '{burst}') AS c"
+		);
+		$done += $got;
+		last if $got < $batch;
+	}
+	return $done;
+}
+
+# half of it: 30,000 dead rows against 15,000 live mails
+is(drain($burst / 2), $burst / 2, 'half the burst claimed and acked by an external sender');
+
+# two housekeeping passes (every 5 s) see it: no vacuum
+sleep(11);
+is($node->safe_psql('postgres', $vacuums_sql), '0|0',
+	'no vacuum while the live mail is more than a tenth of the dead rows');
+
+is(drain($burst), $burst / 2, 'the rest of the burst claimed and acked');
+my $bloated = $node->safe_psql('postgres', "SELECT pg_relation_size('gatekeeper.mail_live')");
+note("mail_live after the burst: $bloated bytes");
+cmp_ok($bloated, '>', 8192 * 100, 'the drained burst left mail_live spread over its pages');
+
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT vacuum_count >= 1 FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass",
+		't', 60),
+	'the worker had mail_live vacuumed once the burst had drained');
+is((split /\|/, $node->safe_psql('postgres', $vacuums_sql))[1], '0', 'not by autovacuum (it is off)');
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT pg_relation_size('gatekeeper.mail_live') < $bloated / 4", 't', 30),
+	'the vacuum gave the emptied pages back');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass"),
+	'0',
+	'no dead row left');
+is($node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail_done WHERE state = 'sent'"),
+	$burst, 'every mail of the burst recorded sent, once');
+
+# the worker goes on: a mail of its own queue is delivered
+$node->safe_psql('postgres',
+	"SELECT gatekeeper.enqueue('after\@example.com', 'After the burst', 'Still delivering')");
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE recipient = 'after\@example.com' AND state = 'sent'",
+		'1', 60),
+	'the worker still delivers after starting the vacuum');
+is(GatekeeperTest::sink_count($sink), 1, 'the relay received that one mail, and none of the burst');
+
+$node->stop;
+GatekeeperTest::stop_sink($sink);
+done_testing();
