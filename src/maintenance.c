@@ -22,7 +22,10 @@
  * is rarely a tenth of the dead rows and autovacuum, tuned for mail_live
  * in the install script, goes on doing the work.  The delivery worker
  * does not wait for the vacuum: it goes on delivering while the vacuum
- * worker runs, and starts no second one until the first has exited.
+ * worker runs, and starts no second one until the first has exited.  A
+ * vacuum that could not remove the rows (a transaction older than them is
+ * open) is not repeated every pass: the next waits 10 s, then 20 s, up to
+ * 5 min, until one cleans again.
  *
  *-------------------------------------------------------------------------
  */
@@ -42,6 +45,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 PGDLLEXPORT void gatekeeper_vacuum_main(Datum main_arg);
 
@@ -51,8 +55,24 @@ PGDLLEXPORT void gatekeeper_vacuum_main(Datum main_arg);
 /* and how many times the live mail they must outnumber */
 #define LIVE_VACUUM_DEAD_RATIO	10
 
+/*
+ * A vacuum that leaves at least half the dead rows it was started for was
+ * held back (a transaction older than the rows keeps them): the next waits
+ * this long, doubled each time it happens again, up to the most.
+ */
+#define LIVE_VACUUM_BACKOFF_MS		10000
+#define LIVE_VACUUM_BACKOFF_MAX_MS	300000
+
 /* the vacuum worker this backend started last, or NULL */
 static BackgroundWorkerHandle *vacuum_worker = NULL;
+
+/* the dead rows it was started for, and the rows updated or deleted so far */
+static int64 dead_at_start = 0;
+static int64 changes_at_start = 0;
+
+/* the wait after a vacuum held back, and no vacuum before */
+static int	backoff_ms = 0;
+static TimestampTz next_vacuum = 0;
 
 /*
  * gatekeeper.mail_live's oid in this database, or InvalidOid (0.1.0's
@@ -86,13 +106,9 @@ gatekeeper_live_maintenance(void)
 
 	if (!OidIsValid(relid))
 		return;
-	if (vacuum_worker != NULL)
-	{
-		if (GetBackgroundWorkerPid(vacuum_worker, &pid) != BGWH_STOPPED)
-			return;				/* still vacuuming, or about to */
-		pfree(vacuum_worker);
-		vacuum_worker = NULL;
-	}
+	if (vacuum_worker != NULL &&
+		GetBackgroundWorkerPid(vacuum_worker, &pid) != BGWH_STOPPED)
+		return;					/* still vacuuming, or about to */
 
 	/* the counts as the other backends last reported them */
 	pgstat_clear_snapshot();
@@ -101,7 +117,27 @@ gatekeeper_live_maintenance(void)
 		return;
 	dead = stats->n_dead_tuples;
 	live = Max(stats->n_live_tuples, 0);
-	if (dead < LIVE_VACUUM_MIN_DEAD || dead < live * LIVE_VACUUM_DEAD_RATIO)
+
+	if (vacuum_worker != NULL)
+	{
+		/*
+		 * The last vacuum has ended: did it clean?  What it left is what is
+		 * dead now less the rows updated or deleted since it started (each
+		 * left a dead version).
+		 */
+		int64		changed = stats->tuples_updated + stats->tuples_deleted - changes_at_start;
+
+		pfree(vacuum_worker);
+		vacuum_worker = NULL;
+		if (dead - changed >= dead_at_start / 2)
+			backoff_ms = Min(Max(backoff_ms * 2, LIVE_VACUUM_BACKOFF_MS),
+							 LIVE_VACUUM_BACKOFF_MAX_MS);
+		else
+			backoff_ms = 0;
+		next_vacuum = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), backoff_ms);
+	}
+	if (dead < LIVE_VACUUM_MIN_DEAD || dead < live * LIVE_VACUUM_DEAD_RATIO ||
+		GetCurrentTimestamp() < next_vacuum)
 		return;
 
 	memset(&worker, 0, sizeof(worker));
@@ -132,6 +168,8 @@ gatekeeper_live_maintenance(void)
 		}
 		MemoryContextSwitchTo(old);
 	}
+	dead_at_start = dead;
+	changes_at_start = stats->tuples_updated + stats->tuples_deleted;
 	if (vacuum_worker != NULL)
 		ereport(DEBUG1,
 				(errmsg("gatekeeper vacuums mail_live: %lld dead rows, %lld live",

@@ -9,6 +9,8 @@
 #  - once a burst has drained, the first worker has mail_live vacuumed: it
 #    gives the emptied pages back (the file shrinks) and its dead rows are
 #    gone;
+#  - a vacuum held back by an older snapshot is not repeated at every
+#    housekeeping pass, and once the snapshot is gone the rows go;
 #  - the worker that does it does not claim the burst's queue (background
 #    => false) and goes on delivering: mail enqueued afterwards is sent.
 
@@ -90,6 +92,38 @@ is( $node->safe_psql(
 	'no dead row left');
 is($node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail_done WHERE state = 'sent'"),
 	$burst, 'every mail of the burst recorded sent, once');
+
+# a vacuum that cannot clean (a snapshot older than the dead rows) is not
+# repeated at every pass (every 5 s): the next waits 10 s, then 20 s
+my $holder = $node->background_psql('postgres');
+$holder->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
+$holder->query_safe('SELECT count(*) FROM gatekeeper.queue');
+$node->safe_psql(
+	'postgres', qq{
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+SELECT 'burst', 'h' || i || '\@example.com', 'Held', 'Body ' || i
+  FROM generate_series(1, 20000) AS i});
+is(drain(20000), 20000, 'a second burst drained while an old snapshot is open');
+my $before = (split /\|/, $node->safe_psql('postgres', $vacuums_sql))[0];
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT vacuum_count > $before FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass",
+		't', 30),
+	'the worker had mail_live vacuumed again');
+sleep(25);
+my $held = (split /\|/, $node->safe_psql('postgres', $vacuums_sql))[0] - $before;
+note("vacuums in the 25 s after the first while the snapshot was held: " . ($held - 1));
+cmp_ok($held, '<=', 3, "no vacuum at every pass while the dead rows cannot go ($held in about 25 s)");
+cmp_ok($node->safe_psql('postgres',
+		"SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass"),
+	'>=', 40000, 'the dead rows are still there, held by the snapshot');
+$holder->query_safe('COMMIT');
+$holder->quit;
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT n_dead_tup = 0 FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass",
+		't', 120),
+	'once the snapshot is gone, a later vacuum removes them');
 
 # the worker goes on: a mail of its own queue is delivered
 $node->safe_psql('postgres',
