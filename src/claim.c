@@ -516,7 +516,6 @@ typedef struct ClaimReceiver
 	ClaimQueue *queue;
 	Claimed    *claimed;
 	int		   *nclaimed;
-	int			got;
 	MemoryContext keep;
 } ClaimReceiver;
 
@@ -555,7 +554,6 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 	if (r->queue->ngates > 0)
 		c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
 	MemoryContextSwitchTo(old);
-	r->got++;
 	return true;
 }
 
@@ -583,6 +581,7 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 	SPIPlanPtr	plan;
 	Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
 	ClaimReceiver receiver;
+	int			before = *nclaimed;
 
 	if (split)
 		plan = gatekeeper_plan(&claim_plan, claim_sql, 6, types);
@@ -611,7 +610,7 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 		SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
 
-	return receiver.got;
+	return *nclaimed - before;
 }
 
 /*

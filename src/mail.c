@@ -151,6 +151,19 @@ static SPIPlanPtr insert_live_restore_plan = NULL;
 static SPIPlanPtr is_live_plan = NULL;
 
 /*
+ * gatekeeper_live_relid
+ *		gatekeeper.mail_live's oid in this database, or InvalidOid (0.1.0's
+ *		layout, or no extension).
+ */
+Oid
+gatekeeper_live_relid(void)
+{
+	Oid			nsp = get_namespace_oid("gatekeeper", true);
+
+	return OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+}
+
+/*
  * gatekeeper_mail_split
  *		Whether the mail's state is in mail_live and mail_done (0.2.0), not
  *		in gatekeeper.mail itself (0.1.0).
@@ -158,9 +171,7 @@ static SPIPlanPtr is_live_plan = NULL;
 bool
 gatekeeper_mail_split(void)
 {
-	Oid			nsp = get_namespace_oid("gatekeeper", true);
-
-	return OidIsValid(nsp) && OidIsValid(get_relname_relid("mail_live", nsp));
+	return OidIsValid(gatekeeper_live_relid());
 }
 
 /*
@@ -768,8 +779,7 @@ live_has_triggers(Relation rel)
 static LiveWriter *
 live_open(TupleDesc mail_desc)
 {
-	Oid			nsp = get_namespace_oid("gatekeeper", false);
-	Oid			relid = get_relname_relid("mail_live", nsp);
+	Oid			relid = gatekeeper_live_relid();
 	Relation	rel;
 	TupleDesc	desc;
 	LiveWriter *w;
@@ -993,7 +1003,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) &&
 		trigdata->tg_newtable != NULL)
 	{
-		TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+		TupleTableSlot *slot;
 		MemoryContext per_row;
 		MemoryContext old;
 		int64	   *done = NULL;
@@ -1005,10 +1015,9 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 
 		/* a dump loaded through gatekeeper.mail: the rows as they were */
 		if (columns.state == 0 && gatekeeper_loading_dump(rel))
-		{
-			ExecDropSingleTupleTableSlot(slot);
 			return PointerGetDatum(NULL);
-		}
+
+		slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 
 		if (columns.state == 0)
 		{

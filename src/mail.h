@@ -10,6 +10,7 @@
 
 #include "gatekeeper.h"
 
+extern Oid	gatekeeper_live_relid(void);
 extern bool gatekeeper_mail_split(void);
 extern void gatekeeper_define_segment_setting(void);
 

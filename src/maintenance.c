@@ -32,9 +32,9 @@
 #include "postgres.h"
 
 #include "maintenance.h"
+#include "mail.h"
 
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "commands/vacuum.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -42,7 +42,6 @@
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
 #include "tcop/tcopprot.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -75,20 +74,6 @@ static int	backoff_ms = 0;
 static TimestampTz next_vacuum = 0;
 
 /*
- * gatekeeper.mail_live's oid in this database, or InvalidOid (0.1.0's
- * layout, or no extension).
- */
-static Oid
-live_relid(void)
-{
-	Oid			nsp = get_namespace_oid("gatekeeper", true);
-
-	if (!OidIsValid(nsp))
-		return InvalidOid;
-	return get_relname_relid("mail_live", nsp);
-}
-
-/*
  * gatekeeper_live_maintenance
  *		Start a worker to vacuum mail_live when a burst has left it mostly
  *		dead.  Called by the first delivery worker's housekeeping, in a
@@ -97,7 +82,7 @@ live_relid(void)
 void
 gatekeeper_live_maintenance(void)
 {
-	Oid			relid = live_relid();
+	Oid			relid = gatekeeper_live_relid();
 	PgStat_StatTabEntry *stats;
 	BackgroundWorker worker;
 	pid_t		pid;
@@ -196,7 +181,7 @@ gatekeeper_vacuum_main(Datum main_arg)
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	relid = live_relid();
+	relid = gatekeeper_live_relid();
 	if (!OidIsValid(relid))
 	{
 		CommitTransactionCommand();
