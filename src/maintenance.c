@@ -12,11 +12,11 @@
  * minute leaves mail_live hundreds of megabytes large, and the next
  * campaign's claims walk and write a table spread over them.
  *
- * So the first delivery worker looks at mail_live's statistics at every
- * housekeeping pass, and when its dead rows are many (at least
- * LIVE_VACUUM_MIN_DEAD) and outnumber the live mail tenfold, which is to
- * say a burst has just drained, starts a background worker of its own to
- * vacuum it.  The vacuum then finds pages that are nearly all dead: it
+ * So the first delivery worker looks at mail_live's dead rows (its
+ * statistics) at every housekeeping pass, and when they are many (at
+ * least LIVE_VACUUM_MIN_DEAD) and outnumber the live mail (counted)
+ * tenfold, which is to say a burst has just drained, starts a background
+ * worker of its own to vacuum it.  The vacuum then finds pages that are nearly all dead: it
  * enters them in the free space map and gives the empty tail back to the
  * file system, before the next burst.  Under a steady load the live mail
  * is rarely a tenth of the dead rows and autovacuum, tuned for mail_live
@@ -35,6 +35,8 @@
 #include "mail.h"
 
 #include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "commands/vacuum.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -62,6 +64,10 @@ PGDLLEXPORT void gatekeeper_vacuum_main(Datum main_arg);
 #define LIVE_VACUUM_BACKOFF_MS		10000
 #define LIVE_VACUUM_BACKOFF_MAX_MS	300000
 
+static const char count_live_sql[] =
+"SELECT count(*) FROM (SELECT FROM gatekeeper.mail_live LIMIT $1) l";
+static SPIPlanPtr count_live_plan = NULL;
+
 /* the vacuum worker this backend started last, or NULL */
 static BackgroundWorkerHandle *vacuum_worker = NULL;
 
@@ -74,10 +80,35 @@ static int	backoff_ms = 0;
 static TimestampTz next_vacuum = 0;
 
 /*
+ * The live mail, counted up to limit rows.  Not the statistics' estimate
+ * (n_live_tup): a vacuum that ran while mail was added and acked sets it to
+ * what it saw, and the changes reported meanwhile are lost, so after a
+ * burst it may hold thousands of mails that are gone.  The count stops at
+ * the limit, a tenth of the dead rows: under a steady load it finds them
+ * at once, and it reads the whole table only when the table is mostly
+ * dead, just before the vacuum that makes it small again.
+ */
+static int64
+count_live(int64 limit)
+{
+	Oid			type = INT8OID;
+	Datum		arg = Int64GetDatum(limit);
+	bool		isnull;
+	int64		n;
+
+	gatekeeper_plan(&count_live_plan, count_live_sql, 1, &type);
+	if (SPI_execute_plan(count_live_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not count the live mail");
+	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_freetuptable(SPI_tuptable);
+	return n;
+}
+
+/*
  * gatekeeper_live_maintenance
  *		Start a worker to vacuum mail_live when a burst has left it mostly
  *		dead.  Called by the first delivery worker's housekeeping, in a
- *		transaction; returns at once.
+ *		transaction, SPI connected; returns at once.
  */
 void
 gatekeeper_live_maintenance(void)
@@ -101,7 +132,6 @@ gatekeeper_live_maintenance(void)
 	if (stats == NULL)
 		return;
 	dead = stats->n_dead_tuples;
-	live = Max(stats->n_live_tuples, 0);
 
 	if (vacuum_worker != NULL)
 	{
@@ -121,8 +151,10 @@ gatekeeper_live_maintenance(void)
 			backoff_ms = 0;
 		next_vacuum = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), backoff_ms);
 	}
-	if (dead < LIVE_VACUUM_MIN_DEAD || dead < live * LIVE_VACUUM_DEAD_RATIO ||
-		GetCurrentTimestamp() < next_vacuum)
+	if (dead < LIVE_VACUUM_MIN_DEAD || GetCurrentTimestamp() < next_vacuum)
+		return;
+	live = count_live(dead / LIVE_VACUUM_DEAD_RATIO + 1);
+	if (live * LIVE_VACUUM_DEAD_RATIO > dead)
 		return;
 
 	memset(&worker, 0, sizeof(worker));
