@@ -16,9 +16,9 @@
  * statistics) at every housekeeping pass, and when they are many (at
  * least LIVE_VACUUM_MIN_DEAD) and outnumber the live mail (counted)
  * tenfold, which is to say a burst has just drained, starts a background
- * worker of its own to vacuum it.  The vacuum then finds pages that are nearly all dead: it
- * enters them in the free space map and gives the empty tail back to the
- * file system, before the next burst.  Under a steady load the live mail
+ * worker of its own to vacuum it.  The vacuum then finds pages that are
+ * nearly all dead: it enters them in the free space map and gives the
+ * empty tail back to the file system, before the next burst.  Under a steady load the live mail
  * is rarely a tenth of the dead rows and autovacuum, tuned for mail_live
  * in the install script, goes on doing the work.  The delivery worker
  * does not wait for the vacuum: it goes on delivering while the vacuum
