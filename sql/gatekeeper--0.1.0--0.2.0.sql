@@ -982,9 +982,11 @@ BEGIN
 	END IF;
 	EXECUTE format(
 		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
-									dedupe_key, priority, send_at, send_by, created_at, segment)
+									dedupe_key, priority, send_at, send_by, created_at, segment,
+									recipient_name, metadata, timezone)
 		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
-				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1
+				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
+				m.recipient_name, m.metadata, m.timezone
 		   FROM gatekeeper.%I m
 		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2)',
 		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;

@@ -34,8 +34,17 @@ $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
 $node->safe_psql('postgres', "SELECT gatekeeper.create_queue('r')");
 
-my $far = $node->safe_psql('postgres',
-	"SELECT gatekeeper.enqueue('far\@example.com', 'Far ahead', 'Kept for tomorrow', 'r', now() + interval '1 day')");
+# a mail scheduled a day ahead, every column of its content set
+my $far = $node->safe_psql(
+	'postgres', q{
+INSERT INTO gatekeeper.mail (queue, recipient, recipient_name, sender, subject, body, html,
+							 headers, dedupe_key, priority, send_at, send_by, metadata, timezone)
+VALUES ('r', 'far@example.com', 'Far Away', 'shop@example.com', 'Far ahead', 'Kept for tomorrow',
+		'<p>Kept for tomorrow</p>', '{"X-Campaign": "autumn"}', 'far-1', 3,
+		now() + interval '1 day', now() + interval '2 days', '{"campaign": 7}', 'Europe/Paris')
+RETURNING id});
+my $content_sql = "SELECT to_jsonb(m) - 'segment' FROM gatekeeper.mail m WHERE id = $far";
+my $far_content = $node->safe_psql('postgres', $content_sql);
 
 # the mail's tables, heap, TOAST and indexes, every partition
 my $size_sql = q{
@@ -89,9 +98,13 @@ is( $node->safe_psql(
 		'postgres', "SELECT state, attempt, subject, body FROM gatekeeper.mail_status WHERE id = $far"),
 	'scheduled|0|Far ahead|Kept for tomorrow',
 	'the mail scheduled a day ahead survived every rotation');
+is($node->safe_psql('postgres', $content_sql),
+	$far_content, 'with every column of its content as enqueued');
 $node->safe_psql('postgres', "UPDATE gatekeeper.mail SET send_at = now() WHERE id = $far");
-is( $node->safe_psql('postgres', "SELECT id || ':' || body FROM gatekeeper.claim('w', 10, queues => '{r}')"),
-	"$far:Kept for tomorrow", 'and it is claimed, content intact, once due');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT id || ':' || body || ':' || recipient_name || ':' || metadata FROM gatekeeper.claim('w', 10, queues => '{r}')"),
+	"$far:Kept for tomorrow:Far Away:{\"campaign\": 7}", 'and it is claimed, content intact, once due');
 
 $node->stop;
 done_testing();
