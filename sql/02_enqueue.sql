@@ -159,7 +159,7 @@ copy9@copy.example	Copied 9	body 9	enq_typo
 COPY gatekeeper.mail (recipient, subject, body, queue) FROM stdin;
 copy10@copy.example	Copied 10\r\nBcc: victim@example.com	body 10	enq
 \.
--- a NULL body: 22004
+-- a NULL body: 23502 (not_null_violation), as for any NOT NULL column
 COPY gatekeeper.mail (recipient, subject, body, queue) FROM stdin;
 copy11@copy.example	Copied 11	\N	enq
 \.

@@ -317,6 +317,11 @@ ROLLBACK;
 SELECT current_setting('gatekeeper.max_message_size') AS max_message_size;
 -- a sighup setting: a session cannot raise (or lower) it
 SELECT pg_temp.error_of($$SET gatekeeper.max_message_size = '1kB'$$) AS set_in_session;
+-- gatekeeper.lease, the workers' claims' lease: no longer than claim()
+-- takes (7 days), or every claim of the workers would be refused
+ALTER SYSTEM SET gatekeeper.lease = '8d';
+ALTER SYSTEM SET gatekeeper.lease = '7d';
+ALTER SYSTEM RESET gatekeeper.lease;
 BEGIN;
 SELECT pg_temp.try_enqueue(subject => 's', body => repeat('x', 10 * 1024 * 1024 - 1)) AS exactly_the_limit;
 ROLLBACK;

@@ -1126,8 +1126,8 @@ DECLARE
 	q gatekeeper.queue;
 	violated text;
 BEGIN
-	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR send_at IS NULL THEN
-		RAISE EXCEPTION 'recipient, subject, body and send_at must not be null'
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR queue IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body, queue and send_at must not be null'
 			USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	IF priority IS NULL THEN

@@ -262,7 +262,8 @@ gatekeeper_define_settings(void)
 							"Mail still claimed when its lease runs out is reaped: "
 							"returned to scheduled, or made unknown for at-most-once queues.",
 							&gatekeeper_lease,
-							5 * 60 * 1000, 1000, INT_MAX,
+							/* at most what claim() takes, 7 days */
+							5 * 60 * 1000, 1000, 7 * 24 * 60 * 60 * 1000,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
@@ -351,8 +352,8 @@ gatekeeper_define_settings(void)
 
 	DefineCustomStringVariable("gatekeeper.default_sender",
 							   "From address of mail that names no sender.",
-							   "A bare address (local@domain).  Mail without a sender fails when "
-							   "this is empty.",
+							   "An address (local@domain), or a name and an address "
+							   "(Shop <local@domain>).  Mail without a sender fails when this is empty.",
 							   &gatekeeper_default_sender,
 							   "",
 							   PGC_SIGHUP,
