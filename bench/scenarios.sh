@@ -38,6 +38,34 @@ bk_only_queue() {
 			SELECT gatekeeper.resume('$1')" >/dev/null
 }
 
+# bk_own_senders_begin / bk_own_senders_end: run the next waves as a
+# deployment with its own senders does: one background worker in the
+# database for housekeeping (it reaps, purges and has mail_live vacuumed
+# after a burst), the bench queue reserved for external senders
+# (background => false), the other queues paused.  _end puts the cluster
+# back as the other scenarios expect it.
+bk_own_senders_begin() {
+	bk_cluster_conf "gatekeeper.database = 'bench'
+gatekeeper.workers = 1"
+	bk_cluster_restart
+	bk_sql "SELECT gatekeeper.alter_queue('bench', background => false)" >/dev/null
+	bk_reset_mail
+	bk_only_queue bench
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
+}
+bk_own_senders_end() {
+	bk_sql "SELECT gatekeeper.alter_queue('bench', background => true)" >/dev/null
+	bk_reset_mail
+	bk_cluster_conf ""
+	bk_cluster_restart
+}
+
+# bk_live_vacuums: how often mail_live has been vacuumed by anything but
+# autovacuum (gatekeeper's vacuum worker, in these scenarios).
+bk_live_vacuums() {
+	bk_sql "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass"
+}
+
 # ================================================================== enqueue
 #
 # COPY of ENQ_ROWS rows (a CSV file on the server) into gatekeeper.mail,
@@ -417,12 +445,14 @@ scenario_backlog() {
 # SUSTAINED_WAVES consecutive waves: SUSTAINED_N mails enqueued by one
 # INSERT ... SELECT (the bulk path, validation trigger and all), then
 # drained by 4 claimers at batch 1000.  Default autovacuum, no VACUUM or
-# CHECKPOINT between waves, sent mail retained.  Run once, whatever --runs.
+# CHECKPOINT between waves, sent mail retained.  As the storage scenario,
+# a deployment with its own senders (bk_own_senders_begin): gatekeeper's
+# background worker in the database does its housekeeping, nothing else.
+# Run once, whatever --runs.
 scenario_sustained() {
-	local w t0 t1 t2 rate first= rates=
-	bk_reset_mail
-	bk_only_queue bench
-	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
+	local w t0 t1 t2 rate first= rates= vacuums
+	bk_own_senders_begin
+	vacuums=$(bk_live_vacuums)
 	bk_settle
 	for w in $(seq 1 "$SUSTAINED_WAVES"); do
 		t0=$(bk_now)
@@ -448,7 +478,8 @@ scenario_sustained() {
 		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))),
 		sum(autovacuum_count), sum(autoanalyze_count), sum(n_dead_tup))
 		FROM pg_stat_user_tables WHERE schemaname = 'gatekeeper' AND relname ~ '^mail'")"
-	bk_reset_mail
+	bk_note sustained "during the waves mail_live was vacuumed $(($(bk_live_vacuums) - vacuums)) times by gatekeeper's vacuum worker"
+	bk_own_senders_end
 }
 
 # ================================================================== storage
@@ -459,21 +490,12 @@ scenario_sustained() {
 # TOAST and indexes of gatekeeper.mail, mail_live and mail_done) against
 # the same rows' content in a plain table (bench_plain: identity primary
 # key, nothing else), and the drain rate of the last wave against the
-# first.  As a deployment with its own senders runs: one background worker
-# in the database for housekeeping (it reaps, purges and has mail_live
-# vacuumed after a burst), the bench queue reserved for external senders
-# (background => false), the other queues paused.  Run once, whatever
-# --runs.
+# first.  As a deployment with its own senders runs (bk_own_senders_begin).
+# Run once, whatever --runs.
 scenario_storage() {
 	local w t0 t1 rate vacuums first=
-	bk_cluster_conf "gatekeeper.database = 'bench'
-gatekeeper.workers = 1"
-	bk_cluster_restart
-	bk_sql "SELECT gatekeeper.alter_queue('bench', background => false)" >/dev/null
-	bk_reset_mail
-	bk_only_queue bench
-	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done"
-	vacuums=$(bk_sql "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass")
+	bk_own_senders_begin
+	vacuums=$(bk_live_vacuums)
 	bk_settle
 	for w in $(seq 1 "$STORAGE_WAVES"); do
 		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
@@ -510,10 +532,7 @@ gatekeeper.workers = 1"
 			  UNION ALL SELECT 'live', 'gatekeeper.mail_live'::regclass) p")"
 	bk_note storage "$(bk_sql "SELECT format('during the waves mail_live was vacuumed %s times by gatekeeper''s vacuum worker; autovacuum %s times since the database was made',
 		vacuum_count - $vacuums, autovacuum_count) FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass")"
-	bk_sql "SELECT gatekeeper.alter_queue('bench', background => true)" >/dev/null
-	bk_reset_mail
-	bk_cluster_conf ""
-	bk_cluster_restart
+	bk_own_senders_end
 }
 
 # ================================================================== stats
