@@ -215,6 +215,23 @@ _PG_init(void)
 }
 
 /*
+ * The relay login is half of the relay's credentials, which no role but a
+ * superuser may see (SPEC, Security), and GUC_SUPERUSER_ONLY settings are
+ * shown to members of pg_read_all_settings (so of pg_monitor) too: to
+ * them SHOW, current_setting() and pg_settings say only whether one is set.
+ * The workers read the variable itself.
+ */
+static const char *
+show_smtp_user(void)
+{
+	const char *user = gatekeeper_smtp_user ? gatekeeper_smtp_user : "";
+
+	if (user[0] == '\0' || superuser())
+		return user;
+	return "(hidden)";
+}
+
+/*
  * Define the settings that can change while the server runs.  Safe to call
  * more than once.
  */
@@ -285,7 +302,7 @@ gatekeeper_define_settings(void)
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
-							   NULL, NULL, NULL);
+							   NULL, NULL, show_smtp_user);
 
 	/*
 	 * The password itself is in no setting: pg_read_all_settings reads

@@ -6,7 +6,8 @@
 #
 #  - a member of pg_monitor (so of pg_read_all_settings) finds it through
 #    no SHOW, current_setting or pg_settings, nor does a superuser: it is
-#    not a setting's value;
+#    not a setting's value; nor the login (gatekeeper.smtp_user), which
+#    only a superuser sees;
 #  - gatekeeper.smtp_url refuses a URL with a password in it, at reload
 #    and at ALTER SYSTEM, and the log does not show the password;
 #  - a password file that the group or others may read is refused, with
@@ -158,6 +159,18 @@ foreach my $role ('watcher', 'postgres')
 	like($err, qr/unrecognized configuration parameter "gatekeeper.smtp_password"/,
 		"$role: gatekeeper.smtp_password is not a setting");
 }
+
+# the login, the other half of the credentials: a superuser's only, though
+# pg_monitor (pg_read_all_settings) reads superuser-only settings
+# (pg_settings does not list it, for anyone: it is GUC_NO_SHOW_ALL)
+my $user_sql = q{SHOW gatekeeper.smtp_user;
+SELECT current_setting('gatekeeper.smtp_user');
+SELECT count(*) FROM pg_settings WHERE setting LIKE '%mailer%'};
+is($node->safe_psql('postgres', $user_sql, extra_params => [ '-U', 'watcher' ]),
+	"(hidden)\n(hidden)\n0",
+	'pg_monitor: SHOW, current_setting and pg_settings hide the relay login');
+is($node->safe_psql('postgres', $user_sql),
+	"mailer\nmailer\n0", 'a superuser sees it');
 
 #
 # 5. A password in gatekeeper.smtp_url is refused, and not logged
