@@ -218,8 +218,8 @@ _PG_init(void)
  * The relay login is half of the relay's credentials, which no role but a
  * superuser may see (SPEC, Security), and GUC_SUPERUSER_ONLY settings are
  * shown to members of pg_read_all_settings (so of pg_monitor) too: to
- * them SHOW, current_setting() and pg_settings say only whether one is set.
- * The workers read the variable itself.
+ * them SHOW and current_setting() say only whether one is set (pg_settings
+ * lists it for no one, GUC_NO_SHOW_ALL).  The workers read the variable.
  */
 static const char *
 show_smtp_user(void)
