@@ -583,7 +583,6 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 	Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
 	ClaimReceiver receiver;
 	int			before = *nclaimed;
-	int			guc_level;
 
 	if (split)
 		plan = gatekeeper_plan(&claim_plan, claim_sql, 6, types);
@@ -608,26 +607,9 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 	receiver.nclaimed = nclaimed;
 	receiver.keep = keep;
 
-	/*
-	 * Planned and run without index-only scans.  The priority probes would
-	 * be ones (every column they read is in mail_due), and an index-only
-	 * scan keeps its leaf page pinned until the statement ends, here while
-	 * the update writes the whole batch; a plain index scan lets the pin go
-	 * once it has read the page.  VACUUM must have every leaf page of
-	 * mail_due with no other pin, and the probes of the claimers all sit on
-	 * the first one: with a few claimers at work there was always a claim
-	 * statement holding it, and autovacuum waited on the pin for minutes
-	 * while the dead entries it was to remove slowed every claim (one wave
-	 * of the sustained benchmark drained at 1,179 mails/s, the others at
-	 * 25,000-45,000).
-	 */
-	guc_level = NewGUCNestLevel();
-	(void) set_config_option("enable_indexonlyscan", "off", PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
 	if (gatekeeper_execute_by_key_into(plan, args, NULL, false, 0, &receiver.pub) !=
 		SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
-	AtEOXact_GUC(true, guc_level);
 
 	return *nclaimed - before;
 }
@@ -647,6 +629,25 @@ claim_fairly(bool split, ClaimQueue *queues, int nqueues, int batch, Interval *l
 	int			nclaimed = 0;
 	int		   *shares = palloc(Max(nqueues, 1) * sizeof(int));
 	uint32		start = claim_rotation++;
+	int			guc_level;
+
+	/*
+	 * The claim statements are planned and run without index-only scans.
+	 * Their priority probes would be ones (every column they read is in
+	 * mail_due), and an index-only scan keeps its leaf page pinned until
+	 * the statement ends, here while the update writes the whole batch; a
+	 * plain index scan lets the pin go once it has read the page.  VACUUM
+	 * must have every leaf page of mail_due with no other pin, and the
+	 * probes of the claimers all sit on the first one: with a few claimers
+	 * at work there was always a claim statement holding it, and autovacuum
+	 * waited on the pin for minutes while the dead entries it was to remove
+	 * slowed every claim (one wave of the sustained benchmark drained at
+	 * 1,179 mails/s, the others at 25,000-45,000).  Set once for the whole
+	 * claim, all its queues and rounds.
+	 */
+	guc_level = NewGUCNestLevel();
+	(void) set_config_option("enable_indexonlyscan", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 
 	while (nclaimed < batch)
 	{
@@ -707,6 +708,7 @@ claim_fairly(bool split, ClaimQueue *queues, int nqueues, int batch, Interval *l
 		if (progress == 0 && emptied == 0)
 			break;
 	}
+	AtEOXact_GUC(true, guc_level);
 	return nclaimed;
 }
 

@@ -185,12 +185,15 @@ gatekeeper_live_maintenance(void)
 		}
 		MemoryContextSwitchTo(old);
 	}
+	if (vacuum_worker == NULL)
+		return;
+
+	/* what the next pass judges the vacuum by */
 	dead_at_start = dead;
 	changes_at_start = stats->tuples_updated + stats->tuples_deleted;
-	if (vacuum_worker != NULL)
-		ereport(DEBUG1,
-				(errmsg("gatekeeper vacuums mail_live: %lld dead rows, %lld live",
-						(long long) dead, (long long) live)));
+	ereport(DEBUG1,
+			(errmsg("gatekeeper vacuums mail_live: %lld dead rows, %lld live",
+					(long long) dead, (long long) live)));
 }
 
 /*

@@ -8,7 +8,7 @@
  * loops over six verbs:
  *
  *	housekeep	every few seconds, reap expired leases and purge old mail,
- *				the first worker have mail_live vacuumed after a burst
+ *				and the first worker has mail_live vacuumed after a burst
  *				(src/maintenance.c)
  *				(and find out whether the extension exists: without it the
  *				worker idles quietly; CREATE EXTENSION may come later, DROP
