@@ -23,6 +23,7 @@ OBJS = \
 	src/window.o \
 	src/address.o \
 	src/stats.o \
+	src/live_count.o \
 	src/maintenance.o
 
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)

@@ -547,7 +547,8 @@ scenario_storage() {
 # number matters here).  At STATS_BIG also one scrape of Debian's
 # prometheus-postgres-exporter with monitoring/queries.yaml, when it is
 # installed, and the reference: the count over the finished mail that
-# queue_stats did before it kept totals.
+# queue_stats did before it kept totals.  Then the same views with a live
+# backlog added: STATS_BIG mails scheduled for tomorrow, STATS_SMALL due.
 
 # stats_load_done N: add N finished mails (sent, failed, suppressed) to
 # the retained ones, in slices of a million.
@@ -566,6 +567,28 @@ stats_load_done() {
 			SELECT id, queue, (ARRAY['sent', 'sent', 'sent', 'failed', 'suppressed'])[1 + id % 5]::gatekeeper.state,
 				   1, send_at, now() - interval '1 hour', segment
 			  FROM m" >/dev/null
+		n=$((n - (to - from + 1)))
+		from=$((to + 1))
+	done
+	bk_sql "SELECT setval('gatekeeper.mail_id_seq', (SELECT max(id) FROM gatekeeper.mail))" >/dev/null
+}
+
+# stats_load_live N DUE_IN: add N scheduled mails, due at now() + DUE_IN,
+# with their live rows, in slices of a million, past the insert trigger
+# (the live counts' triggers count them).
+stats_load_live() {
+	local n=$1 due_in=$2 from to
+	from=$(($(bk_sql "SELECT coalesce(max(id), 0) FROM gatekeeper.mail") + 1))
+	while [ "$n" -gt 0 ]; do
+		to=$((from + (n > 1000000 ? 1000000 : n) - 1))
+		bk_sql "SET session_replication_role = replica;
+			WITH m AS (
+				INSERT INTO gatekeeper.mail (id, queue, recipient, subject, body, send_at)
+				SELECT i, 'bench', 'l' || i || '@example.com', 's', 'b', now() + interval '$due_in'
+				  FROM generate_series($from, $to) AS i
+				RETURNING id, queue, priority, send_at, segment)
+			INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
+			SELECT id, queue, priority, send_at, segment FROM m" >/dev/null
 		n=$((n - (to - from + 1)))
 		from=$((to + 1))
 	done
@@ -667,6 +690,20 @@ scenario_stats() {
 		rm -f "$log".*
 		bk_pgbench "$log.out" -f "$BK_WORK/stats_scan.sql" -c 1 -t 3 -l --log-prefix="$log"
 		bk_record stats.scan.big "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
+	done
+	# a live backlog as well: STATS_BIG mails scheduled for tomorrow and
+	# STATS_SMALL due now, and the reference: the count over the live mail
+	# that queue_stats did before it kept live counts
+	gk_log "stats: loading $STATS_BIG scheduled mails"
+	stats_load_live "$STATS_BIG" '1 day'
+	stats_load_live "$STATS_SMALL" '-1 minute'
+	stats_measure live
+	printf 'SELECT l.queue, l.state, count(*) FROM gatekeeper.mail_live l GROUP BY 1, 2;\n' >"$BK_WORK/stats_livescan.sql"
+	for run in $(seq 1 "$RUNS"); do
+		log=$BK_WORK/pgbench.stats.livescan.$run
+		rm -f "$log".*
+		bk_pgbench "$log.out" -f "$BK_WORK/stats_livescan.sql" -c 1 -t 3 -l --log-prefix="$log"
+		bk_record stats.livescan.live "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
 	done
 	bk_reset_mail
 }

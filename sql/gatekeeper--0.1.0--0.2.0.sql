@@ -933,6 +933,8 @@ BEGIN
 			USING ERRCODE = 'object_in_use',
 				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
 	END IF;
+	-- no live mail is left to count: its counts net to nothing
+	DELETE FROM gatekeeper.mail_live_count c WHERE c.queue = drop_queue.name;
 	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
 END
 $$;
@@ -1945,15 +1947,152 @@ AS 'MODULE_PATHNAME', 'gatekeeper_reset_stats';
 
 COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats for every queue of this database';
 
--- live counts from mail_live (the live mail only, never the finished),
--- totals from shared memory
+/*
+ * Live counts (src/live_count.c): how many of each queue's mails are
+ * scheduled and claimed, kept as mail_live changes, so that queue_stats
+ * never counts mail_live.  The statement triggers of mail_live net each
+ * statement's rows by queue and add them, in the same transaction, to the
+ * rows of the backend that wrote them (slot: its backend id), so sessions
+ * never wait for each other here; a queue's counts are the sum of its
+ * rows.  The insert trigger of gatekeeper.mail counts the live rows it
+ * writes itself.  ENABLE ALWAYS: the counts hold under
+ * session_replication_role = replica too.
+ */
+CREATE TABLE gatekeeper.mail_live_count (
+	queue		text NOT NULL,
+	slot		int NOT NULL,
+	scheduled	bigint NOT NULL DEFAULT 0,
+	claimed		bigint NOT NULL DEFAULT 0,
+	PRIMARY KEY (queue, slot)
+) WITH (fillfactor = 50);
+
+COMMENT ON TABLE gatekeeper.mail_live_count IS
+	'live mail by queue, one row per queue and writing backend: a queue''s scheduled and claimed mail are the sums of its rows';
+
+CREATE FUNCTION gatekeeper._count_live() RETURNS trigger
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_count_live';
+
+CREATE TRIGGER mail_live_count_insert AFTER INSERT ON gatekeeper.mail_live
+	REFERENCING NEW TABLE AS new_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_live_count_update AFTER UPDATE ON gatekeeper.mail_live
+	REFERENCING OLD TABLE AS old_live NEW TABLE AS new_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_live_count_delete AFTER DELETE ON gatekeeper.mail_live
+	REFERENCING OLD TABLE AS old_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_live_count_truncate AFTER TRUNCATE ON gatekeeper.mail_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_insert;
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_update;
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
+
+-- the counts of the live mail moved above
+INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed)
+SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), count(*) FILTER (WHERE l.state = 'claimed')
+  FROM gatekeeper.mail_live l
+ GROUP BY l.queue;
+/*
+ * A queue's due mail, the oldest of it, and its claims whose lease ran out,
+ * read from mail_due and mail_lease, never from the rest of mail_live; the
+ * view calls it only for a queue with live mail.  Each priority's due mail
+ * is the start of its range in mail_due, found by a skip scan over the
+ * priorities as the claim does, its oldest in the same pass.  due is
+ * counted on whichever side of now() holds fewer entries (the other is
+ * scheduled, from mail_live_count, less it, under the same snapshot): up
+ * to lim entries of each priority on each side, then eight times as many,
+ * so that the cost follows the smaller side, not the backlog.  SECURITY
+ * DEFINER: a role granted queue_stats reads these counts, not mail_live.
+ */
+CREATE FUNCTION gatekeeper._live_due(queue text, scheduled bigint, claimed bigint,
+	OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+	lim bigint := 1000;
+	counted bigint;
+	cut_off boolean;
+	t timestamptz := now();
+BEGIN
+	due := 0;
+	lease_expired := 0;
+	IF _live_due.claimed > 0 THEN
+		SELECT count(*) INTO lease_expired
+		  FROM gatekeeper.mail_live l
+		 WHERE l.lease_until < t AND l.queue = _live_due.queue AND l.state = 'claimed';
+	END IF;
+	IF _live_due.scheduled <= 0 THEN
+		RETURN;
+	END IF;
+	LOOP
+		-- the due side: each priority's first lim due entries
+		WITH RECURSIVE lv(p) AS (
+			(SELECT d.priority FROM gatekeeper.mail_live d
+			  WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+			  ORDER BY d.priority DESC LIMIT 1)
+			UNION ALL
+			SELECT (SELECT d.priority FROM gatekeeper.mail_live d
+					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled' AND d.priority < lv.p
+					 ORDER BY d.priority DESC LIMIT 1)
+			  FROM lv WHERE lv.p IS NOT NULL)
+		SELECT min(c.first), coalesce(sum(c.n), 0), coalesce(bool_or(c.n >= lim), false)
+		  INTO oldest_due, counted, cut_off
+		  FROM lv, LATERAL (
+			SELECT min(x.send_at) AS first, count(*) AS n
+			  FROM (SELECT d.send_at FROM gatekeeper.mail_live d
+					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+					   AND d.priority = lv.p AND d.send_at <= t
+					 ORDER BY d.send_at LIMIT lim) x) c
+		 WHERE lv.p IS NOT NULL;
+		IF NOT cut_off THEN
+			due := counted;
+			RETURN;
+		END IF;
+		-- the other side: each priority's first lim entries not yet due
+		WITH RECURSIVE lv(p) AS (
+			(SELECT d.priority FROM gatekeeper.mail_live d
+			  WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+			  ORDER BY d.priority DESC LIMIT 1)
+			UNION ALL
+			SELECT (SELECT d.priority FROM gatekeeper.mail_live d
+					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled' AND d.priority < lv.p
+					 ORDER BY d.priority DESC LIMIT 1)
+			  FROM lv WHERE lv.p IS NOT NULL)
+		SELECT coalesce(sum(c.n), 0), coalesce(bool_or(c.n >= lim), false)
+		  INTO counted, cut_off
+		  FROM lv, LATERAL (
+			SELECT count(*) AS n
+			  FROM (SELECT FROM gatekeeper.mail_live d
+					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+					   AND d.priority = lv.p AND d.send_at > t
+					 LIMIT lim) x) c
+		 WHERE lv.p IS NOT NULL;
+		IF NOT cut_off THEN
+			due := _live_due.scheduled - counted;
+			RETURN;
+		END IF;
+		lim := lim * 8;
+	END LOOP;
+END
+$$;
+
+-- live counts from mail_live_count, mail_due and mail_lease (the live
+-- mail only, never the finished, and no scan), totals from shared memory
 CREATE VIEW gatekeeper.queue_stats AS
 SELECT q.name AS queue,
 	   q.paused,
-	   coalesce(s.scheduled, 0) AS scheduled,
-	   coalesce(s.due, 0) AS due,
-	   coalesce(s.claimed, 0) AS claimed,
-	   s.oldest_due_age,
+	   coalesce(c.scheduled, 0) AS scheduled,
+	   coalesce(l.due, 0) AS due,
+	   coalesce(c.claimed, 0) AS claimed,
+	   now() - l.oldest_due AS oldest_due_age,
 	   coalesce(t.enqueued, 0) AS enqueued,
 	   coalesce(t.sent, 0) AS sent,
 	   coalesce(t.failed, 0) AS failed,
@@ -1961,19 +2100,17 @@ SELECT q.name AS queue,
 	   coalesce(t.expired, 0) AS expired,
 	   coalesce(t.cancelled, 0) AS cancelled,
 	   coalesce(t.unknown, 0) AS unknown,
-	   coalesce(s.lease_expired, 0) AS lease_expired
+	   coalesce(l.lease_expired, 0) AS lease_expired
   FROM gatekeeper.queue q
   LEFT JOIN (
-	SELECT l.queue,
-		   count(*) FILTER (WHERE l.state = 'scheduled') AS scheduled,
-		   count(*) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS due,
-		   count(*) FILTER (WHERE l.state = 'claimed') AS claimed,
-		   now() - min(l.send_at) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now())
-			 AS oldest_due_age,
-		   count(*) FILTER (WHERE l.state = 'claimed' AND l.lease_until < now()) AS lease_expired
-	  FROM gatekeeper.mail_live l
-	 GROUP BY l.queue
-  ) s ON s.queue = q.name
+	SELECT c.queue, sum(c.scheduled)::bigint AS scheduled, sum(c.claimed)::bigint AS claimed
+	  FROM gatekeeper.mail_live_count c
+	 GROUP BY c.queue
+  ) c ON c.queue = q.name
+  LEFT JOIN LATERAL (
+	SELECT d.* FROM gatekeeper._live_due(q.name, c.scheduled, c.claimed) d
+	 WHERE c.scheduled > 0 OR c.claimed > 0
+  ) l ON true
   LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
 
 COMMENT ON VIEW gatekeeper.queue_stats IS

@@ -54,6 +54,7 @@
 #include "utils/timestamp.h"
 
 #include "address.h"
+#include "live_count.h"
 #include "stats.h"
 #include "unsubscribe.h"
 #include "window.h"
@@ -748,8 +749,9 @@ live_error_context(void *arg)
 }
 
 /*
- * Whether mail_live has a row-level insert trigger that would fire for the
- * statement trigger's inserts (trigger depth 1): any but mail_live_restore.
+ * Whether mail_live has an insert trigger that would fire for the statement
+ * trigger's inserts (trigger depth 1): any but mail_live_restore and the
+ * live counts' own.
  */
 static bool
 live_has_triggers(Relation rel)
@@ -766,6 +768,9 @@ live_has_triggers(Relation rel)
 		if (!TRIGGER_FOR_INSERT(t->tgtype) || t->tgenabled == TRIGGER_DISABLED)
 			continue;
 		if (strcmp(t->tgname, "mail_live_restore") == 0)
+			continue;
+		/* the live counts' trigger: the direct path counts for itself */
+		if (strcmp(t->tgname, "mail_live_count_insert") == 0)
 			continue;
 		return true;
 	}
@@ -1009,6 +1014,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		int64	   *done = NULL;
 		int			ndone = 0;
 		LiveWriter *live = NULL;
+		LiveTally  *counts = NULL;
 		StatsTally *tally = NULL;
 		RowContext	where;
 		ErrorContextCallback errcallback;
@@ -1024,6 +1030,8 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			done = finished_ids(trigdata, &ndone);
 			if (ndone == 0)
 				live = live_open(desc);
+			if (live != NULL)
+				counts = gatekeeper_live_tally_start();
 			tally = gatekeeper_stats_tally_start();
 		}
 
@@ -1061,7 +1069,14 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			error_context_stack = errcallback.previous;
 			where.tuple = NULL;
 			if (live != NULL)
+			{
+				bool		isnull;
+
 				live_add(live, tuple, desc, where.row);
+				gatekeeper_live_tally_add(counts,
+										  heap_getattr(tuple, columns.queue, desc, &isnull),
+										  1, 0);
+			}
 			if (tally != NULL)
 			{
 				bool		isnull;
@@ -1081,7 +1096,10 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		ExecDropSingleTupleTableSlot(slot);
 
 		if (live != NULL)
+		{
 			live_close(live);
+			gatekeeper_live_tally_end(counts);
+		}
 		else if (columns.state == 0)
 			insert_live(trigdata, ndone > 0);
 		gatekeeper_stats_tally_end(tally);

@@ -191,6 +191,19 @@ foreach my $db (map { $_->[0] } @dumps)
 			"SELECT sum(enqueued + sent + failed + suppressed + expired + cancelled + unknown) FROM gatekeeper.queue_stats"
 		),
 		'0', "$db: the restore counted nothing in queue_stats' totals");
+	# but its live mail is live: queue_stats counts what mail_live holds
+	is( $node->safe_psql(
+			$db, q{
+SELECT string_agg(format('%s %s/%s/%s', queue, scheduled, claimed, due), ', ' ORDER BY queue)
+  FROM gatekeeper.queue_stats WHERE scheduled + claimed > 0}),
+		$node->safe_psql(
+			'src', q{
+SELECT string_agg(format('%s %s/%s/%s', queue, s, c, d), ', ' ORDER BY queue)
+  FROM (SELECT queue, count(*) FILTER (WHERE state = 'scheduled') AS s,
+			   count(*) FILTER (WHERE state = 'claimed') AS c,
+			   count(*) FILTER (WHERE state = 'scheduled' AND send_at <= now()) AS d
+		  FROM gatekeeper.mail_live GROUP BY queue) l}),
+		"$db: queue_stats counts the restored live mail as the source holds it");
 	is($node->safe_psql($db, "SELECT count(*) FROM gatekeeper.unsubscribe_secret"),
 		'1', "$db: one unsubscribe secret, the source's");
 	is($node->safe_psql($db, "SELECT gatekeeper.unsubscribe('$token')"),

@@ -172,6 +172,22 @@ foreach my $what (sort keys %$before)
 	is($after->{$what}, $before->{$what}, "updated: $what intact");
 }
 
+# queue_stats' live counts (kept in mail_live_count from the update on)
+# against a count of the live mail
+my $kept_counts = q{
+SELECT string_agg(format('%s %s/%s/%s', queue, scheduled, claimed, due), ', ' ORDER BY queue)
+  FROM gatekeeper.queue_stats WHERE scheduled + claimed > 0};
+my $live_counts = q{
+SELECT string_agg(format('%s %s/%s/%s', queue, s, c, d), ', ' ORDER BY queue)
+  FROM (SELECT queue, count(*) FILTER (WHERE state = 'scheduled') AS s,
+			   count(*) FILTER (WHERE state = 'claimed') AS c,
+			   count(*) FILTER (WHERE state = 'scheduled' AND send_at <= now()) AS d
+		  FROM gatekeeper.mail_live GROUP BY queue) l};
+my $counted = $node->safe_psql('updated', $live_counts);
+like($counted, qr{ [1-9][0-9]*/[1-9]}, 'updated: live mail both scheduled and claimed in one queue');
+is($node->safe_psql('updated', $kept_counts), $counted,
+	'updated: queue_stats counts the live mail the update moved');
+
 # ---------------------------------------------------------------- catalog
 
 # Each query returns one line per object, in a form that does not depend
@@ -345,6 +361,8 @@ SELECT gatekeeper.enqueue('sent@example.com', 'Again', 'Body', queue => 'promo',
 	   = (SELECT id FROM gatekeeper.mail WHERE dedupe_key = 'sent-1'),
 	   gatekeeper.enqueue('one@example.com', 'New', 'Body') > 0}),
 	't|t', 'updated: enqueue after the update');
+is($node->safe_psql('updated', $kept_counts), $node->safe_psql('updated', $live_counts),
+	'updated: queue_stats keeps counting after claims and enqueues');
 $node->safe_psql('updated', "SELECT gatekeeper.create_gate('brand_new', '1 hour')");
 $node->safe_psql('updated', "SELECT gatekeeper.create_queue('brand_new', gates => '{brand_new}')");
 

@@ -1,0 +1,153 @@
+-- Live counts: queue_stats' scheduled and claimed come from
+-- gatekeeper.mail_live_count, kept by every statement that changes
+-- mail_live, not from a count of mail_live; due is counted on the smaller
+-- side of now().  After each way a mail changes state, the counts must be
+-- what mail_live holds, for every queue of the database.
+SET client_min_messages = warning;
+\set VERBOSITY terse
+
+\i sql/error_of.inc
+
+-- queues whose kept counts differ from mail_live's rows, or from its due
+-- mail, its oldest due mail and its lapsed leases
+CREATE FUNCTION pg_temp.miscounted() RETURNS text
+LANGUAGE sql AS $$
+	SELECT coalesce(string_agg(format('%s: kept %s/%s/%s/%s, counted %s/%s/%s/%s', s.queue,
+									  s.scheduled, s.claimed, s.due, s.lease_expired,
+									  coalesce(r.scheduled, 0), coalesce(r.claimed, 0),
+									  coalesce(r.due, 0), coalesce(r.lease_expired, 0)),
+							   '; ' ORDER BY s.queue), 'none')
+	  FROM gatekeeper.queue_stats s
+	  LEFT JOIN (
+		SELECT l.queue,
+			   count(*) FILTER (WHERE l.state = 'scheduled') AS scheduled,
+			   count(*) FILTER (WHERE l.state = 'claimed') AS claimed,
+			   count(*) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS due,
+			   min(l.send_at) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS oldest,
+			   count(*) FILTER (WHERE l.state = 'claimed' AND l.lease_until < now()) AS lease_expired
+		  FROM gatekeeper.mail_live l
+		 GROUP BY l.queue) r ON r.queue = s.queue
+	 WHERE s.scheduled <> coalesce(r.scheduled, 0)
+		OR s.claimed <> coalesce(r.claimed, 0)
+		OR s.due <> coalesce(r.due, 0)
+		OR s.lease_expired <> coalesce(r.lease_expired, 0)
+		OR s.oldest_due_age IS DISTINCT FROM now() - r.oldest
+$$;
+
+SELECT gatekeeper.create_queue('lc_a', max_attempts => 2);
+SELECT gatekeeper.create_queue('lc_b');
+SELECT gatekeeper.create_queue('lc_gated', gates => '{smart_sending}', on_gate_closed => 'defer');
+
+-- enqueue() one at a time, a multi-row INSERT, a COPY
+SELECT count(gatekeeper.enqueue('lc' || i || '@example.com', 's', 'b', 'lc_a'))
+  FROM generate_series(1, 5) AS i;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at, priority)
+SELECT 'lc_b', 'lcb' || i || '@example.com', 's', 'b', now() + (i % 2) * interval '1 day', i % 3
+  FROM generate_series(1, 30) AS i;
+COPY gatekeeper.mail (queue, recipient, subject, body) FROM stdin;
+lc_a	copy1@example.com	s	b
+lc_a	copy2@example.com	s	b
+\.
+SELECT queue, scheduled, due, claimed FROM gatekeeper.queue_stats WHERE queue LIKE 'lc\_%' ORDER BY queue;
+SELECT pg_temp.miscounted() AS after_enqueue;
+
+-- a statement that fails counts nothing; nor does a rolled-back one
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+	VALUES ('lc_a', 'fine@example.com', 's', 'b'), ('lc_a', 'not an address', 's', 'b')$$) AS bad_row;
+BEGIN;
+SELECT gatekeeper.enqueue('rolled@example.com', 's', 'b', 'lc_a') > 0 AS enqueued;
+ROLLBACK;
+SELECT pg_temp.miscounted() AS after_failures;
+
+-- claims, an ack, a nack that retries and one that fails the mail, a
+-- hand-back, a lease extended, a claim in a rolled-back savepoint
+CREATE TEMP TABLE c AS SELECT id, attempt FROM gatekeeper.claim('lc', 4, queues => '{lc_a}');
+SELECT count(*) AS claimed FROM c;
+SELECT pg_temp.miscounted() AS after_claim;
+SELECT gatekeeper.ack(id, attempt) FROM c ORDER BY id LIMIT 1;
+SELECT gatekeeper.nack(id, attempt, 'try again') FROM c ORDER BY id OFFSET 1 LIMIT 1;
+SELECT gatekeeper.nack(id, attempt, 'no such user', true) FROM c ORDER BY id OFFSET 2 LIMIT 1;
+SELECT gatekeeper.extend(id, attempt, '1 hour') FROM c ORDER BY id OFFSET 3;
+SELECT pg_temp.miscounted() AS after_ack_nack;
+SELECT gatekeeper.unclaim(array_agg(id), array_agg(attempt), 'no relay') FROM c WHERE id = (SELECT max(id) FROM c);
+BEGIN;
+SAVEPOINT s;
+SELECT count(*) AS claimed_then_undone FROM gatekeeper.claim('lc', 100, queues => '{lc_a}');
+ROLLBACK TO SAVEPOINT s;
+COMMIT;
+SELECT pg_temp.miscounted() AS after_unclaim_rollback;
+
+-- a lapsed lease, seen by queue_stats, then reaped
+SELECT count(*) AS claimed FROM gatekeeper.claim('lc', 2, '1 second', '{lc_a}');
+UPDATE gatekeeper.mail_live SET lease_until = now() - interval '1 minute'
+ WHERE queue = 'lc_a' AND state = 'claimed';
+SELECT lease_expired FROM gatekeeper.queue_stats WHERE queue = 'lc_a';
+SELECT pg_temp.miscounted() AS with_lapsed_lease;
+SELECT gatekeeper.reap() >= 2 AS reaped;
+SELECT pg_temp.miscounted() AS after_reap;
+
+-- a gate that defers the second mail to one recipient, and a suppressed
+-- recipient the claim finishes
+SELECT gatekeeper.enqueue('same@example.com', 's', 'b', 'lc_gated') > 0,
+	   gatekeeper.enqueue('same@example.com', 's', 'b', 'lc_gated') > 0,
+	   gatekeeper.enqueue('gone@example.com', 's', 'b', 'lc_gated') > 0;
+SELECT gatekeeper.suppress('gone@example.com');
+SELECT count(*) AS claimed FROM gatekeeper.claim('lc', 10, queues => '{lc_gated}');
+SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'lc_gated' GROUP BY 1 ORDER BY 1;
+SELECT pg_temp.miscounted() AS after_gate_and_suppression;
+
+-- mail past its send_by expires in the claim
+SELECT gatekeeper.enqueue('late@example.com', 's', 'b', 'lc_a', send_at => now() - interval '2 seconds',
+						  send_by => now() - interval '1 second') > 0;
+SELECT count(*) AS claimed FROM gatekeeper.claim('lc', 100, queues => '{lc_a}');
+SELECT state, last_error FROM gatekeeper.mail_status WHERE recipient = 'late@example.com';
+SELECT pg_temp.miscounted() AS after_expiry;
+
+-- the owner moves mail between queues and deletes it; cancel, cancel_queue
+UPDATE gatekeeper.mail SET queue = 'lc_a'
+ WHERE id IN (SELECT id FROM gatekeeper.mail_live WHERE queue = 'lc_b' AND state = 'scheduled' ORDER BY id LIMIT 3);
+DELETE FROM gatekeeper.mail
+ WHERE id IN (SELECT id FROM gatekeeper.mail_live WHERE queue = 'lc_b' AND state = 'scheduled' ORDER BY id LIMIT 2);
+SELECT gatekeeper.cancel((SELECT min(id) FROM gatekeeper.mail_live WHERE queue = 'lc_b'));
+SELECT pg_temp.miscounted() AS after_owner_changes;
+SELECT gatekeeper.cancel_queue('lc_a') > 0 AS cancelled;
+SELECT pg_temp.miscounted() AS after_cancel_queue;
+
+-- due on either side of now(): more than one counting round on each side,
+-- over three priorities (1,500 due and 2,500 not yet; then 1,500 and 10)
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, priority, send_at)
+SELECT 'lc_b', 'big' || i || '@example.com', 's', 'b', i % 3,
+	   CASE WHEN i <= 1500 THEN now() - interval '1 hour' ELSE now() + interval '1 hour' END
+  FROM generate_series(1, 4000) AS i;
+SELECT scheduled, due FROM gatekeeper.queue_stats WHERE queue = 'lc_b';
+SELECT pg_temp.miscounted() AS both_sides_large;
+DELETE FROM gatekeeper.mail
+ WHERE id IN (SELECT id FROM gatekeeper.mail_live
+			   WHERE queue = 'lc_b' AND send_at > now() ORDER BY id OFFSET 10);
+SELECT scheduled, due FROM gatekeeper.queue_stats WHERE queue = 'lc_b';
+SELECT pg_temp.miscounted() AS few_not_due;
+
+-- rotation moves live mail between segments: nothing to count (four
+-- rotations: the last moves the live mail out of segment 0 into 3)
+SELECT array_agg(DISTINCT segment) AS live_segments FROM gatekeeper.mail_live WHERE queue LIKE 'lc\_%';
+SELECT gatekeeper._rotate('0 seconds') >= 0 AS rotated;
+SELECT gatekeeper._rotate('0 seconds') >= 0 AS rotated;
+SELECT gatekeeper._rotate('0 seconds') >= 0 AS rotated;
+SELECT gatekeeper._rotate('0 seconds') >= 0 AS rotated;
+SELECT array_agg(DISTINCT segment) AS live_segments, count(*) AS live FROM gatekeeper.mail_live WHERE queue LIKE 'lc\_%';
+SELECT pg_temp.miscounted() AS after_rotation;
+
+-- a queue dropped once empty leaves no counts behind
+SELECT gatekeeper.ack(id, attempt) FROM gatekeeper.mail_live WHERE queue = 'lc_gated' AND state = 'claimed';
+SELECT gatekeeper.cancel_queue('lc_gated') AS cancelled;
+SELECT count(*) AS counts_kept FROM gatekeeper.mail_live_count WHERE queue = 'lc_gated';
+SELECT gatekeeper.drop_queue('lc_gated');
+SELECT count(*) AS counts_left FROM gatekeeper.mail_live_count WHERE queue = 'lc_gated';
+
+-- TRUNCATE empties the counts with the table
+BEGIN;
+TRUNCATE gatekeeper.mail_live;
+SELECT count(*) AS counts_left FROM gatekeeper.mail_live_count;
+SELECT pg_temp.miscounted() AS after_truncate;
+ROLLBACK;
+SELECT pg_temp.miscounted() AS after_rollback;
