@@ -35,13 +35,13 @@ GRANT EXECUTE ON FUNCTION gatekeeper.claim(text, int, interval, text[]),
                           gatekeeper.unclaim(bigint[], int[], text, interval)
    TO regress_app_worker;
 GRANT SELECT ON gatekeeper.queue_stats TO regress_app_worker;
-GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_due(text, bigint, bigint) TO regress_app_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO regress_app_worker;
 
 -- monitoring: the counts and the gates' shared memory, not the mail
 GRANT pg_monitor TO regress_monitor;
 GRANT USAGE ON SCHEMA gatekeeper TO regress_monitor;
 GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO regress_monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_due(text, bigint, bigint) TO regress_monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO regress_monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO regress_monitor;
 GRANT SELECT ON gatekeeper.worker_status TO regress_monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO regress_monitor;

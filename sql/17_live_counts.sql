@@ -9,7 +9,9 @@ SET client_min_messages = warning;
 \i sql/error_of.inc
 
 -- queues whose kept counts differ from mail_live's rows, or from its due
--- mail, its oldest due mail and its lapsed leases
+-- mail, its oldest due mail and its lapsed leases (queue_stats counts due
+-- mail in one pass for queues of up to 1,000 scheduled mails, larger ones
+-- by _live_due: lc_b below has 4,024)
 CREATE FUNCTION pg_temp.miscounted() RETURNS text
 LANGUAGE sql AS $$
 	SELECT coalesce(string_agg(format('%s: kept %s/%s/%s/%s, counted %s/%s/%s/%s', s.queue,

@@ -1873,22 +1873,19 @@ ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_update;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
 /*
- * A queue's due mail, the oldest of it, and its claims whose lease ran out,
- * read from mail_due and mail_lease, never from the rest of mail_live; the
- * view calls it only for a queue with live mail.  Each priority's due mail
- * is the start of its range in mail_due, found by a skip scan over the
- * priorities as the claim does, its oldest in the same pass.  due is
- * counted on whichever side of now() holds fewer entries (the other is
- * scheduled, from mail_live_count, less it, under the same snapshot): up
- * to lim entries of each priority on each side, then eight times as many,
- * so that the cost follows the smaller side, not the backlog.  SECURITY
- * DEFINER: a role granted queue_stats reads these counts, not mail_live.
+ * The due mail of a queue with scheduled mails scheduled (from
+ * mail_live_count), and the oldest of it, read from mail_due alone: each
+ * priority's due mail is the start of its range, found by a skip scan
+ * over the priorities as the claim does, its oldest in the same pass.
+ * due is counted on whichever side of now() holds fewer entries (the
+ * other is scheduled, less it, under the same snapshot): up to lim
+ * entries of each priority on each side, then eight times as many, so
+ * that the cost follows the smaller side, not the backlog.
  */
-CREATE FUNCTION gatekeeper._live_due(queue text, scheduled bigint, claimed bigint,
-	OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint)
+CREATE FUNCTION gatekeeper._live_due(queue text, scheduled bigint,
+	OUT due bigint, OUT oldest_due timestamptz)
 LANGUAGE plpgsql
 STABLE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 AS $$
@@ -1899,15 +1896,6 @@ DECLARE
 	t timestamptz := now();
 BEGIN
 	due := 0;
-	lease_expired := 0;
-	IF _live_due.claimed > 0 THEN
-		SELECT count(*) INTO lease_expired
-		  FROM gatekeeper.mail_live l
-		 WHERE l.lease_until < t AND l.queue = _live_due.queue AND l.state = 'claimed';
-	END IF;
-	IF _live_due.scheduled <= 0 THEN
-		RETURN;
-	END IF;
 	LOOP
 		-- the due side: each priority's first lim due entries
 		WITH RECURSIVE lv(p) AS (
@@ -1960,14 +1948,59 @@ BEGIN
 END
 $$;
 
--- live counts from mail_live_count, mail_due and mail_lease (the live
--- mail only, never the finished, and no scan), totals from shared memory
+/*
+ * The live mail of every queue that has some, for queue_stats, without a
+ * scan of mail_live: scheduled and claimed from mail_live_count; due and
+ * the oldest due mail of the queues with at most 1,000 scheduled mails in
+ * one pass over their entries in mail_due, of larger queues by _live_due
+ * (planned for each, which costs what reading a few hundred entries
+ * does); the lapsed leases from mail_lease.  SECURITY DEFINER: a role
+ * granted queue_stats reads these counts, not mail_live.
+ */
+CREATE FUNCTION gatekeeper._live_stats(OUT queue text, OUT scheduled bigint,
+	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint)
+RETURNS SETOF record
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+	WITH c AS MATERIALIZED (
+		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled, sum(n.claimed)::bigint AS claimed
+		  FROM gatekeeper.mail_live_count n
+		 GROUP BY n.queue)
+	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
+		   min(u.oldest_due), sum(u.lapsed)::bigint
+	  FROM (
+		SELECT c.queue, c.scheduled, c.claimed, 0::bigint AS due,
+			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed
+		  FROM c
+		UNION ALL
+		SELECT d.queue, 0, 0, 1, d.send_at, 0
+		  FROM gatekeeper.mail_live d
+		 WHERE d.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
+		   AND d.state = 'scheduled' AND d.send_at <= now()
+		UNION ALL
+		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0
+		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
+		 WHERE c.scheduled > 1000
+		UNION ALL
+		SELECT l.queue, 0, 0, 0, NULL, 1
+		  FROM gatekeeper.mail_live l
+		 WHERE l.lease_until < now() AND l.state = 'claimed') u
+	 GROUP BY u.queue
+	HAVING sum(u.scheduled) + sum(u.claimed) > 0
+$$;
+
+-- the live mail (never the finished) from _live_stats(), totals from
+-- shared memory
 CREATE VIEW gatekeeper.queue_stats AS
 SELECT q.name AS queue,
 	   q.paused,
-	   coalesce(c.scheduled, 0) AS scheduled,
+	   coalesce(l.scheduled, 0) AS scheduled,
 	   coalesce(l.due, 0) AS due,
-	   coalesce(c.claimed, 0) AS claimed,
+	   coalesce(l.claimed, 0) AS claimed,
 	   now() - l.oldest_due AS oldest_due_age,
 	   coalesce(t.enqueued, 0) AS enqueued,
 	   coalesce(t.sent, 0) AS sent,
@@ -1978,15 +2011,7 @@ SELECT q.name AS queue,
 	   coalesce(t.unknown, 0) AS unknown,
 	   coalesce(l.lease_expired, 0) AS lease_expired
   FROM gatekeeper.queue q
-  LEFT JOIN (
-	SELECT c.queue, sum(c.scheduled)::bigint AS scheduled, sum(c.claimed)::bigint AS claimed
-	  FROM gatekeeper.mail_live_count c
-	 GROUP BY c.queue
-  ) c ON c.queue = q.name
-  LEFT JOIN LATERAL (
-	SELECT d.* FROM gatekeeper._live_due(q.name, c.scheduled, c.claimed) d
-	 WHERE c.scheduled > 0 OR c.claimed > 0
-  ) l ON true
+  LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
   LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
 
 COMMENT ON VIEW gatekeeper.queue_stats IS

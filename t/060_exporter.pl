@@ -59,7 +59,7 @@ CREATE ROLE monitor LOGIN;
 GRANT pg_monitor TO monitor;
 GRANT USAGE ON SCHEMA gatekeeper TO monitor;
 GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_due(text, bigint, bigint) TO monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO monitor;
 GRANT SELECT ON gatekeeper.worker_status TO monitor;
 GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO monitor;
