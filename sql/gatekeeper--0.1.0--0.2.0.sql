@@ -1991,14 +1991,15 @@ ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_update;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
 
--- the counts of the live mail moved above
+-- the counts of the live mail moved above (slot 0: no backend's id)
 INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed)
 SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), count(*) FILTER (WHERE l.state = 'claimed')
   FROM gatekeeper.mail_live l
  GROUP BY l.queue;
+
 /*
- * The due mail of a queue with scheduled mails scheduled (from
- * mail_live_count), and the oldest of it, read from mail_due alone: each
+ * The due mail of a queue and the oldest of it (scheduled: the queue's
+ * scheduled mail, from mail_live_count), read from mail_due alone: each
  * priority's due mail is the start of its range, found by a skip scan
  * over the priorities as the claim does, its oldest in the same pass.
  * due is counted on whichever side of now() holds fewer entries (the

@@ -1872,9 +1872,10 @@ ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_insert;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_update;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
+
 /*
- * The due mail of a queue with scheduled mails scheduled (from
- * mail_live_count), and the oldest of it, read from mail_due alone: each
+ * The due mail of a queue and the oldest of it (scheduled: the queue's
+ * scheduled mail, from mail_live_count), read from mail_due alone: each
  * priority's due mail is the start of its range, found by a skip scan
  * over the priorities as the claim does, its oldest in the same pass.
  * due is counted on whichever side of now() holds fewer entries (the
