@@ -35,12 +35,13 @@
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
-#include "gatekeeper.h"
 #include "storage/backendid.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/tuplestore.h"
+
+#include "gatekeeper.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_count_live);
 

@@ -10,8 +10,6 @@
 #ifndef GATEKEEPER_LIVE_COUNT_H
 #define GATEKEEPER_LIVE_COUNT_H
 
-#include "postgres.h"
-
 typedef struct LiveTally LiveTally;
 
 extern LiveTally *gatekeeper_live_tally_start(void);
