@@ -756,8 +756,6 @@ BEGIN
 			USING ERRCODE = 'object_in_use',
 				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
 	END IF;
-	-- no live mail is left to count: its counts net to nothing
-	DELETE FROM gatekeeper.mail_live_count c WHERE c.queue = drop_queue.name;
 	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
 END
 $$;
@@ -1837,8 +1835,10 @@ COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats 
  * rows of the backend that wrote them (slot: its backend id), so sessions
  * never wait for each other here; a queue's counts are the sum of its
  * rows.  The insert trigger of gatekeeper.mail counts the live rows it
- * writes itself.  ENABLE ALWAYS: the counts hold under
- * session_replication_role = replica too.
+ * writes itself.  A transaction's changes are written once, as it
+ * commits.  ENABLE ALWAYS: the counts hold under session_replication_role
+ * = replica too.  A dropped queue's rows stay, summing to nothing (it had
+ * no live mail left): a new queue of its name starts at zero.
  */
 CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,

@@ -10,16 +10,23 @@
  * queue: an old row's state is taken from the counts, a new row's added.
  * The insert trigger of gatekeeper.mail, which writes new mail's live
  * rows without the executor (src/mail.c), notes its own counts through a
- * tally.  Either way the counts are written at the end of the statement,
- * one upsert into this backend's rows of mail_live_count (the slot is the
- * backend's id): two sessions never write the same row, so claimers never
- * wait for each other there, and queue_stats sums a queue's rows.
+ * tally.  Either way the changes wait in this backend, by transaction
+ * nesting level (a subtransaction that aborts drops its own, one that
+ * commits hands them to its parent), and are written when the transaction
+ * commits or prepares, just before: one upsert into this backend's rows
+ * of mail_live_count (the slot is the backend's id), whatever number of
+ * statements changed mail_live.  Two sessions never write the same row,
+ * so claimers never wait for each other there; a queue's counts are the
+ * sum of its rows.  (Written per statement, 100,000 enqueue() calls in
+ * one transaction would each update the same row, whose versions none
+ * can prune before the commit: each update walked all the earlier ones.)
  *
  * The counts are rows written in the transaction that changed mail_live:
  * a rollback takes them back with the change, a crash loses neither, and
  * a query sees the two agree under its snapshot.  A TRUNCATE of mail_live
- * empties them.  What they cannot see is a write to mail_live with its
- * triggers disabled.
+ * deletes them at once and sets aside the changes this transaction noted
+ * before it (brought back if the TRUNCATE's subtransaction aborts).  What
+ * they cannot see is a write to mail_live with its triggers disabled.
  *
  * IDENTIFICATION
  *		src/live_count.c
@@ -30,13 +37,22 @@
 
 #include "live_count.h"
 
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "storage/backendid.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/tuplestore.h"
@@ -64,6 +80,17 @@ struct LiveTally
 	LiveGroup	groups[LIVE_GROUPS];
 };
 
+/* A queue's change noted by this backend, not yet written */
+typedef struct PendingLive
+{
+	char	   *queue;			/* in live_context, not NUL-terminated */
+	int			len;
+	int			level;			/* transaction nesting level that noted it */
+	int			erased;			/* level of a later TRUNCATE, or 0 */
+	int64		scheduled;
+	int64		claimed;
+} PendingLive;
+
 static const char add_live_counts_sql[] =
 "INSERT INTO gatekeeper.mail_live_count AS c (queue, slot, scheduled, claimed) "
 "SELECT u.queue, $1, u.scheduled, u.claimed "
@@ -78,7 +105,19 @@ static const char forget_live_counts_sql[] =
 static SPIPlanPtr add_live_counts_plan = NULL;
 static SPIPlanPtr forget_live_counts_plan = NULL;
 
-static void tally_write(LiveTally *tally);
+/* this transaction's changes, and the context of their queue names */
+static PendingLive *pending = NULL;
+static int	npending = 0;
+static int	maxpending = 0;
+static MemoryContext live_context = NULL;
+static bool callbacks_registered = false;
+
+static void note_change(const char *queue, int len, int64 scheduled, int64 claimed);
+static void write_pending(void);
+static void forget_pending(void);
+static void live_xact_callback(XactEvent event, void *arg);
+static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+								  SubTransactionId parentSubid, void *arg);
 static void count_rows(LiveTally *tally, Tuplestorestate *rows, TupleDesc desc,
 					   int queue_att, int state_att, Oid scheduled, Oid claimed,
 					   int sign);
@@ -123,7 +162,13 @@ gatekeeper_live_tally_add(LiveTally *tally, Datum queue, int64 scheduled,
 		}
 	}
 	if (tally->ngroups == LIVE_GROUPS)
-		tally_write(tally);
+	{
+		for (i = 0; i < tally->ngroups; i++)
+			note_change(tally->groups[i].queue, tally->groups[i].len,
+						tally->groups[i].scheduled, tally->groups[i].claimed);
+		tally->ngroups = 0;
+		MemoryContextReset(tally->context);
+	}
 	g = &tally->groups[tally->ngroups++];
 	g->queue = MemoryContextAlloc(tally->context, Max(len, 1));
 	memcpy(g->queue, data, len);
@@ -133,63 +178,236 @@ gatekeeper_live_tally_add(LiveTally *tally, Datum queue, int64 scheduled,
 }
 
 /*
- * Write what the tally holds, and let it go.
+ * Note what the tally holds for the commit, and let it go.
  */
 void
 gatekeeper_live_tally_end(LiveTally *tally)
 {
-	tally_write(tally);
+	int			i;
+
+	for (i = 0; i < tally->ngroups; i++)
+		note_change(tally->groups[i].queue, tally->groups[i].len,
+					tally->groups[i].scheduled, tally->groups[i].claimed);
 	MemoryContextDelete(tally->context);
 	pfree(tally);
 }
 
 /*
- * Add the tally's groups to this backend's rows of mail_live_count, in one
- * statement, and empty it.  Groups that net to nothing (a rotation, a
- * lease extended) write nothing.
+ * Add a queue's change to this transaction's, at the current nesting
+ * level.  Changes that net to nothing (a rotation, a lease extended) note
+ * nothing.
  */
 static void
-tally_write(LiveTally *tally)
+note_change(const char *queue, int len, int64 scheduled, int64 claimed)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	PendingLive *p;
+	int			i;
+
+	if (scheduled == 0 && claimed == 0)
+		return;
+	for (i = npending - 1; i >= 0 && pending[i].level == level; i--)
+	{
+		p = &pending[i];
+		if (p->erased == 0 && p->len == len && memcmp(p->queue, queue, len) == 0)
+		{
+			p->scheduled += scheduled;
+			p->claimed += claimed;
+			return;
+		}
+	}
+	if (!callbacks_registered)
+	{
+		RegisterXactCallback(live_xact_callback, NULL);
+		RegisterSubXactCallback(live_subxact_callback, NULL);
+		live_context = AllocSetContextCreate(TopMemoryContext,
+											 "gatekeeper pending live counts",
+											 ALLOCSET_SMALL_SIZES);
+		callbacks_registered = true;
+	}
+	if (npending == maxpending)
+	{
+		maxpending = Max(16, maxpending * 2);
+		if (pending == NULL)
+			pending = MemoryContextAlloc(TopMemoryContext, sizeof(PendingLive) * maxpending);
+		else
+			pending = repalloc(pending, sizeof(PendingLive) * maxpending);
+	}
+	p = &pending[npending++];
+	p->queue = MemoryContextAlloc(live_context, Max(len, 1));
+	memcpy(p->queue, queue, len);
+	p->len = len;
+	p->level = level;
+	p->erased = 0;
+	p->scheduled = scheduled;
+	p->claimed = claimed;
+}
+
+/*
+ * Forget this transaction's changes.
+ */
+static void
+forget_pending(void)
+{
+	npending = 0;
+	if (live_context != NULL)
+		MemoryContextReset(live_context);
+}
+
+/*
+ * Add this transaction's changes to this backend's rows of
+ * mail_live_count, in one statement: at the commit or prepare, before
+ * either can no longer fail.  Nothing is written when the table is gone
+ * (the extension dropped in the same transaction).
+ */
+static void
+write_pending(void)
 {
 	Datum	   *names;
 	Datum	   *scheduled;
 	Datum	   *claimed;
 	Datum		args[4];
 	Oid			types[4] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
+	Oid			nsp;
+	Oid			relid;
+	Oid			owner;
+	Oid			save_userid;
+	int			save_sec_context;
+	int			nestlevel;
+	HeapTuple	tuple;
 	int			n = 0;
 	int			i;
+	int			j;
 
-	if (tally->ngroups == 0)
-		return;
-	names = palloc(sizeof(Datum) * tally->ngroups);
-	scheduled = palloc(sizeof(Datum) * tally->ngroups);
-	claimed = palloc(sizeof(Datum) * tally->ngroups);
-	for (i = 0; i < tally->ngroups; i++)
+	names = palloc(sizeof(Datum) * npending);
+	scheduled = palloc(sizeof(Datum) * npending);
+	claimed = palloc(sizeof(Datum) * npending);
+	for (i = 0; i < npending; i++)
 	{
-		LiveGroup  *g = &tally->groups[i];
+		PendingLive *p = &pending[i];
+		int64		s = 0;
+		int64		c = 0;
 
-		if (g->scheduled == 0 && g->claimed == 0)
+		if (p->erased != 0 || p->len < 0)
 			continue;
-		names[n] = PointerGetDatum(cstring_to_text_with_len(g->queue, g->len));
-		scheduled[n] = Int64GetDatum(g->scheduled);
-		claimed[n] = Int64GetDatum(g->claimed);
+		/* one element per queue: merge the later levels' into this */
+		for (j = i; j < npending; j++)
+		{
+			PendingLive *q = &pending[j];
+
+			if (q->erased != 0 || q->len != p->len ||
+				memcmp(q->queue, p->queue, p->len) != 0)
+				continue;
+			s += q->scheduled;
+			c += q->claimed;
+			if (j > i)
+				q->len = -1;	/* taken */
+		}
+		if (s == 0 && c == 0)
+			continue;
+		names[n] = PointerGetDatum(cstring_to_text_with_len(p->queue, p->len));
+		scheduled[n] = Int64GetDatum(s);
+		claimed[n] = Int64GetDatum(c);
 		n++;
 	}
-	tally->ngroups = 0;
-	MemoryContextReset(tally->context);
+	forget_pending();
 	if (n == 0)
 		return;
+	nsp = get_namespace_oid("gatekeeper", true);
+	relid = OidIsValid(nsp) ? get_relname_relid("mail_live_count", nsp) : InvalidOid;
+	if (!OidIsValid(relid))
+		return;
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tuple))
+		return;
+	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	ReleaseSysCache(tuple);
 
 	args[0] = Int32GetDatum(MyBackendId);
 	args[1] = gatekeeper_array(names, NULL, n, TEXTOID);
 	args[2] = gatekeeper_array(scheduled, NULL, n, INT8OID);
 	args[3] = gatekeeper_array(claimed, NULL, n, INT8OID);
+
+	/*
+	 * As the table's owner, as the triggers that noted the changes ran
+	 * (whoever committed may not write it), with search_path pinned.
+	 */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	gatekeeper_plan(&add_live_counts_plan, add_live_counts_sql, 4, types);
 	if (SPI_execute_plan(add_live_counts_plan, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not count gatekeeper's live mail");
 	SPI_finish();
+	PopActiveSnapshot();
+	AtEOXact_GUC(true, nestlevel);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+}
+
+/*
+ * Write the changes when the transaction commits or prepares; forget them
+ * when it aborts.
+ */
+static void
+live_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			if (npending > 0)
+				write_pending();
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			forget_pending();
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * A subtransaction that aborts drops the changes it noted and brings back
+ * those a TRUNCATE of it set aside; one that commits hands both to its
+ * parent.
+ */
+static void
+live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					  SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	int			i;
+
+	if (npending == 0)
+		return;
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		while (npending > 0 && pending[npending - 1].level >= level)
+			npending--;
+		for (i = 0; i < npending; i++)
+			if (pending[i].erased >= level)
+				pending[i].erased = 0;
+	}
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		for (i = 0; i < npending; i++)
+		{
+			if (pending[i].level >= level)
+				pending[i].level = level - 1;
+			if (pending[i].erased >= level)
+				pending[i].erased = level - 1;
+		}
+	}
 }
 
 /*
@@ -225,8 +443,8 @@ count_rows(LiveTally *tally, Tuplestorestate *rows, TupleDesc desc,
 /*
  * gatekeeper_count_live
  *		gatekeeper._count_live(), the AFTER INSERT, UPDATE, DELETE and
- *		TRUNCATE statement triggers of gatekeeper.mail_live: bring the live
- *		counts up to date with the statement.
+ *		TRUNCATE statement triggers of gatekeeper.mail_live: note the
+ *		statement's change to the live counts.
  */
 Datum
 gatekeeper_count_live(PG_FUNCTION_ARGS)
@@ -247,6 +465,13 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 
 	if (TRIGGER_FIRED_BY_TRUNCATE(trigdata->tg_event))
 	{
+		int			level = GetCurrentTransactionNestLevel();
+		int			i;
+
+		/* the changes noted before are gone with the rows they counted */
+		for (i = 0; i < npending; i++)
+			if (pending[i].erased == 0)
+				pending[i].erased = level;
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		gatekeeper_plan(&forget_live_counts_plan, forget_live_counts_sql, 0, NULL);
