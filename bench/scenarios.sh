@@ -595,6 +595,19 @@ stats_load_live() {
 	bk_sql "SELECT setval('gatekeeper.mail_id_seq', (SELECT max(id) FROM gatekeeper.mail))" >/dev/null
 }
 
+# stats_reference FIGURE SQL: RUNS runs of 3 calls of SQL, a count that
+# a view did before it kept its numbers.
+stats_reference() {
+	local fig=$1 sql=$2 run log
+	printf '%s\n' "$sql" >"$BK_WORK/$fig.sql"
+	for run in $(seq 1 "$RUNS"); do
+		log=$BK_WORK/pgbench.$fig.$run
+		rm -f "$log".*
+		bk_pgbench "$log.out" -f "$BK_WORK/$fig.sql" -c 1 -t 3 -l --log-prefix="$log"
+		bk_record "$fig" "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
+	done
+}
+
 # stats_measure SIZE: RUNS runs of STATS_CALLS calls of each view.
 stats_measure() {
 	local size=$1 run view log plan
@@ -684,13 +697,7 @@ scenario_stats() {
 	else
 		bk_skip stats.scrape.big "/usr/bin/prometheus-postgres-exporter is not installed"
 	fi
-	printf 'SELECT d.queue, d.state, count(*) FROM gatekeeper.mail_done d GROUP BY 1, 2;\n' >"$BK_WORK/stats_scan.sql"
-	for run in $(seq 1 "$RUNS"); do
-		log=$BK_WORK/pgbench.stats.scan.$run
-		rm -f "$log".*
-		bk_pgbench "$log.out" -f "$BK_WORK/stats_scan.sql" -c 1 -t 3 -l --log-prefix="$log"
-		bk_record stats.scan.big "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
-	done
+	stats_reference stats.scan.big 'SELECT d.queue, d.state, count(*) FROM gatekeeper.mail_done d GROUP BY 1, 2;'
 	# a live backlog as well: STATS_BIG mails scheduled for tomorrow and
 	# STATS_SMALL due now, and the reference: the count over the live mail
 	# that queue_stats did before it kept live counts
@@ -698,13 +705,7 @@ scenario_stats() {
 	stats_load_live "$STATS_BIG" '1 day'
 	stats_load_live "$STATS_SMALL" '-1 minute'
 	stats_measure live
-	printf 'SELECT l.queue, l.state, count(*) FROM gatekeeper.mail_live l GROUP BY 1, 2;\n' >"$BK_WORK/stats_livescan.sql"
-	for run in $(seq 1 "$RUNS"); do
-		log=$BK_WORK/pgbench.stats.livescan.$run
-		rm -f "$log".*
-		bk_pgbench "$log.out" -f "$BK_WORK/stats_livescan.sql" -c 1 -t 3 -l --log-prefix="$log"
-		bk_record stats.livescan.live "$run" "$(perl "$BENCH/report.pl" --latency-median "$log".*[0-9])"
-	done
+	stats_reference stats.livescan.live 'SELECT l.queue, l.state, count(*) FROM gatekeeper.mail_live l GROUP BY 1, 2;'
 	bk_reset_mail
 }
 

@@ -187,6 +187,23 @@ SELECT n_tup_ins + n_tup_upd - :writes_before AS count_writes FROM pg_stat_user_
  WHERE relid = 'gatekeeper.mail_live_count'::regclass;
 SELECT pg_temp.miscounted() AS after_loop;
 
+-- a procedure that commits as it goes: each of its transactions writes
+-- its own counts
+CREATE PROCEDURE pg_temp.enqueue_and_commit() LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM gatekeeper.enqueue('proc1@example.com', 's', 'b', 'lc_gated');
+	COMMIT;
+	PERFORM gatekeeper.enqueue('proc2@example.com', 's', 'b', 'lc_gated');
+	ROLLBACK;
+	PERFORM gatekeeper.enqueue('proc3@example.com', 's', 'b', 'lc_gated');
+	COMMIT;
+END
+$$;
+CALL pg_temp.enqueue_and_commit();
+SELECT string_agg(recipient, ',' ORDER BY recipient) AS kept FROM gatekeeper.mail_status
+ WHERE recipient LIKE 'proc%';
+SELECT pg_temp.miscounted() AS after_procedure;
+
 -- TRUNCATE empties the counts with the table, and what the transaction
 -- counted before it; a TRUNCATE rolled back to a savepoint leaves both
 BEGIN;

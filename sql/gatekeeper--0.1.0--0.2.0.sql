@@ -2004,8 +2004,8 @@ SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), count(*) FILTE
  * over the priorities as the claim does, its oldest in the same pass.
  * due is counted on whichever side of now() holds fewer entries (the
  * other is scheduled, less it, under the same snapshot): up to lim
- * entries of each priority on each side, then eight times as many, so
- * that the cost follows the smaller side, not the backlog.
+ * entries of each priority on each side in one pass, then eight times as
+ * many, so that the cost follows the smaller side, not the backlog.
  */
 CREATE FUNCTION gatekeeper._live_due(queue text, scheduled bigint,
 	OUT due bigint, OUT oldest_due timestamptz)
@@ -2019,11 +2019,12 @@ DECLARE
 	lim bigint := 1000;
 	counted bigint;
 	cut_off boolean;
+	later bigint;
+	later_cut_off boolean;
 	t timestamptz := now();
 BEGIN
-	due := 0;
 	LOOP
-		-- the due side: each priority's first lim due entries
+		-- each priority's first lim entries due and first lim not yet due
 		WITH RECURSIVE lv(p) AS (
 			(SELECT d.priority FROM gatekeeper.mail_live d
 			  WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
@@ -2033,40 +2034,29 @@ BEGIN
 					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled' AND d.priority < lv.p
 					 ORDER BY d.priority DESC LIMIT 1)
 			  FROM lv WHERE lv.p IS NOT NULL)
-		SELECT min(c.first), coalesce(sum(c.n), 0), coalesce(bool_or(c.n >= lim), false)
-		  INTO oldest_due, counted, cut_off
-		  FROM lv, LATERAL (
-			SELECT min(x.send_at) AS first, count(*) AS n
-			  FROM (SELECT d.send_at FROM gatekeeper.mail_live d
-					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
-					   AND d.priority = lv.p AND d.send_at <= t
-					 ORDER BY d.send_at LIMIT lim) x) c
+		SELECT min(a.first), coalesce(sum(a.n), 0), coalesce(bool_or(a.n >= lim), false),
+			   coalesce(sum(b.n), 0), coalesce(bool_or(b.n >= lim), false)
+		  INTO oldest_due, counted, cut_off, later, later_cut_off
+		  FROM lv,
+			   LATERAL (
+				SELECT min(x.send_at) AS first, count(*) AS n
+				  FROM (SELECT d.send_at FROM gatekeeper.mail_live d
+						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+						   AND d.priority = lv.p AND d.send_at <= t
+						 ORDER BY d.send_at LIMIT lim) x) a,
+			   LATERAL (
+				SELECT count(*) AS n
+				  FROM (SELECT FROM gatekeeper.mail_live d
+						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+						   AND d.priority = lv.p AND d.send_at > t
+						 LIMIT lim) x) b
 		 WHERE lv.p IS NOT NULL;
 		IF NOT cut_off THEN
 			due := counted;
 			RETURN;
 		END IF;
-		-- the other side: each priority's first lim entries not yet due
-		WITH RECURSIVE lv(p) AS (
-			(SELECT d.priority FROM gatekeeper.mail_live d
-			  WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
-			  ORDER BY d.priority DESC LIMIT 1)
-			UNION ALL
-			SELECT (SELECT d.priority FROM gatekeeper.mail_live d
-					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled' AND d.priority < lv.p
-					 ORDER BY d.priority DESC LIMIT 1)
-			  FROM lv WHERE lv.p IS NOT NULL)
-		SELECT coalesce(sum(c.n), 0), coalesce(bool_or(c.n >= lim), false)
-		  INTO counted, cut_off
-		  FROM lv, LATERAL (
-			SELECT count(*) AS n
-			  FROM (SELECT FROM gatekeeper.mail_live d
-					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
-					   AND d.priority = lv.p AND d.send_at > t
-					 LIMIT lim) x) c
-		 WHERE lv.p IS NOT NULL;
-		IF NOT cut_off THEN
-			due := _live_due.scheduled - counted;
+		IF NOT later_cut_off THEN
+			due := _live_due.scheduled - later;
 			RETURN;
 		END IF;
 		lim := lim * 8;
