@@ -9,8 +9,7 @@
  * triggers (gatekeeper._count_live), which net the statement's rows by
  * queue: an old row's state is taken from the counts, a new row's added.
  * The insert trigger of gatekeeper.mail, which writes new mail's live
- * rows without the executor (src/mail.c), notes its own counts through a
- * tally.  Either way the changes wait in this backend, by transaction
+ * rows without the executor (src/mail.c), notes its own.  Either way the changes wait in this backend, by transaction
  * nesting level (a subtransaction that aborts drops its own, one that
  * commits hands them to its parent), and are written when the transaction
  * commits or prepares, just before: one upsert into this backend's rows
@@ -61,25 +60,6 @@
 
 PG_FUNCTION_INFO_V1(gatekeeper_count_live);
 
-/* Distinct queues a tally holds before it writes them out */
-#define LIVE_GROUPS		16
-
-/* One queue's change in one statement */
-typedef struct LiveGroup
-{
-	char	   *queue;			/* not NUL-terminated */
-	int			len;
-	int64		scheduled;
-	int64		claimed;
-} LiveGroup;
-
-struct LiveTally
-{
-	MemoryContext context;		/* the queue names */
-	int			ngroups;
-	LiveGroup	groups[LIVE_GROUPS];
-};
-
 /* A queue's change noted by this backend, not yet written */
 typedef struct PendingLive
 {
@@ -118,78 +98,19 @@ static void forget_pending(void);
 static void live_xact_callback(XactEvent event, void *arg);
 static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								  SubTransactionId parentSubid, void *arg);
-static void count_rows(LiveTally *tally, Tuplestorestate *rows, TupleDesc desc,
-					   int queue_att, int state_att, Oid scheduled, Oid claimed,
-					   int sign);
+static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
+					   int state_att, Oid scheduled, Oid claimed, int sign);
 
 /*
- * A tally of one statement's changes, to be ended by
- * gatekeeper_live_tally_end in the same memory context.
- */
-LiveTally *
-gatekeeper_live_tally_start(void)
-{
-	LiveTally  *tally = palloc(sizeof(LiveTally));
-
-	tally->context = AllocSetContextCreate(CurrentMemoryContext,
-										   "gatekeeper live counts",
-										   ALLOCSET_SMALL_SIZES);
-	tally->ngroups = 0;
-	return tally;
-}
-
-/*
- * Add to queue's scheduled and claimed mail (either may be negative).
+ * Add to queue's scheduled and claimed mail (either may be negative), for
+ * the commit.
  */
 void
-gatekeeper_live_tally_add(LiveTally *tally, Datum queue, int64 scheduled,
-						  int64 claimed)
+gatekeeper_live_count_add(Datum queue, int64 scheduled, int64 claimed)
 {
 	text	   *name = DatumGetTextPP(queue);
-	const char *data = VARDATA_ANY(name);
-	int			len = VARSIZE_ANY_EXHDR(name);
-	LiveGroup  *g;
-	int			i;
 
-	for (i = tally->ngroups - 1; i >= 0; i--)
-	{
-		g = &tally->groups[i];
-		if (g->len == len && memcmp(g->queue, data, len) == 0)
-		{
-			g->scheduled += scheduled;
-			g->claimed += claimed;
-			return;
-		}
-	}
-	if (tally->ngroups == LIVE_GROUPS)
-	{
-		for (i = 0; i < tally->ngroups; i++)
-			note_change(tally->groups[i].queue, tally->groups[i].len,
-						tally->groups[i].scheduled, tally->groups[i].claimed);
-		tally->ngroups = 0;
-		MemoryContextReset(tally->context);
-	}
-	g = &tally->groups[tally->ngroups++];
-	g->queue = MemoryContextAlloc(tally->context, Max(len, 1));
-	memcpy(g->queue, data, len);
-	g->len = len;
-	g->scheduled = scheduled;
-	g->claimed = claimed;
-}
-
-/*
- * Note what the tally holds for the commit, and let it go.
- */
-void
-gatekeeper_live_tally_end(LiveTally *tally)
-{
-	int			i;
-
-	for (i = 0; i < tally->ngroups; i++)
-		note_change(tally->groups[i].queue, tally->groups[i].len,
-					tally->groups[i].scheduled, tally->groups[i].claimed);
-	MemoryContextDelete(tally->context);
-	pfree(tally);
+	note_change(VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), scheduled, claimed);
 }
 
 /*
@@ -411,11 +332,11 @@ live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
- * Add each row's state, times sign, to the tally.
+ * Add each row's state, times sign, to this transaction's changes.
  */
 static void
-count_rows(LiveTally *tally, Tuplestorestate *rows, TupleDesc desc,
-		   int queue_att, int state_att, Oid scheduled, Oid claimed, int sign)
+count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
+		   int state_att, Oid scheduled, Oid claimed, int sign)
 {
 	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 
@@ -432,9 +353,9 @@ count_rows(LiveTally *tally, Tuplestorestate *rows, TupleDesc desc,
 		if (isnull)
 			continue;
 		if (state == scheduled)
-			gatekeeper_live_tally_add(tally, queue, sign, 0);
+			gatekeeper_live_count_add(queue, sign, 0);
 		else if (state == claimed)
-			gatekeeper_live_tally_add(tally, queue, 0, sign);
+			gatekeeper_live_count_add(queue, 0, sign);
 		ExecClearTuple(slot);
 	}
 	ExecDropSingleTupleTableSlot(slot);
@@ -456,7 +377,6 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	Oid			state_type;
 	Oid			scheduled;
 	Oid			claimed;
-	LiveTally  *tally;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
 		!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
@@ -496,13 +416,11 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 												   CStringGetDatum("claimed"),
 												   ObjectIdGetDatum(state_type)));
 
-	tally = gatekeeper_live_tally_start();
 	if (trigdata->tg_oldtable != NULL)
-		count_rows(tally, trigdata->tg_oldtable, desc, queue_att, state_att,
+		count_rows(trigdata->tg_oldtable, desc, queue_att, state_att,
 				   scheduled, claimed, -1);
 	if (trigdata->tg_newtable != NULL)
-		count_rows(tally, trigdata->tg_newtable, desc, queue_att, state_att,
+		count_rows(trigdata->tg_newtable, desc, queue_att, state_att,
 				   scheduled, claimed, 1);
-	gatekeeper_live_tally_end(tally);
 	return PointerGetDatum(NULL);
 }

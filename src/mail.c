@@ -1014,7 +1014,6 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		int64	   *done = NULL;
 		int			ndone = 0;
 		LiveWriter *live = NULL;
-		LiveTally  *counts = NULL;
 		StatsTally *tally = NULL;
 		RowContext	where;
 		ErrorContextCallback errcallback;
@@ -1030,8 +1029,6 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			done = finished_ids(trigdata, &ndone);
 			if (ndone == 0)
 				live = live_open(desc);
-			if (live != NULL)
-				counts = gatekeeper_live_tally_start();
 			tally = gatekeeper_stats_tally_start();
 		}
 
@@ -1073,8 +1070,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 				bool		isnull;
 
 				live_add(live, tuple, desc, where.row);
-				gatekeeper_live_tally_add(counts,
-										  heap_getattr(tuple, columns.queue, desc, &isnull),
+				gatekeeper_live_count_add(heap_getattr(tuple, columns.queue, desc, &isnull),
 										  1, 0);
 			}
 			if (tally != NULL)
@@ -1096,10 +1092,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		ExecDropSingleTupleTableSlot(slot);
 
 		if (live != NULL)
-		{
 			live_close(live);
-			gatekeeper_live_tally_end(counts);
-		}
 		else if (columns.state == 0)
 			insert_live(trigdata, ndone > 0);
 		gatekeeper_stats_tally_end(tally);
