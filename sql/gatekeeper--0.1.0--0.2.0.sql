@@ -1991,6 +1991,19 @@ ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_update;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
 
+/*
+ * Count mail_live afresh into mail_live_count, for counts that missed
+ * writes made with mail_live's triggers disabled (pg_restore
+ * --disable-triggers): waits for the transactions writing mail_live,
+ * keeps new ones waiting until it ends, and returns the live mails
+ * counted.  READ COMMITTED only.
+ */
+CREATE FUNCTION gatekeeper.recount_live() RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_recount_live';
+
 -- the counts of the live mail moved above (slot 0: no backend's id)
 INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed)
 SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), count(*) FILTER (WHERE l.state = 'claimed')

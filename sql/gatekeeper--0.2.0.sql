@@ -1874,6 +1874,19 @@ ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
 
 /*
+ * Count mail_live afresh into mail_live_count, for counts that missed
+ * writes made with mail_live's triggers disabled (pg_restore
+ * --disable-triggers): waits for the transactions writing mail_live,
+ * keeps new ones waiting until it ends, and returns the live mails
+ * counted.  READ COMMITTED only.
+ */
+CREATE FUNCTION gatekeeper.recount_live() RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_recount_live';
+
+/*
  * The due mail of a queue and the oldest of it (scheduled: the queue's
  * scheduled mail, from mail_live_count), read from mail_due alone: each
  * priority's due mail is the start of its range, found by a skip scan

@@ -59,6 +59,7 @@
 #include "gatekeeper.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_count_live);
+PG_FUNCTION_INFO_V1(gatekeeper_recount_live);
 
 /* A queue's change noted by this backend, not yet written */
 typedef struct PendingLive
@@ -82,8 +83,21 @@ static const char add_live_counts_sql[] =
 static const char forget_live_counts_sql[] =
 "DELETE FROM gatekeeper.mail_live_count";
 
+static const char lock_live_sql[] =
+"LOCK TABLE gatekeeper.mail_live IN SHARE MODE";
+
+static const char recount_live_sql[] =
+"INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed) "
+"SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), "
+"       count(*) FILTER (WHERE l.state = 'claimed') "
+"  FROM gatekeeper.mail_live l "
+" GROUP BY l.queue "
+"RETURNING scheduled + claimed";
+
 static SPIPlanPtr add_live_counts_plan = NULL;
 static SPIPlanPtr forget_live_counts_plan = NULL;
+static SPIPlanPtr lock_live_plan = NULL;
+static SPIPlanPtr recount_live_plan = NULL;
 
 /* this transaction's changes, and the context of their queue names */
 static PendingLive *pending = NULL;
@@ -100,6 +114,7 @@ static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								  SubTransactionId parentSubid, void *arg);
 static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
 					   int state_att, Oid scheduled, Oid claimed, int sign);
+static void erase_counts(void);
 
 /*
  * Add to queue's scheduled and claimed mail (either may be negative), for
@@ -332,6 +347,26 @@ live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
+ * Delete the counts, and set aside the changes this transaction noted
+ * before (they are in what replaces the counts, or gone with the rows
+ * they counted); a subtransaction that aborts brings them back.  Inside
+ * SPI.
+ */
+static void
+erase_counts(void)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	int			i;
+
+	for (i = 0; i < npending; i++)
+		if (pending[i].erased == 0)
+			pending[i].erased = level;
+	gatekeeper_plan(&forget_live_counts_plan, forget_live_counts_sql, 0, NULL);
+	if (SPI_execute_plan(forget_live_counts_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "could not empty gatekeeper's live counts");
+}
+
+/*
  * Add each row's state, times sign, to this transaction's changes.
  */
 static void
@@ -385,18 +420,9 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 
 	if (TRIGGER_FIRED_BY_TRUNCATE(trigdata->tg_event))
 	{
-		int			level = GetCurrentTransactionNestLevel();
-		int			i;
-
-		/* the changes noted before are gone with the rows they counted */
-		for (i = 0; i < npending; i++)
-			if (pending[i].erased == 0)
-				pending[i].erased = level;
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		gatekeeper_plan(&forget_live_counts_plan, forget_live_counts_sql, 0, NULL);
-		if (SPI_execute_plan(forget_live_counts_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "could not empty gatekeeper's live counts");
+		erase_counts();
 		SPI_finish();
 		return PointerGetDatum(NULL);
 	}
@@ -423,4 +449,52 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 		count_rows(trigdata->tg_newtable, desc, queue_att, state_att,
 				   scheduled, claimed, 1);
 	return PointerGetDatum(NULL);
+}
+
+/*
+ * gatekeeper_recount_live
+ *		gatekeeper.recount_live(): count mail_live afresh into
+ *		mail_live_count, for counts that missed writes (mail_live written
+ *		with its triggers disabled, as pg_restore --disable-triggers
+ *		does).  Returns the live mails counted.
+ *
+ * The SHARE lock waits for every transaction writing mail_live to end
+ * (their counts are written as they commit, before the lock is theirs no
+ * more) and keeps new ones out until this one ends; the count then runs
+ * under a snapshot taken after the lock, which READ COMMITTED gives and a
+ * transaction snapshot would not.  This transaction's own earlier
+ * changes are in that count, so they are set aside as a TRUNCATE sets
+ * them aside.
+ */
+Datum
+gatekeeper_recount_live(PG_FUNCTION_ARGS)
+{
+	int64		total = 0;
+	uint64		i;
+
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
+				 errmsg("recount_live() must run in a READ COMMITTED transaction"),
+				 errdetail("A transaction snapshot taken before the lock would miss what committed while it waited.")));
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	gatekeeper_plan(&lock_live_plan, lock_live_sql, 0, NULL);
+	if (SPI_execute_plan(lock_live_plan, NULL, NULL, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "could not lock gatekeeper.mail_live");
+	erase_counts();
+	gatekeeper_plan(&recount_live_plan, recount_live_sql, 0, NULL);
+	if (SPI_execute_plan(recount_live_plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "could not count gatekeeper's live mail");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			total += DatumGetInt64(d);
+	}
+	SPI_finish();
+	PG_RETURN_INT64(total);
 }
