@@ -187,6 +187,26 @@ SELECT n_tup_ins + n_tup_upd - :writes_before AS count_writes FROM pg_stat_user_
  WHERE relid = 'gatekeeper.mail_live_count'::regclass;
 SELECT pg_temp.miscounted() AS after_loop;
 
+-- a loop of subtransactions (an exception block per enqueue, every third
+-- rolled back): each committed one's changes join its parent's
+DO $$
+BEGIN
+	FOR i IN 1..30 LOOP
+		BEGIN
+			PERFORM gatekeeper.enqueue('sub' || i || '@example.com', 's', 'b',
+									   CASE WHEN i % 2 = 0 THEN 'lc_a' ELSE 'lc_b' END);
+			IF i % 3 = 0 THEN
+				RAISE EXCEPTION 'rolled back';
+			END IF;
+		EXCEPTION WHEN raise_exception THEN
+			NULL;
+		END;
+	END LOOP;
+END
+$$;
+SELECT count(*) AS kept FROM gatekeeper.mail_status WHERE recipient LIKE 'sub%';
+SELECT pg_temp.miscounted() AS after_subtransaction_loop;
+
 -- a procedure that commits as it goes: each of its transactions writes
 -- its own counts
 CREATE PROCEDURE pg_temp.enqueue_and_commit() LANGUAGE plpgsql AS $$

@@ -84,7 +84,7 @@ static const char forget_live_counts_sql[] =
 "DELETE FROM gatekeeper.mail_live_count";
 
 static const char lock_live_sql[] =
-"LOCK TABLE gatekeeper.mail_live IN SHARE MODE";
+"LOCK TABLE gatekeeper.mail_live IN SHARE ROW EXCLUSIVE MODE";
 
 static const char recount_live_sql[] =
 "INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed) "
@@ -107,7 +107,7 @@ static MemoryContext live_context = NULL;
 static bool callbacks_registered = false;
 
 static void note_change(const char *queue, int len, int64 scheduled, int64 claimed);
-static void write_pending(void);
+static void write_pending(bool prepare);
 static void forget_pending(void);
 static void live_xact_callback(XactEvent event, void *arg);
 static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
@@ -138,6 +138,7 @@ note_change(const char *queue, int len, int64 scheduled, int64 claimed)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	PendingLive *p;
+	char	   *copy;
 	int			i;
 
 	if (scheduled == 0 && claimed == 0)
@@ -163,15 +164,19 @@ note_change(const char *queue, int len, int64 scheduled, int64 claimed)
 	}
 	if (npending == maxpending)
 	{
-		maxpending = Max(16, maxpending * 2);
+		int			newmax = Max(16, maxpending * 2);
+
 		if (pending == NULL)
-			pending = MemoryContextAlloc(TopMemoryContext, sizeof(PendingLive) * maxpending);
+			pending = MemoryContextAlloc(TopMemoryContext, sizeof(PendingLive) * newmax);
 		else
-			pending = repalloc(pending, sizeof(PendingLive) * maxpending);
+			pending = repalloc(pending, sizeof(PendingLive) * newmax);
+		maxpending = newmax;
 	}
+	copy = MemoryContextAlloc(live_context, Max(len, 1));
+	memcpy(copy, queue, len);
+	/* counted only once nothing above can fail */
 	p = &pending[npending++];
-	p->queue = MemoryContextAlloc(live_context, Max(len, 1));
-	memcpy(p->queue, queue, len);
+	p->queue = copy;
 	p->len = len;
 	p->level = level;
 	p->erased = 0;
@@ -197,7 +202,7 @@ forget_pending(void)
  * (the extension dropped in the same transaction).
  */
 static void
-write_pending(void)
+write_pending(bool prepare)
 {
 	Datum	   *names;
 	Datum	   *scheduled;
@@ -259,7 +264,17 @@ write_pending(void)
 	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
 	ReleaseSysCache(tuple);
 
-	args[0] = Int32GetDatum(MyBackendId);
+	/*
+	 * A prepared transaction keeps its row version locked until COMMIT or
+	 * ROLLBACK PREPARED, and this backend's id passes to later sessions:
+	 * it writes a row of its own, numbered below zero by its transaction
+	 * id, that no session writes again while it is in doubt.  Those rows
+	 * stay (recount_live() folds them into one).
+	 */
+	if (prepare)
+		args[0] = Int32GetDatum(-1 - (int32) (XidFromFullTransactionId(GetTopFullTransactionId()) & 0x7FFFFFFF));
+	else
+		args[0] = Int32GetDatum(MyBackendId);
 	args[1] = gatekeeper_array(names, NULL, n, TEXTOID);
 	args[2] = gatekeeper_array(scheduled, NULL, n, INT8OID);
 	args[3] = gatekeeper_array(claimed, NULL, n, INT8OID);
@@ -296,9 +311,12 @@ live_xact_callback(XactEvent event, void *arg)
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
+			if (npending > 0)
+				write_pending(false);
+			break;
 		case XACT_EVENT_PRE_PREPARE:
 			if (npending > 0)
-				write_pending();
+				write_pending(true);
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
@@ -336,13 +354,50 @@ live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	}
 	else if (event == SUBXACT_EVENT_COMMIT_SUB)
 	{
+		int			first;
+		int			parent;
+		int			n;
+		int			j;
+
 		for (i = 0; i < npending; i++)
-		{
-			if (pending[i].level >= level)
-				pending[i].level = level - 1;
 			if (pending[i].erased >= level)
 				pending[i].erased = level - 1;
+
+		/*
+		 * Levels only grow along the array: this level's changes are its
+		 * tail, the parent's just before.  Each joins the parent's change
+		 * of its queue, so that a loop of subtransactions (a PL/pgSQL
+		 * exception block per enqueue) keeps one change a queue, not one
+		 * per subtransaction for every later one to walk.
+		 */
+		for (first = npending; first > 0 && pending[first - 1].level >= level; first--)
+			;
+		for (parent = first; parent > 0 && pending[parent - 1].level == level - 1; parent--)
+			;
+		n = first;
+		for (i = first; i < npending; i++)
+		{
+			PendingLive *p = &pending[i];
+
+			for (j = parent; j < n && p->erased == 0; j++)
+			{
+				PendingLive *q = &pending[j];
+
+				if (q->erased == 0 && q->len == p->len &&
+					memcmp(q->queue, p->queue, p->len) == 0)
+				{
+					q->scheduled += p->scheduled;
+					q->claimed += p->claimed;
+					pfree(p->queue);
+					break;
+				}
+			}
+			if (p->erased == 0 && j < n)
+				continue;
+			p->level = level - 1;
+			pending[n++] = *p;
 		}
+		npending = n;
 	}
 }
 
@@ -458,7 +513,7 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
  *		with its triggers disabled, as pg_restore --disable-triggers
  *		does).  Returns the live mails counted.
  *
- * The SHARE lock waits for every transaction writing mail_live to end
+ * The SHARE ROW EXCLUSIVE lock waits for every transaction writing mail_live to end
  * (their counts are written as they commit, before the lock is theirs no
  * more) and keeps new ones out until this one ends; the count then runs
  * under a snapshot taken after the lock, which READ COMMITTED gives and a

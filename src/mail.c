@@ -796,7 +796,7 @@ live_open(TupleDesc mail_desc)
 	rel = table_open(relid, RowExclusiveLock);
 	if (live_has_triggers(rel))
 	{
-		table_close(rel, RowExclusiveLock);
+		table_close(rel, NoLock);
 		return NULL;
 	}
 	desc = RelationGetDescr(rel);
@@ -864,7 +864,7 @@ live_open(TupleDesc mail_desc)
 
 use_sql:
 	FreeExecutorState(w->estate);
-	table_close(rel, RowExclusiveLock);
+	table_close(rel, NoLock);
 	return NULL;
 }
 
@@ -958,7 +958,7 @@ live_close(LiveWriter *w)
 	FreeBulkInsertState(w->bistate);
 	ExecCloseIndices(w->rri);
 	FreeExecutorState(w->estate);
-	table_close(w->rel, RowExclusiveLock);
+	table_close(w->rel, NoLock);	/* held to the end of the transaction */
 	MemoryContextDelete(w->batch_cxt);
 	/* as SPI does after a statement: later commands see the rows */
 	CommandCounterIncrement();
