@@ -287,3 +287,15 @@ SELECT count(*) AS rows_summing_to_nothing FROM (
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT pg_temp.error_of($$SELECT gatekeeper.recount_live()$$) AS repeatable_read;
 ROLLBACK;
+
+-- the extension dropped and made again in the transaction that changed
+-- its live mail: what was noted for the dropped tables is not counted in
+-- the new ones, what was noted after is
+BEGIN;
+SELECT gatekeeper.enqueue('dropped@example.com', 's', 'b') > 0 AS enqueued;
+DROP EXTENSION gatekeeper;
+CREATE EXTENSION gatekeeper;
+SELECT gatekeeper.enqueue('kept@example.com', 's', 'b') > 0 AS enqueued;
+COMMIT;
+SELECT queue, scheduled FROM gatekeeper.queue_stats WHERE scheduled > 0;
+SELECT pg_temp.miscounted() AS after_extension_made_again;

@@ -64,6 +64,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_recount_live);
 /* A queue's change noted by this backend, not yet written */
 typedef struct PendingLive
 {
+	Oid			relid;			/* of the mail_live it counts */
 	char	   *queue;			/* in live_context, not NUL-terminated */
 	int			len;
 	int			level;			/* transaction nesting level that noted it */
@@ -106,13 +107,14 @@ static int	maxpending = 0;
 static MemoryContext live_context = NULL;
 static bool callbacks_registered = false;
 
-static void note_change(const char *queue, int len, int64 scheduled, int64 claimed);
+static void note_change(Oid relid, const char *queue, int len, int64 scheduled,
+						int64 claimed);
 static void write_pending(bool prepare);
 static void forget_pending(void);
 static void live_xact_callback(XactEvent event, void *arg);
 static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								  SubTransactionId parentSubid, void *arg);
-static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
+static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
 					   int state_att, Oid scheduled, Oid claimed, int sign);
 static void erase_counts(void);
 
@@ -121,11 +123,11 @@ static void erase_counts(void);
  * the commit.
  */
 void
-gatekeeper_live_count_add(Datum queue, int64 scheduled, int64 claimed)
+gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled, int64 claimed)
 {
 	text	   *name = DatumGetTextPP(queue);
 
-	note_change(VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), scheduled, claimed);
+	note_change(live_relid, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), scheduled, claimed);
 }
 
 /*
@@ -134,7 +136,7 @@ gatekeeper_live_count_add(Datum queue, int64 scheduled, int64 claimed)
  * nothing.
  */
 static void
-note_change(const char *queue, int len, int64 scheduled, int64 claimed)
+note_change(Oid relid, const char *queue, int len, int64 scheduled, int64 claimed)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	PendingLive *p;
@@ -146,7 +148,8 @@ note_change(const char *queue, int len, int64 scheduled, int64 claimed)
 	for (i = npending - 1; i >= 0 && pending[i].level == level; i--)
 	{
 		p = &pending[i];
-		if (p->erased == 0 && p->len == len && memcmp(p->queue, queue, len) == 0)
+		if (p->erased == 0 && p->relid == relid && p->len == len &&
+			memcmp(p->queue, queue, len) == 0)
 		{
 			p->scheduled += scheduled;
 			p->claimed += claimed;
@@ -176,6 +179,7 @@ note_change(const char *queue, int len, int64 scheduled, int64 claimed)
 	memcpy(copy, queue, len);
 	/* counted only once nothing above can fail */
 	p = &pending[npending++];
+	p->relid = relid;
 	p->queue = copy;
 	p->len = len;
 	p->level = level;
@@ -210,6 +214,7 @@ write_pending(bool prepare)
 	Datum		args[4];
 	Oid			types[4] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
 	Oid			nsp;
+	Oid			live_relid;
 	Oid			relid;
 	Oid			owner;
 	Oid			save_userid;
@@ -220,6 +225,14 @@ write_pending(bool prepare)
 	int			i;
 	int			j;
 
+	/*
+	 * Only the changes to the mail_live there is now count: the extension
+	 * may have been dropped, or dropped and made again, since some were
+	 * noted.
+	 */
+	nsp = get_namespace_oid("gatekeeper", true);
+	live_relid = OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+
 	names = palloc(sizeof(Datum) * npending);
 	scheduled = palloc(sizeof(Datum) * npending);
 	claimed = palloc(sizeof(Datum) * npending);
@@ -229,14 +242,14 @@ write_pending(bool prepare)
 		int64		s = 0;
 		int64		c = 0;
 
-		if (p->erased != 0 || p->len < 0)
+		if (p->erased != 0 || p->len < 0 || p->relid != live_relid)
 			continue;
 		/* one element per queue: merge the later levels' into this */
 		for (j = i; j < npending; j++)
 		{
 			PendingLive *q = &pending[j];
 
-			if (q->erased != 0 || q->len != p->len ||
+			if (q->erased != 0 || q->relid != live_relid || q->len != p->len ||
 				memcmp(q->queue, p->queue, p->len) != 0)
 				continue;
 			s += q->scheduled;
@@ -254,7 +267,6 @@ write_pending(bool prepare)
 	forget_pending();
 	if (n == 0)
 		return;
-	nsp = get_namespace_oid("gatekeeper", true);
 	relid = OidIsValid(nsp) ? get_relname_relid("mail_live_count", nsp) : InvalidOid;
 	if (!OidIsValid(relid))
 		return;
@@ -383,7 +395,7 @@ live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 			{
 				PendingLive *q = &pending[j];
 
-				if (q->erased == 0 && q->len == p->len &&
+				if (q->erased == 0 && q->relid == p->relid && q->len == p->len &&
 					memcmp(q->queue, p->queue, p->len) == 0)
 				{
 					q->scheduled += p->scheduled;
@@ -425,7 +437,7 @@ erase_counts(void)
  * Add each row's state, times sign, to this transaction's changes.
  */
 static void
-count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
+count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
 		   int state_att, Oid scheduled, Oid claimed, int sign)
 {
 	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
@@ -443,9 +455,9 @@ count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
 		if (isnull)
 			continue;
 		if (state == scheduled)
-			gatekeeper_live_count_add(queue, sign, 0);
+			gatekeeper_live_count_add(relid, queue, sign, 0);
 		else if (state == claimed)
-			gatekeeper_live_count_add(queue, 0, sign);
+			gatekeeper_live_count_add(relid, queue, 0, sign);
 		ExecClearTuple(slot);
 	}
 	ExecDropSingleTupleTableSlot(slot);
@@ -498,10 +510,10 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 												   ObjectIdGetDatum(state_type)));
 
 	if (trigdata->tg_oldtable != NULL)
-		count_rows(trigdata->tg_oldtable, desc, queue_att, state_att,
+		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_oldtable, desc, queue_att, state_att,
 				   scheduled, claimed, -1);
 	if (trigdata->tg_newtable != NULL)
-		count_rows(trigdata->tg_newtable, desc, queue_att, state_att,
+		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_newtable, desc, queue_att, state_att,
 				   scheduled, claimed, 1);
 	return PointerGetDatum(NULL);
 }

@@ -1070,7 +1070,8 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 				bool		isnull;
 
 				live_add(live, tuple, desc, where.row);
-				gatekeeper_live_count_add(heap_getattr(tuple, columns.queue, desc, &isnull),
+				gatekeeper_live_count_add(RelationGetRelid(live->rel),
+										  heap_getattr(tuple, columns.queue, desc, &isnull),
 										  1, 0);
 			}
 			if (tally != NULL)
