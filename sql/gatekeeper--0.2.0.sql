@@ -1838,7 +1838,9 @@ COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats 
  * writes itself.  A transaction's changes are written once, as it
  * commits.  ENABLE ALWAYS: the counts hold under session_replication_role
  * = replica too.  A dropped queue's rows stay, summing to nothing (it had
- * no live mail left): a new queue of its name starts at zero.
+ * no live mail left): a new queue of its name starts at zero.  A
+ * prepared transaction writes a row of its own (slot below zero).
+ * recount_live() folds them all.
  */
 CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,
