@@ -246,6 +246,26 @@ COMMIT;
 SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats WHERE scheduled + claimed > 0 ORDER BY queue;
 SELECT pg_temp.miscounted() AS after_truncate;
 
+-- inside a transaction that changed live mail, queue_stats counts its
+-- changes, not yet written, with the committed ones: the counts agree
+-- with the mail_live that transaction sees, due too (lc_big: 1,001 due
+-- committed, then 999 for tomorrow uncommitted, _live_due's side)
+SELECT gatekeeper.create_queue('lc_big');
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+SELECT 'lc_big', 'big' || i || '@example.com', 's', 'b', now() - interval '1 minute'
+  FROM generate_series(1, 1001) AS i;
+BEGIN;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+SELECT 'lc_big', 'later' || i || '@example.com', 's', 'b', now() + interval '1 day'
+  FROM generate_series(1, 999) AS i;
+SELECT count(gatekeeper.enqueue('inside' || i || '@example.com', 's', 'b', 'lc_a')) AS enqueued
+  FROM generate_series(1, 3) AS i;
+SELECT count(*) AS claimed FROM gatekeeper.claim('lc', 2, queues => '{lc_a}');
+SELECT scheduled, due, claimed FROM gatekeeper.queue_stats WHERE queue = 'lc_big';
+SELECT pg_temp.miscounted() AS inside_a_transaction;
+ROLLBACK;
+SELECT pg_temp.miscounted() AS after_rollback;
+
 -- a write to mail_live with its triggers disabled (as a data-only
 -- pg_restore --disable-triggers makes them) is not counted, and
 -- recount_live() counts mail_live afresh: what its transaction noted

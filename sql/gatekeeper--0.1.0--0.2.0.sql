@@ -2090,6 +2090,16 @@ $$;
  * estimates of the index passes cross jit_above_cost, and compiling took
  * 20-30 ms of a 50 ms call.
  */
+-- this transaction's changes to the live counts, not yet written (they
+-- are as it commits): queue_stats adds them, so that inside a transaction
+-- that changed live mail the counts agree with the mail_live it sees
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT claimed bigint)
+RETURNS SETOF record
+LANGUAGE c
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_live_pending';
+
 CREATE FUNCTION gatekeeper._live_stats(OUT queue text, OUT scheduled bigint,
 	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint)
 RETURNS SETOF record
@@ -2102,7 +2112,9 @@ SET jit = off
 AS $$
 	WITH c AS MATERIALIZED (
 		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled, sum(n.claimed)::bigint AS claimed
-		  FROM gatekeeper.mail_live_count n
+		  FROM (SELECT w.queue, w.scheduled, w.claimed FROM gatekeeper.mail_live_count w
+				UNION ALL
+				SELECT p.queue, p.scheduled, p.claimed FROM gatekeeper._live_pending() p) n
 		 GROUP BY n.queue)
 	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
 		   min(u.oldest_due), sum(u.lapsed)::bigint

@@ -45,6 +45,7 @@
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/backendid.h"
 #include "utils/builtins.h"
@@ -60,6 +61,7 @@
 
 PG_FUNCTION_INFO_V1(gatekeeper_count_live);
 PG_FUNCTION_INFO_V1(gatekeeper_recount_live);
+PG_FUNCTION_INFO_V1(gatekeeper_live_pending);
 
 /* A queue's change noted by this backend, not yet written */
 typedef struct PendingLive
@@ -564,4 +566,40 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 	}
 	SPI_finish();
 	PG_RETURN_INT64(total);
+}
+
+/*
+ * gatekeeper_live_pending
+ *		gatekeeper._live_pending(): this transaction's changes to the live
+ *		counts, not yet written, by queue: what queue_stats adds to the
+ *		written counts so that, inside a transaction that changed live
+ *		mail, they agree with the mail_live it sees.
+ */
+Datum
+gatekeeper_live_pending(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			nsp;
+	Oid			live_relid;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (npending == 0)
+		return (Datum) 0;
+	nsp = get_namespace_oid("gatekeeper", true);
+	live_relid = OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+	for (i = 0; i < npending; i++)
+	{
+		PendingLive *p = &pending[i];
+		Datum		values[3];
+		bool		nulls[3] = {false, false, false};
+
+		if (p->erased != 0 || p->relid != live_relid)
+			continue;
+		values[0] = PointerGetDatum(cstring_to_text_with_len(p->queue, p->len));
+		values[1] = Int64GetDatum(p->scheduled);
+		values[2] = Int64GetDatum(p->claimed);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
 }
