@@ -9,14 +9,16 @@
  * triggers (gatekeeper._count_live), which net the statement's rows by
  * queue: an old row's state is taken from the counts, a new row's added.
  * The insert trigger of gatekeeper.mail, which writes new mail's live
- * rows without the executor (src/mail.c), notes its own.  Either way the changes wait in this backend, by transaction
- * nesting level (a subtransaction that aborts drops its own, one that
- * commits hands them to its parent), and are written when the transaction
- * commits or prepares, just before: one upsert into this backend's rows
- * of mail_live_count (the slot is the backend's id), whatever number of
- * statements changed mail_live.  Two sessions never write the same row,
- * so claimers never wait for each other there; a queue's counts are the
- * sum of its rows.  (Written per statement, 100,000 enqueue() calls in
+ * rows without the executor (src/mail.c), notes its own.  Either way the
+ * changes wait in this backend, by transaction nesting level (a
+ * subtransaction that aborts drops its own, one that commits hands them to
+ * its parent), and are written when the transaction commits or prepares,
+ * just before: one upsert into this backend's rows of mail_live_count
+ * (the slot is the backend's id; a prepared transaction's, one of its
+ * own), whatever number of statements changed mail_live.  Two sessions
+ * never write the same row, so claimers never wait for each other there;
+ * a queue's counts are the sum of its rows, plus, for the transaction that
+ * reads them, its changes not yet written (_live_pending).  (Written per statement, 100,000 enqueue() calls in
  * one transaction would each update the same row, whose versions none
  * can prune before the commit: each update walked all the earlier ones.)
  *
@@ -25,7 +27,8 @@
  * a query sees the two agree under its snapshot.  A TRUNCATE of mail_live
  * deletes them at once and sets aside the changes this transaction noted
  * before it (brought back if the TRUNCATE's subtransaction aborts).  What
- * they cannot see is a write to mail_live with its triggers disabled.
+ * they cannot see is a write to mail_live with its triggers disabled:
+ * recount_live() counts the table afresh after one.
  *
  * IDENTIFICATION
  *		src/live_count.c
@@ -116,8 +119,9 @@ static void forget_pending(void);
 static void live_xact_callback(XactEvent event, void *arg);
 static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								  SubTransactionId parentSubid, void *arg);
-static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
-					   int state_att, Oid scheduled, Oid claimed, int sign);
+static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc,
+					   int queue_att, int state_att, Oid scheduled, Oid claimed,
+					   int sign);
 static void erase_counts(void);
 
 /*
@@ -129,7 +133,8 @@ gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled, int64 cl
 {
 	text	   *name = DatumGetTextPP(queue);
 
-	note_change(live_relid, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), scheduled, claimed);
+	note_change(live_relid, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name),
+				scheduled, claimed);
 }
 
 /*
@@ -286,7 +291,11 @@ write_pending(bool prepare)
 	 * stay (recount_live() folds them into one).
 	 */
 	if (prepare)
-		args[0] = Int32GetDatum(-1 - (int32) (XidFromFullTransactionId(GetTopFullTransactionId()) & 0x7FFFFFFF));
+	{
+		TransactionId xid = XidFromFullTransactionId(GetTopFullTransactionId());
+
+		args[0] = Int32GetDatum(-1 - (int32) (xid & 0x7FFFFFFF));
+	}
 	else
 		args[0] = Int32GetDatum(MyBackendId);
 	args[1] = gatekeeper_array(names, NULL, n, TEXTOID);
@@ -512,11 +521,11 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 												   ObjectIdGetDatum(state_type)));
 
 	if (trigdata->tg_oldtable != NULL)
-		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_oldtable, desc, queue_att, state_att,
-				   scheduled, claimed, -1);
+		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_oldtable,
+				   desc, queue_att, state_att, scheduled, claimed, -1);
 	if (trigdata->tg_newtable != NULL)
-		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_newtable, desc, queue_att, state_att,
-				   scheduled, claimed, 1);
+		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_newtable,
+				   desc, queue_att, state_att, scheduled, claimed, 1);
 	return PointerGetDatum(NULL);
 }
 
@@ -527,10 +536,11 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
  *		with its triggers disabled, as pg_restore --disable-triggers
  *		does).  Returns the live mails counted.
  *
- * The SHARE ROW EXCLUSIVE lock waits for every transaction writing mail_live to end
- * (their counts are written as they commit, before the lock is theirs no
- * more) and keeps new ones out until this one ends; the count then runs
- * under a snapshot taken after the lock, which READ COMMITTED gives and a
+ * The SHARE ROW EXCLUSIVE lock waits for every transaction writing
+ * mail_live to end (their counts are written as they commit, before the
+ * lock is theirs no more, or as they prepare) and keeps new ones, and a
+ * second recount, out until this one ends; the count then runs under a
+ * snapshot taken after the lock, which READ COMMITTED gives and a
  * transaction snapshot would not.  This transaction's own earlier
  * changes are in that count, so they are set aside as a TRUNCATE sets
  * them aside.
@@ -559,7 +569,8 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
+									  &isnull);
 
 		if (!isnull)
 			total += DatumGetInt64(d);
