@@ -146,9 +146,24 @@ BEGIN;
 SELECT gatekeeper.cancel_queue('lc_gated') AS cancelled;
 SELECT gatekeeper.drop_queue('lc_gated');
 COMMIT;
+SELECT count(*) AS rows_of_the_dropped_queue FROM gatekeeper.mail_live_count
+ WHERE queue = 'lc_gated';
 SELECT gatekeeper.create_queue('lc_gated');
 SELECT scheduled, due, claimed FROM gatekeeper.queue_stats WHERE queue = 'lc_gated';
 SELECT pg_temp.miscounted() AS after_drop_queue;
+-- a drop rolled back to a savepoint leaves the rows and what the
+-- transaction noted
+SELECT gatekeeper.create_queue('lc_kept');
+SELECT gatekeeper.enqueue('kept1@example.com', 's', 'b', 'lc_kept') > 0 AS enqueued;
+BEGIN;
+SELECT gatekeeper.cancel_queue('lc_kept') AS cancelled;
+SAVEPOINT d;
+SELECT gatekeeper.drop_queue('lc_kept');
+ROLLBACK TO SAVEPOINT d;
+SELECT gatekeeper.enqueue('kept2@example.com', 's', 'b', 'lc_kept') > 0 AS enqueued;
+COMMIT;
+SELECT scheduled FROM gatekeeper.queue_stats WHERE queue = 'lc_kept';
+SELECT pg_temp.miscounted() AS after_drop_rolled_back;
 
 -- many statements in one transaction, and savepoints rolled back among
 -- them: one write of the counts at the commit
@@ -270,8 +285,8 @@ SELECT pg_temp.miscounted() AS after_rollback;
 -- pg_restore --disable-triggers makes them) is not counted, and
 -- recount_live() counts mail_live afresh: what its transaction noted
 -- before it is in the new count, what it notes after is added at the
--- commit, the rows of dropped queues go, and a savepoint rolled back
--- brings the old counts back
+-- commit, and a savepoint rolled back brings the old counts back (the
+-- queue dropped first leaves no rows: drop_queue deletes them)
 SELECT gatekeeper.create_queue('lc_gone');
 SELECT gatekeeper.enqueue('gone@example.com', 's', 'b', 'lc_gone') > 0 AS enqueued;
 SELECT gatekeeper.cancel_queue('lc_gone');

@@ -735,6 +735,15 @@ BEGIN
 END
 $$;
 
+-- drop_queue's end of the live counts: the queue's rows deleted, this
+-- transaction's changes to them set aside (src/live_count.c)
+CREATE FUNCTION gatekeeper._forget_live(queue text)
+RETURNS void
+LANGUAGE c
+STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_forget_live';
+
 CREATE FUNCTION gatekeeper.drop_queue(name text)
 RETURNS void
 LANGUAGE plpgsql
@@ -757,6 +766,7 @@ BEGIN
 				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
 	END IF;
 	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
+	PERFORM gatekeeper._forget_live(drop_queue.name);
 END
 $$;
 
@@ -1837,10 +1847,9 @@ COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats 
  * rows.  The insert trigger of gatekeeper.mail counts the live rows it
  * writes itself.  A transaction's changes are written once, as it
  * commits.  ENABLE ALWAYS: the counts hold under session_replication_role
- * = replica too.  A dropped queue's rows stay, summing to nothing (it had
- * no live mail left): a new queue of its name starts at zero.  A
- * prepared transaction writes a row of its own (slot below zero).
- * recount_live() folds them all.
+ * = replica too.  drop_queue deletes the queue's rows (_forget_live), so
+ * a new queue of its name starts at zero.  A prepared transaction writes
+ * a row of its own (slot below zero); recount_live() folds those.
  */
 CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,

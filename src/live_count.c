@@ -65,6 +65,7 @@
 PG_FUNCTION_INFO_V1(gatekeeper_count_live);
 PG_FUNCTION_INFO_V1(gatekeeper_recount_live);
 PG_FUNCTION_INFO_V1(gatekeeper_live_pending);
+PG_FUNCTION_INFO_V1(gatekeeper_forget_live);
 
 /* A queue's change noted by this backend, not yet written */
 typedef struct PendingLive
@@ -100,9 +101,13 @@ static const char recount_live_sql[] =
 " GROUP BY l.queue "
 "RETURNING scheduled + claimed";
 
+static const char forget_queue_counts_sql[] =
+"DELETE FROM gatekeeper.mail_live_count WHERE queue = $1";
+
 static SPIPlanPtr add_live_counts_plan = NULL;
 static SPIPlanPtr forget_live_counts_plan = NULL;
 static SPIPlanPtr lock_live_plan = NULL;
+static SPIPlanPtr forget_queue_counts_plan = NULL;
 static SPIPlanPtr recount_live_plan = NULL;
 
 /* this transaction's changes, and the context of their queue names */
@@ -613,4 +618,37 @@ gatekeeper_live_pending(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
+}
+
+/*
+ * gatekeeper_forget_live
+ *		gatekeeper._forget_live(queue): drop_queue's end of the live
+ *		counts.  The queue's rows are deleted, and what this transaction
+ *		noted for it set aside (a cancel_queue before the drop, say), as a
+ *		TRUNCATE sets its changes aside: the two sum to nothing, the queue
+ *		having no live mail left.  A subtransaction that aborts brings both
+ *		back.
+ */
+Datum
+gatekeeper_forget_live(PG_FUNCTION_ARGS)
+{
+	text	   *queue = PG_GETARG_TEXT_PP(0);
+	const char *name = VARDATA_ANY(queue);
+	int			len = VARSIZE_ANY_EXHDR(queue);
+	int			level = GetCurrentTransactionNestLevel();
+	Datum		arg = PointerGetDatum(queue);
+	Oid			type = TEXTOID;
+	int			i;
+
+	for (i = 0; i < npending; i++)
+		if (pending[i].erased == 0 && pending[i].len == len &&
+			memcmp(pending[i].queue, name, len) == 0)
+			pending[i].erased = level;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	gatekeeper_plan(&forget_queue_counts_plan, forget_queue_counts_sql, 1, &type);
+	if (SPI_execute_plan(forget_queue_counts_plan, &arg, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "could not delete the live counts of queue \"%s\"", text_to_cstring(queue));
+	SPI_finish();
+	PG_RETURN_VOID();
 }
