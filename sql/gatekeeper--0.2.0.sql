@@ -1964,6 +1964,16 @@ BEGIN
 END
 $$;
 
+-- this transaction's changes to the live counts, not yet written (they
+-- are as it commits): queue_stats adds them, so that inside a transaction
+-- that changed live mail the counts agree with the mail_live it sees
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT claimed bigint)
+RETURNS SETOF record
+LANGUAGE c
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_live_pending';
+
 /*
  * The live mail of every queue that has some, for queue_stats, without a
  * scan of mail_live: scheduled and claimed from mail_live_count; due and
@@ -1975,16 +1985,6 @@ $$;
  * estimates of the index passes cross jit_above_cost, and compiling took
  * 20-30 ms of a 50 ms call.
  */
--- this transaction's changes to the live counts, not yet written (they
--- are as it commits): queue_stats adds them, so that inside a transaction
--- that changed live mail the counts agree with the mail_live it sees
-CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT claimed bigint)
-RETURNS SETOF record
-LANGUAGE c
-STABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_live_pending';
-
 CREATE FUNCTION gatekeeper._live_stats(OUT queue text, OUT scheduled bigint,
 	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint)
 RETURNS SETOF record

@@ -127,7 +127,8 @@ static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc,
 					   int queue_att, int state_att, Oid scheduled, Oid claimed,
 					   int sign);
-static void erase_counts(void);
+static void erase_counts(text *queue);
+static Oid	live_relid_now(void);
 
 /*
  * Add to queue's scheduled and claimed mail (either may be negative), for
@@ -237,13 +238,7 @@ write_pending(bool prepare)
 	int			i;
 	int			j;
 
-	/*
-	 * Only the changes to the mail_live there is now count: the extension
-	 * may have been dropped, or dropped and made again, since some were
-	 * noted.
-	 */
-	nsp = get_namespace_oid("gatekeeper", true);
-	live_relid = OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+	live_relid = live_relid_now();
 
 	names = palloc(sizeof(Datum) * npending);
 	scheduled = palloc(sizeof(Datum) * npending);
@@ -279,6 +274,7 @@ write_pending(bool prepare)
 	forget_pending();
 	if (n == 0)
 		return;
+	nsp = get_namespace_oid("gatekeeper", true);
 	relid = OidIsValid(nsp) ? get_relname_relid("mail_live_count", nsp) : InvalidOid;
 	if (!OidIsValid(relid))
 		return;
@@ -430,23 +426,57 @@ live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
- * Delete the counts, and set aside the changes this transaction noted
- * before (they are in what replaces the counts, or gone with the rows
- * they counted); a subtransaction that aborts brings them back.  Inside
- * SPI.
+ * Delete the counts, of one queue or (queue NULL) of all, and set aside
+ * the changes this transaction noted for them before (they are in what
+ * replaces the counts, or gone with the rows they counted); a
+ * subtransaction that aborts brings them back.  Inside SPI.
  */
 static void
-erase_counts(void)
+erase_counts(text *queue)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	int			i;
 
 	for (i = 0; i < npending; i++)
-		if (pending[i].erased == 0)
-			pending[i].erased = level;
-	gatekeeper_plan(&forget_live_counts_plan, forget_live_counts_sql, 0, NULL);
-	if (SPI_execute_plan(forget_live_counts_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "could not empty gatekeeper's live counts");
+	{
+		PendingLive *p = &pending[i];
+
+		if (p->erased != 0)
+			continue;
+		if (queue != NULL &&
+			(p->len != (int) VARSIZE_ANY_EXHDR(queue) ||
+			 memcmp(p->queue, VARDATA_ANY(queue), p->len) != 0))
+			continue;
+		p->erased = level;
+	}
+	if (queue == NULL)
+	{
+		gatekeeper_plan(&forget_live_counts_plan, forget_live_counts_sql, 0, NULL);
+		if (SPI_execute_plan(forget_live_counts_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not empty gatekeeper's live counts");
+	}
+	else
+	{
+		Datum		arg = PointerGetDatum(queue);
+		Oid			type = TEXTOID;
+
+		gatekeeper_plan(&forget_queue_counts_plan, forget_queue_counts_sql, 1, &type);
+		if (SPI_execute_plan(forget_queue_counts_plan, &arg, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not delete the live counts of queue \"%s\"",
+				 text_to_cstring(queue));
+	}
+}
+
+/*
+ * The mail_live there is now: the changes noted for another (the
+ * extension dropped, or dropped and made again, since) count for nothing.
+ */
+static Oid
+live_relid_now(void)
+{
+	Oid			nsp = get_namespace_oid("gatekeeper", true);
+
+	return OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
 }
 
 /*
@@ -505,7 +535,7 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	{
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		erase_counts();
+		erase_counts(NULL);
 		SPI_finish();
 		return PointerGetDatum(NULL);
 	}
@@ -567,7 +597,7 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 	gatekeeper_plan(&lock_live_plan, lock_live_sql, 0, NULL);
 	if (SPI_execute_plan(lock_live_plan, NULL, NULL, false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "could not lock gatekeeper.mail_live");
-	erase_counts();
+	erase_counts(NULL);
 	gatekeeper_plan(&recount_live_plan, recount_live_sql, 0, NULL);
 	if (SPI_execute_plan(recount_live_plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "could not count gatekeeper's live mail");
@@ -595,15 +625,13 @@ Datum
 gatekeeper_live_pending(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	Oid			nsp;
 	Oid			live_relid;
 	int			i;
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (npending == 0)
 		return (Datum) 0;
-	nsp = get_namespace_oid("gatekeeper", true);
-	live_relid = OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+	live_relid = live_relid_now();
 	for (i = 0; i < npending; i++)
 	{
 		PendingLive *p = &pending[i];
@@ -632,23 +660,9 @@ gatekeeper_live_pending(PG_FUNCTION_ARGS)
 Datum
 gatekeeper_forget_live(PG_FUNCTION_ARGS)
 {
-	text	   *queue = PG_GETARG_TEXT_PP(0);
-	const char *name = VARDATA_ANY(queue);
-	int			len = VARSIZE_ANY_EXHDR(queue);
-	int			level = GetCurrentTransactionNestLevel();
-	Datum		arg = PointerGetDatum(queue);
-	Oid			type = TEXTOID;
-	int			i;
-
-	for (i = 0; i < npending; i++)
-		if (pending[i].erased == 0 && pending[i].len == len &&
-			memcmp(pending[i].queue, name, len) == 0)
-			pending[i].erased = level;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	gatekeeper_plan(&forget_queue_counts_plan, forget_queue_counts_sql, 1, &type);
-	if (SPI_execute_plan(forget_queue_counts_plan, &arg, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "could not delete the live counts of queue \"%s\"", text_to_cstring(queue));
+	erase_counts(PG_GETARG_TEXT_PP(0));
 	SPI_finish();
 	PG_RETURN_VOID();
 }
