@@ -296,6 +296,38 @@ CREATE INDEX mail_finished ON gatekeeper.mail_done USING brin (finished_at);
 -- entry of an address and costs COPY less to insert (no collated compares)
 CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
 
+/*
+ * Claimed mail, one row per claim statement (one queue's share of a
+ * claim): a claim moves the mails it takes out of mail_live into the
+ * records of mails, so that neither the claim nor the ack writes a new
+ * version of a live row per mail (bench/notes.md, "Claimed mail out of
+ * mail_live").  mails is never rewritten once inserted: a mail that
+ * leaves the batch alone (a single ack) is added to gone and open falls;
+ * the batch is deleted when its last open mail leaves.  The records carry
+ * each mail's claim state as mail_live would (state claimed, attempt,
+ * worker, message id, segment); the lease is the batch's.
+ *
+ *   mail_claim_lo		batches by least mail id: the ids of a batch lie
+ *						within lo .. hi, the ack's first test
+ *   mail_claim_lease	batches by lease expiry, for reaping
+ */
+CREATE TABLE gatekeeper.mail_claim (
+	batch		bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	queue		text NOT NULL,
+	worker		text,
+	lease_until timestamptz NOT NULL,
+	lo			bigint NOT NULL,
+	hi			bigint NOT NULL,
+	open		int NOT NULL,
+	gone		bigint[] NOT NULL DEFAULT '{}',
+	mails		gatekeeper.mail_live[] NOT NULL
+);
+CREATE INDEX mail_claim_lo ON gatekeeper.mail_claim (lo);
+CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
+
+COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
+COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is never rewritten';
+
 CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
 	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
@@ -494,6 +526,8 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_2', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_3', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_live', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim_batch_seq', '');
 
 /*
  * Every column the mail had in 0.1.0, then those 0.2.0 added to it, for
@@ -1200,6 +1234,17 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS 'MODULE_PATHNAME', 'gatekeeper_claim';
 
+/*
+ * Take claimed mails out of their batches in mail_claim, each only if its
+ * claim (id, attempt) is still open there; returns their records.  The
+ * caller writes what became of them (src/claim.c).
+ */
+CREATE FUNCTION gatekeeper._take_claimed(ids bigint[], attempts int[])
+RETURNS SETOF gatekeeper.mail_live
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_take_claimed';
+
 CREATE FUNCTION gatekeeper.ack(id bigint, attempt int)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -1210,16 +1255,11 @@ BEGIN
 	IF ack.id IS NULL OR ack.attempt IS NULL THEN
 		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	WITH f AS (
-		DELETE FROM gatekeeper.mail_live l
-		 WHERE l.id = ack.id AND l.attempt = ack.attempt AND l.state = 'claimed'
-		RETURNING l.*
-	)
 	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 									  message_id, last_error, dedupe_key, finished_at, segment)
 	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
 		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM f;
+	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
 	RETURN FOUND;
 END
 $$;
