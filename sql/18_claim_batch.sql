@@ -1,0 +1,126 @@
+-- Claimed mail in gatekeeper.mail_claim: a claim moves the mails that go
+-- out of mail_live into one batch per queue; the ack takes them out of
+-- their batch, fenced by (id, attempt); the mails that do not go end in
+-- mail_live (deferred) or mail_done, never nowhere and never twice.
+SET client_min_messages = warning;
+\set VERBOSITY terse
+
+-- where a mail is: its live row, the batches it is open in, its outcome
+CREATE FUNCTION pg_temp.where_is(mail bigint) RETURNS text
+LANGUAGE sql AS $$
+	SELECT concat_ws(' ',
+		(SELECT 'live:' || l.state || '/' || l.attempt FROM gatekeeper.mail_live l WHERE l.id = mail),
+		(SELECT 'claim:' || string_agg(r.state || '/' || r.attempt, ',')
+		   FROM gatekeeper.mail_claim c, unnest(c.mails) r
+		  WHERE r.id = mail AND NOT mail = ANY (c.gone)),
+		(SELECT 'done:' || d.state || '/' || d.attempt FROM gatekeeper.mail_done d WHERE d.id = mail))
+$$;
+
+SELECT gatekeeper.create_queue('cb_a');
+SELECT gatekeeper.create_queue('cb_b');
+SELECT gatekeeper.create_queue('cb_gated', gates => '{smart_sending}', on_gate_closed => 'defer');
+
+--
+-- a claim takes its mails out of mail_live into one batch per queue
+--
+SELECT gatekeeper.enqueue('a' || i || '@example.com', 'A' || i, 'b', 'cb_a') AS a1
+  FROM generate_series(1, 3) i ORDER BY 1 LIMIT 1 \gset
+SELECT gatekeeper.enqueue('b1@example.com', 'B1', 'b', 'cb_b') AS b1 \gset
+BEGIN;
+SELECT count(*) AS claimed, count(DISTINCT message_id) AS message_ids, min(attempt), max(attempt)
+  FROM gatekeeper.claim('w1', 10, queues => ARRAY['cb_a', 'cb_b']);
+SELECT queue, worker, open, gone, lo = min_id AS lo_least, hi = max_id AS hi_greatest,
+       cardinality(mails) AS records, lease_until = now() + interval '5 minutes' AS lease
+  FROM gatekeeper.mail_claim c,
+       LATERAL (SELECT min(r.id) AS min_id, max(r.id) AS max_id FROM unnest(c.mails) r) m
+ ORDER BY queue;
+COMMIT;
+SELECT r.id - :a1 AS a, r.state, r.attempt, r.worker, r.lease_until, r.message_id IS NOT NULL AS has_message_id
+  FROM gatekeeper.mail_claim c, unnest(c.mails) r WHERE c.queue = 'cb_a' ORDER BY r.id;
+SELECT i AS a, pg_temp.where_is(:a1 + i) FROM generate_series(0, 2) i ORDER BY i;
+SELECT pg_temp.where_is(:b1) AS b1;
+SELECT count(*) AS live_left FROM gatekeeper.mail_live WHERE queue IN ('cb_a', 'cb_b');
+
+--
+-- ack_batch takes exactly the fenced claims; a partial ack leaves the
+-- batch with the rest open and its records as they were
+--
+SELECT md5(mails::text) AS mails_before FROM gatekeeper.mail_claim WHERE queue = 'cb_a' \gset
+-- a wrong attempt is refused
+SELECT gatekeeper.ack_batch(ARRAY[:a1], ARRAY[2]) AS wrong_attempt;
+SELECT gatekeeper.ack(:a1, 0) AS wrong_attempt_single;
+SELECT pg_temp.where_is(:a1) AS a0;
+-- two of cb_a's three, one given twice, and an id no batch holds
+SELECT gatekeeper.ack_batch(ARRAY[:a1, :a1 + 1, :a1, :a1 + 1000], ARRAY[1, 1, 1, 1]) AS acked;
+SELECT open, gone = ARRAY[:a1, :a1 + 1]::bigint[] AS gone_taken,
+       md5(mails::text) = :'mails_before' AS mails_unchanged
+  FROM gatekeeper.mail_claim WHERE queue = 'cb_a';
+SELECT i AS a, pg_temp.where_is(:a1 + i) FROM generate_series(0, 2) i ORDER BY i;
+SELECT d.id - :a1 AS a, d.state, d.attempt, d.worker, d.message_id IS NOT NULL AS has_message_id
+  FROM gatekeeper.mail_done d WHERE d.queue = 'cb_a' ORDER BY d.id;
+-- a second ack of the same claims takes nothing
+SELECT gatekeeper.ack_batch(ARRAY[:a1, :a1 + 1], ARRAY[1, 1]) AS acked_again;
+SELECT gatekeeper.ack(:a1, 1) AS ack_again;
+-- ack() takes the last open mail: the batch goes
+SELECT gatekeeper.ack(:a1 + 2, 1) AS ack_last;
+SELECT gatekeeper.ack(:a1 + 2, 1) AS ack_last_again;
+SELECT count(*) AS cb_a_batches FROM gatekeeper.mail_claim WHERE queue = 'cb_a';
+SELECT pg_temp.where_is(:a1 + 2) AS a2;
+-- a whole batch at once is deleted
+SELECT gatekeeper.ack_batch(ARRAY[:b1], ARRAY[1]) AS acked_b;
+SELECT count(*) AS batches_left FROM gatekeeper.mail_claim;
+SELECT pg_temp.where_is(:b1) AS b1;
+-- bad arrays
+SELECT gatekeeper.ack_batch(ARRAY[1, 2]::bigint[], ARRAY[1]);
+SELECT gatekeeper.ack_batch(ARRAY[1, NULL]::bigint[], ARRAY[1, 1]);
+SELECT gatekeeper.ack_batch('{}', '{}') AS empty;
+
+--
+-- batches whose id ranges overlap: an ack takes from each only its own
+--
+SELECT gatekeeper.enqueue('x' || i || '@example.com', 'X' || i, 'b',
+                          CASE WHEN i % 2 = 0 THEN 'cb_a' ELSE 'cb_b' END) AS x0
+  FROM generate_series(0, 5) i ORDER BY 1 LIMIT 1 \gset
+SELECT queue, count(*) AS claimed FROM gatekeeper.claim('w3', 10, queues => ARRAY['cb_a', 'cb_b'])
+ GROUP BY queue ORDER BY queue;
+SELECT queue, lo - :x0 AS lo, hi - :x0 AS hi, open FROM gatekeeper.mail_claim ORDER BY queue;
+-- all of cb_a's (0, 2, 4) and one of cb_b's (1)
+SELECT gatekeeper.ack_batch(ARRAY[:x0 + 4, :x0 + 1, :x0, :x0 + 2], ARRAY[1, 1, 1, 1]) AS acked;
+SELECT queue, open, (SELECT array_agg(g - :x0 ORDER BY g) FROM unnest(gone) g) AS gone
+  FROM gatekeeper.mail_claim ORDER BY queue;
+SELECT i AS x, pg_temp.where_is(:x0 + i) FROM generate_series(0, 5) i ORDER BY i;
+SELECT gatekeeper.ack_batch(ARRAY[:x0 + 3, :x0 + 5, :x0 + 1], ARRAY[1, 1, 1]) AS acked_rest;
+SELECT count(*) AS batches_left FROM gatekeeper.mail_claim;
+
+--
+-- gate losers go back into mail_live, scheduled, their claim undone
+--
+SELECT gatekeeper.enqueue('same@example.com', 'G1', 'b', 'cb_gated') AS g1 \gset
+SELECT gatekeeper.enqueue('same@example.com', 'G2', 'b', 'cb_gated') AS g2 \gset
+SELECT count(*) AS claimed, min(id) = :g1 AS first_won FROM gatekeeper.claim('w1', 10, queues => ARRAY['cb_gated']);
+SELECT pg_temp.where_is(:g1) AS g1, pg_temp.where_is(:g2) AS g2;
+SELECT state, attempt, worker, lease_until, send_at > now() AS later, last_error
+  FROM gatekeeper.mail_live WHERE id = :g2;
+SELECT open, cardinality(mails) AS records FROM gatekeeper.mail_claim WHERE queue = 'cb_gated';
+
+--
+-- a suppressed recipient's claimed mail and mail past its send_by end in
+-- mail_done
+--
+SELECT gatekeeper.suppress('blocked@example.com', 'manual');
+SELECT gatekeeper.enqueue('blocked@example.com', 'S', 'b', 'cb_b') AS s1 \gset
+SELECT gatekeeper.enqueue('late@example.com', 'L', 'b', 'cb_b') AS l1 \gset
+UPDATE gatekeeper.mail SET send_by = now() - interval '1 hour' WHERE id = :l1;
+SELECT count(*) AS claimed FROM gatekeeper.claim('w2', 10, queues => ARRAY['cb_b']);
+SELECT pg_temp.where_is(:s1) AS s1, pg_temp.where_is(:l1) AS l1;
+SELECT id = :s1 AS is_s1, state, attempt, worker, last_error
+  FROM gatekeeper.mail_done WHERE id IN (:s1, :l1) ORDER BY id;
+SELECT count(*) AS cb_b_batches FROM gatekeeper.mail_claim WHERE queue = 'cb_b';
+
+--
+-- every mail of these queues is in exactly one place
+--
+SELECT m.queue, coalesce(array_length(string_to_array(pg_temp.where_is(m.id), ' '), 1), 0) AS places,
+       count(*)
+  FROM gatekeeper.mail m WHERE m.queue LIKE 'cb\_%'
+ GROUP BY 1, 2 ORDER BY 1, 2;
