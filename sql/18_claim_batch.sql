@@ -124,3 +124,30 @@ SELECT m.queue, coalesce(array_length(string_to_array(pg_temp.where_is(m.id), ' 
        count(*)
   FROM gatekeeper.mail m WHERE m.queue LIKE 'cb\_%'
  GROUP BY 1, 2 ORDER BY 1, 2;
+
+--
+-- reap(): a lapsed batch goes; its open mails back to scheduled, or
+-- failed past max_attempts, or unknown for at_most_once
+--
+SELECT gatekeeper.create_queue('cb_once', max_attempts => 1);
+SELECT gatekeeper.create_queue('cb_amo', delivery => 'at_most_once');
+SELECT gatekeeper.enqueue('r' || i || '@example.com', 'R' || i, 'b', 'cb_a') AS r0
+  FROM generate_series(0, 2) i ORDER BY 1 LIMIT 1 \gset
+SELECT gatekeeper.enqueue('once@example.com', 'O', 'b', 'cb_once') AS o1 \gset
+SELECT gatekeeper.enqueue('amo@example.com', 'M', 'b', 'cb_amo') AS m1 \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('w4', 10, '1 hour', ARRAY['cb_a', 'cb_once', 'cb_amo']);
+SELECT gatekeeper.ack(:r0, 1) AS acked_one;
+SELECT gatekeeper.reap() AS reaped_none;
+-- every batch lapses: these four open mails, and cb_gated's one from above
+UPDATE gatekeeper.mail_claim SET lease_until = now() - interval '1 second';
+SELECT gatekeeper.reap() AS reaped;
+SELECT count(*) AS batches_left FROM gatekeeper.mail_claim;
+SELECT i AS r, pg_temp.where_is(:r0 + i) FROM generate_series(0, 2) i ORDER BY i;
+SELECT pg_temp.where_is(:o1) AS o1, pg_temp.where_is(:m1) AS m1;
+SELECT id - :r0 AS r, state, attempt, worker, lease_until, last_error
+  FROM gatekeeper.mail_live WHERE id IN (:r0 + 1, :r0 + 2) ORDER BY id;
+-- a reaped mail is claimed again with the next attempt; the old claim is stale
+SELECT count(*) AS reclaimed, min(attempt) AS attempt FROM gatekeeper.claim('w5', 10, queues => ARRAY['cb_a']);
+SELECT gatekeeper.ack_batch(ARRAY[:r0 + 1, :r0 + 2], ARRAY[1, 1]) AS stale_ack;
+SELECT gatekeeper.ack_batch(ARRAY[:r0 + 1, :r0 + 2], ARRAY[2, 2]) AS ack;
+SELECT i AS r, pg_temp.where_is(:r0 + i) FROM generate_series(0, 2) i ORDER BY i;

@@ -861,31 +861,37 @@ BEGIN
 	 * at_most_once: the mail may have gone, so it is never sent again.
 	 * at_least_once: back to scheduled, unless its attempts are spent;
 	 * it keeps its gate passes, which its next claim re-passes.  Mail that
-	 * failed gives its passes back, all in one sorted release.
+	 * failed gives its passes back, all in one sorted release.  Claimed
+	 * mail is in batches (gatekeeper.mail_claim): a lapsed batch is
+	 * deleted and the mails still open in it are judged; a mail whose
+	 * queue is gone goes back to scheduled rather than nowhere.
 	 */
-	WITH expired AS (
-		SELECT l.id FROM gatekeeper.mail_live l
-		 WHERE l.lease_until < now() AND l.state = 'claimed'
-		   FOR UPDATE SKIP LOCKED
+	WITH lapsed AS (
+		DELETE FROM gatekeeper.mail_claim c
+		 WHERE c.batch = ANY (ARRAY(
+				SELECT l.batch FROM gatekeeper.mail_claim l
+				 WHERE l.lease_until < now()
+				   FOR UPDATE SKIP LOCKED))
+		RETURNING c.gone, c.mails
 	), judged AS (
-		SELECT l.id,
+		SELECT r.*,
 			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
-					WHEN l.attempt - l.uncharged >= q.max_attempts THEN 'failed'
+					WHEN r.attempt - r.uncharged >= q.max_attempts THEN 'failed'
 					ELSE 'scheduled' END AS outcome
-		  FROM expired e
-		  JOIN gatekeeper.mail_live l ON l.id = e.id
-		  JOIN gatekeeper.queue q ON q.name = l.queue
+		  FROM lapsed e
+		 CROSS JOIN LATERAL unnest(e.mails) r
+		  LEFT JOIN gatekeeper.queue q ON q.name = r.queue
+		 WHERE NOT r.id = ANY (e.gone)
 	), back AS (
-		UPDATE gatekeeper.mail_live l
-		   SET state = 'scheduled', lease_until = NULL, worker = NULL, last_error = 'lease expired'
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.uncharged,
+			   NULL, NULL, j.message_id, 'lease expired', j.dedupe_key, j.segment
 		  FROM judged j
-		 WHERE l.id = j.id AND j.outcome = 'scheduled'
-		RETURNING l.id, l.queue, l.send_at
+		 WHERE j.outcome = 'scheduled'
+		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
 	), gone AS (
-		DELETE FROM gatekeeper.mail_live l
-		 USING judged j
-		 WHERE l.id = j.id AND j.outcome <> 'scheduled'
-		RETURNING l.*, j.outcome
+		SELECT j.* FROM judged j WHERE j.outcome <> 'scheduled'
 	), done AS (
 		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 										  message_id, last_error, dedupe_key, finished_at, segment)
