@@ -151,3 +151,19 @@ SELECT count(*) AS reclaimed, min(attempt) AS attempt FROM gatekeeper.claim('w5'
 SELECT gatekeeper.ack_batch(ARRAY[:r0 + 1, :r0 + 2], ARRAY[1, 1]) AS stale_ack;
 SELECT gatekeeper.ack_batch(ARRAY[:r0 + 1, :r0 + 2], ARRAY[2, 2]) AS ack;
 SELECT i AS r, pg_temp.where_is(:r0 + i) FROM generate_series(0, 2) i ORDER BY i;
+
+--
+-- status() and mail_status read a claimed mail from its batch
+--
+SELECT gatekeeper.enqueue('st' || i || '@example.com', 'S' || i, 'b', 'cb_a') AS st0
+  FROM generate_series(0, 1) i ORDER BY 1 LIMIT 1 \gset
+BEGIN;
+SELECT count(*) AS claimed FROM gatekeeper.claim('w6', 10, '2 minutes', ARRAY['cb_a']);
+SELECT id - :st0 AS st, state, attempt, message_id IS NOT NULL AS has_message_id, finished_at
+  FROM gatekeeper.status(:st0);
+SELECT id - :st0 AS st, state, attempt, worker, lease_until = now() + interval '2 minutes' AS lease
+  FROM gatekeeper.mail_status WHERE id IN (:st0, :st0 + 1) ORDER BY id;
+COMMIT;
+SELECT gatekeeper.ack(:st0, 1) AS acked;
+SELECT id - :st0 AS st, state, attempt, worker FROM gatekeeper.mail_status
+ WHERE id IN (:st0, :st0 + 1) ORDER BY id;

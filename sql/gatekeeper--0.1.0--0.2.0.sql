@@ -1676,7 +1676,20 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 	   m.metadata,
 	   m.timezone
   FROM gatekeeper.mail m
-  LEFT JOIN gatekeeper.mail_live l ON l.id = m.id
+  -- the live row, or the record of the batch the mail is claimed in
+  -- (with the batch's lease)
+  LEFT JOIN LATERAL (
+	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, l.lease_until, l.worker,
+		   l.message_id, l.last_error
+	  FROM gatekeeper.mail_live l
+	 WHERE l.id = m.id
+	UNION ALL
+	SELECT r.id, r.send_at, r.state, r.attempt, r.uncharged, c.lease_until, r.worker,
+		   r.message_id, r.last_error
+	  FROM gatekeeper.mail_claim c
+	 CROSS JOIN LATERAL unnest(c.mails) r
+	 WHERE c.lo <= m.id AND c.hi >= m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
 CREATE FUNCTION gatekeeper.status(id bigint)
