@@ -328,6 +328,52 @@ CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
 COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
 COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is never rewritten';
 
+/*
+ * The dedupe keys of unfinished mail: one row per keyed mail that is
+ * scheduled (in mail_live) or claimed (open in a mail_claim batch), so a
+ * claimed mail keeps its key although its live row is gone.  The insert
+ * trigger of gatekeeper.mail writes the rows of the statement's keyed
+ * mails (src/mail.c); a second unfinished mail with the key fails there
+ * with 23505 on mail_key_pkey.
+ *
+ * Nothing removes a row when its mail finishes: that would put a write
+ * into every ack and every other way out, and the ack is the drain's hot
+ * path.  A row whose mail is neither in mail_live nor open in a batch
+ * under that queue and key (_mail_key_held) is stale instead: the next
+ * insert of the key takes it over, and purge() deletes the rest.  Both
+ * lock the row first and only then test it in a later statement, whose
+ * snapshot sees the holder as the row's last writer left it: a holder
+ * moves between mail_live, mail_claim and mail_done in single
+ * transactions and never comes back from mail_done, so a holder seen
+ * finished is finished.
+ *
+ * mail_dedupe stays on mail_live: find() looks scheduled mail up by it,
+ * and it still refuses two scheduled mails with one key wherever rows
+ * enter mail_live (an update of a mail's key, a hand-back, a restore).
+ */
+CREATE TABLE gatekeeper.mail_key (
+	queue		text NOT NULL,
+	dedupe_key	text NOT NULL,
+	id			bigint NOT NULL,
+	PRIMARY KEY (queue, dedupe_key)
+);
+
+COMMENT ON TABLE gatekeeper.mail_key IS 'the dedupe keys of unfinished (scheduled or claimed) mail; a row whose mail finished is stale until the key''s next insert or purge()';
+
+-- whether mail id is unfinished under this queue and key: a scheduled
+-- live row, or an open record of a claimed batch
+CREATE FUNCTION gatekeeper._mail_key_held(id bigint, queue text, dedupe_key text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT EXISTS (SELECT FROM gatekeeper.mail_live l
+				WHERE l.id = $1 AND l.queue = $2 AND l.dedupe_key = $3)
+	OR EXISTS (SELECT FROM gatekeeper.mail_claim c, unnest(c.mails) r
+				WHERE c.lo <= $1 AND c.hi >= $1 AND c.queue = $2
+				  AND r.id = $1 AND r.dedupe_key = $3 AND NOT r.id = ANY (c.gone))
+$$;
+
 CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
 	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
@@ -467,6 +513,31 @@ $$;
 CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
 	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+
+/*
+ * mail_key is dumped with the rest: its rows load as they were, stale ones
+ * included (they stay stale).  A dump loaded through gatekeeper.mail with
+ * the trigger on has already written the keys of the mails it made live;
+ * a dumped row then replaces the key's row instead of failing.
+ */
+CREATE FUNCTION gatekeeper._mail_key_restore() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	UPDATE gatekeeper.mail_key k SET id = NEW.id
+	 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key;
+	IF FOUND THEN
+		RETURN NULL;
+	END IF;
+	RETURN NEW;
+END
+$$;
+
+-- gatekeeper's own inserts run inside the trigger of gatekeeper.mail
+CREATE TRIGGER mail_key_restore BEFORE INSERT ON gatekeeper.mail_key
+	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
+	EXECUTE FUNCTION gatekeeper._mail_key_restore();
 -- whether gatekeeper's own C code runs the statement now (src/gatekeeper.c)
 CREATE FUNCTION gatekeeper._own_statement() RETURNS boolean
 LANGUAGE c
@@ -528,6 +599,7 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_live', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim_batch_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_key', '');
 
 /*
  * Every column the mail had in 0.1.0, then those 0.2.0 added to it, for
@@ -1191,14 +1263,16 @@ BEGIN
 
 	q := gatekeeper._queue(enqueue.queue);
 	/*
-	 * A live mail with this key wins; so does one sent within the queue's
-	 * dedupe window.  Otherwise insert; if a concurrent enqueue of the same
-	 * key got there first (its live row holds the key in mail_dedupe), the
-	 * next round finds its mail.
+	 * An unfinished mail with this key wins, scheduled or claimed; so does
+	 * one sent within the queue's dedupe window.  Otherwise insert: the
+	 * trigger takes over the key's row if its mail has finished since.  If
+	 * a concurrent enqueue of the same key got there first (its row holds
+	 * the key in mail_key), the next round finds its mail.
 	 */
 	FOR round IN 1..10 LOOP
-		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
-		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = enqueue.queue AND k.dedupe_key = enqueue.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 		IF FOUND THEN
 			RETURN new_id;
 		END IF;
@@ -1221,7 +1295,7 @@ BEGIN
 			RETURN new_id;
 		EXCEPTION WHEN unique_violation THEN
 			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-			IF violated IS DISTINCT FROM 'mail_dedupe' THEN
+			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
 				RAISE;
 			END IF;
 		END;
@@ -1746,6 +1820,38 @@ BEGIN
 END
 $$;
 
+/*
+ * Delete up to batch stale rows of mail_key (their mail finished and no
+ * insert of the key took them over since), so the table stays as large
+ * as the keyed unfinished mail.  Candidates are locked first and tested
+ * in the next statement, under its newer snapshot, for the reason the
+ * insert trigger does (src/mail.c, write_keys).
+ */
+CREATE FUNCTION gatekeeper._mail_key_prune(batch int)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	locked tid[];
+	n bigint;
+BEGIN
+	locked := ARRAY(
+		SELECT k.ctid FROM gatekeeper.mail_key k
+		 WHERE NOT EXISTS (SELECT FROM gatekeeper.mail_live l
+							WHERE l.id = k.id AND l.queue = k.queue AND l.dedupe_key = k.dedupe_key)
+		   AND k.id NOT IN (SELECT r.id FROM gatekeeper.mail_claim c, unnest(c.mails) r
+							 WHERE NOT r.id = ANY (c.gone))
+		 LIMIT batch
+		   FOR UPDATE SKIP LOCKED);
+	DELETE FROM gatekeeper.mail_key k
+	 WHERE k.ctid = ANY (locked)
+	   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+
 -- remove finished mail older than gatekeeper.retention, by rotating the
 -- retention segments, and a batch of expired gate log rows; sweep expired
 -- passes out of shared memory
@@ -1776,6 +1882,8 @@ BEGIN
 	   AND g.expires < now();
 	GET DIAGNOSTICS p = ROW_COUNT;
 	PERFORM gatekeeper._gate_sweep();
+	-- not counted: a stale key is no mail
+	PERFORM gatekeeper._mail_key_prune(batch);
 	RETURN n + p;
 END
 $$;
