@@ -4,6 +4,7 @@
 -- mail_live (deferred) or mail_done, never nowhere and never twice.
 SET client_min_messages = warning;
 \set VERBOSITY terse
+\i sql/error_of.inc
 
 -- where a mail is: its live row, the batches it is open in, its outcome
 CREATE FUNCTION pg_temp.where_is(mail bigint) RETURNS text
@@ -33,6 +34,7 @@ SELECT queue, worker, open, gone, lo = min_id AS lo_least, hi = max_id AS hi_gre
        cardinality(mails) AS records, lease_until = now() + interval '5 minutes' AS lease
   FROM gatekeeper.mail_claim c,
        LATERAL (SELECT min(r.id) AS min_id, max(r.id) AS max_id FROM unnest(c.mails) r) m
+ WHERE c.queue LIKE 'cb\_%'
  ORDER BY queue;
 COMMIT;
 SELECT r.id - :a1 AS a, r.state, r.attempt, r.worker, r.lease_until, r.message_id IS NOT NULL AS has_message_id
@@ -68,7 +70,7 @@ SELECT count(*) AS cb_a_batches FROM gatekeeper.mail_claim WHERE queue = 'cb_a';
 SELECT pg_temp.where_is(:a1 + 2) AS a2;
 -- a whole batch at once is deleted
 SELECT gatekeeper.ack_batch(ARRAY[:b1], ARRAY[1]) AS acked_b;
-SELECT count(*) AS batches_left FROM gatekeeper.mail_claim;
+SELECT count(*) AS batches_left FROM gatekeeper.mail_claim WHERE queue LIKE 'cb\_%';
 SELECT pg_temp.where_is(:b1) AS b1;
 -- bad arrays
 SELECT gatekeeper.ack_batch(ARRAY[1, 2]::bigint[], ARRAY[1]);
@@ -83,14 +85,15 @@ SELECT gatekeeper.enqueue('x' || i || '@example.com', 'X' || i, 'b',
   FROM generate_series(0, 5) i ORDER BY 1 LIMIT 1 \gset
 SELECT queue, count(*) AS claimed FROM gatekeeper.claim('w3', 10, queues => ARRAY['cb_a', 'cb_b'])
  GROUP BY queue ORDER BY queue;
-SELECT queue, lo - :x0 AS lo, hi - :x0 AS hi, open FROM gatekeeper.mail_claim ORDER BY queue;
+SELECT queue, lo - :x0 AS lo, hi - :x0 AS hi, open FROM gatekeeper.mail_claim
+ WHERE queue LIKE 'cb\_%' ORDER BY queue;
 -- all of cb_a's (0, 2, 4) and one of cb_b's (1)
 SELECT gatekeeper.ack_batch(ARRAY[:x0 + 4, :x0 + 1, :x0, :x0 + 2], ARRAY[1, 1, 1, 1]) AS acked;
 SELECT queue, open, (SELECT array_agg(g - :x0 ORDER BY g) FROM unnest(gone) g) AS gone
-  FROM gatekeeper.mail_claim ORDER BY queue;
+  FROM gatekeeper.mail_claim WHERE queue LIKE 'cb\_%' ORDER BY queue;
 SELECT i AS x, pg_temp.where_is(:x0 + i) FROM generate_series(0, 5) i ORDER BY i;
 SELECT gatekeeper.ack_batch(ARRAY[:x0 + 3, :x0 + 5, :x0 + 1], ARRAY[1, 1, 1]) AS acked_rest;
-SELECT count(*) AS batches_left FROM gatekeeper.mail_claim;
+SELECT count(*) AS batches_left FROM gatekeeper.mail_claim WHERE queue LIKE 'cb\_%';
 
 --
 -- gate losers go back into mail_live, scheduled, their claim undone
@@ -139,9 +142,9 @@ SELECT count(*) AS claimed FROM gatekeeper.claim('w4', 10, '1 hour', ARRAY['cb_a
 SELECT gatekeeper.ack(:r0, 1) AS acked_one;
 SELECT gatekeeper.reap() AS reaped_none;
 -- every batch lapses: these four open mails, and cb_gated's one from above
-UPDATE gatekeeper.mail_claim SET lease_until = now() - interval '1 second';
+UPDATE gatekeeper.mail_claim SET lease_until = now() - interval '1 second' WHERE queue LIKE 'cb\_%';
 SELECT gatekeeper.reap() AS reaped;
-SELECT count(*) AS batches_left FROM gatekeeper.mail_claim;
+SELECT count(*) AS batches_left FROM gatekeeper.mail_claim WHERE queue LIKE 'cb\_%';
 SELECT i AS r, pg_temp.where_is(:r0 + i) FROM generate_series(0, 2) i ORDER BY i;
 SELECT pg_temp.where_is(:o1) AS o1, pg_temp.where_is(:m1) AS m1;
 SELECT id - :r0 AS r, state, attempt, worker, lease_until, last_error
@@ -167,3 +170,57 @@ COMMIT;
 SELECT gatekeeper.ack(:st0, 1) AS acked;
 SELECT id - :st0 AS st, state, attempt, worker FROM gatekeeper.mail_status
  WHERE id IN (:st0, :st0 + 1) ORDER BY id;
+
+--
+-- a claimed mail keeps its dedupe key (gatekeeper.mail_key): an enqueue
+-- of the key returns it, a bulk insert of the key fails and writes nothing;
+-- once it is sent, the key (the queue has no dedupe window) makes a new mail
+--
+SELECT gatekeeper.create_queue('cb_key');
+SELECT gatekeeper.enqueue('k@example.com', 'K1', 'first', 'cb_key', dedupe_key => 'k') AS k1 \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('w7', 10, queues => ARRAY['cb_key']);
+SELECT pg_temp.where_is(:k1) AS k1;
+SELECT gatekeeper.enqueue('k@example.com', 'K2', 'while claimed', 'cb_key', dedupe_key => 'k') = :k1
+       AS same_id_while_claimed;
+SELECT pg_temp.error_of($$
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+VALUES ('k@example.com', 'K3', 'other', 'cb_key', 'other'),
+       ('k@example.com', 'K3', 'insert', 'cb_key', 'k')
+$$) AS insert_while_claimed;
+COPY gatekeeper.mail (recipient, subject, body, queue, dedupe_key) FROM STDIN (FORMAT csv);
+k@example.com,K4,copy,cb_key,other
+k@example.com,K4,copy,cb_key,k
+\.
+SELECT count(*) AS mails, count(*) FILTER (WHERE l.id IS NOT NULL) AS live
+  FROM gatekeeper.mail m LEFT JOIN gatekeeper.mail_live l USING (id) WHERE m.queue = 'cb_key';
+SELECT dedupe_key, id = :k1 AS is_k1 FROM gatekeeper.mail_key WHERE queue = 'cb_key' ORDER BY 1;
+-- sent: the key's row is stale, and the next enqueue takes it over
+SELECT gatekeeper.ack(:k1, 1) AS acked;
+SELECT dedupe_key, id = :k1 AS is_k1 FROM gatekeeper.mail_key WHERE queue = 'cb_key' ORDER BY 1;
+SELECT gatekeeper.enqueue('k@example.com', 'K5', 'after sent', 'cb_key', dedupe_key => 'k') AS k2 \gset
+SELECT :k2 <> :k1 AS new_id_after_sent;
+SELECT dedupe_key, id = :k2 AS is_k2 FROM gatekeeper.mail_key WHERE queue = 'cb_key' ORDER BY 1;
+-- held again, by a scheduled mail this time: the bulk insert fails as before
+SELECT pg_temp.error_of($$
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+VALUES ('k@example.com', 'K6', 'insert', 'cb_key', 'k')
+$$) AS insert_while_scheduled;
+SELECT id - :k1 AS k, state, body FROM gatekeeper.mail_status WHERE queue = 'cb_key' ORDER BY id;
+-- a bulk insert takes over a stale key too, and purge's pass deletes the
+-- stale rows no insert took over, and only those
+SELECT count(*) AS claimed FROM gatekeeper.claim('w7', 10, queues => ARRAY['cb_key']);
+SELECT gatekeeper.ack(:k2, 1) AS acked;
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+VALUES ('k@example.com', 'K7', 'insert after sent', 'cb_key', 'k'),
+       ('k@example.com', 'K7', 'other', 'cb_key', 'gone');
+SELECT count(*) AS claimed FROM gatekeeper.claim('w7', 10, queues => ARRAY['cb_key']);
+SELECT gatekeeper.ack(id, 1) AS acked FROM gatekeeper.mail
+ WHERE queue = 'cb_key' AND dedupe_key = 'gone';
+SELECT dedupe_key, gatekeeper._mail_key_held(id, queue, dedupe_key) AS held
+  FROM gatekeeper.mail_key WHERE queue = 'cb_key' ORDER BY 1;
+SELECT gatekeeper._mail_key_prune(100) >= 1 AS pruned;
+SELECT dedupe_key, gatekeeper._mail_key_held(id, queue, dedupe_key) AS held
+  FROM gatekeeper.mail_key WHERE queue = 'cb_key' ORDER BY 1;
+SELECT gatekeeper.enqueue('k@example.com', 'K8', 'held', 'cb_key', dedupe_key => 'k') =
+       (SELECT id FROM gatekeeper.mail WHERE queue = 'cb_key' AND subject = 'K7' AND dedupe_key = 'k')
+       AS same_id_claimed_again;
