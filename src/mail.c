@@ -9,7 +9,8 @@
  * same pass over the statement's transition table the trigger writes the
  * statement's mail_live rows (the claim state, one narrow row per mail)
  * straight into the table, in batches of multi-row heap inserts with
- * their index entries (see LiveWriter), and notes that due mail was
+ * their index entries (see LiveWriter), then the keys of keyed mail into
+ * gatekeeper.mail_key (see write_keys), and notes that due mail was
  * written, so the delivery workers are woken when the transaction commits.
  * Due mail of a notify queue is announced (NOTIFY gatekeeper, '<queue>')
  * at commit, once per statement and queue; mail due later is left to the
