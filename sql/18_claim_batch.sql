@@ -224,3 +224,8 @@ SELECT dedupe_key, gatekeeper._mail_key_held(id, queue, dedupe_key) AS held
 SELECT gatekeeper.enqueue('k@example.com', 'K8', 'held', 'cb_key', dedupe_key => 'k') =
        (SELECT id FROM gatekeeper.mail WHERE queue = 'cb_key' AND subject = 'K7' AND dedupe_key = 'k')
        AS same_id_claimed_again;
+-- a scheduled mail whose key an update changed is found by its new key
+SELECT gatekeeper.enqueue('k@example.com', 'K9', 'rekeyed', 'cb_key', dedupe_key => 'old') AS k9 \gset
+UPDATE gatekeeper.mail SET dedupe_key = 'new' WHERE id = :k9;
+SELECT gatekeeper.enqueue('k@example.com', 'K10', 'by new key', 'cb_key', dedupe_key => 'new') = :k9
+       AS same_id_by_new_key;

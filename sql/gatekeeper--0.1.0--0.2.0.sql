@@ -1647,6 +1647,15 @@ BEGIN
 	 * the key in mail_key), the next round finds its mail.
 	 */
 	FOR round IN 1..10 LOOP
+		/*
+		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
+		 * moves its live row's key, not its mail_key row.
+		 */
+		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
+		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
 		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
 		 WHERE k.queue = enqueue.queue AND k.dedupe_key = enqueue.dedupe_key
 		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
