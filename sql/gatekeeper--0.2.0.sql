@@ -301,9 +301,11 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
  * claim): a claim moves the mails it takes out of mail_live into the
  * records of mails, so that neither the claim nor the ack writes a new
  * version of a live row per mail (bench/notes.md, "Claimed mail out of
- * mail_live").  mails is never rewritten once inserted: a mail that
- * leaves the batch alone (a single ack) is added to gone and open falls;
- * the batch is deleted when its last open mail leaves.  The records carry
+ * mail_live").  mails is not rewritten once inserted (but by _rotate,
+ * which moves claimed mail's content to a new segment too, under a lock
+ * no ack passes): a mail that leaves the batch alone (a single ack) is
+ * added to gone and open falls; the batch is deleted when its last open
+ * mail leaves.  The records carry
  * each mail's claim state as mail_live would (state claimed, attempt,
  * worker, message id, segment); the lease is the batch's.
  *
@@ -326,7 +328,7 @@ CREATE INDEX mail_claim_lo ON gatekeeper.mail_claim (lo);
 CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
 
 COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
-COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is never rewritten';
+COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is not rewritten (but for a segment rotation)';
 
 CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
 	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -1736,7 +1738,9 @@ BEGIN
 	END IF;
 	BEGIN
 		PERFORM set_config('lock_timeout', '1s', true);
-		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I IN ACCESS EXCLUSIVE MODE',
+		-- and mail_claim: the records of claimed mail in the segment are
+		-- rewritten below, and an ack reads them before it locks a batch
+		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
 					   'mail_' || nxt, 'mail_done_' || nxt);
 		PERFORM set_config('lock_timeout', timeout, true);
 	EXCEPTION WHEN lock_not_available THEN
@@ -1756,9 +1760,25 @@ BEGIN
 				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
 				m.recipient_name, m.metadata, m.timezone
 		   FROM gatekeeper.%I m
-		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2)',
+		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
 		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
 	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
+	-- claimed mail still open in its batch: its record names the new segment
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(
+			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
+						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
+								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
+								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).message_id, (c.mails[i]).last_error,
+								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
+						ELSE c.mails[i] END
+			  FROM generate_subscripts(c.mails, 1) AS i
+			 ORDER BY i)
+	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
 	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
 	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I', 'mail_' || nxt, 'mail_done_' || nxt);
 	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
