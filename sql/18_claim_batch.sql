@@ -229,3 +229,40 @@ SELECT gatekeeper.enqueue('k@example.com', 'K9', 'rekeyed', 'cb_key', dedupe_key
 UPDATE gatekeeper.mail SET dedupe_key = 'new' WHERE id = :k9;
 SELECT gatekeeper.enqueue('k@example.com', 'K10', 'by new key', 'cb_key', dedupe_key => 'new') = :k9
        AS same_id_by_new_key;
+
+--
+-- nack, nack_batch, unclaim, extend and drop_queue on batches
+--
+SELECT gatekeeper.create_queue('cb_ops', max_attempts => 2);
+SELECT gatekeeper.enqueue('op' || i || '@example.com', 'O' || i, 'b', 'cb_ops') AS op0
+  FROM generate_series(0, 4) i ORDER BY 1 LIMIT 1 \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('w7', 10, '1 minute', ARRAY['cb_ops']);
+-- extend of one claim moves its batch's lease, for every open mail of it
+BEGIN;
+SELECT gatekeeper.extend(:op0, 1, '1 hour') AS extended, gatekeeper.extend(:op0, 2, '1 hour') AS wrong_attempt;
+SELECT id - :op0 AS op, lease_until = now() + interval '1 hour' AS lease
+  FROM gatekeeper.mail_status WHERE id BETWEEN :op0 AND :op0 + 4 ORDER BY id;
+COMMIT;
+-- the queue has no scheduled mail, but claimed mail: it is not dropped
+SELECT pg_temp.error_of($$SELECT gatekeeper.drop_queue('cb_ops')$$) AS drop_claimed;
+-- a retry goes back into mail_live, scheduled later; a permanent failure into mail_done
+SELECT gatekeeper.nack(:op0, 1, '451 later') AS nack_retry,
+       gatekeeper.nack(:op0, 1, '451 again') AS nack_stale,
+       gatekeeper.nack(:op0 + 1, 1, '554 5.7.1 no', true) AS nack_failed;
+SELECT gatekeeper.nack_batch(ARRAY[:op0 + 2, :op0 + 3, :op0 + 2, :op0], ARRAY[1, 1, 1, 1],
+							 ARRAY['421 first', '421 busy', '421 repeat', '421 stale']) AS nacked;
+SELECT gatekeeper.unclaim(ARRAY[:op0 + 4, :op0 + 4], ARRAY[1, 1], 'no relay', '10 minutes') AS unclaimed;
+SELECT i AS op, pg_temp.where_is(:op0 + i) FROM generate_series(0, 4) i ORDER BY i;
+SELECT id - :op0 AS op, state, attempt, uncharged, worker, last_error, send_at > now() AS later
+  FROM gatekeeper.mail_status WHERE id BETWEEN :op0 AND :op0 + 4 ORDER BY id;
+SELECT count(*) AS batches_left FROM gatekeeper.mail_claim WHERE queue = 'cb_ops';
+-- queue_stats: claimed from the open mails of the batches, lapsed ones too
+UPDATE gatekeeper.mail_live SET send_at = now() WHERE queue = 'cb_ops';
+SELECT count(*) AS claimed FROM gatekeeper.claim('w8', 2, queues => ARRAY['cb_ops']);
+SELECT scheduled, claimed, lease_expired FROM gatekeeper.queue_stats WHERE queue = 'cb_ops';
+UPDATE gatekeeper.mail_claim SET lease_until = now() - interval '1 second' WHERE queue = 'cb_ops';
+SELECT scheduled, claimed, lease_expired FROM gatekeeper.queue_stats WHERE queue = 'cb_ops';
+SELECT pg_temp.error_of($$SELECT gatekeeper.drop_queue('cb_ops')$$) AS drop_lapsed;
+SELECT gatekeeper.reap() AS reaped;
+SELECT gatekeeper.cancel_queue('cb_ops') AS cancelled;
+SELECT gatekeeper.drop_queue('cb_ops');

@@ -301,9 +301,11 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
  * claim): a claim moves the mails it takes out of mail_live into the
  * records of mails, so that neither the claim nor the ack writes a new
  * version of a live row per mail (bench/notes.md, "Claimed mail out of
- * mail_live").  mails is never rewritten once inserted: a mail that
- * leaves the batch alone (a single ack) is added to gone and open falls;
- * the batch is deleted when its last open mail leaves.  The records carry
+ * mail_live").  mails is not rewritten once inserted (but by _rotate,
+ * which moves claimed mail's content to a new segment too, under a lock
+ * no ack passes): a mail that leaves the batch alone (a single ack) is
+ * added to gone and open falls; the batch is deleted when its last open
+ * mail leaves.  The records carry
  * each mail's claim state as mail_live would (state claimed, attempt,
  * worker, message id, segment); the lease is the batch's.
  *
@@ -326,7 +328,7 @@ CREATE INDEX mail_claim_lo ON gatekeeper.mail_claim (lo);
 CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
 
 COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
-COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is never rewritten';
+COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is not rewritten (but for a segment rotation)';
 
 /*
  * The dedupe keys of unfinished mail: one row per keyed mail that is
@@ -869,7 +871,12 @@ BEGIN
 	PERFORM gatekeeper._queue(drop_queue.name, true);
 	-- wait out writers that may be adding mail to this queue, and hold off new ones
 	LOCK TABLE gatekeeper.mail IN SHARE MODE;
-	SELECT count(*) INTO live FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name;
+	-- scheduled mail, and claimed mail still open in its batches, under one
+	-- snapshot: a claim or a hand-back moves mail between them in one commit
+	SELECT (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name)
+		   + (SELECT coalesce(sum(c.open), 0) FROM gatekeeper.mail_claim c
+			   WHERE c.queue = drop_queue.name)
+	  INTO live;
 	IF live > 0 THEN
 		RAISE EXCEPTION 'queue "%" still holds % live mail', drop_queue.name, live
 			USING ERRCODE = 'object_in_use',
@@ -1408,9 +1415,8 @@ BEGIN
 	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
 		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	SELECT * INTO m FROM gatekeeper.mail_live l
-	 WHERE l.id = nack.id AND l.attempt = nack.attempt AND l.state = 'claimed'
-	   FOR UPDATE;
+	-- the claim, taken out of its batch if it is still open there
+	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
 	IF NOT FOUND THEN
 		RETURN NULL;			-- not this claim's to report: it changes nothing
 	END IF;
@@ -1418,7 +1424,6 @@ BEGIN
 	tries := m.attempt - m.uncharged;
 
 	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-		DELETE FROM gatekeeper.mail_live l WHERE l.id = m.id;
 		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 										  message_id, last_error, dedupe_key, finished_at, segment)
 		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
@@ -1439,9 +1444,10 @@ BEGIN
 	base := gatekeeper._retry_delay();
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
-	UPDATE gatekeeper.mail_live l
-	   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = error
-	 WHERE l.id = m.id;
+	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+									  lease_until, worker, message_id, last_error, dedupe_key, segment)
+	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
+			NULL, m.worker, m.message_id, error, m.dedupe_key, m.segment);
 	IF q.notify THEN
 		PERFORM gatekeeper._announce(m.queue, now() + delay);
 	END IF;
@@ -1450,10 +1456,11 @@ END
 $$;
 
 -- nack for many claims at once, each element as nack() would do it; returns
--- how many were still the caller's.  The claims are locked in id order,
--- hard bounces suppressed in address order and the passes of the mail that
--- failed given back in one sorted release, so that concurrent batches do
--- not deadlock.
+-- how many were still the caller's.  The claims' batches are locked in
+-- batch order (_take_claimed, as ack_batch locks them), hard bounces
+-- suppressed in address order and the passes of the mail that failed given
+-- back in one sorted release, so that concurrent batches do not deadlock.
+-- A retried mail goes back into mail_live, a failed one into mail_done.
 CREATE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
 	permanent boolean DEFAULT false)
 RETURNS int
@@ -1463,9 +1470,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	e record;
-	m gatekeeper.mail_live;
 	q gatekeeper.queue;
-	recipient text;
 	tries int;
 	delay interval;
 	base interval;
@@ -1492,45 +1497,49 @@ BEGIN
 	END IF;
 
 	base := gatekeeper._retry_delay();
-	FOR e IN SELECT u.id, u.attempt, u.error
-			   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
-			  ORDER BY u.id, u.i
+	/*
+	 * The claims still open, all taken out of their batches at once (the
+	 * function scan reads them all before the first row comes back), each
+	 * with the error of its first element.
+	 */
+	FOR e IN SELECT t AS m, u.error, c.recipient
+			   FROM gatekeeper._take_claimed(ids, attempts) t
+			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
+					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
+					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
+			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
+			  ORDER BY t.id
 	LOOP
-		SELECT * INTO m FROM gatekeeper.mail_live l
-		 WHERE l.id = e.id AND l.attempt = e.attempt AND l.state = 'claimed'
-		   FOR UPDATE;
-		CONTINUE WHEN NOT FOUND;	-- not this claim's to report: it changes nothing
 		n := n + 1;
-		SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
-		tries := m.attempt - m.uncharged;
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
+		tries := (e.m).attempt - (e.m).uncharged;
 
 		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-			DELETE FROM gatekeeper.mail_live l WHERE l.id = m.id;
 			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 											  message_id, last_error, dedupe_key, finished_at, segment)
-			VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
-					m.message_id, e.error, m.dedupe_key, now(), m.segment);
-			SELECT c.recipient INTO recipient FROM gatekeeper.mail c
-			 WHERE c.id = m.id AND c.segment = m.segment;
+			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
+					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
 			-- the relay said the mailbox does not exist: never mail it again
 			IF permanent AND gatekeeper._hard_bounce(e.error) THEN
-				bounce_keys := bounce_keys || gatekeeper._address_key(recipient);
+				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
 				bounce_errors := bounce_errors || e.error;
-				bounce_ids := bounce_ids || m.id;
+				bounce_ids := bounce_ids || (e.m).id;
 			END IF;
-			release_recipients := release_recipients || recipient;
-			release_holders := release_holders || m.id;
+			release_recipients := release_recipients || e.recipient;
+			release_holders := release_holders || (e.m).id;
 			CONTINUE;
 		END IF;
 
 		-- exponential backoff with equal jitter, as nack()'s
 		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 		delay := delay / 2 + delay / 2 * random();
-		UPDATE gatekeeper.mail_live l
-		   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = e.error
-		 WHERE l.id = m.id;
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
+				(e.m).uncharged, NULL, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
+				(e.m).segment);
 		IF q.notify THEN
-			PERFORM gatekeeper._announce(m.queue, now() + delay);
+			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
 		END IF;
 	END LOOP;
 
@@ -1548,18 +1557,28 @@ BEGIN
 END
 $$;
 
+-- the lease is per batch (one queue's share of a claim): extending one
+-- mail's claim gives every mail still open in its batch the new lease
 CREATE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	lease_end timestamptz;
 BEGIN
 	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
 		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	UPDATE gatekeeper.mail_live l SET lease_until = now() + gatekeeper._duration(lease, 'lease')
-	 WHERE l.id = extend.id AND l.attempt = extend.attempt AND l.state = 'claimed';
+	lease_end := now() + gatekeeper._duration(lease, 'lease');
+	-- the lease is the batch's: the claim's batch, if the claim is still open
+	-- in it, takes the new lease for all its open mails (the one update
+	-- rechecks the batch it waited for)
+	UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
+	 WHERE c.lo <= extend.id AND c.hi >= extend.id AND NOT extend.id = ANY (c.gone)
+	   AND EXISTS (SELECT FROM unnest(c.mails) r
+					WHERE r.id = extend.id AND r.attempt = extend.attempt);
 	RETURN FOUND;
 END
 $$;
@@ -1573,6 +1592,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	n int;
+	due timestamptz;
 	back_queues text[];
 	back_due timestamptz[];
 BEGIN
@@ -1586,13 +1606,15 @@ BEGIN
 	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL THEN
 		RAISE EXCEPTION 'ids and attempts must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
+	due := now() + gatekeeper._duration(delay, 'delay');
+	-- the claims still open, out of their batches and back into mail_live
 	WITH back AS (
-		UPDATE gatekeeper.mail_live m
-		   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
-			   send_at = greatest(m.send_at, now() + gatekeeper._duration(delay, 'delay')), last_error = error
-		  FROM unnest(ids, attempts) AS u(id, attempt)
-		 WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'
-		RETURNING m.queue, m.send_at
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
+			   t.uncharged + 1, NULL, t.worker, t.message_id, error, t.dedupe_key, t.segment
+		  FROM gatekeeper._take_claimed(ids, attempts) t
+		RETURNING mail_live.queue, mail_live.send_at
 	)
 	SELECT count(*), array_agg(b.queue), array_agg(b.send_at) INTO n, back_queues, back_due FROM back b;
 	-- external senders listening for a notify queue hear of it
@@ -1799,7 +1821,9 @@ BEGIN
 	END IF;
 	BEGIN
 		PERFORM set_config('lock_timeout', '1s', true);
-		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I IN ACCESS EXCLUSIVE MODE',
+		-- and mail_claim: the records of claimed mail in the segment are
+		-- rewritten below, and an ack reads them before it locks a batch
+		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
 					   'mail_' || nxt, 'mail_done_' || nxt);
 		PERFORM set_config('lock_timeout', timeout, true);
 	EXCEPTION WHEN lock_not_available THEN
@@ -1819,9 +1843,25 @@ BEGIN
 				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
 				m.recipient_name, m.metadata, m.timezone
 		   FROM gatekeeper.%I m
-		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2)',
+		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
 		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
 	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
+	-- claimed mail still open in its batch: its record names the new segment
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(
+			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
+						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
+								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
+								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).message_id, (c.mails[i]).last_error,
+								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
+						ELSE c.mails[i] END
+			  FROM generate_subscripts(c.mails, 1) AS i
+			 ORDER BY i)
+	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
 	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
 	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I', 'mail_' || nxt, 'mail_done_' || nxt);
 	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
@@ -2133,11 +2173,13 @@ $$;
 
 /*
  * The live mail of every queue that has some, for queue_stats, without a
- * scan of mail_live: scheduled and claimed from mail_live_count; due and
+ * scan of mail_live: scheduled from mail_live_count; due and
  * the oldest due mail of the queues with at most 1,000 scheduled mails in
  * one pass over their entries in mail_due, of larger queues by _live_due
  * (planned for each, which costs what reading a few hundred entries
- * does); the lapsed leases from mail_lease.  SECURITY DEFINER: a role
+ * does); claimed and the lapsed leases from the batches of mail_claim,
+ * their open counts (one row per claim in flight; claimed mail is no row
+ * of mail_live, so the counts' claimed stays 0).  SECURITY DEFINER: a role
  * granted queue_stats reads these counts, not mail_live.  No JIT: the
  * estimates of the index passes cross jit_above_cost, and compiling took
  * 20-30 ms of a 50 ms call.
@@ -2163,15 +2205,15 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 	WITH c AS MATERIALIZED (
-		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled, sum(n.claimed)::bigint AS claimed
-		  FROM (SELECT w.queue, w.scheduled, w.claimed FROM gatekeeper.mail_live_count w
+		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled
+		  FROM (SELECT w.queue, w.scheduled FROM gatekeeper.mail_live_count w
 				UNION ALL
-				SELECT p.queue, p.scheduled, p.claimed FROM gatekeeper._live_pending() p) n
+				SELECT p.queue, p.scheduled FROM gatekeeper._live_pending() p) n
 		 GROUP BY n.queue)
 	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
 		   min(u.oldest_due), sum(u.lapsed)::bigint
 	  FROM (
-		SELECT c.queue, c.scheduled, c.claimed, 0::bigint AS due,
+		SELECT c.queue, c.scheduled, 0::bigint AS claimed, 0::bigint AS due,
 			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed
 		  FROM c
 		UNION ALL
@@ -2184,9 +2226,10 @@ AS $$
 		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
 		 WHERE c.scheduled > 1000
 		UNION ALL
-		SELECT l.queue, 0, 0, 0, NULL, 1
-		  FROM gatekeeper.mail_live l
-		 WHERE l.lease_until < now() AND l.state = 'claimed') u
+		-- claimed mail: the open mails of the batches in flight, and of
+		-- those whose lease ran out
+		SELECT k.queue, 0, k.open, 0, NULL, CASE WHEN k.lease_until < now() THEN k.open ELSE 0 END
+		  FROM gatekeeper.mail_claim k) u
 	 GROUP BY u.queue
 	HAVING sum(u.scheduled) + sum(u.claimed) > 0
 $$;
