@@ -266,3 +266,14 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.drop_queue('cb_ops')$$) AS drop_laps
 SELECT gatekeeper.reap() AS reaped;
 SELECT gatekeeper.cancel_queue('cb_ops') AS cancelled;
 SELECT gatekeeper.drop_queue('cb_ops');
+
+--
+-- find() sees a claimed mail by its dedupe key, and the sent one after
+--
+SELECT gatekeeper.create_queue('cb_find');
+SELECT gatekeeper.enqueue('f@example.com', 'F', 'b', 'cb_find', dedupe_key => 'fk') AS fk \gset
+SELECT gatekeeper.find('cb_find', 'fk') = :fk AS found_scheduled;
+SELECT count(*) AS claimed FROM gatekeeper.claim('wf', 1, '1 minute', ARRAY['cb_find']);
+SELECT gatekeeper.find('cb_find', 'fk') = :fk AS found_claimed;
+SELECT gatekeeper.ack(:fk, 1) AS acked;
+SELECT gatekeeper.find('cb_find', 'fk') = :fk AS found_sent;

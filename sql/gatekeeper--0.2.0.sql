@@ -2301,6 +2301,12 @@ BEGIN
 	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
 	 WHERE l.queue = find.queue AND l.dedupe_key = find.dedupe_key;
 	IF NOT FOUND THEN
+		-- a claimed mail: its key row, if the mail still holds it
+		SELECT k.id INTO found_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = find.queue AND k.dedupe_key = find.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+	END IF;
+	IF NOT FOUND THEN
 		SELECT d.id INTO found_id FROM gatekeeper.mail_done d
 		 WHERE d.queue = find.queue AND d.dedupe_key = find.dedupe_key
 		 ORDER BY d.finished_at DESC, d.id DESC LIMIT 1;
