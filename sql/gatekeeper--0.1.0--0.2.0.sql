@@ -527,8 +527,9 @@ CREATE INDEX mail_finished ON gatekeeper.mail_done USING brin (finished_at);
 CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
 
 /*
- * Claimed mail, one row per claim statement (one queue's share of a
- * claim): a claim moves the mails it takes out of mail_live into the
+ * Claimed mail, in batch rows of up to 128 mails of consecutive ids of
+ * one queue's share of a claim (CLAIM_BATCH_MAILS in src/claim.c, which
+ * bounds what an ack of one mail reads and rewrites): a claim moves the mails it takes out of mail_live into the
  * records of mails, so that neither the claim nor the ack writes a new
  * version of a live row per mail (bench/notes.md, "Claimed mail out of
  * mail_live").  mails is not rewritten once inserted (but by _rotate,
@@ -869,8 +870,8 @@ BEGIN
 END
 $$;
 
--- the lease is per batch (one queue's share of a claim): extending one
--- mail's claim gives every mail still open in its batch the new lease
+-- the lease is per batch row (up to 128 mails of one claim): see README,
+-- "A lease is held by a batch"
 CREATE OR REPLACE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -879,19 +880,34 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	lease_end timestamptz;
+	held gatekeeper.mail_claim;
 BEGIN
 	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
 		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	lease_end := now() + gatekeeper._duration(lease, 'lease');
-	-- the lease is the batch's: the claim's batch, if the claim is still open
-	-- in it, takes the new lease for all its open mails (the one update
-	-- rechecks the batch it waited for)
-	UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
+	-- the batch row the claim is still open in, locked (the lock rechecks
+	-- the row it waited for)
+	SELECT c.* INTO held FROM gatekeeper.mail_claim c
 	 WHERE c.lo <= extend.id AND c.hi >= extend.id AND NOT extend.id = ANY (c.gone)
 	   AND EXISTS (SELECT FROM unnest(c.mails) r
-					WHERE r.id = extend.id AND r.attempt = extend.attempt);
-	RETURN FOUND;
+					WHERE r.id = extend.id AND r.attempt = extend.attempt)
+	   FOR UPDATE OF c;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	-- a lease is the batch row's: a longer one is given to the row, whose
+	-- mails the same worker claimed together and extends together; a
+	-- shorter one is this mail's alone, in a row of its own
+	IF lease_end >= held.lease_until OR held.open = 1 THEN
+		UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
+		 WHERE c.batch = held.batch;
+	ELSE
+		INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+		SELECT t.queue, held.worker, lease_end, t.id, t.id, 1, ARRAY[t]
+		  FROM gatekeeper._take_claimed(ARRAY[extend.id], ARRAY[extend.attempt]) t;
+	END IF;
+	RETURN true;
 END
 $$;
 
