@@ -310,8 +310,9 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
  * each mail's claim state as mail_live would (state claimed, attempt,
  * worker, message id, segment); the lease is the batch's.
  *
- *   mail_claim_lo		batches by least mail id: the ids of a batch lie
- *						within lo .. hi, the ack's first test
+ *   mail_claim_ids		batches by the range lo .. hi their ids lie in, the
+ *						ack's first test (GiST: a btree on lo would walk
+ *						every batch below the id, however far)
  *   mail_claim_lease	batches by lease expiry, for reaping
  */
 CREATE TABLE gatekeeper.mail_claim (
@@ -325,7 +326,7 @@ CREATE TABLE gatekeeper.mail_claim (
 	gone		bigint[] NOT NULL DEFAULT '{}',
 	mails		gatekeeper.mail_live[] NOT NULL
 );
-CREATE INDEX mail_claim_lo ON gatekeeper.mail_claim (lo);
+CREATE INDEX mail_claim_ids ON gatekeeper.mail_claim USING gist (int8range(lo, hi, '[]'));
 CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
 
 COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
@@ -373,7 +374,7 @@ AS $$
 SELECT EXISTS (SELECT FROM gatekeeper.mail_live l
 				WHERE l.id = $1 AND l.queue = $2 AND l.dedupe_key = $3)
 	OR EXISTS (SELECT FROM gatekeeper.mail_claim c, unnest(c.mails) r
-				WHERE c.lo <= $1 AND c.hi >= $1 AND c.queue = $2
+				WHERE int8range(c.lo, c.hi, '[]') @> $1 AND c.queue = $2
 				  AND r.id = $1 AND r.dedupe_key = $3 AND NOT r.id = ANY (c.gone))
 $$;
 
@@ -639,7 +640,7 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 		   r.message_id, r.last_error
 	  FROM gatekeeper.mail_claim c
 	 CROSS JOIN LATERAL unnest(c.mails) r
-	 WHERE c.lo <= m.id AND c.hi >= m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
 	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
@@ -1577,7 +1578,7 @@ BEGIN
 	-- the batch row the claim is still open in, locked (the lock rechecks
 	-- the row it waited for)
 	SELECT c.* INTO held FROM gatekeeper.mail_claim c
-	 WHERE c.lo <= extend.id AND c.hi >= extend.id AND NOT extend.id = ANY (c.gone)
+	 WHERE int8range(c.lo, c.hi, '[]') @> extend.id AND NOT extend.id = ANY (c.gone)
 	   AND EXISTS (SELECT FROM unnest(c.mails) r
 					WHERE r.id = extend.id AND r.attempt = extend.attempt)
 	   FOR UPDATE OF c;

@@ -312,7 +312,7 @@ static const char ack_batch_sql[] =
  */
 static const char claim_candidates_sql[] =
 "SELECT c.batch, c.mails FROM gatekeeper.mail_claim c "
-" WHERE c.lo <= $2 AND c.hi >= $1";
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]')";
 
 static const char claim_lock_sql[] =
 "SELECT c.batch, c.open, c.gone FROM gatekeeper.mail_claim c "
