@@ -24,9 +24,10 @@
  * some other transaction changed between this statement's snapshot and
  * the lock is locked but not visible to the delete, so it stays scheduled
  * for the next claim.)  The last column is the mail's claim state as a
- * mail_live record.  The mails that go are kept as one gatekeeper.mail_claim
- * row per queue, holding those records (no live row version per mail at
- * the claim, no probe at the ack; bench/notes.md); those that do not go
+ * mail_live record.  The mails that go are kept in gatekeeper.mail_claim,
+ * in rows of up to CLAIM_BATCH_MAILS of one queue holding those records
+ * (no live row version per mail at the claim, no probe at the ack;
+ * bench/notes.md); those that do not go
  * return to mail_live or go to mail_done, all in this transaction.
  * Inside a queue the sub-select walks the due index one priority level
  * at a time, so its cost grows with the batch, never with mail that is not
