@@ -557,16 +557,44 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
 
 -- an update of a mail's queue, priority, send_at or dedupe key (by its
--- owner) reaches its state rows; a deleted mail takes them along
+-- owner) reaches its state rows: its live row, the record of the batch it
+-- is claimed in (src/claim.c), or its outcome; a deleted mail takes them
+-- along, and a claimed one leaves its batch as an ack takes it (the
+-- claimer's ack of it then returns false).  A claimed mail's record is
+-- rewritten in its batch under the batch's lock; one moved to another
+-- queue leaves its batch for a batch of its own in the new queue, with
+-- the same lease and worker, so that the batches' queues stay the ones
+-- queue_stats and drop_queue count.  A claimed mail's new dedupe key is
+-- written into mail_key (23505 if an unfinished mail holds it), as a
+-- scheduled mail's is held by mail_dedupe.
 CREATE FUNCTION gatekeeper._mail_sync() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	ids bigint[];
+	attempts int[];
+	b gatekeeper.mail_claim;
+	r gatekeeper.mail_live;
+	pos int;
 BEGIN
 	IF TG_OP = 'DELETE' THEN
 		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
 		DELETE FROM gatekeeper.mail_done d
 		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
+		-- claimed mail: each open claim of a deleted mail, taken out of
+		-- its batch as an ack takes it (_take_claimed locks the batches
+		-- and skips what left them since this read)
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
+			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
+				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
+			 WHERE c.lo <= s.hi AND c.hi >= s.lo AND NOT x.id = ANY (c.gone)
+			   AND x.id IN (SELECT o.id FROM old_mail o);
+			IF ids IS NOT NULL THEN
+				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
+			END IF;
+		END IF;
 		RETURN NULL;
 	END IF;
 	UPDATE gatekeeper.mail_live l
@@ -574,6 +602,84 @@ BEGIN
 		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
 						  ELSE l.send_at END
 	 WHERE l.id = NEW.id;
+	IF NOT FOUND THEN
+		-- claimed: the batch the mail is open in, locked, and its record
+		SELECT c.* INTO b FROM gatekeeper.mail_claim c
+		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
+						   WHERE k.lo <= NEW.id AND k.hi >= NEW.id AND x.id = NEW.id
+							 AND NOT NEW.id = ANY (k.gone)
+						   LIMIT 1)
+		   FOR UPDATE;
+		IF FOUND AND NOT NEW.id = ANY (b.gone) THEN
+			SELECT i INTO pos FROM generate_subscripts(b.mails, 1) i
+			 WHERE (b.mails[i]).id = NEW.id;
+			r := b.mails[pos];
+			IF NEW.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				IF EXISTS (SELECT FROM gatekeeper.mail_live l
+							WHERE l.queue = NEW.queue AND l.dedupe_key = NEW.dedupe_key) THEN
+					RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_dedupe"'
+						USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_dedupe',
+							  DETAIL = format('A scheduled mail of queue %s holds dedupe key %s.',
+											  NEW.queue, NEW.dedupe_key);
+				END IF;
+				-- a stale row of the key is taken over (locked first, then
+				-- tested, as src/mail.c does); a held one fails the insert
+				PERFORM FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+				   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+				INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+				VALUES (NEW.queue, NEW.dedupe_key, NEW.id);
+			END IF;
+			IF r.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = r.queue AND k.dedupe_key = r.dedupe_key AND k.id = NEW.id;
+			END IF;
+			r.queue := NEW.queue;
+			r.priority := NEW.priority;
+			r.dedupe_key := NEW.dedupe_key;
+			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
+				r.send_at := NEW.send_at;
+			END IF;
+			IF NEW.queue = b.queue THEN
+				UPDATE gatekeeper.mail_claim c SET mails[pos] = r WHERE c.batch = b.batch;
+			ELSE
+				IF b.open <= 1 THEN
+					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
+				ELSE
+					UPDATE gatekeeper.mail_claim c
+					   SET open = c.open - 1, gone = c.gone || NEW.id
+					 WHERE c.batch = b.batch;
+				END IF;
+				INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+				VALUES (NEW.queue, b.worker, b.lease_until, NEW.id, NEW.id, 1, ARRAY[r]);
+			END IF;
+		ELSE
+			-- it left the batch (handed back into mail_live, or finished)
+			-- while this waited for the batch's lock
+			UPDATE gatekeeper.mail_live l
+			   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+				   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+								  ELSE l.send_at END
+			 WHERE l.id = NEW.id;
+		END IF;
+	ELSIF NEW.dedupe_key IS NOT NULL
+		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
+		-- scheduled: mail_dedupe refuses a key another scheduled mail
+		-- holds; a claimed mail holds its key in mail_key
+		IF EXISTS (SELECT FROM gatekeeper.mail_key k
+					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+					  AND k.id <> NEW.id
+					  AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)) THEN
+			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
+				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
+					  DETAIL = format('A claimed mail of queue %s holds dedupe key %s.',
+									  NEW.queue, NEW.dedupe_key);
+		END IF;
+	END IF;
 	UPDATE gatekeeper.mail_done d
 	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
 	 WHERE d.id = NEW.id AND d.segment = NEW.segment
