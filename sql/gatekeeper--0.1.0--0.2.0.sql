@@ -2292,8 +2292,9 @@ COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats 
 
 /*
  * Live counts (src/live_count.c): how many of each queue's mails are
- * scheduled and claimed, kept as mail_live changes, so that queue_stats
- * never counts mail_live.  The statement triggers of mail_live net each
+ * scheduled, kept as mail_live changes, so that queue_stats never counts
+ * mail_live (claimed mail is no row of mail_live: queue_stats counts it
+ * from the open counts of mail_claim's batches).  The statement triggers of mail_live net each
  * statement's rows by queue and add them, in the same transaction, to the
  * rows of the backend that wrote them (slot: its backend id), so sessions
  * never wait for each other here; a queue's counts are the sum of its
@@ -2309,12 +2310,11 @@ CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,
 	slot		int NOT NULL,
 	scheduled	bigint NOT NULL DEFAULT 0,
-	claimed		bigint NOT NULL DEFAULT 0,
 	PRIMARY KEY (queue, slot)
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE gatekeeper.mail_live_count IS
-	'live mail by queue, one row per queue and writing backend: a queue''s scheduled and claimed mail are the sums of its rows';
+	'scheduled mail by queue, one row per queue and writing backend: a queue''s scheduled mail is the sum of its rows';
 
 CREATE FUNCTION gatekeeper._count_live() RETURNS trigger
 LANGUAGE c
@@ -2352,9 +2352,10 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_recount_live';
 
 -- the counts of the live mail moved above (slot 0: no backend's id)
-INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed)
-SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), count(*) FILTER (WHERE l.state = 'claimed')
+INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled)
+SELECT l.queue, 0, count(*)
   FROM gatekeeper.mail_live l
+ WHERE l.state = 'scheduled'
  GROUP BY l.queue;
 
 /*
@@ -2432,7 +2433,7 @@ $$;
  * (planned for each, which costs what reading a few hundred entries
  * does); claimed and the lapsed leases from the batches of mail_claim,
  * their open counts (one row per claim in flight; claimed mail is no row
- * of mail_live, so the counts' claimed stays 0).  SECURITY DEFINER: a role
+ * of mail_live, so the counts have none).  SECURITY DEFINER: a role
  * granted queue_stats reads these counts, not mail_live.  No JIT: the
  * estimates of the index passes cross jit_above_cost, and compiling took
  * 20-30 ms of a 50 ms call.
@@ -2440,7 +2441,7 @@ $$;
 -- this transaction's changes to the live counts, not yet written (they
 -- are as it commits): queue_stats adds them, so that inside a transaction
 -- that changed live mail the counts agree with the mail_live it sees
-CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT claimed bigint)
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint)
 RETURNS SETOF record
 LANGUAGE c
 STABLE

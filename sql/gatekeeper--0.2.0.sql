@@ -2151,8 +2151,9 @@ COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats 
 
 /*
  * Live counts (src/live_count.c): how many of each queue's mails are
- * scheduled and claimed, kept as mail_live changes, so that queue_stats
- * never counts mail_live.  The statement triggers of mail_live net each
+ * scheduled, kept as mail_live changes, so that queue_stats never counts
+ * mail_live (claimed mail is no row of mail_live: queue_stats counts it
+ * from the open counts of mail_claim's batches).  The statement triggers of mail_live net each
  * statement's rows by queue and add them, in the same transaction, to the
  * rows of the backend that wrote them (slot: its backend id), so sessions
  * never wait for each other here; a queue's counts are the sum of its
@@ -2168,12 +2169,11 @@ CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,
 	slot		int NOT NULL,
 	scheduled	bigint NOT NULL DEFAULT 0,
-	claimed		bigint NOT NULL DEFAULT 0,
 	PRIMARY KEY (queue, slot)
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE gatekeeper.mail_live_count IS
-	'live mail by queue, one row per queue and writing backend: a queue''s scheduled and claimed mail are the sums of its rows';
+	'scheduled mail by queue, one row per queue and writing backend: a queue''s scheduled mail is the sum of its rows';
 
 CREATE FUNCTION gatekeeper._count_live() RETURNS trigger
 LANGUAGE c
@@ -2285,7 +2285,7 @@ $$;
  * (planned for each, which costs what reading a few hundred entries
  * does); claimed and the lapsed leases from the batches of mail_claim,
  * their open counts (one row per claim in flight; claimed mail is no row
- * of mail_live, so the counts' claimed stays 0).  SECURITY DEFINER: a role
+ * of mail_live, so the counts have none).  SECURITY DEFINER: a role
  * granted queue_stats reads these counts, not mail_live.  No JIT: the
  * estimates of the index passes cross jit_above_cost, and compiling took
  * 20-30 ms of a 50 ms call.
@@ -2293,7 +2293,7 @@ $$;
 -- this transaction's changes to the live counts, not yet written (they
 -- are as it commits): queue_stats adds them, so that inside a transaction
 -- that changed live mail the counts agree with the mail_live it sees
-CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT claimed bigint)
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint)
 RETURNS SETOF record
 LANGUAGE c
 STABLE
