@@ -793,11 +793,10 @@ DECLARE
 BEGIN
 	IF TG_OP = 'DELETE' THEN
 		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
-		DELETE FROM gatekeeper.mail_done d
-		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
 		-- claimed mail: each open claim of a deleted mail, taken out of
 		-- its batch as an ack takes it (_take_claimed locks the batches
-		-- and skips what left them since this read)
+		-- and skips what left them since this read); before the outcomes,
+		-- so that an ack this waited for has its outcome deleted too
 		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
 			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
 			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
@@ -808,6 +807,8 @@ BEGIN
 				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
 			END IF;
 		END IF;
+		DELETE FROM gatekeeper.mail_done d
+		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
 		RETURN NULL;
 	END IF;
 	UPDATE gatekeeper.mail_live l
