@@ -19,6 +19,7 @@ $$;
 
 SELECT gatekeeper.create_queue('cs_a');
 SELECT gatekeeper.create_queue('cs_b');
+SELECT gatekeeper.create_queue('cs_c');
 SELECT gatekeeper.enqueue('s' || i || '@example.com', 'S' || i, 'b', 'cs_a',
 						  dedupe_key => 'k' || i) AS s0
   FROM generate_series(0, 5) i ORDER BY 1 LIMIT 1 \gset
@@ -72,6 +73,13 @@ SELECT queue, worker, open, cardinality(mails) AS records,
 SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats WHERE queue LIKE 'cs\_%' ORDER BY queue;
 SELECT queue, state, worker, lease_until IS NOT NULL AS leased FROM gatekeeper.mail_status WHERE id = :s0 + 2;
 SELECT gatekeeper.find('cs_b', 'k2') = :s0 + 2 AS found_in_new_queue;
+-- the one open mail of its batch: the batch itself moves
+SELECT batch AS cs_b_batch FROM gatekeeper.mail_claim WHERE queue = 'cs_b' \gset
+UPDATE gatekeeper.mail SET queue = 'cs_c' WHERE id = :s0 + 2;
+SELECT pg_temp.claim_of(:s0 + 2) AS s2;
+SELECT queue, batch = :cs_b_batch AS same_batch, open FROM gatekeeper.mail_claim
+ WHERE queue LIKE 'cs\_%' ORDER BY queue;
+SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats WHERE queue LIKE 'cs\_%' ORDER BY queue;
 SELECT gatekeeper.ack(:s0 + 2, 1) AS acked;
 SELECT queue, state, dedupe_key FROM gatekeeper.mail_done WHERE id = :s0 + 2;
 
@@ -92,5 +100,6 @@ SELECT count(*) AS batches FROM gatekeeper.mail_claim WHERE queue LIKE 'cs\_%';
 SELECT gatekeeper.ack_batch(ARRAY[:s0 + 4, :s0 + 5], ARRAY[1, 1]) AS acked_deleted;
 SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats WHERE queue LIKE 'cs\_%' ORDER BY queue;
 
-SELECT gatekeeper.cancel_queue('cs_a') >= 0 AS cancelled, gatekeeper.cancel_queue('cs_b') >= 0 AS cancelled;
-SELECT gatekeeper.drop_queue('cs_a'), gatekeeper.drop_queue('cs_b');
+SELECT gatekeeper.cancel_queue('cs_a') >= 0 AS cancelled, gatekeeper.cancel_queue('cs_b') >= 0 AS cancelled,
+       gatekeeper.cancel_queue('cs_c') >= 0 AS cancelled;
+SELECT gatekeeper.drop_queue('cs_a'), gatekeeper.drop_queue('cs_b'), gatekeeper.drop_queue('cs_c');

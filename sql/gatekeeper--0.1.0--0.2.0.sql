@@ -776,8 +776,9 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 -- claimer's ack of it then returns false).  A claimed mail's record is
 -- rewritten in its batch under the batch's lock; one moved to another
 -- queue leaves its batch for a batch of its own in the new queue, with
--- the same lease and worker, so that the batches' queues stay the ones
--- queue_stats and drop_queue count.  A claimed mail's new dedupe key is
+-- the same lease and worker (unless it is the batch's one open mail: the
+-- batch moves), so that the batches' queues stay the ones queue_stats and
+-- drop_queue count.  A claimed mail's new dedupe key is
 -- written into mail_key (23505 if an unfinished mail holds it), as a
 -- scheduled mail's is held by mail_dedupe.
 CREATE FUNCTION gatekeeper._mail_sync() RETURNS trigger
@@ -858,8 +859,10 @@ BEGIN
 			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
 				r.send_at := NEW.send_at;
 			END IF;
-			IF NEW.queue = b.queue THEN
-				UPDATE gatekeeper.mail_claim c SET mails[pos] = r WHERE c.batch = b.batch;
+			IF NEW.queue = b.queue OR b.open = 1 THEN
+				-- the batch moves with its one open mail
+				UPDATE gatekeeper.mail_claim c SET queue = NEW.queue, mails[pos] = r
+				 WHERE c.batch = b.batch;
 			ELSE
 				IF b.open <= 1 THEN
 					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
