@@ -277,3 +277,48 @@ SELECT count(*) AS claimed FROM gatekeeper.claim('wf', 1, '1 minute', ARRAY['cb_
 SELECT gatekeeper.find('cb_find', 'fk') = :fk AS found_claimed;
 SELECT gatekeeper.ack(:fk, 1) AS acked;
 SELECT gatekeeper.find('cb_find', 'fk') = :fk AS found_sent;
+
+--
+-- a large claim is kept in batch rows of up to 128 mails of consecutive
+-- ids; a single ack touches its own row only; a shorter lease is one
+-- mail's alone, a longer one its row's
+--
+SELECT gatekeeper.create_queue('cb_big');
+SELECT min(gatekeeper.enqueue('big' || i || '@example.com', 'G' || i, 'b', 'cb_big')) AS g0
+  FROM generate_series(0, 299) i \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('wg', 300, '1 minute', ARRAY['cb_big']);
+SELECT lo - :g0 AS lo, hi - :g0 AS hi, open, cardinality(mails) AS records,
+       (SELECT min(r.id) = c.lo AND max(r.id) = c.hi FROM unnest(c.mails) r) AS range_holds
+  FROM gatekeeper.mail_claim c WHERE queue = 'cb_big' ORDER BY lo;
+SELECT count(*) AS open_once
+  FROM (SELECT r.id FROM gatekeeper.mail_claim c, unnest(c.mails) r
+         WHERE c.queue = 'cb_big' GROUP BY r.id HAVING count(*) = 1) o;
+SELECT md5(string_agg(mails::text || gone::text, ',' ORDER BY lo)) AS rows_before
+  FROM gatekeeper.mail_claim WHERE queue = 'cb_big' AND lo > :g0 \gset
+SELECT gatekeeper.ack(:g0 + 5, 1) AS acked;
+SELECT lo - :g0 AS lo, open, gone = ARRAY[:g0 + 5]::bigint[] AS gone_taken
+  FROM gatekeeper.mail_claim WHERE queue = 'cb_big' AND lo = :g0;
+SELECT md5(string_agg(mails::text || gone::text, ',' ORDER BY lo)) = :'rows_before' AS others_untouched
+  FROM gatekeeper.mail_claim WHERE queue = 'cb_big' AND lo > :g0;
+SELECT lease_until AS lease0 FROM gatekeeper.mail_claim WHERE queue = 'cb_big' AND lo = :g0 + 128 \gset
+BEGIN;
+-- shorter: the mail leaves for a row of its own; its row's lease stays
+SELECT gatekeeper.extend(:g0 + 130, 1, '10 seconds') AS shortened;
+SELECT id - :g0 AS g, lease_until = now() + interval '10 seconds' AS ten_seconds,
+       lease_until = :'lease0' AS claims_lease
+  FROM gatekeeper.mail_status WHERE id IN (:g0 + 129, :g0 + 130, :g0 + 131) ORDER BY id;
+SELECT lo - :g0 AS lo, hi - :g0 AS hi, open FROM gatekeeper.mail_claim
+ WHERE queue = 'cb_big' AND lo <= :g0 + 130 AND hi >= :g0 + 130 ORDER BY lo;
+-- longer: the whole row the mail is open in, and no other row
+SELECT gatekeeper.extend(:g0 + 1, 1, '1 hour') AS lengthened;
+SELECT count(*) FILTER (WHERE lease_until = now() + interval '1 hour') AS hour,
+       count(*) FILTER (WHERE lease_until = :'lease0') AS claims,
+       count(*) FILTER (WHERE lease_until = now() + interval '10 seconds') AS seconds
+  FROM gatekeeper.mail_status WHERE queue = 'cb_big' AND state = 'claimed';
+COMMIT;
+SELECT gatekeeper.extend(:g0 + 130, 2, '1 hour') AS wrong_attempt;
+SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked_rest
+  FROM gatekeeper.mail_status WHERE queue = 'cb_big' AND state = 'claimed';
+SELECT count(*) AS rows_left FROM gatekeeper.mail_claim WHERE queue = 'cb_big';
+SELECT count(*) FILTER (WHERE state = 'sent') AS sent FROM gatekeeper.mail_status WHERE queue = 'cb_big';
+SELECT gatekeeper.drop_queue('cb_big');

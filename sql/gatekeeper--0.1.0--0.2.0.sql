@@ -527,8 +527,9 @@ CREATE INDEX mail_finished ON gatekeeper.mail_done USING brin (finished_at);
 CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
 
 /*
- * Claimed mail, one row per claim statement (one queue's share of a
- * claim): a claim moves the mails it takes out of mail_live into the
+ * Claimed mail, in batch rows of up to 128 mails of consecutive ids of
+ * one queue's share of a claim (CLAIM_BATCH_MAILS in src/claim.c, which
+ * bounds what an ack of one mail reads and rewrites): a claim moves the mails it takes out of mail_live into the
  * records of mails, so that neither the claim nor the ack writes a new
  * version of a live row per mail (bench/notes.md, "Claimed mail out of
  * mail_live").  mails is not rewritten once inserted (but by _rotate,
@@ -539,8 +540,9 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
  * each mail's claim state as mail_live would (state claimed, attempt,
  * worker, message id, segment); the lease is the batch's.
  *
- *   mail_claim_lo		batches by least mail id: the ids of a batch lie
- *						within lo .. hi, the ack's first test
+ *   mail_claim_ids		batches by the range lo .. hi their ids lie in, the
+ *						ack's first test (GiST: a btree on lo would walk
+ *						every batch below the id, however far)
  *   mail_claim_lease	batches by lease expiry, for reaping
  */
 CREATE TABLE gatekeeper.mail_claim (
@@ -554,7 +556,7 @@ CREATE TABLE gatekeeper.mail_claim (
 	gone		bigint[] NOT NULL DEFAULT '{}',
 	mails		gatekeeper.mail_live[] NOT NULL
 );
-CREATE INDEX mail_claim_lo ON gatekeeper.mail_claim (lo);
+CREATE INDEX mail_claim_ids ON gatekeeper.mail_claim USING gist (int8range(lo, hi, '[]'));
 CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
 
 COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
@@ -602,7 +604,7 @@ AS $$
 SELECT EXISTS (SELECT FROM gatekeeper.mail_live l
 				WHERE l.id = $1 AND l.queue = $2 AND l.dedupe_key = $3)
 	OR EXISTS (SELECT FROM gatekeeper.mail_claim c, unnest(c.mails) r
-				WHERE c.lo <= $1 AND c.hi >= $1 AND c.queue = $2
+				WHERE int8range(c.lo, c.hi, '[]') @> $1 AND c.queue = $2
 				  AND r.id = $1 AND r.dedupe_key = $3 AND NOT r.id = ANY (c.gone))
 $$;
 
@@ -979,8 +981,8 @@ BEGIN
 END
 $$;
 
--- the lease is per batch (one queue's share of a claim): extending one
--- mail's claim gives every mail still open in its batch the new lease
+-- the lease is per batch row (up to 128 mails of one claim): see README,
+-- "A lease is held by a batch"
 CREATE OR REPLACE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -989,19 +991,34 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	lease_end timestamptz;
+	held gatekeeper.mail_claim;
 BEGIN
 	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
 		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	lease_end := now() + gatekeeper._duration(lease, 'lease');
-	-- the lease is the batch's: the claim's batch, if the claim is still open
-	-- in it, takes the new lease for all its open mails (the one update
-	-- rechecks the batch it waited for)
-	UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
-	 WHERE c.lo <= extend.id AND c.hi >= extend.id AND NOT extend.id = ANY (c.gone)
+	-- the batch row the claim is still open in, locked (the lock rechecks
+	-- the row it waited for)
+	SELECT c.* INTO held FROM gatekeeper.mail_claim c
+	 WHERE int8range(c.lo, c.hi, '[]') @> extend.id AND NOT extend.id = ANY (c.gone)
 	   AND EXISTS (SELECT FROM unnest(c.mails) r
-					WHERE r.id = extend.id AND r.attempt = extend.attempt);
-	RETURN FOUND;
+					WHERE r.id = extend.id AND r.attempt = extend.attempt)
+	   FOR UPDATE OF c;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	-- a lease is the batch row's: a longer one is given to the row, whose
+	-- mails the same worker claimed together and extends together; a
+	-- shorter one is this mail's alone, in a row of its own
+	IF lease_end >= held.lease_until OR held.open = 1 THEN
+		UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
+		 WHERE c.batch = held.batch;
+	ELSE
+		INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+		SELECT t.queue, held.worker, lease_end, t.id, t.id, 1, ARRAY[t]
+		  FROM gatekeeper._take_claimed(ARRAY[extend.id], ARRAY[extend.attempt]) t;
+	END IF;
+	RETURN true;
 END
 $$;
 
@@ -1965,7 +1982,7 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 		   r.message_id, r.last_error
 	  FROM gatekeeper.mail_claim c
 	 CROSS JOIN LATERAL unnest(c.mails) r
-	 WHERE c.lo <= m.id AND c.hi >= m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
 	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 

@@ -85,6 +85,13 @@ PG_FUNCTION_INFO_V1(gatekeeper_take_claimed);
 /* SPEC: a worker name is at most 200 characters */
 #define MAX_WORKER_NAME 200
 
+/*
+ * A claim's mails of one queue are kept in batch rows of at most this many,
+ * in id order: what an ack of one mail reads and rewrites of its batch
+ * (the records, the ids gone) stays this small whatever the claim's size.
+ */
+#define CLAIM_BATCH_MAILS 128
+
 /* Gated mail a full gate memory had no room for is retried this much later. */
 #define GATE_MEMORY_RETRY_MS	(10 * 1000)
 
@@ -256,10 +263,15 @@ static const char claim_sql[] =
 "              CASE WHEN " CLAIM_EXPIRED " THEN 'not sent before send_by' ELSE l.last_error END, "
 "              l.dedupe_key, l.segment)::gatekeeper.mail_live";
 
-/* The mails of one queue's share that go: one batch. */
+/*
+ * The mails of one queue's share that go, in id order: one batch row per
+ * CLAIM_BATCH_MAILS of them.  $4 and $5 are each row's lowest and highest
+ * id, $6 where each row's mails start in $7 (and, last, one past the end).
+ */
 static const char claim_batch_sql[] =
 "INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails) "
-"VALUES ($1, $2, now() + $3, $4, $5, $6, $7)";
+"SELECT $1, $2, now() + $3, $4[i], $5[i], $6[i + 1] - $6[i], $7[$6[i]:$6[i + 1] - 1] "
+"  FROM generate_series(1, cardinality($4)) i";
 
 /* Claimed mail a gate, window or full gate memory deferred: live again. */
 static const char defer_sql[] =
@@ -300,7 +312,7 @@ static const char ack_batch_sql[] =
  */
 static const char claim_candidates_sql[] =
 "SELECT c.batch, c.mails FROM gatekeeper.mail_claim c "
-" WHERE c.lo <= $2 AND c.hi >= $1";
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]')";
 
 static const char claim_lock_sql[] =
 "SELECT c.batch, c.open, c.gone FROM gatekeeper.mail_claim c "
@@ -1440,6 +1452,22 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
 	return HeapTupleGetDatum(heap_form_tuple(lr->desc, values, nulls));
 }
 
+/* A claimed mail that goes, as settle_claimed sorts them into batch rows. */
+typedef struct GoingMail
+{
+	int64		id;
+	Datum		record;
+} GoingMail;
+
+static int
+going_mail_cmp(const void *a, const void *b)
+{
+	int64		x = ((const GoingMail *) a)->id;
+	int64		y = ((const GoingMail *) b)->id;
+
+	return (x > y) - (x < y);
+}
+
 /* Run a statement whose only argument is an array of mail_live records. */
 static void
 execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
@@ -1456,8 +1484,9 @@ execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
 
 /*
  * Record what became of every mail the claim statements took out of
- * mail_live; each ends in exactly one place.  The mails that go become one
- * batch in mail_claim per queue, with the lease.  Those held back by
+ * mail_live; each ends in exactly one place.  The mails that go become
+ * batch rows in mail_claim, per queue and CLAIM_BATCH_MAILS at most, with
+ * the lease.  Those held back by
  * their sending window, the suppression list or a gate (see loser_outcome)
  * and those past send_by will not go now: the deferred go back into
  * mail_live as scheduled with their new due time, the rest to mail_done.
@@ -1469,7 +1498,8 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 			   ClaimQueue *queues, int nqueues, Interval *lease, text *worker)
 {
 	LiveRecord	lr;
-	Datum	   *going;
+	GoingMail  *going;
+	Datum	   *records;
 	Datum	   *deferred;
 	Datum	   *done;
 	int			ndeferred = 0;
@@ -1482,7 +1512,8 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 		return;
 	live_record_init(&lr, HeapTupleHeaderGetTypeId(DatumGetHeapTupleHeader(claimed[0].record)));
 
-	going = palloc(nclaimed * sizeof(Datum));
+	going = palloc(nclaimed * sizeof(GoingMail));
+	records = palloc(nclaimed * sizeof(Datum));
 	deferred = palloc(nclaimed * sizeof(Datum));
 	done = palloc(nclaimed * sizeof(Datum));
 	for (i = 0; i < nclaimed; i++)
@@ -1513,13 +1544,18 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 	if (nomem > 0)
 		gatekeeper_gate_memory_warning(nomem);
 
-	/* the mails of each queue that go, in claim order: one batch */
+	/*
+	 * The mails of each queue that go, in id order, in batch rows of at
+	 * most CLAIM_BATCH_MAILS: one statement per queue.
+	 */
 	for (k = 0; k < nqueues; k++)
 	{
 		ClaimQueue *q = &queues[k];
-		int64		lo = PG_INT64_MAX;
-		int64		hi = PG_INT64_MIN;
 		int			ngoing = 0;
+		int			nrows;
+		Datum	   *lo;
+		Datum	   *hi;
+		Datum	   *start;
 		Datum		args[7];
 
 		for (i = 0; i < nclaimed; i++)
@@ -1528,27 +1564,46 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 
 			if (c->queue != q || c->expired || c->lost)
 				continue;
-			going[ngoing++] = c->record;
-			lo = Min(lo, c->id);
-			hi = Max(hi, c->id);
+			going[ngoing].id = c->id;
+			going[ngoing].record = c->record;
+			ngoing++;
 		}
 		if (ngoing == 0)
 			continue;
+		qsort(going, ngoing, sizeof(GoingMail), going_mail_cmp);
+		nrows = (ngoing + CLAIM_BATCH_MAILS - 1) / CLAIM_BATCH_MAILS;
+		lo = palloc(nrows * sizeof(Datum));
+		hi = palloc(nrows * sizeof(Datum));
+		start = palloc((nrows + 1) * sizeof(Datum));
+		for (i = 0; i < nrows; i++)
+		{
+			int			first = i * CLAIM_BATCH_MAILS;
+			int			last = Min(first + CLAIM_BATCH_MAILS, ngoing) - 1;
+
+			lo[i] = Int64GetDatum(going[first].id);
+			hi[i] = Int64GetDatum(going[last].id);
+			start[i] = Int32GetDatum(first + 1);
+		}
+		start[nrows] = Int32GetDatum(ngoing + 1);
+		for (i = 0; i < ngoing; i++)
+			records[i] = going[i].record;
+
 		if (claim_batch_plan == NULL)
 		{
-			Oid			types[7] = {TEXTOID, TEXTOID, INTERVALOID, INT8OID, INT8OID,
-			INT4OID, lr.arraytype};
+			Oid			types[7] = {TEXTOID, TEXTOID, INTERVALOID, INT8ARRAYOID,
+			INT8ARRAYOID, INT4ARRAYOID, lr.arraytype};
 
 			gatekeeper_plan(&claim_batch_plan, claim_batch_sql, 7, types);
 		}
 		args[0] = CStringGetTextDatum(q->name);
 		args[1] = PointerGetDatum(worker);
 		args[2] = IntervalPGetDatum(lease);
-		args[3] = Int64GetDatum(lo);
-		args[4] = Int64GetDatum(hi);
-		args[5] = Int32GetDatum(ngoing);
-		args[6] = gatekeeper_array(going, NULL, ngoing, lr.type);
-		if (SPI_execute_plan(claim_batch_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+		args[3] = gatekeeper_array(lo, NULL, nrows, INT8OID);
+		args[4] = gatekeeper_array(hi, NULL, nrows, INT8OID);
+		args[5] = gatekeeper_array(start, NULL, nrows + 1, INT4OID);
+		args[6] = gatekeeper_array(records, NULL, ngoing, lr.type);
+		if (SPI_execute_plan(claim_batch_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
+			SPI_processed != (uint64) nrows)
 			elog(ERROR, "could not record the claim of queue \"%s\"", q->name);
 	}
 
