@@ -804,7 +804,8 @@ BEGIN
 			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
 			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
 				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
-			 WHERE c.lo <= s.hi AND c.hi >= s.lo AND NOT x.id = ANY (c.gone)
+			 WHERE s.lo IS NOT NULL AND int8range(c.lo, c.hi, '[]') && int8range(s.lo, s.hi, '[]')
+			   AND NOT x.id = ANY (c.gone)
 			   AND x.id IN (SELECT o.id FROM old_mail o);
 			IF ids IS NOT NULL THEN
 				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
@@ -823,7 +824,7 @@ BEGIN
 		-- claimed: the batch the mail is open in, locked, and its record
 		SELECT c.* INTO b FROM gatekeeper.mail_claim c
 		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
-						   WHERE k.lo <= NEW.id AND k.hi >= NEW.id AND x.id = NEW.id
+						   WHERE int8range(k.lo, k.hi, '[]') @> NEW.id AND x.id = NEW.id
 							 AND NOT NEW.id = ANY (k.gone)
 						   LIMIT 1)
 		   FOR UPDATE;
