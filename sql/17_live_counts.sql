@@ -293,7 +293,7 @@ SELECT gatekeeper.cancel_queue('lc_gone');
 SELECT gatekeeper.drop_queue('lc_gone');
 SELECT count(*) AS rows_summing_to_nothing FROM (
 	SELECT queue FROM gatekeeper.mail_live_count
-	 GROUP BY queue HAVING sum(scheduled) = 0 AND sum(claimed) = 0) z;
+	 GROUP BY queue HAVING sum(scheduled) = 0) z;
 SELECT gatekeeper.enqueue('unseen' || i || '@example.com', 's', 'b', 'lc_gated') > 0 AS enqueued
   FROM generate_series(1, 3) i;
 ALTER TABLE gatekeeper.mail_live DISABLE TRIGGER mail_live_count_delete;
@@ -316,7 +316,7 @@ COMMIT;
 SELECT pg_temp.miscounted() AS after_recount;
 SELECT count(*) AS rows_summing_to_nothing FROM (
 	SELECT queue FROM gatekeeper.mail_live_count
-	 GROUP BY queue HAVING sum(scheduled) = 0 AND sum(claimed) = 0) z;
+	 GROUP BY queue HAVING sum(scheduled) = 0) z;
 -- a transaction snapshot older than the lock would miss what committed
 -- while it waited: refused
 BEGIN ISOLATION LEVEL REPEATABLE READ;

@@ -772,14 +772,45 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
 
 -- an update of a mail's queue, priority, send_at or dedupe key (by its
--- owner) reaches its state rows; a deleted mail takes them along
+-- owner) reaches its state rows: its live row, the record of the batch it
+-- is claimed in (src/claim.c), or its outcome; a deleted mail takes them
+-- along, and a claimed one leaves its batch as an ack takes it (the
+-- claimer's ack of it then returns false).  A claimed mail's record is
+-- rewritten in its batch under the batch's lock; one moved to another
+-- queue leaves its batch for a batch of its own in the new queue, with
+-- the same lease and worker (unless it is the batch's one open mail: the
+-- batch moves), so that the batches' queues stay the ones queue_stats and
+-- drop_queue count.  A claimed mail's new dedupe key is
+-- written into mail_key (23505 if an unfinished mail holds it), as a
+-- scheduled mail's is held by mail_dedupe.
 CREATE FUNCTION gatekeeper._mail_sync() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	ids bigint[];
+	attempts int[];
+	b gatekeeper.mail_claim;
+	r gatekeeper.mail_live;
+	pos int;
 BEGIN
 	IF TG_OP = 'DELETE' THEN
 		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
+		-- claimed mail: each open claim of a deleted mail, taken out of
+		-- its batch as an ack takes it (_take_claimed locks the batches
+		-- and skips what left them since this read); before the outcomes,
+		-- so that an ack this waited for has its outcome deleted too
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
+			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
+				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
+			 WHERE s.lo IS NOT NULL AND int8range(c.lo, c.hi, '[]') && int8range(s.lo, s.hi, '[]')
+			   AND NOT x.id = ANY (c.gone)
+			   AND x.id IN (SELECT o.id FROM old_mail o);
+			IF ids IS NOT NULL THEN
+				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
+			END IF;
+		END IF;
 		DELETE FROM gatekeeper.mail_done d
 		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
 		RETURN NULL;
@@ -789,6 +820,86 @@ BEGIN
 		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
 						  ELSE l.send_at END
 	 WHERE l.id = NEW.id;
+	IF NOT FOUND THEN
+		-- claimed: the batch the mail is open in, locked, and its record
+		SELECT c.* INTO b FROM gatekeeper.mail_claim c
+		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
+						   WHERE int8range(k.lo, k.hi, '[]') @> NEW.id AND x.id = NEW.id
+							 AND NOT NEW.id = ANY (k.gone)
+						   LIMIT 1)
+		   FOR UPDATE;
+		IF FOUND AND NOT NEW.id = ANY (b.gone) THEN
+			SELECT i INTO pos FROM generate_subscripts(b.mails, 1) i
+			 WHERE (b.mails[i]).id = NEW.id;
+			r := b.mails[pos];
+			IF NEW.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				IF EXISTS (SELECT FROM gatekeeper.mail_live l
+							WHERE l.queue = NEW.queue AND l.dedupe_key = NEW.dedupe_key) THEN
+					RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_dedupe"'
+						USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_dedupe',
+							  DETAIL = format('A scheduled mail of queue %s holds dedupe key %s.',
+											  NEW.queue, NEW.dedupe_key);
+				END IF;
+				-- a stale row of the key is taken over (locked first, then
+				-- tested, as src/mail.c does); a held one fails the insert
+				PERFORM FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+				   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+				INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+				VALUES (NEW.queue, NEW.dedupe_key, NEW.id);
+			END IF;
+			IF r.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = r.queue AND k.dedupe_key = r.dedupe_key AND k.id = NEW.id;
+			END IF;
+			r.queue := NEW.queue;
+			r.priority := NEW.priority;
+			r.dedupe_key := NEW.dedupe_key;
+			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
+				r.send_at := NEW.send_at;
+			END IF;
+			IF NEW.queue = b.queue OR b.open = 1 THEN
+				-- the batch moves with its one open mail
+				UPDATE gatekeeper.mail_claim c SET queue = NEW.queue, mails[pos] = r
+				 WHERE c.batch = b.batch;
+			ELSE
+				IF b.open <= 1 THEN
+					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
+				ELSE
+					UPDATE gatekeeper.mail_claim c
+					   SET open = c.open - 1, gone = c.gone || NEW.id
+					 WHERE c.batch = b.batch;
+				END IF;
+				INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+				VALUES (NEW.queue, b.worker, b.lease_until, NEW.id, NEW.id, 1, ARRAY[r]);
+			END IF;
+		ELSE
+			-- it left the batch (handed back into mail_live, or finished)
+			-- while this waited for the batch's lock
+			UPDATE gatekeeper.mail_live l
+			   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+				   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+								  ELSE l.send_at END
+			 WHERE l.id = NEW.id;
+		END IF;
+	ELSIF NEW.dedupe_key IS NOT NULL
+		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
+		-- scheduled: mail_dedupe refuses a key another scheduled mail
+		-- holds; a claimed mail holds its key in mail_key
+		IF EXISTS (SELECT FROM gatekeeper.mail_key k
+					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+					  AND k.id <> NEW.id
+					  AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)) THEN
+			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
+				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
+					  DETAIL = format('A claimed mail of queue %s holds dedupe key %s.',
+									  NEW.queue, NEW.dedupe_key);
+		END IF;
+	END IF;
 	UPDATE gatekeeper.mail_done d
 	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
 	 WHERE d.id = NEW.id AND d.segment = NEW.segment
@@ -2203,8 +2314,9 @@ COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats 
 
 /*
  * Live counts (src/live_count.c): how many of each queue's mails are
- * scheduled and claimed, kept as mail_live changes, so that queue_stats
- * never counts mail_live.  The statement triggers of mail_live net each
+ * scheduled, kept as mail_live changes, so that queue_stats never counts
+ * mail_live (claimed mail is no row of mail_live: queue_stats counts it
+ * from the open counts of mail_claim's batches).  The statement triggers of mail_live net each
  * statement's rows by queue and add them, in the same transaction, to the
  * rows of the backend that wrote them (slot: its backend id), so sessions
  * never wait for each other here; a queue's counts are the sum of its
@@ -2220,12 +2332,11 @@ CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,
 	slot		int NOT NULL,
 	scheduled	bigint NOT NULL DEFAULT 0,
-	claimed		bigint NOT NULL DEFAULT 0,
 	PRIMARY KEY (queue, slot)
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE gatekeeper.mail_live_count IS
-	'live mail by queue, one row per queue and writing backend: a queue''s scheduled and claimed mail are the sums of its rows';
+	'scheduled mail by queue, one row per queue and writing backend: a queue''s scheduled mail is the sum of its rows';
 
 CREATE FUNCTION gatekeeper._count_live() RETURNS trigger
 LANGUAGE c
@@ -2263,9 +2374,10 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_recount_live';
 
 -- the counts of the live mail moved above (slot 0: no backend's id)
-INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed)
-SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), count(*) FILTER (WHERE l.state = 'claimed')
+INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled)
+SELECT l.queue, 0, count(*)
   FROM gatekeeper.mail_live l
+ WHERE l.state = 'scheduled'
  GROUP BY l.queue;
 
 /*
@@ -2343,7 +2455,7 @@ $$;
  * (planned for each, which costs what reading a few hundred entries
  * does); claimed and the lapsed leases from the batches of mail_claim,
  * their open counts (one row per claim in flight; claimed mail is no row
- * of mail_live, so the counts' claimed stays 0).  SECURITY DEFINER: a role
+ * of mail_live, so the counts have none).  SECURITY DEFINER: a role
  * granted queue_stats reads these counts, not mail_live.  No JIT: the
  * estimates of the index passes cross jit_above_cost, and compiling took
  * 20-30 ms of a 50 ms call.
@@ -2351,7 +2463,7 @@ $$;
 -- this transaction's changes to the live counts, not yet written (they
 -- are as it commits): queue_stats adds them, so that inside a transaction
 -- that changed live mail the counts agree with the mail_live it sees
-CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT claimed bigint)
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint)
 RETURNS SETOF record
 LANGUAGE c
 STABLE
