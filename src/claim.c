@@ -55,6 +55,7 @@
 #include "window.h"
 
 #include "access/htup_details.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
@@ -63,6 +64,7 @@
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "storage/itemptr.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -312,11 +314,11 @@ static const char ack_batch_sql[] =
  * different claims never wait for each other.
  */
 static const char claim_candidates_sql[] =
-"SELECT c.batch, c.mails FROM gatekeeper.mail_claim c "
+"SELECT c.batch, c.ctid, c.xmin, c.mails FROM gatekeeper.mail_claim c "
 " WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]')";
 
 static const char claim_lock_sql[] =
-"SELECT c.batch, c.open, c.gone FROM gatekeeper.mail_claim c "
+"SELECT c.batch, c.open, c.gone, c.ctid, c.xmin FROM gatekeeper.mail_claim c "
 " WHERE c.batch = ANY ($1) "
 " ORDER BY c.batch "
 "   FOR UPDATE";
@@ -433,6 +435,8 @@ typedef struct TakeRequest
 {
 	int64		id;
 	int32		attempt;
+	bool		retry;			/* read in a batch that changed before the lock */
+	bool		done;			/* taken */
 } TakeRequest;
 
 /* A record of a batch that may be taken. */
@@ -441,6 +445,7 @@ typedef struct BatchEntry
 	int64		id;
 	int32		attempt;
 	int			batch;			/* index into the batches read */
+	int			req;			/* index of the request naming it */
 	Datum		record;
 } BatchEntry;
 
@@ -448,7 +453,9 @@ typedef struct BatchEntry
 typedef struct TakeBatch
 {
 	int64		batch;
-	bool		locked;
+	ItemPointerData ctid;		/* the row version read unlocked */
+	TransactionId xmin;
+	bool		locked;			/* locked, and still that version */
 	int32		open;
 	int64	   *gone;			/* sorted */
 	int			ngone;
@@ -1811,38 +1818,24 @@ take_batch_cmp(const void *a, const void *b)
 }
 
 /*
- * take_claimed
- *		Take the claims (ids[i], attempts[i]) still open out of their
- *		batches in gatekeeper.mail_claim; return their records, made in
- *		keep, and set *lr to their type.  Runs with SPI connected.
- *
- * The batches whose id range meets that of the ids are read unlocked and
- * matched against the claims asked for by sorting both (an ack of 1,000
- * claims against 1,000 records is 1,000 steps of a merge, where a join
- * of two unnests would be a nested loop of a million, hash joins being
- * off in gatekeeper_execute_by_key).  Then only the batches holding some
- * of them are locked, in batch order, and their gone lists, read under
- * the lock, say which records are still open: a batch's records never
- * change, so the unlocked read of them holds.  A batch that no open mail
- * stays in is deleted; otherwise the taken ids join gone and open falls,
- * and the array of records is not written again.  A claim asked for twice
- * is taken once.
+ * take_round
+ *		One round of take_claimed over the claims reqs[0 .. nreqs - 1]
+ *		(sorted, distinct): take those still open in batches that are as
+ *		they were read, appending their records to taken (made in keep);
+ *		mark them done, and mark retry those seen in a batch that changed
+ *		or went between the read and the lock.
  */
-static Datum *
-take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
-			 MemoryContext keep)
+static void
+take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
+		   LiveRecord *lr, MemoryContext keep)
 {
-	Datum	   *id_values;
-	Datum	   *attempt_values;
-	TakeRequest *reqs;
-	int			nreqs;
 	BatchEntry *entries = NULL;
 	int			nentries = 0;
 	int			maxentries = 0;
 	TakeBatch  *batches;
 	int			nbatches;
 	int			nlocked = 0;
-	Datum	   *taken;
+	int			ntaken_before = *ntaken;
 	Datum	   *drop;
 	int			ndrop = 0;
 	Datum		args[3];
@@ -1850,26 +1843,6 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 	uint64		row;
 	int			i;
 	int			j;
-
-	*ntaken = 0;
-	lr->type = InvalidOid;
-	deconstruct_array(ids, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-					  &id_values, NULL, &nreqs);
-	deconstruct_array(attempts, INT4OID, 4, true, TYPALIGN_INT,
-					  &attempt_values, NULL, &i);
-	if (nreqs == 0)
-		return NULL;
-	reqs = palloc(nreqs * sizeof(TakeRequest));
-	for (i = 0; i < nreqs; i++)
-	{
-		reqs[i].id = DatumGetInt64(id_values[i]);
-		reqs[i].attempt = DatumGetInt32(attempt_values[i]);
-	}
-	qsort(reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
-	for (i = 1, j = 1; i < nreqs; i++)
-		if (take_request_cmp(&reqs[i], &reqs[j - 1]) != 0)
-			reqs[j++] = reqs[i];
-	nreqs = j;
 
 	/* the batches that may hold them, and their records in that range */
 	if (claim_candidates_plan == NULL)
@@ -1884,7 +1857,7 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 		elog(ERROR, "could not read claimed mail");
 	nbatches = (int) SPI_processed;
 	if (nbatches == 0)
-		return NULL;
+		return;
 	batches = palloc0(nbatches * sizeof(TakeBatch));
 	for (row = 0; row < SPI_processed; row++)
 	{
@@ -1899,7 +1872,9 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 		char		typalign;
 
 		batches[row].batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		mails = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull));
+		batches[row].ctid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 2, &isnull));
+		batches[row].xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 3, &isnull));
+		mails = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 4, &isnull));
 		if (!OidIsValid(lr->type))
 			live_record_init(lr, ARR_ELEMTYPE(mails));
 		get_typlenbyvalalign(ARR_ELEMTYPE(mails), &typlen, &typbyval, &typalign);
@@ -1925,7 +1900,7 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 		}
 	}
 	if (nentries == 0)
-		return NULL;
+		return;
 	qsort(entries, nentries, sizeof(BatchEntry), batch_entry_cmp);
 
 	/*
@@ -1942,12 +1917,13 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 		hit = bsearch(&want, reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
 		if (hit == NULL)
 			continue;
+		entries[i].req = (int) (hit - reqs);
 		batches[entries[i].batch].ntaken++;	/* a candidate, for now */
 		entries[j++] = entries[i];
 	}
 	nentries = j;
 	if (nentries == 0)
-		return NULL;
+		return;
 
 	/* lock the batches holding candidates, in batch order */
 	drop = palloc(nbatches * sizeof(Datum));
@@ -1985,6 +1961,13 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 			entries[i].batch = place[entries[i].batch];
 		batches = sorted;
 	}
+
+	/*
+	 * A batch locked as another version than the one read changed in
+	 * between (committed: we waited for it): its records may not be those
+	 * read, and a claim read in it may have moved to another batch, one
+	 * this round's read may not have seen.  It is left for the next round.
+	 */
 	for (row = 0; row < SPI_processed; row++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[row];
@@ -1998,6 +1981,11 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 		b = bsearch(&key, batches, nbatches, sizeof(TakeBatch), take_batch_cmp);
 		if (b == NULL)
 			elog(ERROR, "locked a batch of claimed mail not asked for");
+		if (!ItemPointerEquals(&b->ctid,
+							   (ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 4, &isnull))) ||
+			!TransactionIdEquals(b->xmin,
+								 DatumGetTransactionId(SPI_getbinval(tup, desc, 5, &isnull))))
+			continue;
 		b->locked = true;
 		b->open = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
 		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 3, &isnull)),
@@ -2011,32 +1999,36 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 		b->ntaken = 0;
 		nlocked++;
 	}
-	if (nlocked == 0)
-		return NULL;
 
 	/*
-	 * Take each claim from the first locked batch it is still open in
-	 * (entries are in claim, then batch order; a mail is open in one batch
-	 * at most).
+	 * Take each claim from the first batch, as read and locked, it is still
+	 * open in (entries are in claim, then batch order; a mail is open in
+	 * one batch at most).  A claim read in a batch that changed or went is
+	 * looked for again, unless it was taken here.
 	 */
-	taken = MemoryContextAlloc(keep, nentries * sizeof(Datum));
 	for (i = 0; i < nentries; i++)
 	{
 		BatchEntry *e = &entries[i];
 		TakeBatch  *b = &batches[e->batch];
+		TakeRequest *r = &reqs[e->req];
 
-		if (i > 0 && e->id == entries[i - 1].id && e->attempt == entries[i - 1].attempt &&
-			*ntaken > 0 &&
-			DatumGetInt64(live_record_get(lr, taken[*ntaken - 1], lr->id)) == e->id)
+		if (r->done)
 			continue;			/* taken from an earlier batch */
-		if (!b->locked ||
-			bsearch(&e->id, b->gone, b->ngone, sizeof(int64), int64_cmp) != NULL)
+		if (!b->locked)
+		{
+			r->retry = true;
+			continue;
+		}
+		if (bsearch(&e->id, b->gone, b->ngone, sizeof(int64), int64_cmp) != NULL)
 			continue;
 		b->taken[b->ntaken++] = Int64GetDatum(e->id);
 		old = MemoryContextSwitchTo(keep);
 		taken[(*ntaken)++] = datumCopy(e->record, false, -1);
 		MemoryContextSwitchTo(old);
+		r->done = true;
 	}
+	if (nlocked == 0 || *ntaken == ntaken_before)
+		return;
 
 	/* the batches left with no open mail go; the others shrink */
 	ndrop = 0;
@@ -2077,7 +2069,85 @@ take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
 			SPI_processed != (uint64) ndrop)
 			elog(ERROR, "could not delete a batch of claimed mail");
 	}
+}
 
+/*
+ * take_claimed
+ *		Take the claims (ids[i], attempts[i]) still open out of their
+ *		batches in gatekeeper.mail_claim; return their records, made in
+ *		keep, and set *lr to their type.  Runs with SPI connected.
+ *
+ * The batches whose id range meets that of the ids are read unlocked and
+ * matched against the claims asked for by sorting both (an ack of 1,000
+ * claims against 1,000 records is 1,000 steps of a merge, where a join
+ * of two unnests would be a nested loop of a million, hash joins being
+ * off in gatekeeper_execute_by_key).  Then only the batches holding some
+ * of them are locked, in batch order, and their gone lists, read under
+ * the lock, say which records are still open.  The unlocked read of a
+ * batch's records holds if the lock finds the row version that was read
+ * (its ctid and xmin): the records change only with the row.  A batch
+ * that changed in between (an owner's update of a claimed mail, a claim
+ * moved to a batch of its own by extend or a change of queue, a
+ * rotation, another ack) is left alone, and the claims read in it are
+ * looked for again in another round, whose statements see the change
+ * (under READ COMMITTED; at higher levels the lock itself fails with a
+ * serialization error).  A round is repeated only after a concurrent
+ * commit changed a batch of ours.
+ *
+ * A batch that no open mail stays in is deleted; otherwise the taken ids
+ * join gone and open falls, and the array of records is not written
+ * again.  A claim asked for twice is taken once.
+ */
+static Datum *
+take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
+			 MemoryContext keep)
+{
+	Datum	   *id_values;
+	Datum	   *attempt_values;
+	TakeRequest *reqs;
+	int			nreqs;
+	Datum	   *taken;
+	int			i;
+	int			j;
+
+	*ntaken = 0;
+	lr->type = InvalidOid;
+	deconstruct_array(ids, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &id_values, NULL, &nreqs);
+	deconstruct_array(attempts, INT4OID, 4, true, TYPALIGN_INT,
+					  &attempt_values, NULL, &i);
+	if (nreqs == 0)
+		return NULL;
+	reqs = palloc(nreqs * sizeof(TakeRequest));
+	for (i = 0; i < nreqs; i++)
+	{
+		reqs[i].id = DatumGetInt64(id_values[i]);
+		reqs[i].attempt = DatumGetInt32(attempt_values[i]);
+		reqs[i].retry = false;
+		reqs[i].done = false;
+	}
+	qsort(reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
+	for (i = 1, j = 1; i < nreqs; i++)
+		if (take_request_cmp(&reqs[i], &reqs[j - 1]) != 0)
+			reqs[j++] = reqs[i];
+	nreqs = j;
+
+	taken = MemoryContextAlloc(keep, nreqs * sizeof(Datum));
+	while (nreqs > 0)
+	{
+		CHECK_FOR_INTERRUPTS();
+		take_round(reqs, nreqs, taken, ntaken, lr, keep);
+		/* the claims read in a batch that changed, not taken: again */
+		for (i = 0, j = 0; i < nreqs; i++)
+		{
+			if (!reqs[i].retry || reqs[i].done)
+				continue;
+			reqs[j] = reqs[i];
+			reqs[j].retry = false;
+			j++;
+		}
+		nreqs = j;
+	}
 	return taken;
 }
 
