@@ -167,9 +167,12 @@ SELECT string_agg(format('%s:%s:%s:%s', recipient, attempt, uncharged,
 	'updated: 0.1.0 holds claims at first and later attempts, leases running and lapsed');
 my $claim_groups = $node->safe_psql('updated',
 	"SELECT count(DISTINCT (queue, worker, lease_until)) FROM gatekeeper.mail WHERE state = 'claimed'");
-# the claims as their workers hold them: (id, attempt)
+# the claims as their workers hold them: (id, attempt); w4's claim of
+# three is acked in one call (ack_batch, 0.1.0's array ack)
 my $claimed_attempts = $node->safe_psql('updated',
 	"SELECT array_agg(attempt ORDER BY id) FROM gatekeeper.mail WHERE state = 'claimed'");
+my ($w4_ids, $w4_attempts) = split /\|/, $node->safe_psql('updated',
+	"SELECT array_agg(id ORDER BY id), array_agg(attempt ORDER BY id) FROM gatekeeper.mail WHERE worker = 'w4' AND state = 'claimed'");
 # the keys of unfinished mail, scheduled and claimed
 my $keys_010 = $node->safe_psql(
 	'updated', q{
@@ -177,11 +180,13 @@ SELECT string_agg(format('%s %s %s', queue, dedupe_key, id), E'\n' ORDER BY queu
   FROM gatekeeper.mail WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed')});
 
 # What 0.1.0 itself does with these claims, in a transaction rolled back:
-# reap() (the lapsed ones), then an ack of each claim (as its worker
-# holds it: id and attempt) with a stale attempt, a later one, its own
-# (twice); the claims' state after each.  The same calls after the update
-# must do the same to the same mails (RELATION: 0.1.0's mail, or
-# mail_status after the update).
+# reap() (the lapsed ones), then the acks of w4's claims in one call with
+# later attempts, their own (twice), and an ack of each claim (as its
+# worker holds it: id and attempt) with a stale attempt, a later one, its
+# own (twice); the claims' state after each.  The same calls after the
+# update must do the same to the same mails (RELATION: 0.1.0's mail, or
+# mail_status after the update; ACK_BATCH: 0.1.0's ack(bigint[], int[]),
+# or ack_batch).
 my $reap_and_ack = q{
 SELECT 'reap ' || gatekeeper.reap();
 SELECT '-- after reap';
@@ -190,6 +195,10 @@ SELECT format('%s %s attempt %s uncharged %s send_at %s worker %s lease %s messa
 			  last_error, finished_at IS NOT NULL)
   FROM gatekeeper.RELATION WHERE id = ANY ('CLAIMED') ORDER BY id;
 SELECT '-- acks';
+SELECT format('batch %s %s %s',
+			  ACK_BATCH('W4IDS'::bigint[], array(SELECT a + 1 FROM unnest('W4ATTEMPTS'::int[]) a)),
+			  ACK_BATCH('W4IDS'::bigint[], 'W4ATTEMPTS'::int[]),
+			  ACK_BATCH('W4IDS'::bigint[], 'W4ATTEMPTS'::int[]));
 SELECT format('%s %s %s %s %s', s.id, gatekeeper.ack(s.id, s.attempt - 1),
 			  gatekeeper.ack(s.id, s.attempt + 1), gatekeeper.ack(s.id, s.attempt),
 			  gatekeeper.ack(s.id, s.attempt))
@@ -200,6 +209,8 @@ SELECT format('%s %s attempt %s uncharged %s send_at %s worker %s lease %s messa
 			  last_error, finished_at IS NOT NULL)
   FROM gatekeeper.RELATION WHERE id = ANY ('CLAIMED') ORDER BY id;
 };
+$reap_and_ack =~ s/W4IDS/$w4_ids/g;
+$reap_and_ack =~ s/W4ATTEMPTS/$w4_attempts/g;
 $reap_and_ack =~ s/CLAIMED/$claimed/g;
 $reap_and_ack =~ s/ATTEMPTS/$claimed_attempts/g;
 
@@ -220,6 +231,7 @@ sub reap_and_ack_parts
 my $old_ways;
 {
 	(my $sql = $reap_and_ack) =~ s/RELATION/mail/g;
+	$sql =~ s/ACK_BATCH/gatekeeper.ack/g;
 	my ($ret, $out, $err) = $node->psql('updated', "BEGIN;\n$sql\nROLLBACK;", on_error_stop => 1);
 	is($ret, 0, 'updated: 0.1.0 reaps and acks its claims (rolled back)') or diag($err);
 	$old_ways = reap_and_ack_parts($out);
@@ -556,6 +568,7 @@ is($node->safe_psql('updated', 'SELECT count(*) FROM gatekeeper.mail'),
 my $new_ways;
 {
 	(my $sql = $reap_and_ack) =~ s/RELATION/mail_status/g;
+	$sql =~ s/ACK_BATCH/gatekeeper.ack_batch/g;
 	my ($ret, $out, $err) = $node->psql('updated', $sql, on_error_stop => 1);
 	is($ret, 0, 'updated: reap and ack the claims 0.1.0 made') or diag($err);
 	$new_ways = reap_and_ack_parts($out);
@@ -566,7 +579,8 @@ is($new_ways->{'after reap'}, $old_ways->{'after reap'},
 	'updated: reap() of the lapsed claims leaves them as 0.1.0 would (scheduled, failed, unknown)');
 is($new_ways->{acks}, $old_ways->{acks},
 	'updated: acks of the claims with their old (id, attempt) as 0.1.0: stale and later attempts false, the first ack true');
-is(scalar(() = $new_ways->{acks} =~ /^\d+ f f t f$/mg), 6, 'updated: ... each claim not reaped acked once');
+like($new_ways->{acks}, qr/^batch 0 3 0$/m, 'updated: ... w4\'s claims acked in one call, once');
+is(scalar(() = $new_ways->{acks} =~ /^\d+ f f t f$/mg), 3, 'updated: ... each other claim not reaped acked once');
 is($new_ways->{'after acks'}, $old_ways->{'after acks'}, 'updated: the acked mail as 0.1.0 would leave it');
 
 # once a claimed mail finished (sent, failed, unknown), its key is free;
