@@ -122,13 +122,18 @@ SELECT gatekeeper.reap();
 # mail_claim batches: held@ above (promo, gated, keyed, w1's claim of three
 # of which two were reported); two claims at their second attempt (one
 # after a retry, one after a hand-back: uncharged) in one claim of w5; three
-# in one claim of w4; and three whose lease ran out without a reap, in
-# three queues (at least once with attempts left, attempts spent, at most
-# once).  Keyed where a key can be.
+# in one claim of w4; 130 in one claim of w7 (more than one batch row's
+# worth); and three whose lease ran out without a reap, in three queues (at
+# least once with attempts left, attempts spent, at most once).  Keyed
+# where a key can be.
 $node->safe_psql(
 	'updated', q{
 SELECT gatekeeper.create_queue('single', max_attempts => 1);
 SELECT gatekeeper.create_queue('blind', delivery => 'at_most_once');
+SELECT gatekeeper.create_queue('wide');
+SELECT count(*) FROM (SELECT gatekeeper.enqueue('wide' || i || '@example.com', 'Wide', 'Body', queue => 'wide')
+						FROM generate_series(1, 130) AS i) e;
+SELECT count(*) FROM gatekeeper.claim('w7', 200, lease => '1 hour', queues => '{wide}');
 SELECT gatekeeper.enqueue('again@example.com', 'Again', 'Body', dedupe_key => 'again-1');
 SELECT gatekeeper.enqueue('handed@example.com', 'Handed', 'Body', dedupe_key => 'handed-1');
 CREATE TEMP TABLE c5 AS SELECT * FROM gatekeeper.claim('w5', 10, queues => '{default}');
@@ -160,13 +165,19 @@ is( $node->safe_psql(
 		'updated', q{
 SELECT string_agg(format('%s:%s:%s:%s', recipient, attempt, uncharged,
 						 CASE WHEN lease_until < now() THEN 'lapsed' ELSE 'leased' END), ',' ORDER BY id)
-  FROM gatekeeper.mail WHERE state = 'claimed'}),
+  FROM gatekeeper.mail WHERE state = 'claimed' AND queue <> 'wide'}),
 	'held@example.com:1:0:leased,again@example.com:2:0:leased,handed@example.com:2:1:leased,'
 	  . 'kept1@example.com:1:0:leased,kept2@example.com:1:0:leased,kept3@example.com:1:0:leased,'
 	  . 'back@example.com:1:0:lapsed,spent@example.com:1:0:lapsed,lapsed@example.com:1:0:lapsed',
 	'updated: 0.1.0 holds claims at first and later attempts, leases running and lapsed');
-my $claim_groups = $node->safe_psql('updated',
-	"SELECT count(DISTINCT (queue, worker, lease_until)) FROM gatekeeper.mail WHERE state = 'claimed'");
+is($node->safe_psql('updated', "SELECT count(*) FROM gatekeeper.mail WHERE state = 'claimed' AND worker = 'w7'"),
+	'130', 'updated: ... and a claim of 130');
+# the batch rows a claim of these would make: per queue, worker and lease
+# (one claim statement of 0.1.0), one per 128 mails (CLAIM_BATCH_MAILS)
+my $claim_rows = $node->safe_psql(
+	'updated', q{
+SELECT sum((n + 127) / 128) FROM (SELECT count(*) AS n FROM gatekeeper.mail WHERE state = 'claimed'
+									GROUP BY queue, worker, lease_until) g});
 # the claims as their workers hold them: (id, attempt); w4's claim of
 # three is acked in one call (ack_batch, 0.1.0's array ack)
 my $claimed_attempts = $node->safe_psql('updated',
@@ -323,8 +334,8 @@ is($node->safe_psql('updated', $kept_counts), $counted,
 	'updated: queue_stats counts the live mail the update moved');
 
 # 0.1.0's claims are claimed mail of the new layout: each open in exactly
-# one batch of mail_claim, with its claim state in the batch's record and
-# its worker and lease the batch's; no longer in mail_live
+# one batch row of mail_claim, with its claim state in the row's record and
+# its worker and lease the row's; no longer in mail_live
 is( $node->safe_psql(
 		'updated', q{
 SELECT string_agg(format('%s %s %s attempt %s uncharged %s worker %s lease %s message %s key %s error %s',
@@ -333,16 +344,24 @@ SELECT string_agg(format('%s %s %s attempt %s uncharged %s worker %s lease %s me
   FROM gatekeeper.mail_claim c, unnest(c.mails) r
  WHERE NOT r.id = ANY (c.gone)}),
 	$claims_before, 'updated: each claim open in one batch, with its attempt, worker and lease');
+# as a claim makes them: a queue's mails of one claim in rows of up to 128
+# of consecutive ids (rows of one claim do not overlap); a row's open
+# count, id range, queue and worker those of its records
 is( $node->safe_psql(
 		'updated', q{
 SELECT count(*),
-	   count(*) FILTER (WHERE o.n = c.open AND o.lo = c.lo AND o.hi = c.hi AND o.same)
+	   count(*) FILTER (WHERE o.n = c.open AND o.lo = c.lo AND o.hi = c.hi AND o.same AND o.n <= 128
+						  AND NOT EXISTS (
+							SELECT FROM gatekeeper.mail_claim d
+							 WHERE d.batch <> c.batch AND d.queue = c.queue
+							   AND d.worker IS NOT DISTINCT FROM c.worker AND d.lease_until = c.lease_until
+							   AND int8range(d.lo, d.hi, '[]') && int8range(c.lo, c.hi, '[]')))
   FROM gatekeeper.mail_claim c,
 	   LATERAL (SELECT count(*) AS n, min(r.id) AS lo, max(r.id) AS hi,
 					   bool_and(r.queue = c.queue AND r.worker IS NOT DISTINCT FROM c.worker) AS same
 				  FROM unnest(c.mails) r WHERE NOT r.id = ANY (c.gone)) o}),
-	"$claim_groups|$claim_groups",
-	'updated: a batch per queue, worker and lease, its open count, id range, queue and worker its records\'');
+	"$claim_rows|$claim_rows",
+	'updated: claims in batch rows of up to 128 consecutive ids per queue, worker and lease, as a claim makes them');
 is( $node->safe_psql(
 		'updated',
 		"SELECT count(*) FROM gatekeeper.mail_live WHERE state <> 'scheduled' OR id = ANY ('$claimed')"),
@@ -551,7 +570,7 @@ my $mail_count = $node->safe_psql('updated', 'SELECT count(*) FROM gatekeeper.ma
 is( $node->safe_psql(
 		'updated', qq{$insert_keyed
 SELECT string_agg(dedupe_key || ':' || pg_temp.insert_keyed(queue, dedupe_key), ',' ORDER BY id)
-  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed')}),
+  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
 	'held-1:23505,again-1:23505,handed-1:23505,kept-1:23505,kept-2:23505,kept-3:23505,'
 	  . 'back-1:23505,spent-1:23505,lapsed-1:23505',
 	'updated: the key of each claimed mail refuses another mail (23505)');
@@ -559,7 +578,7 @@ is( $node->safe_psql(
 		'updated', qq{
 SELECT count(*) FILTER (WHERE gatekeeper.enqueue('other\@example.com', 'Other', 'Body', queue => queue,
 												 dedupe_key => dedupe_key) = id)
-  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed')}),
+  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
 	'9', 'updated: enqueue() with the key of a claimed mail finds it');
 is($node->safe_psql('updated', 'SELECT count(*) FROM gatekeeper.mail'),
 	$mail_count, 'updated: ... and no mail was written');
@@ -580,7 +599,7 @@ is($new_ways->{'after reap'}, $old_ways->{'after reap'},
 is($new_ways->{acks}, $old_ways->{acks},
 	'updated: acks of the claims with their old (id, attempt) as 0.1.0: stale and later attempts false, the first ack true');
 like($new_ways->{acks}, qr/^batch 0 3 0$/m, 'updated: ... w4\'s claims acked in one call, once');
-is(scalar(() = $new_ways->{acks} =~ /^\d+ f f t f$/mg), 3, 'updated: ... each other claim not reaped acked once');
+is(scalar(() = $new_ways->{acks} =~ /^\d+ f f t f$/mg), 133, 'updated: ... each other claim not reaped acked once');
 is($new_ways->{'after acks'}, $old_ways->{'after acks'}, 'updated: the acked mail as 0.1.0 would leave it');
 
 # once a claimed mail finished (sent, failed, unknown), its key is free;
@@ -588,7 +607,7 @@ is($new_ways->{'after acks'}, $old_ways->{'after acks'}, 'updated: the acked mai
 is( $node->safe_psql(
 		'updated', qq{$insert_keyed
 SELECT string_agg(dedupe_key || ':' || pg_temp.insert_keyed(queue, dedupe_key), ',' ORDER BY id)
-  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed')}),
+  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
 	'held-1:inserted,again-1:inserted,handed-1:inserted,kept-1:inserted,kept-2:inserted,'
 	  . 'kept-3:inserted,back-1:23505,spent-1:inserted,lapsed-1:inserted',
 	'updated: the keys of finished mail are free again, the rescheduled one\'s not');
