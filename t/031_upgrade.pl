@@ -21,15 +21,17 @@
 # recipients' passes, are as before the update; and it works after.
 #
 # Claimed mail (issue 11): 0.1.0's claims (leases running and lapsed,
-# first and later attempts, handed back before, keyed) are, after the
-# update, each open in exactly one mail_claim batch (one per queue, worker
-# and lease) with its attempt, worker and lease, and no row of mail_live;
-# mail_key holds the keys of scheduled and claimed mail.  Then reap() and
-# acks with the (id, attempt) the workers hold (and stale and later
-# attempts) do what 0.1.0's own reap() and ack did to the same claims (run
-# before the update in a transaction rolled back); a claimed mail's key
-# refuses another mail (23505) and enqueue() finds the claimed mail; once
-# the mail finished the key is free.
+# first and later attempts, handed back before, keyed, a claim of 130)
+# are, after the update, each open in exactly one mail_claim batch row
+# (rows of up to 128 consecutive ids per queue, worker and lease, as a
+# claim makes them) with its attempt, worker and lease, and no row of
+# mail_live; mail_key holds the keys of scheduled and claimed mail.  Then
+# reap() and acks (one at a time and in one call) with the (id, attempt)
+# the workers hold (and stale and later attempts) do what 0.1.0's own
+# reap() and acks did to the same claims (run before the update in a
+# transaction rolled back); a claimed mail's key refuses another mail
+# (23505) and enqueue() finds the claimed mail; once the mail finished the
+# key is free.
 
 use strict;
 use warnings;
