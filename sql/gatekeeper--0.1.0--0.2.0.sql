@@ -622,15 +622,19 @@ SELECT id, queue, priority, send_at, state, attempt, uncharged,
 	   lease_until, worker, message_id, last_error, dedupe_key, 0
   FROM gatekeeper.mail_010
  WHERE state IN ('scheduled', 'claimed');
--- claimed mail: one batch per queue, worker and lease
+-- claimed mail: the mails of one queue, worker and lease (one claim of
+-- 0.1.0) in id order, in batch rows of up to 128 as a claim makes them
+-- (CLAIM_BATCH_MAILS in src/claim.c)
 INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
 SELECT l.queue, l.worker, coalesce(l.lease_until, now()), min(l.id), max(l.id), count(*),
 	   array_agg(ROW(l.id, l.queue, l.priority, l.send_at, l.state, l.attempt, l.uncharged,
 					 NULL, l.worker, l.message_id, l.last_error, l.dedupe_key,
 					 l.segment)::gatekeeper.mail_live ORDER BY l.id)
-  FROM gatekeeper.mail_live l
- WHERE l.state = 'claimed'
- GROUP BY l.queue, l.worker, l.lease_until;
+  FROM (SELECT c.*, (row_number() OVER (PARTITION BY c.queue, c.worker, c.lease_until
+											ORDER BY c.id) - 1) / 128 AS part
+		  FROM gatekeeper.mail_live c
+		 WHERE c.state = 'claimed') l
+ GROUP BY l.queue, l.worker, l.lease_until, l.part;
 DELETE FROM gatekeeper.mail_live WHERE state = 'claimed';
 -- the keys of unfinished mail: scheduled, and claimed in the batches above
 INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
