@@ -1212,8 +1212,9 @@ $$;
  * naptime, and until then every claim and ack goes on extending the
  * files.  A table with no batch left is emptied by TRUNCATE instead, at
  * once and whatever its size.  The lock is taken only if no one holds the
- * table (a claim, ack or reader in progress): nothing ever waits behind
- * it, and purge() tries again next time.  Only under READ COMMITTED,
+ * table (a claim, ack or reader in progress), so nothing ever waits
+ * behind it; purge() tries again next time, as it does when a query of
+ * its own transaction still reads the table.  Only under READ COMMITTED,
  * whose next statement sees every batch committed before the lock (a
  * REPEATABLE READ snapshot could miss a batch and truncate it away).
  * Returns whether it truncated.
@@ -1231,14 +1232,15 @@ BEGIN
 	END IF;
 	BEGIN
 		LOCK TABLE gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE NOWAIT;
-	EXCEPTION WHEN lock_not_available THEN
+		-- under the lock no batch comes or goes: look again
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			RETURN false;
+		END IF;
+		TRUNCATE gatekeeper.mail_claim;
+	EXCEPTION WHEN lock_not_available OR object_in_use THEN
+		-- held by others, or by a query of this very transaction
 		RETURN false;
 	END;
-	-- under the lock no batch comes or goes: look again
-	IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
-		RETURN false;
-	END IF;
-	TRUNCATE gatekeeper.mail_claim;
 	RETURN true;
 END
 $$;
