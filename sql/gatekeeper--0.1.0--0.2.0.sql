@@ -1232,13 +1232,16 @@ BEGIN
 	END IF;
 	BEGIN
 		LOCK TABLE gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE NOWAIT;
-		-- under the lock no batch comes or goes: look again
+		-- under the lock no batch comes or goes: look again, and if one
+		-- came meanwhile give the lock back (the block's subtransaction
+		-- ends in error) rather than hold it to the caller's commit
 		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
-			RETURN false;
+			RAISE EXCEPTION 'mail_claim holds a batch' USING ERRCODE = 'object_in_use';
 		END IF;
 		TRUNCATE gatekeeper.mail_claim;
 	EXCEPTION WHEN lock_not_available OR object_in_use THEN
-		-- held by others, or by a query of this very transaction
+		-- held by others, a batch came, or a query of this very
+		-- transaction reads the table
 		RETURN false;
 	END;
 	RETURN true;
