@@ -2029,6 +2029,51 @@ BEGIN
 END
 $$;
 
+/*
+ * Give mail_claim's space back once it holds no batch.  Every single ack,
+ * nack and hand-back writes a new version of its batch's row (with its
+ * TOASTed gone array) and the batch's last one deletes it, so a drained
+ * burst leaves the table, its TOAST and its indexes all dead, and nothing
+ * but a vacuum makes that space usable again: autovacuum comes by once a
+ * naptime, and until then every claim and ack goes on extending the
+ * files.  A table with no batch left is emptied by TRUNCATE instead, at
+ * once and whatever its size.  The lock is taken only if no one holds the
+ * table (a claim, ack or reader in progress), so nothing ever waits
+ * behind it; purge() tries again next time, as it does when a query of
+ * its own transaction still reads the table.  Only under READ COMMITTED,
+ * whose next statement sees every batch committed before the lock (a
+ * REPEATABLE READ snapshot could miss a batch and truncate it away).
+ * Returns whether it truncated.
+ */
+CREATE FUNCTION gatekeeper._mail_claim_shrink()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF pg_catalog.pg_relation_size('gatekeeper.mail_claim') = 0
+	   OR current_setting('transaction_isolation') <> 'read committed'
+	   OR EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+		RETURN false;
+	END IF;
+	BEGIN
+		LOCK TABLE gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE NOWAIT;
+		-- under the lock no batch comes or goes: look again, and if one
+		-- came meanwhile give the lock back (the block's subtransaction
+		-- ends in error) rather than hold it to the caller's commit
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			RAISE EXCEPTION 'mail_claim holds a batch' USING ERRCODE = 'object_in_use';
+		END IF;
+		TRUNCATE gatekeeper.mail_claim;
+	EXCEPTION WHEN lock_not_available OR object_in_use THEN
+		-- held by others, a batch came, or a query of this very
+		-- transaction reads the table
+		RETURN false;
+	END;
+	RETURN true;
+END
+$$;
+
 -- remove finished mail older than gatekeeper.retention, by rotating the
 -- retention segments, and a batch of expired gate log rows; sweep expired
 -- passes out of shared memory
@@ -2061,6 +2106,8 @@ BEGIN
 	PERFORM gatekeeper._gate_sweep();
 	-- not counted: a stale key is no mail
 	PERFORM gatekeeper._mail_key_prune(batch);
+	-- a drained mail_claim's dead batches
+	PERFORM gatekeeper._mail_claim_shrink();
 	RETURN n + p;
 END
 $$;
