@@ -191,6 +191,6 @@ SELECT id = :u AS is_it,
 
 -- leave no live mail behind for later tests
 SELECT gatekeeper.cancel_queue(q) AS cancelled FROM unnest(ARRAY['default', 'enq', 'enq_other']) AS q ORDER BY q;
-DO $$ BEGIN PERFORM gatekeeper.ack(id, attempt) FROM gatekeeper.mail_live
+DO $$ BEGIN PERFORM gatekeeper.ack(id, attempt) FROM gatekeeper.mail_status
  WHERE state = 'claimed' AND queue LIKE 'enq%'; END $$;
 SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats ORDER BY queue;

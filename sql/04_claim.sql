@@ -134,7 +134,21 @@ DROP TABLE backoff;
 -- claims handed back uncharged (unclaim) do not count as tries
 SELECT gatekeeper.enqueue('cap@example.com', 'Cap', 'b', 'c_main') AS cap \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']);
-UPDATE gatekeeper.mail_live SET attempt = 20, uncharged = 18 WHERE id = :cap;  -- tries = 2
+-- a claimed mail's attempt and uncharged are in the record of its batch
+CREATE FUNCTION pg_temp.set_claim(mail bigint, attempt int, uncharged int) RETURNS void
+LANGUAGE sql AS $$
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(SELECT CASE WHEN (r.m).id = mail
+									 THEN ROW((r.m).id, (r.m).queue, (r.m).priority, (r.m).send_at,
+											  (r.m).state, attempt, uncharged, (r.m).lease_until,
+											  (r.m).worker, (r.m).message_id, (r.m).last_error,
+											  (r.m).dedupe_key, (r.m).segment)::gatekeeper.mail_live
+									 ELSE r.m END
+						   FROM (SELECT c.mails[i] AS m, i FROM generate_subscripts(c.mails, 1) AS i) r
+						  ORDER BY r.i)
+	 WHERE c.lo <= mail AND c.hi >= mail AND NOT mail = ANY (c.gone)
+$$;
+SELECT pg_temp.set_claim(:cap, 20, 18);  -- tries = 2
 BEGIN;
 SELECT gatekeeper.nack(:cap, 20, 'busy') AS nack_uncharged;
 SELECT send_at - now() BETWEEN interval '30 seconds' AND interval '60 seconds' AS second_try_delay
@@ -145,7 +159,7 @@ SELECT gatekeeper.alter_queue('c_main', max_attempts => 100);
 SELECT max_attempts FROM gatekeeper.queue WHERE name = 'c_main';
 UPDATE gatekeeper.mail SET send_at = now() WHERE id = :cap;
 SELECT attempt FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main']);
-UPDATE gatekeeper.mail_live SET attempt = 40, uncharged = 0 WHERE id = :cap;
+SELECT pg_temp.set_claim(:cap, 40, 0);
 BEGIN;
 SELECT gatekeeper.nack(:cap, 40, 'busy') AS nack_40th;
 SELECT send_at - now() BETWEEN interval '3 hours' AND interval '6 hours' AS capped
@@ -190,7 +204,8 @@ SELECT queue, attempt FROM gatekeeper.claim('w1', 100, queues => ARRAY['c_main',
  ORDER BY queue;
 SELECT message_id AS alo_mid FROM gatekeeper.mail_status WHERE id = :alo \gset
 -- simulate the leases running out, except the last one's
-UPDATE gatekeeper.mail_live SET lease_until = now() - interval '1 second' WHERE id IN (:alo, :amo, :once);
+UPDATE gatekeeper.mail_claim c SET lease_until = now() - interval '1 second'
+ WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.id IN (:alo, :amo, :once));
 SELECT gatekeeper.reap() AS reaped;
 SELECT queue, state, attempt, last_error, lease_until IS NOT NULL AS leased, finished_at IS NOT NULL AS finished
   FROM gatekeeper.mail_status WHERE id IN (:alo, :amo, :once, :live) ORDER BY queue;

@@ -292,14 +292,16 @@ SELECT gatekeeper.ack(:a3, 1) AS acked;
 -- a lease that ran out with attempts spent: failed, and the passes released
 SELECT gatekeeper.enqueue('reaped@gates.example', 'R', 'b', 'g_once') AS r1 \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_once']);
-UPDATE gatekeeper.mail_live SET lease_until = now() - interval '1 second' WHERE id = :r1;
+UPDATE gatekeeper.mail_claim c SET lease_until = now() - interval '1 second'
+ WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.id = :r1);
 SELECT gatekeeper.reap() AS reaped;
 SELECT state FROM gatekeeper.mail_status WHERE id = :r1;
 SELECT * FROM pg_temp.gate_view('reaped@gates.example');
 -- a lease that ran out with attempts left: the mail keeps its pass for its retry
 SELECT gatekeeper.enqueue('reaped2@gates.example', 'R', 'b', 'g_sup') AS r2 \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_sup']);
-UPDATE gatekeeper.mail_live SET lease_until = now() - interval '1 second' WHERE id = :r2;
+UPDATE gatekeeper.mail_claim c SET lease_until = now() - interval '1 second'
+ WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.id = :r2);
 SELECT gatekeeper.reap() AS reaped;
 SELECT state FROM gatekeeper.mail_status WHERE id = :r2;
 SELECT * FROM pg_temp.gate_view('reaped2@gates.example');

@@ -110,7 +110,7 @@ EXECUTE cnl(gatekeeper.find('default', 'none'));  -- NULL id: an error
 EXECUTE clm('drv-w', '10', '5 minutes', '{drv}');
 SELECT '{' || string_agg(id::text, ',' ORDER BY id) || '}' AS ids,
        '{' || string_agg(attempt::text, ',' ORDER BY id) || '}' AS attempts
-  FROM gatekeeper.mail_live WHERE queue = 'drv' AND state = 'claimed' \gset
+  FROM gatekeeper.mail_status WHERE queue = 'drv' AND state = 'claimed' \gset
 -- empty batches, as every sender loop sends them
 EXECUTE ackb('{}', '{}');
 EXECUTE nackb3('{}', '{}', '{}');

@@ -296,6 +296,88 @@ CREATE INDEX mail_finished ON gatekeeper.mail_done USING brin (finished_at);
 -- entry of an address and costs COPY less to insert (no collated compares)
 CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
 
+/*
+ * Claimed mail, in batch rows of up to 128 mails of consecutive ids of
+ * one queue's share of a claim (CLAIM_BATCH_MAILS in src/claim.c, which
+ * bounds what an ack of one mail reads and rewrites): a claim moves the mails it takes out of mail_live into the
+ * records of mails, so that neither the claim nor the ack writes a new
+ * version of a live row per mail (bench/notes.md, "Claimed mail out of
+ * mail_live").  mails is not rewritten once inserted (but by _rotate,
+ * which moves claimed mail's content to a new segment too, under a lock
+ * no ack passes): a mail that leaves the batch alone (a single ack) is
+ * added to gone and open falls; the batch is deleted when its last open
+ * mail leaves.  The records carry
+ * each mail's claim state as mail_live would (state claimed, attempt,
+ * worker, message id, segment); the lease is the batch's.
+ *
+ *   mail_claim_ids		batches by the range lo .. hi their ids lie in, the
+ *						ack's first test (GiST: a btree on lo would walk
+ *						every batch below the id, however far)
+ *   mail_claim_lease	batches by lease expiry, for reaping
+ */
+CREATE TABLE gatekeeper.mail_claim (
+	batch		bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	queue		text NOT NULL,
+	worker		text,
+	lease_until timestamptz NOT NULL,
+	lo			bigint NOT NULL,
+	hi			bigint NOT NULL,
+	open		int NOT NULL,
+	gone		bigint[] NOT NULL DEFAULT '{}',
+	mails		gatekeeper.mail_live[] NOT NULL
+);
+CREATE INDEX mail_claim_ids ON gatekeeper.mail_claim USING gist (int8range(lo, hi, '[]'));
+CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
+
+COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
+COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is not rewritten (but for a segment rotation)';
+
+/*
+ * The dedupe keys of unfinished mail: one row per keyed mail that is
+ * scheduled (in mail_live) or claimed (open in a mail_claim batch), so a
+ * claimed mail keeps its key although its live row is gone.  The insert
+ * trigger of gatekeeper.mail writes the rows of the statement's keyed
+ * mails (src/mail.c); a second unfinished mail with the key fails there
+ * with 23505 on mail_key_pkey.
+ *
+ * Nothing removes a row when its mail finishes: that would put a write
+ * into every ack and every other way out, and the ack is the drain's hot
+ * path.  A row whose mail is neither in mail_live nor open in a batch
+ * under that queue and key (_mail_key_held) is stale instead: the next
+ * insert of the key takes it over, and purge() deletes the rest.  Both
+ * lock the row first and only then test it in a later statement, whose
+ * snapshot sees the holder as the row's last writer left it: a holder
+ * moves between mail_live, mail_claim and mail_done in single
+ * transactions and never comes back from mail_done, so a holder seen
+ * finished is finished.
+ *
+ * mail_dedupe stays on mail_live: find() looks scheduled mail up by it,
+ * and it still refuses two scheduled mails with one key wherever rows
+ * enter mail_live (an update of a mail's key, a hand-back, a restore).
+ */
+CREATE TABLE gatekeeper.mail_key (
+	queue		text NOT NULL,
+	dedupe_key	text NOT NULL,
+	id			bigint NOT NULL,
+	PRIMARY KEY (queue, dedupe_key)
+);
+
+COMMENT ON TABLE gatekeeper.mail_key IS 'the dedupe keys of unfinished (scheduled or claimed) mail; a row whose mail finished is stale until the key''s next insert or purge()';
+
+-- whether mail id is unfinished under this queue and key: a scheduled
+-- live row, or an open record of a claimed batch
+CREATE FUNCTION gatekeeper._mail_key_held(id bigint, queue text, dedupe_key text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT EXISTS (SELECT FROM gatekeeper.mail_live l
+				WHERE l.id = $1 AND l.queue = $2 AND l.dedupe_key = $3)
+	OR EXISTS (SELECT FROM gatekeeper.mail_claim c, unnest(c.mails) r
+				WHERE int8range(c.lo, c.hi, '[]') @> $1 AND c.queue = $2
+				  AND r.id = $1 AND r.dedupe_key = $3 AND NOT r.id = ANY (c.gone))
+$$;
+
 CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
 	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
@@ -435,6 +517,31 @@ $$;
 CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
 	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+
+/*
+ * mail_key is dumped with the rest: its rows load as they were, stale ones
+ * included (they stay stale).  A dump loaded through gatekeeper.mail with
+ * the trigger on has already written the keys of the mails it made live;
+ * a dumped row then replaces the key's row instead of failing.
+ */
+CREATE FUNCTION gatekeeper._mail_key_restore() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	UPDATE gatekeeper.mail_key k SET id = NEW.id
+	 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key;
+	IF FOUND THEN
+		RETURN NULL;
+	END IF;
+	RETURN NEW;
+END
+$$;
+
+-- gatekeeper's own inserts run inside the trigger of gatekeeper.mail
+CREATE TRIGGER mail_key_restore BEFORE INSERT ON gatekeeper.mail_key
+	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
+	EXECUTE FUNCTION gatekeeper._mail_key_restore();
 -- whether gatekeeper's own C code runs the statement now (src/gatekeeper.c)
 CREATE FUNCTION gatekeeper._own_statement() RETURNS boolean
 LANGUAGE c
@@ -452,14 +559,45 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
 
 -- an update of a mail's queue, priority, send_at or dedupe key (by its
--- owner) reaches its state rows; a deleted mail takes them along
+-- owner) reaches its state rows: its live row, the record of the batch it
+-- is claimed in (src/claim.c), or its outcome; a deleted mail takes them
+-- along, and a claimed one leaves its batch as an ack takes it (the
+-- claimer's ack of it then returns false).  A claimed mail's record is
+-- rewritten in its batch under the batch's lock; one moved to another
+-- queue leaves its batch for a batch of its own in the new queue, with
+-- the same lease and worker (unless it is the batch's one open mail: the
+-- batch moves), so that the batches' queues stay the ones queue_stats and
+-- drop_queue count.  A claimed mail's new dedupe key is
+-- written into mail_key (23505 if an unfinished mail holds it), as a
+-- scheduled mail's is held by mail_dedupe.
 CREATE FUNCTION gatekeeper._mail_sync() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	ids bigint[];
+	attempts int[];
+	b gatekeeper.mail_claim;
+	r gatekeeper.mail_live;
+	pos int;
 BEGIN
 	IF TG_OP = 'DELETE' THEN
 		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
+		-- claimed mail: each open claim of a deleted mail, taken out of
+		-- its batch as an ack takes it (_take_claimed locks the batches
+		-- and skips what left them since this read); before the outcomes,
+		-- so that an ack this waited for has its outcome deleted too
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
+			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
+				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
+			 WHERE s.lo IS NOT NULL AND int8range(c.lo, c.hi, '[]') && int8range(s.lo, s.hi, '[]')
+			   AND NOT x.id = ANY (c.gone)
+			   AND x.id IN (SELECT o.id FROM old_mail o);
+			IF ids IS NOT NULL THEN
+				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
+			END IF;
+		END IF;
 		DELETE FROM gatekeeper.mail_done d
 		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
 		RETURN NULL;
@@ -469,6 +607,86 @@ BEGIN
 		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
 						  ELSE l.send_at END
 	 WHERE l.id = NEW.id;
+	IF NOT FOUND THEN
+		-- claimed: the batch the mail is open in, locked, and its record
+		SELECT c.* INTO b FROM gatekeeper.mail_claim c
+		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
+						   WHERE int8range(k.lo, k.hi, '[]') @> NEW.id AND x.id = NEW.id
+							 AND NOT NEW.id = ANY (k.gone)
+						   LIMIT 1)
+		   FOR UPDATE;
+		IF FOUND AND NOT NEW.id = ANY (b.gone) THEN
+			SELECT i INTO pos FROM generate_subscripts(b.mails, 1) i
+			 WHERE (b.mails[i]).id = NEW.id;
+			r := b.mails[pos];
+			IF NEW.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				IF EXISTS (SELECT FROM gatekeeper.mail_live l
+							WHERE l.queue = NEW.queue AND l.dedupe_key = NEW.dedupe_key) THEN
+					RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_dedupe"'
+						USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_dedupe',
+							  DETAIL = format('A scheduled mail of queue %s holds dedupe key %s.',
+											  NEW.queue, NEW.dedupe_key);
+				END IF;
+				-- a stale row of the key is taken over (locked first, then
+				-- tested, as src/mail.c does); a held one fails the insert
+				PERFORM FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+				   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+				INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+				VALUES (NEW.queue, NEW.dedupe_key, NEW.id);
+			END IF;
+			IF r.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = r.queue AND k.dedupe_key = r.dedupe_key AND k.id = NEW.id;
+			END IF;
+			r.queue := NEW.queue;
+			r.priority := NEW.priority;
+			r.dedupe_key := NEW.dedupe_key;
+			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
+				r.send_at := NEW.send_at;
+			END IF;
+			IF NEW.queue = b.queue OR b.open = 1 THEN
+				-- the batch moves with its one open mail
+				UPDATE gatekeeper.mail_claim c SET queue = NEW.queue, mails[pos] = r
+				 WHERE c.batch = b.batch;
+			ELSE
+				IF b.open <= 1 THEN
+					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
+				ELSE
+					UPDATE gatekeeper.mail_claim c
+					   SET open = c.open - 1, gone = c.gone || NEW.id
+					 WHERE c.batch = b.batch;
+				END IF;
+				INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+				VALUES (NEW.queue, b.worker, b.lease_until, NEW.id, NEW.id, 1, ARRAY[r]);
+			END IF;
+		ELSE
+			-- it left the batch (handed back into mail_live, or finished)
+			-- while this waited for the batch's lock
+			UPDATE gatekeeper.mail_live l
+			   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+				   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+								  ELSE l.send_at END
+			 WHERE l.id = NEW.id;
+		END IF;
+	ELSIF NEW.dedupe_key IS NOT NULL
+		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
+		-- scheduled: mail_dedupe refuses a key another scheduled mail
+		-- holds; a claimed mail holds its key in mail_key
+		IF EXISTS (SELECT FROM gatekeeper.mail_key k
+					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+					  AND k.id <> NEW.id
+					  AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)) THEN
+			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
+				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
+					  DETAIL = format('A claimed mail of queue %s holds dedupe key %s.',
+									  NEW.queue, NEW.dedupe_key);
+		END IF;
+	END IF;
 	UPDATE gatekeeper.mail_done d
 	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
 	 WHERE d.id = NEW.id AND d.segment = NEW.segment
@@ -494,6 +712,9 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_2', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_3', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_live', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim_batch_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_key', '');
 
 /*
  * Every column the mail had in 0.1.0, then those 0.2.0 added to it, for
@@ -518,7 +739,20 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 	   m.metadata,
 	   m.timezone
   FROM gatekeeper.mail m
-  LEFT JOIN gatekeeper.mail_live l ON l.id = m.id
+  -- the live row, or the record of the batch the mail is claimed in
+  -- (with the batch's lease)
+  LEFT JOIN LATERAL (
+	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, l.lease_until, l.worker,
+		   l.message_id, l.last_error
+	  FROM gatekeeper.mail_live l
+	 WHERE l.id = m.id
+	UNION ALL
+	SELECT r.id, r.send_at, r.state, r.attempt, r.uncharged, c.lease_until, r.worker,
+		   r.message_id, r.last_error
+	  FROM gatekeeper.mail_claim c
+	 CROSS JOIN LATERAL unnest(c.mails) r
+	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
 /*
@@ -759,7 +993,12 @@ BEGIN
 	PERFORM gatekeeper._queue(drop_queue.name, true);
 	-- wait out writers that may be adding mail to this queue, and hold off new ones
 	LOCK TABLE gatekeeper.mail IN SHARE MODE;
-	SELECT count(*) INTO live FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name;
+	-- scheduled mail, and claimed mail still open in its batches, under one
+	-- snapshot: a claim or a hand-back moves mail between them in one commit
+	SELECT (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name)
+		   + (SELECT coalesce(sum(c.open), 0) FROM gatekeeper.mail_claim c
+			   WHERE c.queue = drop_queue.name)
+	  INTO live;
 	IF live > 0 THEN
 		RAISE EXCEPTION 'queue "%" still holds % live mail', drop_queue.name, live
 			USING ERRCODE = 'object_in_use',
@@ -1154,14 +1393,25 @@ BEGIN
 
 	q := gatekeeper._queue(enqueue.queue);
 	/*
-	 * A live mail with this key wins; so does one sent within the queue's
-	 * dedupe window.  Otherwise insert; if a concurrent enqueue of the same
-	 * key got there first (its live row holds the key in mail_dedupe), the
-	 * next round finds its mail.
+	 * An unfinished mail with this key wins, scheduled or claimed; so does
+	 * one sent within the queue's dedupe window.  Otherwise insert: the
+	 * trigger takes over the key's row if its mail has finished since.  If
+	 * a concurrent enqueue of the same key got there first (its row holds
+	 * the key in mail_key), the next round finds its mail.
 	 */
 	FOR round IN 1..10 LOOP
+		/*
+		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
+		 * moves its live row's key, not its mail_key row.
+		 */
 		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
 		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = enqueue.queue AND k.dedupe_key = enqueue.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 		IF FOUND THEN
 			RETURN new_id;
 		END IF;
@@ -1184,7 +1434,7 @@ BEGIN
 			RETURN new_id;
 		EXCEPTION WHEN unique_violation THEN
 			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-			IF violated IS DISTINCT FROM 'mail_dedupe' THEN
+			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
 				RAISE;
 			END IF;
 		END;
@@ -1210,6 +1460,17 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS 'MODULE_PATHNAME', 'gatekeeper_claim';
 
+/*
+ * Take claimed mails out of their batches in mail_claim, each only if its
+ * claim (id, attempt) is still open there; returns their records.  The
+ * caller writes what became of them (src/claim.c).
+ */
+CREATE FUNCTION gatekeeper._take_claimed(ids bigint[], attempts int[])
+RETURNS SETOF gatekeeper.mail_live
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_take_claimed';
+
 CREATE FUNCTION gatekeeper.ack(id bigint, attempt int)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -1220,16 +1481,11 @@ BEGIN
 	IF ack.id IS NULL OR ack.attempt IS NULL THEN
 		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	WITH f AS (
-		DELETE FROM gatekeeper.mail_live l
-		 WHERE l.id = ack.id AND l.attempt = ack.attempt AND l.state = 'claimed'
-		RETURNING l.*
-	)
 	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 									  message_id, last_error, dedupe_key, finished_at, segment)
 	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
 		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM f;
+	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
 	RETURN FOUND;
 END
 $$;
@@ -1282,9 +1538,8 @@ BEGIN
 	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
 		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	SELECT * INTO m FROM gatekeeper.mail_live l
-	 WHERE l.id = nack.id AND l.attempt = nack.attempt AND l.state = 'claimed'
-	   FOR UPDATE;
+	-- the claim, taken out of its batch if it is still open there
+	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
 	IF NOT FOUND THEN
 		RETURN NULL;			-- not this claim's to report: it changes nothing
 	END IF;
@@ -1292,7 +1547,6 @@ BEGIN
 	tries := m.attempt - m.uncharged;
 
 	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-		DELETE FROM gatekeeper.mail_live l WHERE l.id = m.id;
 		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 										  message_id, last_error, dedupe_key, finished_at, segment)
 		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
@@ -1313,9 +1567,10 @@ BEGIN
 	base := gatekeeper._retry_delay();
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
-	UPDATE gatekeeper.mail_live l
-	   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = error
-	 WHERE l.id = m.id;
+	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+									  lease_until, worker, message_id, last_error, dedupe_key, segment)
+	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
+			NULL, m.worker, m.message_id, error, m.dedupe_key, m.segment);
 	IF q.notify THEN
 		PERFORM gatekeeper._announce(m.queue, now() + delay);
 	END IF;
@@ -1324,10 +1579,11 @@ END
 $$;
 
 -- nack for many claims at once, each element as nack() would do it; returns
--- how many were still the caller's.  The claims are locked in id order,
--- hard bounces suppressed in address order and the passes of the mail that
--- failed given back in one sorted release, so that concurrent batches do
--- not deadlock.
+-- how many were still the caller's.  The claims' batches are locked in
+-- batch order (_take_claimed, as ack_batch locks them), hard bounces
+-- suppressed in address order and the passes of the mail that failed given
+-- back in one sorted release, so that concurrent batches do not deadlock.
+-- A retried mail goes back into mail_live, a failed one into mail_done.
 CREATE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
 	permanent boolean DEFAULT false)
 RETURNS int
@@ -1337,9 +1593,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	e record;
-	m gatekeeper.mail_live;
 	q gatekeeper.queue;
-	recipient text;
 	tries int;
 	delay interval;
 	base interval;
@@ -1366,45 +1620,49 @@ BEGIN
 	END IF;
 
 	base := gatekeeper._retry_delay();
-	FOR e IN SELECT u.id, u.attempt, u.error
-			   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
-			  ORDER BY u.id, u.i
+	/*
+	 * The claims still open, all taken out of their batches at once (the
+	 * function scan reads them all before the first row comes back), each
+	 * with the error of its first element.
+	 */
+	FOR e IN SELECT t AS m, u.error, c.recipient
+			   FROM gatekeeper._take_claimed(ids, attempts) t
+			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
+					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
+					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
+			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
+			  ORDER BY t.id
 	LOOP
-		SELECT * INTO m FROM gatekeeper.mail_live l
-		 WHERE l.id = e.id AND l.attempt = e.attempt AND l.state = 'claimed'
-		   FOR UPDATE;
-		CONTINUE WHEN NOT FOUND;	-- not this claim's to report: it changes nothing
 		n := n + 1;
-		SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
-		tries := m.attempt - m.uncharged;
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
+		tries := (e.m).attempt - (e.m).uncharged;
 
 		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-			DELETE FROM gatekeeper.mail_live l WHERE l.id = m.id;
 			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 											  message_id, last_error, dedupe_key, finished_at, segment)
-			VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
-					m.message_id, e.error, m.dedupe_key, now(), m.segment);
-			SELECT c.recipient INTO recipient FROM gatekeeper.mail c
-			 WHERE c.id = m.id AND c.segment = m.segment;
+			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
+					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
 			-- the relay said the mailbox does not exist: never mail it again
 			IF permanent AND gatekeeper._hard_bounce(e.error) THEN
-				bounce_keys := bounce_keys || gatekeeper._address_key(recipient);
+				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
 				bounce_errors := bounce_errors || e.error;
-				bounce_ids := bounce_ids || m.id;
+				bounce_ids := bounce_ids || (e.m).id;
 			END IF;
-			release_recipients := release_recipients || recipient;
-			release_holders := release_holders || m.id;
+			release_recipients := release_recipients || e.recipient;
+			release_holders := release_holders || (e.m).id;
 			CONTINUE;
 		END IF;
 
 		-- exponential backoff with equal jitter, as nack()'s
 		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 		delay := delay / 2 + delay / 2 * random();
-		UPDATE gatekeeper.mail_live l
-		   SET state = 'scheduled', send_at = now() + delay, lease_until = NULL, last_error = e.error
-		 WHERE l.id = m.id;
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
+				(e.m).uncharged, NULL, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
+				(e.m).segment);
 		IF q.notify THEN
-			PERFORM gatekeeper._announce(m.queue, now() + delay);
+			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
 		END IF;
 	END LOOP;
 
@@ -1422,19 +1680,44 @@ BEGIN
 END
 $$;
 
+-- the lease is per batch row (up to 128 mails of one claim): see README,
+-- "A lease is held by a batch"
 CREATE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	lease_end timestamptz;
+	held gatekeeper.mail_claim;
 BEGIN
 	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
 		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	UPDATE gatekeeper.mail_live l SET lease_until = now() + gatekeeper._duration(lease, 'lease')
-	 WHERE l.id = extend.id AND l.attempt = extend.attempt AND l.state = 'claimed';
-	RETURN FOUND;
+	lease_end := now() + gatekeeper._duration(lease, 'lease');
+	-- the batch row the claim is still open in, locked (the lock rechecks
+	-- the row it waited for)
+	SELECT c.* INTO held FROM gatekeeper.mail_claim c
+	 WHERE int8range(c.lo, c.hi, '[]') @> extend.id AND NOT extend.id = ANY (c.gone)
+	   AND EXISTS (SELECT FROM unnest(c.mails) r
+					WHERE r.id = extend.id AND r.attempt = extend.attempt)
+	   FOR UPDATE OF c;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	-- a lease is the batch row's: a longer one is given to the row, whose
+	-- mails the same worker claimed together and extends together; a
+	-- shorter one is this mail's alone, in a row of its own
+	IF lease_end >= held.lease_until OR held.open = 1 THEN
+		UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
+		 WHERE c.batch = held.batch;
+	ELSE
+		INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+		SELECT t.queue, held.worker, lease_end, t.id, t.id, 1, ARRAY[t]
+		  FROM gatekeeper._take_claimed(ARRAY[extend.id], ARRAY[extend.attempt]) t;
+	END IF;
+	RETURN true;
 END
 $$;
 
@@ -1447,6 +1730,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	n int;
+	due timestamptz;
 	back_queues text[];
 	back_due timestamptz[];
 BEGIN
@@ -1460,13 +1744,15 @@ BEGIN
 	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL THEN
 		RAISE EXCEPTION 'ids and attempts must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
+	due := now() + gatekeeper._duration(delay, 'delay');
+	-- the claims still open, out of their batches and back into mail_live
 	WITH back AS (
-		UPDATE gatekeeper.mail_live m
-		   SET state = 'scheduled', uncharged = m.uncharged + 1, lease_until = NULL,
-			   send_at = greatest(m.send_at, now() + gatekeeper._duration(delay, 'delay')), last_error = error
-		  FROM unnest(ids, attempts) AS u(id, attempt)
-		 WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'
-		RETURNING m.queue, m.send_at
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
+			   t.uncharged + 1, NULL, t.worker, t.message_id, error, t.dedupe_key, t.segment
+		  FROM gatekeeper._take_claimed(ids, attempts) t
+		RETURNING mail_live.queue, mail_live.send_at
 	)
 	SELECT count(*), array_agg(b.queue), array_agg(b.send_at) INTO n, back_queues, back_due FROM back b;
 	-- external senders listening for a notify queue hear of it
@@ -1495,31 +1781,37 @@ BEGIN
 	 * at_most_once: the mail may have gone, so it is never sent again.
 	 * at_least_once: back to scheduled, unless its attempts are spent;
 	 * it keeps its gate passes, which its next claim re-passes.  Mail that
-	 * failed gives its passes back, all in one sorted release.
+	 * failed gives its passes back, all in one sorted release.  Claimed
+	 * mail is in batches (gatekeeper.mail_claim): a lapsed batch is
+	 * deleted and the mails still open in it are judged; a mail whose
+	 * queue is gone goes back to scheduled rather than nowhere.
 	 */
-	WITH expired AS (
-		SELECT l.id FROM gatekeeper.mail_live l
-		 WHERE l.lease_until < now() AND l.state = 'claimed'
-		   FOR UPDATE SKIP LOCKED
+	WITH lapsed AS (
+		DELETE FROM gatekeeper.mail_claim c
+		 WHERE c.batch = ANY (ARRAY(
+				SELECT l.batch FROM gatekeeper.mail_claim l
+				 WHERE l.lease_until < now()
+				   FOR UPDATE SKIP LOCKED))
+		RETURNING c.gone, c.mails
 	), judged AS (
-		SELECT l.id,
+		SELECT r.*,
 			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
-					WHEN l.attempt - l.uncharged >= q.max_attempts THEN 'failed'
+					WHEN r.attempt - r.uncharged >= q.max_attempts THEN 'failed'
 					ELSE 'scheduled' END AS outcome
-		  FROM expired e
-		  JOIN gatekeeper.mail_live l ON l.id = e.id
-		  JOIN gatekeeper.queue q ON q.name = l.queue
+		  FROM lapsed e
+		 CROSS JOIN LATERAL unnest(e.mails) r
+		  LEFT JOIN gatekeeper.queue q ON q.name = r.queue
+		 WHERE NOT r.id = ANY (e.gone)
 	), back AS (
-		UPDATE gatekeeper.mail_live l
-		   SET state = 'scheduled', lease_until = NULL, worker = NULL, last_error = 'lease expired'
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.uncharged,
+			   NULL, NULL, j.message_id, 'lease expired', j.dedupe_key, j.segment
 		  FROM judged j
-		 WHERE l.id = j.id AND j.outcome = 'scheduled'
-		RETURNING l.id, l.queue, l.send_at
+		 WHERE j.outcome = 'scheduled'
+		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
 	), gone AS (
-		DELETE FROM gatekeeper.mail_live l
-		 USING judged j
-		 WHERE l.id = j.id AND j.outcome <> 'scheduled'
-		RETURNING l.*, j.outcome
+		SELECT j.* FROM judged j WHERE j.outcome <> 'scheduled'
 	), done AS (
 		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 										  message_id, last_error, dedupe_key, finished_at, segment)
@@ -1667,7 +1959,9 @@ BEGIN
 	END IF;
 	BEGIN
 		PERFORM set_config('lock_timeout', '1s', true);
-		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I IN ACCESS EXCLUSIVE MODE',
+		-- and mail_claim: the records of claimed mail in the segment are
+		-- rewritten below, and an ack reads them before it locks a batch
+		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
 					   'mail_' || nxt, 'mail_done_' || nxt);
 		PERFORM set_config('lock_timeout', timeout, true);
 	EXCEPTION WHEN lock_not_available THEN
@@ -1687,13 +1981,106 @@ BEGIN
 				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
 				m.recipient_name, m.metadata, m.timezone
 		   FROM gatekeeper.%I m
-		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2)',
+		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
 		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
 	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
+	-- claimed mail still open in its batch: its record names the new segment
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(
+			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
+						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
+								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
+								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).message_id, (c.mails[i]).last_error,
+								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
+						ELSE c.mails[i] END
+			  FROM generate_subscripts(c.mails, 1) AS i
+			 ORDER BY i)
+	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
 	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
 	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I', 'mail_' || nxt, 'mail_done_' || nxt);
 	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
 	RETURN removed;
+END
+$$;
+
+/*
+ * Delete up to batch stale rows of mail_key (their mail finished and no
+ * insert of the key took them over since), so the table stays as large
+ * as the keyed unfinished mail.  Candidates are locked first and tested
+ * in the next statement, under its newer snapshot, for the reason the
+ * insert trigger does (src/mail.c, write_keys).
+ */
+CREATE FUNCTION gatekeeper._mail_key_prune(batch int)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	locked tid[];
+	n bigint;
+BEGIN
+	locked := ARRAY(
+		SELECT k.ctid FROM gatekeeper.mail_key k
+		 WHERE NOT EXISTS (SELECT FROM gatekeeper.mail_live l
+							WHERE l.id = k.id AND l.queue = k.queue AND l.dedupe_key = k.dedupe_key)
+		   AND k.id NOT IN (SELECT r.id FROM gatekeeper.mail_claim c, unnest(c.mails) r
+							 WHERE NOT r.id = ANY (c.gone))
+		 LIMIT batch
+		   FOR UPDATE SKIP LOCKED);
+	DELETE FROM gatekeeper.mail_key k
+	 WHERE k.ctid = ANY (locked)
+	   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+
+/*
+ * Give mail_claim's space back once it holds no batch.  Every single ack,
+ * nack and hand-back writes a new version of its batch's row (with its
+ * TOASTed gone array) and the batch's last one deletes it, so a drained
+ * burst leaves the table, its TOAST and its indexes all dead, and nothing
+ * but a vacuum makes that space usable again: autovacuum comes by once a
+ * naptime, and until then every claim and ack goes on extending the
+ * files.  A table with no batch left is emptied by TRUNCATE instead, at
+ * once and whatever its size.  The lock is taken only if no one holds the
+ * table (a claim, ack or reader in progress), so nothing ever waits
+ * behind it; purge() tries again next time, as it does when a query of
+ * its own transaction still reads the table.  Only under READ COMMITTED,
+ * whose next statement sees every batch committed before the lock (a
+ * REPEATABLE READ snapshot could miss a batch and truncate it away).
+ * Returns whether it truncated.
+ */
+CREATE FUNCTION gatekeeper._mail_claim_shrink()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF pg_catalog.pg_relation_size('gatekeeper.mail_claim') = 0
+	   OR current_setting('transaction_isolation') <> 'read committed'
+	   OR EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+		RETURN false;
+	END IF;
+	BEGIN
+		LOCK TABLE gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE NOWAIT;
+		-- under the lock no batch comes or goes: look again, and if one
+		-- came meanwhile give the lock back (the block's subtransaction
+		-- ends in error) rather than hold it to the caller's commit
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			RAISE EXCEPTION 'mail_claim holds a batch' USING ERRCODE = 'object_in_use';
+		END IF;
+		TRUNCATE gatekeeper.mail_claim;
+	EXCEPTION WHEN lock_not_available OR object_in_use THEN
+		-- held by others, a batch came, or a query of this very
+		-- transaction reads the table
+		RETURN false;
+	END;
+	RETURN true;
 END
 $$;
 
@@ -1727,6 +2114,10 @@ BEGIN
 	   AND g.expires < now();
 	GET DIAGNOSTICS p = ROW_COUNT;
 	PERFORM gatekeeper._gate_sweep();
+	-- not counted: a stale key is no mail
+	PERFORM gatekeeper._mail_key_prune(batch);
+	-- a drained mail_claim's dead batches
+	PERFORM gatekeeper._mail_claim_shrink();
 	RETURN n + p;
 END
 $$;
@@ -1839,8 +2230,9 @@ COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats 
 
 /*
  * Live counts (src/live_count.c): how many of each queue's mails are
- * scheduled and claimed, kept as mail_live changes, so that queue_stats
- * never counts mail_live.  The statement triggers of mail_live net each
+ * scheduled, kept as mail_live changes, so that queue_stats never counts
+ * mail_live (claimed mail is no row of mail_live: queue_stats counts it
+ * from the open counts of mail_claim's batches).  The statement triggers of mail_live net each
  * statement's rows by queue and add them, in the same transaction, to the
  * rows of the backend that wrote them (slot: its backend id), so sessions
  * never wait for each other here; a queue's counts are the sum of its
@@ -1855,12 +2247,11 @@ CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,
 	slot		int NOT NULL,
 	scheduled	bigint NOT NULL DEFAULT 0,
-	claimed		bigint NOT NULL DEFAULT 0,
 	PRIMARY KEY (queue, slot)
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE gatekeeper.mail_live_count IS
-	'live mail by queue, one row per queue and writing backend: a queue''s scheduled and claimed mail are the sums of its rows';
+	'scheduled mail by queue, one row per queue and writing backend: a queue''s scheduled mail is the sum of its rows';
 
 CREATE FUNCTION gatekeeper._count_live() RETURNS trigger
 LANGUAGE c
@@ -1967,7 +2358,7 @@ $$;
 -- this transaction's changes to the live counts, not yet written (they
 -- are as it commits): queue_stats adds them, so that inside a transaction
 -- that changed live mail the counts agree with the mail_live it sees
-CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT claimed bigint)
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint)
 RETURNS SETOF record
 LANGUAGE c
 STABLE
@@ -1976,11 +2367,13 @@ AS 'MODULE_PATHNAME', 'gatekeeper_live_pending';
 
 /*
  * The live mail of every queue that has some, for queue_stats, without a
- * scan of mail_live: scheduled and claimed from mail_live_count; due and
+ * scan of mail_live: scheduled from mail_live_count; due and
  * the oldest due mail of the queues with at most 1,000 scheduled mails in
  * one pass over their entries in mail_due, of larger queues by _live_due
  * (planned for each, which costs what reading a few hundred entries
- * does); the lapsed leases from mail_lease.  SECURITY DEFINER: a role
+ * does); claimed and the lapsed leases from the batches of mail_claim,
+ * their open counts (one row per claim in flight; claimed mail is no row
+ * of mail_live, so the counts have none).  SECURITY DEFINER: a role
  * granted queue_stats reads these counts, not mail_live.  No JIT: the
  * estimates of the index passes cross jit_above_cost, and compiling took
  * 20-30 ms of a 50 ms call.
@@ -1996,15 +2389,15 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 	WITH c AS MATERIALIZED (
-		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled, sum(n.claimed)::bigint AS claimed
-		  FROM (SELECT w.queue, w.scheduled, w.claimed FROM gatekeeper.mail_live_count w
+		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled
+		  FROM (SELECT w.queue, w.scheduled FROM gatekeeper.mail_live_count w
 				UNION ALL
-				SELECT p.queue, p.scheduled, p.claimed FROM gatekeeper._live_pending() p) n
+				SELECT p.queue, p.scheduled FROM gatekeeper._live_pending() p) n
 		 GROUP BY n.queue)
 	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
 		   min(u.oldest_due), sum(u.lapsed)::bigint
 	  FROM (
-		SELECT c.queue, c.scheduled, c.claimed, 0::bigint AS due,
+		SELECT c.queue, c.scheduled, 0::bigint AS claimed, 0::bigint AS due,
 			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed
 		  FROM c
 		UNION ALL
@@ -2017,9 +2410,10 @@ AS $$
 		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
 		 WHERE c.scheduled > 1000
 		UNION ALL
-		SELECT l.queue, 0, 0, 0, NULL, 1
-		  FROM gatekeeper.mail_live l
-		 WHERE l.lease_until < now() AND l.state = 'claimed') u
+		-- claimed mail: the open mails of the batches in flight, and of
+		-- those whose lease ran out
+		SELECT k.queue, 0, k.open, 0, NULL, CASE WHEN k.lease_until < now() THEN k.open ELSE 0 END
+		  FROM gatekeeper.mail_claim k) u
 	 GROUP BY u.queue
 	HAVING sum(u.scheduled) + sum(u.claimed) > 0
 $$;
@@ -2090,6 +2484,12 @@ BEGIN
 	END IF;
 	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
 	 WHERE l.queue = find.queue AND l.dedupe_key = find.dedupe_key;
+	IF NOT FOUND THEN
+		-- a claimed mail: its key row, if the mail still holds it
+		SELECT k.id INTO found_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = find.queue AND k.dedupe_key = find.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+	END IF;
 	IF NOT FOUND THEN
 		SELECT d.id INTO found_id FROM gatekeeper.mail_done d
 		 WHERE d.queue = find.queue AND d.dedupe_key = find.dedupe_key

@@ -9,21 +9,26 @@
  * by weight, each queue's share within its rate limit.
  * Each queue's share is taken by one statement of the form
  *
- *		UPDATE mail_live SET state = 'claimed', ... FROM mail
+ *		DELETE FROM mail_live USING mail
  *		 WHERE ctid = ANY (ARRAY(SELECT ctid ... FOR UPDATE SKIP LOCKED))
- *		RETURNING ...
+ *		RETURNING ..., ROW(...)::mail_live
  *
- * which updates only the mail's narrow claim state (mail_live) and joins
- * its content (mail) by primary key, never rewriting it; the sub-select
- * locks the rows it takes, so no two claimers ever get the same mail and
- * none waits for another.  (= ANY (ARRAY(...)) is the plan-proof spelling
- * of IN (SELECT ...): the sub-select runs once as an init plan, whatever
- * the planner thinks of the LIMIT, even in a generic plan.  It hands over
- * the locked row versions themselves, which the update fetches by TID: a
- * probe of mail_live's primary key per mail cost a tenth of the drain.  A
- * row some other transaction changed between this statement's snapshot
- * and the lock is locked but not visible to the update, so it stays
- * scheduled for the next claim.)
+ * which takes the mail's narrow live row out of mail_live and joins its
+ * content (mail) by primary key, never rewriting it; the sub-select locks
+ * the rows it takes, so no two claimers ever get the same mail and none
+ * waits for another.  (= ANY (ARRAY(...)) is the plan-proof spelling of
+ * IN (SELECT ...): the sub-select runs once as an init plan, whatever the
+ * planner thinks of the LIMIT, even in a generic plan.  It hands over the
+ * locked row versions themselves, which the delete fetches by TID: a probe
+ * of mail_live's primary key per mail cost a tenth of the drain.  A row
+ * some other transaction changed between this statement's snapshot and
+ * the lock is locked but not visible to the delete, so it stays scheduled
+ * for the next claim.)  The last column is the mail's claim state as a
+ * mail_live record.  The mails that go are kept in gatekeeper.mail_claim,
+ * in rows of up to CLAIM_BATCH_MAILS of one queue holding those records
+ * (no live row version per mail at the claim, no probe at the ack;
+ * bench/notes.md); those that do not go
+ * return to mail_live or go to mail_done, all in this transaction.
  * Inside a queue the sub-select walks the due index one priority level
  * at a time, so its cost grows with the batch, never with mail that is not
  * yet due or already finished.
@@ -33,7 +38,11 @@
  * batch are locked in one global order (see gate.c), the mails are passed
  * in claim order, and the losers are suppressed, deferred to the gates'
  * next opening, or expired if that is past their send_by.  Mail that will
- * not go leaves mail_live for mail_done in the same transaction.
+ * not go goes to mail_done in the same transaction; deferred mail goes
+ * back into mail_live.
+ *
+ * The ack (ack_batch, and ack() through _take_claimed) takes claims out of
+ * their batches, fenced by (id, attempt): see take_claimed.
  *
  *-------------------------------------------------------------------------
  */
@@ -46,6 +55,7 @@
 #include "window.h"
 
 #include "access/htup_details.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
@@ -54,6 +64,7 @@
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "storage/itemptr.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -66,14 +77,23 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/typcache.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_claim);
 PG_FUNCTION_INFO_V1(gatekeeper_ack_batch);
+PG_FUNCTION_INFO_V1(gatekeeper_take_claimed);
 
 #define MAX_BATCH 10000
 
 /* SPEC: a worker name is at most 200 characters */
 #define MAX_WORKER_NAME 200
+
+/*
+ * A claim's mails of one queue are kept in batch rows of at most this many,
+ * in id order: what an ack of one mail reads and rewrites of its batch
+ * (the records, the ids gone) stays this small whatever the claim's size.
+ */
+#define CLAIM_BATCH_MAILS 128
 
 /* Gated mail a full gate memory had no room for is retried this much later. */
 #define GATE_MEMORY_RETRY_MS	(10 * 1000)
@@ -97,7 +117,8 @@ enum
 	COL_PRIORITY,
 	COL_SEND_AT,
 	COL_SEND_BY,
-	COL_TIMEZONE
+	COL_TIMEZONE,
+	COL_RECORD					/* the claim state as a mail_live record (0.2.0) */
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
 
@@ -153,6 +174,7 @@ typedef struct Claimed
 	const char *suppressed;		/* the suppression list's reason, or NULL */
 	bool		outside_window; /* deferred to reopens, its window's opening */
 	const char *window_zone;	/* the zone it was judged in */
+	Datum		record;			/* its gatekeeper.mail_live record (0.2.0) */
 } Claimed;
 
 /*
@@ -194,23 +216,23 @@ static const char bucket_sql[] =
 "   FOR UPDATE SKIP LOCKED";
 
 /*
- * The claim of one queue's share.  The claim state is a narrow row of
+ * The claim of one queue's share.  The mail's narrow live row leaves
  * gatekeeper.mail_live; the content is joined by primary key and never
- * rewritten.  Mail past its send_by is marked expired here and moved to
- * mail_done by settle_claimed.
+ * rewritten.  The last column is the claim state the row would have been
+ * updated to, as a mail_live record (lease_until NULL: the lease is the
+ * batch's).  Mail past its send_by comes back marked expired (its record
+ * as mail_done takes it) and is written there by settle_claimed.
  */
+#define CLAIM_EXPIRED "m.send_by < now()"
+#define CLAIM_MESSAGE_ID \
+"coalesce(l.message_id, " \
+"  '<' || l.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || " \
+"  coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), " \
+"           'gatekeeper.invalid') || '>')"
+
 static const char claim_sql[] =
-"UPDATE gatekeeper.mail_live l "
-"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
-"       attempt = l.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
-"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
-"       worker = CASE WHEN m.send_by < now() THEN l.worker ELSE $4 END, "
-"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE l.last_error END, "
-"       message_id = coalesce(l.message_id, "
-"           '<' || l.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
-"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), "
-"                    'gatekeeper.invalid') || '>') "
-"  FROM gatekeeper.mail m "
+"DELETE FROM gatekeeper.mail_live l "
+" USING gatekeeper.mail m "
 " WHERE l.ctid = ANY (ARRAY( "
 "       WITH RECURSIVE levels(p) AS ( "
 "           (SELECT d.priority FROM gatekeeper.mail_live d "
@@ -231,53 +253,83 @@ static const char claim_sql[] =
 "        WHERE l.p IS NOT NULL "
 "        LIMIT $2)) "
 "   AND m.id = l.id AND m.segment = l.segment "
-"RETURNING l.id, l.attempt, l.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
-"          m.body, m.html, m.headers, l.message_id, m.metadata, l.state = 'expired', "
-"          l.priority, l.send_at, m.send_by, m.timezone";
-
-/* Claimed mail a gate deferred: back to scheduled, its claim undone. */
-static const char defer_sql[] =
-"UPDATE gatekeeper.mail_live l "
-"   SET state = 'scheduled', send_at = u.send_at, attempt = l.attempt - 1, "
-"       lease_until = NULL, worker = NULL, last_error = u.error "
-"  FROM unnest($1, $2, $3) AS u(id, send_at, error) "
-" WHERE l.id = u.id";
+"RETURNING l.id, l.attempt + CASE WHEN " CLAIM_EXPIRED " THEN 0 ELSE 1 END, "
+"          l.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
+"          m.body, m.html, m.headers, " CLAIM_MESSAGE_ID ", m.metadata, "
+"          " CLAIM_EXPIRED " IS TRUE, l.priority, l.send_at, m.send_by, m.timezone, "
+"          ROW(l.id, l.queue, l.priority, l.send_at, "
+"              CASE WHEN " CLAIM_EXPIRED " THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
+"              l.attempt + CASE WHEN " CLAIM_EXPIRED " THEN 0 ELSE 1 END, "
+"              l.uncharged, NULL::timestamptz, "
+"              CASE WHEN " CLAIM_EXPIRED " THEN l.worker ELSE $4 END, "
+"              " CLAIM_MESSAGE_ID ", "
+"              CASE WHEN " CLAIM_EXPIRED " THEN 'not sent before send_by' ELSE l.last_error END, "
+"              l.dedupe_key, l.segment)::gatekeeper.mail_live";
 
 /*
- * Claimed mail that will not go (suppressed, or expired), out of
- * mail_live and into mail_done; a NULL state or error keeps the row's
- * (mail the claim statement expired).  A claim a gate refused never
- * became visible: its attempt is restored.
+ * The mails of one queue's share that go, in id order: one batch row per
+ * CLAIM_BATCH_MAILS of them.  $4 and $5 are each row's lowest and highest
+ * id, $6 where each row's mails start in $7 (and, last, one past the end).
+ */
+static const char claim_batch_sql[] =
+"INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails) "
+"SELECT $1, $2, now() + $3, $4[i], $5[i], $6[i + 1] - $6[i], $7[$6[i]:$6[i + 1] - 1] "
+"  FROM generate_series(1, cardinality($4)) i";
+
+/* Claimed mail a gate, window or full gate memory deferred: live again. */
+static const char defer_sql[] =
+"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged, "
+"                                  lease_until, worker, message_id, last_error, dedupe_key, segment) "
+"SELECT u.id, u.queue, u.priority, u.send_at, u.state, u.attempt, u.uncharged, "
+"       u.lease_until, u.worker, u.message_id, u.last_error, u.dedupe_key, u.segment "
+"  FROM unnest($1) u";
+
+/*
+ * Claimed mail that will not go (suppressed, or expired), into mail_done
+ * as its record says (settle_claimed sets the outcome).
  */
 static const char finish_sql[] =
-"WITH f AS ( "
-"    DELETE FROM gatekeeper.mail_live l "
-"     USING unnest($1, $2, $3) AS u(id, state, error) "
-"     WHERE l.id = u.id "
-"    RETURNING l.*, u.state AS outcome, u.error AS error) "
 "INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
 "                                  message_id, last_error, dedupe_key, finished_at, segment) "
-"SELECT f.id, f.queue, coalesce(f.outcome::gatekeeper.state, f.state), "
-"       f.attempt - CASE WHEN f.state = 'claimed' THEN 1 ELSE 0 END, f.uncharged, f.send_at, "
-"       CASE WHEN f.state = 'claimed' THEN NULL ELSE f.worker END, f.message_id, "
-"       coalesce(f.error, f.last_error), f.dedupe_key, now(), f.segment "
-"  FROM f";
+"SELECT u.id, u.queue, u.state, u.attempt, u.uncharged, u.send_at, u.worker, "
+"       u.message_id, u.last_error, u.dedupe_key, now(), u.segment "
+"  FROM unnest($1) u";
 
 static const char spend_tokens_sql[] =
 "UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
 " WHERE name = $1";
 
+/* Claims taken out of their batches (take_claimed), reported sent. */
 static const char ack_batch_sql[] =
-"WITH f AS ( "
-"    DELETE FROM gatekeeper.mail_live l "
-"     USING unnest($1, $2) AS u(id, attempt) "
-"     WHERE l.id = u.id AND l.attempt = u.attempt AND l.state = 'claimed' "
-"    RETURNING l.*) "
 "INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
 "                                  message_id, last_error, dedupe_key, finished_at, segment) "
-"SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker, "
-"       f.message_id, f.last_error, f.dedupe_key, now(), f.segment "
-"  FROM f";
+"SELECT u.id, u.queue, 'sent', u.attempt, u.uncharged, u.send_at, u.worker, "
+"       u.message_id, u.last_error, u.dedupe_key, now(), u.segment "
+"  FROM unnest($1) u";
+
+/*
+ * take_claimed's statements.  The batches that may hold the ids are read
+ * unlocked, then only those that do are locked, in batch order: batches
+ * of other claims whose id ranges overlap are left alone, so acks of
+ * different claims never wait for each other.
+ */
+static const char claim_candidates_sql[] =
+"SELECT c.batch, c.ctid, c.xmin, c.mails FROM gatekeeper.mail_claim c "
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]')";
+
+static const char claim_lock_sql[] =
+"SELECT c.batch, c.open, c.gone, c.ctid, c.xmin FROM gatekeeper.mail_claim c "
+" WHERE c.batch = ANY ($1) "
+" ORDER BY c.batch "
+"   FOR UPDATE";
+
+static const char claim_drop_sql[] =
+"DELETE FROM gatekeeper.mail_claim WHERE batch = ANY ($1)";
+
+/* mails is left as it is: its TOASTed value is not written again */
+static const char claim_shrink_sql[] =
+"UPDATE gatekeeper.mail_claim SET open = open - $2, gone = gone || $3 "
+" WHERE batch = $1";
 
 /*
  * The same for the 0.1.0 layout, in which gatekeeper.mail holds the
@@ -341,14 +393,75 @@ static SPIPlanPtr queues_background_plan = NULL;
 static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr claim_batch_plan = NULL;
 static SPIPlanPtr defer_plan = NULL;
 static SPIPlanPtr finish_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
 static SPIPlanPtr ack_batch_plan = NULL;
+static SPIPlanPtr claim_candidates_plan = NULL;
+static SPIPlanPtr claim_lock_plan = NULL;
+static SPIPlanPtr claim_drop_plan = NULL;
+static SPIPlanPtr claim_shrink_plan = NULL;
 static SPIPlanPtr claim_010_plan = NULL;
 static SPIPlanPtr settle_losers_010_plan = NULL;
 static SPIPlanPtr ack_batch_010_plan = NULL;
 static uint32 claim_rotation = 0;
+
+/* the mail_live[] type the plans taking records were prepared for */
+static Oid	record_plans_type = InvalidOid;
+
+/*
+ * gatekeeper.mail_live's row type, as the claim's records and the
+ * batches' arrays hold it: the attributes settle_claimed and take_claimed
+ * read or change, found by name.
+ */
+typedef struct LiveRecord
+{
+	Oid			type;
+	Oid			arraytype;
+	TupleDesc	desc;
+	AttrNumber	id;
+	AttrNumber	send_at;
+	AttrNumber	state;
+	AttrNumber	attempt;
+	AttrNumber	lease_until;
+	AttrNumber	worker;
+	AttrNumber	last_error;
+	Oid			state_type;
+} LiveRecord;
+
+/* A claim (id, attempt) asked to be taken out of its batch. */
+typedef struct TakeRequest
+{
+	int64		id;
+	int32		attempt;
+	bool		retry;			/* read in a batch that changed before the lock */
+	bool		done;			/* taken */
+} TakeRequest;
+
+/* A record of a batch that may be taken. */
+typedef struct BatchEntry
+{
+	int64		id;
+	int32		attempt;
+	int			batch;			/* index into the batches read */
+	int			req;			/* index of the request naming it */
+	Datum		record;
+} BatchEntry;
+
+/* A batch holding some of the claims asked for. */
+typedef struct TakeBatch
+{
+	int64		batch;
+	ItemPointerData ctid;		/* the row version read unlocked */
+	TransactionId xmin;
+	bool		locked;			/* locked, and still that version */
+	int32		open;
+	int64	   *gone;			/* sorted */
+	int			ngone;
+	Datum	   *taken;			/* ids taken now */
+	int			ntaken;
+} TakeBatch;
 
 /*
  * Load the queues this claim may take from, in name order, with their
@@ -552,6 +665,8 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 	c->send_at = DatumGetTimestampTz(v[COL_SEND_AT - 1]);
 	c->send_by = n[COL_SEND_BY - 1] ? 0 : DatumGetTimestampTz(v[COL_SEND_BY - 1]);
 	c->timezone = n[COL_TIMEZONE - 1] ? NULL : TextDatumGetCString(v[COL_TIMEZONE - 1]);
+	if (desc->natts >= COL_RECORD)
+		c->record = datumCopy(v[COL_RECORD - 1], false, -1);
 	if (r->queue->ngates > 0)
 		c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
 	MemoryContextSwitchTo(old);
@@ -561,9 +676,10 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 static void
 claim_receiver_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
 {
-	if (typeinfo->natts != COL_TIMEZONE)
+	/* 0.1.0's statement has no record */
+	if (typeinfo->natts != COL_TIMEZONE && typeinfo->natts != COL_RECORD)
 		elog(ERROR, "claim statement returns %d columns, expected %d",
-			 typeinfo->natts, COL_TIMEZONE);
+			 typeinfo->natts, COL_RECORD);
 }
 
 static void
@@ -608,7 +724,7 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 	receiver.keep = keep;
 
 	if (gatekeeper_execute_by_key_into(plan, args, NULL, false, 0, &receiver.pub) !=
-		SPI_OK_UPDATE_RETURNING)
+		(split ? SPI_OK_DELETE_RETURNING : SPI_OK_UPDATE_RETURNING))
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
 
 	return *nclaimed - before;
@@ -1223,106 +1339,288 @@ settle_losers_010(Claimed *claimed, int nclaimed, TimestampTz now)
 }
 
 /*
- * Record what became of the claimed mails that will not go: those held
- * back by their sending window, the suppression list or a gate (see
- * loser_outcome) and those past send_by.  The deferred go back to
- * scheduled in mail_live with their new due time; the rest leave it for
- * mail_done.  A claim that was refused never became visible, so its
- * attempt is restored.
+ * Look up gatekeeper.mail_live's row type (that of the records the claim
+ * statement returns, or a batch holds) and the attributes used here.
  */
 static void
-settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now)
+live_record_init(LiveRecord *lr, Oid type)
 {
-	Datum	   *defer_ids;
-	Datum	   *defer_send_ats;
-	Datum	   *defer_errors;
-	Datum	   *done_ids;
-	Datum	   *done_states;
-	Datum	   *done_errors;
-	bool	   *done_nulls;
-	int			ndefer = 0;
+	int			i;
+
+	memset(lr, 0, sizeof(*lr));
+	lr->type = type;
+	lr->arraytype = get_array_type(type);
+	lr->desc = lookup_rowtype_tupdesc_copy(type, -1);
+	for (i = 0; i < lr->desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(lr->desc, i);
+		const char *name = NameStr(att->attname);
+
+		if (att->attisdropped)
+			continue;
+		if (strcmp(name, "id") == 0)
+			lr->id = att->attnum;
+		else if (strcmp(name, "send_at") == 0)
+			lr->send_at = att->attnum;
+		else if (strcmp(name, "state") == 0)
+		{
+			lr->state = att->attnum;
+			lr->state_type = att->atttypid;
+		}
+		else if (strcmp(name, "attempt") == 0)
+			lr->attempt = att->attnum;
+		else if (strcmp(name, "lease_until") == 0)
+			lr->lease_until = att->attnum;
+		else if (strcmp(name, "worker") == 0)
+			lr->worker = att->attnum;
+		else if (strcmp(name, "last_error") == 0)
+			lr->last_error = att->attnum;
+	}
+	if (lr->id == 0 || lr->send_at == 0 || lr->state == 0 || lr->attempt == 0 ||
+		lr->lease_until == 0 || lr->worker == 0 || lr->last_error == 0 ||
+		!OidIsValid(lr->arraytype))
+		elog(ERROR, "type gatekeeper.mail_live lacks a column of a claim");
+
+	/*
+	 * The plans that take an array of records were prepared for the type
+	 * of their time: after the extension was dropped and made again in
+	 * this backend, prepare them afresh.
+	 */
+	if (record_plans_type != lr->arraytype)
+	{
+		SPIPlanPtr *plans[] = {&claim_batch_plan, &defer_plan, &finish_plan, &ack_batch_plan};
+
+		for (i = 0; i < (int) lengthof(plans); i++)
+		{
+			if (*plans[i] != NULL)
+				SPI_freeplan(*plans[i]);
+			*plans[i] = NULL;
+		}
+		record_plans_type = lr->arraytype;
+	}
+}
+
+/* A record's values and nulls; values point into the record. */
+static void
+live_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	heap_deform_tuple(&tuple, lr->desc, values, nulls);
+}
+
+/* One attribute of a record (not null where used here). */
+static Datum
+live_record_get(LiveRecord *lr, Datum record, AttrNumber attnum)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+	bool		isnull;
+	Datum		d;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	d = heap_getattr(&tuple, attnum, lr->desc, &isnull);
+	if (isnull)
+		elog(ERROR, "claimed mail record has a null %s",
+			 NameStr(TupleDescAttr(lr->desc, attnum - 1)->attname));
+	return d;
+}
+
+/*
+ * A claimed mail's record as a claim that did not happen leaves it: in
+ * state (scheduled, suppressed or expired), with the error, the attempt
+ * as before the claim, no worker and no lease; send_at moved for mail
+ * that waits.
+ */
+static Datum
+live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
+					  TimestampTz send_at, const char *error)
+{
+	int			natts = lr->desc->natts;
+	Datum	   *values = palloc(natts * sizeof(Datum));
+	bool	   *nulls = palloc(natts * sizeof(bool));
+
+	live_record_deform(lr, record, values, nulls);
+	values[lr->state - 1] = DirectFunctionCall2(enum_in, CStringGetDatum(state),
+												ObjectIdGetDatum(lr->state_type));
+	values[lr->attempt - 1] = Int32GetDatum(DatumGetInt32(values[lr->attempt - 1]) - 1);
+	values[lr->send_at - 1] = TimestampTzGetDatum(send_at);
+	values[lr->last_error - 1] = CStringGetTextDatum(error);
+	nulls[lr->last_error - 1] = false;
+	nulls[lr->lease_until - 1] = true;
+	nulls[lr->worker - 1] = true;
+	return HeapTupleGetDatum(heap_form_tuple(lr->desc, values, nulls));
+}
+
+/* A claimed mail that goes, as settle_claimed sorts them into batch rows. */
+typedef struct GoingMail
+{
+	int64		id;
+	Datum		record;
+} GoingMail;
+
+static int
+going_mail_cmp(const void *a, const void *b)
+{
+	int64		x = ((const GoingMail *) a)->id;
+	int64		y = ((const GoingMail *) b)->id;
+
+	return (x > y) - (x < y);
+}
+
+/* Run a statement whose only argument is an array of mail_live records. */
+static void
+execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
+					 Datum *records, int n, int expect, const char *what)
+{
+	Datum		arg;
+
+	gatekeeper_plan(plan, sql, 1, &lr->arraytype);
+	arg = gatekeeper_array(records, NULL, n, lr->type);
+	if (gatekeeper_execute_by_key(*plan, &arg, NULL, false, 0) != expect ||
+		SPI_processed != (uint64) n)
+		elog(ERROR, "could not record %s", what);
+}
+
+/*
+ * Record what became of every mail the claim statements took out of
+ * mail_live; each ends in exactly one place.  The mails that go become
+ * batch rows in mail_claim, per queue and CLAIM_BATCH_MAILS at most, with
+ * the lease.  Those held back by
+ * their sending window, the suppression list or a gate (see loser_outcome)
+ * and those past send_by will not go now: the deferred go back into
+ * mail_live as scheduled with their new due time, the rest to mail_done.
+ * A claim that was refused never became visible, so its attempt is
+ * restored.
+ */
+static void
+settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
+			   ClaimQueue *queues, int nqueues, Interval *lease, text *worker)
+{
+	LiveRecord	lr;
+	GoingMail  *going;
+	Datum	   *records;
+	Datum	   *deferred;
+	Datum	   *done;
+	int			ndeferred = 0;
 	int			ndone = 0;
 	int			nomem = 0;
 	int			i;
-	Datum		args[3];
+	int			k;
 
-	for (i = 0; i < nclaimed; i++)
-	{
-		if (claimed[i].lost || claimed[i].expired)
-			ndone++;
-		if (claimed[i].nomem)
-			nomem++;
-	}
-	if (ndone == 0)
+	if (nclaimed == 0)
 		return;
-	if (nomem > 0)
-		gatekeeper_gate_memory_warning(nomem);
+	live_record_init(&lr, HeapTupleHeaderGetTypeId(DatumGetHeapTupleHeader(claimed[0].record)));
 
-	defer_ids = palloc(ndone * sizeof(Datum));
-	defer_send_ats = palloc(ndone * sizeof(Datum));
-	defer_errors = palloc(ndone * sizeof(Datum));
-	done_ids = palloc(ndone * sizeof(Datum));
-	done_states = palloc(ndone * sizeof(Datum));
-	done_errors = palloc(ndone * sizeof(Datum));
-	done_nulls = palloc0(ndone * sizeof(bool));
-	ndone = 0;
+	going = palloc(nclaimed * sizeof(GoingMail));
+	records = palloc(nclaimed * sizeof(Datum));
+	deferred = palloc(nclaimed * sizeof(Datum));
+	done = palloc(nclaimed * sizeof(Datum));
 	for (i = 0; i < nclaimed; i++)
 	{
 		Claimed    *c = &claimed[i];
 		const char *state;
 		char	   *error;
 
+		if (c->nomem)
+			nomem++;
 		if (c->expired)
 		{
-			/* the claim statement marked it expired: keep what it wrote */
-			done_nulls[ndone] = true;
-			done_ids[ndone] = Int64GetDatum(c->id);
-			done_states[ndone] = (Datum) 0;
-			done_errors[ndone] = (Datum) 0;
-			ndone++;
+			/* the claim statement marked it expired: as its record says */
+			done[ndone++] = c->record;
 			continue;
 		}
 		if (!c->lost)
 			continue;
 		state = loser_outcome(c, now, &error);
 		if (strcmp(state, "scheduled") == 0)
-		{
-			defer_ids[ndefer] = Int64GetDatum(c->id);
-			defer_send_ats[ndefer] = TimestampTzGetDatum(Max(c->reopens, c->send_at));
-			defer_errors[ndefer] = CStringGetTextDatum(error);
-			ndefer++;
-		}
+			deferred[ndeferred++] =
+				live_record_unclaimed(&lr, c->record, state,
+									  Max(c->reopens, c->send_at), error);
 		else
+			done[ndone++] = live_record_unclaimed(&lr, c->record, state,
+												  c->send_at, error);
+	}
+	if (nomem > 0)
+		gatekeeper_gate_memory_warning(nomem);
+
+	/*
+	 * The mails of each queue that go, in id order, in batch rows of at
+	 * most CLAIM_BATCH_MAILS: one statement per queue.
+	 */
+	for (k = 0; k < nqueues; k++)
+	{
+		ClaimQueue *q = &queues[k];
+		int			ngoing = 0;
+		int			nrows;
+		Datum	   *lo;
+		Datum	   *hi;
+		Datum	   *start;
+		Datum		args[7];
+
+		for (i = 0; i < nclaimed; i++)
 		{
-			done_ids[ndone] = Int64GetDatum(c->id);
-			done_states[ndone] = CStringGetTextDatum(state);
-			done_errors[ndone] = CStringGetTextDatum(error);
-			ndone++;
+			Claimed    *c = &claimed[i];
+
+			if (c->queue != q || c->expired || c->lost)
+				continue;
+			going[ngoing].id = c->id;
+			going[ngoing].record = c->record;
+			ngoing++;
 		}
+		if (ngoing == 0)
+			continue;
+		qsort(going, ngoing, sizeof(GoingMail), going_mail_cmp);
+		nrows = (ngoing + CLAIM_BATCH_MAILS - 1) / CLAIM_BATCH_MAILS;
+		lo = palloc(nrows * sizeof(Datum));
+		hi = palloc(nrows * sizeof(Datum));
+		start = palloc((nrows + 1) * sizeof(Datum));
+		for (i = 0; i < nrows; i++)
+		{
+			int			first = i * CLAIM_BATCH_MAILS;
+			int			last = Min(first + CLAIM_BATCH_MAILS, ngoing) - 1;
+
+			lo[i] = Int64GetDatum(going[first].id);
+			hi[i] = Int64GetDatum(going[last].id);
+			start[i] = Int32GetDatum(first + 1);
+		}
+		start[nrows] = Int32GetDatum(ngoing + 1);
+		for (i = 0; i < ngoing; i++)
+			records[i] = going[i].record;
+
+		if (claim_batch_plan == NULL)
+		{
+			Oid			types[7] = {TEXTOID, TEXTOID, INTERVALOID, INT8ARRAYOID,
+			INT8ARRAYOID, INT4ARRAYOID, lr.arraytype};
+
+			gatekeeper_plan(&claim_batch_plan, claim_batch_sql, 7, types);
+		}
+		args[0] = CStringGetTextDatum(q->name);
+		args[1] = PointerGetDatum(worker);
+		args[2] = IntervalPGetDatum(lease);
+		args[3] = gatekeeper_array(lo, NULL, nrows, INT8OID);
+		args[4] = gatekeeper_array(hi, NULL, nrows, INT8OID);
+		args[5] = gatekeeper_array(start, NULL, nrows + 1, INT4OID);
+		args[6] = gatekeeper_array(records, NULL, ngoing, lr.type);
+		if (SPI_execute_plan(claim_batch_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
+			SPI_processed != (uint64) nrows)
+			elog(ERROR, "could not record the claim of queue \"%s\"", q->name);
 	}
 
-	if (ndefer > 0)
-	{
-		Oid			types[3] = {INT8ARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID};
-
-		gatekeeper_plan(&defer_plan, defer_sql, 3, types);
-		args[0] = gatekeeper_array(defer_ids, NULL, ndefer, INT8OID);
-		args[1] = gatekeeper_array(defer_send_ats, NULL, ndefer, TIMESTAMPTZOID);
-		args[2] = gatekeeper_array(defer_errors, NULL, ndefer, TEXTOID);
-		if (gatekeeper_execute_by_key(defer_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "could not record deferred mail");
-	}
+	if (ndeferred > 0)
+		execute_with_records(&defer_plan, defer_sql, &lr, deferred, ndeferred,
+							 SPI_OK_INSERT, "deferred mail");
 	if (ndone > 0)
-	{
-		Oid			types[3] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
-
-		gatekeeper_plan(&finish_plan, finish_sql, 3, types);
-		args[0] = gatekeeper_array(done_ids, NULL, ndone, INT8OID);
-		args[1] = gatekeeper_array(done_states, done_nulls, ndone, TEXTOID);
-		args[2] = gatekeeper_array(done_errors, done_nulls, ndone, TEXTOID);
-		if (gatekeeper_execute_by_key(finish_plan, args, NULL, false, 0) != SPI_OK_INSERT)
-			elog(ERROR, "could not record mail that will not go");
-	}
+		execute_with_records(&finish_plan, finish_sql, &lr, done, ndone,
+							 SPI_OK_INSERT, "mail that will not go");
 }
 
 /*
@@ -1435,7 +1733,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 		apply_suppression(claimed, nclaimed);
 	apply_gates_or_defer(claimed, nclaimed, now);
 	if (split)
-		settle_claimed(claimed, nclaimed, now);
+		settle_claimed(claimed, nclaimed, now, queues, nqueues, lease, worker);
 	else
 		settle_losers_010(claimed, nclaimed, now);
 	add_unsubscribe_headers(claimed, nclaimed, keep);
@@ -1476,6 +1774,445 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+static int
+take_request_cmp(const void *a, const void *b)
+{
+	const TakeRequest *x = a;
+	const TakeRequest *y = b;
+
+	if (x->id != y->id)
+		return x->id < y->id ? -1 : 1;
+	if (x->attempt != y->attempt)
+		return x->attempt < y->attempt ? -1 : 1;
+	return 0;
+}
+
+static int
+batch_entry_cmp(const void *a, const void *b)
+{
+	const BatchEntry *x = a;
+	const BatchEntry *y = b;
+
+	if (x->id != y->id)
+		return x->id < y->id ? -1 : 1;
+	if (x->attempt != y->attempt)
+		return x->attempt < y->attempt ? -1 : 1;
+	if (x->batch != y->batch)
+		return x->batch < y->batch ? -1 : 1;
+	return 0;
+}
+
+static int
+int64_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+static int
+take_batch_cmp(const void *a, const void *b)
+{
+	return int64_cmp(&((const TakeBatch *) a)->batch, &((const TakeBatch *) b)->batch);
+}
+
+/*
+ * take_round
+ *		One round of take_claimed over the claims reqs[0 .. nreqs - 1]
+ *		(sorted, distinct): take those still open in batches that are as
+ *		they were read, appending their records to taken (made in keep);
+ *		mark them done, and mark retry those seen in a batch that changed
+ *		or went between the read and the lock.
+ */
+static void
+take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
+		   LiveRecord *lr, MemoryContext keep)
+{
+	BatchEntry *entries = NULL;
+	int			nentries = 0;
+	int			maxentries = 0;
+	TakeBatch  *batches;
+	int			nbatches;
+	int			nlocked = 0;
+	int			ntaken_before = *ntaken;
+	Datum	   *drop;
+	int			ndrop = 0;
+	Datum		args[3];
+	MemoryContext old;
+	uint64		row;
+	int			i;
+	int			j;
+
+	/* the batches that may hold them, and their records in that range */
+	if (claim_candidates_plan == NULL)
+	{
+		Oid			types[2] = {INT8OID, INT8OID};
+
+		gatekeeper_plan(&claim_candidates_plan, claim_candidates_sql, 2, types);
+	}
+	args[0] = Int64GetDatum(reqs[0].id);
+	args[1] = Int64GetDatum(reqs[nreqs - 1].id);
+	if (gatekeeper_execute_by_key(claim_candidates_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read claimed mail");
+	nbatches = (int) SPI_processed;
+	if (nbatches == 0)
+		return;
+	batches = palloc0(nbatches * sizeof(TakeBatch));
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		ArrayType  *mails;
+		Datum	   *records;
+		int			nrecords;
+		int16		typlen;
+		bool		typbyval;
+		char		typalign;
+
+		batches[row].batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		batches[row].ctid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 2, &isnull));
+		batches[row].xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 3, &isnull));
+		mails = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 4, &isnull));
+		if (!OidIsValid(lr->type))
+			live_record_init(lr, ARR_ELEMTYPE(mails));
+		get_typlenbyvalalign(ARR_ELEMTYPE(mails), &typlen, &typbyval, &typalign);
+		deconstruct_array(mails, ARR_ELEMTYPE(mails), typlen, typbyval, typalign,
+						  &records, NULL, &nrecords);
+		for (i = 0; i < nrecords; i++)
+		{
+			int64		id = DatumGetInt64(live_record_get(lr, records[i], lr->id));
+
+			if (id < reqs[0].id || id > reqs[nreqs - 1].id)
+				continue;
+			if (nentries == maxentries)
+			{
+				maxentries = Max(maxentries * 2, 1024);
+				entries = entries ? repalloc_huge(entries, maxentries * sizeof(BatchEntry))
+					: palloc(maxentries * sizeof(BatchEntry));
+			}
+			entries[nentries].id = id;
+			entries[nentries].attempt = DatumGetInt32(live_record_get(lr, records[i], lr->attempt));
+			entries[nentries].batch = (int) row;
+			entries[nentries].record = records[i];
+			nentries++;
+		}
+	}
+	if (nentries == 0)
+		return;
+	qsort(entries, nentries, sizeof(BatchEntry), batch_entry_cmp);
+
+	/*
+	 * Merge: keep the entries some request names, marking their batches;
+	 * the rest are dropped from entries.
+	 */
+	for (i = 0, j = 0; i < nentries; i++)
+	{
+		TakeRequest want;
+		TakeRequest *hit;
+
+		want.id = entries[i].id;
+		want.attempt = entries[i].attempt;
+		hit = bsearch(&want, reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
+		if (hit == NULL)
+			continue;
+		entries[i].req = (int) (hit - reqs);
+		batches[entries[i].batch].ntaken++;	/* a candidate, for now */
+		entries[j++] = entries[i];
+	}
+	nentries = j;
+	if (nentries == 0)
+		return;
+
+	/* lock the batches holding candidates, in batch order */
+	drop = palloc(nbatches * sizeof(Datum));
+	for (i = 0; i < nbatches; i++)
+		if (batches[i].ntaken > 0)
+			drop[ndrop++] = Int64GetDatum(batches[i].batch);
+	if (claim_lock_plan == NULL)
+	{
+		Oid			type = INT8ARRAYOID;
+
+		gatekeeper_plan(&claim_lock_plan, claim_lock_sql, 1, &type);
+	}
+	args[0] = gatekeeper_array(drop, NULL, ndrop, INT8OID);
+	if (gatekeeper_execute_by_key(claim_lock_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock claimed mail");
+
+	/*
+	 * Index the batches by id to find the locked ones; entries refer to
+	 * them by position, so remember each one's new place.
+	 */
+	{
+		int		   *place = palloc(nbatches * sizeof(int));
+		TakeBatch  *sorted = palloc(nbatches * sizeof(TakeBatch));
+
+		memcpy(sorted, batches, nbatches * sizeof(TakeBatch));
+		qsort(sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
+		for (i = 0; i < nbatches; i++)
+		{
+			TakeBatch  *b = bsearch(&batches[i], sorted, nbatches, sizeof(TakeBatch),
+									take_batch_cmp);
+
+			place[i] = (int) (b - sorted);
+		}
+		for (i = 0; i < nentries; i++)
+			entries[i].batch = place[entries[i].batch];
+		batches = sorted;
+	}
+
+	/*
+	 * A batch locked as another version than the one read changed in
+	 * between (committed: we waited for it): its records may not be those
+	 * read, and a claim read in it may have moved to another batch, one
+	 * this round's read may not have seen.  It is left for the next round.
+	 */
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		TakeBatch	key;
+		TakeBatch  *b;
+		Datum	   *gone;
+
+		key.batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		b = bsearch(&key, batches, nbatches, sizeof(TakeBatch), take_batch_cmp);
+		if (b == NULL)
+			elog(ERROR, "locked a batch of claimed mail not asked for");
+		if (!ItemPointerEquals(&b->ctid,
+							   (ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 4, &isnull))) ||
+			!TransactionIdEquals(b->xmin,
+								 DatumGetTransactionId(SPI_getbinval(tup, desc, 5, &isnull))))
+			continue;
+		b->locked = true;
+		b->open = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 3, &isnull)),
+						  INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+						  &gone, NULL, &b->ngone);
+		b->gone = palloc(Max(b->ngone, 1) * sizeof(int64));
+		for (i = 0; i < b->ngone; i++)
+			b->gone[i] = DatumGetInt64(gone[i]);
+		qsort(b->gone, b->ngone, sizeof(int64), int64_cmp);
+		b->taken = palloc(b->ntaken * sizeof(Datum));
+		b->ntaken = 0;
+		nlocked++;
+	}
+
+	/*
+	 * Take each claim from the first batch, as read and locked, it is still
+	 * open in (entries are in claim, then batch order; a mail is open in
+	 * one batch at most).  A claim read in a batch that changed or went is
+	 * looked for again, unless it was taken here.
+	 */
+	for (i = 0; i < nentries; i++)
+	{
+		BatchEntry *e = &entries[i];
+		TakeBatch  *b = &batches[e->batch];
+		TakeRequest *r = &reqs[e->req];
+
+		if (r->done)
+			continue;			/* taken from an earlier batch */
+		if (!b->locked)
+		{
+			r->retry = true;
+			continue;
+		}
+		if (bsearch(&e->id, b->gone, b->ngone, sizeof(int64), int64_cmp) != NULL)
+			continue;
+		b->taken[b->ntaken++] = Int64GetDatum(e->id);
+		old = MemoryContextSwitchTo(keep);
+		taken[(*ntaken)++] = datumCopy(e->record, false, -1);
+		MemoryContextSwitchTo(old);
+		r->done = true;
+	}
+	if (nlocked == 0 || *ntaken == ntaken_before)
+		return;
+
+	/* the batches left with no open mail go; the others shrink */
+	ndrop = 0;
+	for (i = 0; i < nbatches; i++)
+	{
+		TakeBatch  *b = &batches[i];
+
+		if (!b->locked || b->ntaken == 0)
+			continue;
+		if (b->open - b->ntaken <= 0)
+		{
+			drop[ndrop++] = Int64GetDatum(b->batch);
+			continue;
+		}
+		if (claim_shrink_plan == NULL)
+		{
+			Oid			types[3] = {INT8OID, INT4OID, INT8ARRAYOID};
+
+			gatekeeper_plan(&claim_shrink_plan, claim_shrink_sql, 3, types);
+		}
+		args[0] = Int64GetDatum(b->batch);
+		args[1] = Int32GetDatum(b->ntaken);
+		args[2] = gatekeeper_array(b->taken, NULL, b->ntaken, INT8OID);
+		if (gatekeeper_execute_by_key(claim_shrink_plan, args, NULL, false, 0) != SPI_OK_UPDATE ||
+			SPI_processed != 1)
+			elog(ERROR, "could not take claimed mail out of its batch");
+	}
+	if (ndrop > 0)
+	{
+		if (claim_drop_plan == NULL)
+		{
+			Oid			type = INT8ARRAYOID;
+
+			gatekeeper_plan(&claim_drop_plan, claim_drop_sql, 1, &type);
+		}
+		args[0] = gatekeeper_array(drop, NULL, ndrop, INT8OID);
+		if (gatekeeper_execute_by_key(claim_drop_plan, args, NULL, false, 0) != SPI_OK_DELETE ||
+			SPI_processed != (uint64) ndrop)
+			elog(ERROR, "could not delete a batch of claimed mail");
+	}
+}
+
+/*
+ * take_claimed
+ *		Take the claims (ids[i], attempts[i]) still open out of their
+ *		batches in gatekeeper.mail_claim; return their records, made in
+ *		keep, and set *lr to their type.  Runs with SPI connected.
+ *
+ * The batches whose id range meets that of the ids are read unlocked and
+ * matched against the claims asked for by sorting both (an ack of 1,000
+ * claims against 1,000 records is 1,000 steps of a merge, where a join
+ * of two unnests would be a nested loop of a million, hash joins being
+ * off in gatekeeper_execute_by_key).  Then only the batches holding some
+ * of them are locked, in batch order, and their gone lists, read under
+ * the lock, say which records are still open.  The unlocked read of a
+ * batch's records holds if the lock finds the row version that was read
+ * (its ctid and xmin): the records change only with the row.  A batch
+ * that changed in between (an owner's update of a claimed mail, a claim
+ * moved to a batch of its own by extend or a change of queue, a
+ * rotation, another ack) is left alone, and the claims read in it are
+ * looked for again in another round, whose statements see the change
+ * (under READ COMMITTED; at higher levels the lock itself fails with a
+ * serialization error).  A round is repeated only after a concurrent
+ * commit changed a batch of ours.
+ *
+ * A batch that no open mail stays in is deleted; otherwise the taken ids
+ * join gone and open falls, and the array of records is not written
+ * again.  A claim asked for twice is taken once.
+ */
+static Datum *
+take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
+			 MemoryContext keep)
+{
+	Datum	   *id_values;
+	Datum	   *attempt_values;
+	TakeRequest *reqs;
+	int			nreqs;
+	Datum	   *taken;
+	int			i;
+	int			j;
+
+	*ntaken = 0;
+	lr->type = InvalidOid;
+	deconstruct_array(ids, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &id_values, NULL, &nreqs);
+	deconstruct_array(attempts, INT4OID, 4, true, TYPALIGN_INT,
+					  &attempt_values, NULL, &i);
+	if (nreqs == 0)
+		return NULL;
+	reqs = palloc(nreqs * sizeof(TakeRequest));
+	for (i = 0; i < nreqs; i++)
+	{
+		reqs[i].id = DatumGetInt64(id_values[i]);
+		reqs[i].attempt = DatumGetInt32(attempt_values[i]);
+		reqs[i].retry = false;
+		reqs[i].done = false;
+	}
+	qsort(reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
+	for (i = 1, j = 1; i < nreqs; i++)
+		if (take_request_cmp(&reqs[i], &reqs[j - 1]) != 0)
+			reqs[j++] = reqs[i];
+	nreqs = j;
+
+	taken = MemoryContextAlloc(keep, nreqs * sizeof(Datum));
+	while (nreqs > 0)
+	{
+		CHECK_FOR_INTERRUPTS();
+		take_round(reqs, nreqs, taken, ntaken, lr, keep);
+		/* the claims read in a batch that changed, not taken: again */
+		for (i = 0, j = 0; i < nreqs; i++)
+		{
+			if (!reqs[i].retry || reqs[i].done)
+				continue;
+			reqs[j] = reqs[i];
+			reqs[j].retry = false;
+			j++;
+		}
+		nreqs = j;
+	}
+	return taken;
+}
+
+/* ids and attempts as ack_batch and _take_claimed take them */
+static void
+check_claim_arrays(ArrayType *ids, ArrayType *attempts)
+{
+	if (ARR_NDIM(ids) > 1 || ARR_NDIM(attempts) > 1 ||
+		ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids)) !=
+		ArrayGetNItems(ARR_NDIM(attempts), ARR_DIMS(attempts)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ids and attempts must be one-dimensional arrays of the same length")));
+	if (array_contains_nulls(ids) || array_contains_nulls(attempts))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids and attempts must not contain nulls")));
+}
+
+/*
+ * _take_claimed(ids bigint[], attempts int[]) RETURNS SETOF mail_live
+ *		The claims still open, taken out of their batches (take_claimed);
+ *		the caller records what became of them.
+ */
+Datum
+gatekeeper_take_claimed(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext keep = CurrentMemoryContext;
+	ArrayType  *ids;
+	ArrayType  *attempts;
+	LiveRecord	lr;
+	Datum	   *taken;
+	int			ntaken;
+	Datum	   *values;
+	bool	   *nulls;
+	int			i;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids and attempts must not be null")));
+	ids = PG_GETARG_ARRAYTYPE_P(0);
+	attempts = PG_GETARG_ARRAYTYPE_P(1);
+	check_claim_arrays(ids, attempts);
+
+	InitMaterializedSRF(fcinfo, 0);
+	SPI_connect();
+	taken = take_claimed(ids, attempts, &ntaken, &lr, keep);
+	if (ntaken > 0)
+	{
+		/* lr's descriptor is SPI's: before SPI_finish */
+		values = palloc(lr.desc->natts * sizeof(Datum));
+		nulls = palloc(lr.desc->natts * sizeof(bool));
+		for (i = 0; i < ntaken; i++)
+		{
+			live_record_deform(&lr, taken[i], values, nulls);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	}
+	SPI_finish();
+
+	return (Datum) 0;
+}
+
 /*
  * ack_batch(ids bigint[], attempts int[]) RETURNS int
  *		Report a batch of claims sent; returns how many were still theirs.
@@ -1487,9 +2224,6 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 {
 	ArrayType  *ids;
 	ArrayType  *attempts;
-	Datum		args[2];
-	Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
-	SPIPlanPtr	plan;
 	bool		split;
 	uint64		n;
 
@@ -1499,29 +2233,35 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 				 errmsg("ids and attempts must not be null")));
 	ids = PG_GETARG_ARRAYTYPE_P(0);
 	attempts = PG_GETARG_ARRAYTYPE_P(1);
-	if (ARR_NDIM(ids) > 1 || ARR_NDIM(attempts) > 1 ||
-		ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids)) !=
-		ArrayGetNItems(ARR_NDIM(attempts), ARR_DIMS(attempts)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("ids and attempts must be one-dimensional arrays of the same length")));
-	if (array_contains_nulls(ids) || array_contains_nulls(attempts))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("ids and attempts must not contain nulls")));
+	check_claim_arrays(ids, attempts);
 
 	split = gatekeeper_mail_split();
 	SPI_connect();
 	if (split)
-		plan = gatekeeper_plan(&ack_batch_plan, ack_batch_sql, 2, types);
+	{
+		LiveRecord	lr;
+		Datum	   *taken;
+		int			ntaken;
+
+		taken = take_claimed(ids, attempts, &ntaken, &lr, CurrentMemoryContext);
+		if (ntaken > 0)
+			execute_with_records(&ack_batch_plan, ack_batch_sql, &lr, taken, ntaken,
+								 SPI_OK_INSERT, "sent mail");
+		n = ntaken;
+	}
 	else
+	{
+		Datum		args[2];
+		Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
+		SPIPlanPtr	plan;
+
 		plan = gatekeeper_plan(&ack_batch_010_plan, ack_batch_010_sql, 2, types);
-	args[0] = PointerGetDatum(ids);
-	args[1] = PointerGetDatum(attempts);
-	if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) !=
-		(split ? SPI_OK_INSERT : SPI_OK_UPDATE))
-		elog(ERROR, "ack failed");
-	n = SPI_processed;
+		args[0] = PointerGetDatum(ids);
+		args[1] = PointerGetDatum(attempts);
+		if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "ack failed");
+		n = SPI_processed;
+	}
 	SPI_finish();
 
 	PG_RETURN_INT32((int32) n);

@@ -1,13 +1,15 @@
 /*-------------------------------------------------------------------------
  *
  * live_count.c
- *		How many of each queue's mails are scheduled and how many claimed,
- *		kept in gatekeeper.mail_live_count as mail_live changes, so that
- *		gatekeeper.queue_stats never counts mail_live.
+ *		How many of each queue's mails are scheduled, kept in
+ *		gatekeeper.mail_live_count as mail_live changes, so that
+ *		gatekeeper.queue_stats never counts mail_live.  (Claimed mail is
+ *		no row of mail_live: queue_stats takes it from the open counts of
+ *		gatekeeper.mail_claim's batches.)
  *
  * Every statement that writes gatekeeper.mail_live fires its statement
  * triggers (gatekeeper._count_live), which net the statement's rows by
- * queue: an old row's state is taken from the counts, a new row's added.
+ * queue: an old scheduled row is taken from the counts, a new one added.
  * The insert trigger of gatekeeper.mail, which writes new mail's live
  * rows without the executor (src/mail.c), notes its own.  Either way the
  * changes wait in this backend, by transaction nesting level (a
@@ -76,16 +78,14 @@ typedef struct PendingLive
 	int			level;			/* transaction nesting level that noted it */
 	int			erased;			/* level of a later TRUNCATE, or 0 */
 	int64		scheduled;
-	int64		claimed;
 } PendingLive;
 
 static const char add_live_counts_sql[] =
-"INSERT INTO gatekeeper.mail_live_count AS c (queue, slot, scheduled, claimed) "
-"SELECT u.queue, $1, u.scheduled, u.claimed "
-"  FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS u(queue, scheduled, claimed) "
+"INSERT INTO gatekeeper.mail_live_count AS c (queue, slot, scheduled) "
+"SELECT u.queue, $1, u.scheduled "
+"  FROM unnest($2::text[], $3::bigint[]) AS u(queue, scheduled) "
 "    ON CONFLICT (queue, slot) DO UPDATE "
-"   SET scheduled = c.scheduled + excluded.scheduled, "
-"       claimed = c.claimed + excluded.claimed";
+"   SET scheduled = c.scheduled + excluded.scheduled";
 
 static const char forget_live_counts_sql[] =
 "DELETE FROM gatekeeper.mail_live_count";
@@ -94,12 +94,12 @@ static const char lock_live_sql[] =
 "LOCK TABLE gatekeeper.mail_live IN SHARE ROW EXCLUSIVE MODE";
 
 static const char recount_live_sql[] =
-"INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, claimed) "
-"SELECT l.queue, 0, count(*) FILTER (WHERE l.state = 'scheduled'), "
-"       count(*) FILTER (WHERE l.state = 'claimed') "
+"INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled) "
+"SELECT l.queue, 0, count(*) "
 "  FROM gatekeeper.mail_live l "
+" WHERE l.state = 'scheduled' "
 " GROUP BY l.queue "
-"RETURNING scheduled + claimed";
+"RETURNING scheduled";
 
 static const char forget_queue_counts_sql[] =
 "DELETE FROM gatekeeper.mail_live_count WHERE queue = $1";
@@ -117,30 +117,26 @@ static int	maxpending = 0;
 static MemoryContext live_context = NULL;
 static bool callbacks_registered = false;
 
-static void note_change(Oid relid, const char *queue, int len, int64 scheduled,
-						int64 claimed);
+static void note_change(Oid relid, const char *queue, int len, int64 scheduled);
 static void write_pending(bool prepare);
 static void forget_pending(void);
 static void live_xact_callback(XactEvent event, void *arg);
 static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								  SubTransactionId parentSubid, void *arg);
-static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc,
-					   int queue_att, int state_att, Oid scheduled, Oid claimed,
-					   int sign);
+static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
+					   int state_att, Oid scheduled, int sign);
 static void erase_counts(text *queue);
 static Oid	live_relid_now(void);
 
 /*
- * Add to queue's scheduled and claimed mail (either may be negative), for
- * the commit.
+ * Add to queue's scheduled mail (may be negative), for the commit.
  */
 void
-gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled, int64 claimed)
+gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled)
 {
 	text	   *name = DatumGetTextPP(queue);
 
-	note_change(live_relid, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name),
-				scheduled, claimed);
+	note_change(live_relid, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), scheduled);
 }
 
 /*
@@ -149,14 +145,14 @@ gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled, int64 cl
  * nothing.
  */
 static void
-note_change(Oid relid, const char *queue, int len, int64 scheduled, int64 claimed)
+note_change(Oid relid, const char *queue, int len, int64 scheduled)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	PendingLive *p;
 	char	   *copy;
 	int			i;
 
-	if (scheduled == 0 && claimed == 0)
+	if (scheduled == 0)
 		return;
 	for (i = npending - 1; i >= 0 && pending[i].level == level; i--)
 	{
@@ -165,7 +161,6 @@ note_change(Oid relid, const char *queue, int len, int64 scheduled, int64 claime
 			memcmp(p->queue, queue, len) == 0)
 		{
 			p->scheduled += scheduled;
-			p->claimed += claimed;
 			return;
 		}
 	}
@@ -198,7 +193,6 @@ note_change(Oid relid, const char *queue, int len, int64 scheduled, int64 claime
 	p->level = level;
 	p->erased = 0;
 	p->scheduled = scheduled;
-	p->claimed = claimed;
 }
 
 /*
@@ -223,9 +217,8 @@ write_pending(bool prepare)
 {
 	Datum	   *names;
 	Datum	   *scheduled;
-	Datum	   *claimed;
-	Datum		args[4];
-	Oid			types[4] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
+	Datum		args[3];
+	Oid			types[3] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID};
 	Oid			nsp;
 	Oid			live_relid;
 	Oid			relid;
@@ -242,12 +235,10 @@ write_pending(bool prepare)
 
 	names = palloc(sizeof(Datum) * npending);
 	scheduled = palloc(sizeof(Datum) * npending);
-	claimed = palloc(sizeof(Datum) * npending);
 	for (i = 0; i < npending; i++)
 	{
 		PendingLive *p = &pending[i];
 		int64		s = 0;
-		int64		c = 0;
 
 		if (p->erased != 0 || p->len < 0 || p->relid != live_relid)
 			continue;
@@ -260,15 +251,13 @@ write_pending(bool prepare)
 				memcmp(q->queue, p->queue, p->len) != 0)
 				continue;
 			s += q->scheduled;
-			c += q->claimed;
 			if (j > i)
 				q->len = -1;	/* taken */
 		}
-		if (s == 0 && c == 0)
+		if (s == 0)
 			continue;
 		names[n] = PointerGetDatum(cstring_to_text_with_len(p->queue, p->len));
 		scheduled[n] = Int64GetDatum(s);
-		claimed[n] = Int64GetDatum(c);
 		n++;
 	}
 	forget_pending();
@@ -301,7 +290,6 @@ write_pending(bool prepare)
 		args[0] = Int32GetDatum(MyBackendId);
 	args[1] = gatekeeper_array(names, NULL, n, TEXTOID);
 	args[2] = gatekeeper_array(scheduled, NULL, n, INT8OID);
-	args[3] = gatekeeper_array(claimed, NULL, n, INT8OID);
 
 	/*
 	 * As the table's owner, as the triggers that noted the changes ran
@@ -316,7 +304,7 @@ write_pending(bool prepare)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	gatekeeper_plan(&add_live_counts_plan, add_live_counts_sql, 4, types);
+	gatekeeper_plan(&add_live_counts_plan, add_live_counts_sql, 3, types);
 	if (SPI_execute_plan(add_live_counts_plan, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not count gatekeeper's live mail");
 	SPI_finish();
@@ -411,7 +399,6 @@ live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 					memcmp(q->queue, p->queue, p->len) == 0)
 				{
 					q->scheduled += p->scheduled;
-					q->claimed += p->claimed;
 					pfree(p->queue);
 					break;
 				}
@@ -480,11 +467,11 @@ live_relid_now(void)
 }
 
 /*
- * Add each row's state, times sign, to this transaction's changes.
+ * Add each scheduled row, times sign, to this transaction's changes.
  */
 static void
 count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
-		   int state_att, Oid scheduled, Oid claimed, int sign)
+		   int state_att, Oid scheduled, int sign)
 {
 	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 
@@ -501,9 +488,7 @@ count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
 		if (isnull)
 			continue;
 		if (state == scheduled)
-			gatekeeper_live_count_add(relid, queue, sign, 0);
-		else if (state == claimed)
-			gatekeeper_live_count_add(relid, queue, 0, sign);
+			gatekeeper_live_count_add(relid, queue, sign);
 		ExecClearTuple(slot);
 	}
 	ExecDropSingleTupleTableSlot(slot);
@@ -524,7 +509,6 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	int			state_att;
 	Oid			state_type;
 	Oid			scheduled;
-	Oid			claimed;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
 		!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
@@ -551,16 +535,13 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
 													 CStringGetDatum("scheduled"),
 													 ObjectIdGetDatum(state_type)));
-	claimed = DatumGetObjectId(DirectFunctionCall2(enum_in,
-												   CStringGetDatum("claimed"),
-												   ObjectIdGetDatum(state_type)));
 
 	if (trigdata->tg_oldtable != NULL)
 		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_oldtable,
-				   desc, queue_att, state_att, scheduled, claimed, -1);
+				   desc, queue_att, state_att, scheduled, -1);
 	if (trigdata->tg_newtable != NULL)
 		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_newtable,
-				   desc, queue_att, state_att, scheduled, claimed, 1);
+				   desc, queue_att, state_att, scheduled, 1);
 	return PointerGetDatum(NULL);
 }
 
@@ -635,14 +616,13 @@ gatekeeper_live_pending(PG_FUNCTION_ARGS)
 	for (i = 0; i < npending; i++)
 	{
 		PendingLive *p = &pending[i];
-		Datum		values[3];
-		bool		nulls[3] = {false, false, false};
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
 
 		if (p->erased != 0 || p->relid != live_relid)
 			continue;
 		values[0] = PointerGetDatum(cstring_to_text_with_len(p->queue, p->len));
 		values[1] = Int64GetDatum(p->scheduled);
-		values[2] = Int64GetDatum(p->claimed);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

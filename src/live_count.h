@@ -10,7 +10,6 @@
 #ifndef GATEKEEPER_LIVE_COUNT_H
 #define GATEKEEPER_LIVE_COUNT_H
 
-extern void gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled,
-									  int64 claimed);
+extern void gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled);
 
 #endif							/* GATEKEEPER_LIVE_COUNT_H */

@@ -9,7 +9,8 @@
  * same pass over the statement's transition table the trigger writes the
  * statement's mail_live rows (the claim state, one narrow row per mail)
  * straight into the table, in batches of multi-row heap inserts with
- * their index entries (see LiveWriter), and notes that due mail was
+ * their index entries (see LiveWriter), then the keys of keyed mail into
+ * gatekeeper.mail_key (see write_keys), and notes that due mail was
  * written, so the delivery workers are woken when the transaction commits.
  * Due mail of a notify queue is announced (NOTIFY gatekeeper, '<queue>')
  * at commit, once per statement and queue; mail due later is left to the
@@ -76,6 +77,7 @@ typedef struct MailColumns
 	int			headers;
 	int			send_at;
 	int			send_by;
+	int			dedupe_key;
 	int			state;			/* 0.1.0's layout only; 0 otherwise */
 	int			recipient_name; /* 0.2.0's, 0 before the update */
 	int			timezone;		/* 0.2.0's, 0 before the update */
@@ -145,6 +147,34 @@ static const char insert_live_restore_sql[] =
 static const char is_live_sql[] =
 "SELECT EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = $1)";
 
+/*
+ * The keys of the statement's keyed mails in gatekeeper.mail_key, in three
+ * statements (see write_keys): lock the rows the keys have now, delete
+ * those whose mail has finished, insert the new mails' keys.
+ */
+static const char lock_keys_sql[] =
+"SELECT FROM gatekeeper.mail_key k "
+" WHERE (k.queue, k.dedupe_key) IN "
+"       (SELECT n.queue, n.dedupe_key FROM new_mail n WHERE n.dedupe_key IS NOT NULL) "
+" ORDER BY k.queue, k.dedupe_key FOR UPDATE OF k";
+
+static const char clear_keys_sql[] =
+"DELETE FROM gatekeeper.mail_key k "
+" WHERE (k.queue, k.dedupe_key) IN "
+"       (SELECT n.queue, n.dedupe_key FROM new_mail n WHERE n.dedupe_key IS NOT NULL) "
+"   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)";
+
+static const char insert_keys_sql[] =
+"INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) "
+"SELECT n.queue, n.dedupe_key, n.id FROM new_mail n "
+" WHERE n.dedupe_key IS NOT NULL "
+"   AND EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = n.id) "
+"   AND NOT EXISTS (SELECT FROM gatekeeper.mail_key k "
+"                    WHERE k.queue = n.queue AND k.dedupe_key = n.dedupe_key AND k.id = n.id)";
+
+static SPIPlanPtr lock_keys_plan = NULL;
+static SPIPlanPtr clear_keys_plan = NULL;
+static SPIPlanPtr insert_keys_plan = NULL;
 static SPIPlanPtr any_done_plan = NULL;
 static SPIPlanPtr done_ids_plan = NULL;
 static SPIPlanPtr insert_live_plan = NULL;
@@ -195,12 +225,14 @@ load_columns(Relation rel)
 	columns.headers = SPI_fnumber(desc, "headers");
 	columns.send_at = SPI_fnumber(desc, "send_at");
 	columns.send_by = SPI_fnumber(desc, "send_by");
+	columns.dedupe_key = SPI_fnumber(desc, "dedupe_key");
 	columns.state = SPI_fnumber(desc, "state");
 	columns.recipient_name = Max(SPI_fnumber(desc, "recipient_name"), 0);
 	columns.timezone = Max(SPI_fnumber(desc, "timezone"), 0);
 	if (columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
 		columns.subject <= 0 || columns.body <= 0 || columns.html <= 0 ||
-		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0)
+		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0 ||
+		columns.dedupe_key <= 0)
 		elog(ERROR, "gatekeeper_mail_check fired on a table that is not gatekeeper.mail");
 
 	if (columns.state > 0)
@@ -673,6 +705,44 @@ insert_live(TriggerData *trigdata, bool restoring)
 }
 
 /*
+ * Write the keys of the statement's new keyed mails into mail_key, after
+ * their live rows: a key held by an unfinished mail fails the statement
+ * with 23505 on mail_key_pkey, as mail_dedupe fails it for a scheduled
+ * one; a key whose row is stale (its mail finished) is taken over.
+ *
+ * The rows are locked first and tested for staleness only in the next
+ * statement: SPI takes a new snapshot per statement (READ COMMITTED), so
+ * that test sees the holder as the row's last writer, which we waited
+ * for, committed it.  Tested in the locking statement itself, a row taken
+ * over meanwhile by a concurrent insert would be rechecked against the
+ * older snapshot, which misses the new holder's live row: it would look
+ * stale, and two unfinished mails would share the key.  Mails whose live
+ * row was not written (finished, in a restore) get no key; a row the
+ * restore already loaded for the same mail is kept as it is.
+ */
+static void
+write_keys(TriggerData *trigdata)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
+		elog(ERROR, "SPI_register_trigger_data failed");
+	gatekeeper_plan(&lock_keys_plan, lock_keys_sql, 0, NULL);
+	if (SPI_execute_plan(lock_keys_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock dedupe keys");
+	if (SPI_processed > 0)
+	{
+		gatekeeper_plan(&clear_keys_plan, clear_keys_sql, 0, NULL);
+		if (SPI_execute_plan(clear_keys_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not clear stale dedupe keys");
+	}
+	gatekeeper_plan(&insert_keys_plan, insert_keys_sql, 0, NULL);
+	if (SPI_execute_plan(insert_keys_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not write dedupe keys");
+	SPI_finish();
+}
+
+/*
  * The statement's mail_live rows, written straight into the table.
  *
  * An INSERT ... SELECT from the transition table (the SQL path below, kept
@@ -1015,6 +1085,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		int			ndone = 0;
 		LiveWriter *live = NULL;
 		StatsTally *tally = NULL;
+		bool		keyed = false;
 		RowContext	where;
 		ErrorContextCallback errcallback;
 
@@ -1065,6 +1136,8 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			check_mail(tuple, desc, true, scheduled);
 			error_context_stack = errcallback.previous;
 			where.tuple = NULL;
+			if (!keyed)
+				keyed = !heap_attisnull(tuple, columns.dedupe_key, desc);
 			if (live != NULL)
 			{
 				bool		isnull;
@@ -1072,7 +1145,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 				live_add(live, tuple, desc, where.row);
 				gatekeeper_live_count_add(RelationGetRelid(live->rel),
 										  heap_getattr(tuple, columns.queue, desc, &isnull),
-										  1, 0);
+										  1);
 			}
 			if (tally != NULL)
 			{
@@ -1096,6 +1169,8 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			live_close(live);
 		else if (columns.state == 0)
 			insert_live(trigdata, ndone > 0);
+		if (keyed && columns.state == 0)
+			write_keys(trigdata);
 		gatekeeper_stats_tally_end(tally);
 		return PointerGetDatum(NULL);
 	}

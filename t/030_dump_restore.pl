@@ -12,14 +12,16 @@
 # new databases, CREATE EXTENSION included: pg_restore --exit-on-error and
 # psql with ON_ERROR_STOP must succeed.
 #
-# In each restored database, the rows of every table and the values of the
-# sequences equal the source's, and so does what explain() says of each
-# recipient's passes (the passes are rebuilt from the gate log on first
-# use).  Then it works: enqueue (new ids, dedupe against restored mail),
-# claim (the gate closed for a recipient who passed in the source, open
-# for another), gate_pass (closed for a passed recipient, open for a new
-# one and for one whose pass was given back), create_gate and create_queue,
-# all without 23505 or 42710.
+# In each restored database, the rows of every table (claimed mail's
+# batches in mail_claim and the dedupe keys in mail_key among them) and the
+# values of the sequences equal the source's, and so does what explain()
+# says of each recipient's passes (the passes are rebuilt from the gate log
+# on first use).  Then it works: enqueue (new ids, dedupe against restored
+# mail, the claimed mail's key included), the ack of the claim held in the
+# source (with its attempt, once), claim (the gate closed for a recipient
+# who passed in the source, open for another), gate_pass (closed for a
+# passed recipient, open for a new one and for one whose pass was given
+# back), create_gate and create_queue, all without 23505 or 42710.
 
 use strict;
 use warnings;
@@ -114,6 +116,8 @@ my @tables = (
 	[ 'mail', 'id' ],
 	[ 'mail_live', 'id' ],
 	[ 'mail_done', 'id' ],
+	[ 'mail_claim', 'batch' ],
+	[ 'mail_key', 'queue, dedupe_key' ],
 	[ 'mail_status', 'id' ],
 	[ 'gate_log', 'id' ],
 	[ 'suppression_list', 'address, queue' ],
@@ -130,10 +134,10 @@ sub snapshot
 		my ($table, $order) = @$t;
 		$s{$table} = $node->safe_psql($db, "SELECT * FROM gatekeeper.$table ORDER BY $order");
 	}
-	foreach my $t (qw(mail gate gate_log))
+	foreach my $seq (qw(mail_id_seq gate_id_seq gate_log_id_seq mail_claim_batch_seq))
 	{
-		$s{"${t}_id_seq"} = $node->safe_psql($db,
-			"SELECT last_value, is_called FROM gatekeeper.${t}_id_seq");
+		$s{$seq} = $node->safe_psql($db,
+			"SELECT last_value, is_called FROM gatekeeper.$seq");
 	}
 	my $list = join(',', map { "'$_'" } @recipients);
 	$s{passes} = $node->safe_psql(
@@ -191,7 +195,9 @@ foreach my $db (map { $_->[0] } @dumps)
 			"SELECT sum(enqueued + sent + failed + suppressed + expired + cancelled + unknown) FROM gatekeeper.queue_stats"
 		),
 		'0', "$db: the restore counted nothing in queue_stats' totals");
-	# but its live mail is live: queue_stats counts what mail_live holds
+	# but its live mail is live: queue_stats counts the source's scheduled
+	# and claimed mail (claimed mail is no row of mail_live but a record of
+	# a mail_claim batch: the states are read through mail_status)
 	is( $node->safe_psql(
 			$db, q{
 SELECT string_agg(format('%s %s/%s/%s', queue, scheduled, claimed, due), ', ' ORDER BY queue)
@@ -202,7 +208,7 @@ SELECT string_agg(format('%s %s/%s/%s', queue, s, c, d), ', ' ORDER BY queue)
   FROM (SELECT queue, count(*) FILTER (WHERE state = 'scheduled') AS s,
 			   count(*) FILTER (WHERE state = 'claimed') AS c,
 			   count(*) FILTER (WHERE state = 'scheduled' AND send_at <= now()) AS d
-		  FROM gatekeeper.mail_live GROUP BY queue) l}),
+		  FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed') GROUP BY queue) l}),
 		"$db: queue_stats counts the restored live mail as the source holds it");
 	is($node->safe_psql($db, "SELECT count(*) FROM gatekeeper.unsubscribe_secret"),
 		'1', "$db: one unsubscribe secret, the source's");
@@ -248,14 +254,27 @@ SELECT string_agg(r || ':' || gatekeeper.gate_pass('smart_sending', r), ',' ORDE
 	is($node->safe_psql($db, "SELECT state FROM gatekeeper.mail_status WHERE recipient = 'passed\@example.com'"),
 		'scheduled', "$db: the mail behind the closed gate waits");
 
-	# enqueue: dedupe against restored mail, and new ids after the old ones
+	# enqueue: dedupe against restored mail (scheduled, claimed, sent), and
+	# new ids after the old ones
 	is( $node->safe_psql(
 			$db, q{
 SELECT gatekeeper.enqueue('fresh@example.com', 'Again', 'Body', queue => 'promo', dedupe_key => 'fresh-1')
 	   = (SELECT id FROM gatekeeper.mail_status WHERE dedupe_key = 'fresh-1'),
+	   gatekeeper.enqueue('held@example.com', 'Again', 'Body', queue => 'promo', dedupe_key => 'held-1')
+	   = (SELECT id FROM gatekeeper.mail_status WHERE dedupe_key = 'held-1'),
 	   gatekeeper.enqueue('sent@example.com', 'Again', 'Body', queue => 'promo', dedupe_key => 'sent-1')
-	   = (SELECT id FROM gatekeeper.mail_status WHERE dedupe_key = 'sent-1')}),
-		't|t', "$db: enqueue finds restored mail by its dedupe key");
+	   = (SELECT id FROM gatekeeper.mail_status WHERE dedupe_key = 'sent-1');
+SELECT count(*) FROM gatekeeper.mail_status WHERE dedupe_key IN ('fresh-1', 'held-1', 'sent-1')}),
+		"t|t|t\n3", "$db: enqueue finds restored mail by its dedupe key, making none");
+
+	# the claim held in the source is held in the restore: its worker's
+	# ack with the claim's attempt finishes it, another attempt does not
+	is( $node->safe_psql(
+			$db, q{
+SELECT gatekeeper.ack(s.id, s.attempt + 1), gatekeeper.ack(s.id, s.attempt), gatekeeper.ack(s.id, s.attempt)
+  FROM gatekeeper.mail_status s WHERE s.recipient = 'held@example.com' AND s.subject = 'Held';
+SELECT state || ':' || attempt || ':' || worker FROM gatekeeper.mail_status WHERE recipient = 'held@example.com' AND subject = 'Held'}),
+		"f|t|f\nsent:1:w1", "$db: the restored claim is acked with its attempt, once");
 	my ($out, $err) = ('', '');
 	my $ret = $node->psql(
 		$db, q{

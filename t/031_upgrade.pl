@@ -19,6 +19,19 @@
 # The updated database keeps its data: every row of every table (in the
 # columns 0.1.0 had), the sequences, and what explain() says of the
 # recipients' passes, are as before the update; and it works after.
+#
+# Claimed mail (issue 11): 0.1.0's claims (leases running and lapsed,
+# first and later attempts, handed back before, keyed, a claim of 130)
+# are, after the update, each open in exactly one mail_claim batch row
+# (rows of up to 128 consecutive ids per queue, worker and lease, as a
+# claim makes them) with its attempt, worker and lease, and no row of
+# mail_live; mail_key holds the keys of scheduled and claimed mail.  Then
+# reap() and acks (one at a time and in one call) with the (id, attempt)
+# the workers hold (and stale and later attempts) do what 0.1.0's own
+# reap() and acks did to the same claims (run before the update in a
+# transaction rolled back); a claimed mail's key refuses another mail
+# (23505) and enqueue() finds the claimed mail; once the mail finished the
+# key is free.
 
 use strict;
 use warnings;
@@ -107,6 +120,138 @@ UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE recip
 SELECT gatekeeper.reap();
 });
 
+# Claimed mail of every kind 0.1.0 holds, which the update moves into
+# mail_claim batches: held@ above (promo, gated, keyed, w1's claim of three
+# of which two were reported); two claims at their second attempt (one
+# after a retry, one after a hand-back: uncharged) in one claim of w5; three
+# in one claim of w4; 130 in one claim of w7 (more than one batch row's
+# worth); and three whose lease ran out without a reap, in three queues (at
+# least once with attempts left, attempts spent, at most once).  Keyed
+# where a key can be.
+$node->safe_psql(
+	'updated', q{
+SELECT gatekeeper.create_queue('single', max_attempts => 1);
+SELECT gatekeeper.create_queue('blind', delivery => 'at_most_once');
+SELECT gatekeeper.create_queue('wide');
+SELECT count(*) FROM (SELECT gatekeeper.enqueue('wide' || i || '@example.com', 'Wide', 'Body', queue => 'wide')
+						FROM generate_series(1, 130) AS i) e;
+SELECT count(*) FROM gatekeeper.claim('w7', 200, lease => '1 hour', queues => '{wide}');
+SELECT gatekeeper.enqueue('again@example.com', 'Again', 'Body', dedupe_key => 'again-1');
+SELECT gatekeeper.enqueue('handed@example.com', 'Handed', 'Body', dedupe_key => 'handed-1');
+CREATE TEMP TABLE c5 AS SELECT * FROM gatekeeper.claim('w5', 10, queues => '{default}');
+SELECT gatekeeper.nack(id, attempt, '451 busy') FROM c5 WHERE recipient = 'again@example.com';
+SELECT gatekeeper.unclaim(array_agg(id), array_agg(attempt), 'no relay') FROM c5
+ WHERE recipient = 'handed@example.com';
+UPDATE gatekeeper.mail SET send_at = now() WHERE recipient = 'again@example.com';
+SELECT count(*) FROM gatekeeper.claim('w5', 10, lease => '1 hour', queues => '{default}');
+SELECT gatekeeper.enqueue('kept' || i || '@example.com', 'Kept', 'Body', dedupe_key => 'kept-' || i)
+  FROM generate_series(1, 3) AS i;
+SELECT count(*) FROM gatekeeper.claim('w4', 10, lease => '1 hour', queues => '{default}');
+SELECT gatekeeper.enqueue('back@example.com', 'Back', 'Body', dedupe_key => 'back-1');
+SELECT gatekeeper.enqueue('spent@example.com', 'Spent', 'Body', queue => 'single', dedupe_key => 'spent-1');
+SELECT gatekeeper.enqueue('lapsed@example.com', 'Lapsed', 'Body', queue => 'blind', dedupe_key => 'lapsed-1');
+SELECT count(*) FROM gatekeeper.claim('w6', 10, queues => '{default,single,blind}');
+UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE worker = 'w6';
+});
+
+# the claims 0.1.0 holds: each claimed mail with its claim state
+my $claims_010 = q{
+SELECT string_agg(format('%s %s %s attempt %s uncharged %s worker %s lease %s message %s key %s error %s',
+						 id, queue, state, attempt, uncharged, worker, lease_until, message_id,
+						 dedupe_key, last_error), E'\n' ORDER BY id)
+  FROM gatekeeper.mail WHERE state = 'claimed'};
+my $claims_before = $node->safe_psql('updated', $claims_010);
+my $claimed = $node->safe_psql('updated',
+	"SELECT array_agg(id ORDER BY id) FROM gatekeeper.mail WHERE state = 'claimed'");
+is( $node->safe_psql(
+		'updated', q{
+SELECT string_agg(format('%s:%s:%s:%s', recipient, attempt, uncharged,
+						 CASE WHEN lease_until < now() THEN 'lapsed' ELSE 'leased' END), ',' ORDER BY id)
+  FROM gatekeeper.mail WHERE state = 'claimed' AND queue <> 'wide'}),
+	'held@example.com:1:0:leased,again@example.com:2:0:leased,handed@example.com:2:1:leased,'
+	  . 'kept1@example.com:1:0:leased,kept2@example.com:1:0:leased,kept3@example.com:1:0:leased,'
+	  . 'back@example.com:1:0:lapsed,spent@example.com:1:0:lapsed,lapsed@example.com:1:0:lapsed',
+	'updated: 0.1.0 holds claims at first and later attempts, leases running and lapsed');
+is($node->safe_psql('updated', "SELECT count(*) FROM gatekeeper.mail WHERE state = 'claimed' AND worker = 'w7'"),
+	'130', 'updated: ... and a claim of 130');
+# the batch rows a claim of these would make: per queue, worker and lease
+# (one claim statement of 0.1.0), one per 128 mails (CLAIM_BATCH_MAILS)
+my $claim_rows = $node->safe_psql(
+	'updated', q{
+SELECT sum((n + 127) / 128) FROM (SELECT count(*) AS n FROM gatekeeper.mail WHERE state = 'claimed'
+									GROUP BY queue, worker, lease_until) g});
+# the claims as their workers hold them: (id, attempt); w4's claim of
+# three is acked in one call (ack_batch, 0.1.0's array ack)
+my $claimed_attempts = $node->safe_psql('updated',
+	"SELECT array_agg(attempt ORDER BY id) FROM gatekeeper.mail WHERE state = 'claimed'");
+my ($w4_ids, $w4_attempts) = split /\|/, $node->safe_psql('updated',
+	"SELECT array_agg(id ORDER BY id), array_agg(attempt ORDER BY id) FROM gatekeeper.mail WHERE worker = 'w4' AND state = 'claimed'");
+# the keys of unfinished mail, scheduled and claimed
+my $keys_010 = $node->safe_psql(
+	'updated', q{
+SELECT string_agg(format('%s %s %s', queue, dedupe_key, id), E'\n' ORDER BY queue, dedupe_key)
+  FROM gatekeeper.mail WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed')});
+
+# What 0.1.0 itself does with these claims, in a transaction rolled back:
+# reap() (the lapsed ones), then the acks of w4's claims in one call with
+# later attempts, their own (twice), and an ack of each claim (as its
+# worker holds it: id and attempt) with a stale attempt, a later one, its
+# own (twice); the claims' state after each.  The same calls after the
+# update must do the same to the same mails (RELATION: 0.1.0's mail, or
+# mail_status after the update; ACK_BATCH: 0.1.0's ack(bigint[], int[]),
+# or ack_batch).
+my $reap_and_ack = q{
+SELECT 'reap ' || gatekeeper.reap();
+SELECT '-- after reap';
+SELECT format('%s %s attempt %s uncharged %s send_at %s worker %s lease %s message %s error %s finished %s',
+			  id, state, attempt, uncharged, send_at, worker, lease_until, message_id,
+			  last_error, finished_at IS NOT NULL)
+  FROM gatekeeper.RELATION WHERE id = ANY ('CLAIMED') ORDER BY id;
+SELECT '-- acks';
+SELECT format('batch %s %s %s',
+			  ACK_BATCH('W4IDS'::bigint[], array(SELECT a + 1 FROM unnest('W4ATTEMPTS'::int[]) a)),
+			  ACK_BATCH('W4IDS'::bigint[], 'W4ATTEMPTS'::int[]),
+			  ACK_BATCH('W4IDS'::bigint[], 'W4ATTEMPTS'::int[]));
+SELECT format('%s %s %s %s %s', s.id, gatekeeper.ack(s.id, s.attempt - 1),
+			  gatekeeper.ack(s.id, s.attempt + 1), gatekeeper.ack(s.id, s.attempt),
+			  gatekeeper.ack(s.id, s.attempt))
+  FROM (SELECT * FROM unnest('CLAIMED'::bigint[], 'ATTEMPTS'::int[]) AS c(id, attempt) ORDER BY id) s;
+SELECT '-- after acks';
+SELECT format('%s %s attempt %s uncharged %s send_at %s worker %s lease %s message %s error %s finished %s',
+			  id, state, attempt, uncharged, send_at, worker, lease_until, message_id,
+			  last_error, finished_at IS NOT NULL)
+  FROM gatekeeper.RELATION WHERE id = ANY ('CLAIMED') ORDER BY id;
+};
+$reap_and_ack =~ s/W4IDS/$w4_ids/g;
+$reap_and_ack =~ s/W4ATTEMPTS/$w4_attempts/g;
+$reap_and_ack =~ s/CLAIMED/$claimed/g;
+$reap_and_ack =~ s/ATTEMPTS/$claimed_attempts/g;
+
+# the output of $reap_and_ack, in its parts
+sub reap_and_ack_parts
+{
+	my ($out) = @_;
+	my %parts;
+	my $part = 'reap';
+	foreach my $line (split /\n/, $out)
+	{
+		if ($line =~ /^-- (.*)$/) { $part = $1; next; }
+		$parts{$part} .= "$line\n";
+	}
+	return \%parts;
+}
+
+my $old_ways;
+{
+	(my $sql = $reap_and_ack) =~ s/RELATION/mail/g;
+	$sql =~ s/ACK_BATCH/gatekeeper.ack/g;
+	my ($ret, $out, $err) = $node->psql('updated', "BEGIN;\n$sql\nROLLBACK;", on_error_stop => 1);
+	is($ret, 0, 'updated: 0.1.0 reaps and acks its claims (rolled back)') or diag($err);
+	$old_ways = reap_and_ack_parts($out);
+	note("0.1.0's reap and acks:\n$out");
+}
+is($node->safe_psql('updated', $claims_010), $claims_before, 'updated: ... and holds them as before');
+
 # ---------------------------------------------------------------- data
 
 my @recipients = map { "$_\@example.com" }
@@ -172,8 +317,10 @@ foreach my $what (sort keys %$before)
 	is($after->{$what}, $before->{$what}, "updated: $what intact");
 }
 
-# queue_stats' live counts (kept in mail_live_count from the update on)
-# against a count of the live mail
+# queue_stats' live counts (scheduled kept in mail_live_count from the
+# update on, claimed from the batches of mail_claim) against a count of
+# the live mail's states (claimed mail is in no row of mail_live: its
+# state is read through mail_status)
 my $kept_counts = q{
 SELECT string_agg(format('%s %s/%s/%s', queue, scheduled, claimed, due), ', ' ORDER BY queue)
   FROM gatekeeper.queue_stats WHERE scheduled + claimed > 0};
@@ -182,11 +329,51 @@ SELECT string_agg(format('%s %s/%s/%s', queue, s, c, d), ', ' ORDER BY queue)
   FROM (SELECT queue, count(*) FILTER (WHERE state = 'scheduled') AS s,
 			   count(*) FILTER (WHERE state = 'claimed') AS c,
 			   count(*) FILTER (WHERE state = 'scheduled' AND send_at <= now()) AS d
-		  FROM gatekeeper.mail_live GROUP BY queue) l};
+		  FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed') GROUP BY queue) l};
 my $counted = $node->safe_psql('updated', $live_counts);
 like($counted, qr{ [1-9][0-9]*/[1-9]}, 'updated: live mail both scheduled and claimed in one queue');
 is($node->safe_psql('updated', $kept_counts), $counted,
 	'updated: queue_stats counts the live mail the update moved');
+
+# 0.1.0's claims are claimed mail of the new layout: each open in exactly
+# one batch row of mail_claim, with its claim state in the row's record and
+# its worker and lease the row's; no longer in mail_live
+is( $node->safe_psql(
+		'updated', q{
+SELECT string_agg(format('%s %s %s attempt %s uncharged %s worker %s lease %s message %s key %s error %s',
+						 r.id, c.queue, r.state, r.attempt, r.uncharged, c.worker, c.lease_until,
+						 r.message_id, r.dedupe_key, r.last_error), E'\n' ORDER BY r.id)
+  FROM gatekeeper.mail_claim c, unnest(c.mails) r
+ WHERE NOT r.id = ANY (c.gone)}),
+	$claims_before, 'updated: each claim open in one batch, with its attempt, worker and lease');
+# as a claim makes them: a queue's mails of one claim in rows of up to 128
+# of consecutive ids (rows of one claim do not overlap); a row's open
+# count, id range, queue and worker those of its records
+is( $node->safe_psql(
+		'updated', q{
+SELECT count(*),
+	   count(*) FILTER (WHERE o.n = c.open AND o.lo = c.lo AND o.hi = c.hi AND o.same AND o.n <= 128
+						  AND NOT EXISTS (
+							SELECT FROM gatekeeper.mail_claim d
+							 WHERE d.batch <> c.batch AND d.queue = c.queue
+							   AND d.worker IS NOT DISTINCT FROM c.worker AND d.lease_until = c.lease_until
+							   AND int8range(d.lo, d.hi, '[]') && int8range(c.lo, c.hi, '[]')))
+  FROM gatekeeper.mail_claim c,
+	   LATERAL (SELECT count(*) AS n, min(r.id) AS lo, max(r.id) AS hi,
+					   bool_and(r.queue = c.queue AND r.worker IS NOT DISTINCT FROM c.worker) AS same
+				  FROM unnest(c.mails) r WHERE NOT r.id = ANY (c.gone)) o}),
+	"$claim_rows|$claim_rows",
+	'updated: claims in batch rows of up to 128 consecutive ids per queue, worker and lease, as a claim makes them');
+is( $node->safe_psql(
+		'updated',
+		"SELECT count(*) FROM gatekeeper.mail_live WHERE state <> 'scheduled' OR id = ANY ('$claimed')"),
+	'0', 'updated: mail_live holds scheduled mail only');
+# the dedupe keys of unfinished mail, in mail_key
+is( $node->safe_psql(
+		'updated', q{
+SELECT string_agg(format('%s %s %s', queue, dedupe_key, id), E'\n' ORDER BY queue, dedupe_key)
+  FROM gatekeeper.mail_key}),
+	$keys_010, 'updated: mail_key holds the keys of scheduled and claimed mail');
 
 # ---------------------------------------------------------------- catalog
 
@@ -365,6 +552,78 @@ is($node->safe_psql('updated', $kept_counts), $node->safe_psql('updated', $live_
 	'updated: queue_stats keeps counting after claims and enqueues');
 $node->safe_psql('updated', "SELECT gatekeeper.create_gate('brand_new', '1 hour')");
 $node->safe_psql('updated', "SELECT gatekeeper.create_queue('brand_new', gates => '{brand_new}')");
+
+# ---------------------------------------------------------------- claims after
+
+# the key of a claimed mail holds: an INSERT of another mail with it fails
+# (23505, nothing written), enqueue() finds the claimed mail
+my $insert_keyed = q{
+CREATE FUNCTION pg_temp.insert_keyed(q text, k text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+	VALUES ('other@example.com', 'Other', 'Body', q, k);
+	RETURN 'inserted';
+EXCEPTION WHEN OTHERS THEN
+	RETURN SQLSTATE;
+END
+$$;};
+my $mail_count = $node->safe_psql('updated', 'SELECT count(*) FROM gatekeeper.mail');
+is( $node->safe_psql(
+		'updated', qq{$insert_keyed
+SELECT string_agg(dedupe_key || ':' || pg_temp.insert_keyed(queue, dedupe_key), ',' ORDER BY id)
+  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
+	'held-1:23505,again-1:23505,handed-1:23505,kept-1:23505,kept-2:23505,kept-3:23505,'
+	  . 'back-1:23505,spent-1:23505,lapsed-1:23505',
+	'updated: the key of each claimed mail refuses another mail (23505)');
+is( $node->safe_psql(
+		'updated', qq{
+SELECT count(*) FILTER (WHERE gatekeeper.enqueue('other\@example.com', 'Other', 'Body', queue => queue,
+												 dedupe_key => dedupe_key) = id)
+  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
+	'9', 'updated: enqueue() with the key of a claimed mail finds it');
+is($node->safe_psql('updated', 'SELECT count(*) FROM gatekeeper.mail'),
+	$mail_count, 'updated: ... and no mail was written');
+
+# reap() and the acks do as 0.1.0 did
+my $new_ways;
+{
+	(my $sql = $reap_and_ack) =~ s/RELATION/mail_status/g;
+	$sql =~ s/ACK_BATCH/gatekeeper.ack_batch/g;
+	my ($ret, $out, $err) = $node->psql('updated', $sql, on_error_stop => 1);
+	is($ret, 0, 'updated: reap and ack the claims 0.1.0 made') or diag($err);
+	$new_ways = reap_and_ack_parts($out);
+}
+is($new_ways->{reap}, $old_ways->{reap}, 'updated: reap() takes as many as 0.1.0 would');
+like($new_ways->{reap}, qr/^reap [1-9]/, 'updated: ... some');
+is($new_ways->{'after reap'}, $old_ways->{'after reap'},
+	'updated: reap() of the lapsed claims leaves them as 0.1.0 would (scheduled, failed, unknown)');
+is($new_ways->{acks}, $old_ways->{acks},
+	'updated: acks of the claims with their old (id, attempt) as 0.1.0: stale and later attempts false, the first ack true');
+like($new_ways->{acks}, qr/^batch 0 3 0$/m, 'updated: ... w4\'s claims acked in one call, once');
+is(scalar(() = $new_ways->{acks} =~ /^\d+ f f t f$/mg), 133, 'updated: ... each other claim not reaped acked once');
+is($new_ways->{'after acks'}, $old_ways->{'after acks'}, 'updated: the acked mail as 0.1.0 would leave it');
+
+# once a claimed mail finished (sent, failed, unknown), its key is free;
+# the one reap() scheduled again holds it still
+is( $node->safe_psql(
+		'updated', qq{$insert_keyed
+SELECT string_agg(dedupe_key || ':' || pg_temp.insert_keyed(queue, dedupe_key), ',' ORDER BY id)
+  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
+	'held-1:inserted,again-1:inserted,handed-1:inserted,kept-1:inserted,kept-2:inserted,'
+	  . 'kept-3:inserted,back-1:23505,spent-1:inserted,lapsed-1:inserted',
+	'updated: the keys of finished mail are free again, the rescheduled one\'s not');
+is( $node->safe_psql(
+		'updated', qq{
+SELECT string_agg(k.dedupe_key || ':' || k.n, ',' ORDER BY k.dedupe_key)
+  FROM (SELECT s.dedupe_key, count(*) AS n FROM gatekeeper.mail_status s
+		 WHERE s.dedupe_key IN (SELECT dedupe_key FROM gatekeeper.mail_status WHERE id = ANY ('$claimed'))
+		   AND s.state IN ('scheduled', 'claimed')
+		 GROUP BY 1) k}),
+	'again-1:1,back-1:1,handed-1:1,held-1:1,kept-1:1,kept-2:1,kept-3:1,lapsed-1:1,spent-1:1',
+	'updated: one unfinished mail per key');
+is($node->safe_psql('updated', $kept_counts), $node->safe_psql('updated', $live_counts),
+	'updated: queue_stats counts after the claims were reaped and acked');
 
 $node->stop;
 done_testing();

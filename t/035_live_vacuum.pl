@@ -126,9 +126,11 @@ sleep(25);
 my $held = (split /\|/, $node->safe_psql('postgres', $vacuums_sql))[0] - $before;
 note("vacuums in the 25 s after the first while the snapshot was held: " . ($held - 1));
 cmp_ok($held, '<=', 3, "no vacuum at every pass while the dead rows cannot go ($held in about 25 s)");
+# each mail of the second burst left one dead live row: the claim deletes
+# it (claimed mail is kept in mail_claim's batches)
 cmp_ok($node->safe_psql('postgres',
 		"SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass"),
-	'>=', 40000, 'the dead rows are still there, held by the snapshot');
+	'>=', 20000, 'the dead rows are still there, held by the snapshot');
 $holder->query_safe('COMMIT');
 $holder->quit;
 ok( GatekeeperTest::poll_until(

@@ -48,14 +48,14 @@ SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt))
 	'1000',
 	'1000 mails claimed and acked');
 
-# the next claim stops on its first mail, in the middle of its update
+# the next claim stops on its first mail, in the middle of its delete
 my $first = $node->safe_psql('postgres',
 	"SELECT min(id) FROM gatekeeper.mail_live WHERE state = 'scheduled'");
 $node->safe_psql(
 	'postgres', qq{
 CREATE FUNCTION public.hold_claim() RETURNS trigger LANGUAGE plpgsql AS
-\$\$BEGIN PERFORM pg_sleep(15); RETURN NEW; END\$\$;
-CREATE TRIGGER hold_claim BEFORE UPDATE ON gatekeeper.mail_live
+\$\$BEGIN PERFORM pg_sleep(15); RETURN OLD; END\$\$;
+CREATE TRIGGER hold_claim BEFORE DELETE ON gatekeeper.mail_live
 	FOR EACH ROW WHEN (OLD.id = $first) EXECUTE FUNCTION public.hold_claim();
 });
 
@@ -71,7 +71,7 @@ my $claim = IPC::Run::start(
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
 		"SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'"),
-	'a claim is held in the middle of its update');
+	'a claim is held in the middle of its delete');
 
 # (not truncating: giving the emptied tail back needs a lock that the held
 # claim's conflicts with, and a vacuum gives that up only after 5 s)
