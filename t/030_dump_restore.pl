@@ -76,7 +76,7 @@ SELECT gatekeeper.drop_queue('old');
 SELECT gatekeeper.enqueue('sent@example.com', 'Sent', 'Body', queue => 'promo', dedupe_key => 'sent-1');
 SELECT gatekeeper.enqueue('failed@example.com', 'Failed', 'Body', queue => 'promo', dedupe_key => 'failed-1');
 SELECT gatekeeper.enqueue('held@example.com', 'Held', 'Body', queue => 'promo', dedupe_key => 'held-1');
-CREATE TEMP TABLE c AS SELECT * FROM gatekeeper.claim('w1', 10, queues => '{promo}');
+CREATE TEMP TABLE c AS SELECT * FROM gatekeeper.claim('w1', 10, lease => '1 hour', queues => '{promo}');
 SELECT gatekeeper.ack(id, attempt) FROM c WHERE recipient = 'sent@example.com';
 SELECT gatekeeper.nack(id, attempt, 'mailbox unavailable', true) FROM c WHERE recipient = 'failed@example.com';
 
