@@ -430,6 +430,13 @@ typedef struct LiveRecord
 	Oid			state_type;
 } LiveRecord;
 
+/* A claimed mail that goes, as settle_claimed sorts them into batch rows. */
+typedef struct GoingMail
+{
+	int64		id;
+	Datum		record;
+} GoingMail;
+
 /* A claim (id, attempt) asked to be taken out of its batch. */
 typedef struct TakeRequest
 {
@@ -462,6 +469,58 @@ typedef struct TakeBatch
 	Datum	   *taken;			/* ids taken now */
 	int			ntaken;
 } TakeBatch;
+
+/* claims in (id, attempt) order */
+static inline int
+claim_cmp(int64 id1, int32 attempt1, int64 id2, int32 attempt2)
+{
+	if (id1 != id2)
+		return id1 < id2 ? -1 : 1;
+	return (attempt1 > attempt2) - (attempt1 < attempt2);
+}
+
+static int
+take_request_cmp(const void *a, const void *b)
+{
+	const TakeRequest *x = a;
+	const TakeRequest *y = b;
+
+	return claim_cmp(x->id, x->attempt, y->id, y->attempt);
+}
+
+/* records of the same claim in batch order */
+static int
+batch_entry_cmp(const void *a, const void *b)
+{
+	const BatchEntry *x = a;
+	const BatchEntry *y = b;
+	int			c = claim_cmp(x->id, x->attempt, y->id, y->attempt);
+
+	if (c != 0)
+		return c;
+	return (x->batch > y->batch) - (x->batch < y->batch);
+}
+
+static int
+int64_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return (x > y) - (x < y);
+}
+
+static int
+going_mail_cmp(const void *a, const void *b)
+{
+	return int64_cmp(&((const GoingMail *) a)->id, &((const GoingMail *) b)->id);
+}
+
+static int
+take_batch_cmp(const void *a, const void *b)
+{
+	return int64_cmp(&((const TakeBatch *) a)->batch, &((const TakeBatch *) b)->batch);
+}
 
 /*
  * Load the queues this claim may take from, in name order, with their
@@ -1460,22 +1519,6 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
 	return HeapTupleGetDatum(heap_form_tuple(lr->desc, values, nulls));
 }
 
-/* A claimed mail that goes, as settle_claimed sorts them into batch rows. */
-typedef struct GoingMail
-{
-	int64		id;
-	Datum		record;
-} GoingMail;
-
-static int
-going_mail_cmp(const void *a, const void *b)
-{
-	int64		x = ((const GoingMail *) a)->id;
-	int64		y = ((const GoingMail *) b)->id;
-
-	return (x > y) - (x < y);
-}
-
 /* Run a statement whose only argument is an array of mail_live records. */
 static void
 execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
@@ -1772,49 +1815,6 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	}
 
 	return (Datum) 0;
-}
-
-static int
-take_request_cmp(const void *a, const void *b)
-{
-	const TakeRequest *x = a;
-	const TakeRequest *y = b;
-
-	if (x->id != y->id)
-		return x->id < y->id ? -1 : 1;
-	if (x->attempt != y->attempt)
-		return x->attempt < y->attempt ? -1 : 1;
-	return 0;
-}
-
-static int
-batch_entry_cmp(const void *a, const void *b)
-{
-	const BatchEntry *x = a;
-	const BatchEntry *y = b;
-
-	if (x->id != y->id)
-		return x->id < y->id ? -1 : 1;
-	if (x->attempt != y->attempt)
-		return x->attempt < y->attempt ? -1 : 1;
-	if (x->batch != y->batch)
-		return x->batch < y->batch ? -1 : 1;
-	return 0;
-}
-
-static int
-int64_cmp(const void *a, const void *b)
-{
-	int64		x = *(const int64 *) a;
-	int64		y = *(const int64 *) b;
-
-	return x < y ? -1 : x > y ? 1 : 0;
-}
-
-static int
-take_batch_cmp(const void *a, const void *b)
-{
-	return int64_cmp(&((const TakeBatch *) a)->batch, &((const TakeBatch *) b)->batch);
 }
 
 /*
