@@ -322,3 +322,41 @@ SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked_rest
 SELECT count(*) AS rows_left FROM gatekeeper.mail_claim WHERE queue = 'cb_big';
 SELECT count(*) FILTER (WHERE state = 'sent') AS sent FROM gatekeeper.mail_status WHERE queue = 'cb_big';
 SELECT gatekeeper.drop_queue('cb_big');
+-- purge's pass over mail_key reads a window of pages, not the whole
+-- table (at batch 100, one page): two stale keys pages apart, with 3,000
+-- scheduled keyed mails between them, are not both pruned by one pass;
+-- passes go on until they are
+DO $$
+BEGIN
+	FOR i IN 1 .. 5000 LOOP
+		EXIT WHEN NOT EXISTS (SELECT FROM gatekeeper.mail_key k
+							   WHERE NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key));
+		PERFORM gatekeeper._mail_key_prune(100);
+	END LOOP;
+END
+$$;
+SELECT gatekeeper.create_queue('cb_prune');
+SELECT gatekeeper.enqueue('p@example.com', 'P', 'stale', 'cb_prune', dedupe_key => 'stale-a') AS pa \gset
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key, send_at)
+SELECT 'p' || i || '@example.com', 'P', 'held', 'cb_prune', 'held-' || i, now() + interval '1 day'
+  FROM generate_series(1, 3000) i;
+SELECT gatekeeper.enqueue('p@example.com', 'P', 'stale', 'cb_prune', dedupe_key => 'stale-b') AS pb \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('w8', 10, queues => ARRAY['cb_prune']);
+SELECT gatekeeper.ack_batch(ARRAY[:pa, :pb]::bigint[], '{1,1}') AS acked;
+SELECT abs((a.ctid::text::point)[0] - (b.ctid::text::point)[0]) > 1 AS pages_apart
+  FROM gatekeeper.mail_key a, gatekeeper.mail_key b
+ WHERE a.dedupe_key = 'stale-a' AND b.dedupe_key = 'stale-b';
+SELECT gatekeeper._mail_key_prune(100) <= 1 AS pruned_at_most_one;
+DO $$
+BEGIN
+	FOR i IN 1 .. 5000 LOOP
+		EXIT WHEN NOT EXISTS (SELECT FROM gatekeeper.mail_key
+							   WHERE queue = 'cb_prune' AND dedupe_key LIKE 'stale-%');
+		PERFORM gatekeeper._mail_key_prune(100);
+	END LOOP;
+END
+$$;
+SELECT count(*) AS keys, count(*) FILTER (WHERE dedupe_key LIKE 'stale-%') AS stale
+  FROM gatekeeper.mail_key WHERE queue = 'cb_prune';
+DELETE FROM gatekeeper.mail WHERE queue = 'cb_prune';
+SELECT gatekeeper.drop_queue('cb_prune');

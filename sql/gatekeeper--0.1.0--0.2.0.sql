@@ -1314,11 +1314,22 @@ END
 $$;
 
 /*
- * Delete up to batch stale rows of mail_key (their mail finished and no
- * insert of the key took them over since), so the table stays as large
- * as the keyed unfinished mail.  Candidates are locked first and tested
- * in the next statement, under its newer snapshot, for the reason the
- * insert trigger does (src/mail.c, write_keys).
+ * Delete the stale rows of mail_key (their mail finished and no insert of
+ * the key took them over since) in a window of its pages, so the table
+ * stays about as large as the keyed unfinished mail.  purge() calls it
+ * every few seconds, and mail scheduled far ahead can hold millions of
+ * keys: one pass reads batch / 100 pages (about batch keys), a window
+ * chosen at random, never the whole table, and so costs the same at any
+ * size; a stale key is found after about as many passes as the table has
+ * windows (a stale key is harmless meanwhile: every reader of mail_key
+ * asks _mail_key_held, and the key's next insert takes the row over).
+ * Keys live in mail_live are passed over by a probe of its primary key
+ * (a subquery, which the planner does not turn into a join that would
+ * read all of mail_live); the others, claimed or stale, are asked
+ * _mail_key_held.  Candidates are locked
+ * first and tested again in the next statement, under its newer
+ * snapshot, for the reason the insert trigger does (src/mail.c,
+ * write_keys).
  */
 CREATE FUNCTION gatekeeper._mail_key_prune(batch int)
 RETURNS bigint
@@ -1326,16 +1337,25 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	span bigint := greatest(batch / 100, 1);
+	pages bigint := pg_relation_size('gatekeeper.mail_key') / current_setting('block_size')::bigint;
+	first bigint := 0;
 	locked tid[];
 	n bigint;
 BEGIN
+	IF pages > span THEN
+		first := floor(random() * ((pages + span - 1) / span))::bigint * span;
+	END IF;
 	locked := ARRAY(
 		SELECT k.ctid FROM gatekeeper.mail_key k
-		 WHERE NOT EXISTS (SELECT FROM gatekeeper.mail_live l
-							WHERE l.id = k.id AND l.queue = k.queue AND l.dedupe_key = k.dedupe_key)
-		   AND k.id NOT IN (SELECT r.id FROM gatekeeper.mail_claim c, unnest(c.mails) r
-							 WHERE NOT r.id = ANY (c.gone))
-		 LIMIT batch
+		 WHERE k.ctid = ANY (ARRAY(
+				SELECT w.ctid FROM gatekeeper.mail_key w
+				 WHERE w.ctid >= format('(%s,0)', first)::tid
+				   AND w.ctid < format('(%s,0)', first + span)::tid
+				   AND (SELECT l.id FROM gatekeeper.mail_live l
+						 WHERE l.id = w.id AND l.queue = w.queue
+						   AND l.dedupe_key = w.dedupe_key) IS NULL))
+		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)
 		   FOR UPDATE SKIP LOCKED);
 	DELETE FROM gatekeeper.mail_key k
 	 WHERE k.ctid = ANY (locked)
