@@ -471,11 +471,12 @@ scenario_sustained() {
 		bk_note sustained "wave $w: enqueue $(printf '%.0f' "$(bk_rate "$SUSTAINED_N" "$t0" "$t1")") mails/s, drain $(printf '%.0f' "$rate") mails/s"
 	done
 	bk_record sustained.last 1 "$rate"
-	bk_note sustained "$(bk_sql "SELECT format('after the waves: gatekeeper.mail is %s (indexes %s), mail_live %s, mail_done %s (with indexes); autovacuum ran %s times, autoanalyze %s; %s dead tuples left',
+	bk_note sustained "$(bk_sql "SELECT format('after the waves: gatekeeper.mail is %s (indexes %s), mail_live %s, mail_done %s, mail_claim %s (with indexes and TOAST); autovacuum ran %s times, autoanalyze %s; %s dead tuples left',
 		pg_size_pretty((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
 		pg_size_pretty((SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree('gatekeeper.mail'))),
 		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_live')),
 		pg_size_pretty((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('gatekeeper.mail_done'))),
+		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_claim')),
 		sum(autovacuum_count), sum(autoanalyze_count), sum(n_dead_tup))
 		FROM pg_stat_user_tables WHERE schemaname = 'gatekeeper' AND relname ~ '^mail'")"
 	bk_note sustained "during the waves mail_live was vacuumed $(($(bk_live_vacuums) - vacuums)) times by gatekeeper's vacuum worker"
@@ -487,7 +488,8 @@ scenario_sustained() {
 # STORAGE_WAVES waves of STORAGE_N mails with 1 kB bodies, each enqueued by
 # one INSERT ... SELECT and drained to completion by 4 claimers at batch
 # 1000, finished mail retained.  Then the on-disk size of the mail (heap,
-# TOAST and indexes of gatekeeper.mail, mail_live and mail_done) against
+# TOAST and indexes of gatekeeper.mail, mail_live, mail_done, mail_claim
+# and mail_key) against
 # the same rows' content in a plain table (bench_plain: identity primary
 # key, nothing else), and the drain rate of the last wave against the
 # first.  As a deployment with its own senders runs (bk_own_senders_begin).
@@ -518,18 +520,24 @@ scenario_storage() {
 	bk_record storage.size_gk 1 "$(bk_sql "SELECT sum(pg_total_relation_size(t.relid)) / 1048576.0
 		FROM (SELECT relid FROM pg_partition_tree('gatekeeper.mail')
 			  UNION ALL SELECT relid FROM pg_partition_tree('gatekeeper.mail_done')
-			  UNION ALL SELECT 'gatekeeper.mail_live'::regclass) t")"
-	bk_note storage "$(bk_sql "SELECT format('after %s waves of %s: gatekeeper.mail %s (heap and TOAST %s, indexes %s), mail_live %s, mail_done %s (with indexes); the same rows in a plain table %s',
+			  UNION ALL SELECT 'gatekeeper.mail_live'::regclass
+			  UNION ALL SELECT 'gatekeeper.mail_claim'::regclass
+			  UNION ALL SELECT 'gatekeeper.mail_key'::regclass) t")"
+	bk_note storage "$(bk_sql "SELECT format('after %s waves of %s: gatekeeper.mail %s (heap and TOAST %s, indexes %s), mail_live %s, mail_done %s, mail_claim %s, mail_key %s (with indexes and TOAST); the same rows in a plain table %s',
 		$STORAGE_WAVES, $STORAGE_N,
 		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'mail')),
 		pg_size_pretty(sum(pg_table_size(relid)) FILTER (WHERE t = 'mail')),
 		pg_size_pretty(sum(pg_indexes_size(relid)) FILTER (WHERE t = 'mail')),
 		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'live')),
 		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'done')),
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'claim')),
+		pg_size_pretty(sum(pg_total_relation_size(relid)) FILTER (WHERE t = 'key')),
 		pg_size_pretty(pg_total_relation_size('bench_plain')))
 		FROM (SELECT 'mail' AS t, relid FROM pg_partition_tree('gatekeeper.mail')
 			  UNION ALL SELECT 'done', relid FROM pg_partition_tree('gatekeeper.mail_done')
-			  UNION ALL SELECT 'live', 'gatekeeper.mail_live'::regclass) p")"
+			  UNION ALL SELECT 'live', 'gatekeeper.mail_live'::regclass
+			  UNION ALL SELECT 'claim', 'gatekeeper.mail_claim'::regclass
+			  UNION ALL SELECT 'key', 'gatekeeper.mail_key'::regclass) p")"
 	bk_note storage "$(bk_sql "SELECT format('during the waves mail_live was vacuumed %s times by gatekeeper''s vacuum worker; autovacuum %s times since the database was made',
 		vacuum_count - $vacuums, autovacuum_count) FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass")"
 	bk_own_senders_end
