@@ -1323,13 +1323,12 @@ $$;
  * size; a stale key is found after about as many passes as the table has
  * windows (a stale key is harmless meanwhile: every reader of mail_key
  * asks _mail_key_held, and the key's next insert takes the row over).
- * Keys live in mail_live are passed over by a probe of its primary key
- * (a subquery, which the planner does not turn into a join that would
- * read all of mail_live); the others, claimed or stale, are asked
- * _mail_key_held.  Candidates are locked
- * first and tested again in the next statement, under its newer
- * snapshot, for the reason the insert trigger does (src/mail.c,
- * write_keys).
+ * Keys live in mail_live are passed over by an index probe per key (a
+ * scalar subquery, which the planner does not turn into a join that
+ * would read all of mail_live); the others, claimed or stale, are asked
+ * _mail_key_held.  Candidates are locked first and tested again in the
+ * next statement, under its newer snapshot, for the reason the insert
+ * trigger does (src/mail.c, write_keys).
  */
 CREATE FUNCTION gatekeeper._mail_key_prune(batch int)
 RETURNS bigint
