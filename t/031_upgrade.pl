@@ -568,11 +568,13 @@ EXCEPTION WHEN OTHERS THEN
 	RETURN SQLSTATE;
 END
 $$;};
+# each keyed claimed mail's key, offered to another mail: 'inserted' or the SQLSTATE
+my $try_keys = qq{$insert_keyed
+SELECT string_agg(dedupe_key || ':' || pg_temp.insert_keyed(queue, dedupe_key), ',' ORDER BY id)
+  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL};
 my $mail_count = $node->safe_psql('updated', 'SELECT count(*) FROM gatekeeper.mail');
 is( $node->safe_psql(
-		'updated', qq{$insert_keyed
-SELECT string_agg(dedupe_key || ':' || pg_temp.insert_keyed(queue, dedupe_key), ',' ORDER BY id)
-  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
+		'updated', $try_keys),
 	'held-1:23505,again-1:23505,handed-1:23505,kept-1:23505,kept-2:23505,kept-3:23505,'
 	  . 'back-1:23505,spent-1:23505,lapsed-1:23505',
 	'updated: the key of each claimed mail refuses another mail (23505)');
@@ -607,9 +609,7 @@ is($new_ways->{'after acks'}, $old_ways->{'after acks'}, 'updated: the acked mai
 # once a claimed mail finished (sent, failed, unknown), its key is free;
 # the one reap() scheduled again holds it still
 is( $node->safe_psql(
-		'updated', qq{$insert_keyed
-SELECT string_agg(dedupe_key || ':' || pg_temp.insert_keyed(queue, dedupe_key), ',' ORDER BY id)
-  FROM gatekeeper.mail_status WHERE id = ANY ('$claimed') AND dedupe_key IS NOT NULL}),
+		'updated', $try_keys),
 	'held-1:inserted,again-1:inserted,handed-1:inserted,kept-1:inserted,kept-2:inserted,'
 	  . 'kept-3:inserted,back-1:23505,spent-1:inserted,lapsed-1:inserted',
 	'updated: the keys of finished mail are free again, the rescheduled one\'s not');
