@@ -103,3 +103,33 @@ SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats WHERE queue LIKE 'c
 SELECT gatekeeper.cancel_queue('cs_a') >= 0 AS cancelled, gatekeeper.cancel_queue('cs_b') >= 0 AS cancelled,
        gatekeeper.cancel_queue('cs_c') >= 0 AS cancelled;
 SELECT gatekeeper.drop_queue('cs_a'), gatekeeper.drop_queue('cs_b'), gatekeeper.drop_queue('cs_c');
+
+--
+-- TRUNCATE: the mails' state rows go with them, as with DELETE (in a
+-- transaction rolled back, so the other tests' mail stays)
+--
+BEGIN;
+SELECT gatekeeper.create_queue('cs_t');
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, dedupe_key)
+SELECT 'cs_t', 't' || g || '@example.com', 'T', 'b', 't' || g FROM generate_series(1, 4) AS g;
+SELECT id AS t0 FROM gatekeeper.mail WHERE queue = 'cs_t' ORDER BY id LIMIT 1 \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('t', 2, queues => '{cs_t}');
+SELECT gatekeeper.ack(:t0, 1) AS acked;
+TRUNCATE gatekeeper.mail RESTART IDENTITY;
+SELECT (SELECT count(*) FROM gatekeeper.mail_live) AS live,
+       (SELECT count(*) FROM gatekeeper.mail_claim) AS batches,
+       (SELECT count(*) FROM gatekeeper.mail_key) AS keys,
+       (SELECT count(*) FROM gatekeeper.mail_done) AS outcomes;
+SELECT queue, scheduled, claimed FROM gatekeeper.queue_stats WHERE queue = 'cs_t';
+SELECT gatekeeper.ack(:t0 + 1, 1) AS ack_truncated;
+-- the ids and the keys start again, clear of the old state
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, dedupe_key)
+SELECT 'cs_t', 't' || g || '@example.com', 'T', 'b', 't' || g FROM generate_series(1, 4) AS g;
+SELECT min(id) AS first_id, count(*) AS claimed FROM gatekeeper.claim('t', 10, queues => '{cs_t}');
+-- tables the TRUNCATE names itself are emptied by it, not again
+TRUNCATE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_claim;
+SELECT (SELECT count(*) FROM gatekeeper.mail_live) AS live,
+       (SELECT count(*) FROM gatekeeper.mail_claim) AS batches,
+       (SELECT count(*) FROM gatekeeper.mail_key) AS keys,
+       (SELECT count(*) FROM gatekeeper.mail_done) AS outcomes;
+ROLLBACK;

@@ -919,6 +919,37 @@ CREATE TRIGGER mail_sync_delete AFTER DELETE ON gatekeeper.mail
 	REFERENCING OLD TABLE AS old_mail
 	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._mail_sync();
 
+-- a TRUNCATE of gatekeeper.mail takes the mails' state rows along, as a
+-- DELETE does (_mail_sync): live rows, claimed batches, dedupe keys and
+-- outcomes, which would otherwise name contentless mail and, after
+-- RESTART IDENTITY, the ids of new mail.  A table the same TRUNCATE names
+-- is empty by now and left alone (truncating it again here would fail:
+-- the statement still holds it open).  Rotation truncates the partitions
+-- themselves, which does not fire this.
+CREATE FUNCTION gatekeeper._mail_truncate() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF EXISTS (SELECT FROM gatekeeper.mail_live) THEN
+		TRUNCATE gatekeeper.mail_live;
+	END IF;
+	IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+		TRUNCATE gatekeeper.mail_claim;
+	END IF;
+	IF EXISTS (SELECT FROM gatekeeper.mail_key) THEN
+		TRUNCATE gatekeeper.mail_key;
+	END IF;
+	IF EXISTS (SELECT FROM gatekeeper.mail_done) THEN
+		TRUNCATE gatekeeper.mail_done;
+	END IF;
+	RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER mail_truncate AFTER TRUNCATE ON gatekeeper.mail
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._mail_truncate();
+
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_0', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_1', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_2', '');
