@@ -713,19 +713,16 @@ CREATE FUNCTION gatekeeper._mail_truncate() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	t text;
+	held boolean;
 BEGIN
-	IF EXISTS (SELECT FROM gatekeeper.mail_live) THEN
-		TRUNCATE gatekeeper.mail_live;
-	END IF;
-	IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
-		TRUNCATE gatekeeper.mail_claim;
-	END IF;
-	IF EXISTS (SELECT FROM gatekeeper.mail_key) THEN
-		TRUNCATE gatekeeper.mail_key;
-	END IF;
-	IF EXISTS (SELECT FROM gatekeeper.mail_done) THEN
-		TRUNCATE gatekeeper.mail_done;
-	END IF;
+	FOREACH t IN ARRAY ARRAY['mail_live', 'mail_claim', 'mail_key', 'mail_done'] LOOP
+		EXECUTE format('SELECT EXISTS (SELECT FROM gatekeeper.%I)', t) INTO held;
+		IF held THEN
+			EXECUTE format('TRUNCATE gatekeeper.%I', t);
+		END IF;
+	END LOOP;
 	RETURN NULL;
 END
 $$;
