@@ -175,11 +175,17 @@ SELECT string_agg(format('%s:%s:%s:%s', recipient, attempt, uncharged,
 is($node->safe_psql('updated', "SELECT count(*) FROM gatekeeper.mail WHERE state = 'claimed' AND worker = 'w7'"),
 	'130', 'updated: ... and a claim of 130');
 # the batch rows a claim of these would make: per queue, worker and lease
-# (one claim statement of 0.1.0), one per 128 mails (CLAIM_BATCH_MAILS)
+# (one claim statement of 0.1.0), one per CLAIM_BATCH_MAILS mails, read
+# from src/claim.c so that the update's batching is held to the claim's
+open(my $claim_c, '<', 'src/claim.c') or die "src/claim.c: $!";
+my ($batch_mails) = join('', <$claim_c>) =~ /^#define\s+CLAIM_BATCH_MAILS\s+(\d+)/m
+  or die 'no CLAIM_BATCH_MAILS in src/claim.c';
+close $claim_c;
 my $claim_rows = $node->safe_psql(
-	'updated', q{
-SELECT sum((n + 127) / 128) FROM (SELECT count(*) AS n FROM gatekeeper.mail WHERE state = 'claimed'
-									GROUP BY queue, worker, lease_until) g});
+	'updated', qq{
+SELECT sum((n + $batch_mails - 1) / $batch_mails)
+  FROM (SELECT count(*) AS n FROM gatekeeper.mail WHERE state = 'claimed'
+		 GROUP BY queue, worker, lease_until) g});
 # the claims as their workers hold them: (id, attempt); w4's claim of
 # three is acked in one call (ack_batch, 0.1.0's array ack)
 my $claimed_attempts = $node->safe_psql('updated',
@@ -346,13 +352,13 @@ SELECT string_agg(format('%s %s %s attempt %s uncharged %s worker %s lease %s me
   FROM gatekeeper.mail_claim c, unnest(c.mails) r
  WHERE NOT r.id = ANY (c.gone)}),
 	$claims_before, 'updated: each claim open in one batch, with its attempt, worker and lease');
-# as a claim makes them: a queue's mails of one claim in rows of up to 128
-# of consecutive ids (rows of one claim do not overlap); a row's open
-# count, id range, queue and worker those of its records
+# as a claim makes them: a queue's mails of one claim in rows of up to
+# CLAIM_BATCH_MAILS of consecutive ids (rows of one claim do not overlap);
+# a row's open count, id range, queue and worker those of its records
 is( $node->safe_psql(
-		'updated', q{
+		'updated', qq{
 SELECT count(*),
-	   count(*) FILTER (WHERE o.n = c.open AND o.lo = c.lo AND o.hi = c.hi AND o.same AND o.n <= 128
+	   count(*) FILTER (WHERE o.n = c.open AND o.lo = c.lo AND o.hi = c.hi AND o.same AND o.n <= $batch_mails
 						  AND NOT EXISTS (
 							SELECT FROM gatekeeper.mail_claim d
 							 WHERE d.batch <> c.batch AND d.queue = c.queue
@@ -363,7 +369,7 @@ SELECT count(*),
 					   bool_and(r.queue = c.queue AND r.worker IS NOT DISTINCT FROM c.worker) AS same
 				  FROM unnest(c.mails) r WHERE NOT r.id = ANY (c.gone)) o}),
 	"$claim_rows|$claim_rows",
-	'updated: claims in batch rows of up to 128 consecutive ids per queue, worker and lease, as a claim makes them');
+	"updated: claims in batch rows of up to $batch_mails consecutive ids per queue, worker and lease, as a claim makes them");
 is( $node->safe_psql(
 		'updated',
 		"SELECT count(*) FROM gatekeeper.mail_live WHERE state <> 'scheduled' OR id = ANY ('$claimed')"),
