@@ -17,6 +17,11 @@
 --              without a transition table: the cheapest way to see each
 --              row with a function of ours while COPY keeps its multi-row
 --              inserts
+--   content_g  content plus a tag column whose default is a builtin
+--              current_setting() (no call of ours per row; it stands in
+--              for a number given each statement) with a btree index, and
+--              a statement trigger without a transition table that reads
+--              the statement's rows back through that index
 
 CREATE TABLE plain_h (LIKE bench_plain INCLUDING ALL);
 CREATE INDEX ON plain_h USING hash (recipient);
