@@ -1,6 +1,7 @@
 # Copyright: gatekeeper contributors
 
-# The update from 0.1.0 (the released version) to the current one.
+# The updates from the released versions (0.1.0 and 0.2.0) to the current
+# one.
 #
 # Database "updated": CREATE EXTENSION gatekeeper VERSION '0.1.0', data in
 # it (gates, queues with options, the built-in rows changed, mail in
@@ -32,6 +33,10 @@
 # transaction rolled back); a claimed mail's key refuses another mail
 # (23505) and enqueue() finds the claimed mail; once the mail finished the
 # key is free.
+#
+# Database "from020": CREATE EXTENSION gatekeeper VERSION '0.2.0', mail
+# in every state and claims held, then ALTER EXTENSION gatekeeper UPDATE:
+# the same objects as "fresh", and its data intact.
 
 use strict;
 use warnings;
@@ -53,6 +58,7 @@ isnt($current, '0.1.0', "the current version ($current) is not 0.1.0");
 
 $node->safe_psql('postgres', 'CREATE DATABASE updated');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('postgres', 'CREATE DATABASE from020');
 
 $node->safe_psql('updated', "CREATE EXTENSION gatekeeper VERSION '0.1.0'");
 $node->safe_psql('fresh', 'CREATE EXTENSION gatekeeper');
@@ -74,6 +80,46 @@ GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack
                           gatekeeper.nack_batch(bigint[], int[], text[], boolean) TO upgrade_worker;
 GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
 GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
+});
+
+# 0.2.0 in use: mail in every state, a claim held, passes, a suppression
+$node->safe_psql('from020', "CREATE EXTENSION gatekeeper VERSION '0.2.0'");
+is($node->safe_psql('from020', "SELECT extversion FROM pg_extension WHERE extname = 'gatekeeper'"),
+	'0.2.0', 'from020: 0.2.0 installed');
+$node->safe_psql('from020', q{
+GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack(bigint, int, text, boolean),
+                          gatekeeper.nack_batch(bigint[], int[], text[], boolean) TO upgrade_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
+GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
+});
+$node->safe_psql(
+	'from020', q{
+SELECT gatekeeper.create_gate('weekly', '7 days', 3);
+SELECT gatekeeper.create_queue('promo', gates => '{smart_sending,weekly}', on_gate_closed => 'defer',
+	max_attempts => 3, weight => 2, rate_limit => 1000, dedupe_window => '1 day');
+SELECT gatekeeper.create_queue('strict', gates => '{smart_sending}');
+SELECT gatekeeper.create_queue('once', delivery => 'at_most_once');
+SELECT gatekeeper.alter_queue('default', weight => 5);
+SELECT gatekeeper.alter_gate('smart_sending', period => '20 hours');
+SELECT gatekeeper.enqueue('sent@example.com', 'Sent', 'Body', queue => 'promo', dedupe_key => 'sent-1');
+SELECT gatekeeper.enqueue('failed@example.com', 'Failed', 'Body', queue => 'promo', dedupe_key => 'failed-1');
+SELECT gatekeeper.enqueue('held@example.com', 'Held', 'Body', queue => 'promo', dedupe_key => 'held-1');
+CREATE TEMP TABLE c AS SELECT * FROM gatekeeper.claim('w1', 10, lease => '1 hour', queues => '{promo}');
+SELECT gatekeeper.ack(id, attempt) FROM c WHERE recipient = 'sent@example.com';
+SELECT gatekeeper.nack(id, attempt, 'mailbox unavailable', true) FROM c WHERE recipient = 'failed@example.com';
+SELECT gatekeeper.gate_pass('smart_sending', 'passed@example.com');
+SELECT gatekeeper.gate_pass('weekly', 'capped@example.com', h) FROM generate_series(1, 3) AS h;
+SELECT gatekeeper.enqueue('passed@example.com', 'Suppressed', 'Body', queue => 'strict');
+SELECT gatekeeper.enqueue('late@example.com', 'Expired', 'Body', queue => 'strict',
+	send_at => now() - interval '2 hours', send_by => now() - interval '1 hour');
+SELECT gatekeeper.enqueue('lost@example.com', 'Unknown', 'Body', queue => 'once');
+SELECT count(*) FROM gatekeeper.claim('w3', 10, lease => '1 second', queues => '{strict,once}');
+SELECT pg_sleep(1.1);
+SELECT gatekeeper.reap();
+SELECT gatekeeper.enqueue('later@example.com', 'Later', 'Body', send_at => now() + interval '2 days',
+	dedupe_key => 'later-1');
+SELECT gatekeeper.cancel(gatekeeper.enqueue('gone@example.com', 'Gone', 'Body', send_at => now() + interval '1 day'));
+SELECT gatekeeper.suppress('news@example.com', 'manual');
 });
 
 # 0.1.0 in use
@@ -323,6 +369,20 @@ foreach my $what (sort keys %$before)
 	is($after->{$what}, $before->{$what}, "updated: $what intact");
 }
 
+my $before020 = data_snapshot('from020');
+foreach my $state (qw(scheduled claimed sent failed suppressed expired cancelled unknown))
+{
+	like($before020->{mail}, qr/\|$state\|/, "from020: mail $state before the update");
+}
+$node->safe_psql('from020', 'ALTER EXTENSION gatekeeper UPDATE');
+is($node->safe_psql('from020', "SELECT extversion FROM pg_extension WHERE extname = 'gatekeeper'"),
+	$current, "from020: ALTER EXTENSION gatekeeper UPDATE reaches $current");
+my $after020 = data_snapshot('from020');
+foreach my $what (sort keys %$before020)
+{
+	is($after020->{$what}, $before020->{$what}, "from020: $what intact");
+}
+
 # queue_stats' live counts (scheduled kept in mail_live_count from the
 # update on, claimed from the batches of mail_claim) against a count of
 # the live mail's states (claimed mail is in no row of mail_live: its
@@ -523,18 +583,22 @@ sub catalog
 foreach my $what (sort keys %catalog_queries)
 {
 	my $fresh = catalog('fresh', $what);
-	my $updated = catalog('updated', $what);
 	my %in_fresh = map { $_ => 1 } @$fresh;
-	my %in_updated = map { $_ => 1 } @$updated;
-	my @only_fresh = grep { !$in_updated{$_} } @$fresh;
-	my @only_updated = grep { !$in_fresh{$_} } @$updated;
 	ok(@$fresh > 0 || $what eq 'comments', "fresh: some $what to compare");
-	ok(!@only_fresh && !@only_updated,
-		"$what: the same after the update from 0.1.0 as in a fresh install")
-	  or diag(join("\n",
-		"$what differ:",
-		(map { "  only in fresh $current:   $_" } @only_fresh),
-		(map { "  only in updated 0.1.0:  $_" } @only_updated)));
+	foreach my $from ([ 'updated', '0.1.0' ], [ 'from020', '0.2.0' ])
+	{
+		my ($db, $version) = @$from;
+		my $updated = catalog($db, $what);
+		my %in_updated = map { $_ => 1 } @$updated;
+		my @only_fresh = grep { !$in_updated{$_} } @$fresh;
+		my @only_updated = grep { !$in_fresh{$_} } @$updated;
+		ok(!@only_fresh && !@only_updated,
+			"$what: the same after the update from $version as in a fresh install")
+		  or diag(join("\n",
+			"$what differ:",
+			(map { "  only in fresh $current:   $_" } @only_fresh),
+			(map { "  only in updated $version:  $_" } @only_updated)));
+	}
 }
 
 # ---------------------------------------------------------------- works after

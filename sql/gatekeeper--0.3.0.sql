@@ -1,0 +1,2617 @@
+/* gatekeeper--0.3.0.sql */
+
+\echo Use "CREATE EXTENSION gatekeeper" to load this file. \quit
+
+/*
+ * States of a mail.  scheduled and claimed are live; the rest are terminal.
+ */
+CREATE TYPE gatekeeper.state AS ENUM (
+	'scheduled', 'claimed', 'sent', 'failed', 'suppressed', 'expired',
+	'cancelled', 'unknown'
+);
+
+/*
+ * Gates: at most max_sends passes per recipient within period.
+ */
+CREATE TABLE gatekeeper.gate (
+	name		text PRIMARY KEY CHECK (name <> ''),
+	id			int GENERATED ALWAYS AS IDENTITY UNIQUE,
+	period		interval NOT NULL
+		CHECK (period BETWEEN interval '1 second' AND interval '87660 hours'),
+	max_sends	int NOT NULL DEFAULT 1 CHECK (max_sends BETWEEN 1 AND 10000),
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	altered		boolean NOT NULL DEFAULT false
+);
+
+/*
+ * The gate log.  Live passes are kept in shared memory (see src/gate.c);
+ * every change to them is also logged here, in the same transaction: one
+ * row per call and gate for the passes made (the recipients' keys, the
+ * holders, NULL when no pass had one, and the expiry, stamped with the
+ * period in force), one per call and gate for the passes given back
+ * (released, with the latest expiry of those passes).  After a restart the
+ * first use of the gates replays the unexpired rows in id order.  purge()
+ * deletes expired rows.
+ */
+CREATE TABLE gatekeeper.gate_log (
+	id			bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	gate		int NOT NULL,
+	released	boolean NOT NULL,
+	expires		timestamptz NOT NULL,
+	recipients	text[] NOT NULL,
+	holders		bigint[]
+);
+
+-- a row can hold thousands of recipients: compress it with lz4 where the
+-- server has it, which costs a fraction of pglz's time
+DO $$
+BEGIN
+	IF EXISTS (SELECT FROM pg_catalog.pg_settings
+				WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals)) THEN
+		ALTER TABLE gatekeeper.gate_log ALTER COLUMN recipients SET COMPRESSION lz4;
+	END IF;
+END
+$$;
+
+/*
+ * The name of this extension's space in the gates' shared memory: a random
+ * number drawn when the extension is created, so that a dropped and
+ * re-created extension never meets its predecessor's passes (see
+ * src/gate_log.c).  Not dumped: a restored database draws its own.
+ */
+CREATE TABLE gatekeeper.gate_space (
+	id			bigint NOT NULL
+);
+INSERT INTO gatekeeper.gate_space (id)
+VALUES (('x' || left(pg_catalog.gen_random_uuid()::text, 8)
+			 || left(pg_catalog.gen_random_uuid()::text, 8))::bit(64)::bigint);
+
+/*
+ * Queues: a campaign, flow or tenant, and its policy.  tokens and
+ * refilled_at are the rate limit's token bucket.
+ */
+CREATE TABLE gatekeeper.queue (
+	name		text PRIMARY KEY CHECK (name <> ''),
+	gates		text[] NOT NULL DEFAULT '{}',
+	on_gate_closed text NOT NULL DEFAULT 'suppress'
+		CHECK (on_gate_closed IN ('suppress', 'defer')),
+	delivery	text NOT NULL DEFAULT 'at_least_once'
+		CHECK (delivery IN ('at_least_once', 'at_most_once')),
+	max_attempts int NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
+	weight		int NOT NULL DEFAULT 1 CHECK (weight >= 1),
+	rate_limit	int CHECK (rate_limit >= 1),
+	dedupe_window interval
+		CHECK (dedupe_window BETWEEN interval '1 second' AND interval '87660 hours'),
+	paused		boolean NOT NULL DEFAULT false,
+	tokens		float8 NOT NULL DEFAULT 0,
+	refilled_at timestamptz,
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	altered		boolean NOT NULL DEFAULT false,
+	transactional boolean NOT NULL DEFAULT false,
+	unsubscribe_url text,
+	send_window text,
+	timezone	text NOT NULL DEFAULT 'UTC',
+	background	boolean NOT NULL DEFAULT true,
+	notify		boolean NOT NULL DEFAULT false
+);
+
+COMMENT ON COLUMN gatekeeper.queue.background IS 'the background workers claim its mail; false: only external claimers do';
+COMMENT ON COLUMN gatekeeper.queue.notify IS 'NOTIFY gatekeeper, ''<queue>'' when its mail is due (at the commit that makes it due, or when it comes due)';
+
+INSERT INTO gatekeeper.queue (name) VALUES ('default');
+INSERT INTO gatekeeper.gate (name, period, max_sends) VALUES ('smart_sending', interval '16 hours', 1);
+
+/*
+ * The suppression list: addresses that must not be mailed (src/suppression.c).
+ * address is the key the gates use (ASCII letters lower-cased); queue NULL
+ * means every queue.  One row per address and scope; the unique index is
+ * the one the claim probes, once per distinct recipient of a batch.
+ */
+CREATE TABLE gatekeeper.suppression_list (
+	address		text NOT NULL CHECK (address <> ''),
+	queue		text CHECK (queue <> ''),
+	reason		text NOT NULL
+		CHECK (reason IN ('hard_bounce', 'complaint', 'unsubscribe', 'manual')),
+	detail		text,
+	mail_id		bigint,
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	CONSTRAINT suppression_list_address_queue UNIQUE NULLS NOT DISTINCT (address, queue)
+);
+
+/*
+ * The secret that signs unsubscribe tokens (src/unsubscribe.c): 32 random
+ * bytes drawn at CREATE EXTENSION.  No role but the extension's owner reads
+ * it.  pg_dump keeps it, so that tokens in mail already sent still work in
+ * a restored database; a row inserted (a restore) replaces the one CREATE
+ * EXTENSION made.
+ */
+CREATE TABLE gatekeeper.unsubscribe_secret (
+	secret		bytea NOT NULL CHECK (length(secret) BETWEEN 32 AND 64)
+);
+
+CREATE FUNCTION gatekeeper._new_secret()
+RETURNS bytea
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_new_secret';
+
+CREATE FUNCTION gatekeeper._secret_insert() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM gatekeeper.unsubscribe_secret;
+	RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER unsubscribe_secret_insert BEFORE INSERT ON gatekeeper.unsubscribe_secret
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper._secret_insert();
+
+INSERT INTO gatekeeper.unsubscribe_secret (secret) VALUES (gatekeeper._new_secret());
+
+/*
+ * The mail lives in three tables (README, "Storage"):
+ *
+ *   mail		what the application enqueued (by enqueue, INSERT or COPY):
+ *				written once, never rewritten by gatekeeper
+ *   mail_live	one narrow row per mail still to go (scheduled or claimed):
+ *				its claim state, which claims, nacks and reaps update
+ *   mail_done	one narrow row per finished mail: its outcome
+ *
+ * The statement-level trigger on mail validates the statement's rows and
+ * writes their mail_live rows, in the same statement.  A mail that
+ * finishes leaves mail_live at once (a delete of a narrow row) and gains
+ * its mail_done row, so claims walk only live mail however much finished
+ * mail is retained, and neither a claim nor an ack rewrites the content.
+ * gatekeeper.mail_status joins the three for the owner's queries.
+ *
+ * Retention.  mail and mail_done are partitioned into four segments,
+ * mail_0 .. mail_3 and mail_done_0 .. mail_done_3; new mail goes to the
+ * current segment (gatekeeper.segment).  Once the current segment is
+ * half of gatekeeper.retention old, purge() rotates: the next segment,
+ * the oldest, is emptied by TRUNCATE when all of its finished mail
+ * finished longer than gatekeeper.retention ago, after its live mail
+ * (scheduled far ahead, or retried) has been moved to the current one;
+ * then it becomes the current segment.  Finished mail is kept at least
+ * gatekeeper.retention and about twice that at most, and no mail is ever
+ * deleted row by row.
+ *
+ *   mail_due		scheduled mail by queue, priority, due time
+ *   mail_lease		claimed mail by lease expiry, for reaping (every way out
+ *					of claimed clears lease_until)
+ *   mail_dedupe	at most one live mail per queue and dedupe key
+ *   mail_done_key	finished mail by dedupe key, for the dedupe window and find()
+ *   mail_finished	finished mail by finish time, for rotation (BRIN)
+ *   mail_recipient	mail by recipient, for history() (hash)
+ */
+CREATE TABLE gatekeeper.segment (
+	current		smallint NOT NULL CHECK (current BETWEEN 0 AND 3),
+	rotated_at	timestamptz NOT NULL
+);
+INSERT INTO gatekeeper.segment (current, rotated_at) VALUES (0, now());
+
+-- the segment new mail goes to: gatekeeper.segment's, read once per
+-- transaction (src/mail.c)
+CREATE FUNCTION gatekeeper._segment()
+RETURNS smallint
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_segment';
+
+CREATE TABLE gatekeeper.mail (
+	id			bigint GENERATED BY DEFAULT AS IDENTITY (CACHE 100),
+	queue		text NOT NULL DEFAULT 'default',
+	recipient	text NOT NULL,
+	sender		text,
+	subject		text NOT NULL,
+	body		text NOT NULL,
+	html		text,
+	headers		jsonb,
+	dedupe_key	text,
+	priority	int NOT NULL DEFAULT 0,
+	send_at		timestamptz NOT NULL DEFAULT now(),
+	send_by		timestamptz,
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	-- the setting when the library is loaded, else the function (src/mail.c)
+	segment		smallint NOT NULL DEFAULT coalesce(
+		nullif(pg_catalog.current_setting('gatekeeper.current_segment', true), '')::smallint,
+		gatekeeper._segment()),
+	recipient_name text,
+	metadata	jsonb,
+	timezone	text,
+	PRIMARY KEY (id, segment)
+) PARTITION BY LIST (segment);
+CREATE TABLE gatekeeper.mail_0 PARTITION OF gatekeeper.mail FOR VALUES IN (0);
+CREATE TABLE gatekeeper.mail_1 PARTITION OF gatekeeper.mail FOR VALUES IN (1);
+CREATE TABLE gatekeeper.mail_2 PARTITION OF gatekeeper.mail FOR VALUES IN (2);
+CREATE TABLE gatekeeper.mail_3 PARTITION OF gatekeeper.mail FOR VALUES IN (3);
+
+CREATE TABLE gatekeeper.mail_live (
+	id			bigint PRIMARY KEY,
+	queue		text NOT NULL,
+	priority	int NOT NULL DEFAULT 0,
+	send_at		timestamptz NOT NULL,
+	state		gatekeeper.state NOT NULL DEFAULT 'scheduled',
+	attempt		int NOT NULL DEFAULT 0,
+	uncharged	int NOT NULL DEFAULT 0,
+	lease_until timestamptz,
+	worker		text,
+	message_id	text,
+	last_error	text,
+	dedupe_key	text,
+	segment		smallint NOT NULL
+);
+
+CREATE TABLE gatekeeper.mail_done (
+	id			bigint NOT NULL,
+	queue		text NOT NULL,
+	state		gatekeeper.state NOT NULL,
+	attempt		int NOT NULL DEFAULT 0,
+	uncharged	int NOT NULL DEFAULT 0,
+	send_at		timestamptz NOT NULL,
+	worker		text,
+	message_id	text,
+	last_error	text,
+	dedupe_key	text,
+	finished_at timestamptz NOT NULL,
+	segment		smallint NOT NULL,
+	PRIMARY KEY (id, segment)
+) PARTITION BY LIST (segment);
+CREATE TABLE gatekeeper.mail_done_0 PARTITION OF gatekeeper.mail_done FOR VALUES IN (0);
+CREATE TABLE gatekeeper.mail_done_1 PARTITION OF gatekeeper.mail_done FOR VALUES IN (1);
+CREATE TABLE gatekeeper.mail_done_2 PARTITION OF gatekeeper.mail_done FOR VALUES IN (2);
+CREATE TABLE gatekeeper.mail_done_3 PARTITION OF gatekeeper.mail_done FOR VALUES IN (3);
+
+COMMENT ON COLUMN gatekeeper.mail.metadata IS 'the application''s own (campaign ids, tags): returned by claim, never sent';
+COMMENT ON COLUMN gatekeeper.mail.segment IS 'the retention segment (partition) holding the mail: the current one when it was enqueued';
+COMMENT ON COLUMN gatekeeper.mail_live.attempt IS 'claims so far; (id, attempt) names one claim';
+COMMENT ON COLUMN gatekeeper.mail_live.uncharged IS 'claims handed back unsent because no relay was reachable; not counted against max_attempts';
+COMMENT ON COLUMN gatekeeper.mail_live.send_at IS 'when the mail is due: the enqueued send_at, moved by retries and deferrals';
+
+/*
+ * Every claim and every ack leaves a dead narrow row in mail_live, and
+ * dead entries in mail_due are what every claim walks past: vacuum it
+ * after 1% and unthrottled.  It stays as small as the live mail.
+ */
+ALTER TABLE gatekeeper.mail_live SET (
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 1000,
+	autovacuum_analyze_scale_factor = 0.02,
+	autovacuum_vacuum_cost_delay = 0
+);
+
+CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id)
+	WHERE state = 'scheduled';
+CREATE INDEX mail_lease ON gatekeeper.mail_live (lease_until)
+	WHERE lease_until IS NOT NULL;
+CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
+	WHERE dedupe_key IS NOT NULL;
+CREATE INDEX mail_done_key ON gatekeeper.mail_done (queue, dedupe_key, finished_at)
+	WHERE dedupe_key IS NOT NULL;
+-- BRIN: outcomes arrive in finish order, and only rotation asks; a btree
+-- entry per ack cost the drain more than rotation's look ever saves
+CREATE INDEX mail_finished ON gatekeeper.mail_done USING brin (finished_at);
+-- hash: history() asks by equality; a hash entry is a third of a btree
+-- entry of an address and costs COPY less to insert (no collated compares)
+CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
+
+/*
+ * Claimed mail, in batch rows of up to 128 mails of consecutive ids of
+ * one queue's share of a claim (CLAIM_BATCH_MAILS in src/claim.c, which
+ * bounds what an ack of one mail reads and rewrites): a claim moves the mails it takes out of mail_live into the
+ * records of mails, so that neither the claim nor the ack writes a new
+ * version of a live row per mail (bench/notes.md, "Claimed mail out of
+ * mail_live").  mails is not rewritten once inserted (but by _rotate,
+ * which moves claimed mail's content to a new segment too, under a lock
+ * no ack passes): a mail that leaves the batch alone (a single ack) is
+ * added to gone and open falls; the batch is deleted when its last open
+ * mail leaves.  The records carry
+ * each mail's claim state as mail_live would (state claimed, attempt,
+ * worker, message id, segment); the lease is the batch's.
+ *
+ *   mail_claim_ids		batches by the range lo .. hi their ids lie in, the
+ *						ack's first test (GiST: a btree on lo would walk
+ *						every batch below the id, however far)
+ *   mail_claim_lease	batches by lease expiry, for reaping
+ */
+CREATE TABLE gatekeeper.mail_claim (
+	batch		bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	queue		text NOT NULL,
+	worker		text,
+	lease_until timestamptz NOT NULL,
+	lo			bigint NOT NULL,
+	hi			bigint NOT NULL,
+	open		int NOT NULL,
+	gone		bigint[] NOT NULL DEFAULT '{}',
+	mails		gatekeeper.mail_live[] NOT NULL
+);
+CREATE INDEX mail_claim_ids ON gatekeeper.mail_claim USING gist (int8range(lo, hi, '[]'));
+CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
+
+COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
+COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is not rewritten (but for a segment rotation)';
+
+/*
+ * The dedupe keys of unfinished mail: one row per keyed mail that is
+ * scheduled (in mail_live) or claimed (open in a mail_claim batch), so a
+ * claimed mail keeps its key although its live row is gone.  The insert
+ * trigger of gatekeeper.mail writes the rows of the statement's keyed
+ * mails (src/mail.c); a second unfinished mail with the key fails there
+ * with 23505 on mail_key_pkey.
+ *
+ * Nothing removes a row when its mail finishes: that would put a write
+ * into every ack and every other way out, and the ack is the drain's hot
+ * path.  A row whose mail is neither in mail_live nor open in a batch
+ * under that queue and key (_mail_key_held) is stale instead: the next
+ * insert of the key takes it over, and purge() deletes the rest.  Both
+ * lock the row first and only then test it in a later statement, whose
+ * snapshot sees the holder as the row's last writer left it: a holder
+ * moves between mail_live, mail_claim and mail_done in single
+ * transactions and never comes back from mail_done, so a holder seen
+ * finished is finished.
+ *
+ * mail_dedupe stays on mail_live: find() looks scheduled mail up by it,
+ * and it still refuses two scheduled mails with one key wherever rows
+ * enter mail_live (an update of a mail's key, a hand-back, a restore).
+ */
+CREATE TABLE gatekeeper.mail_key (
+	queue		text NOT NULL,
+	dedupe_key	text NOT NULL,
+	id			bigint NOT NULL,
+	PRIMARY KEY (queue, dedupe_key)
+);
+
+COMMENT ON TABLE gatekeeper.mail_key IS 'the dedupe keys of unfinished (scheduled or claimed) mail; a row whose mail finished is stale until the key''s next insert or purge()';
+
+-- whether mail id is unfinished under this queue and key: a scheduled
+-- live row, or an open record of a claimed batch
+CREATE FUNCTION gatekeeper._mail_key_held(id bigint, queue text, dedupe_key text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT EXISTS (SELECT FROM gatekeeper.mail_live l
+				WHERE l.id = $1 AND l.queue = $2 AND l.dedupe_key = $3)
+	OR EXISTS (SELECT FROM gatekeeper.mail_claim c, unnest(c.mails) r
+				WHERE int8range(c.lo, c.hi, '[]') @> $1 AND c.queue = $2
+				  AND r.id = $1 AND r.dedupe_key = $3 AND NOT r.id = ANY (c.gone))
+$$;
+
+CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
+	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
+
+-- one call per INSERT or COPY statement, over all its rows (see src/mail.c)
+CREATE TRIGGER mail_check_insert
+	AFTER INSERT ON gatekeeper.mail
+	REFERENCING NEW TABLE AS new_mail
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
+
+CREATE TRIGGER mail_check_update
+	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers,
+		recipient_name, timezone
+	ON gatekeeper.mail
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper.mail_check();
+
+/*
+ * pg_dump and pg_restore.  pg_dump dumps the rows of gatekeeper's tables
+ * (config tables: the extension's objects themselves are not dumped) and
+ * the values of its identity sequences; pg_restore runs CREATE EXTENSION,
+ * then loads them.  Two things make a restored database whole:
+ *
+ * Sequences.  Ids go on after the restored rows' instead of colliding
+ * with them (enqueue, gate_pass and create_gate would fail with 23505).
+ *
+ * Built-in rows.  CREATE EXTENSION makes the queue default and the gate
+ * smart_sending; pg_dump skips them while they are as it made them.  Once
+ * such a row changes, or is made again after a drop, altered is set and
+ * pg_dump dumps it; a row inserted with altered set (a restore) replaces
+ * the unaltered one that CREATE EXTENSION made in the new database.
+ *
+ * The mail loads into its partitions, past the validation trigger (it was
+ * valid when it was enqueued); see below for a load through the
+ * partitioned tables.
+ */
+COMMENT ON COLUMN gatekeeper.queue.altered IS 'the default queue was changed since CREATE EXTENSION made it: pg_dump dumps it';
+COMMENT ON COLUMN gatekeeper.gate.altered IS 'the smart_sending gate was changed since CREATE EXTENSION made it: pg_dump dumps it';
+
+-- a built-in row inserted with altered set replaces the unaltered one
+CREATE FUNCTION gatekeeper._queue_builtin_insert() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF NEW.altered THEN
+		DELETE FROM gatekeeper.queue q WHERE q.name = NEW.name AND NOT q.altered;
+	END IF;
+	NEW.altered := true;
+	RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION gatekeeper._gate_builtin_insert() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	replaced int;
+BEGIN
+	IF NEW.altered THEN
+		DELETE FROM gatekeeper.gate g WHERE g.name = NEW.name AND NOT g.altered
+		RETURNING g.id INTO replaced;
+		IF replaced <> NEW.id THEN
+			DELETE FROM gatekeeper.gate_log l WHERE l.gate = replaced;
+		END IF;
+	END IF;
+	NEW.altered := true;
+	RETURN NEW;
+END
+$$;
+
+-- a built-in row that changes is altered
+CREATE FUNCTION gatekeeper._builtin_update() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	NEW.altered := true;
+	RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER queue_builtin_insert BEFORE INSERT ON gatekeeper.queue
+	FOR EACH ROW WHEN (NEW.name = 'default')
+	EXECUTE FUNCTION gatekeeper._queue_builtin_insert();
+CREATE TRIGGER queue_builtin_update BEFORE UPDATE ON gatekeeper.queue
+	FOR EACH ROW WHEN (OLD.name = 'default' AND NOT OLD.altered)
+	EXECUTE FUNCTION gatekeeper._builtin_update();
+CREATE TRIGGER gate_builtin_insert BEFORE INSERT ON gatekeeper.gate
+	FOR EACH ROW WHEN (NEW.name = 'smart_sending')
+	EXECUTE FUNCTION gatekeeper._gate_builtin_insert();
+CREATE TRIGGER gate_builtin_update BEFORE UPDATE ON gatekeeper.gate
+	FOR EACH ROW WHEN (OLD.name = 'smart_sending' AND NOT OLD.altered)
+	EXECUTE FUNCTION gatekeeper._builtin_update();
+
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.queue', 'WHERE name <> ''default'' OR altered');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate', 'WHERE name <> ''smart_sending'' OR altered');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate_log', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.suppression_list', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.unsubscribe_secret', '');
+
+/*
+ * pg_dump dumps the data of mail and mail_done into their partitions
+ * (mail_0, mail_done_0, ...), where the statement trigger of
+ * gatekeeper.mail does not fire, and mail_live's rows as they were.  A
+ * dump loaded through the partitioned tables instead
+ * (--load-via-partition-root) passes the trigger, which sees a dump being
+ * loaded (src/gatekeeper.c, gatekeeper_loading_dump) and makes no live
+ * rows either.  Rows loaded through them otherwise (check_function_bodies
+ * on) get fresh live rows: a restored live row replaces the fresh one,
+ * and a restored outcome removes the live row of its mail.
+ */
+CREATE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF TG_TABLE_NAME = 'mail_live' THEN
+		UPDATE gatekeeper.mail_live l
+		   SET queue = NEW.queue, priority = NEW.priority, send_at = NEW.send_at, state = NEW.state,
+			   attempt = NEW.attempt, uncharged = NEW.uncharged, lease_until = NEW.lease_until,
+			   worker = NEW.worker, message_id = NEW.message_id, last_error = NEW.last_error,
+			   dedupe_key = NEW.dedupe_key, segment = NEW.segment
+		 WHERE l.id = NEW.id;
+		IF FOUND THEN
+			RETURN NULL;
+		END IF;
+		RETURN NEW;
+	END IF;
+	DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY (ARRAY(SELECT n.id FROM new_done n));
+	RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
+	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
+	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+
+/*
+ * mail_key is dumped with the rest: its rows load as they were, stale ones
+ * included (they stay stale).  A dump loaded through gatekeeper.mail with
+ * the trigger on has already written the keys of the mails it made live;
+ * a dumped row then replaces the key's row instead of failing.
+ */
+CREATE FUNCTION gatekeeper._mail_key_restore() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	UPDATE gatekeeper.mail_key k SET id = NEW.id
+	 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key;
+	IF FOUND THEN
+		RETURN NULL;
+	END IF;
+	RETURN NEW;
+END
+$$;
+
+-- gatekeeper's own inserts run inside the trigger of gatekeeper.mail
+CREATE TRIGGER mail_key_restore BEFORE INSERT ON gatekeeper.mail_key
+	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
+	EXECUTE FUNCTION gatekeeper._mail_key_restore();
+-- whether gatekeeper's own C code runs the statement now (src/gatekeeper.c)
+CREATE FUNCTION gatekeeper._own_statement() RETURNS boolean
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
+
+-- per statement, not per row: gatekeeper's own functions write outcomes
+-- at trigger depth 0 too (every ack), and a row trigger there cost a
+-- sixth of the drain; and not after the statements of gatekeeper's C code
+-- (every ack and claim), which move the live rows themselves
+CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
+	REFERENCING NEW TABLE AS new_done
+	FOR EACH STATEMENT
+	WHEN (pg_catalog.pg_trigger_depth() < 1 AND NOT gatekeeper._own_statement())
+	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+
+-- an update of a mail's queue, priority, send_at or dedupe key (by its
+-- owner) reaches its state rows: its live row, the record of the batch it
+-- is claimed in (src/claim.c), or its outcome; a deleted mail takes them
+-- along, and a claimed one leaves its batch as an ack takes it (the
+-- claimer's ack of it then returns false).  A claimed mail's record is
+-- rewritten in its batch under the batch's lock; one moved to another
+-- queue leaves its batch for a batch of its own in the new queue, with
+-- the same lease and worker (unless it is the batch's one open mail: the
+-- batch moves), so that the batches' queues stay the ones queue_stats and
+-- drop_queue count.  A claimed mail's new dedupe key is
+-- written into mail_key (23505 if an unfinished mail holds it), as a
+-- scheduled mail's is held by mail_dedupe.
+CREATE FUNCTION gatekeeper._mail_sync() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids bigint[];
+	attempts int[];
+	b gatekeeper.mail_claim;
+	r gatekeeper.mail_live;
+	pos int;
+BEGIN
+	IF TG_OP = 'DELETE' THEN
+		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
+		-- claimed mail: each open claim of a deleted mail, taken out of
+		-- its batch as an ack takes it (_take_claimed locks the batches
+		-- and skips what left them since this read); before the outcomes,
+		-- so that an ack this waited for has its outcome deleted too
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
+			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
+				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
+			 WHERE s.lo IS NOT NULL AND int8range(c.lo, c.hi, '[]') && int8range(s.lo, s.hi, '[]')
+			   AND NOT x.id = ANY (c.gone)
+			   AND x.id IN (SELECT o.id FROM old_mail o);
+			IF ids IS NOT NULL THEN
+				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
+			END IF;
+		END IF;
+		DELETE FROM gatekeeper.mail_done d
+		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
+		RETURN NULL;
+	END IF;
+	UPDATE gatekeeper.mail_live l
+	   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+						  ELSE l.send_at END
+	 WHERE l.id = NEW.id;
+	IF NOT FOUND THEN
+		-- claimed: the batch the mail is open in, locked, and its record
+		SELECT c.* INTO b FROM gatekeeper.mail_claim c
+		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
+						   WHERE int8range(k.lo, k.hi, '[]') @> NEW.id AND x.id = NEW.id
+							 AND NOT NEW.id = ANY (k.gone)
+						   LIMIT 1)
+		   FOR UPDATE;
+		IF FOUND AND NOT NEW.id = ANY (b.gone) THEN
+			SELECT i INTO pos FROM generate_subscripts(b.mails, 1) i
+			 WHERE (b.mails[i]).id = NEW.id;
+			r := b.mails[pos];
+			IF NEW.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				IF EXISTS (SELECT FROM gatekeeper.mail_live l
+							WHERE l.queue = NEW.queue AND l.dedupe_key = NEW.dedupe_key) THEN
+					RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_dedupe"'
+						USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_dedupe',
+							  DETAIL = format('A scheduled mail of queue %s holds dedupe key %s.',
+											  NEW.queue, NEW.dedupe_key);
+				END IF;
+				-- a stale row of the key is taken over (locked first, then
+				-- tested, as src/mail.c does); a held one fails the insert
+				PERFORM FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+				   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+				INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+				VALUES (NEW.queue, NEW.dedupe_key, NEW.id);
+			END IF;
+			IF r.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = r.queue AND k.dedupe_key = r.dedupe_key AND k.id = NEW.id;
+			END IF;
+			r.queue := NEW.queue;
+			r.priority := NEW.priority;
+			r.dedupe_key := NEW.dedupe_key;
+			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
+				r.send_at := NEW.send_at;
+			END IF;
+			IF NEW.queue = b.queue OR b.open = 1 THEN
+				-- the batch moves with its one open mail
+				UPDATE gatekeeper.mail_claim c SET queue = NEW.queue, mails[pos] = r
+				 WHERE c.batch = b.batch;
+			ELSE
+				IF b.open <= 1 THEN
+					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
+				ELSE
+					UPDATE gatekeeper.mail_claim c
+					   SET open = c.open - 1, gone = c.gone || NEW.id
+					 WHERE c.batch = b.batch;
+				END IF;
+				INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+				VALUES (NEW.queue, b.worker, b.lease_until, NEW.id, NEW.id, 1, ARRAY[r]);
+			END IF;
+		ELSE
+			-- it left the batch (handed back into mail_live, or finished)
+			-- while this waited for the batch's lock
+			UPDATE gatekeeper.mail_live l
+			   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+				   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+								  ELSE l.send_at END
+			 WHERE l.id = NEW.id;
+		END IF;
+	ELSIF NEW.dedupe_key IS NOT NULL
+		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
+		-- scheduled: mail_dedupe refuses a key another scheduled mail
+		-- holds; a claimed mail holds its key in mail_key
+		IF EXISTS (SELECT FROM gatekeeper.mail_key k
+					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+					  AND k.id <> NEW.id
+					  AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)) THEN
+			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
+				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
+					  DETAIL = format('A claimed mail of queue %s holds dedupe key %s.',
+									  NEW.queue, NEW.dedupe_key);
+		END IF;
+	END IF;
+	UPDATE gatekeeper.mail_done d
+	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
+	 WHERE d.id = NEW.id AND d.segment = NEW.segment
+	   AND (d.queue, d.dedupe_key) IS DISTINCT FROM (NEW.queue, NEW.dedupe_key);
+	RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER mail_sync_update AFTER UPDATE OF queue, priority, send_at, dedupe_key
+	ON gatekeeper.mail
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper._mail_sync();
+CREATE TRIGGER mail_sync_delete AFTER DELETE ON gatekeeper.mail
+	REFERENCING OLD TABLE AS old_mail
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._mail_sync();
+
+-- a TRUNCATE of gatekeeper.mail takes the mails' state rows along, as a
+-- DELETE does (_mail_sync): live rows, claimed batches, dedupe keys and
+-- outcomes, which would otherwise name contentless mail and, after
+-- RESTART IDENTITY, the ids of new mail.  A table the same TRUNCATE names
+-- is empty by now and left alone (truncating it again here would fail:
+-- the statement still holds it open).  Rotation truncates the partitions
+-- themselves, which does not fire this.
+CREATE FUNCTION gatekeeper._mail_truncate() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t text;
+	held boolean;
+BEGIN
+	FOREACH t IN ARRAY ARRAY['mail_live', 'mail_claim', 'mail_key', 'mail_done'] LOOP
+		EXECUTE format('SELECT EXISTS (SELECT FROM gatekeeper.%I)', t) INTO held;
+		IF held THEN
+			EXECUTE format('TRUNCATE gatekeeper.%I', t);
+		END IF;
+	END LOOP;
+	RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER mail_truncate AFTER TRUNCATE ON gatekeeper.mail
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._mail_truncate();
+
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_0', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_1', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_2', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_3', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_0', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_1', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_2', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_3', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_live', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim_batch_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_key', '');
+
+/*
+ * Every column the mail had in 0.1.0, then those 0.2.0 added to it, for
+ * the owner's queries: the content, and the state from whichever of
+ * mail_live and mail_done holds the mail.
+ */
+CREATE VIEW gatekeeper.mail_status AS
+SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+	   m.dedupe_key, m.priority,
+	   CASE WHEN l.id IS NOT NULL THEN l.send_at ELSE coalesce(d.send_at, m.send_at) END AS send_at,
+	   m.send_by,
+	   CASE WHEN l.id IS NOT NULL THEN l.state ELSE d.state END AS state,
+	   CASE WHEN l.id IS NOT NULL THEN l.attempt ELSE coalesce(d.attempt, 0) END AS attempt,
+	   CASE WHEN l.id IS NOT NULL THEN l.uncharged ELSE coalesce(d.uncharged, 0) END AS uncharged,
+	   l.lease_until,
+	   CASE WHEN l.id IS NOT NULL THEN l.worker ELSE d.worker END AS worker,
+	   CASE WHEN l.id IS NOT NULL THEN l.message_id ELSE d.message_id END AS message_id,
+	   CASE WHEN l.id IS NOT NULL THEN l.last_error ELSE d.last_error END AS last_error,
+	   m.created_at,
+	   d.finished_at,
+	   m.recipient_name,
+	   m.metadata,
+	   m.timezone
+  FROM gatekeeper.mail m
+  -- the live row, or the record of the batch the mail is claimed in
+  -- (with the batch's lease)
+  LEFT JOIN LATERAL (
+	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, l.lease_until, l.worker,
+		   l.message_id, l.last_error
+	  FROM gatekeeper.mail_live l
+	 WHERE l.id = m.id
+	UNION ALL
+	SELECT r.id, r.send_at, r.state, r.attempt, r.uncharged, c.lease_until, r.worker,
+		   r.message_id, r.last_error
+	  FROM gatekeeper.mail_claim c
+	 CROSS JOIN LATERAL unnest(c.mails) r
+	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	 LIMIT 1) l ON true
+  LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
+
+/*
+ * Internal helpers.
+ */
+
+-- an interval of a kind (period, dedupe_window, lease, delay) normalised to
+-- its length in microseconds, or 22023 outside the kind's bounds (src/validate.c)
+CREATE FUNCTION gatekeeper._duration(value interval, kind text)
+RETURNS interval
+LANGUAGE c IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_duration';
+
+-- raise 42704 unless the queue exists; returns its row, locked when asked
+CREATE FUNCTION gatekeeper._queue(queue_name text, lock boolean DEFAULT false)
+RETURNS gatekeeper.queue
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	q gatekeeper.queue;
+BEGIN
+	IF queue_name IS NULL THEN
+		RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF lock THEN
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = queue_name FOR UPDATE;
+	ELSE
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = queue_name;
+	END IF;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'queue "%" does not exist', queue_name
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'Create it with gatekeeper.create_queue().';
+	END IF;
+	RETURN q;
+END
+$$;
+
+-- validate queue policy arguments; NULL means "not given"
+CREATE FUNCTION gatekeeper._check_queue_policy(gates text[], on_gate_closed text, delivery text,
+	max_attempts int, weight int, rate_limit int, dedupe_window interval, altering boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	missing text;
+BEGIN
+	IF gates IS NOT NULL THEN
+		IF array_ndims(gates) > 1 THEN
+			RAISE EXCEPTION 'gates must be a one-dimensional array' USING ERRCODE = 'invalid_parameter_value';
+		END IF;
+		IF array_position(gates, NULL) IS NOT NULL THEN
+			RAISE EXCEPTION 'gate names must not be null' USING ERRCODE = 'null_value_not_allowed';
+		END IF;
+		SELECT g INTO missing FROM unnest(gates) AS g
+		 WHERE NOT EXISTS (SELECT FROM gatekeeper.gate WHERE name = g) LIMIT 1;
+		IF FOUND THEN
+			RAISE EXCEPTION 'gate "%" does not exist', missing
+				USING ERRCODE = 'undefined_object',
+					  HINT = 'Create it with gatekeeper.create_gate().';
+		END IF;
+	END IF;
+	IF on_gate_closed IS NOT NULL AND on_gate_closed NOT IN ('suppress', 'defer') THEN
+		RAISE EXCEPTION 'invalid on_gate_closed policy "%"', on_gate_closed
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'on_gate_closed must be suppress or defer.';
+	END IF;
+	IF delivery IS NOT NULL AND delivery NOT IN ('at_least_once', 'at_most_once') THEN
+		RAISE EXCEPTION 'invalid delivery guarantee "%"', delivery
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'delivery must be at_least_once or at_most_once.';
+	END IF;
+	IF max_attempts < 1 THEN
+		RAISE EXCEPTION 'max_attempts must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_attempts was %s.', max_attempts);
+	END IF;
+	IF weight < 1 THEN
+		RAISE EXCEPTION 'weight must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('weight was %s.', weight);
+	END IF;
+	IF rate_limit < 0 OR (NOT altering AND rate_limit = 0) THEN
+		RAISE EXCEPTION 'rate_limit must be positive'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('rate_limit was %s.', rate_limit),
+				  HINT = 'alter_queue(name, rate_limit => 0) removes a limit.';
+	END IF;
+	IF NOT (altering AND dedupe_window = interval '0') THEN
+		PERFORM gatekeeper._duration(dedupe_window, 'dedupe_window');
+	END IF;
+END
+$$;
+
+-- raise 54000 when notify is asked for a queue whose name cannot be a
+-- notification's payload (PostgreSQL takes less than 8000 bytes)
+CREATE FUNCTION gatekeeper._check_notify(queue text, notify boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF notify AND octet_length(queue) >= 8000 THEN
+		RAISE EXCEPTION 'queue name is too long for notify'
+			USING ERRCODE = 'program_limit_exceeded',
+				  DETAIL = format('The name has %s bytes; a NOTIFY payload must be shorter than 8000 bytes.',
+								  octet_length(queue));
+	END IF;
+END
+$$;
+
+/*
+ * Queues
+ */
+CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
+	on_gate_closed text DEFAULT 'suppress', delivery text DEFAULT 'at_least_once',
+	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
+	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
+	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
+	notify boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF create_queue.name IS NULL THEN
+		RAISE EXCEPTION 'queue name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_queue.name = '' THEN
+		RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF gates IS NULL OR on_gate_closed IS NULL OR delivery IS NULL OR max_attempts IS NULL OR weight IS NULL
+	   OR create_queue.transactional IS NULL OR create_queue.timezone IS NULL THEN
+		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts, weight, transactional and timezone must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_queue.background IS NULL OR create_queue.notify IS NULL THEN
+		RAISE EXCEPTION 'background and notify must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_notify(create_queue.name, create_queue.notify);
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, false);
+	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
+	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
+	BEGIN
+		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
+									  weight, rate_limit, dedupe_window, tokens, transactional,
+									  unsubscribe_url, send_window, timezone, background, notify)
+		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
+				on_gate_closed, delivery, max_attempts, weight, rate_limit,
+				gatekeeper._duration(dedupe_window, 'dedupe_window'), coalesce(rate_limit, 0),
+				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
+				create_queue.timezone, create_queue.background, create_queue.notify);
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
+	END;
+END
+$$;
+
+-- each argument NULL leaves its setting unchanged; unsubscribe_url => '' and
+-- send_window => '' remove them, as rate_limit => 0 and dedupe_window => '0' do
+CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
+	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
+	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
+	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
+	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
+	notify boolean DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	/*
+	 * Taking a queue from the background workers waits for the claims in
+	 * progress (each worker's claim holds ROW SHARE on gatekeeper.queue
+	 * from before it reads the queues): once this commits, no worker claim
+	 * that read the queue as its own is still running.
+	 */
+	IF alter_queue.background = false THEN
+		LOCK TABLE gatekeeper.queue IN EXCLUSIVE MODE;
+	END IF;
+	PERFORM gatekeeper._queue(alter_queue.name, true);
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, true);
+	PERFORM gatekeeper._check_notify(alter_queue.name, alter_queue.notify);
+	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
+	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
+	UPDATE gatekeeper.queue q
+	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
+							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
+		   on_gate_closed = coalesce(alter_queue.on_gate_closed, q.on_gate_closed),
+		   delivery = coalesce(alter_queue.delivery, q.delivery),
+		   max_attempts = coalesce(alter_queue.max_attempts, q.max_attempts),
+		   weight = coalesce(alter_queue.weight, q.weight),
+		   rate_limit = CASE WHEN alter_queue.rate_limit = 0 THEN NULL
+							 ELSE coalesce(alter_queue.rate_limit, q.rate_limit) END,
+		   tokens = CASE WHEN alter_queue.rate_limit IS NOT NULL THEN alter_queue.rate_limit ELSE q.tokens END,
+		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN NULL
+								ELSE coalesce(gatekeeper._duration(alter_queue.dedupe_window, 'dedupe_window'),
+											  q.dedupe_window) END,
+		   transactional = coalesce(alter_queue.transactional, q.transactional),
+		   unsubscribe_url = CASE WHEN alter_queue.unsubscribe_url = '' THEN NULL
+								  ELSE coalesce(alter_queue.unsubscribe_url, q.unsubscribe_url) END,
+		   send_window = CASE WHEN alter_queue.send_window = '' THEN NULL
+							  ELSE coalesce(alter_queue.send_window, q.send_window) END,
+		   timezone = coalesce(alter_queue.timezone, q.timezone),
+		   background = coalesce(alter_queue.background, q.background),
+		   notify = coalesce(alter_queue.notify, q.notify)
+	 WHERE q.name = alter_queue.name;
+END
+$$;
+
+-- drop_queue's end of the live counts: the queue's rows deleted, this
+-- transaction's changes to them set aside (src/live_count.c)
+CREATE FUNCTION gatekeeper._forget_live(queue text)
+RETURNS void
+LANGUAGE c
+STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_forget_live';
+
+CREATE FUNCTION gatekeeper.drop_queue(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	live bigint;
+BEGIN
+	IF drop_queue.name = 'default' THEN
+		RAISE EXCEPTION 'the default queue cannot be dropped' USING ERRCODE = 'reserved_name';
+	END IF;
+	PERFORM gatekeeper._queue(drop_queue.name, true);
+	-- wait out writers that may be adding mail to this queue, and hold off new ones
+	LOCK TABLE gatekeeper.mail IN SHARE MODE;
+	-- scheduled mail, and claimed mail still open in its batches, under one
+	-- snapshot: a claim or a hand-back moves mail between them in one commit
+	SELECT (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name)
+		   + (SELECT coalesce(sum(c.open), 0) FROM gatekeeper.mail_claim c
+			   WHERE c.queue = drop_queue.name)
+	  INTO live;
+	IF live > 0 THEN
+		RAISE EXCEPTION 'queue "%" still holds % live mail', drop_queue.name, live
+			USING ERRCODE = 'object_in_use',
+				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
+	END IF;
+	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
+	PERFORM gatekeeper._forget_live(drop_queue.name);
+END
+$$;
+
+CREATE FUNCTION gatekeeper.pause(queue text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._queue(pause.queue, true);
+	UPDATE gatekeeper.queue SET paused = true WHERE name = pause.queue;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.resume(queue text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._queue(resume.queue, true);
+	UPDATE gatekeeper.queue SET paused = false WHERE name = resume.queue;
+	PERFORM gatekeeper._wake();
+	-- its due mail may be claimed again: external senders of a notify queue hear of it
+	PERFORM gatekeeper._announce(q.name, now())
+	   FROM gatekeeper.queue q
+	  WHERE q.name = resume.queue AND q.notify
+		AND gatekeeper._first_due(q.name, '-infinity') <= now();
+END
+$$;
+
+CREATE FUNCTION gatekeeper.cancel(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF cancel.id IS NULL THEN
+		RAISE EXCEPTION 'id must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	WITH f AS (
+		DELETE FROM gatekeeper.mail_live l
+		 WHERE l.id = cancel.id AND l.state = 'scheduled'
+		RETURNING l.*
+	)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at, segment)
+	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+	  FROM f;
+	RETURN FOUND;
+END
+$$;
+
+-- cancel the scheduled mail of a queue that has this dedupe key (the
+-- application's own key for it); false when there is none
+CREATE FUNCTION gatekeeper.cancel(queue text, dedupe_key text)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	found_id bigint;
+BEGIN
+	IF cancel.queue IS NULL OR cancel.dedupe_key IS NULL THEN
+		RAISE EXCEPTION 'queue and dedupe_key must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._queue(cancel.queue);
+	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
+	 WHERE l.queue = cancel.queue AND l.dedupe_key = cancel.dedupe_key AND l.state = 'scheduled';
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	RETURN gatekeeper.cancel(found_id);
+END
+$$;
+
+CREATE FUNCTION gatekeeper.cancel_queue(queue text)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n bigint;
+BEGIN
+	PERFORM gatekeeper._queue(cancel_queue.queue);
+	WITH f AS (
+		DELETE FROM gatekeeper.mail_live l
+		 WHERE l.queue = cancel_queue.queue AND l.state = 'scheduled'
+		RETURNING l.*
+	)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at, segment)
+	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+	  FROM f;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+
+/*
+ * Gates
+ */
+
+-- validate gate arguments; NULL means "not given"
+CREATE FUNCTION gatekeeper._check_gate_policy(period interval, max_sends int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._duration(period, 'period');
+	IF max_sends NOT BETWEEN 1 AND 10000 THEN
+		RAISE EXCEPTION 'max_sends must be between 1 and 10000'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_sends was %s.', max_sends);
+	END IF;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.create_gate(name text, period interval, max_sends int DEFAULT 1)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF create_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_gate.name = '' THEN
+		RAISE EXCEPTION 'gate name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF period IS NULL OR max_sends IS NULL THEN
+		RAISE EXCEPTION 'period and max_sends must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_gate_policy(period, max_sends);
+	BEGIN
+		INSERT INTO gatekeeper.gate (name, period, max_sends)
+		VALUES (create_gate.name, gatekeeper._duration(period, 'period'), max_sends);
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'gate "%" already exists', create_gate.name USING ERRCODE = 'duplicate_object';
+	END;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.alter_gate(name text, period interval DEFAULT NULL, max_sends int DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF alter_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_gate_policy(period, max_sends);
+	-- running timers keep the period they were stamped with
+	UPDATE gatekeeper.gate g
+	   SET period = coalesce(gatekeeper._duration(alter_gate.period, 'period'), g.period),
+		   max_sends = coalesce(alter_gate.max_sends, g.max_sends)
+	 WHERE g.name = alter_gate.name;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'gate "%" does not exist', alter_gate.name USING ERRCODE = 'undefined_object';
+	END IF;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.drop_gate(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	g gatekeeper.gate;
+	user_queue text;
+BEGIN
+	IF drop_gate.name IS NULL THEN
+		RAISE EXCEPTION 'gate name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO g FROM gatekeeper.gate WHERE gate.name = drop_gate.name FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'gate "%" does not exist', drop_gate.name USING ERRCODE = 'undefined_object';
+	END IF;
+	SELECT q.name INTO user_queue FROM gatekeeper.queue q
+	 WHERE drop_gate.name = ANY (q.gates) ORDER BY q.name LIMIT 1;
+	IF FOUND THEN
+		RAISE EXCEPTION 'gate "%" is used by queue "%"', drop_gate.name, user_queue
+			USING ERRCODE = 'object_in_use',
+				  HINT = 'Remove it from the queue with gatekeeper.alter_queue(..., gates => ...) first.';
+	END IF;
+	DELETE FROM gatekeeper.gate_log WHERE gate = g.id;
+	DELETE FROM gatekeeper.gate WHERE id = g.id;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.gate_pass(gate text, recipient text, holder bigint DEFAULT NULL)
+RETURNS boolean
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_pass';
+
+CREATE FUNCTION gatekeeper.gate_pass_batch(gate text, recipients text[])
+RETURNS SETOF text
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_pass_batch';
+
+CREATE FUNCTION gatekeeper.gate_open(gate text, recipient text)
+RETURNS boolean
+LANGUAGE c STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_open';
+
+CREATE FUNCTION gatekeeper.gate_next_open(gate text, recipient text)
+RETURNS timestamptz
+LANGUAGE c STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_next_open';
+
+CREATE FUNCTION gatekeeper.gate_release(gate text, recipient text, holder bigint)
+RETURNS boolean
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_release';
+
+CREATE FUNCTION gatekeeper.explain(recipient text)
+RETURNS TABLE (gate text, open boolean, next_open timestamptz, sends_in_period int, max_sends int)
+LANGUAGE c STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_explain';
+
+-- release every pass a mail holds (after a permanent failure)
+CREATE FUNCTION gatekeeper._release_mail(recipient text, holder bigint)
+RETURNS int
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_release_mail';
+
+-- the same for many mails, locking gate rows in the one global order
+CREATE FUNCTION gatekeeper._release_mails(recipients text[], holders bigint[])
+RETURNS int
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_release_mails';
+
+-- drop expired passes from shared memory (purge calls it)
+CREATE FUNCTION gatekeeper._gate_sweep()
+RETURNS bigint
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_sweep';
+
+-- give a recipient's live passes new expiries (for tests at a window's edge)
+CREATE FUNCTION gatekeeper._gate_restamp(gate text, recipient text, expires timestamptz[])
+RETURNS void
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_restamp';
+
+-- what the gates hold in shared memory, for the gatekeeper.gate_memory view
+CREATE FUNCTION gatekeeper._gate_memory(OUT bytes_used bigint, OUT bytes_total bigint,
+	OUT entries bigint, OUT full_refusals bigint)
+RETURNS SETOF record
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_gate_memory_stats';
+
+-- the key an address is kept under in the suppression list, or 22023
+CREATE FUNCTION gatekeeper._address_key(address text)
+RETURNS text
+LANGUAGE c IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_address_key';
+
+-- raise 22023 unless each of a sending window and a time zone not NULL is valid
+CREATE FUNCTION gatekeeper._check_window(send_window text, timezone text)
+RETURNS void
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_check_window';
+
+-- at when inside the window in the zone, else the window's next opening
+-- (the claim's computation, for tests at fixed times)
+CREATE FUNCTION gatekeeper._window_open(send_window text, timezone text, at timestamptz)
+RETURNS timestamptz
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_window_open';
+
+-- raise 22023 (54000 when too long) unless url can be queue's unsubscribe_url
+CREATE FUNCTION gatekeeper._check_unsubscribe_url(url text, queue text)
+RETURNS void
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_check_unsubscribe_url_sql';
+
+-- the signed token for a recipient and a queue, as the claim puts it in the URL
+CREATE FUNCTION gatekeeper._unsubscribe_token(recipient text, queue text)
+RETURNS text
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_unsubscribe_token';
+
+-- a sender parsed (bare address, display name) and the From field written for it;
+-- name, when given, is the display name instead (a recipient_name)
+CREATE FUNCTION gatekeeper._mailbox(value text, name text DEFAULT NULL,
+	OUT address text, OUT display_name text, OUT field text)
+RETURNS record
+LANGUAGE c IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mailbox';
+
+-- add a suppression entry for an address key; true when new.  An entry
+-- that exists keeps its row, but takes the new reason when that stops more
+-- (hard_bounce or manual over unsubscribe or complaint)
+CREATE FUNCTION gatekeeper._suppress(address_key text, reason text, queue text,
+	detail text, mail_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	inserted boolean;
+BEGIN
+	INSERT INTO gatekeeper.suppression_list AS s (address, queue, reason, detail, mail_id)
+	VALUES (address_key, _suppress.queue, _suppress.reason, _suppress.detail, _suppress.mail_id)
+	ON CONFLICT ON CONSTRAINT suppression_list_address_queue DO UPDATE
+	   SET reason = EXCLUDED.reason, detail = EXCLUDED.detail, mail_id = EXCLUDED.mail_id
+	 WHERE s.reason IN ('unsubscribe', 'complaint')
+	   AND EXCLUDED.reason IN ('hard_bounce', 'manual')
+	RETURNING (xmax = 0) INTO inserted;
+	RETURN coalesce(inserted, false);
+END
+$$;
+
+-- which of these mails (recipient i to queue i) the claim would suppress, and why
+CREATE FUNCTION gatekeeper._suppressed(recipients text[], queues text[])
+RETURNS TABLE (recipient text, queue text, reason text)
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_suppressed';
+
+/*
+ * Enqueue
+ */
+CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	new_id bigint;
+	q gatekeeper.queue;
+	violated text;
+BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR queue IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body, queue and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF priority IS NULL THEN
+		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF dedupe_key IS NULL THEN
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, priority, send_by, recipient_name, metadata, timezone)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
+				recipient_name, metadata, timezone)
+		RETURNING id INTO new_id;
+		RETURN new_id;
+	END IF;
+
+	q := gatekeeper._queue(enqueue.queue);
+	/*
+	 * An unfinished mail with this key wins, scheduled or claimed; so does
+	 * one sent within the queue's dedupe window.  Otherwise insert: the
+	 * trigger takes over the key's row if its mail has finished since.  If
+	 * a concurrent enqueue of the same key got there first (its row holds
+	 * the key in mail_key), the next round finds its mail.
+	 */
+	FOR round IN 1..10 LOOP
+		/*
+		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
+		 * moves its live row's key, not its mail_key row.
+		 */
+		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
+		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = enqueue.queue AND k.dedupe_key = enqueue.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		IF q.dedupe_window IS NOT NULL THEN
+			SELECT d.id INTO new_id FROM gatekeeper.mail_done d
+			 WHERE d.queue = enqueue.queue AND d.dedupe_key = enqueue.dedupe_key
+			   AND d.state = 'sent' AND d.finished_at > now() - q.dedupe_window
+			 ORDER BY d.finished_at DESC LIMIT 1;
+			IF FOUND THEN
+				RETURN new_id;
+			END IF;
+		END IF;
+		BEGIN
+			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+										 headers, dedupe_key, priority, send_by, recipient_name,
+										 metadata, timezone)
+			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+					priority, send_by, recipient_name, metadata, timezone)
+			RETURNING id INTO new_id;
+			RETURN new_id;
+		EXCEPTION WHEN unique_violation THEN
+			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
+				RAISE;
+			END IF;
+		END;
+	END LOOP;
+	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
+		USING ERRCODE = 'serialization_failure';
+END
+$$;
+
+/*
+ * Claim and report
+ */
+CREATE FUNCTION gatekeeper.claim(worker text, batch int DEFAULT 100,
+	lease interval DEFAULT '5 minutes', queues text[] DEFAULT NULL)
+RETURNS TABLE (id bigint, attempt int, queue text, recipient text, recipient_name text,
+			   sender text, subject text, body text, html text, headers jsonb,
+			   message_id text, metadata jsonb)
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- the claim's generic plan cannot see its LIMIT and is costed for 10% of the
+-- table: on a big table that crosses jit_above_cost, and compiling costs
+-- tens of milliseconds for a statement that touches one batch by index
+SET jit = off
+AS 'MODULE_PATHNAME', 'gatekeeper_claim';
+
+/*
+ * Take claimed mails out of their batches in mail_claim, each only if its
+ * claim (id, attempt) is still open there; returns their records.  The
+ * caller writes what became of them (src/claim.c).
+ */
+CREATE FUNCTION gatekeeper._take_claimed(ids bigint[], attempts int[])
+RETURNS SETOF gatekeeper.mail_live
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_take_claimed';
+
+CREATE FUNCTION gatekeeper.ack(id bigint, attempt int)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF ack.id IS NULL OR ack.attempt IS NULL THEN
+		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at, segment)
+	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
+	RETURN FOUND;
+END
+$$;
+
+-- ack for many claims at once: how many were still the caller's
+CREATE FUNCTION gatekeeper.ack_batch(ids bigint[], attempts int[])
+RETURNS int
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_ack_batch';
+
+-- gatekeeper.retry_delay as the setting means it (a bare number is milliseconds)
+CREATE FUNCTION gatekeeper._retry_delay()
+RETURNS interval
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry_delay_interval';
+
+-- does a relay's reply (an error text that starts with it) say the mailbox
+-- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
+-- or 553 without an enhanced code.  Policy and content refusals (5.7.x) and
+-- every other code do not.
+CREATE FUNCTION gatekeeper._hard_bounce(error text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN error ~ '^5[0-9][0-9][ -][245]\.[0-9]{1,3}\.[0-9]{1,3}([^0-9.]|$)'
+		THEN substring(error FROM '^5[0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})')
+			 IN ('5.1.1', '5.1.2', '5.1.3', '5.1.6', '5.1.10')
+		ELSE error ~ '^55[013]([ -]|$)' AND error !~ '^5[0-9][0-9][ -][0-9]+\.[0-9]'
+	END
+$$;
+
+CREATE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	m gatekeeper.mail_live;
+	recipient text;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+BEGIN
+	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- the claim, taken out of its batch if it is still open there
+	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
+	IF NOT FOUND THEN
+		RETURN NULL;			-- not this claim's to report: it changes nothing
+	END IF;
+	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
+	tries := m.attempt - m.uncharged;
+
+	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at, segment)
+		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
+				m.message_id, error, m.dedupe_key, now(), m.segment);
+		SELECT c.recipient INTO recipient FROM gatekeeper.mail c
+		 WHERE c.id = m.id AND c.segment = m.segment;
+		-- the relay said the mailbox does not exist: never mail it again
+		IF permanent AND gatekeeper._hard_bounce(error) THEN
+			PERFORM gatekeeper._suppress(gatekeeper._address_key(recipient), 'hard_bounce',
+										 NULL, error, m.id);
+		END IF;
+		-- by what the mail holds, whatever its queue's gates are now
+		PERFORM gatekeeper._release_mail(recipient, m.id);
+		RETURN 'failed';
+	END IF;
+
+	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
+	base := gatekeeper._retry_delay();
+	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+	delay := delay / 2 + delay / 2 * random();
+	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+									  lease_until, worker, message_id, last_error, dedupe_key, segment)
+	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
+			NULL, m.worker, m.message_id, error, m.dedupe_key, m.segment);
+	IF q.notify THEN
+		PERFORM gatekeeper._announce(m.queue, now() + delay);
+	END IF;
+	RETURN 'scheduled';
+END
+$$;
+
+-- nack for many claims at once, each element as nack() would do it; returns
+-- how many were still the caller's.  The claims' batches are locked in
+-- batch order (_take_claimed, as ack_batch locks them), hard bounces
+-- suppressed in address order and the passes of the mail that failed given
+-- back in one sorted release, so that concurrent batches do not deadlock.
+-- A retried mail goes back into mail_live, a failed one into mail_done.
+CREATE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
+	permanent boolean DEFAULT false)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	e record;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+	n int := 0;
+	bounce_keys text[] := '{}';
+	bounce_errors text[] := '{}';
+	bounce_ids bigint[] := '{}';
+	release_recipients text[] := '{}';
+	release_holders bigint[] := '{}';
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR errors IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts, errors and permanent must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR array_ndims(errors) > 1
+	   OR cardinality(ids) <> cardinality(attempts) OR cardinality(ids) <> cardinality(errors) THEN
+		RAISE EXCEPTION 'ids, attempts and errors must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL
+	   OR array_position(errors, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'ids, attempts and errors must not contain nulls'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+
+	base := gatekeeper._retry_delay();
+	/*
+	 * The claims still open, all taken out of their batches at once (the
+	 * function scan reads them all before the first row comes back), each
+	 * with the error of its first element.
+	 */
+	FOR e IN SELECT t AS m, u.error, c.recipient
+			   FROM gatekeeper._take_claimed(ids, attempts) t
+			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
+					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
+					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
+			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
+			  ORDER BY t.id
+	LOOP
+		n := n + 1;
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
+		tries := (e.m).attempt - (e.m).uncharged;
+
+		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+											  message_id, last_error, dedupe_key, finished_at, segment)
+			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
+					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
+			-- the relay said the mailbox does not exist: never mail it again
+			IF permanent AND gatekeeper._hard_bounce(e.error) THEN
+				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
+				bounce_errors := bounce_errors || e.error;
+				bounce_ids := bounce_ids || (e.m).id;
+			END IF;
+			release_recipients := release_recipients || e.recipient;
+			release_holders := release_holders || (e.m).id;
+			CONTINUE;
+		END IF;
+
+		-- exponential backoff with equal jitter, as nack()'s
+		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+		delay := delay / 2 + delay / 2 * random();
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
+				(e.m).uncharged, NULL, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
+				(e.m).segment);
+		IF q.notify THEN
+			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
+		END IF;
+	END LOOP;
+
+	FOR e IN SELECT b.key, b.error, b.id
+			   FROM unnest(bounce_keys, bounce_errors, bounce_ids) AS b(key, error, id)
+			  ORDER BY b.key, b.id
+	LOOP
+		PERFORM gatekeeper._suppress(e.key, 'hard_bounce', NULL, e.error, e.id);
+	END LOOP;
+	-- by what the mail holds, whatever its queue's gates are now
+	IF cardinality(release_recipients) > 0 THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
+	RETURN n;
+END
+$$;
+
+-- the lease is per batch row (up to 128 mails of one claim): see README,
+-- "A lease is held by a batch"
+CREATE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	lease_end timestamptz;
+	held gatekeeper.mail_claim;
+BEGIN
+	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	lease_end := now() + gatekeeper._duration(lease, 'lease');
+	-- the batch row the claim is still open in, locked (the lock rechecks
+	-- the row it waited for)
+	SELECT c.* INTO held FROM gatekeeper.mail_claim c
+	 WHERE int8range(c.lo, c.hi, '[]') @> extend.id AND NOT extend.id = ANY (c.gone)
+	   AND EXISTS (SELECT FROM unnest(c.mails) r
+					WHERE r.id = extend.id AND r.attempt = extend.attempt)
+	   FOR UPDATE OF c;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	-- a lease is the batch row's: a longer one is given to the row, whose
+	-- mails the same worker claimed together and extends together; a
+	-- shorter one is this mail's alone, in a row of its own
+	IF lease_end >= held.lease_until OR held.open = 1 THEN
+		UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
+		 WHERE c.batch = held.batch;
+	ELSE
+		INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+		SELECT t.queue, held.worker, lease_end, t.id, t.id, 1, ARRAY[t]
+		  FROM gatekeeper._take_claimed(ARRAY[extend.id], ARRAY[extend.attempt]) t;
+	END IF;
+	RETURN true;
+END
+$$;
+
+-- hand claimed mail back unsent and uncharged: no relay could be reached
+CREATE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int;
+	due timestamptz;
+	back_queues text[];
+	back_due timestamptz[];
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR cardinality(ids) <> cardinality(attempts) THEN
+		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'ids and attempts must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	due := now() + gatekeeper._duration(delay, 'delay');
+	-- the claims still open, out of their batches and back into mail_live
+	WITH back AS (
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
+			   t.uncharged + 1, NULL, t.worker, t.message_id, error, t.dedupe_key, t.segment
+		  FROM gatekeeper._take_claimed(ids, attempts) t
+		RETURNING mail_live.queue, mail_live.send_at
+	)
+	SELECT count(*), array_agg(b.queue), array_agg(b.send_at) INTO n, back_queues, back_due FROM back b;
+	-- external senders listening for a notify queue hear of it
+	PERFORM gatekeeper._announce(b.queue, min(b.due))
+	   FROM unnest(back_queues, back_due) AS b(queue, due)
+	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
+	  GROUP BY b.queue;
+	RETURN n;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.reap()
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int;
+	release_recipients text[];
+	release_holders bigint[];
+	back_queues text[];
+	back_due timestamptz[];
+BEGIN
+	/*
+	 * at_most_once: the mail may have gone, so it is never sent again.
+	 * at_least_once: back to scheduled, unless its attempts are spent;
+	 * it keeps its gate passes, which its next claim re-passes.  Mail that
+	 * failed gives its passes back, all in one sorted release.  Claimed
+	 * mail is in batches (gatekeeper.mail_claim): a lapsed batch is
+	 * deleted and the mails still open in it are judged; a mail whose
+	 * queue is gone goes back to scheduled rather than nowhere.
+	 */
+	WITH lapsed AS (
+		DELETE FROM gatekeeper.mail_claim c
+		 WHERE c.batch = ANY (ARRAY(
+				SELECT l.batch FROM gatekeeper.mail_claim l
+				 WHERE l.lease_until < now()
+				   FOR UPDATE SKIP LOCKED))
+		RETURNING c.gone, c.mails
+	), judged AS (
+		SELECT r.*,
+			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
+					WHEN r.attempt - r.uncharged >= q.max_attempts THEN 'failed'
+					ELSE 'scheduled' END AS outcome
+		  FROM lapsed e
+		 CROSS JOIN LATERAL unnest(e.mails) r
+		  LEFT JOIN gatekeeper.queue q ON q.name = r.queue
+		 WHERE NOT r.id = ANY (e.gone)
+	), back AS (
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.uncharged,
+			   NULL, NULL, j.message_id, 'lease expired', j.dedupe_key, j.segment
+		  FROM judged j
+		 WHERE j.outcome = 'scheduled'
+		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
+	), gone AS (
+		SELECT j.* FROM judged j WHERE j.outcome <> 'scheduled'
+	), done AS (
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at, segment)
+		SELECT g.id, g.queue, g.outcome::gatekeeper.state, g.attempt, g.uncharged, g.send_at, NULL,
+			   g.message_id, 'lease expired', g.dedupe_key, now(), g.segment
+		  FROM gone g
+		RETURNING mail_done.id, mail_done.state, mail_done.segment
+	)
+	SELECT (SELECT count(*) FROM back) + count(d.id),
+		   array_agg(m.recipient) FILTER (WHERE d.state = 'failed'),
+		   array_agg(d.id) FILTER (WHERE d.state = 'failed'),
+		   (SELECT array_agg(b.queue) FROM back b), (SELECT array_agg(b.send_at) FROM back b)
+	  INTO n, release_recipients, release_holders, back_queues, back_due
+	  FROM done d
+	  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment;
+	IF release_recipients IS NOT NULL THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
+	-- mail back to scheduled is due again: external senders of a notify queue hear of it
+	PERFORM gatekeeper._announce(b.queue, min(b.due))
+	   FROM unnest(back_queues, back_due) AS b(queue, due)
+	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
+	  GROUP BY b.queue;
+	RETURN n;
+END
+$$;
+
+-- the earliest send_at of scheduled mail in unpaused queues (only "queues",
+-- if given): when an external sender should claim next; the background
+-- worker asks it for the queues it serves
+CREATE FUNCTION gatekeeper.next_due(queues text[] DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH RECURSIVE lv(queue, p) AS (
+		SELECT q.name,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = q.name AND m.state = 'scheduled'
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM gatekeeper.queue q
+		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
+		UNION ALL
+		SELECT lv.queue,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority = lv.p
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+$$;
+
+/*
+ * Wake-ups for external senders (src/mail.c, src/worker.c): a queue with
+ * notify sends NOTIFY gatekeeper, '<queue>' when due mail for it commits,
+ * and the first background worker announces mail that comes due later,
+ * when it comes due.
+ */
+
+-- the earliest send_at after "after" of the queue's scheduled mail, one
+-- index probe per priority level
+CREATE FUNCTION gatekeeper._first_due(queue text, after timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH RECURSIVE lv(p) AS (
+		(SELECT m.priority FROM gatekeeper.mail_live m
+		  WHERE m.queue = $1 AND m.state = 'scheduled'
+		  ORDER BY m.priority DESC LIMIT 1)
+		UNION ALL
+		SELECT (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
+				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority = lv.p
+				   AND m.send_at > $2
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+$$;
+
+-- announce a notify queue's mail made due again (unclaim, reap): at commit
+-- when it is due by now, else by the worker when it comes due
+CREATE FUNCTION gatekeeper._announce(queue text, due timestamptz)
+RETURNS void
+LANGUAGE c STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_announce';
+
+-- for the first background worker: NOTIFY each notify queue among
+-- candidates (NULL: all of them) holding scheduled mail due in
+-- (since, upto]; then, for every notify queue, its earliest scheduled
+-- mail due after upto (NULL when none)
+CREATE FUNCTION gatekeeper._announce_due(candidates text[], since timestamptz, upto timestamptz)
+RETURNS TABLE (queue text, next_due timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM pg_catalog.pg_notify('gatekeeper', q.name)
+	   FROM gatekeeper.queue q
+	  WHERE q.notify AND NOT q.paused AND (candidates IS NULL OR q.name = ANY (candidates))
+		AND gatekeeper._first_due(q.name, since) <= upto;
+	RETURN QUERY
+		SELECT q.name, gatekeeper._first_due(q.name, upto)
+		  FROM gatekeeper.queue q WHERE q.notify
+		 ORDER BY q.name;
+END
+$$;
+
+/*
+ * Rotate the retention segments (see gatekeeper.mail): when the current
+ * segment is half of retention old and the next one holds no mail that
+ * finished within retention, move the next one's live mail to the current
+ * segment, empty it by TRUNCATE and make it current.  Gives up, to try
+ * again on a later purge, when the next segment's mail is too recent or
+ * its tables stay locked by others for a second.  Returns the finished
+ * mails removed.
+ */
+CREATE FUNCTION gatekeeper._rotate(retention interval)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s gatekeeper.segment;
+	nxt smallint;
+	removed bigint;
+	timeout text := current_setting('lock_timeout');
+BEGIN
+	SELECT * INTO s FROM gatekeeper.segment FOR UPDATE SKIP LOCKED;
+	IF NOT FOUND OR now() - s.rotated_at < retention / 2 THEN
+		RETURN 0;
+	END IF;
+	nxt := (s.current + 1) % 4;
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	BEGIN
+		PERFORM set_config('lock_timeout', '1s', true);
+		-- and mail_claim: the records of claimed mail in the segment are
+		-- rewritten below, and an ack reads them before it locks a batch
+		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
+					   'mail_' || nxt, 'mail_done_' || nxt);
+		PERFORM set_config('lock_timeout', timeout, true);
+	EXCEPTION WHEN lock_not_available THEN
+		PERFORM set_config('lock_timeout', timeout, true);
+		RETURN 0;
+	END;
+	-- under the locks, nothing enters the segment: look again
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	EXECUTE format(
+		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
+									dedupe_key, priority, send_at, send_by, created_at, segment,
+									recipient_name, metadata, timezone)
+		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
+				m.recipient_name, m.metadata, m.timezone
+		   FROM gatekeeper.%I m
+		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
+		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
+	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
+	-- claimed mail still open in its batch: its record names the new segment
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(
+			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
+						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
+								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
+								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).message_id, (c.mails[i]).last_error,
+								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
+						ELSE c.mails[i] END
+			  FROM generate_subscripts(c.mails, 1) AS i
+			 ORDER BY i)
+	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
+	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
+	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I', 'mail_' || nxt, 'mail_done_' || nxt);
+	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
+	RETURN removed;
+END
+$$;
+
+/*
+ * Delete the stale rows of mail_key (their mail finished and no insert of
+ * the key took them over since) in a window of its pages, so the table
+ * stays about as large as the keyed unfinished mail.  purge() calls it
+ * every few seconds, and mail scheduled far ahead can hold millions of
+ * keys: one pass reads batch / 100 pages (about batch keys), a window
+ * chosen at random, never the whole table, and so costs the same at any
+ * size; a stale key is found after about as many passes as the table has
+ * windows (a stale key is harmless meanwhile: every reader of mail_key
+ * asks _mail_key_held, and the key's next insert takes the row over).
+ * Keys live in mail_live are passed over by an index probe per key (a
+ * scalar subquery, which the planner does not turn into a join that
+ * would read all of mail_live); the others, claimed or stale, are asked
+ * _mail_key_held.  Candidates are locked first and tested again in the
+ * next statement, under its newer snapshot, for the reason the insert
+ * trigger does (src/mail.c, write_keys).
+ */
+CREATE FUNCTION gatekeeper._mail_key_prune(batch int)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	span bigint := greatest(batch / 100, 1);
+	pages bigint := pg_relation_size('gatekeeper.mail_key') / current_setting('block_size')::bigint;
+	first bigint := 0;
+	locked tid[];
+	n bigint;
+BEGIN
+	IF pages > span THEN
+		first := floor(random() * ((pages + span - 1) / span))::bigint * span;
+	END IF;
+	locked := ARRAY(
+		SELECT k.ctid FROM gatekeeper.mail_key k
+		 WHERE k.ctid = ANY (ARRAY(
+				SELECT w.ctid FROM gatekeeper.mail_key w
+				 WHERE w.ctid >= format('(%s,0)', first)::tid
+				   AND w.ctid < format('(%s,0)', first + span)::tid
+				   AND (SELECT l.id FROM gatekeeper.mail_live l
+						 WHERE l.id = w.id AND l.queue = w.queue
+						   AND l.dedupe_key = w.dedupe_key) IS NULL))
+		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)
+		   FOR UPDATE SKIP LOCKED);
+	DELETE FROM gatekeeper.mail_key k
+	 WHERE k.ctid = ANY (locked)
+	   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+
+/*
+ * Give mail_claim's space back once it holds no batch.  Every single ack,
+ * nack and hand-back writes a new version of its batch's row (with its
+ * TOASTed gone array) and the batch's last one deletes it, so a drained
+ * burst leaves the table, its TOAST and its indexes all dead, and nothing
+ * but a vacuum makes that space usable again: autovacuum comes by once a
+ * naptime, and until then every claim and ack goes on extending the
+ * files.  A table with no batch left is emptied by TRUNCATE instead, at
+ * once and whatever its size.  The lock is taken only if no one holds the
+ * table (a claim, ack or reader in progress), so nothing ever waits
+ * behind it; purge() tries again next time, as it does when a query of
+ * its own transaction still reads the table.  Only under READ COMMITTED,
+ * whose next statement sees every batch committed before the lock (a
+ * REPEATABLE READ snapshot could miss a batch and truncate it away).
+ * Returns whether it truncated.
+ */
+CREATE FUNCTION gatekeeper._mail_claim_shrink()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF pg_catalog.pg_relation_size('gatekeeper.mail_claim') = 0
+	   OR current_setting('transaction_isolation') <> 'read committed'
+	   OR EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+		RETURN false;
+	END IF;
+	BEGIN
+		LOCK TABLE gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE NOWAIT;
+		-- under the lock no batch comes or goes: look again, and if one
+		-- came meanwhile give the lock back (the block's subtransaction
+		-- ends in error) rather than hold it to the caller's commit
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			RAISE EXCEPTION 'mail_claim holds a batch' USING ERRCODE = 'object_in_use';
+		END IF;
+		TRUNCATE gatekeeper.mail_claim;
+	EXCEPTION WHEN lock_not_available OR object_in_use THEN
+		-- held by others, a batch came, or a query of this very
+		-- transaction reads the table
+		RETURN false;
+	END;
+	RETURN true;
+END
+$$;
+
+-- remove finished mail older than gatekeeper.retention, by rotating the
+-- retention segments, and a batch of expired gate log rows; sweep expired
+-- passes out of shared memory
+CREATE FUNCTION gatekeeper.purge(batch int DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	retention interval;
+	n bigint;
+	p bigint;
+BEGIN
+	IF batch IS NULL THEN
+		RAISE EXCEPTION 'batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF batch < 1 THEN
+		RAISE EXCEPTION 'batch must be positive' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	retention := coalesce(nullif(current_setting('gatekeeper.retention', true), '')::interval,
+						  interval '7 days');
+	n := gatekeeper._rotate(retention);
+	DELETE FROM gatekeeper.gate_log g
+	 WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e
+							   WHERE e.expires < now() LIMIT batch
+								 FOR UPDATE SKIP LOCKED))
+	   AND g.expires < now();
+	GET DIAGNOSTICS p = ROW_COUNT;
+	PERFORM gatekeeper._gate_sweep();
+	-- not counted: a stale key is no mail
+	PERFORM gatekeeper._mail_key_prune(batch);
+	-- a drained mail_claim's dead batches
+	PERFORM gatekeeper._mail_claim_shrink();
+	RETURN n + p;
+END
+$$;
+
+CREATE FUNCTION gatekeeper._wake()
+RETURNS void
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_wake';
+
+/*
+ * Suppression and unsubscribe
+ */
+CREATE FUNCTION gatekeeper.suppress(address text, reason text DEFAULT 'manual',
+	queue text DEFAULT NULL, detail text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF address IS NULL OR reason IS NULL THEN
+		RAISE EXCEPTION 'address and reason must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF reason NOT IN ('hard_bounce', 'complaint', 'unsubscribe', 'manual') THEN
+		RAISE EXCEPTION 'invalid suppression reason "%"', reason
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'reason must be hard_bounce, complaint, unsubscribe or manual.';
+	END IF;
+	IF suppress.queue IS NOT NULL THEN
+		PERFORM gatekeeper._queue(suppress.queue);
+	END IF;
+	RETURN gatekeeper._suppress(gatekeeper._address_key(address), reason, suppress.queue,
+								detail, NULL);
+END
+$$;
+
+CREATE FUNCTION gatekeeper.unsuppress(address text, queue text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF address IS NULL THEN
+		RAISE EXCEPTION 'address must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	DELETE FROM gatekeeper.suppression_list s
+	 WHERE s.address = gatekeeper._address_key(unsuppress.address)
+	   AND s.queue IS NOT DISTINCT FROM unsuppress.queue;
+	RETURN FOUND;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.unsubscribe(token text)
+RETURNS boolean
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_unsubscribe';
+
+/*
+ * Looking inside
+ */
+/*
+ * Queue totals (src/stats.c): mails enqueued and finished, per queue, kept
+ * in shared memory for queue_stats, so that a scrape never counts rows and
+ * purging never lowers them.  Every mail enters through the statement
+ * trigger of gatekeeper.mail (which counts it), and every way a mail
+ * finishes inserts its outcome into gatekeeper.mail_done, whose statement
+ * trigger counts the outcomes by queue and state; only committed work
+ * counts.  A deleted queue's totals go, so a new queue of that name starts
+ * at zero.
+ */
+CREATE FUNCTION gatekeeper._count_done() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_count_done';
+
+CREATE TRIGGER mail_done_count AFTER INSERT ON gatekeeper.mail_done
+	REFERENCING NEW TABLE AS new_done
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_done();
+
+CREATE FUNCTION gatekeeper._forget_queue() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_forget_queue';
+
+CREATE TRIGGER queue_forget AFTER DELETE ON gatekeeper.queue
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper._forget_queue();
+
+-- the totals of this database's queues since the server started or
+-- reset_stats(), by hashtextextended(name, 0) of the queue's name: no row
+-- for a queue that has counted nothing, none at all when the library was
+-- not preloaded (nothing is counted then)
+CREATE FUNCTION gatekeeper._queue_totals(OUT queue_hash bigint, OUT enqueued bigint,
+		OUT sent bigint, OUT failed bigint, OUT suppressed bigint, OUT expired bigint,
+		OUT cancelled bigint, OUT unknown bigint)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_queue_totals';
+
+CREATE FUNCTION gatekeeper.reset_stats()
+RETURNS void
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_reset_stats';
+
+COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats for every queue of this database';
+
+/*
+ * Live counts (src/live_count.c): how many of each queue's mails are
+ * scheduled, kept as mail_live changes, so that queue_stats never counts
+ * mail_live (claimed mail is no row of mail_live: queue_stats counts it
+ * from the open counts of mail_claim's batches).  The statement triggers of mail_live net each
+ * statement's rows by queue and add them, in the same transaction, to the
+ * rows of the backend that wrote them (slot: its backend id), so sessions
+ * never wait for each other here; a queue's counts are the sum of its
+ * rows.  The insert trigger of gatekeeper.mail counts the live rows it
+ * writes itself.  A transaction's changes are written once, as it
+ * commits.  ENABLE ALWAYS: the counts hold under session_replication_role
+ * = replica too.  drop_queue deletes the queue's rows (_forget_live), so
+ * a new queue of its name starts at zero.  A prepared transaction writes
+ * a row of its own (slot below zero); recount_live() folds those.
+ */
+CREATE TABLE gatekeeper.mail_live_count (
+	queue		text NOT NULL,
+	slot		int NOT NULL,
+	scheduled	bigint NOT NULL DEFAULT 0,
+	PRIMARY KEY (queue, slot)
+) WITH (fillfactor = 50);
+
+COMMENT ON TABLE gatekeeper.mail_live_count IS
+	'scheduled mail by queue, one row per queue and writing backend: a queue''s scheduled mail is the sum of its rows';
+
+CREATE FUNCTION gatekeeper._count_live() RETURNS trigger
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_count_live';
+
+CREATE TRIGGER mail_live_count_insert AFTER INSERT ON gatekeeper.mail_live
+	REFERENCING NEW TABLE AS new_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_live_count_update AFTER UPDATE ON gatekeeper.mail_live
+	REFERENCING OLD TABLE AS old_live NEW TABLE AS new_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_live_count_delete AFTER DELETE ON gatekeeper.mail_live
+	REFERENCING OLD TABLE AS old_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_live_count_truncate AFTER TRUNCATE ON gatekeeper.mail_live
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_insert;
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_update;
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
+
+/*
+ * Count mail_live afresh into mail_live_count, for counts that missed
+ * writes made with mail_live's triggers disabled (pg_restore
+ * --disable-triggers): waits for the transactions writing mail_live,
+ * keeps new ones waiting until it ends, and returns the live mails
+ * counted.  READ COMMITTED only.
+ */
+CREATE FUNCTION gatekeeper.recount_live() RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_recount_live';
+
+/*
+ * The due mail of a queue and the oldest of it (scheduled: the queue's
+ * scheduled mail, from mail_live_count), read from mail_due alone: each
+ * priority's due mail is the start of its range, found by a skip scan
+ * over the priorities as the claim does, its oldest in the same pass.
+ * due is counted on whichever side of now() holds fewer entries (the
+ * other is scheduled, less it, under the same snapshot): up to lim
+ * entries of each priority on each side in one pass, then eight times as
+ * many, so that the cost follows the smaller side, not the backlog.
+ */
+CREATE FUNCTION gatekeeper._live_due(queue text, scheduled bigint,
+	OUT due bigint, OUT oldest_due timestamptz)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+	lim bigint := 1000;
+	counted bigint;
+	cut_off boolean;
+	later bigint;
+	later_cut_off boolean;
+	t timestamptz := now();
+BEGIN
+	LOOP
+		-- each priority's first lim entries due and first lim not yet due
+		WITH RECURSIVE lv(p) AS (
+			(SELECT d.priority FROM gatekeeper.mail_live d
+			  WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+			  ORDER BY d.priority DESC LIMIT 1)
+			UNION ALL
+			SELECT (SELECT d.priority FROM gatekeeper.mail_live d
+					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled' AND d.priority < lv.p
+					 ORDER BY d.priority DESC LIMIT 1)
+			  FROM lv WHERE lv.p IS NOT NULL)
+		SELECT min(a.first), coalesce(sum(a.n), 0), coalesce(bool_or(a.n >= lim), false),
+			   coalesce(sum(b.n), 0), coalesce(bool_or(b.n >= lim), false)
+		  INTO oldest_due, counted, cut_off, later, later_cut_off
+		  FROM lv,
+			   LATERAL (
+				SELECT min(x.send_at) AS first, count(*) AS n
+				  FROM (SELECT d.send_at FROM gatekeeper.mail_live d
+						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+						   AND d.priority = lv.p AND d.send_at <= t
+						 ORDER BY d.send_at LIMIT lim) x) a,
+			   LATERAL (
+				SELECT count(*) AS n
+				  FROM (SELECT FROM gatekeeper.mail_live d
+						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+						   AND d.priority = lv.p AND d.send_at > t
+						 LIMIT lim) x) b
+		 WHERE lv.p IS NOT NULL;
+		IF NOT cut_off THEN
+			due := counted;
+			RETURN;
+		END IF;
+		IF NOT later_cut_off THEN
+			due := _live_due.scheduled - later;
+			RETURN;
+		END IF;
+		lim := lim * 8;
+	END LOOP;
+END
+$$;
+
+-- this transaction's changes to the live counts, not yet written (they
+-- are as it commits): queue_stats adds them, so that inside a transaction
+-- that changed live mail the counts agree with the mail_live it sees
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint)
+RETURNS SETOF record
+LANGUAGE c
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_live_pending';
+
+/*
+ * The live mail of every queue that has some, for queue_stats, without a
+ * scan of mail_live: scheduled from mail_live_count; due and
+ * the oldest due mail of the queues with at most 1,000 scheduled mails in
+ * one pass over their entries in mail_due, of larger queues by _live_due
+ * (planned for each, which costs what reading a few hundred entries
+ * does); claimed and the lapsed leases from the batches of mail_claim,
+ * their open counts (one row per claim in flight; claimed mail is no row
+ * of mail_live, so the counts have none).  SECURITY DEFINER: a role
+ * granted queue_stats reads these counts, not mail_live.  No JIT: the
+ * estimates of the index passes cross jit_above_cost, and compiling took
+ * 20-30 ms of a 50 ms call.
+ */
+CREATE FUNCTION gatekeeper._live_stats(OUT queue text, OUT scheduled bigint,
+	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint)
+RETURNS SETOF record
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+AS $$
+	WITH c AS MATERIALIZED (
+		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled
+		  FROM (SELECT w.queue, w.scheduled FROM gatekeeper.mail_live_count w
+				UNION ALL
+				SELECT p.queue, p.scheduled FROM gatekeeper._live_pending() p) n
+		 GROUP BY n.queue)
+	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
+		   min(u.oldest_due), sum(u.lapsed)::bigint
+	  FROM (
+		SELECT c.queue, c.scheduled, 0::bigint AS claimed, 0::bigint AS due,
+			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed
+		  FROM c
+		UNION ALL
+		SELECT d.queue, 0, 0, 1, d.send_at, 0
+		  FROM gatekeeper.mail_live d
+		 WHERE d.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
+		   AND d.state = 'scheduled' AND d.send_at <= now()
+		UNION ALL
+		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0
+		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
+		 WHERE c.scheduled > 1000
+		UNION ALL
+		-- claimed mail: the open mails of the batches in flight, and of
+		-- those whose lease ran out
+		SELECT k.queue, 0, k.open, 0, NULL, CASE WHEN k.lease_until < now() THEN k.open ELSE 0 END
+		  FROM gatekeeper.mail_claim k) u
+	 GROUP BY u.queue
+	HAVING sum(u.scheduled) + sum(u.claimed) > 0
+$$;
+
+-- the live mail (never the finished) from _live_stats(), totals from
+-- shared memory
+CREATE VIEW gatekeeper.queue_stats AS
+SELECT q.name AS queue,
+	   q.paused,
+	   coalesce(l.scheduled, 0) AS scheduled,
+	   coalesce(l.due, 0) AS due,
+	   coalesce(l.claimed, 0) AS claimed,
+	   now() - l.oldest_due AS oldest_due_age,
+	   coalesce(t.enqueued, 0) AS enqueued,
+	   coalesce(t.sent, 0) AS sent,
+	   coalesce(t.failed, 0) AS failed,
+	   coalesce(t.suppressed, 0) AS suppressed,
+	   coalesce(t.expired, 0) AS expired,
+	   coalesce(t.cancelled, 0) AS cancelled,
+	   coalesce(t.unknown, 0) AS unknown,
+	   coalesce(l.lease_expired, 0) AS lease_expired
+  FROM gatekeeper.queue q
+  LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
+  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
+
+COMMENT ON VIEW gatekeeper.queue_stats IS
+	'per queue: live mail (scheduled, due, claimed, oldest due age), totals that never go down (enqueued and each outcome), and claims whose lease ran out';
+
+-- value, or 22004 naming what when it is NULL
+CREATE FUNCTION gatekeeper._not_null(value anyelement, what text)
+RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF value IS NULL THEN
+		RAISE EXCEPTION '% must not be null', what USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	RETURN value;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.status(id bigint)
+RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
+			   last_error text, message_id text, finished_at timestamptz, metadata jsonb)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT s.id, s.queue, s.state, s.attempt, s.send_at, s.last_error, s.message_id,
+		   s.finished_at, s.metadata
+	  FROM gatekeeper.mail_status s
+	 WHERE s.id = gatekeeper._not_null($1, 'id')
+$$;
+
+CREATE FUNCTION gatekeeper.find(queue text, dedupe_key text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	found_id bigint;
+BEGIN
+	IF find.queue IS NULL OR find.dedupe_key IS NULL THEN
+		RAISE EXCEPTION 'queue and dedupe_key must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
+	 WHERE l.queue = find.queue AND l.dedupe_key = find.dedupe_key;
+	IF NOT FOUND THEN
+		-- a claimed mail: its key row, if the mail still holds it
+		SELECT k.id INTO found_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = find.queue AND k.dedupe_key = find.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+	END IF;
+	IF NOT FOUND THEN
+		SELECT d.id INTO found_id FROM gatekeeper.mail_done d
+		 WHERE d.queue = find.queue AND d.dedupe_key = find.dedupe_key
+		 ORDER BY d.finished_at DESC, d.id DESC LIMIT 1;
+	END IF;
+	RETURN found_id;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.history(recipient text, since timestamptz DEFAULT now() - interval '30 days')
+RETURNS TABLE (id bigint, queue text, state gatekeeper.state, send_at timestamptz,
+			   finished_at timestamptz, subject text, last_error text)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+	IF history.recipient IS NULL OR history.since IS NULL THEN
+		RAISE EXCEPTION 'recipient and since must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	RETURN QUERY
+	SELECT s.id, s.queue, s.state, s.send_at, s.finished_at, s.subject, s.last_error
+	  FROM gatekeeper.mail_status s
+	 WHERE s.recipient = history.recipient AND s.created_at >= history.since
+	 ORDER BY s.created_at, s.id;
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.status(bigint) IS 'a mail''s state, by id; for roles that cannot read gatekeeper.mail';
+COMMENT ON FUNCTION gatekeeper.find(text, text) IS 'the live, else the latest finished, mail with this dedupe key in this queue';
+COMMENT ON FUNCTION gatekeeper.history(text, timestamptz) IS 'the mail to one recipient enqueued since a time, oldest first';
+
+-- the gates' shared memory, the whole server's: bytes charged against
+-- gatekeeper.gate_memory, its size, entries, and gated mails claims deferred
+-- because it was full
+CREATE VIEW gatekeeper.gate_memory AS
+SELECT m.bytes_used, m.bytes_total, m.entries, m.full_refusals
+  FROM gatekeeper._gate_memory() AS m;
+
+-- the suppression list: address (lower-cased), queue (NULL: every queue),
+-- reason, detail (a bounce's reply), the mail that bounced, when
+CREATE VIEW gatekeeper.suppression AS
+SELECT s.address, s.queue, s.reason, s.detail, s.mail_id, s.created_at
+  FROM gatekeeper.suppression_list s;
+
+CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, OUT state text,
+		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
+		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint)
+	RETURNS SETOF record
+	LANGUAGE C VOLATILE STRICT
+	SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
+
+-- the background workers, from shared memory: what each is doing, the mail
+-- it holds, its relay connections, its breaker (closed: delivering; open:
+-- backing off after the relay refused the session or every MAIL FROM;
+-- half-open: trying again), and the relay's last refusal
+CREATE VIEW gatekeeper.worker_status AS
+SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
+	   w.last_success, w.last_error, w.last_error_at, w.sent_total
+  FROM gatekeeper._worker_status() AS w;
+
+COMMENT ON VIEW gatekeeper.worker_status IS
+	'one row per gatekeeper background worker: state, mail in flight, relay connections, breaker and last relay error';
+
+/*
+ * Privileges: nothing for PUBLIC.  The README gives the GRANTs for an
+ * enqueue-only role and a worker role.
+ */
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA gatekeeper FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA gatekeeper FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA gatekeeper FROM PUBLIC;
+REVOKE ALL ON TYPE gatekeeper.state FROM PUBLIC;
+REVOKE ALL ON SCHEMA gatekeeper FROM PUBLIC;
+
+-- workers waiting for CREATE EXTENSION start at once rather than after a nap
+SELECT gatekeeper._wake();
