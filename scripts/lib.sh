@@ -30,8 +30,10 @@ GK_BASE_PACKAGES=(
 	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd openssl
 )
 # The TAP tests need these on top (t/060_exporter.pl scrapes the exporter;
-# t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3).
-GK_TEST_PACKAGES=(prometheus-postgres-exporter python3-psycopg2)
+# t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3;
+# t/061_alert_rules.pl runs promtool, of Debian's prometheus package, whose
+# server is never started as a service: the tests run their own on loopback).
+GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
 

@@ -184,11 +184,93 @@ $body //= '';
 is(metric('gatekeeper_worker_up', qq{pid="$worker_pid"}), 1, 'worker up, labelled by its pid');
 is(metric('gatekeeper_worker_in_flight', qq{pid="$worker_pid"}), 0, 'worker in flight: nothing (its queues are reserved)');
 is(metric('gatekeeper_worker_relay_open', qq{pid="$worker_pid"}), 0, 'worker relay breaker: not open');
-is(metric('gatekeeper_worker_last_success_seconds', qq{pid="$worker_pid"}), 0, 'worker last success: never');
-my $started = metric('gatekeeper_worker_started_seconds', qq{pid="$worker_pid"});
+like($body, qr/^gatekeeper_worker_last_success_timestamp_seconds\{[^}]*pid="$worker_pid"[^}]*\} NaN$/m,
+	'worker last success: never, which is NaN, not 0');
+my $started = metric('gatekeeper_worker_started_timestamp_seconds', qq{pid="$worker_pid"});
 ok(defined $started && abs($started - time()) < 600, 'worker started: a time of this run')
-  or diag('started_seconds: ' . ($started // 'missing'));
+  or diag('started_timestamp_seconds: ' . ($started // 'missing'));
 like($body, qr/^# TYPE gatekeeper_worker_sent_total counter$/m, 'worker sent_total is a counter');
+
+# ---------------------------------------------------------------- Prometheus
+# Debian's Prometheus on loopback scrapes the exporter every second; every
+# panel of monitoring/dashboard.json must be an expression it accepts that
+# gives data here, and every rule of monitoring/alerts.yaml one it accepts.
+my $prometheus = '/usr/bin/prometheus';
+SKIP:
+{
+	skip "$prometheus is not installed", 1 unless -x $prometheus;
+
+	my $pdir = "$PostgreSQL::Test::Utils::tmp_check/prometheus";
+	mkdir $pdir;
+	my $pport = PostgreSQL::Test::Cluster::get_free_port();
+	PostgreSQL::Test::Utils::append_to_file("$pdir/prometheus.yml", <<"EOC");
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: gatekeeper
+    static_configs:
+      - targets: ['127.0.0.1:$port']
+EOC
+	my $ppid = fork();
+	die "fork: $!" unless defined $ppid;
+	if ($ppid == 0)
+	{
+		open(STDOUT, '>>', "$pdir/prometheus.log") or POSIX::_exit(126);
+		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
+		exec($prometheus, "--config.file=$pdir/prometheus.yml", "--storage.tsdb.path=$pdir/data",
+			"--web.listen-address=127.0.0.1:$pport", '--web.enable-lifecycle')
+		  or POSIX::_exit(127);
+	}
+	push @exporters, $ppid;
+
+	require JSON::PP;
+	my $json = JSON::PP->new;
+	# the result of one instant query, or undef when Prometheus refused it
+	my $query = sub {
+		my ($expr) = @_;
+		my $r = $http->get("http://127.0.0.1:$pport/api/v1/query?"
+			  . $http->www_form_urlencode({ query => $expr }));
+		return undef unless $r->{content} && $r->{content} =~ /^\{/;
+		return $json->decode($r->{content});
+	};
+	# three scrapes of the worker series at least, so rate() has samples
+	my $ready;
+	for (1 .. 300)
+	{
+		my $r = $query->('count_over_time(gatekeeper_worker_up[5m]) >= 3');
+		if ($r && $r->{status} eq 'success' && @{ $r->{data}{result} })
+		{
+			$ready = 1;
+			last;
+		}
+		usleep(100_000);
+	}
+	ok($ready, 'Prometheus scraped the exporter three times')
+	  or diag(slurp_file("$pdir/prometheus.log"));
+
+	my $dashboard = $json->decode(slurp_file("$FindBin::RealBin/../monitoring/dashboard.json"));
+	my @exprs = map { map { $_->{expr} } @{ $_->{targets} } } @{ $dashboard->{panels} };
+	ok(@exprs >= 10, 'the dashboard has panels with queries');
+	foreach my $expr (@exprs)
+	{
+		my $r = $query->($expr);
+		ok($r && $r->{status} eq 'success' && @{ $r->{data}{result} },
+			"dashboard query gives data: $expr")
+		  or diag($r ? $json->encode($r) : 'no answer');
+	}
+	my @rules = slurp_file("$FindBin::RealBin/../monitoring/alerts.yaml") =~ /^\s+expr: (?:>-\n)?(.*?)\n\s+(?:for|labels):/msg;
+	ok(@rules >= 5, 'alerts.yaml has rule expressions');
+	foreach my $expr (@rules)
+	{
+		$expr =~ s/\s+/ /g;
+		my $r = $query->($expr);
+		ok($r && $r->{status} eq 'success', "Prometheus evaluates the alert expression: $expr")
+		  or diag($r ? $json->encode($r) : 'no answer');
+	}
+	kill 'TERM', $ppid;
+	waitpid($ppid, 0);
+}
 
 
 done_testing();
