@@ -1,5 +1,6 @@
--- Privileges: nothing for PUBLIC; an enqueue-only application role and a
--- worker role get exactly what they need, with the GRANTs the README gives.
+-- Privileges: nothing for PUBLIC; an enqueue-only application role, a
+-- worker role and a monitoring role get exactly what they need, with the
+-- README's recipes (gatekeeper.grant(); 20_grant tests grant() itself).
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
@@ -12,39 +13,11 @@ CREATE ROLE regress_app_worker NOLOGIN;
 CREATE ROLE regress_nobody NOLOGIN;
 CREATE ROLE regress_monitor NOLOGIN;
 
--- enqueue-only: enqueue(), and INSERT/COPY of the columns an application writes
-GRANT USAGE ON SCHEMA gatekeeper TO regress_app_enqueue;
-GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
-                                             jsonb, text, int, timestamptz, text, jsonb, text) TO regress_app_enqueue;
-GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
-              priority, send_by, recipient_name, metadata, timezone) ON gatekeeper.mail TO regress_app_enqueue;
-GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO regress_app_enqueue;
-GRANT EXECUTE ON FUNCTION gatekeeper.status(bigint), gatekeeper.find(text, text),
-                          gatekeeper.history(text, timestamptz),
-                          gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO regress_app_enqueue;
-
--- worker: claim and report back, and look at the counts
-GRANT USAGE ON SCHEMA gatekeeper TO regress_app_worker;
-GRANT EXECUTE ON FUNCTION gatekeeper.claim(text, int, interval, text[]),
-                          gatekeeper.ack(bigint, int),
-                          gatekeeper.ack_batch(bigint[], int[]),
-                          gatekeeper.nack(bigint, int, text, boolean),
-                          gatekeeper.nack_batch(bigint[], int[], text[], boolean),
-                          gatekeeper.extend(bigint, int, interval),
-                          gatekeeper.reap(),
-                          gatekeeper.unclaim(bigint[], int[], text, interval)
-   TO regress_app_worker;
-GRANT SELECT ON gatekeeper.queue_stats TO regress_app_worker;
-GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO regress_app_worker;
-
--- monitoring: the counts and the gates' shared memory, not the mail
+-- the README's recipes: one grant() each
+SELECT gatekeeper.grant('regress_app_enqueue', 'enqueue');
+SELECT gatekeeper.grant('regress_app_worker', 'worker');
+SELECT gatekeeper.grant('regress_monitor', 'monitor');
 GRANT pg_monitor TO regress_monitor;
-GRANT USAGE ON SCHEMA gatekeeper TO regress_monitor;
-GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO regress_monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO regress_monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO regress_monitor;
-GRANT SELECT ON gatekeeper.worker_status TO regress_monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO regress_monitor;
 
 --
 -- the enqueue-only role
@@ -160,6 +133,7 @@ SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'p_app' GROUP B
 SELECT gatekeeper.cancel_queue('p_app') AS cancelled;
 DROP OWNED BY regress_app_enqueue, regress_app_worker, regress_nobody, regress_monitor;
 DROP ROLE regress_app_enqueue, regress_app_worker, regress_nobody, regress_monitor;
+DELETE FROM gatekeeper.role_grant;
 SELECT count(*) AS acl_entries_left
   FROM pg_class c, aclexplode(c.relacl) a
  WHERE c.relnamespace = 'gatekeeper'::regnamespace AND a.grantee <> c.relowner;

@@ -39,6 +39,7 @@ LANGUAGE sql AS $$
 		WHEN typ = 'boolean'::regtype THEN 'false'
 		WHEN typ = 'timestamptz'::regtype THEN 'now()'
 		WHEN typ = 'jsonb'::regtype THEN '''{}'''
+		WHEN typ = 'regrole'::regtype THEN 'current_user'
 		ELSE 'DEFAULT' END || '::' || typ::text
 $$;
 DO $$

@@ -2604,6 +2604,111 @@ COMMENT ON VIEW gatekeeper.worker_status IS
 	'one row per gatekeeper background worker: state, mail in flight, relay connections, breaker and last relay error';
 
 /*
+ * Roles given a use of gatekeeper by grant() (issue 28): 'enqueue' (an
+ * application that enqueues and looks its mail up), 'worker' (an external
+ * sender) or 'monitor' (what postgres_exporter connects as).  Remembered so
+ * that every update, which may add or replace functions, gives each role
+ * its use's privileges on them again (_grant_apply() ends every update
+ * script).  A role dropped since is forgotten at the next grant() or update.
+ */
+CREATE TABLE gatekeeper.role_grant (
+	role		regrole NOT NULL,
+	what		text NOT NULL CHECK (what IN ('enqueue', 'worker', 'monitor')),
+	granted_at	timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (role, what)
+);
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.role_grant', '');
+
+-- gives the remembered roles (or one) the privileges of their uses: USAGE
+-- on the schema, EXECUTE on every function of the use (each of its
+-- overloads, so a function whose signature an update changed is granted
+-- again), and the use's table and view privileges; forgets dropped roles
+CREATE FUNCTION gatekeeper._grant_apply(only_role regrole DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	g record;
+	o record;
+	f regprocedure;
+BEGIN
+	DELETE FROM gatekeeper.role_grant r
+	 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.oid = r.role::oid);
+	FOR g IN SELECT r.role, r.what FROM gatekeeper.role_grant r
+			  WHERE only_role IS NULL OR r.role = only_role ORDER BY r.role::oid, r.what LOOP
+		EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA gatekeeper TO %s', g.role);
+		FOR o IN SELECT v.kind, v.name, v.privilege
+				   FROM (VALUES
+						('enqueue', 'function', 'enqueue', NULL),
+						('enqueue', 'function', '_segment', NULL),
+						('enqueue', 'function', 'status', NULL),
+						('enqueue', 'function', 'find', NULL),
+						('enqueue', 'function', 'history', NULL),
+						('enqueue', 'function', 'cancel', NULL),
+						('enqueue', 'table', 'mail',
+						 'INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key, '
+						 'priority, send_by, recipient_name, metadata, timezone)'),
+						('worker', 'function', 'claim', NULL),
+						('worker', 'function', 'ack', NULL),
+						('worker', 'function', 'ack_batch', NULL),
+						('worker', 'function', 'nack', NULL),
+						('worker', 'function', 'nack_batch', NULL),
+						('worker', 'function', 'extend', NULL),
+						('worker', 'function', 'reap', NULL),
+						('worker', 'function', 'unclaim', NULL),
+						('worker', 'function', 'next_due', NULL),
+						('worker', 'function', '_queue_totals', NULL),
+						('worker', 'function', '_live_stats', NULL),
+						('worker', 'table', 'queue_stats', 'SELECT'),
+						('monitor', 'function', '_queue_totals', NULL),
+						('monitor', 'function', '_live_stats', NULL),
+						('monitor', 'function', '_gate_memory', NULL),
+						('monitor', 'function', '_worker_status', NULL),
+						('monitor', 'table', 'queue_stats', 'SELECT'),
+						('monitor', 'table', 'gate_memory', 'SELECT'),
+						('monitor', 'table', 'worker_status', 'SELECT'))
+						AS v(what, kind, name, privilege)
+				  WHERE v.what = g.what LOOP
+			IF o.kind = 'function' THEN
+				FOR f IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
+						  WHERE p.pronamespace = 'gatekeeper'::pg_catalog.regnamespace
+							AND p.proname = o.name ORDER BY p.oid LOOP
+					EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, g.role);
+				END LOOP;
+			ELSE
+				EXECUTE pg_catalog.format('GRANT %s ON gatekeeper.%I TO %s', o.privilege, o.name, g.role);
+			END IF;
+		END LOOP;
+	END LOOP;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.grant(role regrole, what text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF role IS NULL OR what IS NULL THEN
+		RAISE EXCEPTION 'role and what must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF what NOT IN ('enqueue', 'worker', 'monitor') THEN
+		RAISE EXCEPTION 'unknown use "%"', what
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'A use is ''enqueue'', ''worker'' or ''monitor''.';
+	END IF;
+	INSERT INTO gatekeeper.role_grant (role, what) VALUES ($1, $2)
+	ON CONFLICT DO NOTHING;
+	PERFORM gatekeeper._grant_apply($1);
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
+	'give a role what one use of gatekeeper needs (''enqueue'', ''worker'' or ''monitor''), and again after every update';
+
+/*
  * Privileges: nothing for PUBLIC.  The README gives the GRANTs for an
  * enqueue-only role and a worker role.
  */

@@ -35,8 +35,12 @@
 # key is free.
 #
 # Database "from020": CREATE EXTENSION gatekeeper VERSION '0.2.0', mail
-# in every state and claims held, then ALTER EXTENSION gatekeeper UPDATE:
-# the same objects as "fresh", and its data intact.
+# in every state and claims held, and roles given 0.2.0's README recipes
+# (and one only part of one), then ALTER EXTENSION gatekeeper UPDATE: the
+# same objects as "fresh020", a fresh install whose roles got the same uses
+# by gatekeeper.grant() (ACLs included: the update remembers the whole
+# recipes' roles and gives them what the new version adds), and its data
+# intact.
 
 use strict;
 use warnings;
@@ -59,6 +63,7 @@ isnt($current, '0.1.0', "the current version ($current) is not 0.1.0");
 $node->safe_psql('postgres', 'CREATE DATABASE updated');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('postgres', 'CREATE DATABASE from020');
+$node->safe_psql('postgres', 'CREATE DATABASE fresh020');
 
 $node->safe_psql('updated', "CREATE EXTENSION gatekeeper VERSION '0.1.0'");
 $node->safe_psql('fresh', 'CREATE EXTENSION gatekeeper');
@@ -91,6 +96,52 @@ GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack
                           gatekeeper.nack_batch(bigint[], int[], text[], boolean) TO upgrade_worker;
 GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
 GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
+});
+# 0.2.0's README recipes, whole, and a role given only enqueue()
+$node->safe_psql('postgres', 'CREATE ROLE u_enqueue; CREATE ROLE u_worker; CREATE ROLE u_monitor; CREATE ROLE u_partial');
+$node->safe_psql('from020', q{
+GRANT USAGE ON SCHEMA gatekeeper TO u_enqueue;
+GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
+                                             jsonb, text, int, timestamptz, text, jsonb, text) TO u_enqueue;
+GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+              priority, send_by, recipient_name, metadata, timezone) ON gatekeeper.mail TO u_enqueue;
+GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO u_enqueue;
+GRANT EXECUTE ON FUNCTION gatekeeper.status(bigint), gatekeeper.find(text, text),
+                          gatekeeper.history(text, timestamptz),
+                          gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO u_enqueue;
+GRANT USAGE ON SCHEMA gatekeeper TO u_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper.claim(text, int, interval, text[]),
+                          gatekeeper.ack(bigint, int), gatekeeper.ack_batch(bigint[], int[]),
+                          gatekeeper.nack(bigint, int, text, boolean),
+                          gatekeeper.nack_batch(bigint[], int[], text[], boolean),
+                          gatekeeper.extend(bigint, int, interval), gatekeeper.reap(),
+                          gatekeeper.unclaim(bigint[], int[], text, interval),
+                          gatekeeper.next_due(text[]) TO u_worker;
+GRANT SELECT ON gatekeeper.queue_stats TO u_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO u_worker;
+GRANT USAGE ON SCHEMA gatekeeper TO u_monitor;
+GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO u_monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats(),
+                          gatekeeper._gate_memory() TO u_monitor;
+GRANT SELECT ON gatekeeper.worker_status TO u_monitor;
+GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO u_monitor;
+GRANT USAGE ON SCHEMA gatekeeper TO u_partial;
+GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
+                                             jsonb, text, int, timestamptz, text, jsonb, text) TO u_partial;
+});
+# the fresh install they are compared with: the same grants, the recipes by grant()
+$node->safe_psql('fresh020', q{
+CREATE EXTENSION gatekeeper;
+GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack(bigint, int, text, boolean),
+                          gatekeeper.nack_batch(bigint[], int[], text[], boolean) TO upgrade_worker;
+GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
+GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
+SELECT gatekeeper.grant('u_enqueue', 'enqueue');
+SELECT gatekeeper.grant('u_worker', 'worker');
+SELECT gatekeeper.grant('u_monitor', 'monitor');
+GRANT USAGE ON SCHEMA gatekeeper TO u_partial;
+GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
+                                             jsonb, text, int, timestamptz, text, jsonb, text) TO u_partial;
 });
 $node->safe_psql(
 	'from020', q{
@@ -382,6 +433,9 @@ foreach my $what (sort keys %$before020)
 {
 	is($after020->{$what}, $before020->{$what}, "from020: $what intact");
 }
+is($node->safe_psql('from020', "SELECT string_agg(role || ' ' || what, ', ' ORDER BY role::text) FROM gatekeeper.role_grant"),
+	'u_enqueue enqueue, u_monitor monitor, u_worker worker',
+	'from020: the roles that held a 0.2.0 recipe whole are remembered with its use, the partial one not');
 
 # queue_stats' live counts (scheduled kept in mail_live_count from the
 # update on, claimed from the batches of mail_claim) against a count of
@@ -585,9 +639,10 @@ foreach my $what (sort keys %catalog_queries)
 	my $fresh = catalog('fresh', $what);
 	my %in_fresh = map { $_ => 1 } @$fresh;
 	ok(@$fresh > 0 || $what eq 'comments', "fresh: some $what to compare");
-	foreach my $from ([ 'updated', '0.1.0' ], [ 'from020', '0.2.0' ])
+	foreach my $from ([ 'updated', '0.1.0', $fresh ], [ 'from020', '0.2.0', catalog('fresh020', $what) ])
 	{
-		my ($db, $version) = @$from;
+		my ($db, $version, $fresh) = @$from;
+		my %in_fresh = map { $_ => 1 } @$fresh;
 		my $updated = catalog($db, $what);
 		my %in_updated = map { $_ => 1 } @$updated;
 		my @only_fresh = grep { !$in_updated{$_} } @$fresh;

@@ -56,13 +56,8 @@ SELECT count(*) FROM gatekeeper.gate_pass_batch('smart_sending',
 
 -- the README's monitoring role
 CREATE ROLE monitor LOGIN;
+SELECT gatekeeper.grant('monitor', 'monitor');
 GRANT pg_monitor TO monitor;
-GRANT USAGE ON SCHEMA gatekeeper TO monitor;
-GRANT SELECT ON gatekeeper.queue_stats, gatekeeper.gate_memory TO monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._gate_memory() TO monitor;
-GRANT SELECT ON gatekeeper.worker_status TO monitor;
-GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO monitor;
 });
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
