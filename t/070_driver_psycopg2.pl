@@ -2,8 +2,8 @@
 #
 # A driver's view (issue 13): t/driver_app.py, an application and an
 # external sender written with Debian's python3-psycopg2, connects as the
-# README's enqueue role and worker role (created by running the README's
-# own GRANT recipe) and passes every value as a plain %s parameter, no
+# enqueue role and worker role of docs/operations.md (created by running its
+# role recipe) and passes every value as a plain %s parameter, no
 # casts: it enqueues in a transaction and rolls back, COPYs 50,000 mails,
 # drains them with claim, ack_batch and nack_batch (empty batches too),
 # sleeps on LISTEN gatekeeper until a commit into a notify queue wakes it,
@@ -43,12 +43,12 @@ SELECT gatekeeper.create_queue('drv_notify', notify => true);
 SELECT gatekeeper.create_queue('drv_quiet');
 });
 
-# the roles, exactly as the README's recipe makes them
-open(my $fh, '<', "$FindBin::RealBin/../README.md") or die "README.md: $!";
+# the roles, exactly as the recipe of docs/operations.md (Security) makes them
+open(my $fh, '<', "$FindBin::RealBin/../docs/operations.md") or die "docs/operations.md: $!";
 my $readme = do { local $/; <$fh> };
 close($fh);
 my ($recipe) = grep { /CREATE ROLE app_enqueue LOGIN/ } ($readme =~ /^```sql\n(.*?)^```/msg);
-ok(defined $recipe, "the README has a GRANT recipe for app_enqueue");
+ok(defined $recipe, "docs/operations.md has a role recipe for app_enqueue");
 like($recipe, qr/CREATE ROLE app_worker LOGIN/, 'and for app_worker in the same block');
 $node->safe_psql('postgres', $recipe);
 
