@@ -320,6 +320,8 @@ SELECT pg_temp.error_of($$SET gatekeeper.max_message_size = '1kB'$$) AS set_in_s
 -- gatekeeper.lease, the workers' claims' lease: no longer than claim()
 -- takes (7 days), or every claim of the workers would be refused
 ALTER SYSTEM SET gatekeeper.lease = '8d';
+ALTER SYSTEM SET gatekeeper.lease = '30d';
+ALTER SYSTEM SET gatekeeper.lease = '100000d';
 ALTER SYSTEM SET gatekeeper.lease = '7d';
 ALTER SYSTEM RESET gatekeeper.lease;
 BEGIN;

@@ -32,7 +32,9 @@
 #include "stats.h"
 #include "mail.h"
 
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 
 #include "access/xact.h"
 #include "commands/async.h"
@@ -63,6 +65,14 @@ int			gatekeeper_workers = 1;
 int			gatekeeper_naptime = 1000;
 int			gatekeeper_batch_size = 500;
 int			gatekeeper_lease = 5 * 60 * 1000;
+
+/*
+ * gatekeeper.lease as set.  A real, not an int: an integer setting in
+ * milliseconds overflows on '30d' and PostgreSQL then answers "Value
+ * exceeds integer range" instead of naming the 7-day bound; a real takes
+ * any duration to the range check.  gatekeeper_lease is its whole value.
+ */
+static double lease_setting = 5 * 60 * 1000;
 int			gatekeeper_retry_delay = 30 * 1000;
 char	   *gatekeeper_smtp_url = NULL;
 char	   *gatekeeper_smtp_user = NULL;
@@ -132,6 +142,8 @@ static bool check_database(char **newval, void **extra, GucSource source);
 static bool check_helo_name(char **newval, void **extra, GucSource source);
 static bool check_smtp_url(char **newval, void **extra, GucSource source);
 static bool check_default_sender(char **newval, void **extra, GucSource source);
+static bool check_lease(double *newval, void **extra, GucSource source);
+static void assign_lease(double newval, void *extra);
 static char *hide_userinfo(const char *text);
 static void gatekeeper_emit_log(ErrorData *edata);
 static Size gatekeeper_shmem_size(void);
@@ -274,16 +286,16 @@ gatekeeper_define_settings(void)
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
-	DefineCustomIntVariable("gatekeeper.lease",
-							"How long a gatekeeper worker's claim lasts.",
-							"Mail still claimed when its lease runs out is reaped: "
-							"returned to scheduled, or made unknown for at-most-once queues.",
-							&gatekeeper_lease,
-							/* at most what claim() takes, 7 days */
-							5 * 60 * 1000, 1000, 7 * 24 * 60 * 60 * 1000,
-							PGC_SIGHUP,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
+	DefineCustomRealVariable("gatekeeper.lease",
+							 "How long a gatekeeper worker's claim lasts.",
+							 "Mail still claimed when its lease runs out is reaped: "
+							 "returned to scheduled, or made unknown for at-most-once queues.",
+							 &lease_setting,
+							 /* bounded by check_lease, which names the bounds */
+							 5 * 60 * 1000, 0, DBL_MAX,
+							 PGC_SIGHUP,
+							 GUC_UNIT_MS,
+							 check_lease, assign_lease, NULL);
 
 	DefineCustomStringVariable("gatekeeper.smtp_url",
 							   "SMTP relay the gatekeeper workers deliver to.",
@@ -403,6 +415,33 @@ gatekeeper_define_settings(void)
 							PGC_SIGHUP,
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
+}
+
+/*
+ * check_lease
+ *		gatekeeper.lease is 1 second to 7 days: no longer than claim() takes,
+ *		or every claim of the workers would be refused.
+ */
+static bool
+check_lease(double *newval, void **extra, GucSource source)
+{
+	if (*newval < 1000 || *newval > 7 * 24 * 60 * 60 * 1000.0)
+	{
+		GUC_check_errmsg("gatekeeper.lease must be between 1 second and 7 days");
+		GUC_check_errdetail("The lease given was %.0f seconds.", *newval / 1000);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * assign_lease
+ *		gatekeeper.lease in whole milliseconds, for the workers.
+ */
+static void
+assign_lease(double newval, void *extra)
+{
+	gatekeeper_lease = (int) rint(newval);
 }
 
 /*
