@@ -1,0 +1,112 @@
+# Copyright: gatekeeper contributors
+
+# A relay that ends its sessions after a few messages (issue 25, item 1).
+#
+# Relays limit the messages of one connection (a provider's "too many
+# messages for this session"); the relay answers the last message it takes
+# 250 and ends the session while the worker has already pipelined the next
+# transaction.  t/hostile_relay.py ends every session after 3 messages, by
+# a plain close, by "421" and a close, or by a reset (SO_LINGER 0); with
+# PIPELINING and CHUNKING, and once in lock-step without them.  For each,
+# 300 mails, with gatekeeper.retry_delay at 1 hour:
+#
+#  - the relay receives every mail exactly once, counted by Message-ID (a
+#    250 the worker read too late made it send the mail again);
+#  - every mail is sent within 60 s, far below the retry backoff: the
+#    transactions the relay never answered go out again at once on the
+#    next connection;
+#  - no mail is charged an attempt for it (attempt 1, uncharged 0) and
+#    none carries an error.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use GatekeeperTest;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $n = 300;
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+
+my $node = GatekeeperTest::new_node(
+	'session_end',
+	smtp_url => "smtp://127.0.0.1:$port",
+	conf => "gatekeeper.helo_name = 'mta.example.com'\n"
+	  . "gatekeeper.smtp_connections = 4\n"
+	  . "gatekeeper.retry_delay = '1h'\n");
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
+
+foreach my $variant (
+	[ 'close', 'close', 0 ],
+	[ '421', '421', 0 ],
+	[ 'reset', 'reset', 0 ],
+	[ 'lockstep_close', 'close', 1 ])
+{
+	my ($name, $end, $lockstep) = @$variant;
+	my $relay = GatekeeperTest::start_hostile_relay(
+		name => "session_$name",
+		port => $port,
+		session_limit => 3,
+		end => $end,
+		no_pipelining => $lockstep);
+
+	my $t0 = time;
+	my $first = $node->safe_psql(
+		'postgres', qq{
+WITH m AS (
+	INSERT INTO gatekeeper.mail (recipient, subject, body)
+	SELECT '$name' || i || '\@customer.example', '$name ' || i, 'Hello ' || i
+	  FROM generate_series(1, $n) AS i
+	RETURNING id)
+SELECT min(id) FROM m});
+	my $mine = "id >= $first AND id < $first + $n";
+
+	ok( GatekeeperTest::poll_until(
+			$node, 'postgres',
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE $mine AND state = 'sent'",
+			$n, 60),
+		"$name: every mail is sent");
+	my $took = time - $t0;
+	cmp_ok($took, '<', 60,
+		sprintf('%s: %d mails sent in %.1f s, with retry_delay 1 h', $name, $n, $took));
+	is(GatekeeperTest::mail_states($node, $mine), "sent:$n", "$name: all $n are sent, none failed");
+
+	my %ids = map { $_ => 0 } split /\n/,
+	  $node->safe_psql('postgres', "SELECT message_id FROM gatekeeper.mail_status WHERE $mine");
+	my @events = GatekeeperTest::relay_events($relay);
+	foreach my $e (grep { $_->{event} eq 'message' } @events)
+	{
+		$ids{ $e->{message_id} }++ if defined $e->{message_id} && exists $ids{ $e->{message_id} };
+	}
+	my $lost = grep { $ids{$_} == 0 } keys %ids;
+	my $twice = grep { $ids{$_} > 1 } keys %ids;
+	my $copies = 0;
+	$copies += $ids{$_} - 1 foreach grep { $ids{$_} > 1 } keys %ids;
+	is($lost, 0, "$name: the relay received every mail");
+	is($twice, 0, "$name: the relay received no mail twice ($copies second copies)");
+
+	my $ends = grep { $_->{event} eq 'end' } @events;
+	cmp_ok($ends, '>=', $n / 3 - 1,
+		"$name: the relay ended its sessions after 3 messages ($ends times)");
+
+	is( $node->safe_psql(
+			'postgres',
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE $mine AND (attempt <> 1 OR uncharged <> 0 OR last_error IS NOT NULL)"
+		),
+		'0',
+		"$name: no mail was charged an attempt or carries an error");
+	my $sample = $node->safe_psql('postgres',
+		"SELECT attempt || ' ' || uncharged || ' ' || coalesce(last_error, '') FROM gatekeeper.mail_status WHERE $mine AND (attempt <> 1 OR uncharged <> 0 OR last_error IS NOT NULL) LIMIT 3");
+	note("$name: e.g. $sample") if $sample ne '';
+
+	GatekeeperTest::stop_helper($relay->{pid});
+}
+
+$node->stop;
+done_testing();
