@@ -10,8 +10,9 @@
 # PIPELINING and CHUNKING, and once in lock-step without them.  For each,
 # 300 mails, with gatekeeper.retry_delay at 1 hour:
 #
-#  - the relay receives every mail exactly once, counted by Message-ID (a
-#    250 the worker read too late made it send the mail again);
+#  - the relay receives every mail exactly once, counted by Message-ID, and
+#    every mail it took is recorded sent (a 250 the worker read too late
+#    left the mail to be sent again after the backoff);
 #  - every mail is sent within 60 s, far below the retry backoff: the
 #    transactions the relay never answered go out again at once on the
 #    next connection;
@@ -89,6 +90,10 @@ SELECT min(id) FROM m});
 	my $copies = 0;
 	$copies += $ids{$_} - 1 foreach grep { $ids{$_} > 1 } keys %ids;
 	is($lost, 0, "$name: the relay received every mail");
+	my %state = map { split /\|/ } split /\n/,
+	  $node->safe_psql('postgres', "SELECT message_id, state FROM gatekeeper.mail_status WHERE $mine");
+	my $again = grep { $ids{$_} > 0 && $state{$_} ne 'sent' } keys %ids;
+	is($again, 0, "$name: no mail the relay took is left to be sent again");
 	is($twice, 0, "$name: the relay received no mail twice ($copies second copies)");
 
 	my $ends = grep { $_->{event} eq 'end' } @events;
