@@ -97,7 +97,8 @@ SELECT min(id) FROM m});
 	is($twice, 0, "$name: the relay received no mail twice ($copies second copies)");
 
 	my $ends = grep { $_->{event} eq 'end' } @events;
-	cmp_ok($ends, '>=', $n / 3 - 1,
+	# up to one session per connection (4) ends idle, short of 3
+	cmp_ok($ends, '>=', $n / 3 - 4,
 		"$name: the relay ended its sessions after 3 messages ($ends times)");
 
 	is( $node->safe_psql(

@@ -222,6 +222,10 @@ def main():
         except socket.timeout:
             continue
         sock.settimeout(60)
+        # every reply on the wire when written: a reply still held back by
+        # Nagle's algorithm would be thrown away by the reset that closing
+        # with unread input sends, and no client could read it
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         state['conns'] += 1
         threading.Thread(target=serve, args=(sock, state['conns']),
                          daemon=True).start()
