@@ -18,6 +18,13 @@
 #    next connection;
 #  - no mail is charged an attempt for it (attempt 1, uncharged 0) and
 #    none carries an error.
+#
+# And a relay that ends every session at the first MAIL FROM, before it
+# answers anything: sending again at once would go round for ever, so that
+# is a refused session, the relay's fault: the breaker opens and backs off
+# (the relay sees a bounded number of connections), the mail goes back
+# uncharged, none is sent or failed; once the relay takes mail, all of it
+# goes, charged one attempt each.
 
 use strict;
 use warnings;
@@ -112,6 +119,61 @@ SELECT min(id) FROM m});
 	note("$name: e.g. $sample") if $sample ne '';
 
 	GatekeeperTest::stop_helper($relay->{pid});
+}
+
+#
+# A relay that takes nothing: every session ends at the first MAIL FROM
+#
+{
+	my $m = 20;
+	my $relay = GatekeeperTest::start_hostile_relay(
+		name => 'session_none',
+		port => $port,
+		end_at_mail => 1,
+		end => 'close');
+	my $first = $node->safe_psql(
+		'postgres', qq{
+WITH m AS (
+	INSERT INTO gatekeeper.mail (recipient, subject, body)
+	SELECT 'none' || i || '\@customer.example', 'none ' || i, 'Hello ' || i
+	  FROM generate_series(1, $m) AS i
+	RETURNING id)
+SELECT min(id) FROM m});
+	my $mine = "id >= $first AND id < $first + $m";
+	my $t0 = time;
+	ok( GatekeeperTest::poll_until(
+			$node, 'postgres',
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE $mine AND uncharged >= 2",
+			$m, 60),
+		'a relay that takes nothing: every mail was handed back, uncharged, twice');
+	my $took = time - $t0;
+	is( $node->safe_psql('postgres',
+			"SELECT count(*) FILTER (WHERE state NOT IN ('scheduled', 'claimed')) || ',' || coalesce(max(attempt - uncharged) FILTER (WHERE state = 'scheduled'), 0) FROM gatekeeper.mail_status WHERE $mine"
+		),
+		'0,0',
+		'a relay that takes nothing: no mail sent or failed, no attempt charged');
+	my ($breaker, $error) = split /\|/, $node->safe_psql('postgres',
+		"SELECT relay, last_error FROM gatekeeper.worker_status");
+	like($breaker, qr/^(open|half-open)$/, "a relay that takes nothing: the breaker is open ($breaker)");
+	like($error, qr/closed by the relay|Connection reset|Broken pipe/,
+		'a relay that takes nothing: worker_status says the relay ended the session');
+	my $connects = grep { $_->{event} eq 'connect' } GatekeeperTest::relay_events($relay);
+	cmp_ok($connects, '<', 100,
+		sprintf('a relay that takes nothing: %d connections in %.1f s, not a loop', $connects, $took));
+	GatekeeperTest::stop_helper($relay->{pid});
+
+	my $fixed = GatekeeperTest::start_hostile_relay(name => 'session_fixed', port => $port);
+	ok( GatekeeperTest::poll_until(
+			$node, 'postgres',
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE $mine AND state = 'sent'",
+			$m, 90),
+		'relay fixed: every mail is sent');
+	is( $node->safe_psql('postgres',
+			"SELECT min(attempt - uncharged) || ',' || max(attempt - uncharged) FROM gatekeeper.mail_status WHERE $mine"
+		),
+		'1,1',
+		'relay fixed: one charged attempt each');
+	GatekeeperTest::stop_helper($fixed->{pid});
 }
 
 $node->stop;

@@ -1198,7 +1198,8 @@ sub relay_messages
 
 t/hostile_relay.py on a free port (or opts{port}): a relay that ends its
 sessions after opts{session_limit} messages (opts{end}: 'close', '421'
-or 'reset'), offers PIPELINING and CHUNKING unless opts{no_pipelining},
+or 'reset'; opts{end_at_mail}: at the first MAIL FROM, unanswered),
+offers PIPELINING and CHUNKING unless opts{no_pipelining},
 or floods (opts{flood}: 'greeting', 'ehlo', 'mail-line', up to
 opts{flood_bytes} octets).  Returns a hash ref: name, port, url, events
 (its JSON-lines log, read with relay_events), log, pid.
@@ -1217,8 +1218,9 @@ sub start_hostile_relay
 		'--port', $port,
 		'--log', "$dir/events.jsonl",
 		'--lifetime', 900);
-	push @cmd, '--session-limit', $opts{session_limit}, '--end', $opts{end} // 'close'
-	  if $opts{session_limit};
+	push @cmd, '--session-limit', $opts{session_limit} if $opts{session_limit};
+	push @cmd, '--end-at-mail' if $opts{end_at_mail};
+	push @cmd, '--end', $opts{end} // 'close';
 	push @cmd, '--no-pipelining' if $opts{no_pipelining};
 	push @cmd, '--flood', $opts{flood} if $opts{flood};
 	push @cmd, '--flood-bytes', $opts{flood_bytes} if $opts{flood_bytes};

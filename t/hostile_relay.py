@@ -23,6 +23,9 @@ limit does, by --end:
   421     "421 4.7.0 too many messages in this session", then close
   reset   SO_LINGER 0 and close: a reset, whatever is unread
 
+--end-at-mail ends every session (the same ways) when the first MAIL FROM
+arrives, before any transaction is answered: a relay that takes nothing.
+
 --flood makes the relay hostile, up to --flood-bytes octets:
   greeting       "220 " and then octets without a line end
   ehlo           the reply to EHLO continues ("250-...") without end
@@ -45,6 +48,7 @@ ap.add_argument('--port', type=int, required=True)
 ap.add_argument('--log', required=True)
 ap.add_argument('--session-limit', type=int, default=0)
 ap.add_argument('--end', default='close', choices=['close', '421', 'reset'])
+ap.add_argument('--end-at-mail', action='store_true')
 ap.add_argument('--no-pipelining', action='store_true')
 ap.add_argument('--flood', choices=['greeting', 'ehlo', 'mail-line'])
 ap.add_argument('--flood-bytes', type=int, default=200 * 1024 * 1024)
@@ -145,6 +149,9 @@ class Session:
             elif verb == 'HELO':
                 self.reply('250 hostile.test.example')
             elif verb == 'MAIL':
+                if args.end_at_mail:
+                    self.end()
+                    return
                 if args.flood == 'mail-line':
                     flood(self.sock, self.conn, b'250 ', b'y' * 65536, b'\r\n')
                     continue
