@@ -686,10 +686,10 @@ smtp_client_wait(long timeout_ms)
 		rebuild_wait_set();
 
 	/*
-	 * Acting on one event may close any connection, this one or another
-	 * (a reply hands work to others, whose writes may fail); a closed
-	 * connection stays allocated, marked CS_CLOSED, until
-	 * conns_free_closed runs after the last event.
+	 * Acting on one event may close this connection, or open others that
+	 * fail at once; a closed connection stays allocated, marked CS_CLOSED,
+	 * until conns_free_closed runs after the last event, so the events
+	 * still to come, and every caller, find it marked, never freed.
 	 */
 	n = WaitEventSetWait(wait_set, Max(timeout_ms, 0), wait_events,
 						 wait_events_cap, PG_WAIT_EXTENSION);
@@ -1143,12 +1143,12 @@ static SmtpConn *
 conn_open(void)
 {
 	/*
-	 * Sizes of no standard kind: such a context is really freed when it is
-	 * deleted, not kept for reuse, so that a memory checker sees a use of
-	 * a freed connection.
+	 * Sizes of no standard kind (ALLOCSET_DEFAULT_SIZES starts at 8 kB): such
+	 * a context is really freed when it is deleted, not kept for reuse, so
+	 * that a memory checker sees a use of a freed connection.
 	 */
 	MemoryContext cxt = AllocSetContextCreate(smtp_cxt, "gatekeeper SMTP connection",
-											  0, 8 * 1024, ALLOCSET_DEFAULT_MAXSIZE);
+											  0, 16 * 1024, ALLOCSET_DEFAULT_MAXSIZE);
 	SmtpConn   *c = MemoryContextAllocZero(cxt, sizeof(SmtpConn));
 	MemoryContext old = MemoryContextSwitchTo(cxt);
 
