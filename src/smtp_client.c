@@ -33,12 +33,31 @@
  * Outcomes: 2xx to the data is SENT; 5xx to MAIL FROM, RCPT TO, DATA or the
  * data is FAIL (mail_refused when it was MAIL FROM: the worker decides
  * whether that is the mail's fault or the relay's); 4xx, a reply that does
- * not come within gatekeeper.smtp_timeout, or a broken connection is
- * RETRY.  A mail larger than the relay's SIZE fails before a byte of it is
- * sent.  When a session cannot be opened (no connection, a refused
+ * not come within gatekeeper.smtp_timeout, or a connection that breaks
+ * after the relay began to answer a transaction and before its last reply
+ * is RETRY.  A mail larger than the relay's SIZE fails before a byte of it
+ * is sent.  When a session cannot be opened (no connection, a refused
  * greeting, EHLO, STARTTLS or AUTH, a certificate that does not verify)
  * and no other connection is open, the mail waiting for a connection is
  * UNREACHABLE: the relay's fault, handed back uncharged.
+ *
+ * When the relay ends a session (it closes or resets the connection, or
+ * says 421), every reply it sent before is read and acted on first: a
+ * failed write only stops the writing, and the connection is given up
+ * once the reading finds its end.  A transaction the relay never answered
+ * is not the mail's doing: it goes out again at once, uncharged, on
+ * another connection, provided the relay finished a transaction on this
+ * one (so a relay that limits the messages of a session delays nothing).
+ * A session that ends before any transaction was answered is a refused
+ * session, the relay's fault like any other.  A reply that breaks RFC 5321
+ * (a line over 512 octets, a reply over 64 kB, a line that is not a reply)
+ * ends the session the same way: nothing a relay sends can grow the
+ * worker's memory, which holds one fixed input buffer per connection.
+ *
+ * Lifetime: a connection's memory is a context of its own.  Closing a
+ * connection only closes its socket and marks it; smtp_client_wait frees
+ * the closed connections when it has finished with every event, so no
+ * caller, however deep, ever holds a freed connection.
  *
  * A connection with nothing to do for a few seconds is closed with QUIT.
  * Every error names the relay, and no error holds the password.
@@ -89,11 +108,15 @@
 /* the longest reply line kept for error text */
 #define SMTP_REPLY_MAX			200
 
+/* RFC 5321 4.5.3.1.5: a reply line, CRLF included, and (ours) a whole reply */
+#define SMTP_LINE_MAX			512
+#define SMTP_REPLY_OCTETS_MAX	65536
+
+/* a connection's input buffer: what one read takes, and a partial line */
+#define SMTP_INPUT_SIZE			16384
+
 /* longest relay password read from gatekeeper.smtp_password_file */
 #define SMTP_PASSWORD_MAX		1024
-
-/* read in pieces of */
-#define SMTP_READ_CHUNK			16384
 
 /* stages of a transaction: what was written last */
 #define ST_NONE		0
@@ -113,7 +136,8 @@ typedef enum SmtpState
 	CS_STARTTLS,
 	CS_AUTH,
 	CS_READY,
-	CS_QUIT
+	CS_QUIT,
+	CS_CLOSED					/* closed, to be freed between events */
 } SmtpState;
 
 typedef enum SmtpCommand
@@ -146,11 +170,11 @@ typedef struct SmtpSegment
 typedef struct SmtpConn
 {
 	dlist_node	node;
+	MemoryContext cxt;			/* everything of the connection, itself too */
 	SmtpState	state;
 	pgsocket	sock;
 	SSL		   *ssl;
 	int			addr;			/* the address being tried */
-	uint64		serial;			/* tells a freed connection from a new one */
 	bool		tls;			/* TLS is on */
 	bool		after_starttls; /* the TLS handshake follows STARTTLS */
 	int			pos;			/* its position in the wait set, or -1 */
@@ -175,10 +199,12 @@ typedef struct SmtpConn
 	bool		size;			/* SIZE is offered */
 	uint64		size_limit;		/* its limit, 0 for none */
 
-	/* input */
-	StringInfoData in;
-	int			in_pos;			/* octets of in already consumed */
+	/* input: a fixed buffer, never more */
+	char		in[SMTP_INPUT_SIZE];
+	int			in_len;			/* octets in it */
+	int			in_pos;			/* octets of it already consumed */
 	int			reply_lines;	/* lines of the reply being read */
+	int			reply_octets;	/* and their octets */
 	char		reply[SMTP_REPLY_MAX];	/* its last line */
 
 	/* output */
@@ -191,6 +217,8 @@ typedef struct SmtpConn
 	int			chunk_off;		/* octets of chunk written */
 	bool		at_bol;			/* the next octet begins a line */
 	bool		stuffed_all;	/* chunk holds the last piece and "." */
+	bool		output_lost;	/* a write failed: read what is left */
+	char		output_error[256];	/* why */
 
 	/* replies expected, a ring */
 	SmtpExpect *expect;
@@ -221,7 +249,6 @@ typedef struct SmtpConfig
 	int			connections;
 	int			timeout;
 	bool		smtps;
-	bool		loopback;
 	bool		parsed;			/* the URL is well-formed */
 	bool		valid;			/* and its host resolved */
 	char		problem[256];	/* why not valid */
@@ -241,7 +268,6 @@ static int	ntxns_total = 0;
 static TimestampTz connect_hold_until = 0;
 static SSL_CTX *tls_ctx = NULL;
 static char *host_fqdn = NULL;
-static uint64 conn_serial = 0;
 
 /*
  * The relay password as smtp_client_load_password last read it from
@@ -259,18 +285,24 @@ static void config_free(void);
 static bool config_matches(void);
 static bool parse_url(const char *url);
 static bool resolve(void);
-static bool conn_alive(SmtpConn *c, uint64 serial);
 static void percent_decode(char *s);
 static const char *fqdn(void);
 static void dispatch(void);
 static int	conn_depth(SmtpConn *c);
+static bool conn_usable(SmtpConn *c);
 static SmtpConn *conn_open(void);
 static bool conn_connect_next(SmtpConn *c);
 static void conn_connected(SmtpConn *c);
 static void conn_close(SmtpConn *c);
-static void conn_fail(SmtpConn *c, const char *error, bool timed_out);
+static void conns_free_closed(void);
+static void conn_timed_out(SmtpConn *c);
+static void conn_lost(SmtpConn *c, bool relay_ended, const char *error);
+static void conn_requeue_txns(SmtpConn *c);
 static void conn_session_failed(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
+static bool conn_peer_loopback(SmtpConn *c);
 static void conn_readable(SmtpConn *c);
+static bool conn_consume(SmtpConn *c);
+static void conn_output_lost(SmtpConn *c, const char *error);
 static void conn_flush(SmtpConn *c);
 static void conn_reply(SmtpConn *c, int code, const char *line, bool last);
 static void conn_session_reply(SmtpConn *c, int code);
@@ -479,7 +511,7 @@ smtp_client_room(void)
 	{
 		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
 
-		if (c->retire || c->state == CS_QUIT)
+		if (!conn_usable(c))
 			continue;
 		usable++;
 		capacity += c->state == CS_READY ? conn_depth(c) : 1;
@@ -502,7 +534,6 @@ smtp_client_submit(GatekeeperDelivery *d)
 	d->error[0] = '\0';
 	d->stage = ST_NONE;
 	d->replies = 0;
-	d->requeued = false;
 
 	if (!cfg.valid && cfg.parsed)
 		cfg.valid = resolve();
@@ -626,18 +657,20 @@ bool
 smtp_client_wait(long timeout_ms)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	dlist_mutable_iter miter;
+	dlist_iter	iter;
 	bool		latch = false;
 	int			n;
 	int			i;
 
+	conns_free_closed();
+
 	/* the earliest deadline of any connection bounds the wait */
-	dlist_foreach_modify(miter, &conns)
+	dlist_foreach(iter, &conns)
 	{
-		SmtpConn   *c = dlist_container(SmtpConn, node, miter.cur);
+		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
 		TimestampTz at = 0;
 
-		if (c->nexpect > 0 || c->state != CS_READY)
+		if (c->nexpect > 0 || c->state != CS_READY || c->output_lost)
 			at = c->deadline;
 		else if (c->ntxns == 0)
 			at = c->retire ? now :
@@ -652,6 +685,12 @@ smtp_client_wait(long timeout_ms)
 	if (wait_set_stale || wait_set == NULL)
 		rebuild_wait_set();
 
+	/*
+	 * Acting on one event may close this connection, or open others that
+	 * fail at once; a closed connection stays allocated, marked CS_CLOSED,
+	 * until conns_free_closed runs after the last event, so the events
+	 * still to come, and every caller, find it marked, never freed.
+	 */
 	n = WaitEventSetWait(wait_set, Max(timeout_ms, 0), wait_events,
 						 wait_events_cap, PG_WAIT_EXTENSION);
 	for (i = 0; i < n; i++)
@@ -665,7 +704,7 @@ smtp_client_wait(long timeout_ms)
 			latch = true;
 			continue;
 		}
-		if (c == NULL || c->sock == PGINVALID_SOCKET)
+		if (c == NULL || c->state == CS_CLOSED)
 			continue;
 		if (c->state == CS_CONNECTING)
 		{
@@ -680,31 +719,29 @@ smtp_client_wait(long timeout_ms)
 		if ((ev->events & WL_SOCKET_READABLE) ||
 			(c->tls_read_wants_write && (ev->events & WL_SOCKET_WRITEABLE)))
 			conn_readable(c);
-		if (c->sock != PGINVALID_SOCKET &&
+		if (c->state != CS_CLOSED &&
 			((ev->events & WL_SOCKET_WRITEABLE) ||
 			 (c->tls_write_wants_read && (ev->events & WL_SOCKET_READABLE))))
 			conn_flush(c);
 	}
 
-	/* late replies, idle connections */
+	/* late replies, broken connections, idle connections */
 	now = GetCurrentTimestamp();
-	dlist_foreach_modify(miter, &conns)
+	dlist_foreach(iter, &conns)
 	{
-		SmtpConn   *c = dlist_container(SmtpConn, node, miter.cur);
+		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
 
+		if (c->state == CS_CLOSED)
+			continue;
 		if (c->state == CS_QUIT)
 		{
 			if (now >= c->deadline)
 				conn_close(c);
 		}
+		else if (c->output_lost && now >= c->deadline)
+			conn_lost(c, false, c->output_error);
 		else if ((c->nexpect > 0 || c->state != CS_READY) && now >= c->deadline)
-		{
-			char		buf[256];
-
-			snprintf(buf, sizeof(buf), "timed out after %d ms waiting for the relay",
-					 cfg.timeout);
-			conn_fail(c, buf, true);
-		}
+			conn_timed_out(c);
 		else if (c->state == CS_READY && c->ntxns == 0 && c->nexpect == 0 &&
 				 (c->retire ||
 				  now >= TimestampTzPlusMilliseconds(c->idle_since, SMTP_IDLE_QUIT_MS)))
@@ -717,6 +754,7 @@ smtp_client_wait(long timeout_ms)
 		}
 	}
 	dispatch();
+	conns_free_closed();
 	return latch;
 }
 
@@ -829,7 +867,7 @@ config_matches(void)
 /*
  * parse_url
  *		smtp://[user[:password]@]host[:port][/] or smtps://...; fills
- *		cfg.host, port, peer, user, password, smtps and loopback.
+ *		cfg.host, port, peer, user, password and smtps.
  */
 static bool
 parse_url(const char *url)
@@ -917,8 +955,6 @@ parse_url(const char *url)
 		return false;
 	}
 	cfg.peer = psprintf(strchr(cfg.host, ':') ? "[%s]:%s" : "%s:%s", cfg.host, cfg.port);
-	cfg.loopback = pg_strcasecmp(cfg.host, "localhost") == 0 ||
-		strncmp(cfg.host, "127.", 4) == 0 || strcmp(cfg.host, "::1") == 0;
 	return true;
 }
 
@@ -1022,7 +1058,8 @@ dispatch(void)
 		{
 			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
 
-			if (c->state != CS_READY || c->retire || c->ntxns >= conn_depth(c))
+			if (c->state != CS_READY || c->retire || c->output_lost ||
+				c->ntxns >= conn_depth(c))
 				continue;
 			if (best == NULL || c->ntxns < best->ntxns)
 				best = c;
@@ -1060,9 +1097,7 @@ dispatch(void)
 
 		dlist_foreach(iter, &conns)
 		{
-			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
-
-			if (!c->retire && c->state != CS_QUIT)
+			if (conn_usable(dlist_container(SmtpConn, node, iter.cur)))
 				usable++;
 		}
 		if (usable >= cfg.connections)
@@ -1088,6 +1123,18 @@ conn_depth(SmtpConn *c)
 }
 
 /*
+ * conn_usable
+ *		Whether c is open, or opening, for new work: not closed, not saying
+ *		QUIT, not retired, not broken.
+ */
+static bool
+conn_usable(SmtpConn *c)
+{
+	return c->state != CS_CLOSED && c->state != CS_QUIT && !c->retire &&
+		!c->output_lost;
+}
+
+/*
  * conn_open
  *		Start a new connection to the relay.  Returns it; it may already
  *		have failed (then it is gone and NULL is returned).
@@ -1095,16 +1142,22 @@ conn_depth(SmtpConn *c)
 static SmtpConn *
 conn_open(void)
 {
-	SmtpConn   *c = MemoryContextAllocZero(smtp_cxt, sizeof(SmtpConn));
-	MemoryContext old = MemoryContextSwitchTo(smtp_cxt);
+	/*
+	 * Sizes of no standard kind (ALLOCSET_DEFAULT_SIZES starts at 8 kB): such
+	 * a context is really freed when it is deleted, not kept for reuse, so
+	 * that a memory checker sees a use of a freed connection.
+	 */
+	MemoryContext cxt = AllocSetContextCreate(smtp_cxt, "gatekeeper SMTP connection",
+											  0, 16 * 1024, ALLOCSET_DEFAULT_MAXSIZE);
+	SmtpConn   *c = MemoryContextAllocZero(cxt, sizeof(SmtpConn));
+	MemoryContext old = MemoryContextSwitchTo(cxt);
 
-	initStringInfo(&c->in);
+	c->cxt = cxt;
 	initStringInfo(&c->chunk);
 	MemoryContextSwitchTo(old);
 	c->sock = PGINVALID_SOCKET;
 	c->addr = -1;
 	c->pos = -1;
-	c->serial = ++conn_serial;
 	dlist_init(&c->txns);
 	dlist_push_tail(&conns, &c->node);
 	nconns++;
@@ -1201,13 +1254,16 @@ conn_connected(SmtpConn *c)
 
 /*
  * conn_close
- *		Close c and forget it.  Its transactions must be gone already.
+ *		Close c: its socket and TLS go at once, its memory when
+ *		conns_free_closed runs between events.  Its transactions must be
+ *		gone already.
  */
 static void
 conn_close(SmtpConn *c)
 {
-	int			i;
-
+	Assert(c->ntxns == 0);
+	if (c->state == CS_CLOSED)
+		return;
 	if (c->ssl != NULL)
 	{
 		SSL_free(c->ssl);
@@ -1219,37 +1275,48 @@ conn_close(SmtpConn *c)
 	wait_set_stale = true;
 	if (c->state == CS_READY)
 		nready--;
-	for (i = 0; i < c->nsegs; i++)
-	{
-		SmtpSegment *s = &c->segs[(c->seghead + i) % c->segcap];
-
-		if (s->owned)
-			pfree(s->owned);
-	}
-	if (c->segs)
-		pfree(c->segs);
-	if (c->expect)
-		pfree(c->expect);
-	pfree(c->in.data);
-	pfree(c->chunk.data);
-	dlist_delete(&c->node);
+	c->state = CS_CLOSED;
+	c->nexpect = 0;
+	c->nsegs = 0;
 	nconns--;
-	pfree(c);
 }
 
 /*
- * conn_fail
- *		c broke (error, lost connection, a reply too late).  Transactions
- *		not yet written go back to the backlog; so does one written on a
- *		reused connection that got no reply at all (the relay may have
- *		closed an idle connection: it cannot have taken the mail), once;
- *		the others are retried later (RETRY).
+ * conns_free_closed
+ *		Free the connections that were closed.  The one place a connection
+ *		is freed; called by smtp_client_wait only, before and after it acts
+ *		on events, when nothing holds a connection.
  */
 static void
-conn_fail(SmtpConn *c, const char *error, bool timed_out)
+conns_free_closed(void)
 {
 	dlist_mutable_iter miter;
 
+	dlist_foreach_modify(miter, &conns)
+	{
+		SmtpConn   *c = dlist_container(SmtpConn, node, miter.cur);
+
+		if (c->state != CS_CLOSED)
+			continue;
+		dlist_delete(&c->node);
+		MemoryContextDelete(c->cxt);
+	}
+}
+
+/*
+ * conn_timed_out
+ *		The reply c waits for is late.  Its transactions not yet written go
+ *		back to the backlog; the others are retried later (RETRY): a relay
+ *		that is slow may yet take a mail it did not answer.
+ */
+static void
+conn_timed_out(SmtpConn *c)
+{
+	char		error[256];
+	dlist_mutable_iter miter;
+
+	snprintf(error, sizeof(error), "timed out after %d ms waiting for the relay",
+			 cfg.timeout);
 	if (c->state < CS_READY)
 	{
 		conn_session_failed(c, "%s", error);
@@ -1259,32 +1326,96 @@ conn_fail(SmtpConn *c, const char *error, bool timed_out)
 	{
 		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
 
+		if (d->stage == ST_NONE)
+			continue;
 		dlist_delete(&d->queue_node);
 		c->ntxns--;
 		ntxns_total--;
-		if (d->stage == ST_NONE ||
-			(d->replies == 0 && c->reused && !d->requeued && !timed_out))
-		{
-			bool		requeued = d->stage != ST_NONE || d->requeued;
-
-			txn_to_backlog(d);
-			d->requeued = requeued;
-		}
-		else
-			txn_finish(d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", cfg.peer, error,
-					   c->reply[0] ? "; last reply: " : "", c->reply);
+		txn_finish(d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", cfg.peer, error,
+				   c->reply[0] ? "; last reply: " : "", c->reply);
 	}
-	c->nexpect = 0;
+	conn_requeue_txns(c);
 	conn_close(c);
-	dispatch();
+}
+
+/*
+ * conn_lost
+ *		The session on c is over, not by a timeout: the relay closed or
+ *		reset the connection, a read or write failed, or (relay_ended) the
+ *		relay said 421 or broke the protocol.  Every reply that arrived
+ *		before has been acted on.
+ *
+ * A transaction a reply refused keeps that outcome.  One the relay began
+ * to answer and then dropped (MAIL and RCPT accepted, the data's reply
+ * missing) may have been taken: RETRY.  One the relay never answered, or
+ * every one still open when the relay itself ended the session, was not
+ * taken, and is not the mail's doing: it goes back to the head of the
+ * backlog, uncharged, to go out at once on another connection.  That
+ * cannot go round for ever: it happens only when the relay finished a
+ * transaction on c; a session that ended before any was answered is a
+ * refused session (conn_session_failed), the relay's fault, and the
+ * worker backs off.
+ */
+static void
+conn_lost(SmtpConn *c, bool relay_ended, const char *error)
+{
+	dlist_mutable_iter miter;
+
+	if (c->state == CS_QUIT)
+	{
+		conn_close(c);
+		return;
+	}
+	dlist_foreach_modify(miter, &c->txns)
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
+
+		if (d->stage == ST_NONE ||
+			(d->outcome == GATEKEEPER_PENDING && (relay_ended || d->replies == 0)))
+			continue;			/* not taken: requeued below */
+		dlist_delete(&d->queue_node);
+		c->ntxns--;
+		ntxns_total--;
+		txn_finish(d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", cfg.peer, error,
+				   c->reply[0] ? "; last reply: " : "", c->reply);
+	}
+	if (c->state < CS_READY || (!c->reused && c->ntxns > 0))
+		conn_session_failed(c, "%s", error);
+	else
+	{
+		conn_requeue_txns(c);
+		conn_close(c);
+	}
+}
+
+/*
+ * conn_requeue_txns
+ *		Put every transaction left on c back at the head of the backlog, in
+ *		their order, as if never sent.
+ */
+static void
+conn_requeue_txns(SmtpConn *c)
+{
+	while (!dlist_is_empty(&c->txns))
+	{
+		GatekeeperDelivery *d = dlist_tail_element(GatekeeperDelivery, queue_node,
+												   &c->txns);
+
+		dlist_delete(&d->queue_node);
+		c->ntxns--;
+		ntxns_total--;
+		txn_to_backlog(d);
+	}
+	c->data_wait = NULL;
 }
 
 /*
  * conn_session_failed
- *		A session could not be opened on c.  When no other connection is
- *		open or opening, the mail waiting for one is UNREACHABLE with this
- *		error; otherwise it waits for the others, and no new connection is
- *		tried for a moment.
+ *		A session could not be opened on c, or ended before the relay
+ *		answered a transaction.  The transactions still on c go back to the
+ *		backlog.  When no other connection is open or opening, the mail
+ *		waiting for one is UNREACHABLE with this error; otherwise it waits
+ *		for the others, and no new connection is tried for a moment.
  */
 static void
 conn_session_failed(SmtpConn *c, const char *fmt,...)
@@ -1292,7 +1423,6 @@ conn_session_failed(SmtpConn *c, const char *fmt,...)
 	char		msg[256];
 	char		error[300];
 	va_list		ap;
-	dlist_mutable_iter miter;
 	dlist_iter	iter;
 	bool		others = false;
 
@@ -1301,23 +1431,12 @@ conn_session_failed(SmtpConn *c, const char *fmt,...)
 	va_end(ap);
 	snprintf(error, sizeof(error), "relay %s: %s", cfg.peer, msg);
 
-	dlist_foreach_modify(miter, &c->txns)
-	{
-		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
-
-		dlist_delete(&d->queue_node);
-		c->ntxns--;
-		ntxns_total--;
-		txn_to_backlog(d);
-	}
-	c->nexpect = 0;
+	conn_requeue_txns(c);
 	conn_close(c);
 
 	dlist_foreach(iter, &conns)
 	{
-		SmtpConn   *o = dlist_container(SmtpConn, node, iter.cur);
-
-		if (o->state != CS_QUIT && !o->retire)
+		if (conn_usable(dlist_container(SmtpConn, node, iter.cur)))
 			others = true;
 	}
 	if (!others)
@@ -1329,7 +1448,8 @@ conn_session_failed(SmtpConn *c, const char *fmt,...)
 
 /*
  * conn_readable
- *		Read what has arrived on c and act on every complete reply line.
+ *		Read what has arrived on c, a buffer at a time, and act on every
+ *		complete reply line; at the end of the input, give c up.
  */
 static void
 conn_readable(SmtpConn *c)
@@ -1341,35 +1461,77 @@ conn_readable(SmtpConn *c)
 	{
 		ssize_t		n;
 
-		enlargeStringInfo(&c->in, SMTP_READ_CHUNK);
+		/* what was consumed makes room; a partial line stays */
+		if (c->in_pos > 0)
+		{
+			memmove(c->in, c->in + c->in_pos, c->in_len - c->in_pos);
+			c->in_len -= c->in_pos;
+			c->in_pos = 0;
+		}
+		Assert(c->in_len < SMTP_LINE_MAX);
 		err[0] = '\0';
-		n = conn_read(c, c->in.data + c->in.len, SMTP_READ_CHUNK, &eof, err, sizeof(err));
+		n = conn_read(c, c->in + c->in_len, SMTP_INPUT_SIZE - c->in_len, &eof,
+					  err, sizeof(err));
 		if (n < 0)
 		{
-			conn_fail(c, err, false);
+			conn_lost(c, false, err);
 			return;
 		}
 		if (n == 0)
 			break;
-		c->in.len += n;
-		c->in.data[c->in.len] = '\0';
+		c->in_len += n;
+		if (!conn_consume(c))
+			return;
+		/* after STARTTLS's 220 the socket belongs to the handshake */
+		if (c->state == CS_TLS)
+			return;
 	}
 
-	/* complete lines */
-	while (c->in.len > c->in_pos)
+	if (eof)
 	{
-		char	   *start = c->in.data + c->in_pos;
-		char	   *nl = memchr(start, '\n', c->in.len - c->in_pos);
+		conn_lost(c, false, c->output_lost ? c->output_error :
+				  "connection closed by the relay");
+		return;
+	}
+	conn_flush(c);
+}
+
+/*
+ * conn_consume
+ *		Act on the complete reply lines in c's input.  Returns false when c
+ *		was closed meanwhile.  A line over SMTP_LINE_MAX octets, a reply
+ *		over SMTP_REPLY_OCTETS_MAX or a line that is no reply ends the
+ *		session: the relay broke RFC 5321.
+ */
+static bool
+conn_consume(SmtpConn *c)
+{
+	while (c->in_pos < c->in_len)
+	{
+		char	   *start = c->in + c->in_pos;
+		int			avail = c->in_len - c->in_pos;
+		char	   *nl = memchr(start, '\n', Min(avail, SMTP_LINE_MAX));
 		size_t		len;
 		int			code = 0;
 		bool		last;
 		char		line[SMTP_REPLY_MAX];
-		uint64		serial = c->serial;
+		char		err[SMTP_REPLY_MAX + 64];
 
 		if (nl == NULL)
-			break;
+		{
+			if (avail < SMTP_LINE_MAX)
+				return true;	/* the rest of the line is still to come */
+			conn_lost(c, true, "relay sent a reply line longer than 512 octets");
+			return false;
+		}
 		len = nl - start;
 		c->in_pos += len + 1;
+		c->reply_octets += len + 1;
+		if (c->reply_octets > SMTP_REPLY_OCTETS_MAX)
+		{
+			conn_lost(c, true, "relay sent a reply longer than 65536 octets");
+			return false;
+		}
 		if (len > 0 && start[len - 1] == '\r')
 			len--;
 		if (len >= 3 && isdigit((unsigned char) start[0]) &&
@@ -1380,38 +1542,15 @@ conn_readable(SmtpConn *c)
 
 		if (code == 0)
 		{
-			/* not SMTP: the session is lost */
 			snprintf(err, sizeof(err), "relay sent a line that is not an SMTP reply: %s", line);
-			conn_fail(c, err, false);
-			return;
+			conn_lost(c, true, err);
+			return false;
 		}
 		conn_reply(c, code, line, last);
-
-		/* the reply may have closed c */
-		if (!conn_alive(c, serial))
-			return;
+		if (c->state == CS_CLOSED)
+			return false;
 	}
-	if (c->in_pos > 0)
-	{
-		size_t		left = c->in.len - c->in_pos;
-
-		memmove(c->in.data, c->in.data + c->in_pos, left);
-		c->in.len = left;
-		c->in.data[left] = '\0';
-		c->in_pos = 0;
-	}
-
-	if (eof)
-	{
-		if (c->state == CS_QUIT)
-		{
-			conn_close(c);
-			return;
-		}
-		conn_fail(c, "connection closed by the relay", false);
-		return;
-	}
-	conn_flush(c);
+	return true;
 }
 
 /*
@@ -1460,6 +1599,7 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 	c->reply_lines++;
 	if (!last)
 		return;
+	c->reply_octets = 0;
 
 	/* a reply during the login keeps its codes only: it may echo a secret */
 	if (c->state == CS_AUTH)
@@ -1530,11 +1670,11 @@ conn_session_reply(SmtpConn *c, int code)
 		case CS_STARTTLS:
 			if (code != 220)
 				conn_session_failed(c, "STARTTLS refused: %s", c->reply);
-			else if (c->in.len > c->in_pos)
+			else if (c->in_len > c->in_pos)
 				conn_session_failed(c, "relay sent more than its reply to STARTTLS");
 			else
 			{
-				c->in.len = 0;
+				c->in_len = 0;
 				c->in_pos = 0;
 				c->after_starttls = true;
 				conn_tls_start(c);
@@ -1567,7 +1707,7 @@ conn_after_ehlo(SmtpConn *c)
 		conn_send(c, "STARTTLS\r\n");
 		return;
 	}
-	if (!c->tls && credentials && !cfg.loopback)
+	if (!c->tls && credentials && !conn_peer_loopback(c))
 	{
 		conn_session_failed(c, "the relay does not offer STARTTLS, which is required "
 							"before credentials go to a relay not on the loopback");
@@ -1581,6 +1721,36 @@ conn_after_ehlo(SmtpConn *c)
 		return;
 	}
 	conn_become_ready(c);
+}
+
+/*
+ * conn_peer_loopback
+ *		Whether c is connected to a loopback address (127.0.0.0/8, ::1, or
+ *		127.0.0.0/8 mapped into IPv6): judged by the address connected to,
+ *		never by the relay's name, which anyone's DNS may point anywhere.
+ */
+static bool
+conn_peer_loopback(SmtpConn *c)
+{
+	struct sockaddr_storage ss;
+	socklen_t	len = sizeof(ss);
+
+	if (getpeername(c->sock, (struct sockaddr *) &ss, &len) != 0)
+		return false;
+	if (ss.ss_family == AF_INET)
+	{
+		uint32		addr = ntohl(((struct sockaddr_in *) &ss)->sin_addr.s_addr);
+
+		return (addr >> 24) == 127;
+	}
+	if (ss.ss_family == AF_INET6)
+	{
+		const struct in6_addr *a6 = &((struct sockaddr_in6 *) &ss)->sin6_addr;
+
+		return IN6_IS_ADDR_LOOPBACK(a6) ||
+			(IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+	}
+	return false;
 }
 
 /*
@@ -1676,9 +1846,7 @@ conn_become_ready(SmtpConn *c)
 static void
 conn_start_txns(SmtpConn *c)
 {
-	uint64		serial = c->serial;
-
-	while (c->state == CS_READY)
+	while (c->state == CS_READY && !c->output_lost)
 	{
 		dlist_iter	iter;
 		GatekeeperDelivery *next = NULL;
@@ -1714,26 +1882,7 @@ conn_start_txns(SmtpConn *c)
 		}
 		conn_write_txn(c, next);
 	}
-	if (conn_alive(c, serial))
-		conn_flush(c);
-}
-
-/*
- * conn_alive
- *		Whether c (with that serial) is still open: a reply or a failed
- *		write may have closed it.
- */
-static bool
-conn_alive(SmtpConn *c, uint64 serial)
-{
-	dlist_iter	iter;
-
-	dlist_foreach(iter, &conns)
-	{
-		if (dlist_container(SmtpConn, node, iter.cur) == c)
-			return c->serial == serial;
-	}
-	return false;
+	conn_flush(c);
 }
 
 /*
@@ -1747,6 +1896,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	char	   *from = envelope_address(d->from ? d->from : "");
 	char	   *rcpt = envelope_address(d->mail.recipient);
 	StringInfoData cmd;
+	MemoryContext old;
 
 	d->session_reached = true;
 
@@ -1775,7 +1925,9 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		return;
 	}
 
+	old = MemoryContextSwitchTo(c->cxt);
 	initStringInfo(&cmd);
+	MemoryContextSwitchTo(old);
 	if (c->pipelining && !c->last_ok)
 	{
 		appendStringInfoString(&cmd, "RSET\r\n");
@@ -1911,10 +2063,13 @@ conn_ready_reply(SmtpConn *c, int code)
 	GatekeeperDelivery *d;
 	bool		ok = code / 100 == 2;
 
-	if (c->nexpect == 0)
+	if (code == 421 || c->nexpect == 0)
 	{
-		/* 421 or the like, unasked: the session is ending */
-		conn_fail(c, c->reply, false);
+		char		error[SMTP_REPLY_MAX + 64];
+
+		/* 421 (RFC 5321 3.8), or a reply nobody asked for: the end */
+		snprintf(error, sizeof(error), "the relay ended the session: %s", c->reply);
+		conn_lost(c, true, error);
 		return;
 	}
 	e = c->expect[c->exphead];
@@ -2095,7 +2250,7 @@ conn_send(SmtpConn *c, const char *fmt,...)
 	char	   *s;
 	va_list		ap;
 	StringInfoData buf;
-	MemoryContext old = MemoryContextSwitchTo(smtp_cxt);
+	MemoryContext old = MemoryContextSwitchTo(c->cxt);
 
 	initStringInfo(&buf);
 	for (;;)
@@ -2128,7 +2283,7 @@ conn_push(SmtpConn *c, const char *data, size_t len, char *owned)
 	if (c->nsegs == c->segcap)
 	{
 		int			cap = Max(8, c->segcap * 2);
-		SmtpSegment *segs = MemoryContextAlloc(smtp_cxt, sizeof(SmtpSegment) * cap);
+		SmtpSegment *segs = MemoryContextAlloc(c->cxt, sizeof(SmtpSegment) * cap);
 		int			i;
 
 		for (i = 0; i < c->nsegs; i++)
@@ -2159,7 +2314,7 @@ conn_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d)
 	if (c->nexpect == c->expcap)
 	{
 		int			cap = Max(16, c->expcap * 2);
-		SmtpExpect *e = MemoryContextAlloc(smtp_cxt, sizeof(SmtpExpect) * cap);
+		SmtpExpect *e = MemoryContextAlloc(c->cxt, sizeof(SmtpExpect) * cap);
 		int			i;
 
 		for (i = 0; i < c->nexpect; i++)
@@ -2186,6 +2341,8 @@ conn_flush(SmtpConn *c)
 {
 	char		err[256];
 
+	if (c->state == CS_CLOSED || c->output_lost)
+		return;
 	while (c->nsegs > 0)
 	{
 		SmtpSegment *s = &c->segs[c->seghead];
@@ -2213,7 +2370,7 @@ conn_flush(SmtpConn *c)
 						   err, sizeof(err));
 			if (n < 0)
 			{
-				conn_fail(c, err, false);
+				conn_output_lost(c, err);
 				return;
 			}
 			if (n == 0)
@@ -2226,7 +2383,7 @@ conn_flush(SmtpConn *c)
 		n = conn_write(c, s->data + c->segoff, s->len - c->segoff, err, sizeof(err));
 		if (n < 0)
 		{
-			conn_fail(c, err, false);
+			conn_output_lost(c, err);
 			return;
 		}
 		if (n == 0 && s->len > c->segoff)
@@ -2247,6 +2404,25 @@ conn_flush(SmtpConn *c)
 }
 
 /*
+ * conn_output_lost
+ *		A write to c failed: the relay has closed or reset the connection.
+ *		Nothing more is written; the replies it sent before are still to be
+ *		read, and conn_readable gives c up when it reaches their end (or the
+ *		wait does, if that never comes).
+ */
+static void
+conn_output_lost(SmtpConn *c, const char *error)
+{
+	if (!c->output_lost)
+	{
+		c->output_lost = true;
+		strlcpy(c->output_error, error, sizeof(c->output_error));
+		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), SMTP_QUIT_WAIT_MS);
+	}
+	conn_update_events(c);
+}
+
+/*
  * conn_update_events
  *		Register in the wait set what c waits for now.
  */
@@ -2257,7 +2433,8 @@ conn_update_events(SmtpConn *c)
 
 	if (c->sock == PGINVALID_SOCKET)
 		return;
-	if (c->state == CS_CONNECTING || c->nsegs > 0 || c->tls_read_wants_write)
+	if (c->state == CS_CONNECTING || (c->nsegs > 0 && !c->output_lost) ||
+		c->tls_read_wants_write)
 		events |= WL_SOCKET_WRITEABLE;
 	if (c->events != events)
 	{

@@ -62,7 +62,6 @@ typedef struct GatekeeperDelivery
 	/* the client's own state of the transaction */
 	int			stage;			/* commands written so far */
 	int			replies;		/* replies received so far */
-	bool		requeued;		/* already moved off a broken connection */
 } GatekeeperDelivery;
 
 extern bool smtp_client_load_password(void);

@@ -30,11 +30,15 @@
  * due mail sets, postmaster death) for as long as nap() says.
  *
  * The relay's faults are not the mail's: when no session can be opened
- * (no connection, a refused greeting, EHLO, STARTTLS or login), or the
- * relay refuses MAIL FROM with the same 5xx for several transactions in a
- * row, a breaker opens: the mail goes back uncharged (gatekeeper.unclaim),
- * the worker backs off (1 s, doubling to 30 s), says once in the log what
- * the relay said, and shows it in gatekeeper.worker_status.
+ * (no connection, a refused greeting, EHLO, STARTTLS or login, a session
+ * that ends before any transaction was answered, a reply that breaks RFC
+ * 5321's limits), or the relay refuses MAIL FROM with the same 5xx for
+ * several transactions in a row, a breaker opens: the mail goes back
+ * uncharged (gatekeeper.unclaim), the worker backs off (1 s, doubling to
+ * 30 s), says once in the log what the relay said, and shows it in
+ * gatekeeper.worker_status.  (A relay that ends a session after a few
+ * messages is no fault: the client sends what it did not answer again at
+ * once, and the worker never sees it.)
  *
  * A worker that hits an error exits and is restarted by the postmaster
  * after bgw_restart_time; it does not try to carry on.  Every wait goes

@@ -1194,6 +1194,54 @@ sub relay_messages
 
 =pod
 
+=head2 start_hostile_relay(%opts)
+
+t/hostile_relay.py on a free port (or opts{port}): a relay that ends its
+sessions after opts{session_limit} messages (opts{end}: 'close', '421'
+or 'reset'; opts{end_at_mail}: at the first MAIL FROM, unanswered),
+offers PIPELINING and CHUNKING unless opts{no_pipelining},
+or floods (opts{flood}: 'greeting', 'ehlo', 'mail-line', up to
+opts{flood_bytes} octets).  Returns a hash ref: name, port, url, events
+(its JSON-lines log, read with relay_events), log, pid.
+
+=cut
+
+sub start_hostile_relay
+{
+	my (%opts) = @_;
+	my $name = $opts{name} // 'hostile';
+	my $port = $opts{port} // PostgreSQL::Test::Cluster::get_free_port();
+	my $dir = PostgreSQL::Test::Utils::tempdir("hostile_$name");
+	my $log = "$PostgreSQL::Test::Utils::tmp_check/$name.log";
+	my @cmd = (
+		$PYTHON, "$helper_dir/hostile_relay.py",
+		'--port', $port,
+		'--log', "$dir/events.jsonl",
+		'--lifetime', 900);
+	push @cmd, '--session-limit', $opts{session_limit} if $opts{session_limit};
+	push @cmd, '--end-at-mail' if $opts{end_at_mail};
+	push @cmd, '--end', $opts{end} // 'close';
+	push @cmd, '--no-pipelining' if $opts{no_pipelining};
+	push @cmd, '--flood', $opts{flood} if $opts{flood};
+	push @cmd, '--flood-bytes', $opts{flood_bytes} if $opts{flood_bytes};
+	my $pid = start_helper("hostile relay $name", \@cmd, $log);
+	my $relay = {
+		name => $name,
+		port => $port,
+		url => "smtp://127.0.0.1:$port",
+		log => $log,
+		events => "$dir/events.jsonl",
+		pid => $pid,
+	};
+	# a greeting probe would meet the flood: wait for "listening"
+	wait_for(sub { grep { $_->{event} eq 'listening' } relay_events($relay) },
+		15, "hostile relay $name listening")
+	  or croak "hostile relay $name does not start: " . slurp_file($log);
+	return $relay;
+}
+
+=pod
+
 =head2 start_delay_proxy(%opts)
 
 t/delay_proxy.py: a TCP proxy on a free loopback port to 127.0.0.1:
