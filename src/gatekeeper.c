@@ -245,6 +245,7 @@ gatekeeper_define_settings(void)
 	defined = true;
 
 	gatekeeper_define_segment_setting();
+	gatekeeper_define_on_duplicate_setting();
 
 	DefineCustomIntVariable("gatekeeper.naptime",
 							"Longest sleep of a gatekeeper worker between passes.",
