@@ -210,6 +210,7 @@ _PG_init(void)
 	shmem_request_hook = gatekeeper_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = gatekeeper_shmem_startup;
+	gatekeeper_stats_init();
 
 	gatekeeper_register_workers();
 }
