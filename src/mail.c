@@ -809,9 +809,11 @@ held_key_error(TriggerData *trigdata, HeapTuple tuple, TupleDesc tupdesc)
 
 /*
  * Write the keys of the statement's new keyed mails into mail_key, after
- * their live rows: a key held by an unfinished mail fails the statement
- * with 23505 on mail_key_pkey, as mail_dedupe fails it for a scheduled
- * one; a key whose row is stale (its mail finished) is taken over.
+ * their live rows: a key held by another mail (claimed, or finished within
+ * its queue's dedupe_window) fails the statement with 23505 on
+ * mail_key_pkey (held_key_error), as mail_dedupe fails it for a scheduled
+ * one; a key whose row is stale (its mail no longer holds it) is taken
+ * over.
  *
  * The rows are locked first and tested for staleness only in the next
  * statement: SPI takes a new snapshot per statement (READ COMMITTED), so
