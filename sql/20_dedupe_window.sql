@@ -74,6 +74,20 @@ SELECT dedupe_key, state,
 SELECT gatekeeper.unsuppress('s-suppressed@example.com') AS unsuppressed;
 SELECT gatekeeper.cancel_queue('dw') AS cancelled;
 
+-- An UPDATE of a scheduled mail's key: once the mail finished it holds
+-- the new key, the old one is free; an UPDATE to a key a finished mail
+-- holds is refused (23505)
+SELECT gatekeeper.enqueue('dora@example.com', 'Hi', 'b', queue => 'dw', dedupe_key => 'u-old') AS u1 \gset
+UPDATE gatekeeper.mail SET dedupe_key = 'u-new' WHERE id = :u1;
+SELECT count(*) AS claimed FROM gatekeeper.claim('w-dw', 10, queues => ARRAY['dw']);
+SELECT gatekeeper.ack(:u1, 1) AS acked;
+SELECT gatekeeper.enqueue('dora@example.com', 'Hi', 'new key', queue => 'dw', dedupe_key => 'u-new') = :u1 AS new_key_held;
+SELECT gatekeeper.enqueue('dora@example.com', 'Hi', 'old key', queue => 'dw', dedupe_key => 'u-old') AS u2 \gset
+SELECT :u2 <> :u1 AS old_key_free;
+SELECT pg_temp.error_of(format('UPDATE gatekeeper.mail SET dedupe_key = %L WHERE id = %s', 'u-new', :u2)) AS update_to_held_key;
+SELECT dedupe_key, state FROM gatekeeper.mail_status WHERE id IN (:u1, :u2) ORDER BY id;
+SELECT gatekeeper.cancel_queue('dw') AS cancelled;
+
 -- dedupe_window '0': the key is held only while the mail is unfinished
 SELECT gatekeeper.enqueue('bob@example.com', 'Hi', 'first', queue => 'dw_zero', dedupe_key => 'z') AS z1 \gset
 SELECT gatekeeper.enqueue('bob@example.com', 'Hi', 'scheduled', queue => 'dw_zero', dedupe_key => 'z') = :z1 AS held_while_scheduled;

@@ -722,16 +722,28 @@ BEGIN
 	ELSIF NEW.dedupe_key IS NOT NULL
 		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
 		-- scheduled: mail_dedupe refuses a key another scheduled mail
-		-- holds; a claimed mail holds its key in mail_key
+		-- holds; a claimed mail, or one finished within its queue's
+		-- dedupe_window, holds its key in mail_key.  The mail takes the
+		-- key's row (locked first, then tested, as src/mail.c does), so
+		-- that it holds the key once claimed and finished too.
+		PERFORM FROM gatekeeper.mail_key k
+		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+		DELETE FROM gatekeeper.mail_key k
+		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key AND k.id <> NEW.id
+		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 		IF EXISTS (SELECT FROM gatekeeper.mail_key k
 					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
-					  AND k.id <> NEW.id
-					  AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)) THEN
+					  AND k.id <> NEW.id) THEN
 			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
 				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
-					  DETAIL = format('A claimed mail of queue %s holds dedupe key %s.',
+					  DETAIL = format('A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.',
 									  NEW.queue, NEW.dedupe_key);
 		END IF;
+		INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+		VALUES (NEW.queue, NEW.dedupe_key, NEW.id)
+		ON CONFLICT (queue, dedupe_key) DO NOTHING;
+		DELETE FROM gatekeeper.mail_key k
+		 WHERE k.queue = OLD.queue AND k.dedupe_key = OLD.dedupe_key AND k.id = NEW.id;
 	END IF;
 	UPDATE gatekeeper.mail_done d
 	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
