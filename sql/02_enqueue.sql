@@ -5,7 +5,9 @@ SET client_min_messages = warning;
 
 \i sql/error_of.inc
 
-SELECT gatekeeper.create_queue('enq');
+-- enq holds a dedupe key only while its mail is unfinished ('0'; the
+-- default window of 24 hours is tested in 20_dedupe_window)
+SELECT gatekeeper.create_queue('enq', dedupe_window => '0');
 SELECT gatekeeper.create_queue('enq_other');
 SELECT gatekeeper.create_queue('enq_window', dedupe_window => '1 hour');
 
@@ -62,7 +64,7 @@ SELECT count(*) AS claimed, count(*) FILTER (WHERE id = :d1 AND attempt = 1) AS 
   FROM gatekeeper.claim('w-enq', 100, queues => ARRAY['enq']);
 SELECT gatekeeper.enqueue('dave@example.com', 'Receipt #1', 'while claimed',
                           queue => 'enq', dedupe_key => 'order-1') = :d1 AS same_id_while_claimed;
--- once sent, and the queue has no dedupe window, the key makes a new mail
+-- once sent, and the queue's dedupe window is '0', the key makes a new mail
 SELECT gatekeeper.ack(:d1, 1) AS acked;
 SELECT gatekeeper.enqueue('dave@example.com', 'Receipt #1', 'after sent',
                           queue => 'enq', dedupe_key => 'order-1') AS d2 \gset
@@ -90,7 +92,7 @@ SELECT gatekeeper.enqueue('erin@example.com', 'Welcome', 'after the window',
                           queue => 'enq_window', dedupe_key => 'welcome') <> :w1 AS new_id_after_window;
 SELECT state, body FROM gatekeeper.mail_status
  WHERE queue = 'enq_window' AND dedupe_key = 'welcome' ORDER BY id;
--- alter_queue(dedupe_window => '0') removes the window: a sent mail no longer holds its key
+-- alter_queue(dedupe_window => '0'): a sent mail no longer holds its key
 SELECT count(*) AS claimed FROM gatekeeper.claim('w-enq', 100, queues => ARRAY['enq_window']);
 SELECT count(*) FILTER (WHERE gatekeeper.ack(id, attempt)) AS acked FROM gatekeeper.mail_status
  WHERE queue = 'enq_window' AND state = 'claimed';

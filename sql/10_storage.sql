@@ -61,6 +61,9 @@ SELECT count(*) AS no_such_mail FROM gatekeeper.status(-1);
 SELECT gatekeeper.find('st_q', 'k1') = :m1 AS finds_sent,
        gatekeeper.find('st_q', 'k2') = :m2 AS finds_failed,
        gatekeeper.find('st_q', 'nope') IS NULL AS finds_none;
+-- a failed mail holds its key within the window too (issue 25): past it,
+-- the key makes a new mail
+UPDATE gatekeeper.mail_done SET finished_at = now() - interval '2 hours' WHERE id = :m2;
 SELECT gatekeeper.enqueue('st2@storage.example', 'Two again', 'Body', queue => 'st_q', dedupe_key => 'k2') AS m4 \gset
 SELECT gatekeeper.find('st_q', 'k2') = :m4 AS finds_live;
 -- the dedupe window holds for mail already moved to mail_done

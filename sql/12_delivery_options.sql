@@ -60,6 +60,21 @@ SELECT send_window, timezone, unsubscribe_url FROM gatekeeper.queue WHERE name =
 SELECT pg_temp.error_of($$SELECT gatekeeper._check_window(NULL, 'europe/paris')$$) AS lower_case_zone,
 	   pg_temp.error_of($$SELECT gatekeeper._check_window(NULL, 'Etc/GMT+5')$$) AS etc_zone,
 	   pg_temp.error_of($$SELECT gatekeeper._check_window(NULL, 'EST5EDT')$$) AS legacy_zone;
+-- Names PostgreSQL's time zone database has no file for are refused
+-- however they are shaped (issue 25 item 13): a slash used to let a POSIX
+-- offset through ('Etc/GMT+14' is no zone: the extremes are Etc/GMT-14
+-- and Etc/GMT+12), for a queue's zone and a mail's alike
+SELECT z, pg_temp.error_of(format('SELECT gatekeeper.create_queue(%L, timezone => %L)', 'o_zone ' || z, z)) AS queue_zone
+  FROM unnest(ARRAY['Etc/GMT+14', 'Foo/Bar+5', 'A/B-3', 'Europe/Paris+1', 'Etc/GMT+13',
+					'Etc/GMT-14', 'Etc/GMT+12', 'etc/gmt-3', 'UTC', 'cet']) z
+ ORDER BY z;
+SELECT name, timezone FROM gatekeeper.queue WHERE name LIKE 'o\_zone %' ORDER BY name;
+SELECT count(gatekeeper.drop_queue(name)) AS dropped FROM gatekeeper.queue WHERE name LIKE 'o\_zone %';
+SELECT pg_temp.error_of($$SELECT gatekeeper.alter_queue('o_promo', timezone => 'Etc/GMT+14')$$) AS alter_slash_zone;
+SELECT pg_temp.error_of($$SELECT gatekeeper.enqueue('tz@example.com', 'Hi', 'Body', timezone => 'Foo/Bar+5')$$) AS mail_slash_zone;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, timezone)
+						  VALUES ('tz@example.com', 'Hi', 'Body', 'Asia/Tokyo'), ('tz2@example.com', 'Hi', 'Body', 'A/B-3')$$) AS bulk_slash_zone;
+SELECT count(*) AS mail_to_tz FROM gatekeeper.mail WHERE recipient LIKE 'tz%@example.com';
 
 -- Sending windows at fixed times.  _window_open returns the time itself
 -- when it is inside, else the window's next opening; shown in UTC.

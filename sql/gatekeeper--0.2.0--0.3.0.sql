@@ -9,6 +9,575 @@
  */
 
 /*
+ * Issue 25, items 10 and 11: a dedupe key is held by a mail that is
+ * scheduled or claimed, or that finished (but was not cancelled) within
+ * its queue's dedupe_window, 24 hours unless the queue says otherwise;
+ * '0' holds it only while the mail is unfinished, which is what a queue
+ * without a window did: such queues get the default.  mail_key keeps the
+ * finish time of a holder that retention removed while its window lasts;
+ * the keys of mail that finished within the window get their rows back
+ * (0.2.0's purge() removed them).  enqueue() pins gatekeeper.on_duplicate
+ * (new in 0.3.0: 'skip' makes bulk loads skip held keys).
+ */
+-- the default queue stays unaltered (pg_dump leaves it out): its window
+-- is what a fresh 0.3.0 gives it
+ALTER TABLE gatekeeper.queue DISABLE TRIGGER queue_builtin_update;
+UPDATE gatekeeper.queue SET dedupe_window = interval '24 hours' WHERE dedupe_window IS NULL;
+ALTER TABLE gatekeeper.queue ENABLE TRIGGER queue_builtin_update;
+ALTER TABLE gatekeeper.queue
+	DROP CONSTRAINT queue_dedupe_window_check,
+	ALTER COLUMN dedupe_window SET DEFAULT interval '24 hours',
+	ALTER COLUMN dedupe_window SET NOT NULL,
+	ADD CONSTRAINT queue_dedupe_window_check
+		CHECK (dedupe_window = interval '0'
+			   OR dedupe_window BETWEEN interval '1 second' AND interval '87660 hours');
+COMMENT ON COLUMN gatekeeper.queue.dedupe_window IS 'how long a finished mail (but a cancelled one) holds its dedupe key; 0: only while it is scheduled or claimed';
+
+ALTER TABLE gatekeeper.mail_key ADD COLUMN finished_at timestamptz;
+COMMENT ON TABLE gatekeeper.mail_key IS 'the mail that holds each dedupe key: scheduled, claimed, or finished (not cancelled) within its queue''s dedupe_window; a row whose mail no longer holds the key is stale until the key''s next insert or purge()';
+COMMENT ON COLUMN gatekeeper.mail_key.finished_at IS 'when the holder finished, written when retention removed it while its dedupe window lasted';
+
+CREATE OR REPLACE FUNCTION gatekeeper._mail_key_held(id bigint, queue text, dedupe_key text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT EXISTS (SELECT FROM gatekeeper.mail_live l
+				WHERE l.id = $1 AND l.queue = $2 AND l.dedupe_key = $3)
+	OR EXISTS (SELECT FROM gatekeeper.mail_claim c, unnest(c.mails) r
+				WHERE int8range(c.lo, c.hi, '[]') @> $1 AND c.queue = $2
+				  AND r.id = $1 AND r.dedupe_key = $3 AND NOT r.id = ANY (c.gone))
+	OR EXISTS (SELECT FROM gatekeeper.queue q
+				WHERE q.name = $2 AND q.dedupe_window > interval '0'
+				  AND (EXISTS (SELECT FROM gatekeeper.mail_done d
+								WHERE d.id = $1 AND d.queue = $2 AND d.dedupe_key = $3
+								  AND d.state <> 'cancelled'
+								  AND d.finished_at > now() - q.dedupe_window)
+					   OR EXISTS (SELECT FROM gatekeeper.mail_key k
+								   WHERE k.queue = $2 AND k.dedupe_key = $3 AND k.id = $1
+									 AND k.finished_at > now() - q.dedupe_window)))
+$$;
+
+CREATE FUNCTION gatekeeper._mail_key_hold(queue text)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+SELECT DISTINCT ON (d.queue, d.dedupe_key) d.queue, d.dedupe_key, d.id
+  FROM gatekeeper.mail_done d
+  JOIN gatekeeper.queue q ON q.name = d.queue
+ WHERE ($1 IS NULL OR d.queue = $1) AND d.dedupe_key IS NOT NULL
+   AND d.state <> 'cancelled' AND q.dedupe_window > interval '0'
+   AND d.finished_at > now() - q.dedupe_window
+   AND NOT EXISTS (SELECT FROM gatekeeper.mail_key k
+					WHERE k.queue = d.queue AND k.dedupe_key = d.dedupe_key)
+ ORDER BY d.queue, d.dedupe_key, d.finished_at DESC, d.id DESC
+ON CONFLICT DO NOTHING
+$$;
+
+REVOKE ALL ON FUNCTION gatekeeper._mail_key_hold(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION gatekeeper._check_queue_policy(gates text[], on_gate_closed text, delivery text,
+	max_attempts int, weight int, rate_limit int, dedupe_window interval, altering boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	missing text;
+BEGIN
+	IF gates IS NOT NULL THEN
+		IF array_ndims(gates) > 1 THEN
+			RAISE EXCEPTION 'gates must be a one-dimensional array' USING ERRCODE = 'invalid_parameter_value';
+		END IF;
+		IF array_position(gates, NULL) IS NOT NULL THEN
+			RAISE EXCEPTION 'gate names must not be null' USING ERRCODE = 'null_value_not_allowed';
+		END IF;
+		SELECT g INTO missing FROM unnest(gates) AS g
+		 WHERE NOT EXISTS (SELECT FROM gatekeeper.gate WHERE name = g) LIMIT 1;
+		IF FOUND THEN
+			RAISE EXCEPTION 'gate "%" does not exist', missing
+				USING ERRCODE = 'undefined_object',
+					  HINT = 'Create it with gatekeeper.create_gate().';
+		END IF;
+	END IF;
+	IF on_gate_closed IS NOT NULL AND on_gate_closed NOT IN ('suppress', 'defer') THEN
+		RAISE EXCEPTION 'invalid on_gate_closed policy "%"', on_gate_closed
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'on_gate_closed must be suppress or defer.';
+	END IF;
+	IF delivery IS NOT NULL AND delivery NOT IN ('at_least_once', 'at_most_once') THEN
+		RAISE EXCEPTION 'invalid delivery guarantee "%"', delivery
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'delivery must be at_least_once or at_most_once.';
+	END IF;
+	IF max_attempts < 1 THEN
+		RAISE EXCEPTION 'max_attempts must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('max_attempts was %s.', max_attempts);
+	END IF;
+	IF weight < 1 THEN
+		RAISE EXCEPTION 'weight must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('weight was %s.', weight);
+	END IF;
+	IF rate_limit < 0 OR (NOT altering AND rate_limit = 0) THEN
+		RAISE EXCEPTION 'rate_limit must be positive'
+			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('rate_limit was %s.', rate_limit),
+				  HINT = 'alter_queue(name, rate_limit => 0) removes a limit.';
+	END IF;
+	-- '0': the key is held only while its mail is unfinished
+	IF dedupe_window <> interval '0' THEN
+		PERFORM gatekeeper._duration(dedupe_window, 'dedupe_window');
+	END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
+	on_gate_closed text DEFAULT 'suppress', delivery text DEFAULT 'at_least_once',
+	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
+	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
+	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
+	notify boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF create_queue.name IS NULL THEN
+		RAISE EXCEPTION 'queue name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_queue.name = '' THEN
+		RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF gates IS NULL OR on_gate_closed IS NULL OR delivery IS NULL OR max_attempts IS NULL OR weight IS NULL
+	   OR create_queue.transactional IS NULL OR create_queue.timezone IS NULL THEN
+		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts, weight, transactional and timezone must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF create_queue.background IS NULL OR create_queue.notify IS NULL THEN
+		RAISE EXCEPTION 'background and notify must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM gatekeeper._check_notify(create_queue.name, create_queue.notify);
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, false);
+	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
+	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
+	BEGIN
+		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
+									  weight, rate_limit, dedupe_window, tokens, transactional,
+									  unsubscribe_url, send_window, timezone, background, notify)
+		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
+				on_gate_closed, delivery, max_attempts, weight, rate_limit,
+				CASE WHEN dedupe_window = interval '0' THEN interval '0'
+					 ELSE coalesce(gatekeeper._duration(dedupe_window, 'dedupe_window'),
+								   interval '24 hours') END,
+				coalesce(rate_limit, 0),
+				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
+				create_queue.timezone, create_queue.background, create_queue.notify);
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
+	END;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
+	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
+	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
+	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
+	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
+	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
+	notify boolean DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	/*
+	 * Taking a queue from the background workers waits for the claims in
+	 * progress (each worker's claim holds ROW SHARE on gatekeeper.queue
+	 * from before it reads the queues): once this commits, no worker claim
+	 * that read the queue as its own is still running.
+	 */
+	IF alter_queue.background = false THEN
+		LOCK TABLE gatekeeper.queue IN EXCLUSIVE MODE;
+	END IF;
+	PERFORM gatekeeper._queue(alter_queue.name, true);
+	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
+										   weight, rate_limit, dedupe_window, true);
+	PERFORM gatekeeper._check_notify(alter_queue.name, alter_queue.notify);
+	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
+	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
+	UPDATE gatekeeper.queue q
+	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
+							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
+		   on_gate_closed = coalesce(alter_queue.on_gate_closed, q.on_gate_closed),
+		   delivery = coalesce(alter_queue.delivery, q.delivery),
+		   max_attempts = coalesce(alter_queue.max_attempts, q.max_attempts),
+		   weight = coalesce(alter_queue.weight, q.weight),
+		   rate_limit = CASE WHEN alter_queue.rate_limit = 0 THEN NULL
+							 ELSE coalesce(alter_queue.rate_limit, q.rate_limit) END,
+		   tokens = CASE WHEN alter_queue.rate_limit IS NOT NULL THEN alter_queue.rate_limit ELSE q.tokens END,
+		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN interval '0'
+								ELSE coalesce(gatekeeper._duration(alter_queue.dedupe_window, 'dedupe_window'),
+											  q.dedupe_window) END,
+		   transactional = coalesce(alter_queue.transactional, q.transactional),
+		   unsubscribe_url = CASE WHEN alter_queue.unsubscribe_url = '' THEN NULL
+								  ELSE coalesce(alter_queue.unsubscribe_url, q.unsubscribe_url) END,
+		   send_window = CASE WHEN alter_queue.send_window = '' THEN NULL
+							  ELSE coalesce(alter_queue.send_window, q.send_window) END,
+		   timezone = coalesce(alter_queue.timezone, q.timezone),
+		   background = coalesce(alter_queue.background, q.background),
+		   notify = coalesce(alter_queue.notify, q.notify)
+	 WHERE q.name = alter_queue.name;
+	-- a longer window holds again the keys purge() freed under the shorter one
+	IF alter_queue.dedupe_window > interval '0' THEN
+		PERFORM gatekeeper._mail_key_hold(alter_queue.name);
+	END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.drop_queue(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	live bigint;
+BEGIN
+	IF drop_queue.name = 'default' THEN
+		RAISE EXCEPTION 'the default queue cannot be dropped' USING ERRCODE = 'reserved_name';
+	END IF;
+	PERFORM gatekeeper._queue(drop_queue.name, true);
+	-- wait out writers that may be adding mail to this queue, and hold off new ones
+	LOCK TABLE gatekeeper.mail IN SHARE MODE;
+	-- scheduled mail, and claimed mail still open in its batches, under one
+	-- snapshot: a claim or a hand-back moves mail between them in one commit
+	SELECT (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name)
+		   + (SELECT coalesce(sum(c.open), 0) FROM gatekeeper.mail_claim c
+			   WHERE c.queue = drop_queue.name)
+	  INTO live;
+	IF live > 0 THEN
+		RAISE EXCEPTION 'queue "%" still holds % live mail', drop_queue.name, live
+			USING ERRCODE = 'object_in_use',
+				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
+	END IF;
+	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
+	-- its finished mail holds no key: a new queue of the name starts free
+	DELETE FROM gatekeeper.mail_key k WHERE k.queue = drop_queue.name;
+	PERFORM gatekeeper._forget_live(drop_queue.name);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- the insert below fails on a held key, and the loop returns the holder
+-- (with 'skip' the trigger would take the new mail out again)
+SET gatekeeper.on_duplicate = 'error'
+AS $$
+#variable_conflict use_column
+DECLARE
+	new_id bigint;
+	q gatekeeper.queue;
+	violated text;
+BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR queue IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body, queue and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF priority IS NULL THEN
+		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF dedupe_key IS NULL THEN
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, priority, send_by, recipient_name, metadata, timezone)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
+				recipient_name, metadata, timezone)
+		RETURNING id INTO new_id;
+		RETURN new_id;
+	END IF;
+
+	q := gatekeeper._queue(enqueue.queue);
+	/*
+	 * The mail that holds the key wins: scheduled, claimed, or finished
+	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
+	 * Otherwise insert: the trigger takes over the key's row if its mail
+	 * no longer holds it.  If a concurrent enqueue of the same key got
+	 * there first (its row holds the key in mail_key), or the holder was
+	 * seen before the transaction that changed it committed, the insert
+	 * fails on the key and the next round finds the holder.
+	 */
+	FOR round IN 1..10 LOOP
+		/*
+		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
+		 * moves its live row's key, not its mail_key row.
+		 */
+		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
+		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = enqueue.queue AND k.dedupe_key = enqueue.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		BEGIN
+			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+										 headers, dedupe_key, priority, send_by, recipient_name,
+										 metadata, timezone)
+			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+					priority, send_by, recipient_name, metadata, timezone)
+			RETURNING id INTO new_id;
+			RETURN new_id;
+		EXCEPTION WHEN unique_violation THEN
+			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
+				RAISE;
+			END IF;
+		END;
+	END LOOP;
+	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
+		USING ERRCODE = 'serialization_failure';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper._rotate(retention interval)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s gatekeeper.segment;
+	nxt smallint;
+	removed bigint;
+	timeout text := current_setting('lock_timeout');
+BEGIN
+	SELECT * INTO s FROM gatekeeper.segment FOR UPDATE SKIP LOCKED;
+	IF NOT FOUND OR now() - s.rotated_at < retention / 2 THEN
+		RETURN 0;
+	END IF;
+	nxt := (s.current + 1) % 4;
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	BEGIN
+		PERFORM set_config('lock_timeout', '1s', true);
+		-- a finished mail of the segment that still holds its dedupe key
+		-- (its queue's window is longer than retention) leaves its finish
+		-- time in the key's row, which goes on holding the key; under the
+		-- row's lock, which an insert of the key takes before it tests the
+		-- holder (src/mail.c, write_keys)
+		UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at
+		  FROM gatekeeper.mail_done d
+		  JOIN gatekeeper.queue q ON q.name = d.queue
+		 WHERE d.segment = nxt AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled'
+		   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window
+		   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id;
+		-- and mail_claim: the records of claimed mail in the segment are
+		-- rewritten below, and an ack reads them before it locks a batch
+		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
+					   'mail_' || nxt, 'mail_done_' || nxt);
+		PERFORM set_config('lock_timeout', timeout, true);
+	EXCEPTION WHEN lock_not_available THEN
+		PERFORM set_config('lock_timeout', timeout, true);
+		RETURN 0;
+	END;
+	-- under the locks, nothing enters the segment: look again
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	EXECUTE format(
+		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
+									dedupe_key, priority, send_at, send_by, created_at, segment,
+									recipient_name, metadata, timezone)
+		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
+				m.recipient_name, m.metadata, m.timezone
+		   FROM gatekeeper.%I m
+		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
+		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
+	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
+	-- claimed mail still open in its batch: its record names the new segment
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(
+			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
+						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
+								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
+								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).message_id, (c.mails[i]).last_error,
+								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
+						ELSE c.mails[i] END
+			  FROM generate_subscripts(c.mails, 1) AS i
+			 ORDER BY i)
+	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
+	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
+	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I', 'mail_' || nxt, 'mail_done_' || nxt);
+	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
+	RETURN removed;
+END
+$$;
+
+-- an UPDATE of a scheduled mail's key gives it the key's row, so that it
+-- holds the key once claimed and finished too
+CREATE OR REPLACE FUNCTION gatekeeper._mail_sync() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids bigint[];
+	attempts int[];
+	b gatekeeper.mail_claim;
+	r gatekeeper.mail_live;
+	pos int;
+BEGIN
+	IF TG_OP = 'DELETE' THEN
+		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
+		-- claimed mail: each open claim of a deleted mail, taken out of
+		-- its batch as an ack takes it (_take_claimed locks the batches
+		-- and skips what left them since this read); before the outcomes,
+		-- so that an ack this waited for has its outcome deleted too
+		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
+			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
+			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
+				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
+			 WHERE s.lo IS NOT NULL AND int8range(c.lo, c.hi, '[]') && int8range(s.lo, s.hi, '[]')
+			   AND NOT x.id = ANY (c.gone)
+			   AND x.id IN (SELECT o.id FROM old_mail o);
+			IF ids IS NOT NULL THEN
+				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
+			END IF;
+		END IF;
+		DELETE FROM gatekeeper.mail_done d
+		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
+		RETURN NULL;
+	END IF;
+	UPDATE gatekeeper.mail_live l
+	   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+						  ELSE l.send_at END
+	 WHERE l.id = NEW.id;
+	IF NOT FOUND THEN
+		-- claimed: the batch the mail is open in, locked, and its record
+		SELECT c.* INTO b FROM gatekeeper.mail_claim c
+		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
+						   WHERE int8range(k.lo, k.hi, '[]') @> NEW.id AND x.id = NEW.id
+							 AND NOT NEW.id = ANY (k.gone)
+						   LIMIT 1)
+		   FOR UPDATE;
+		IF FOUND AND NOT NEW.id = ANY (b.gone) THEN
+			SELECT i INTO pos FROM generate_subscripts(b.mails, 1) i
+			 WHERE (b.mails[i]).id = NEW.id;
+			r := b.mails[pos];
+			IF NEW.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				IF EXISTS (SELECT FROM gatekeeper.mail_live l
+							WHERE l.queue = NEW.queue AND l.dedupe_key = NEW.dedupe_key) THEN
+					RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_dedupe"'
+						USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_dedupe',
+							  DETAIL = format('A scheduled mail of queue %s holds dedupe key %s.',
+											  NEW.queue, NEW.dedupe_key);
+				END IF;
+				-- a stale row of the key is taken over (locked first, then
+				-- tested, as src/mail.c does); a held one fails the insert
+				PERFORM FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+				   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+				INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+				VALUES (NEW.queue, NEW.dedupe_key, NEW.id);
+			END IF;
+			IF r.dedupe_key IS NOT NULL
+			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
+				DELETE FROM gatekeeper.mail_key k
+				 WHERE k.queue = r.queue AND k.dedupe_key = r.dedupe_key AND k.id = NEW.id;
+			END IF;
+			r.queue := NEW.queue;
+			r.priority := NEW.priority;
+			r.dedupe_key := NEW.dedupe_key;
+			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
+				r.send_at := NEW.send_at;
+			END IF;
+			IF NEW.queue = b.queue OR b.open = 1 THEN
+				-- the batch moves with its one open mail
+				UPDATE gatekeeper.mail_claim c SET queue = NEW.queue, mails[pos] = r
+				 WHERE c.batch = b.batch;
+			ELSE
+				IF b.open <= 1 THEN
+					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
+				ELSE
+					UPDATE gatekeeper.mail_claim c
+					   SET open = c.open - 1, gone = c.gone || NEW.id
+					 WHERE c.batch = b.batch;
+				END IF;
+				INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+				VALUES (NEW.queue, b.worker, b.lease_until, NEW.id, NEW.id, 1, ARRAY[r]);
+			END IF;
+		ELSE
+			-- it left the batch (handed back into mail_live, or finished)
+			-- while this waited for the batch's lock
+			UPDATE gatekeeper.mail_live l
+			   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
+				   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
+								  ELSE l.send_at END
+			 WHERE l.id = NEW.id;
+		END IF;
+	ELSIF NEW.dedupe_key IS NOT NULL
+		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
+		-- scheduled: mail_dedupe refuses a key another scheduled mail
+		-- holds; a claimed mail, or one finished within its queue's
+		-- dedupe_window, holds its key in mail_key.  The mail takes the
+		-- key's row (locked first, then tested, as src/mail.c does), so
+		-- that it holds the key once claimed and finished too.
+		PERFORM FROM gatekeeper.mail_key k
+		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+		DELETE FROM gatekeeper.mail_key k
+		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key AND k.id <> NEW.id
+		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+		IF EXISTS (SELECT FROM gatekeeper.mail_key k
+					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
+					  AND k.id <> NEW.id) THEN
+			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
+				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
+					  DETAIL = format('A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.',
+									  NEW.queue, NEW.dedupe_key);
+		END IF;
+		INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+		VALUES (NEW.queue, NEW.dedupe_key, NEW.id)
+		ON CONFLICT (queue, dedupe_key) DO NOTHING;
+		DELETE FROM gatekeeper.mail_key k
+		 WHERE k.queue = OLD.queue AND k.dedupe_key = OLD.dedupe_key AND k.id = NEW.id;
+	END IF;
+	UPDATE gatekeeper.mail_done d
+	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
+	 WHERE d.id = NEW.id AND d.segment = NEW.segment
+	   AND (d.queue, d.dedupe_key) IS DISTINCT FROM (NEW.queue, NEW.dedupe_key);
+	RETURN NULL;
+END
+$$;
+
+
+SELECT gatekeeper._mail_key_hold(NULL);
+
+/*
  * Issue 28: gatekeeper.grant(role, use), remembered in role_grant.
  */
 /*

@@ -80,8 +80,9 @@ CREATE TABLE gatekeeper.queue (
 	max_attempts int NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
 	weight		int NOT NULL DEFAULT 1 CHECK (weight >= 1),
 	rate_limit	int CHECK (rate_limit >= 1),
-	dedupe_window interval
-		CHECK (dedupe_window BETWEEN interval '1 second' AND interval '87660 hours'),
+	dedupe_window interval NOT NULL DEFAULT interval '24 hours'
+		CHECK (dedupe_window = interval '0'
+			   OR dedupe_window BETWEEN interval '1 second' AND interval '87660 hours'),
 	paused		boolean NOT NULL DEFAULT false,
 	tokens		float8 NOT NULL DEFAULT 0,
 	refilled_at timestamptz,
@@ -95,6 +96,7 @@ CREATE TABLE gatekeeper.queue (
 	notify		boolean NOT NULL DEFAULT false
 );
 
+COMMENT ON COLUMN gatekeeper.queue.dedupe_window IS 'how long a finished mail (but a cancelled one) holds its dedupe key; 0: only while it is scheduled or claimed';
 COMMENT ON COLUMN gatekeeper.queue.background IS 'the background workers claim its mail; false: only external claimers do';
 COMMENT ON COLUMN gatekeeper.queue.notify IS 'NOTIFY gatekeeper, ''<queue>'' when its mail is due (at the commit that makes it due, or when it comes due)';
 
@@ -333,23 +335,29 @@ COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claime
 COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is not rewritten (but for a segment rotation)';
 
 /*
- * The dedupe keys of unfinished mail: one row per keyed mail that is
- * scheduled (in mail_live) or claimed (open in a mail_claim batch), so a
- * claimed mail keeps its key although its live row is gone.  The insert
+ * The holders of dedupe keys: one row per queue and key, naming the mail
+ * that holds the key: one that is scheduled (in mail_live) or claimed
+ * (open in a mail_claim batch), so a claimed mail keeps its key although
+ * its live row is gone; or one that finished, but was not cancelled,
+ * within its queue's dedupe_window (issue 25, item 10).  The insert
  * trigger of gatekeeper.mail writes the rows of the statement's keyed
- * mails (src/mail.c); a second unfinished mail with the key fails there
- * with 23505 on mail_key_pkey.
+ * mails (src/mail.c); a second mail with a held key fails there with
+ * 23505 on mail_key_pkey, or is skipped (gatekeeper.on_duplicate).
  *
- * Nothing removes a row when its mail finishes: that would put a write
+ * Nothing writes a row when its mail finishes: that would put a write
  * into every ack and every other way out, and the ack is the drain's hot
- * path.  A row whose mail is neither in mail_live nor open in a batch
- * under that queue and key (_mail_key_held) is stale instead: the next
- * insert of the key takes it over, and purge() deletes the rest.  Both
- * lock the row first and only then test it in a later statement, whose
- * snapshot sees the holder as the row's last writer left it: a holder
- * moves between mail_live, mail_claim and mail_done in single
- * transactions and never comes back from mail_done, so a holder seen
- * finished is finished.
+ * path.  A row whose mail no longer holds the key (_mail_key_held) is
+ * stale instead: the next insert of the key takes it over, and purge()
+ * deletes the rest.  Both lock the row first and only then test it in a
+ * later statement, whose snapshot sees the holder as the row's last
+ * writer left it: a holder moves between mail_live, mail_claim and
+ * mail_done in single transactions and never comes back from mail_done,
+ * and a finished holder stays in mail_done until retention removes it,
+ * so a holder seen not holding no longer holds.  Retention may remove a
+ * finished holder while its window lasts (a window longer than
+ * gatekeeper.retention): rotation first writes its finish time into the
+ * key's row (finished_at), under the row's lock, and the row holds the key
+ * until the window has passed.
  *
  * mail_dedupe stays on mail_live: find() looks scheduled mail up by it,
  * and it still refuses two scheduled mails with one key wherever rows
@@ -359,13 +367,17 @@ CREATE TABLE gatekeeper.mail_key (
 	queue		text NOT NULL,
 	dedupe_key	text NOT NULL,
 	id			bigint NOT NULL,
+	finished_at timestamptz,
 	PRIMARY KEY (queue, dedupe_key)
 );
 
-COMMENT ON TABLE gatekeeper.mail_key IS 'the dedupe keys of unfinished (scheduled or claimed) mail; a row whose mail finished is stale until the key''s next insert or purge()';
+COMMENT ON TABLE gatekeeper.mail_key IS 'the mail that holds each dedupe key: scheduled, claimed, or finished (not cancelled) within its queue''s dedupe_window; a row whose mail no longer holds the key is stale until the key''s next insert or purge()';
+COMMENT ON COLUMN gatekeeper.mail_key.finished_at IS 'when the holder finished, written when retention removed it while its dedupe window lasted';
 
--- whether mail id is unfinished under this queue and key: a scheduled
--- live row, or an open record of a claimed batch
+-- whether mail id holds this queue's key: a scheduled live row, an open
+-- record of a claimed batch, or an outcome other than cancelled within
+-- the queue's dedupe_window (kept in the key's row once retention removed
+-- the outcome)
 CREATE FUNCTION gatekeeper._mail_key_held(id bigint, queue text, dedupe_key text)
 RETURNS boolean
 LANGUAGE sql STABLE
@@ -376,6 +388,40 @@ SELECT EXISTS (SELECT FROM gatekeeper.mail_live l
 	OR EXISTS (SELECT FROM gatekeeper.mail_claim c, unnest(c.mails) r
 				WHERE int8range(c.lo, c.hi, '[]') @> $1 AND c.queue = $2
 				  AND r.id = $1 AND r.dedupe_key = $3 AND NOT r.id = ANY (c.gone))
+	OR EXISTS (SELECT FROM gatekeeper.queue q
+				WHERE q.name = $2 AND q.dedupe_window > interval '0'
+				  AND (EXISTS (SELECT FROM gatekeeper.mail_done d
+								WHERE d.id = $1 AND d.queue = $2 AND d.dedupe_key = $3
+								  AND d.state <> 'cancelled'
+								  AND d.finished_at > now() - q.dedupe_window)
+					   OR EXISTS (SELECT FROM gatekeeper.mail_key k
+								   WHERE k.queue = $2 AND k.dedupe_key = $3 AND k.id = $1
+									 AND k.finished_at > now() - q.dedupe_window)))
+$$;
+
+/*
+ * Give the keys of mail that finished within the queue's dedupe_window
+ * (queue NULL: every queue's) a row of mail_key when they have none: a
+ * window that was '0' or shorter, under which purge() removed the rows
+ * (alter_queue), or 0.2.0, which kept none (the update).  The latest
+ * holder of a key wins; a key that has a row keeps it.
+ */
+CREATE FUNCTION gatekeeper._mail_key_hold(queue text)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+SELECT DISTINCT ON (d.queue, d.dedupe_key) d.queue, d.dedupe_key, d.id
+  FROM gatekeeper.mail_done d
+  JOIN gatekeeper.queue q ON q.name = d.queue
+ WHERE ($1 IS NULL OR d.queue = $1) AND d.dedupe_key IS NOT NULL
+   AND d.state <> 'cancelled' AND q.dedupe_window > interval '0'
+   AND d.finished_at > now() - q.dedupe_window
+   AND NOT EXISTS (SELECT FROM gatekeeper.mail_key k
+					WHERE k.queue = d.queue AND k.dedupe_key = d.dedupe_key)
+ ORDER BY d.queue, d.dedupe_key, d.finished_at DESC, d.id DESC
+ON CONFLICT DO NOTHING
 $$;
 
 CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
@@ -676,16 +722,28 @@ BEGIN
 	ELSIF NEW.dedupe_key IS NOT NULL
 		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
 		-- scheduled: mail_dedupe refuses a key another scheduled mail
-		-- holds; a claimed mail holds its key in mail_key
+		-- holds; a claimed mail, or one finished within its queue's
+		-- dedupe_window, holds its key in mail_key.  The mail takes the
+		-- key's row (locked first, then tested, as src/mail.c does), so
+		-- that it holds the key once claimed and finished too.
+		PERFORM FROM gatekeeper.mail_key k
+		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
+		DELETE FROM gatekeeper.mail_key k
+		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key AND k.id <> NEW.id
+		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 		IF EXISTS (SELECT FROM gatekeeper.mail_key k
 					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
-					  AND k.id <> NEW.id
-					  AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)) THEN
+					  AND k.id <> NEW.id) THEN
 			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
 				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
-					  DETAIL = format('A claimed mail of queue %s holds dedupe key %s.',
+					  DETAIL = format('A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.',
 									  NEW.queue, NEW.dedupe_key);
 		END IF;
+		INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+		VALUES (NEW.queue, NEW.dedupe_key, NEW.id)
+		ON CONFLICT (queue, dedupe_key) DO NOTHING;
+		DELETE FROM gatekeeper.mail_key k
+		 WHERE k.queue = OLD.queue AND k.dedupe_key = OLD.dedupe_key AND k.id = NEW.id;
 	END IF;
 	UPDATE gatekeeper.mail_done d
 	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
@@ -869,7 +927,8 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value', DETAIL = format('rate_limit was %s.', rate_limit),
 				  HINT = 'alter_queue(name, rate_limit => 0) removes a limit.';
 	END IF;
-	IF NOT (altering AND dedupe_window = interval '0') THEN
+	-- '0': the key is held only while its mail is unfinished
+	IF dedupe_window <> interval '0' THEN
 		PERFORM gatekeeper._duration(dedupe_window, 'dedupe_window');
 	END IF;
 END
@@ -933,7 +992,10 @@ BEGIN
 									  unsubscribe_url, send_window, timezone, background, notify)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
 				on_gate_closed, delivery, max_attempts, weight, rate_limit,
-				gatekeeper._duration(dedupe_window, 'dedupe_window'), coalesce(rate_limit, 0),
+				CASE WHEN dedupe_window = interval '0' THEN interval '0'
+					 ELSE coalesce(gatekeeper._duration(dedupe_window, 'dedupe_window'),
+								   interval '24 hours') END,
+				coalesce(rate_limit, 0),
 				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
 				create_queue.timezone, create_queue.background, create_queue.notify);
 	EXCEPTION WHEN unique_violation THEN
@@ -943,7 +1005,8 @@ END
 $$;
 
 -- each argument NULL leaves its setting unchanged; unsubscribe_url => '' and
--- send_window => '' remove them, as rate_limit => 0 and dedupe_window => '0' do
+-- send_window => '' remove them, as rate_limit => 0 does; dedupe_window =>
+-- '0' holds keys only while their mail is unfinished, as in create_queue
 CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
 	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
@@ -982,7 +1045,7 @@ BEGIN
 		   rate_limit = CASE WHEN alter_queue.rate_limit = 0 THEN NULL
 							 ELSE coalesce(alter_queue.rate_limit, q.rate_limit) END,
 		   tokens = CASE WHEN alter_queue.rate_limit IS NOT NULL THEN alter_queue.rate_limit ELSE q.tokens END,
-		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN NULL
+		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN interval '0'
 								ELSE coalesce(gatekeeper._duration(alter_queue.dedupe_window, 'dedupe_window'),
 											  q.dedupe_window) END,
 		   transactional = coalesce(alter_queue.transactional, q.transactional),
@@ -994,6 +1057,10 @@ BEGIN
 		   background = coalesce(alter_queue.background, q.background),
 		   notify = coalesce(alter_queue.notify, q.notify)
 	 WHERE q.name = alter_queue.name;
+	-- a longer window holds again the keys purge() freed under the shorter one
+	IF alter_queue.dedupe_window > interval '0' THEN
+		PERFORM gatekeeper._mail_key_hold(alter_queue.name);
+	END IF;
 END
 $$;
 
@@ -1033,6 +1100,8 @@ BEGIN
 				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
 	END IF;
 	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
+	-- its finished mail holds no key: a new queue of the name starts free
+	DELETE FROM gatekeeper.mail_key k WHERE k.queue = drop_queue.name;
 	PERFORM gatekeeper._forget_live(drop_queue.name);
 END
 $$;
@@ -1396,6 +1465,9 @@ RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- the insert below fails on a held key, and the loop returns the holder
+-- (with 'skip' the trigger would take the new mail out again)
+SET gatekeeper.on_duplicate = 'error'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1421,11 +1493,13 @@ BEGIN
 
 	q := gatekeeper._queue(enqueue.queue);
 	/*
-	 * An unfinished mail with this key wins, scheduled or claimed; so does
-	 * one sent within the queue's dedupe window.  Otherwise insert: the
-	 * trigger takes over the key's row if its mail has finished since.  If
-	 * a concurrent enqueue of the same key got there first (its row holds
-	 * the key in mail_key), the next round finds its mail.
+	 * The mail that holds the key wins: scheduled, claimed, or finished
+	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
+	 * Otherwise insert: the trigger takes over the key's row if its mail
+	 * no longer holds it.  If a concurrent enqueue of the same key got
+	 * there first (its row holds the key in mail_key), or the holder was
+	 * seen before the transaction that changed it committed, the insert
+	 * fails on the key and the next round finds the holder.
 	 */
 	FOR round IN 1..10 LOOP
 		/*
@@ -1442,15 +1516,6 @@ BEGIN
 		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 		IF FOUND THEN
 			RETURN new_id;
-		END IF;
-		IF q.dedupe_window IS NOT NULL THEN
-			SELECT d.id INTO new_id FROM gatekeeper.mail_done d
-			 WHERE d.queue = enqueue.queue AND d.dedupe_key = enqueue.dedupe_key
-			   AND d.state = 'sent' AND d.finished_at > now() - q.dedupe_window
-			 ORDER BY d.finished_at DESC LIMIT 1;
-			IF FOUND THEN
-				RETURN new_id;
-			END IF;
 		END IF;
 		BEGIN
 			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
@@ -1987,6 +2052,17 @@ BEGIN
 	END IF;
 	BEGIN
 		PERFORM set_config('lock_timeout', '1s', true);
+		-- a finished mail of the segment that still holds its dedupe key
+		-- (its queue's window is longer than retention) leaves its finish
+		-- time in the key's row, which goes on holding the key; under the
+		-- row's lock, which an insert of the key takes before it tests the
+		-- holder (src/mail.c, write_keys)
+		UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at
+		  FROM gatekeeper.mail_done d
+		  JOIN gatekeeper.queue q ON q.name = d.queue
+		 WHERE d.segment = nxt AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled'
+		   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window
+		   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id;
 		-- and mail_claim: the records of claimed mail in the segment are
 		-- rewritten below, and an ack reads them before it locks a batch
 		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
@@ -2036,8 +2112,8 @@ END
 $$;
 
 /*
- * Delete the stale rows of mail_key (their mail finished and no insert of
- * the key took them over since) in a window of its pages, so the table
+ * Delete the stale rows of mail_key (their mail no longer holds the key,
+ * and no insert of the key took them over since) in a window of its pages, so the table
  * stays about as large as the keyed unfinished mail.  purge() calls it
  * every few seconds, and mail scheduled far ahead can hold millions of
  * keys: one pass reads batch / 100 pages (about batch keys), a window

@@ -222,6 +222,7 @@ _PG_init(void)
 	shmem_request_hook = gatekeeper_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = gatekeeper_shmem_startup;
+	gatekeeper_stats_init();
 
 	gatekeeper_register_workers();
 }
@@ -257,6 +258,7 @@ gatekeeper_define_settings(void)
 	defined = true;
 
 	gatekeeper_define_segment_setting();
+	gatekeeper_define_on_duplicate_setting();
 
 	DefineCustomIntVariable("gatekeeper.naptime",
 							"Longest sleep of a gatekeeper worker between passes.",

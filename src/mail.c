@@ -44,6 +44,7 @@
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "mb/pg_wchar.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
@@ -172,6 +173,67 @@ static const char insert_keys_sql[] =
 "   AND NOT EXISTS (SELECT FROM gatekeeper.mail_key k "
 "                    WHERE k.queue = n.queue AND k.dedupe_key = n.dedupe_key AND k.id = n.id)";
 
+/*
+ * gatekeeper.on_duplicate = 'skip' (see skip_held_keys): the statement's
+ * keys, each given to its first mail unless held, in one statement that
+ * returns the mails that got theirs; the live rows of the mails kept, when
+ * the SQL path writes them; the skipped mails taken out again.
+ */
+static const char take_keys_sql[] =
+"INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) "
+"SELECT DISTINCT ON (n.queue, n.dedupe_key) n.queue, n.dedupe_key, n.id FROM new_mail n "
+" WHERE n.dedupe_key IS NOT NULL "
+"   AND NOT EXISTS (SELECT FROM gatekeeper.mail_live l "
+"                    WHERE l.queue = n.queue AND l.dedupe_key = n.dedupe_key) "
+" ORDER BY n.queue, n.dedupe_key, n.id "
+"ON CONFLICT (queue, dedupe_key) DO NOTHING "
+"RETURNING id";
+
+static const char skipped_ids_sql[] =
+"SELECT n.id FROM new_mail n "
+" WHERE n.dedupe_key IS NOT NULL AND NOT n.id = ANY ($1) ORDER BY 1";
+
+static const char insert_live_kept_sql[] =
+"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key, segment) "
+"SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key, n.segment FROM new_mail n "
+" WHERE NOT n.id = ANY ($1)";
+
+static const char delete_skipped_sql[] =
+"DELETE FROM gatekeeper.mail m USING new_mail n "
+" WHERE n.id = ANY ($1) AND m.id = n.id AND m.segment = n.segment";
+
+static SPIPlanPtr take_keys_plan = NULL;
+static SPIPlanPtr skipped_ids_plan = NULL;
+static SPIPlanPtr insert_live_kept_plan = NULL;
+static SPIPlanPtr delete_skipped_plan = NULL;
+
+/* gatekeeper.on_duplicate */
+typedef enum OnDuplicate
+{
+	ON_DUPLICATE_ERROR,
+	ON_DUPLICATE_SKIP
+} OnDuplicate;
+
+static const struct config_enum_entry on_duplicate_options[] = {
+	{"error", ON_DUPLICATE_ERROR, false},
+	{"skip", ON_DUPLICATE_SKIP, false},
+	{NULL, 0, false}
+};
+
+static int	on_duplicate = ON_DUPLICATE_ERROR;
+
+/*
+ * After the stale rows are gone: the first of the statement's mails whose
+ * key another mail holds, for the error (see held_key_error).
+ */
+static const char held_key_sql[] =
+"SELECT n.id, n.queue, n.dedupe_key FROM new_mail n "
+"  JOIN gatekeeper.mail_key k ON k.queue = n.queue AND k.dedupe_key = n.dedupe_key "
+" WHERE n.dedupe_key IS NOT NULL AND k.id <> n.id "
+"   AND EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = n.id) "
+" ORDER BY n.id LIMIT 1";
+
+static SPIPlanPtr held_key_plan = NULL;
 static SPIPlanPtr lock_keys_plan = NULL;
 static SPIPlanPtr clear_keys_plan = NULL;
 static SPIPlanPtr insert_keys_plan = NULL;
@@ -705,10 +767,53 @@ insert_live(TriggerData *trigdata, bool restoring)
 }
 
 /*
+ * Fail the statement on a mail (id, queue, dedupe_key in tuple) whose key
+ * another mail holds: 23505 on mail_key_pkey, as the insert of its key
+ * would (enqueue() tells it by the constraint's name), with the row, queue
+ * and key in the context line, as live_error_context gives them for
+ * mail_dedupe, to any role that may insert.
+ */
+static void
+held_key_error(TriggerData *trigdata, HeapTuple tuple, TupleDesc tupdesc)
+{
+	bool		isnull;
+	int64		id = DatumGetInt64(SPI_getbinval(tuple, tupdesc, 1, &isnull));
+	char	   *queue = SPI_getvalue(tuple, tupdesc, 2);
+	char	   *key = SPI_getvalue(tuple, tupdesc, 3);
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	int64		row = 0;
+
+	/* its position among the statement's rows */
+	tuplestore_rescan(trigdata->tg_newtable);
+	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
+	{
+		row++;
+		if (DatumGetInt64(slot_getattr(slot, 1, &isnull)) == id)
+			break;
+		ExecClearTuple(slot);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+
+	ereport(ERROR,
+			(errcode(ERRCODE_UNIQUE_VIOLATION),
+			 errmsg("duplicate key value violates unique constraint \"%s\"", "mail_key_pkey"),
+			 errdetail("A mail of queue \"%s\" holds dedupe key \"%s\": it is scheduled or claimed, or it finished within the queue's dedupe_window.",
+					   queue, key),
+			 err_generic_string(PG_DIAG_SCHEMA_NAME, "gatekeeper"),
+			 err_generic_string(PG_DIAG_TABLE_NAME, "mail_key"),
+			 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_key_pkey"),
+			 errcontext("row %lld of the statement, queue \"%s\", dedupe key \"%s\"",
+						(long long) row, queue, key)));
+}
+
+/*
  * Write the keys of the statement's new keyed mails into mail_key, after
- * their live rows: a key held by an unfinished mail fails the statement
- * with 23505 on mail_key_pkey, as mail_dedupe fails it for a scheduled
- * one; a key whose row is stale (its mail finished) is taken over.
+ * their live rows: a key held by another mail (claimed, or finished within
+ * its queue's dedupe_window) fails the statement with 23505 on
+ * mail_key_pkey (held_key_error), as mail_dedupe fails it for a scheduled
+ * one; a key whose row is stale (its mail no longer holds it) is taken
+ * over.
  *
  * The rows are locked first and tested for staleness only in the next
  * statement: SPI takes a new snapshot per statement (READ COMMITTED), so
@@ -735,10 +840,142 @@ write_keys(TriggerData *trigdata)
 		gatekeeper_plan(&clear_keys_plan, clear_keys_sql, 0, NULL);
 		if (SPI_execute_plan(clear_keys_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
 			elog(ERROR, "could not clear stale dedupe keys");
+		gatekeeper_plan(&held_key_plan, held_key_sql, 0, NULL);
+		if (SPI_execute_plan(held_key_plan, NULL, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not look up held dedupe keys");
+		if (SPI_processed > 0)
+			held_key_error(trigdata, SPI_tuptable->vals[0], SPI_tuptable->tupdesc);
 	}
 	gatekeeper_plan(&insert_keys_plan, insert_keys_sql, 0, NULL);
 	if (SPI_execute_plan(insert_keys_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not write dedupe keys");
+	SPI_finish();
+}
+
+/*
+ * The ids, as a bigint[] datum, of n sorted ids.
+ */
+static Datum
+id_array(int64 *ids, int n)
+{
+	Datum	   *elems = palloc(Max(n, 1) * sizeof(Datum));
+	int			i;
+
+	for (i = 0; i < n; i++)
+		elems[i] = Int64GetDatum(ids[i]);
+	return PointerGetDatum(construct_array(elems, n, INT8OID, sizeof(int64),
+										   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+}
+
+/*
+ * gatekeeper.on_duplicate = 'skip': take the keys of the statement's new
+ * mails where they are free, before any of their live rows is written,
+ * and return the ids of the keyed mails that got none (sorted; *n their
+ * count): those the trigger leaves out.
+ *
+ * The key rows are locked, and those whose mail no longer holds the key
+ * deleted, as write_keys does; then each key goes to the statement's
+ * first mail with it (by id: the first row, for ids the identity gives)
+ * unless a row of mail_key remains (a holder, live or finished within its
+ * window) or a scheduled mail holds it in mail_live.  ON CONFLICT DO
+ * NOTHING waits for a concurrent statement's uncommitted key and skips
+ * the mail if that commits, so the skip is as exact as the error would
+ * be.  One race is left to the deadlock detector: a statement that fails
+ * on held keys (on_duplicate 'error') writes its live rows before its
+ * keys, this one its keys first, and each may then wait for the other.
+ */
+static int64 *
+skip_held_keys(TriggerData *trigdata, int *n)
+{
+	int64	   *kept;
+	int64	   *skipped = NULL;
+	int			nkept;
+	bool		isnull;
+	Datum		arg;
+	Oid			argtype = INT8ARRAYOID;
+	uint64		i;
+
+	*n = 0;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
+		elog(ERROR, "SPI_register_trigger_data failed");
+	gatekeeper_plan(&lock_keys_plan, lock_keys_sql, 0, NULL);
+	if (SPI_execute_plan(lock_keys_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock dedupe keys");
+	if (SPI_processed > 0)
+	{
+		gatekeeper_plan(&clear_keys_plan, clear_keys_sql, 0, NULL);
+		if (SPI_execute_plan(clear_keys_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not clear stale dedupe keys");
+	}
+	gatekeeper_plan(&take_keys_plan, take_keys_sql, 0, NULL);
+	if (SPI_execute_plan(take_keys_plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "could not write dedupe keys");
+	nkept = (int) SPI_processed;
+	kept = palloc(Max(nkept, 1) * sizeof(int64));
+	for (i = 0; i < SPI_processed; i++)
+		kept[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+											  SPI_tuptable->tupdesc, 1, &isnull));
+
+	arg = id_array(kept, nkept);
+	gatekeeper_plan(&skipped_ids_plan, skipped_ids_sql, 1, &argtype);
+	if (SPI_execute_plan(skipped_ids_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not find the mails whose dedupe key is held");
+	if (SPI_processed > 0)
+	{
+		skipped = MemoryContextAlloc(CurTransactionContext, SPI_processed * sizeof(int64));
+		for (i = 0; i < SPI_processed; i++)
+			skipped[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+		*n = (int) SPI_processed;
+	}
+	SPI_finish();
+	return skipped;
+}
+
+/*
+ * Write the live rows of the statement's new mails but the skipped ones,
+ * by SQL (when the direct path cannot).
+ */
+static void
+insert_live_kept(TriggerData *trigdata, int64 *skipped, int nskipped)
+{
+	Datum		arg = id_array(skipped, nskipped);
+	Oid			argtype = INT8ARRAYOID;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
+		elog(ERROR, "SPI_register_trigger_data failed");
+	gatekeeper_plan(&insert_live_kept_plan, insert_live_kept_sql, 1, &argtype);
+	if (SPI_execute_plan(insert_live_kept_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not write live mail");
+	SPI_finish();
+}
+
+/*
+ * Take the skipped mails out of gatekeeper.mail again: the statement has
+ * inserted them, and a statement trigger cannot drop its rows otherwise.
+ * They have no live row, key or outcome, so the delete's own trigger
+ * (_mail_sync) finds nothing to remove.
+ */
+static void
+delete_skipped(TriggerData *trigdata, int64 *skipped, int nskipped)
+{
+	Datum		arg = id_array(skipped, nskipped);
+	Oid			argtype = INT8ARRAYOID;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
+		elog(ERROR, "SPI_register_trigger_data failed");
+	gatekeeper_plan(&delete_skipped_plan, delete_skipped_sql, 1, &argtype);
+	if (SPI_execute_plan(delete_skipped_plan, &arg, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "could not remove skipped mail");
+	if (SPI_processed != (uint64) nskipped)
+		elog(ERROR, "removed %llu skipped mails of %d",
+			 (unsigned long long) SPI_processed, nskipped);
 	SPI_finish();
 }
 
@@ -1083,6 +1320,9 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		MemoryContext old;
 		int64	   *done = NULL;
 		int			ndone = 0;
+		int64	   *skipped = NULL;
+		int			nskipped = 0;
+		bool		skipping = false;
 		LiveWriter *live = NULL;
 		StatsTally *tally = NULL;
 		bool		keyed = false;
@@ -1098,6 +1338,12 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		if (columns.state == 0)
 		{
 			done = finished_ids(trigdata, &ndone);
+			/* a restore of finished mail loads as it is, never skipped */
+			if (ndone == 0 && on_duplicate == ON_DUPLICATE_SKIP)
+			{
+				skipping = true;
+				skipped = skip_held_keys(trigdata, &nskipped);
+			}
 			if (ndone == 0)
 				live = live_open(desc);
 			tally = gatekeeper_stats_tally_start();
@@ -1120,14 +1366,18 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			bool		should_free;
 			HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
 			bool		finished = false;
+			bool		skip = false;
 			bool		scheduled;
 
-			if (ndone > 0)
+			if (ndone > 0 || nskipped > 0)
 			{
 				bool		isnull;
 				int64		id = DatumGetInt64(heap_getattr(tuple, 1, desc, &isnull));
 
-				finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
+				if (ndone > 0)
+					finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
+				else
+					skip = bsearch(&id, skipped, nskipped, sizeof(int64), int64_cmp) != NULL;
 			}
 			where.row++;
 			where.tuple = tuple;
@@ -1138,7 +1388,11 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			where.tuple = NULL;
 			if (!keyed)
 				keyed = !heap_attisnull(tuple, columns.dedupe_key, desc);
-			if (live != NULL)
+			if (skip)
+			{
+				/* validated like the others, then left out */
+			}
+			else if (live != NULL)
 			{
 				bool		isnull;
 
@@ -1147,7 +1401,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 										  heap_getattr(tuple, columns.queue, desc, &isnull),
 										  1);
 			}
-			if (tally != NULL)
+			if (tally != NULL && !skip)
 			{
 				bool		isnull;
 				Datum		queue = heap_getattr(tuple, columns.queue, desc, &isnull);
@@ -1167,10 +1421,21 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 
 		if (live != NULL)
 			live_close(live);
+		else if (skipping)
+			insert_live_kept(trigdata, skipped, nskipped);
 		else if (columns.state == 0)
 			insert_live(trigdata, ndone > 0);
-		if (keyed && columns.state == 0)
+		if (keyed && columns.state == 0 && !skipping)
 			write_keys(trigdata);
+		if (nskipped > 0)
+		{
+			delete_skipped(trigdata, skipped, nskipped);
+			ereport(NOTICE,
+					(errmsg_plural("skipped %d row whose dedupe key is held",
+								   "skipped %d rows whose dedupe key is held",
+								   nskipped, nskipped),
+					 errdetail("gatekeeper.on_duplicate is skip: a row whose key a mail of its queue holds (scheduled, claimed, or finished within the queue's dedupe_window), or an earlier row of the statement, is not enqueued.")));
+		}
 		gatekeeper_stats_tally_end(tally);
 		return PointerGetDatum(NULL);
 	}
@@ -1270,6 +1535,26 @@ show_current_segment(void)
 	if (!IsTransactionState())
 		return names[0];
 	return names[current_segment(true)];
+}
+
+/*
+ * gatekeeper.on_duplicate: what a bulk INSERT or COPY does with a row whose
+ * dedupe key is held.  An enum, so that SET refuses any other value (with
+ * the list of the two) as a check hook would.  enqueue() pins 'error': it
+ * returns the holder's id itself.
+ */
+void
+gatekeeper_define_on_duplicate_setting(void)
+{
+	DefineCustomEnumVariable("gatekeeper.on_duplicate",
+							 "What a bulk INSERT or COPY into gatekeeper.mail does with a row whose dedupe key is held.",
+							 "error fails the statement with SQLSTATE 23505; skip leaves the row out and counts it in a NOTICE at the end of the statement.",
+							 &on_duplicate,
+							 ON_DUPLICATE_ERROR,
+							 on_duplicate_options,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
 }
 
 void

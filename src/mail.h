@@ -13,5 +13,6 @@
 extern Oid	gatekeeper_live_relid(void);
 extern bool gatekeeper_mail_split(void);
 extern void gatekeeper_define_segment_setting(void);
+extern void gatekeeper_define_on_duplicate_setting(void);
 
 #endif							/* GATEKEEPER_MAIL_H */

@@ -25,6 +25,17 @@
  * (and removes the file) at start: after a crash the totals start at
  * zero.  gatekeeper.reset_stats() zeroes the current database's.
  *
+ * The hash never holds more than STATS_MAX_QUEUES entries: dynahash would
+ * take further ones from the server's spare shared memory, which the lock
+ * table and others need, so a queue beyond the bound gets no totals (a LOG
+ * line says so, once until entries are freed again).  Entries are freed
+ * when the transaction that drops their queue, their extension (DROP
+ * EXTENSION) or their database (DROP DATABASE) commits, through the object
+ * access hook, so nothing of a database that is gone is kept or written at
+ * shutdown; and when the hash is full, a backend that has counts to add
+ * frees the entries of databases that no longer exist and of its own
+ * database's former extensions (left by a server that did not free them).
+ *
  * IDENTIFICATION
  *		src/stats.c
  *
@@ -38,6 +49,9 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
 #include "commands/extension.h"
 #include "common/hashfn.h"
 #include "executor/tuptable.h"
@@ -53,6 +67,8 @@
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_count_done);
@@ -81,6 +97,9 @@ static const char *const finished_states[] = {
 /* Queues whose totals shared memory holds, server-wide */
 #define STATS_MAX_QUEUES	5000
 
+/* Least time between two sweeps of a full hash by one backend */
+#define STATS_SWEEP_INTERVAL_MS	10000
+
 /* Distinct queues one statement's rows are grouped by before noting them */
 #define STATS_GROUPS		16
 
@@ -105,15 +124,27 @@ typedef struct StatsEntry
 typedef struct StatsShared
 {
 	LWLock	   *lock;			/* protects the hash and its entries */
-	bool		full_logged;	/* "totals not kept" was logged */
+	bool		full_logged;	/* "totals not kept" was logged (since the
+								 * last entries were freed) */
 } StatsShared;
+
+/* What a pending record's commit removes from the hash */
+typedef enum StatsForget
+{
+	FORGET_NOTHING = 0,			/* it adds counts */
+	FORGET_QUEUE,				/* the key's entry: its queue was deleted */
+	FORGET_EXTENSION,			/* every entry of the key's database and
+								 * extension: DROP EXTENSION */
+	FORGET_DATABASE				/* every entry of the key's database: DROP
+								 * DATABASE */
+} StatsForget;
 
 /* A count noted by this backend, not yet committed */
 typedef struct PendingStats
 {
 	StatsKey	key;
 	int			level;			/* transaction nesting level that noted it */
-	bool		forget;			/* the queue was deleted: its totals go */
+	StatsForget forget;			/* what goes at commit, or FORGET_NOTHING */
 	int64		counts[STAT_KINDS];
 } PendingStats;
 
@@ -145,10 +176,18 @@ static int	npending = 0;
 static int	maxpending = 0;
 static bool callbacks_registered = false;
 
+static object_access_hook_type prev_object_access_hook = NULL;
+static TimestampTz last_sweep = 0;
+
 static StatsKey stats_key(const char *name, int len);
 static Oid	current_extension(void);
 static void note_counts(const StatsKey *key, const int64 *counts);
-static void note_forget(const StatsKey *key);
+static void note_forget(const StatsKey *key, StatsForget what);
+static void stats_object_access(ObjectAccessType access, Oid classId, Oid objectId,
+								int subId, void *arg);
+static bool stats_full(void);
+static void stats_sweep(void);
+static int	forget_matching(const StatsKey *key, StatsForget what);
 static PendingStats *pending_append(const StatsKey *key);
 static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
 					   int state_att, Oid *state_values);
@@ -178,6 +217,54 @@ gatekeeper_stats_shmem_request(void)
 {
 	RequestAddinShmemSpace(gatekeeper_stats_shmem_size());
 	RequestNamedLWLockTranche(STATS_TRANCHE, 1);
+}
+
+/*
+ * _PG_init's part when preloaded: free a dropped database's or extension's
+ * totals when its drop commits.
+ */
+void
+gatekeeper_stats_init(void)
+{
+	prev_object_access_hook = object_access_hook;
+	object_access_hook = stats_object_access;
+}
+
+/*
+ * object_access_hook: note the drop of a database, or of gatekeeper from
+ * the current database, so that their entries go when the drop commits
+ * (nothing goes if it aborts).
+ */
+static void
+stats_object_access(ObjectAccessType access, Oid classId, Oid objectId,
+					int subId, void *arg)
+{
+	if (prev_object_access_hook)
+		prev_object_access_hook(access, classId, objectId, subId, arg);
+	if (access != OAT_DROP || stats_hash == NULL)
+		return;
+	if (classId == DatabaseRelationId && subId == 0)
+	{
+		StatsKey	key;
+
+		memset(&key, 0, sizeof(key));
+		key.database = objectId;
+		note_forget(&key, FORGET_DATABASE);
+	}
+	else if (classId == ExtensionRelationId)
+	{
+		char	   *name = get_extension_name(objectId);
+
+		if (name != NULL && strcmp(name, "gatekeeper") == 0)
+		{
+			StatsKey	key;
+
+			memset(&key, 0, sizeof(key));
+			key.database = MyDatabaseId;
+			key.extension = objectId;
+			note_forget(&key, FORGET_EXTENSION);
+		}
+	}
 }
 
 /*
@@ -296,7 +383,7 @@ note_counts(const StatsKey *key, const int64 *counts)
 	{
 		if (memcmp(&pending[i].key, key, sizeof(StatsKey)) != 0)
 			continue;
-		if (!pending[i].forget)
+		if (pending[i].forget == FORGET_NOTHING)
 			p = &pending[i];
 		break;
 	}
@@ -307,14 +394,16 @@ note_counts(const StatsKey *key, const int64 *counts)
 }
 
 /*
- * Note that a queue was deleted: at commit its totals go.
+ * Note that a queue (FORGET_QUEUE), an extension or a database was
+ * dropped: at commit the key's entry, or all of the extension's or the
+ * database's, go.
  */
 static void
-note_forget(const StatsKey *key)
+note_forget(const StatsKey *key, StatsForget what)
 {
 	if (stats_hash == NULL)
 		return;
-	pending_append(key)->forget = true;
+	pending_append(key)->forget = what;
 }
 
 /*
@@ -389,6 +478,8 @@ gatekeeper_stats_tally_end(StatsTally *tally)
 {
 	if (tally == NULL)
 		return;
+	if (tally->ngroups > 0 && stats_full())
+		stats_sweep();
 	note_groups(tally);
 	MemoryContextDelete(tally->context);
 	pfree(tally);
@@ -520,7 +611,7 @@ gatekeeper_forget_queue(PG_FUNCTION_ARGS)
 		text	   *t = DatumGetTextPP(name);
 		StatsKey	key = stats_key(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
 
-		note_forget(&key);
+		note_forget(&key, FORGET_QUEUE);
 	}
 	return PointerGetDatum(NULL);
 }
@@ -665,7 +756,7 @@ stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		bool		merged = false;
 		int			j;
 
-		if (!p->forget)
+		if (p->forget == FORGET_NOTHING)
 		{
 			for (j = out - 1; j >= 0 && pending[j].level == level - 1; j--)
 			{
@@ -673,7 +764,7 @@ stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 				if (memcmp(&pending[j].key, &p->key, sizeof(StatsKey)) != 0)
 					continue;
-				if (!pending[j].forget)
+				if (pending[j].forget == FORGET_NOTHING)
 				{
 					for (k = 0; k < STAT_KINDS; k++)
 						pending[j].counts[k] += p->counts[k];
@@ -708,23 +799,28 @@ stats_flush(void)
 	{
 		PendingStats *p = &pending[i];
 		StatsEntry *entry;
-		bool		found;
 		int			k;
 
-		if (p->forget)
+		if (p->forget != FORGET_NOTHING)
 		{
-			hash_search(stats_hash, &p->key, HASH_REMOVE, NULL);
+			if (forget_matching(&p->key, p->forget) > 0)
+				stats_shared->full_logged = false;
 			continue;
 		}
-		entry = hash_search(stats_hash, &p->key, HASH_ENTER_NULL, &found);
+		entry = hash_search(stats_hash, &p->key, HASH_FIND, NULL);
 		if (entry == NULL)
 		{
-			full = !stats_shared->full_logged;
-			stats_shared->full_logged = true;
-			continue;
-		}
-		if (!found)
+			/* never past the bound: further entries would take spare memory */
+			if (hash_get_num_entries(stats_hash) < STATS_MAX_QUEUES)
+				entry = hash_search(stats_hash, &p->key, HASH_ENTER_NULL, NULL);
+			if (entry == NULL)
+			{
+				full |= !stats_shared->full_logged;
+				stats_shared->full_logged = true;
+				continue;
+			}
 			memset(entry->counts, 0, sizeof(entry->counts));
+		}
 		for (k = 0; k < STAT_KINDS; k++)
 			entry->counts[k] += p->counts[k];
 	}
@@ -734,7 +830,131 @@ stats_flush(void)
 		ereport(LOG,
 				(errmsg("gatekeeper keeps the totals of %d queues at most: further queues have none",
 						STATS_MAX_QUEUES),
-				 errhint("Dropped queues and reset_stats() make room; so does a restart.")));
+				 errhint("Dropped queues, extensions and databases make room, and so does reset_stats().")));
+}
+
+/*
+ * Remove the entries a commit forgets: the key's (FORGET_QUEUE), or every
+ * entry of its database and extension, or of its database.  Returns how
+ * many went.  With the lock held exclusively.
+ */
+static int
+forget_matching(const StatsKey *key, StatsForget what)
+{
+	HASH_SEQ_STATUS scan;
+	StatsEntry *entry;
+	int			n = 0;
+
+	if (what == FORGET_QUEUE)
+		return hash_search(stats_hash, key, HASH_REMOVE, NULL) != NULL ? 1 : 0;
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		if (entry->key.database != key->database)
+			continue;
+		if (what == FORGET_EXTENSION && entry->key.extension != key->extension)
+			continue;
+		/* removing the element just returned is allowed during a scan */
+		hash_search(stats_hash, &entry->key, HASH_REMOVE, NULL);
+		n++;
+	}
+	return n;
+}
+
+/*
+ * Whether the hash is at its bound (read without the lock: a hint).
+ */
+static bool
+stats_full(void)
+{
+	return stats_hash != NULL && hash_get_num_entries(stats_hash) >= STATS_MAX_QUEUES;
+}
+
+/*
+ * A full hash: free the entries of databases that no longer exist, and of
+ * the current database's extensions but the current one (a server whose
+ * drops did not free them, or a totals file it wrote, may have left them).
+ * Inside a transaction, at most once per STATS_SWEEP_INTERVAL_MS in each
+ * backend.  The databases are looked up without the lock: a database with
+ * entries existed when they were counted, and one dropped meanwhile frees
+ * its own at commit.
+ */
+static void
+stats_sweep(void)
+{
+	HASH_SEQ_STATUS scan;
+	StatsEntry *entry;
+	Oid		   *databases;
+	bool	   *gone;
+	int			ndatabases = 0;
+	int			maxdatabases = 16;
+	Oid			extension;
+	int			freed = 0;
+	int			i;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!IsTransactionState() ||
+		!TimestampDifferenceExceeds(last_sweep, now, STATS_SWEEP_INTERVAL_MS))
+		return;
+	last_sweep = now;
+	extension = current_extension();
+
+	/* the databases that have entries */
+	databases = palloc(maxdatabases * sizeof(Oid));
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		for (i = 0; i < ndatabases; i++)
+			if (databases[i] == entry->key.database)
+				break;
+		if (i < ndatabases)
+			continue;
+		if (ndatabases == maxdatabases)
+		{
+			maxdatabases *= 2;
+			databases = repalloc(databases, maxdatabases * sizeof(Oid));
+		}
+		databases[ndatabases++] = entry->key.database;
+	}
+	LWLockRelease(stats_shared->lock);
+
+	gone = palloc0(Max(ndatabases, 1) * sizeof(bool));
+	for (i = 0; i < ndatabases; i++)
+		gone[i] = databases[i] != MyDatabaseId &&
+			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(databases[i]));
+
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		bool		dead = false;
+
+		if (entry->key.database == MyDatabaseId)
+			dead = entry->key.extension != extension;
+		else
+		{
+			for (i = 0; i < ndatabases; i++)
+				if (databases[i] == entry->key.database)
+					break;
+			dead = i < ndatabases && gone[i];
+		}
+		if (dead)
+		{
+			hash_search(stats_hash, &entry->key, HASH_REMOVE, NULL);
+			freed++;
+		}
+	}
+	if (freed > 0)
+		stats_shared->full_logged = false;
+	LWLockRelease(stats_shared->lock);
+	pfree(databases);
+	pfree(gone);
+	if (freed > 0)
+		ereport(LOG,
+				(errmsg_plural("gatekeeper freed the totals of %d queue of dropped databases or extensions",
+							   "gatekeeper freed the totals of %d queues of dropped databases or extensions",
+							   freed, freed)));
 }
 
 /*
@@ -764,7 +984,8 @@ stats_load(void)
 						STATS_FILE)));
 	else
 	{
-		for (n = 0; n < header[1] && fread(&e, sizeof(e), 1, file) == 1; n++)
+		for (n = 0; n < header[1] && n < STATS_MAX_QUEUES &&
+			 fread(&e, sizeof(e), 1, file) == 1; n++)
 		{
 			StatsEntry *entry = hash_search(stats_hash, &e.key, HASH_ENTER_NULL, NULL);
 

@@ -15,6 +15,7 @@
 extern Size gatekeeper_stats_shmem_size(void);
 extern void gatekeeper_stats_shmem_request(void);
 extern void gatekeeper_stats_shmem_init(void);
+extern void gatekeeper_stats_init(void);
 typedef struct StatsTally StatsTally;
 
 extern StatsTally *gatekeeper_stats_tally_start(void);

@@ -444,7 +444,9 @@ gatekeeper_check_duration(const Interval *value, const char *kind)
 				 errmsg("%s must be between %s", k->name, k->range),
 				 errdetail("%s was %s.", k->name,
 						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(value))))));
+															   IntervalPGetDatum(value)))),
+				 strcmp(k->name, "dedupe_window") == 0 ?
+				 errhint("A dedupe_window of 0 holds a key only while its mail is scheduled or claimed.") : 0));
 
 	result = palloc0(sizeof(Interval));
 	result->time = (int64) usecs;

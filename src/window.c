@@ -14,9 +14,12 @@
  */
 #include "postgres.h"
 
+#include <unistd.h>
+
 #include "fmgr.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/hsearch.h"
 #include "utils/timestamp.h"
 
 #include "window.h"
@@ -80,45 +83,102 @@ gatekeeper_parse_window(const char *text, GatekeeperWindow *window)
 }
 
 /*
+ * PostgreSQL's own lookup of a zone file (src/timezone/pgtz.c, declared in
+ * pgtz.h, which is not among the installed headers): the file name under
+ * the time zone database's directory, matched in any case, opened, with
+ * its canonical spelling in canonname (TZ_STRLEN_MAX + 1 bytes); -1 when
+ * there is no such file.  It is what pg_tzset() itself loads a zone with.
+ */
+extern int	pg_open_tzfile(const char *name, char *canonname);
+
+/*
+ * Zones found valid, by upper-cased name, so that a COPY naming the same
+ * zone on every row looks its file up once per backend.  Only zone files
+ * enter it, so it holds at most as many zones as the database has.
+ */
+typedef struct ZoneCacheEntry
+{
+	char		name[TZ_STRLEN_MAX + 1];	/* upper-cased: the key */
+	pg_tz	   *zone;
+} ZoneCacheEntry;
+
+static HTAB *zone_cache = NULL;
+
+/*
+ * The zone file named name (in any case) as pg_tzset() loads it, or NULL
+ * when the database has no such file, or the file is no valid zone.
+ */
+static pg_tz *
+zone_file(const char *name)
+{
+	char		canonical[TZ_STRLEN_MAX + 1];
+	int			fd;
+	pg_tz	   *zone;
+
+	fd = pg_open_tzfile(name, canonical);
+	if (fd < 0)
+		return NULL;
+	close(fd);
+
+	/*
+	 * pg_tzset() reads a name it cannot load as a file as a POSIX
+	 * specification, named in upper case: the zone came from the file only
+	 * if it bears the file's name.
+	 */
+	zone = pg_tzset(name);
+	if (zone == NULL || strcmp(pg_get_timezone_name(zone), canonical) != 0)
+		return NULL;
+	return zone;
+}
+
+/*
  * gatekeeper_check_timezone
- *		The time zone named name, or raise 22023 unless it is an IANA name
- *		in PostgreSQL's time zone data.
+ *		The time zone named name, or raise 22023 unless PostgreSQL's time
+ *		zone database has a zone file of that name (in any case).
  *
- * pg_tzset() also reads POSIX zone specifications ("FOO+3", "<+03>-3"),
- * whose offsets have the opposite sign to what most readers expect and
- * which follow no country's rules: those are refused.  A name holding a
- * digit is taken as a specification unless it has a '/' (Etc/GMT+5) or is
- * one of the four legacy zone files with digits in their names.
+ * pg_tzset() also reads POSIX zone specifications ("FOO+3", "<+03>-3",
+ * and "Etc/GMT+14" or "Foo/Bar+5" alike), whose offsets have the opposite
+ * sign to what most readers expect and which follow no country's rules:
+ * whatever its shape, a name counts only if it is a file of the zone
+ * database (Etc/GMT+12 and Etc/GMT-14 are; Etc/GMT+14 is not).
  */
 pg_tz *
 gatekeeper_check_timezone(const char *name, const char *what)
 {
-	static const char *const legacy[] = {"EST5EDT", "CST6CDT", "MST7MDT", "PST8PDT", NULL};
 	pg_tz	   *zone = NULL;
-	bool		spec = false;
-	const char *p;
 
-	if (name[0] == '\0' || name[0] == '<' || name[0] == ':' ||
-		strlen(name) >= TZ_STRLEN_MAX)
-		spec = true;
-	for (p = name; *p && !spec; p++)
+	if (name[0] != '\0' && strlen(name) < TZ_STRLEN_MAX)
 	{
-		unsigned char c = (unsigned char) *p;
+		ZoneCacheEntry *entry;
+		char		key[TZ_STRLEN_MAX + 1];
+		bool		found;
+		int			i;
 
-		if (!(isalnum(c) || c == '/' || c == '_' || c == '-' || c == '+'))
-			spec = true;
-		else if (isdigit(c) && strchr(name, '/') == NULL)
+		if (zone_cache == NULL)
 		{
-			const char *const *l;
+			HASHCTL		info;
 
-			spec = true;
-			for (l = legacy; *l; l++)
-				if (pg_strcasecmp(name, *l) == 0)
-					spec = false;
+			info.keysize = sizeof(key);
+			info.entrysize = sizeof(ZoneCacheEntry);
+			zone_cache = hash_create("gatekeeper time zones", 64, &info,
+									 HASH_ELEM | HASH_STRINGS);
+		}
+		memset(key, 0, sizeof(key));
+		for (i = 0; name[i]; i++)
+			key[i] = pg_toupper((unsigned char) name[i]);
+		entry = hash_search(zone_cache, key, HASH_FIND, NULL);
+		if (entry != NULL)
+			zone = entry->zone;
+		else
+		{
+			zone = zone_file(name);
+			if (zone != NULL && pg_tz_acceptable(zone))
+			{
+				entry = hash_search(zone_cache, key, HASH_ENTER, &found);
+				entry->zone = zone;
+			}
 		}
 	}
-	if (!spec)
-		zone = pg_tzset(name);
 	if (zone == NULL || !pg_tz_acceptable(zone))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

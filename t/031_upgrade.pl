@@ -26,13 +26,16 @@
 # are, after the update, each open in exactly one mail_claim batch row
 # (rows of up to 128 consecutive ids per queue, worker and lease, as a
 # claim makes them) with its attempt, worker and lease, and no row of
-# mail_live; mail_key holds the keys of scheduled and claimed mail.  Then
-# reap() and acks (one at a time and in one call) with the (id, attempt)
-# the workers hold (and stale and later attempts) do what 0.1.0's own
-# reap() and acks did to the same claims (run before the update in a
-# transaction rolled back); a claimed mail's key refuses another mail
-# (23505) and enqueue() finds the claimed mail; once the mail finished the
-# key is free.
+# mail_live; mail_key holds the keys of scheduled and claimed mail, and
+# (0.3.0, issue 25) of mail that finished within its queue's dedupe
+# window.  Then reap() and acks (one at a time and in one call) with the
+# (id, attempt) the workers hold (and stale and later attempts) do what
+# 0.1.0's own reap() and acks did to the same claims (run before the
+# update in a transaction rolled back); a claimed mail's key refuses
+# another mail (23505) and enqueue() finds the claimed mail; once the mail
+# finished the key is still held within the queue's dedupe window (24
+# hours, the update's default for queues that had none), and free once
+# the window is '0'.
 #
 # Database "from020": CREATE EXTENSION gatekeeper VERSION '0.2.0', mail
 # in every state and claims held, and roles given 0.2.0's README recipes
@@ -289,11 +292,20 @@ my $claimed_attempts = $node->safe_psql('updated',
 	"SELECT array_agg(attempt ORDER BY id) FROM gatekeeper.mail WHERE state = 'claimed'");
 my ($w4_ids, $w4_attempts) = split /\|/, $node->safe_psql('updated',
 	"SELECT array_agg(id ORDER BY id), array_agg(attempt ORDER BY id) FROM gatekeeper.mail WHERE worker = 'w4' AND state = 'claimed'");
-# the keys of unfinished mail, scheduled and claimed
+# the keys of unfinished mail, scheduled and claimed, and (0.3.0) those of
+# mail finished, but not cancelled, within its queue's dedupe window (24
+# hours where it had none): the mail that holds each
 my $keys_010 = $node->safe_psql(
 	'updated', q{
 SELECT string_agg(format('%s %s %s', queue, dedupe_key, id), E'\n' ORDER BY queue, dedupe_key)
-  FROM gatekeeper.mail WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'claimed')});
+  FROM (SELECT DISTINCT ON (m.queue, m.dedupe_key) m.queue, m.dedupe_key, m.id
+		  FROM gatekeeper.mail m JOIN gatekeeper.queue q ON q.name = m.queue
+		 WHERE m.dedupe_key IS NOT NULL
+		   AND (m.state IN ('scheduled', 'claimed')
+				OR (m.state <> 'cancelled'
+					AND m.finished_at > now() - coalesce(q.dedupe_window, interval '24 hours')))
+		 ORDER BY m.queue, m.dedupe_key, m.state IN ('scheduled', 'claimed') DESC,
+				  m.finished_at DESC) k});
 
 # What 0.1.0 itself does with these claims, in a transaction rolled back:
 # reap() (the lapsed ones), then the acks of w4's claims in one call with
@@ -363,13 +375,18 @@ my %table_key = (queue => 'name', gate => 'name', mail => 'id', gate_log => 'id'
 
 # the tables' columns in the updated database now (0.1.0's); durations are
 # compared by length, since the update stores each as its exact length
-# ('7 days' becomes '168:00:00', the same interval)
+# ('7 days' becomes '168:00:00', the same interval); a queue without a
+# dedupe window gets the default of 24 hours from the 0.3.0 update (issue
+# 25: keys are held for the window after their mail finished), which is
+# what it is compared as
 my %old_columns;
 foreach my $table (sort keys %table_key)
 {
 	$old_columns{$table} = $node->safe_psql(
 		'updated', qq{
-SELECT string_agg(CASE WHEN atttypid = 'interval'::regtype
+SELECT string_agg(CASE WHEN attname = 'dedupe_window'
+					   THEN format('extract(epoch FROM coalesce(%I, interval ''24 hours''))', attname)
+					   WHEN atttypid = 'interval'::regtype
 					   THEN format('extract(epoch FROM %I)', attname)
 					   ELSE quote_ident(attname) END, ', ' ORDER BY attnum) FROM pg_attribute
  WHERE attrelid = 'gatekeeper.$table'::regclass AND attnum > 0 AND NOT attisdropped});
@@ -493,7 +510,7 @@ is( $node->safe_psql(
 		'updated', q{
 SELECT string_agg(format('%s %s %s', queue, dedupe_key, id), E'\n' ORDER BY queue, dedupe_key)
   FROM gatekeeper.mail_key}),
-	$keys_010, 'updated: mail_key holds the keys of scheduled and claimed mail');
+	$keys_010, 'updated: mail_key holds the keys of scheduled and claimed mail, and of mail finished within its window');
 
 # ---------------------------------------------------------------- catalog
 
@@ -731,13 +748,25 @@ like($new_ways->{acks}, qr/^batch 0 3 0$/m, 'updated: ... w4\'s claims acked in 
 is(scalar(() = $new_ways->{acks} =~ /^\d+ f f t f$/mg), 133, 'updated: ... each other claim not reaped acked once');
 is($new_ways->{'after acks'}, $old_ways->{'after acks'}, 'updated: the acked mail as 0.1.0 would leave it');
 
-# once a claimed mail finished (sent, failed, unknown), its key is free;
-# the one reap() scheduled again holds it still
+# once a claimed mail finished (sent, failed, unknown), its key is still
+# held within the queue's dedupe window (0.3.0, issue 25: 24 hours, the
+# update's default; 0.2.0's contract freed it at once), and so is the one
+# reap() scheduled again; with a window of '0' (held only while
+# unfinished) the keys of finished mail are free again, the rescheduled
+# one's not
+is( $node->safe_psql(
+		'updated', $try_keys),
+	'held-1:23505,again-1:23505,handed-1:23505,kept-1:23505,kept-2:23505,'
+	  . 'kept-3:23505,back-1:23505,spent-1:23505,lapsed-1:23505',
+	'updated: the keys of finished mail are held within the dedupe window, the rescheduled one\'s too');
+$node->safe_psql('updated', qq{
+SELECT gatekeeper.alter_queue(name, dedupe_window => '0') FROM gatekeeper.queue
+ WHERE name IN (SELECT queue FROM gatekeeper.mail_status WHERE id = ANY ('$claimed'))});
 is( $node->safe_psql(
 		'updated', $try_keys),
 	'held-1:inserted,again-1:inserted,handed-1:inserted,kept-1:inserted,kept-2:inserted,'
 	  . 'kept-3:inserted,back-1:23505,spent-1:inserted,lapsed-1:inserted',
-	'updated: the keys of finished mail are free again, the rescheduled one\'s not');
+	'updated: with a dedupe window of 0, the keys of finished mail are free again, the rescheduled one\'s not');
 is( $node->safe_psql(
 		'updated', qq{
 SELECT string_agg(k.dedupe_key || ':' || k.n, ',' ORDER BY k.dedupe_key)
