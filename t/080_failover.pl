@@ -86,6 +86,9 @@ CREATE EXTENSION gatekeeper;
 SELECT gatekeeper.create_queue(q, gates => '{smart_sending}', rate_limit => 100)
   FROM unnest(ARRAY['promo_a', 'promo_b', 'promo_c']) q;
 SELECT gatekeeper.create_queue('receipts', transactional => true, rate_limit => 250);
+SELECT gatekeeper.create_queue('external', background => false);
+SELECT gatekeeper.enqueue('x' || i || '\@customer.example', 'Sent by the app', 'body', 'external')
+  FROM generate_series(1, 5) i;
 SELECT gatekeeper.pause(q) FROM unnest(ARRAY['promo_a', 'promo_b', 'promo_c', 'receipts']) q;
 SELECT gatekeeper.enqueue('c' || i || '\@customer.example', 'Sale ' || q, 'body', q,
                           dedupe_key => q || i)
@@ -156,7 +159,7 @@ sub promote
 		"SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()", 't', 30)
 	  or die "the standby does not replay what it received";
 	my $claimed = $standby->safe_psql('postgres',
-		"SELECT coalesce(string_agg(id::text, ',' ORDER BY id), '') FROM gatekeeper.mail_status WHERE state = 'claimed'"
+		"SELECT coalesce(string_agg(id::text, ',' ORDER BY id), '') FROM gatekeeper.mail_status WHERE state = 'claimed' AND worker LIKE 'bgworker:%'"
 	);
 	$standby->promote;
 	my $at = time;
@@ -195,7 +198,7 @@ sub account
 	}
 	ok( GatekeeperTest::poll_until(
 			$node, 'postgres',
-			"SELECT count(*) FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed')",
+			"SELECT count(*) FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed') AND queue <> 'external'",
 			'0', 60),
 		"$name: every mail is finished after the failover");
 
@@ -213,6 +216,8 @@ sub account
 		))
 	{
 		my ($id, $queue, $state, $recipient) = split /\|/, $line;
+		# the external claimer's mail never goes through the relay
+		next if $queue eq 'external';
 		$mail{$id} = { queue => $queue, state => $state, recipient => $recipient };
 	}
 	my $sent = grep { $_->{state} eq 'sent' } values %mail;
@@ -287,6 +292,12 @@ is( $standby->safe_psql('postgres',
 	'0',
 	'no gatekeeper worker runs on the standby');
 
+my ($ret, $out, $err) = $primary->psql('postgres',
+	"SELECT count(*) FROM gatekeeper.claim('bgworker:1\@0123456789abcdef', 10)",
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/22023: worker names beginning with "bgworker:" are reserved/,
+	'a claim of your own may not take a background worker\'s name (22023)');
+
 my ($worker) = GatekeeperTest::worker_pids($primary);
 resume($primary);
 ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($sink_a) >= 300 }, 60, 'delivery'),
@@ -340,6 +351,12 @@ $standby->stop;
 # B: claim_standbys = 1
 #
 ($primary, $standby, $proxy) = start_pair('b', $sink_b, 1, 1000);
+
+# an external claimer's claim, on the standby before the failover
+my $external = $primary->safe_psql('postgres',
+	"SELECT string_agg(id || ':' || attempt, ',' ORDER BY id) FROM gatekeeper.claim('app-1', 10, '5 minutes', '{external}')"
+);
+$primary->wait_for_catchup('b_standby', 'replay', $primary->lsn('insert'));
 resume($primary);
 my $waited = GatekeeperTest::wait_for(
 	sub {
@@ -360,6 +377,21 @@ note("b: killed the primary with $at_kill messages at the relay; the promoted no
 ok(scalar(@$old_claims) > 0, 'b: the standby holds the dead primary\'s claims');
 my ($lost_b, $dups_b, $promos_b, $took_b) =
   account('b', $standby, $sink_b, $promoted_at, $old_claims, 1);
+# the external claimer reconnects to the promoted node and acks there
+is( $standby->safe_psql('postgres',
+		"SELECT count(*) FROM gatekeeper.mail_status WHERE queue = 'external' AND state = 'claimed' AND worker = 'app-1'"
+	),
+	'5',
+	'b: an external claimer\'s claims keep their lease on the promoted node');
+my @ext = map { [ split /:/ ] } split /,/, $external;
+is( $standby->safe_psql('postgres',
+		'SELECT gatekeeper.ack_batch(ARRAY['
+		  . join(',', map { $_->[0] } @ext)
+		  . ']::bigint[], ARRAY['
+		  . join(',', map { $_->[1] } @ext)
+		  . ']::int[])'),
+	'5',
+	'b: the external claimer acks its mail on the promoted node, not fenced off');
 cmp_ok($dups_b, '<=', $window,
 	"b: with claim_standbys = 1 the duplicates are at most the in-flight window ($dups_b <= $window)");
 $standby->stop;
