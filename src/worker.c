@@ -127,8 +127,13 @@
 /* how often a worker without its database looks for it */
 #define DATABASE_POLL_MS			5000
 
-/* how often held mail looks at the standbys' flush positions */
+/*
+ * How often held mail looks at the standbys' flush positions: often while
+ * enough standbys stream (it waits for a round trip), seldom while they
+ * do not (it waits for an operator).
+ */
 #define STANDBY_POLL_MS				5
+#define STANDBY_MISSING_POLL_MS		200
 
 /* this worker's slot in shared memory, and its name in claims */
 static int	worker_slot;
@@ -234,6 +239,7 @@ typedef struct HeldClaim
 static dlist_head held_claims = DLIST_STATIC_INIT(held_claims);
 static int	npending_cleared = 0;
 static char held_why[64];		/* what the held mail waits for */
+static bool standbys_missing = false;	/* fewer than claim_standbys stream */
 
 /* transactions are read-only (a failover manager switching), or not */
 static bool read_only = false;
@@ -867,7 +873,9 @@ nap(void)
 			wake = now;
 		/* the standbys' progress wakes nobody: look again shortly */
 		if (!dlist_is_empty(&held_claims))
-			wake = Min(wake, TimestampTzPlusMilliseconds(now, STANDBY_POLL_MS));
+			wake = Min(wake, TimestampTzPlusMilliseconds(now, standbys_missing ?
+														 STANDBY_MISSING_POLL_MS :
+														 STANDBY_POLL_MS));
 	}
 	if (noutcomes > 0 && !read_only)
 		wake = Min(wake, TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS));
@@ -1009,7 +1017,8 @@ clear_claims(void)
 		return;
 
 	h = dlist_container(HeldClaim, node, dlist_head_node(&held_claims));
-	if (streaming < gatekeeper_claim_standbys)
+	standbys_missing = streaming < gatekeeper_claim_standbys;
+	if (standbys_missing)
 		snprintf(held_why, sizeof(held_why), "waiting for %d standby%s: %d streaming",
 				 gatekeeper_claim_standbys, gatekeeper_claim_standbys == 1 ? "" : "s",
 				 streaming);

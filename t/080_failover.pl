@@ -188,10 +188,10 @@ sub account
 		ok( GatekeeperTest::poll_until(
 				$node, 'postgres',
 				"SELECT count(*) = 0 FROM gatekeeper.mail_status WHERE id IN ($ids) AND state IN ('claimed', 'scheduled')",
-				't', 60),
+				't', 20),
 			"$name: the "
 			  . scalar(@$old_claims)
-			  . " mails the dead primary held claimed are finished within a minute of promotion (their lease is 5 minutes)"
+			  . " mails the dead primary held claimed are finished within 20 s of promotion (their lease is 5 minutes)"
 		);
 		$took = time - $promoted_at;
 		note(sprintf("$name: the dead primary's claims finished %.1f s after promotion", $took));
