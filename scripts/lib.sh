@@ -32,6 +32,9 @@ GK_BASE_PACKAGES=(
 # The TAP tests need these on top (t/060_exporter.pl scrapes the exporter;
 # t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3).
 GK_TEST_PACKAGES=(prometheus-postgres-exporter python3-psycopg2)
+# t/failover/pg_autoctl.sh (run by hand, not by scripts/test.sh) needs
+# pg_auto_failover: pg_autoctl and the monitor's extension.
+GK_FAILOVER_PACKAGES=(postgresql-15-auto-failover)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
 

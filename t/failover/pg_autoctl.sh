@@ -101,7 +101,9 @@ all_finished() { [ "$(unfinished 2>/dev/null)" = 0 ]; }
 echo "== $dir: monitor :$PM, node1 :$P1, node2 :$P2, relay :$PS, claim_standbys $CLAIM_STANDBYS"
 
 # the relay
-/usr/sbin/smtp-sink -c -d "$dir/mail/%H%M%S." -t 30 $( [ "$(id -u)" = 0 ] && echo -u postgres ) \
+sink_user=()
+[ "$(id -u)" = 0 ] && sink_user=(-u postgres)
+/usr/sbin/smtp-sink -c -d "$dir/mail/%H%M%S." -t 30 "${sink_user[@]}" \
 	"127.0.0.1:$PS" 128 >"$dir/log/sink.log" 2>&1 &
 pids+=($!)
 
@@ -179,7 +181,7 @@ failover_at=$(date +%s.%N)
 as_pg pg_autoctl perform failover --pgdata "$dir/monitor" >"$dir/log/failover.log" 2>&1 ||
 	die "perform failover failed: $(cat "$dir/log/failover.log")"
 promoted_at=$(date +%s.%N)
-echo "== $(($(date +%s) - START)) s: $(node_state) (failover took $(echo "$promoted_at - $failover_at" | bc) s)"
+echo "== $(($(date +%s) - START)) s: $(node_state) (failover took $(awk "BEGIN { printf \"%.1f\", $promoted_at - $failover_at }") s)"
 claimed=$(sql "$BOTH" "SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'claimed' AND worker NOT LIKE '%@' || gatekeeper._incarnation()" 2>/dev/null || echo '?')
 
 wait_until 120 "every mail finished on the new primary" all_finished
@@ -218,8 +220,10 @@ echo "== $(($(date +%s) - START)) s in all; claim_standbys $CLAIM_STANDBYS"
 echo "   sent $sent of $EXPECTED, lost $lost, not ours $unknown, second copies $dups," \
 	"recipients with two promotional mails $double"
 echo "   at the failover $at_failover messages at the relay; the new primary saw $claimed claims of the old one;" \
-	"every mail finished $(echo "$done_at - $promoted_at" | bc) s after the failover returned"
+	"every mail finished $(awk "BEGIN { printf \"%.1f\", $done_at - $promoted_at }") s after the failover returned"
 echo "   worker log lines 'waits: read-only': $waits; worker ERRORs about read-only or gatekeeper: $errors"
-[ "$sent" = "$EXPECTED" ] && [ "$lost" = 0 ] && [ "$unknown" = 0 ] && [ "$double" = 0 ] ||
+if [ "$sent" = "$EXPECTED" ] && [ "$lost" = 0 ] && [ "$unknown" = 0 ] && [ "$double" = 0 ]; then
+	echo "PASS"
+else
 	die "FAILED"
-echo "PASS"
+fi
