@@ -22,7 +22,9 @@
 #    duplicates are at most the worker's in-flight window, and the gates
 #    are exact.
 # Both: the promoted node takes back the dead primary's claims at once (they
-# name a server incarnation that is gone), not after their 5-minute lease.
+# name a server incarnation that is gone), not after their 5-minute lease;
+# and so does a restarted server (B's promoted node, restarted while its
+# worker holds mail claimed for a relay that never answers).
 
 use strict;
 use warnings;
@@ -34,6 +36,7 @@ use GatekeeperTest;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IO::Socket::INET;
 use Time::HiRes qw(time usleep);
 
 # the worker's in-flight window: min(batch_size, smtp_connections * 16)
@@ -394,6 +397,33 @@ is( $standby->safe_psql('postgres',
 	'b: the external claimer acks its mail on the promoted node, not fenced off');
 cmp_ok($dups_b, '<=', $window,
 	"b: with claim_standbys = 1 the duplicates are at most the in-flight window ($dups_b <= $window)");
+
+# A restart is a new incarnation too: mail the worker held claimed, waiting
+# for a relay that never greets (a socket nobody accepts from), comes back
+# as soon as the server is up again, not after its 5-minute lease.
+my $hole = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1', LocalPort => 0)
+  or die "no listening socket: $!";
+my $hole_port = $hole->sockport;
+$standby->safe_psql('postgres',
+	"ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://127.0.0.1:$hole_port'; SELECT pg_reload_conf();");
+$standby->safe_psql('postgres',
+	"SELECT gatekeeper.enqueue('restart' || i || '\@customer.example', 'Receipt', 'body', 'receipts') FROM generate_series(1, 20) i"
+);
+ok( GatekeeperTest::poll_until(
+		$standby, 'postgres',
+		"SELECT count(*) FROM gatekeeper.mail_status s JOIN gatekeeper.mail m USING (id) WHERE m.recipient LIKE 'restart%' AND s.state = 'claimed'",
+		'20', 30),
+	'restart: the worker holds 20 mails claimed for a relay that does not answer');
+$standby->safe_psql('postgres', "ALTER SYSTEM SET gatekeeper.smtp_url = '$sink_b->{url}'");
+$standby->restart;
+my $restarted_at = time;
+ok( GatekeeperTest::poll_until(
+		$standby, 'postgres',
+		"SELECT count(*) FROM gatekeeper.mail_status s JOIN gatekeeper.mail m USING (id) WHERE m.recipient LIKE 'restart%' AND s.state = 'sent' AND s.attempt = 2",
+		'20', 20),
+	'restart: the claims of the server before the restart are taken back and sent within 20 s (their lease is 5 minutes)');
+note(sprintf("restart: the old claims were sent %.1f s after the restart", time - $restarted_at));
+close($hole);
 $standby->stop;
 
 note(sprintf("figures: A (claim_standbys 0, 2 s lag): %d lost, %d duplicates, %d recipients with two promotional mails, old claims finished %.1f s after promotion; "
