@@ -34,6 +34,9 @@ GK_BASE_PACKAGES=(
 # t/061_alert_rules.pl runs promtool, of Debian's prometheus package, whose
 # server is never started as a service: the tests run their own on loopback).
 GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2)
+# t/failover/pg_autoctl.sh (run by hand, not by scripts/test.sh) needs
+# pg_auto_failover: pg_autoctl and the monitor's extension.
+GK_FAILOVER_PACKAGES=(postgresql-15-auto-failover)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
 

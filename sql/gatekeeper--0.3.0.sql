@@ -1857,6 +1857,14 @@ BEGIN
 END
 $$;
 
+-- this server's incarnation (src/gatekeeper.c), which the background
+-- workers' claims name; NULL when the library is not preloaded
+CREATE FUNCTION gatekeeper._incarnation()
+RETURNS text
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_incarnation_sql';
+
 CREATE FUNCTION gatekeeper.reap()
 RETURNS int
 LANGUAGE plpgsql
@@ -1869,6 +1877,8 @@ DECLARE
 	release_holders bigint[];
 	back_queues text[];
 	back_due timestamptz[];
+	-- this server's incarnation; NULL when no background worker can run
+	here text := gatekeeper._incarnation();
 BEGIN
 	/*
 	 * at_most_once: the mail may have gone, so it is never sent again.
@@ -1878,18 +1888,34 @@ BEGIN
 	 * mail is in batches (gatekeeper.mail_claim): a lapsed batch is
 	 * deleted and the mails still open in it are judged; a mail whose
 	 * queue is gone goes back to scheduled rather than nowhere.
+	 *
+	 * A batch a background worker of another server incarnation claimed
+	 * (its worker is 'bgworker:<pid>@<incarnation>', or 0.2.0's
+	 * 'bgworker:<pid>') is taken back at once, whatever its lease: that
+	 * worker is gone (this is a promoted standby, or the server
+	 * restarted) and could only ever have recorded its outcomes on the
+	 * server it ran on.  Its mails go back uncharged.  External claimers'
+	 * claims are never taken back early: they outlive any one server, and
+	 * may ack on this one after a failover.
 	 */
 	WITH lapsed AS (
 		DELETE FROM gatekeeper.mail_claim c
 		 WHERE c.batch = ANY (ARRAY(
 				SELECT l.batch FROM gatekeeper.mail_claim l
 				 WHERE l.lease_until < now()
+				   FOR UPDATE SKIP LOCKED)
+			 || ARRAY(
+				SELECT l.batch FROM gatekeeper.mail_claim l
+				 WHERE here IS NOT NULL AND l.lease_until >= now()
+				   AND l.worker LIKE 'bgworker:%' AND l.worker NOT LIKE '%@' || here
 				   FOR UPDATE SKIP LOCKED))
-		RETURNING c.gone, c.mails
+		RETURNING c.gone, c.mails, c.lease_until >= now() AS orphaned
 	), judged AS (
-		SELECT r.*,
+		SELECT r.*, r.uncharged + e.orphaned::int AS free,
+			   CASE WHEN e.orphaned THEN 'claimed by a server that is gone'
+					ELSE 'lease expired' END AS why,
 			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
-					WHEN r.attempt - r.uncharged >= q.max_attempts THEN 'failed'
+					WHEN r.attempt - r.uncharged - e.orphaned::int >= q.max_attempts THEN 'failed'
 					ELSE 'scheduled' END AS outcome
 		  FROM lapsed e
 		 CROSS JOIN LATERAL unnest(e.mails) r
@@ -1898,8 +1924,8 @@ BEGIN
 	), back AS (
 		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
 										  lease_until, worker, message_id, last_error, dedupe_key, segment)
-		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.uncharged,
-			   NULL, NULL, j.message_id, 'lease expired', j.dedupe_key, j.segment
+		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.free,
+			   NULL, NULL, j.message_id, j.why, j.dedupe_key, j.segment
 		  FROM judged j
 		 WHERE j.outcome = 'scheduled'
 		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
@@ -1908,8 +1934,8 @@ BEGIN
 	), done AS (
 		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
 										  message_id, last_error, dedupe_key, finished_at, segment)
-		SELECT g.id, g.queue, g.outcome::gatekeeper.state, g.attempt, g.uncharged, g.send_at, NULL,
-			   g.message_id, 'lease expired', g.dedupe_key, now(), g.segment
+		SELECT g.id, g.queue, g.outcome::gatekeeper.state, g.attempt, g.free, g.send_at, NULL,
+			   g.message_id, g.why, g.dedupe_key, now(), g.segment
 		  FROM gone g
 		RETURNING mail_done.id, mail_done.state, mail_done.segment
 	)

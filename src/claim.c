@@ -88,6 +88,9 @@ PG_FUNCTION_INFO_V1(gatekeeper_take_claimed);
 /* SPEC: a worker name is at most 200 characters */
 #define MAX_WORKER_NAME 200
 
+/* how the background workers' names begin (src/worker.c); others may not */
+#define BACKGROUND_WORKER_PREFIX "bgworker:"
+
 /*
  * A claim's mails of one queue are kept in batch rows of at most this many,
  * in id order: what an ack of one mail reads and rewrites of its batch
@@ -1747,6 +1750,16 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 				 errmsg("worker must be at most %d characters", MAX_WORKER_NAME),
 				 errdetail("worker has %d characters.",
 						   pg_mbstrlen_with_len(VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker)))));
+	/* reap() takes back other incarnations' background claims at once */
+	if (!gatekeeper_background_claim &&
+		VARSIZE_ANY_EXHDR(worker) >= (int) strlen(BACKGROUND_WORKER_PREFIX) &&
+		strncmp(VARDATA_ANY(worker), BACKGROUND_WORKER_PREFIX,
+				strlen(BACKGROUND_WORKER_PREFIX)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("worker names beginning with \"%s\" are reserved for gatekeeper's background workers",
+						BACKGROUND_WORKER_PREFIX),
+				 errdetail("A background worker's claims are taken back as soon as its server is gone; an external worker's keep their lease.")));
 
 	InitMaterializedSRF(fcinfo, 0);
 

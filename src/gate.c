@@ -20,6 +20,7 @@
 #include "gate_log.h"
 #include "gate_store.h"
 
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -389,13 +390,34 @@ gatekeeper_gate_write(GatePasses *rows, int n, TimestampTz now)
 void
 gatekeeper_gate_peek(GatePasses *row, TimestampTz now)
 {
-	uint32		space = gate_log_space(now);
+	uint32		space;
 	GateKey		key;
 	GateEntry  *e;
 	GatePass   *p;
 	int			i;
 
 	row->n = 0;
+	if (RecoveryInProgress())
+	{
+		/* a hot standby keeps no store: the replicated log has the passes */
+		TimestampTz *expires;
+		int64	   *holders;
+		bool	   *holder_null;
+		int			n = gate_log_passes(row->gate, row->recipient, now,
+										&expires, &holders, &holder_null);
+
+		row_reserve(row, n);
+		for (i = 0; i < n; i++)
+		{
+			row->expires[i] = expires[i];
+			row->holders[i] = holders[i];
+			row->holder_null[i] = holder_null[i];
+			row->slots[i] = -1;
+		}
+		row->n = n;
+		return;
+	}
+	space = gate_log_space(now);
 	row_key(row, space, &key);
 	e = gate_entry_find(&key, false);
 	if (e == NULL)

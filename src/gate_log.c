@@ -22,6 +22,11 @@
  * extension running this library has no such table and is named by its
  * log table's OID, as 0.1.0 did.
  *
+ * On a hot standby the shared store is not kept (replay does not call
+ * gatekeeper, and a rebuild would need a transaction id): the read-only
+ * looks read one recipient's passes from the replicated log instead
+ * (gate_log_passes), as the store would hold them.
+ *
  * PREPARE TRANSACTION is refused for a transaction that changed gates: a
  * prepared pass would survive a restart only in its uncommitted log row,
  * which the rebuild cannot see.
@@ -55,7 +60,16 @@ static const char log_insert_sql[] =
 "INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders) "
 "VALUES ($1, $2, $3, $4, $5)";
 
+/* one recipient's log rows at one gate, in the order they were written */
+static const char passes_sql[] =
+"SELECT l.released, l.expires, u.holder "
+"  FROM gatekeeper.gate_log l "
+" CROSS JOIN LATERAL unnest(l.recipients, l.holders) AS u(recipient, holder) "
+" WHERE l.gate = $1 AND l.expires > $2 AND u.recipient = $3 "
+" ORDER BY l.id";
+
 static SPIPlanPtr gate_space_plan = NULL;
+static SPIPlanPtr passes_plan = NULL;
 static SPIPlanPtr replay_plan = NULL;
 static SPIPlanPtr log_insert_plan = NULL;
 
@@ -348,4 +362,80 @@ gate_log_write(List *groups)
 		if (SPI_execute_plan(log_insert_plan, args, nulls, false, 0) != SPI_OK_INSERT)
 			elog(ERROR, "could not write the gate log");
 	}
+}
+
+/*
+ * gate_log_passes
+ *		One recipient's (its key's) live passes at one gate, from the log
+ *		rows this transaction's snapshot sees, as a replay would leave them:
+ *		for the read-only looks on a hot standby, where the shared store is
+ *		not kept.  Fills palloc'd arrays and returns how many passes.  A
+ *		scan of the gate's unexpired log: a standby's look is slower than a
+ *		primary's.  Must run inside SPI.
+ */
+int
+gate_log_passes(int32 gate, const char *recipient, TimestampTz now,
+				TimestampTz **expires, int64 **holders, bool **holder_null)
+{
+	Oid			types[3] = {INT4OID, TIMESTAMPTZOID, TEXTOID};
+	Datum		args[3];
+	int			n = 0;
+	uint64		r;
+
+	args[0] = Int32GetDatum(gate);
+	args[1] = TimestampTzGetDatum(now);
+	args[2] = CStringGetTextDatum(recipient);
+	gatekeeper_plan(&passes_plan, passes_sql, 3, types);
+	if (SPI_execute_plan(passes_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the gate log");
+
+	*expires = palloc(Max(SPI_processed, 1) * sizeof(TimestampTz));
+	*holders = palloc(Max(SPI_processed, 1) * sizeof(int64));
+	*holder_null = palloc(Max(SPI_processed, 1) * sizeof(bool));
+	for (r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		bool		released = DatumGetBool(SPI_getbinval(tup, desc, 1, &isnull));
+		TimestampTz expiry = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+		Datum		hd = SPI_getbinval(tup, desc, 3, &isnull);
+		int64		holder = isnull ? 0 : DatumGetInt64(hd);
+		bool		no_holder = isnull;
+		int			i;
+
+		/* as replay(): a release names its holder; a holder passes once */
+		if (released)
+		{
+			if (no_holder)
+				continue;
+			for (i = 0; i < n; i++)
+				if (!(*holder_null)[i] && (*holders)[i] == holder)
+					break;
+			if (i < n)
+			{
+				n--;
+				(*expires)[i] = (*expires)[n];
+				(*holders)[i] = (*holders)[n];
+				(*holder_null)[i] = (*holder_null)[n];
+			}
+			continue;
+		}
+		if (!no_holder)
+		{
+			for (i = 0; i < n; i++)
+				if (!(*holder_null)[i] && (*holders)[i] == holder)
+					break;
+			if (i < n)
+				continue;
+		}
+		if (n >= GATE_MAX_SENDS)
+			continue;
+		(*expires)[n] = expiry;
+		(*holders)[n] = holder;
+		(*holder_null)[n] = no_holder;
+		n++;
+	}
+	SPI_freetuptable(SPI_tuptable);
+	return n;
 }

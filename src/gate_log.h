@@ -18,5 +18,7 @@ extern uint64 gate_log_nonce(void);
 extern void gate_log_add(List **groups, int32 gate, bool released, TimestampTz expires,
 						 const char *recipient, int64 holder, bool holder_null);
 extern void gate_log_write(List *groups);
+extern int	gate_log_passes(int32 gate, const char *recipient, TimestampTz now,
+							TimestampTz **expires, int64 **holders, bool **holder_null);
 
 #endif							/* GATE_LOG_H */

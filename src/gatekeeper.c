@@ -17,6 +17,12 @@
  * commit, the workers connected to that database are woken through their
  * latches.
  *
+ * Shared memory also holds this server's incarnation: a random number
+ * drawn whenever it is initialized (at start, and again after a crash),
+ * which the background workers' claims carry in their worker name, so
+ * that a promoted standby or a restarted server knows the claims of
+ * workers that are gone (see gatekeeper.reap in the install script).
+ *
  * Wake-ups for external senders: a transaction that writes mail of a
  * notify queue due later calls gatekeeper_announce_later(); at commit the
  * earliest such time goes to shared memory and the first worker, which
@@ -43,6 +49,7 @@
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "postmaster/bgworker.h"
+#include "postmaster/postmaster.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -87,6 +94,7 @@ char	   *gatekeeper_message_id_domain = NULL;
 int			gatekeeper_retention = 7 * 24 * 60 * 60;
 int			gatekeeper_max_message_size = 10 * 1024 * 1024;
 int			gatekeeper_gate_memory = 256 * 1024;
+int			gatekeeper_claim_standbys = 0;
 
 /* set by the background workers (src/worker.c), read by the claim */
 bool		gatekeeper_background_claim = false;
@@ -112,6 +120,8 @@ typedef struct GatekeeperShared
 	pg_atomic_uint64 announce_due;	/* earliest due time of notify queues'
 									 * mail committed since the first worker
 									 * looked, or DT_NOEND */
+	uint64		incarnation;	/* drawn when shared memory is initialized;
+								 * never changes after */
 	int			nslots;
 	GatekeeperSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } GatekeeperShared;
@@ -137,6 +147,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_announce);
 PG_FUNCTION_INFO_V1(gatekeeper_worker_status);
 PG_FUNCTION_INFO_V1(gatekeeper_retry_delay_interval);
 PG_FUNCTION_INFO_V1(gatekeeper_own_statement);
+PG_FUNCTION_INFO_V1(gatekeeper_incarnation_sql);
 
 static bool check_database(char **newval, void **extra, GucSource source);
 static bool check_helo_name(char **newval, void **extra, GucSource source);
@@ -407,6 +418,17 @@ gatekeeper_define_settings(void)
 							7 * 24 * 60 * 60, 1, INT_MAX,
 							PGC_SIGHUP,
 							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.claim_standbys",
+							"Streaming standbys a claim must reach before its mail goes on the wire.",
+							"With N > 0 a background worker sends a claimed mail only once the "
+							"claim's commit is flushed on N streaming standbys, so that a failover "
+							"re-sends at most the mail that was in flight.  0: do not wait.",
+							&gatekeeper_claim_standbys,
+							0, 0, MAX_BACKENDS,
+							PGC_SIGHUP,
+							0,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("gatekeeper.max_message_size",
@@ -710,6 +732,16 @@ gatekeeper_shmem_startup(void)
 
 		SpinLockInit(&gatekeeper_shared->mutex);
 		pg_atomic_init_u64(&gatekeeper_shared->announce_due, (uint64) DT_NOEND);
+
+		/*
+		 * Random, not the start time: a crash-restart initializes shared
+		 * memory again under the same postmaster start time, and a
+		 * primary and its standbys share the system identifier.
+		 */
+		if (!pg_strong_random(&gatekeeper_shared->incarnation,
+							  sizeof(gatekeeper_shared->incarnation)))
+			gatekeeper_shared->incarnation = (uint64) GetCurrentTimestamp() ^
+				((uint64) MyProcPid << 32);
 		gatekeeper_shared->nslots = gatekeeper_workers;
 		for (i = 0; i < gatekeeper_workers; i++)
 		{
@@ -1290,4 +1322,37 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
+}
+
+/*
+ * gatekeeper_incarnation
+ *		This server's incarnation as text (16 hex digits), or NULL when the
+ *		library was not preloaded (then no background worker claims).
+ */
+const char *
+gatekeeper_incarnation(void)
+{
+	static char text[17];
+
+	if (gatekeeper_shared == NULL)
+		return NULL;
+	if (text[0] == '\0')
+		snprintf(text, sizeof(text), "%016llx",
+				 (unsigned long long) gatekeeper_shared->incarnation);
+	return text;
+}
+
+/*
+ * gatekeeper._incarnation() RETURNS text
+ *		gatekeeper_incarnation() for SQL: reap() takes back the claims of
+ *		background workers of any other incarnation.
+ */
+Datum
+gatekeeper_incarnation_sql(PG_FUNCTION_ARGS)
+{
+	const char *incarnation = gatekeeper_incarnation();
+
+	if (incarnation == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(cstring_to_text(incarnation));
 }

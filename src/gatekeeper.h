@@ -63,6 +63,7 @@ extern char *gatekeeper_message_id_domain;
 extern int	gatekeeper_retention;	/* seconds */
 extern int	gatekeeper_max_message_size;	/* bytes */
 extern int	gatekeeper_gate_memory;	/* kB */
+extern int	gatekeeper_claim_standbys;
 
 /* src/gatekeeper.c */
 extern void gatekeeper_define_settings(void);
@@ -103,7 +104,7 @@ extern bool gatekeeper_slot_woken(int slotno, bool consume);
 typedef struct GatekeeperWorkerStatus
 {
 	TimestampTz started;
-	char		state[32];		/* what it is doing */
+	char		state[64];		/* what it is doing, and why when it waits */
 	int			in_flight;		/* mails claimed and not yet recorded */
 	int			connections;	/* relay connections open or opening */
 	char		relay[16];		/* breaker: closed, open or half-open */
@@ -114,6 +115,7 @@ typedef struct GatekeeperWorkerStatus
 } GatekeeperWorkerStatus;
 
 extern void gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status);
+extern const char *gatekeeper_incarnation(void);
 
 /* src/worker.c */
 extern PGDLLEXPORT void gatekeeper_worker_main(Datum main_arg);

@@ -29,6 +29,20 @@
  * then sleeps in the client's wait set (its sockets, the latch a commit of
  * due mail sets, postmaster death) for as long as nap() says.
  *
+ * Failover (SPEC "Failover").  A worker's claims carry its name,
+ * "bgworker:<pid>@<incarnation>", the incarnation being drawn whenever the
+ * server's shared memory is initialized (src/gatekeeper.c): reap(), which
+ * housekeeping runs as soon as a worker starts, takes back at once the
+ * claims of every other incarnation's workers, which are gone (this server
+ * was promoted, or restarted).  With gatekeeper.claim_standbys = N, the
+ * mail of a claim stays on "pending", held, until N streaming standbys
+ * have flushed the claim's commit, so a failover re-sends at most the mail
+ * that was in flight; the mail already cleared goes on meanwhile.  While
+ * transactions are read-only (default_transaction_read_only, as failover
+ * managers set it while they switch) the worker claims, sends and records
+ * nothing, and waits for the reload that ends the spell.  On a standby no
+ * worker runs: they start when recovery ends.
+ *
  * The relay's faults are not the mail's: when no session can be opened
  * (no connection, a refused greeting, EHLO, STARTTLS or login, a session
  * that ends before any transaction was answered, a reply that breaks RFC
@@ -63,6 +77,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
@@ -74,9 +89,14 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "replication/walsender.h"
+#include "replication/walsender_private.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
+#include "storage/proc.h"
+#include "storage/procarray.h"
+#include "storage/spin.h"
 #include "tcop/tcopprot.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -110,6 +130,14 @@
 
 /* how often a worker without its database looks for it */
 #define DATABASE_POLL_MS			5000
+
+/*
+ * How often held mail looks at the standbys' flush positions: often while
+ * enough standbys stream (it waits for a round trip), seldom while they
+ * do not (it waits for an operator).
+ */
+#define STANDBY_POLL_MS				5
+#define STANDBY_MISSING_POLL_MS		200
 
 /* this worker's slot in shared memory, and its name in claims */
 static int	worker_slot;
@@ -199,6 +227,27 @@ static TimestampTz outcomes_since = 0;
 static dlist_head suspects = DLIST_STATIC_INIT(suspects);
 static int	nsuspects = 0;
 
+/*
+ * gatekeeper.claim_standbys: the claims whose mail waits on "pending" for
+ * the standbys, oldest first.  "pending" is in claim order, so its first
+ * npending_cleared mails are those whose claims have reached the standbys
+ * (all of them while claim_standbys is 0), the rest are held.
+ */
+typedef struct HeldClaim
+{
+	dlist_node	node;
+	XLogRecPtr	lsn;			/* the end of the claim's commit record */
+	int			mails;			/* its mails still on "pending" */
+} HeldClaim;
+
+static dlist_head held_claims = DLIST_STATIC_INIT(held_claims);
+static int	npending_cleared = 0;
+static char held_why[64];		/* what the held mail waits for */
+static bool standbys_missing = false;	/* fewer than claim_standbys stream */
+
+/* transactions are read-only (a failover manager switching), or not */
+static bool read_only = false;
+
 /* when to claim next, and the mean size of a claimed mail */
 static TimestampTz next_claim_at = 0;
 static double mail_bytes_mean = 0;
@@ -228,6 +277,11 @@ static void extend(void);
 static void announce(void);
 static long nap(void);
 static void report(const char *state);
+static bool watch_read_only(void);
+static void hold_claim(int mails);
+static void clear_claims(void);
+static void drop_held_claims(void);
+static XLogRecPtr standby_flush(int n, int *streaming);
 static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
 static void housekeeping(void);
@@ -268,7 +322,9 @@ gatekeeper_worker_main(Datum main_arg)
 	BackgroundWorkerInitializeConnection(gatekeeper_database, NULL, 0);
 	gatekeeper_slot_attach(worker_slot);
 
-	snprintf(worker_name, sizeof(worker_name), "bgworker:%d", (int) MyProcPid);
+	/* the claims name this server's incarnation: see reap() */
+	snprintf(worker_name, sizeof(worker_name), "bgworker:%d@%s", (int) MyProcPid,
+			 gatekeeper_incarnation());
 	SetConfigOption("application_name", MyBgworkerEntry->bgw_name,
 					PGC_USERSET, PGC_S_SESSION);
 	/* everything is schema-qualified; this only closes the door */
@@ -302,12 +358,16 @@ gatekeeper_worker_main(Datum main_arg)
 		/* this round sees every mail whose commit set the flag until now */
 		woken = gatekeeper_slot_woken(worker_slot, true);
 
-		housekeep(woken);
-		announce();
-		claim(woken);
-		deliver();
-		record();
-		extend();
+		if (watch_read_only())
+		{
+			housekeep(woken);
+			announce();
+			claim(woken);
+			clear_claims();
+			deliver();
+			record();
+			extend();
+		}
 		report(NULL);
 
 		(void) smtp_client_wait(nap());
@@ -550,11 +610,11 @@ deliver(void)
 	const char *default_sender;
 	bool		in_xact = false;
 
-	if (dlist_is_empty(&pending) || GetCurrentTimestamp() < backoff_until)
+	if (npending_cleared == 0 || GetCurrentTimestamp() < backoff_until)
 		return;
 	default_sender = gatekeeper_default_sender ? gatekeeper_default_sender : "";
 
-	while (!dlist_is_empty(&pending) && smtp_client_room() > 0)
+	while (npending_cleared > 0 && smtp_client_room() > 0)
 	{
 		GatekeeperDelivery *d;
 
@@ -562,6 +622,7 @@ deliver(void)
 			break;
 		d = dlist_container(GatekeeperDelivery, queue_node, dlist_pop_head_node(&pending));
 		npending--;
+		npending_cleared--;
 
 		if (!in_xact)
 		{
@@ -811,15 +872,23 @@ nap(void)
 	{
 		if (nlive <= claim_window() / 2)
 			wake = Min(wake, next_claim_at);
-		if (npending > 0 && smtp_client_room() > 0 &&
+		if (npending_cleared > 0 && smtp_client_room() > 0 &&
 			(live_bytes <= gatekeeper_max_in_flight || smtp_client_busy() == 0))
 			wake = now;
+		/* the standbys' progress wakes nobody: look again shortly */
+		if (!dlist_is_empty(&held_claims))
+			wake = Min(wake, TimestampTzPlusMilliseconds(now, standbys_missing ?
+														 STANDBY_MISSING_POLL_MS :
+														 STANDBY_POLL_MS));
 	}
-	if (noutcomes > 0)
+	if (noutcomes > 0 && !read_only)
 		wake = Min(wake, TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS));
 	if (worker_slot == 0 && OidIsValid(known_extension))
 		wake = Min(wake, next_announce);
-	if (!dlist_is_empty(&live))
+	/* a read-only spell ends with a reload, whose signal sets the latch */
+	if (read_only)
+		wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
+	else if (!dlist_is_empty(&live))
 		wake = Min(wake,
 				   TimestampTzPlusMilliseconds(dlist_container(GatekeeperDelivery, live_node,
 															   dlist_head_node(&live))->lease_until,
@@ -839,12 +908,16 @@ report(const char *state)
 
 	if (state == NULL)
 	{
-		if (!OidIsValid(known_extension))
+		if (read_only)
+			state = "read-only: default_transaction_read_only is on";
+		else if (!OidIsValid(known_extension))
 			state = "waiting for extension";
 		else if (!smtp_enabled)
 			state = "no relay";
 		else if (backoff_until > now)
 			state = "backing off";
+		else if (!dlist_is_empty(&held_claims))
+			state = held_why;
 		else if (nlive > 0)
 			state = "delivering";
 		else
@@ -870,6 +943,169 @@ report(const char *state)
 				 nlive, nlive == 1 ? "" : "s");
 		pgstat_report_activity(STATE_RUNNING, activity);
 	}
+}
+
+/*
+ * Whether the worker may write: false during a read-only spell, when
+ * default_transaction_read_only is on (a failover manager sets it while it
+ * switches, and a reload ends it), or should recovery be in progress.
+ * The worker then claims, sends and records nothing, which is what a
+ * switchover needs: mail it holds claimed is either sent and recorded
+ * here once the spell ends, or taken back by the node promoted meanwhile.
+ * It says so once in the log and in worker_status.
+ */
+static bool
+watch_read_only(void)
+{
+	bool		now_read_only = DefaultXactReadOnly || RecoveryInProgress();
+
+	if (now_read_only && !read_only)
+		ereport(LOG,
+				(errmsg("gatekeeper worker waits: transactions are read-only"),
+				 errdetail("default_transaction_read_only is on; the worker claims, sends and records no mail until a reload turns it off.")));
+	read_only = now_read_only;
+	return !read_only;
+}
+
+/*
+ * The mails of the claim just committed (the last ones on "pending") wait
+ * for the standbys; with claim_standbys 0 and nothing held before them
+ * they may go at once.
+ */
+static void
+hold_claim(int mails)
+{
+	HeldClaim  *h;
+
+	if (gatekeeper_claim_standbys <= 0 && dlist_is_empty(&held_claims))
+	{
+		npending_cleared += mails;
+		return;
+	}
+	h = MemoryContextAlloc(TopMemoryContext, sizeof(HeldClaim));
+	h->lsn = XactLastCommitEnd;
+	h->mails = mails;
+	dlist_push_tail(&held_claims, &h->node);
+	clear_claims();
+}
+
+/*
+ * Clear the mail of every held claim that gatekeeper.claim_standbys
+ * streaming standbys have flushed (all of it when the setting is 0), and
+ * say what the rest waits for.
+ */
+static void
+clear_claims(void)
+{
+	XLogRecPtr	flushed;
+	int			streaming = 0;
+	HeldClaim  *h;
+
+	if (dlist_is_empty(&held_claims))
+		return;
+	if (gatekeeper_claim_standbys <= 0)
+		flushed = PG_UINT64_MAX;
+	else
+		flushed = standby_flush(gatekeeper_claim_standbys, &streaming);
+
+	while (!dlist_is_empty(&held_claims))
+	{
+		h = dlist_container(HeldClaim, node, dlist_head_node(&held_claims));
+		if (h->lsn > flushed)
+			break;
+		npending_cleared += h->mails;
+		dlist_delete(&h->node);
+		pfree(h);
+	}
+	if (dlist_is_empty(&held_claims))
+		return;
+
+	h = dlist_container(HeldClaim, node, dlist_head_node(&held_claims));
+	standbys_missing = streaming < gatekeeper_claim_standbys;
+	if (standbys_missing)
+		snprintf(held_why, sizeof(held_why), "waiting for %d standby%s: %d streaming",
+				 gatekeeper_claim_standbys, gatekeeper_claim_standbys == 1 ? "" : "s",
+				 streaming);
+	else
+		snprintf(held_why, sizeof(held_why), "waiting for %d standby%s: " UINT64_FORMAT " bytes behind",
+				 gatekeeper_claim_standbys, gatekeeper_claim_standbys == 1 ? "" : "s",
+				 (uint64) (h->lsn - flushed));
+}
+
+/*
+ * Forget the held claims: their mail left "pending" (the breaker handed it
+ * back).
+ */
+static void
+drop_held_claims(void)
+{
+	while (!dlist_is_empty(&held_claims))
+	{
+		HeldClaim  *h = dlist_container(HeldClaim, node,
+										dlist_pop_head_node(&held_claims));
+
+		pfree(h);
+	}
+}
+
+/*
+ * The WAL position that n streaming physical standbys have flushed (the
+ * n-th highest of their flush positions), or InvalidXLogRecPtr when fewer
+ * than n stream; *streaming receives how many do.  Read from the
+ * walsenders' shared memory, as pg_stat_replication is; a walsender with a
+ * database is a logical one, which no standby stands behind.
+ */
+static XLogRecPtr
+standby_flush(int n, int *streaming)
+{
+	XLogRecPtr *flush;
+	XLogRecPtr	result = InvalidXLogRecPtr;
+	int			count = 0;
+	int			i;
+
+	*streaming = 0;
+	if (WalSndCtl == NULL || max_wal_senders <= 0)
+		return InvalidXLogRecPtr;
+	flush = palloc(sizeof(XLogRecPtr) * max_wal_senders);
+	for (i = 0; i < max_wal_senders; i++)
+	{
+		WalSnd	   *walsnd = &WalSndCtl->walsnds[i];
+		pid_t		pid;
+		WalSndState state;
+		XLogRecPtr	position;
+		PGPROC	   *proc;
+
+		SpinLockAcquire(&walsnd->mutex);
+		pid = walsnd->pid;
+		state = walsnd->state;
+		position = walsnd->flush;
+		SpinLockRelease(&walsnd->mutex);
+
+		if (pid == 0 || state != WALSNDSTATE_STREAMING || XLogRecPtrIsInvalid(position))
+			continue;
+		proc = BackendPidGetProc(pid);
+		if (proc == NULL || OidIsValid(proc->databaseId))
+			continue;
+		flush[count++] = position;
+	}
+	*streaming = count;
+	if (count >= n)
+	{
+		/* the n-th highest: sort descending */
+		int			j;
+
+		for (i = 1; i < count; i++)
+		{
+			XLogRecPtr	v = flush[i];
+
+			for (j = i; j > 0 && flush[j - 1] < v; j--)
+				flush[j] = flush[j - 1];
+			flush[j] = v;
+		}
+		result = flush[n - 1];
+	}
+	pfree(flush);
+	return result;
 }
 
 /*
@@ -1070,6 +1306,8 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	}
 
 	end_work();
+	if (n > 0)
+		hold_claim(n);
 	return n;
 }
 
@@ -1372,6 +1610,8 @@ trip(const char *error, bool session)
 		strlcpy(d->error, error, sizeof(d->error));
 		decided(d);
 	}
+	npending_cleared = 0;
+	drop_held_claims();
 	smtp_client_abort_unsent(error);
 	next_claim_at = backoff_until;
 }

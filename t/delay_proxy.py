@@ -2,12 +2,16 @@
 # Copyright: gatekeeper contributors
 """A TCP proxy on loopback that adds latency: a relay "N ms away".
 
-  delay_proxy.py --listen PORT --target PORT --delay-ms N [--log FILE]
+  delay_proxy.py --listen PORT --target PORT --delay-ms N [--delay-up-ms N] [--log FILE]
 
 Accepts on 127.0.0.1:LISTEN, connects each client to 127.0.0.1:TARGET and
 forwards every chunk read in either direction DELAY_MS later (a chunk
 read at t is written at t + delay, in order; reading goes on meanwhile,
 so this is latency, not a bandwidth limit: a round trip costs 2 x delay).
+--delay-up-ms sets the client-to-target direction apart (default: the
+same as --delay-ms): a standby's walreceiver behind a proxy with
+--delay-ms 1000 --delay-up-ms 0 receives the primary's WAL a second late
+and reports what it flushed at once.
 
 Bounded: at most --max-connections at once (more are closed at once),
 at most --max-bytes forwarded in all (then it exits), exits after
@@ -31,13 +35,15 @@ ap = argparse.ArgumentParser()
 ap.add_argument('--listen', type=int, required=True)
 ap.add_argument('--target', type=int, required=True)
 ap.add_argument('--delay-ms', type=float, required=True)
+ap.add_argument('--delay-up-ms', type=float)
 ap.add_argument('--log')
 ap.add_argument('--max-connections', type=int, default=256)
 ap.add_argument('--max-bytes', type=int, default=8 << 30)
 ap.add_argument('--lifetime', type=int, default=900)
 args = ap.parse_args()
 
-delay = args.delay_ms / 1000.0
+delays = {'down': args.delay_ms / 1000.0,
+          'up': (args.delay_up_ms if args.delay_up_ms is not None else args.delay_ms) / 1000.0}
 logf = open(args.log, 'a', buffering=1) if args.log else None
 state = {'conns': 0, 'open': 0, 'bytes': 0, 'chunks_up': 0, 'chunks_down': 0}
 done = None
@@ -69,7 +75,7 @@ async def pump(reader, writer, counter, key):
                     log('max-bytes reached, exiting')
                     done.set()
                     break
-                queue.append((time.monotonic() + delay, data))
+                queue.append((time.monotonic() + delays[key], data))
                 more.set()
         except (ConnectionError, OSError):
             pass
@@ -135,8 +141,8 @@ async def main():
     done = asyncio.Event()
     server = await asyncio.start_server(handle, host='127.0.0.1', port=args.listen,
                                         reuse_address=True)
-    log('listening on 127.0.0.1:%d -> 127.0.0.1:%d, %.1f ms each way'
-        % (args.listen, args.target, args.delay_ms))
+    log('listening on 127.0.0.1:%d -> 127.0.0.1:%d, %.1f ms up, %.1f ms down'
+        % (args.listen, args.target, delays['up'] * 1000, delays['down'] * 1000))
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, done.set)
     parent = os.getppid()
     deadline = time.time() + args.lifetime
