@@ -1775,7 +1775,17 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		return;
 	}
 
-	initStringInfo(&cmd);
+	/*
+	 * The commands are freed when written, which may be after the caller's
+	 * transaction (the worker's deliver) has ended: keep them in smtp_cxt,
+	 * as conn_send does.
+	 */
+	{
+		MemoryContext old = MemoryContextSwitchTo(smtp_cxt);
+
+		initStringInfo(&cmd);
+		MemoryContextSwitchTo(old);
+	}
 	if (c->pipelining && !c->last_ok)
 	{
 		appendStringInfoString(&cmd, "RSET\r\n");
