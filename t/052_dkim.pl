@@ -570,6 +570,35 @@ ok($held, 'the held mail reached the relay') and is_deeply(
 	[ map { "$_->{d} $_->{a} $_->{result}" } @{ mail_dkim_verify($held->{wire}) } ],
 	['ed.example ed25519-sha256 pass'], 'the held mail is signed');
 
+# at server start the setting is taken as it is (refused there, it would
+# be empty and mail would go unsigned): the worker finds the fault, says
+# so and holds the mail until it is fixed
+$node->stop;
+chmod 0640, $rsa_key or die $!;
+$log_at = -s $node->logfile;
+$node->start;
+ok( GatekeeperTest::wait_for(
+		sub {
+			slurp_file($node->logfile, $log_at) =~
+			  /gatekeeper.dkim_key_table cannot be used: key file of "shop", "\Q$rsa_key\E", has group or world access/;
+		},
+		30),
+	'start: the worker says why it cannot use the key table');
+is($node->safe_psql('postgres', 'SHOW gatekeeper.dkim_key_table'), $table, 'start: the table stays set');
+my $start_id = $node->safe_psql('postgres',
+	"SELECT gatekeeper.enqueue('start-mail\@customer.example', 'Held at start', 'Body', sender => 'shop\@shop.example')");
+sleep 3;
+is($node->safe_psql('postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $start_id"),
+	'scheduled', 'start: no mail goes while the key table cannot be used');
+chmod 0600, $rsa_key or die $!;
+$node->reload;
+ok(GatekeeperTest::poll_until($node, 'postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $start_id", 'sent', 60),
+	'start: fixed, the held mail goes');
+my ($started) = grep { join(' ', @{ $_->{rcpt} }) =~ /start-mail/ } GatekeeperTest::relay_messages($relay);
+ok($started, 'the mail held at start reached the relay') and is_deeply(
+	[ map { "$_->{d} $_->{a} $_->{result}" } @{ mail_dkim_verify($started->{wire}) } ],
+	['shop.example rsa-sha256 pass'], 'the mail held at start is signed');
+
 # no key material in the server's log
 my $log = slurp_file($node->logfile);
 foreach my $k (sort keys %secret_lines)
