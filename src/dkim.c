@@ -59,6 +59,9 @@
 #define DKIM_KEY_FILE_MAX_BYTES	(64 * 1024)
 #define DKIM_NAME_MAX			253
 
+/* header fields looked at when signing; any further ones are not signed */
+#define DKIM_MAX_FIELDS			1000
+
 /* RSA keys shorter than this are refused (RFC 8301 3.2) */
 #define DKIM_RSA_MIN_BITS		1024
 
@@ -214,7 +217,7 @@ gatekeeper_dkim_sign(StringInfo message, const char *from_address)
 	domain = pstrdup(at + 1);
 	for (i = 0; domain[i]; i++)
 		domain[i] = pg_ascii_tolower((unsigned char) domain[i]);
-	/* a domain literal or a trailing dot names no key */
+	/* the From domain, then each parent domain, until one has keys */
 	for (candidate = domain; candidate != NULL && first < 0;)
 	{
 		for (i = 0; i < dkim_nkeys; i++)
@@ -237,8 +240,8 @@ gatekeeper_dkim_sign(StringInfo message, const char *from_address)
 	if (first < 0)
 		return 0;
 
-	fields = palloc(sizeof(DkimField) * 1000);
-	nfields = parse_fields(message->data, message->len, fields, 1000, &body);
+	fields = palloc(sizeof(DkimField) * DKIM_MAX_FIELDS);
+	nfields = parse_fields(message->data, message->len, fields, DKIM_MAX_FIELDS, &body);
 	body_hash(body, message->data + message->len - body, hash);
 	initStringInfo(&bh);
 	append_base64(&bh, hash, sizeof(hash), false);
@@ -842,7 +845,6 @@ sign_one(StringInfo sigs, const DkimKey *key, const char *msg, DkimField *fields
 {
 	StringInfoData field;
 	StringInfoData data;
-	const char *sigstart;
 	int			linelen;
 	int			f;
 	EVP_MD_CTX *ctx;
@@ -953,8 +955,7 @@ sign_one(StringInfo sigs, const DkimKey *key, const char *msg, DkimField *fields
 	}
 	EVP_MD_CTX_free(ctx);
 
-	sigstart = field.data;
-	appendStringInfoString(sigs, sigstart);
+	appendStringInfoString(sigs, field.data);
 	append_base64(sigs, sig, siglen, true);
 	appendStringInfoString(sigs, "\r\n");
 	pfree(field.data);
