@@ -30,8 +30,10 @@ GK_BASE_PACKAGES=(
 	libipc-run-perl postfix make gcc libc6-dev perl python3-aiosmtpd openssl
 )
 # The TAP tests need these on top (t/060_exporter.pl scrapes the exporter;
-# t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3).
-GK_TEST_PACKAGES=(prometheus-postgres-exporter python3-psycopg2)
+# t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3;
+# t/052_dkim.pl verifies signatures with dkimpy, Ed25519 through nacl, and
+# with Perl's Mail::DKIM).
+GK_TEST_PACKAGES=(prometheus-postgres-exporter python3-psycopg2 python3-dkim python3-nacl libmail-dkim-perl)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
 
