@@ -17,6 +17,7 @@ OBJS = \
 	src/mail.o \
 	src/validate.o \
 	src/message.o \
+	src/dkim.o \
 	src/smtp_client.o \
 	src/suppression.o \
 	src/unsubscribe.o \

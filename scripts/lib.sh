@@ -32,8 +32,10 @@ GK_BASE_PACKAGES=(
 # The TAP tests need these on top (t/060_exporter.pl scrapes the exporter;
 # t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3;
 # t/061_alert_rules.pl runs promtool, of Debian's prometheus package, whose
-# server is never started as a service: the tests run their own on loopback).
-GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2)
+# server is never started as a service: the tests run their own on loopback;
+# t/055_dkim.pl verifies signatures with dkimpy, Ed25519 through nacl, and
+# with Perl's Mail::DKIM).
+GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2 python3-dkim python3-nacl libmail-dkim-perl)
 # t/failover/pg_autoctl.sh (run by hand, not by scripts/test.sh) needs
 # pg_auto_failover: pg_autoctl and the monitor's extension.
 GK_FAILOVER_PACKAGES=(postgresql-15-auto-failover)

@@ -93,12 +93,14 @@ CREATE TABLE gatekeeper.queue (
 	send_window text,
 	timezone	text NOT NULL DEFAULT 'UTC',
 	background	boolean NOT NULL DEFAULT true,
-	notify		boolean NOT NULL DEFAULT false
+	notify		boolean NOT NULL DEFAULT false,
+	feedback_id text
 );
 
 COMMENT ON COLUMN gatekeeper.queue.dedupe_window IS 'how long a finished mail (but a cancelled one) holds its dedupe key; 0: only while it is scheduled or claimed';
 COMMENT ON COLUMN gatekeeper.queue.background IS 'the background workers claim its mail; false: only external claimers do';
 COMMENT ON COLUMN gatekeeper.queue.notify IS 'NOTIFY gatekeeper, ''<queue>'' when its mail is due (at the commit that makes it due, or when it comes due)';
+COMMENT ON COLUMN gatekeeper.queue.feedback_id IS 'Feedback-ID header of its mail (Gmail''s feedback loop), NULL: none';
 
 INSERT INTO gatekeeper.queue (name) VALUES ('default');
 INSERT INTO gatekeeper.gate (name, period, max_sends) VALUES ('smart_sending', interval '16 hours', 1);
@@ -954,13 +956,33 @@ $$;
 /*
  * Queues
  */
+
+-- raise 22023 unless value can be a queue's feedback_id: one to four
+-- fields of printable ASCII but ':' (no spaces), separated by ':', as
+-- Gmail's Feedback-ID is, at most 200 octets
+CREATE FUNCTION gatekeeper._check_feedback_id(value text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF value IS NOT NULL
+	   AND (octet_length(value) > 200 OR value !~ '^[!-9;-~]+(:[!-9;-~]+){0,3}$') THEN
+		RAISE EXCEPTION 'invalid feedback_id'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A feedback_id is one to four fields of printable ASCII without spaces, separated by '':'', at most 200 octets.',
+				  HINT = 'For example: ''campaign42:customer7:newsletter:shop''.';
+	END IF;
+END
+$$;
+
 CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
 	on_gate_closed text DEFAULT 'suppress', delivery text DEFAULT 'at_least_once',
 	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
-	notify boolean DEFAULT false)
+	notify boolean DEFAULT false, feedback_id text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -986,10 +1008,12 @@ BEGIN
 										   weight, rate_limit, dedupe_window, false);
 	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
 	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
+	PERFORM gatekeeper._check_feedback_id(create_queue.feedback_id);
 	BEGIN
 		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
 									  weight, rate_limit, dedupe_window, tokens, transactional,
-									  unsubscribe_url, send_window, timezone, background, notify)
+									  unsubscribe_url, send_window, timezone, background, notify,
+									  feedback_id)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
 				on_gate_closed, delivery, max_attempts, weight, rate_limit,
 				CASE WHEN dedupe_window = interval '0' THEN interval '0'
@@ -997,23 +1021,25 @@ BEGIN
 								   interval '24 hours') END,
 				coalesce(rate_limit, 0),
 				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
-				create_queue.timezone, create_queue.background, create_queue.notify);
+				create_queue.timezone, create_queue.background, create_queue.notify,
+				create_queue.feedback_id);
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
 	END;
 END
 $$;
 
--- each argument NULL leaves its setting unchanged; unsubscribe_url => '' and
--- send_window => '' remove them, as rate_limit => 0 does; dedupe_window =>
--- '0' holds keys only while their mail is unfinished, as in create_queue
+-- each argument NULL leaves its setting unchanged; unsubscribe_url => '',
+-- send_window => '' and feedback_id => '' remove them, as rate_limit => 0
+-- does; dedupe_window => '0' holds keys only while their mail is
+-- unfinished, as in create_queue
 CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
 	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
-	notify boolean DEFAULT NULL)
+	notify boolean DEFAULT NULL, feedback_id text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1035,6 +1061,7 @@ BEGIN
 	PERFORM gatekeeper._check_notify(alter_queue.name, alter_queue.notify);
 	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
 	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
+	PERFORM gatekeeper._check_feedback_id(nullif(alter_queue.feedback_id, ''));
 	UPDATE gatekeeper.queue q
 	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
 							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
@@ -1055,7 +1082,9 @@ BEGIN
 							  ELSE coalesce(alter_queue.send_window, q.send_window) END,
 		   timezone = coalesce(alter_queue.timezone, q.timezone),
 		   background = coalesce(alter_queue.background, q.background),
-		   notify = coalesce(alter_queue.notify, q.notify)
+		   notify = coalesce(alter_queue.notify, q.notify),
+		   feedback_id = CASE WHEN alter_queue.feedback_id = '' THEN NULL
+							  ELSE coalesce(alter_queue.feedback_id, q.feedback_id) END
 	 WHERE q.name = alter_queue.name;
 	-- a longer window holds again the keys purge() freed under the shorter one
 	IF alter_queue.dedupe_window > interval '0' THEN
@@ -1063,6 +1092,13 @@ BEGIN
 	END IF;
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
+											text, text, text, boolean, boolean, text) IS
+	'make a queue (a campaign, flow or tenant) with its policy';
+COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
+										   text, text, text, boolean, boolean, text) IS
+	'change a queue''s policy; each argument NULL leaves its setting as it is';
 
 -- drop_queue's end of the live counts: the queue's rows deleted, this
 -- transaction's changes to them set aside (src/live_count.c)
@@ -2687,7 +2723,8 @@ SELECT s.address, s.queue, s.reason, s.detail, s.mail_id, s.created_at
 
 CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, OUT state text,
 		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
-		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint)
+		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint,
+		OUT unsigned_total bigint)
 	RETURNS SETOF record
 	LANGUAGE C VOLATILE STRICT
 	SET search_path = pg_catalog, pg_temp
@@ -2696,10 +2733,11 @@ AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
 -- the background workers, from shared memory: what each is doing, the mail
 -- it holds, its relay connections, its breaker (closed: delivering; open:
 -- backing off after the relay refused the session or every MAIL FROM;
--- half-open: trying again), and the relay's last refusal
+-- half-open: trying again), the relay's last refusal, and the messages
+-- built without a DKIM signature (no key for their From domain)
 CREATE VIEW gatekeeper.worker_status AS
 SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
-	   w.last_success, w.last_error, w.last_error_at, w.sent_total
+	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total
   FROM gatekeeper._worker_status() AS w;
 
 COMMENT ON VIEW gatekeeper.worker_status IS

@@ -150,6 +150,7 @@ typedef struct ClaimQueue
 	bool		more;			/* may hold more due mail */
 	bool		transactional;	/* global unsubscribes and complaints do not stop it */
 	char	   *unsubscribe_url;	/* NULL: no List-Unsubscribe */
+	char	   *feedback_id;	/* NULL: no Feedback-ID */
 	bool		has_window;		/* sends only within window */
 	GatekeeperWindow window;
 	char	   *send_window;	/* as given, for messages */
@@ -182,7 +183,8 @@ typedef struct Claimed
 
 /*
  * The queues' policies.  0.1.0's schema (a new library before ALTER EXTENSION
- * UPDATE) has no transactional, unsubscribe_url, send_window or timezone.
+ * UPDATE) has no transactional, unsubscribe_url, send_window or timezone;
+ * 0.2.0's no feedback_id.
  */
 #define QUEUES_SQL(policy, filter) \
 "SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, " \
@@ -198,13 +200,19 @@ typedef struct Claimed
 " ORDER BY q.name"
 
 static const char queues_sql[] =
-QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone", "");
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, q.feedback_id", "");
+static const char queues_020_sql[] =
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, NULL::text", "");
 static const char queues_010_sql[] =
-QUEUES_SQL("false, NULL::text, NULL::text, 'UTC'::text", "");
+QUEUES_SQL("false, NULL::text, NULL::text, 'UTC'::text, NULL::text", "");
 
 /* a background worker's claim: only the queues it serves */
 static const char queues_background_sql[] =
-QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone", " AND q.background ");
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, q.feedback_id",
+		   " AND q.background ");
+static const char queues_background_020_sql[] =
+QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, NULL::text",
+		   " AND q.background ");
 
 static const char unknown_sql[] =
 "SELECT u.name FROM unnest($1) AS u(name) "
@@ -393,6 +401,8 @@ static const char ack_batch_010_sql[] =
 static SPIPlanPtr queues_plan = NULL;
 static SPIPlanPtr queues_010_plan = NULL;
 static SPIPlanPtr queues_background_plan = NULL;
+static SPIPlanPtr queues_020_plan = NULL;
+static SPIPlanPtr queues_background_020_plan = NULL;
 static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
@@ -545,12 +555,18 @@ load_queues(ArrayType *filter, int *nqueues, bool v010)
 
 	{
 		Oid			type = TEXTARRAYOID;
+		Oid			queue_rel = get_relname_relid("queue", get_namespace_oid("gatekeeper", false));
+		bool		v020 = get_attnum(queue_rel, "feedback_id") == InvalidAttrNumber;
 
 		gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
 		if (v010)
 			plan = gatekeeper_plan(&queues_010_plan, queues_010_sql, 1, &type);
+		else if (background && v020)
+			plan = gatekeeper_plan(&queues_background_020_plan, queues_background_020_sql, 1, &type);
 		else if (background)
 			plan = gatekeeper_plan(&queues_background_plan, queues_background_sql, 1, &type);
+		else if (v020)
+			plan = gatekeeper_plan(&queues_020_plan, queues_020_sql, 1, &type);
 		else
 			plan = gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
 	}
@@ -612,6 +628,7 @@ load_queues(ArrayType *filter, int *nqueues, bool v010)
 		q->unsubscribe_url = SPI_getvalue(tup, desc, 10);
 		q->send_window = SPI_getvalue(tup, desc, 11);
 		q->timezone = SPI_getvalue(tup, desc, 12);
+		q->feedback_id = SPI_getvalue(tup, desc, 13);
 		if (q->send_window != NULL)
 		{
 			gatekeeper_parse_window(q->send_window, &q->window);
@@ -1232,16 +1249,18 @@ apply_suppression(Claimed *claimed, int nclaimed)
 }
 
 /*
- * RFC 8058 one-click unsubscribe: the mail of a queue with an
- * unsubscribe_url goes out with List-Unsubscribe (the URL, its {token}
- * signed for this recipient and queue) and List-Unsubscribe-Post, unless
- * it brings its own List-Unsubscribe.  They are added to the headers the
- * claim returns, so an external sender gets them as the background
- * worker does.  Runs with SPI connected (the token's secret is read once
- * per transaction); the new headers are made in keep.
+ * The headers a queue adds to its mail.  RFC 8058 one-click unsubscribe:
+ * the mail of a queue with an unsubscribe_url goes out with
+ * List-Unsubscribe (the URL, its {token} signed for this recipient and
+ * queue) and List-Unsubscribe-Post, unless it brings its own
+ * List-Unsubscribe.  A queue with a feedback_id adds Feedback-ID (Gmail's
+ * feedback loop), unless the mail brings its own.  They are added to the
+ * headers the claim returns, so an external sender gets them as the
+ * background worker does.  Runs with SPI connected (the token's secret is
+ * read once per transaction); the new headers are made in keep.
  */
 static void
-add_unsubscribe_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
+add_queue_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 {
 	int			i;
 
@@ -1249,27 +1268,40 @@ add_unsubscribe_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 	{
 		Claimed    *c = &claimed[i];
 		Jsonb	   *headers = NULL;
-		char	   *url;
 		StringInfoData json;
 		Datum		added;
 		MemoryContext old;
 
-		if (c->expired || c->lost || c->queue->unsubscribe_url == NULL)
+		if (c->expired || c->lost ||
+			(c->queue->unsubscribe_url == NULL && c->queue->feedback_id == NULL))
 			continue;
 		if (!c->nulls[COL_HEADERS - 1])
-		{
 			headers = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
-			if (gatekeeper_headers_have(headers, "List-Unsubscribe"))
-				continue;
-		}
-		url = gatekeeper_unsubscribe_url(c->queue->unsubscribe_url,
-										 TextDatumGetCString(c->values[COL_RECIPIENT - 1]),
-										 c->queue->name);
+
 		initStringInfo(&json);
-		appendStringInfoString(&json, "{\"List-Unsubscribe\": ");
-		escape_json(&json, psprintf("<%s>", url));
-		if (headers == NULL || !gatekeeper_headers_have(headers, "List-Unsubscribe-Post"))
-			appendStringInfoString(&json, ", \"List-Unsubscribe-Post\": \"List-Unsubscribe=One-Click\"");
+		appendStringInfoChar(&json, '{');
+		if (c->queue->unsubscribe_url != NULL &&
+			(headers == NULL || !gatekeeper_headers_have(headers, "List-Unsubscribe")))
+		{
+			char	   *url = gatekeeper_unsubscribe_url(c->queue->unsubscribe_url,
+														 TextDatumGetCString(c->values[COL_RECIPIENT - 1]),
+														 c->queue->name);
+
+			appendStringInfoString(&json, "\"List-Unsubscribe\": ");
+			escape_json(&json, psprintf("<%s>", url));
+			if (headers == NULL || !gatekeeper_headers_have(headers, "List-Unsubscribe-Post"))
+				appendStringInfoString(&json, ", \"List-Unsubscribe-Post\": \"List-Unsubscribe=One-Click\"");
+		}
+		if (c->queue->feedback_id != NULL &&
+			(headers == NULL || !gatekeeper_headers_have(headers, "Feedback-ID")))
+		{
+			if (json.len > 1)
+				appendStringInfoString(&json, ", ");
+			appendStringInfoString(&json, "\"Feedback-ID\": ");
+			escape_json(&json, c->queue->feedback_id);
+		}
+		if (json.len == 1)
+			continue;
 		appendStringInfoChar(&json, '}');
 
 		old = MemoryContextSwitchTo(keep);
@@ -1792,7 +1824,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 		settle_claimed(claimed, nclaimed, now, queues, nqueues, lease, worker);
 	else
 		settle_losers_010(claimed, nclaimed, now);
-	add_unsubscribe_headers(claimed, nclaimed, keep);
+	add_queue_headers(claimed, nclaimed, keep);
 
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)

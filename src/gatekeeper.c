@@ -35,6 +35,7 @@
  */
 #include "gatekeeper.h"
 #include "address.h"
+#include "dkim.h"
 #include "stats.h"
 #include "mail.h"
 
@@ -84,6 +85,7 @@ int			gatekeeper_retry_delay = 30 * 1000;
 char	   *gatekeeper_smtp_url = NULL;
 char	   *gatekeeper_smtp_user = NULL;
 char	   *gatekeeper_smtp_password_file = NULL;
+char	   *gatekeeper_dkim_key_table = NULL;
 int			gatekeeper_smtp_connections = 16;
 int			gatekeeper_smtp_timeout = 30 * 1000;
 char	   *gatekeeper_helo_name = NULL;
@@ -152,6 +154,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_incarnation_sql);
 static bool check_database(char **newval, void **extra, GucSource source);
 static bool check_helo_name(char **newval, void **extra, GucSource source);
 static bool check_smtp_url(char **newval, void **extra, GucSource source);
+static bool check_dkim_key_table(char **newval, void **extra, GucSource source);
 static bool check_default_sender(char **newval, void **extra, GucSource source);
 static bool check_lease(double *newval, void **extra, GucSource source);
 static void assign_lease(double newval, void *extra);
@@ -344,6 +347,21 @@ gatekeeper_define_settings(void)
 							   GUC_SUPERUSER_ONLY,
 							   NULL, NULL, NULL);
 
+	/*
+	 * Key files are checked like the password file; the keys are read by
+	 * the workers (src/dkim.c).
+	 */
+	DefineCustomStringVariable("gatekeeper.dkim_key_table",
+							   "OpenDKIM-style key table the gatekeeper workers sign mail with.",
+							   "Lines \"<name> <domain>:<selector>:<key file>\"; each key file a PEM "
+							   "RSA (at least 1024 bits) or Ed25519 private key readable by the "
+							   "server's OS user only.  Empty: mail goes unsigned.",
+							   &gatekeeper_dkim_key_table,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   check_dkim_key_table, NULL, NULL);
+
 	DefineCustomIntVariable("gatekeeper.smtp_connections",
 							"Parallel SMTP connections per gatekeeper worker.",
 							NULL,
@@ -530,6 +548,37 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 						  "gatekeeper.smtp_password_file.");
 	}
 	return false;
+}
+
+/*
+ * gatekeeper.dkim_key_table must name a key table whose every key can be
+ * used (src/dkim.c), checked when the value is set and, in the
+ * postmaster, at each reload, so that a bad table or key is refused with
+ * the reason in the log and the value in force stays.  Other processes
+ * check only a value that changes: the files are read again by the
+ * workers, which stop delivering when they cannot use them.  At server
+ * start every value is taken: a value refused there would leave the
+ * setting empty, and the workers would send mail unsigned; they find the
+ * fault themselves and deliver nothing instead.
+ */
+static bool
+check_dkim_key_table(char **newval, void **extra, GucSource source)
+{
+	char		problem[512];
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	if (process_shared_preload_libraries_in_progress)
+		return true;
+	if (IsUnderPostmaster && gatekeeper_dkim_key_table != NULL &&
+		strcmp(*newval, gatekeeper_dkim_key_table) == 0)
+		return true;
+	if (!gatekeeper_dkim_check_table(*newval, problem, sizeof(problem)))
+	{
+		GUC_check_errdetail("%s", problem);
+		return false;
+	}
+	return true;
 }
 
 /*
@@ -1278,7 +1327,8 @@ gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status)
 /*
  * gatekeeper._worker_status(): one row per connected worker, from shared
  * memory (nothing is read from tables, so it answers at once).  No rows
- * when the library was not preloaded.
+ * when the library was not preloaded.  Columns past those the function
+ * declares are left off (heap_form_tuple takes the descriptor's number).
  */
 Datum
 gatekeeper_worker_status(PG_FUNCTION_ARGS)
@@ -1295,8 +1345,8 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		GatekeeperSlot *slot = &gatekeeper_shared->slots[i];
 		GatekeeperWorkerStatus st;
 		pid_t		pid;
-		Datum		values[10];
-		bool		nulls[10];
+		Datum		values[11];
+		bool		nulls[11];
 
 		SpinLockAcquire(&gatekeeper_shared->mutex);
 		pid = slot->pid;
@@ -1319,6 +1369,8 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		values[8] = TimestampTzGetDatum(st.last_error_at);
 		nulls[8] = st.last_error_at == 0;
 		values[9] = Int64GetDatum(st.sent_total);
+		/* 0.2.0's _worker_status, until ALTER EXTENSION UPDATE, takes ten */
+		values[10] = Int64GetDatum(st.unsigned_total);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

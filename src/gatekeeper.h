@@ -24,6 +24,7 @@
  * src/unsubscribe.c	one-click unsubscribe tokens and URLs
  * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
+ * src/dkim.c			DKIM signing of built messages
  * src/smtp_client.c	the event-driven SMTP client the worker delivers with
  * src/stats.c			the queues' totals in shared memory, for queue_stats
  *
@@ -64,6 +65,7 @@ extern int	gatekeeper_retention;	/* seconds */
 extern int	gatekeeper_max_message_size;	/* bytes */
 extern int	gatekeeper_gate_memory;	/* kB */
 extern int	gatekeeper_claim_standbys;
+extern char *gatekeeper_dkim_key_table;
 
 /* src/gatekeeper.c */
 extern void gatekeeper_define_settings(void);
@@ -112,6 +114,7 @@ typedef struct GatekeeperWorkerStatus
 	char		last_error[256];	/* the relay's last refusal of the session */
 	TimestampTz last_error_at;	/* or 0 */
 	int64		sent_total;		/* mails sent since the worker started */
+	int64		unsigned_total; /* messages built without a DKIM signature */
 } GatekeeperWorkerStatus;
 
 extern void gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status);

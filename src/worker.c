@@ -70,6 +70,7 @@
  */
 #include "gatekeeper.h"
 #include "address.h"
+#include "dkim.h"
 #include "mail.h"
 
 #include "access/heapam.h"
@@ -472,9 +473,9 @@ database_ready(const char *name)
  * Act on the settings, at start and after each reload.
  *
  * Delivery is on when gatekeeper.smtp_url is an smtp:// or smtps:// URL
- * and the password file, if one is named, can be used; off when the URL
- * is empty.  The relay password is read from its file here, so at start
- * and at every reload.  A changed relay gets a fresh try, without the
+ * and the password file and the DKIM key table, if named, can be used;
+ * off when the URL is empty.  The relay password and the DKIM keys are
+ * read from their files here, so at start and at every reload.  A changed relay gets a fresh try, without the
  * backoff of the old one.
  */
 static void
@@ -485,6 +486,8 @@ check_settings(void)
 	if (url[0] == '\0')
 		smtp_enabled = false;
 	else if (!smtp_client_load_password())
+		smtp_enabled = false;	/* the log says why */
+	else if (!gatekeeper_dkim_load())
 		smtp_enabled = false;	/* the log says why */
 	else if (pg_strncasecmp(url, "smtp://", 7) == 0 ||
 			 pg_strncasecmp(url, "smtps://", 8) == 0)
@@ -1389,14 +1392,17 @@ copy_text(HeapTuple tuple, TupleDesc desc, int column)
  * taking the worker (and, at each restart, the worker again) down.  The
  * transaction is then aborted; the caller begins another if it needs one.
  * Cancellation and running out of memory are not the mail's fault: they
- * are rethrown.  Once built, the mail's body is freed: only the message
- * is needed from here on.
+ * are rethrown.  The message is DKIM-signed as built (src/dkim.c), and
+ * counted when no key applies.  Once built, the mail's body is freed:
+ * only the message is needed from here on.
  */
 static bool
 build_message(GatekeeperDelivery *d, const char *default_sender)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	volatile bool ok = true;
+	volatile int signatures = 0;
+	const char *volatile from_address = NULL;
 
 	if (d->mail.sender != NULL && d->mail.sender[0] != '\0')
 		d->from_field = d->mail.sender;
@@ -1413,6 +1419,7 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 			d->from = address;
 		else
 			d->from = d->from_field;
+		from_address = d->from;
 		MemoryContextSwitchTo(old);
 	}
 	else
@@ -1432,6 +1439,7 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 			enlargeStringInfo(&d->message, (int) Min(d->bytes + d->bytes / 16 + 4096,
 													 (size_t) MaxAllocSize / 2));
 		gatekeeper_build_message(&d->message, &d->mail, d->from_field);
+		signatures = gatekeeper_dkim_sign(&d->message, from_address);
 		MemoryContextSwitchTo(oldcontext);
 	}
 	PG_CATCH();
@@ -1458,6 +1466,8 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 
 	if (!ok)
 		return false;
+	if (signatures == 0)
+		status.unsigned_total++;
 
 	d->needs_8bit = smtp_client_needs_8bit(d->message.data, d->message.len);
 	d->needs_utf8 = !smtp_client_address_ascii(d->from) ||

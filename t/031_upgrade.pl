@@ -82,12 +82,20 @@ GRANT EXECUTE ON FUNCTION gatekeeper.ack(bigint[], int[]), gatekeeper.nack(bigin
    TO upgrade_worker;
 GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass(text, text[]) TO upgrade_gates;
 GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint) TO upgrade_app;
+GRANT EXECUTE ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval),
+                          gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval) TO upgrade_app;
 });
 $node->safe_psql('fresh', q{
 GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack(bigint, int, text, boolean),
                           gatekeeper.nack_batch(bigint[], int[], text[], boolean) TO upgrade_worker;
 GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
 GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
+GRANT EXECUTE ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
+                                                  text, text, text, boolean, boolean, text),
+                          gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
+                                                 text, text, text, boolean, boolean, text),
+                          gatekeeper._worker_status() TO upgrade_app;
+GRANT SELECT ON gatekeeper.worker_status TO upgrade_app;
 });
 
 # 0.2.0 in use: mail in every state, a claim held, passes, a suppression
@@ -99,6 +107,13 @@ GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack
                           gatekeeper.nack_batch(bigint[], int[], text[], boolean) TO upgrade_worker;
 GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
 GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
+-- 0.3.0 makes these again (issue 27: feedback_id, unsigned_total): the grants carry over
+GRANT EXECUTE ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
+                                                  text, text, text, boolean, boolean),
+                          gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
+                                                 text, text, text, boolean, boolean),
+                          gatekeeper._worker_status() TO upgrade_app;
+GRANT SELECT ON gatekeeper.worker_status TO upgrade_app;
 });
 # 0.2.0's README recipes, whole, and a role given only enqueue()
 $node->safe_psql('postgres', 'CREATE ROLE u_enqueue; CREATE ROLE u_worker; CREATE ROLE u_monitor; CREATE ROLE u_partial');
@@ -428,6 +443,11 @@ foreach my $state (qw(scheduled claimed sent failed suppressed expired cancelled
 }
 
 $node->safe_psql('updated', 'ALTER EXTENSION gatekeeper UPDATE');
+# 0.1.0 has no worker_status: granted as "fresh" has it (from020 checks
+# that the update keeps these grants)
+$node->safe_psql('updated',
+	'GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO upgrade_app; '
+	  . 'GRANT SELECT ON gatekeeper.worker_status TO upgrade_app');
 is($node->safe_psql('updated', "SELECT extversion FROM pg_extension WHERE extname = 'gatekeeper'"),
 	$current, "updated: ALTER EXTENSION gatekeeper UPDATE reaches $current");
 

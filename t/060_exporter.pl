@@ -185,6 +185,8 @@ my $started = metric('gatekeeper_worker_started_timestamp_seconds', qq{pid="$wor
 ok(defined $started && abs($started - time()) < 600, 'worker started: a time of this run')
   or diag('started_timestamp_seconds: ' . ($started // 'missing'));
 like($body, qr/^# TYPE gatekeeper_worker_sent_total counter$/m, 'worker sent_total is a counter');
+like($body, qr/^# TYPE gatekeeper_worker_unsigned_total counter$/m, 'worker unsigned_total is a counter');
+is(metric('gatekeeper_worker_unsigned_total', qq{pid="$worker_pid"}), 0, 'worker unsigned_total: nothing built');
 
 # ---------------------------------------------------------------- Prometheus
 # Debian's Prometheus on loopback scrapes the exporter every second; every
