@@ -21,7 +21,7 @@
 # relay's messages); every server listens on 127.0.0.1 on free ports and
 # is stopped at the end, whatever happens.  Exits 0 when no mail was lost,
 # nothing is left unfinished and no recipient got two promotional mails.
-# Takes about 1-2 minutes (most of it pg_autoctl's own state changes).
+# Takes 75-125 s on a 2-core machine (most of it pg_autoctl's own state changes).
 # Not run by CI (scripts/test.sh): it needs pg_autoctl and takes a while.
 
 set -euo pipefail
