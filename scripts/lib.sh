@@ -33,7 +33,7 @@ GK_BASE_PACKAGES=(
 # t/070_driver_psycopg2.pl runs t/driver_app.py with /usr/bin/python3;
 # t/061_alert_rules.pl runs promtool, of Debian's prometheus package, whose
 # server is never started as a service: the tests run their own on loopback).
-GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2)
+GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2 postgresql-15-plproxy)
 # The benchmark (bench/run.sh) needs these on top; installed only on that path.
 GK_BENCH_PACKAGES=(redis-server postgresql-15-pgq3)
 
