@@ -1115,7 +1115,9 @@ scenario_relays() {
 #             the router (each routed to its recipient's shard);
 #   bulk      SHARD_ENQ enqueue() calls in one statement: on shard_0
 #             directly, and through the router (one routed call per row,
-#             each committed on its shard as it goes);
+#             each committed on its shard as it goes), and through the
+#             router's enqueue_batch (arrays of 1,000 rows, split by shard:
+#             one call and one transaction per shard and array);
 #   claim     SHARD_N due mails spread evenly over 1, 2 and 4 shards,
 #             drained by 2 claimers per shard (claim(1000) + ack), all
 #             shards at once; rate = SHARD_N / wall time, and per shard.
@@ -1195,6 +1197,17 @@ scenario_shards() {
 			[ "$(shards_count)" = "$SHARD_ENQ" ] || gk_die "shards: $k bulk enqueue lost calls"
 			bk_record "shards.bulk.$k" "$run" "$(bk_rate "$SHARD_ENQ" "$t0" "$t1")"
 		done
+		# the router's enqueue_batch: rows of 1,000, one call per shard each
+		shards_reset
+		bk_settle
+		t0=$(bk_now)
+		BK_DB=router bk_sql \
+			"SELECT sum(cardinality(gatekeeper.enqueue_batch(array_agg('b' || i || '@example.com'),
+					array_agg('Subject'::text), array_agg('Body of about a line'::text), 'bench')))
+			   FROM generate_series(1, $SHARD_ENQ) AS i GROUP BY (i - 1) / 1000" >/dev/null
+		t1=$(bk_now)
+		[ "$(shards_count)" = "$SHARD_ENQ" ] || gk_die "shards: enqueue_batch lost rows"
+		bk_record "shards.bulk.batch" "$run" "$(bk_rate "$SHARD_ENQ" "$t0" "$t1")"
 		if [ "$run" = 1 ]; then
 			bk_note shards "routed enqueue spread over the shards: $(for i in 0 1 2 3; do
 				BK_DB=shard_$i bk_sql "SELECT count(*) FROM gatekeeper.mail"; done | paste -sd/ -) (shard_0/1/2/3)"

@@ -266,6 +266,96 @@ COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text
 	'enqueue one mail on the shard of its recipient (committed there at once, whatever this transaction does); returns its id';
 
 /*
+ * Bulk enqueue (router only): rows given as arrays, split by shard, one
+ * call per shard that enqueues all of that shard's rows in one
+ * transaction there.  Returns the ids in the order of the rows.  Each
+ * shard's rows commit on their own: a shard that refuses a row fails the
+ * call naming the shard and the shards whose rows were enqueued already;
+ * with dedupe keys the call can be run again as a whole.
+ */
+CREATE FUNCTION gatekeeper._enqueue_rows(part int, ords int[], recipients text[], subjects text[],
+	bodies text[], queue text, send_at timestamptz, dedupe_keys text[], metadata jsonb[])
+RETURNS TABLE (ord int, id bigint)
+LANGUAGE plproxy
+SET search_path = pg_catalog, pg_temp
+AS $$
+	CLUSTER 'gatekeeper';
+	RUN ON part;
+	SELECT u.o AS ord,
+		   gatekeeper.enqueue(u.r, u.s, u.b, queue, send_at, NULL, NULL, NULL, u.k, 0, NULL, NULL, u.m, NULL) AS id
+	  FROM unnest(ords, recipients, subjects, bodies, dedupe_keys, metadata) AS u(o, r, s, b, k, m);
+$$;
+
+CREATE FUNCTION gatekeeper.enqueue_batch(recipients text[], subjects text[], bodies text[],
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	dedupe_keys text[] DEFAULT NULL, metadata jsonb[] DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	count int := gatekeeper._shard_count();
+	n int := pg_catalog.cardinality(recipients);
+	ids bigint[];
+	part int;
+	applied int[] := '{}';
+	s record;
+	r record;
+	st text;
+	msg text;
+	det text;
+	hnt text;
+BEGIN
+	IF recipients IS NULL OR subjects IS NULL OR bodies IS NULL THEN
+		RAISE EXCEPTION 'recipients, subjects and bodies must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF pg_catalog.array_ndims(recipients) > 1 OR pg_catalog.array_ndims(subjects) > 1
+	   OR pg_catalog.array_ndims(bodies) > 1 OR pg_catalog.array_ndims(dedupe_keys) > 1
+	   OR pg_catalog.array_ndims(metadata) > 1 THEN
+		RAISE EXCEPTION 'multi-dimensional arrays are not supported'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF pg_catalog.cardinality(subjects) <> n OR pg_catalog.cardinality(bodies) <> n
+	   OR pg_catalog.cardinality(dedupe_keys) <> n OR pg_catalog.cardinality(metadata) <> n THEN
+		RAISE EXCEPTION 'arrays must have the same length'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('recipients has %s elements.', n);
+	END IF;
+	ids := pg_catalog.array_fill(NULL::bigint, ARRAY[n]);
+	FOR s IN
+		SELECT gatekeeper._hash(recipients[o]) & (count - 1) AS part,
+			   pg_catalog.array_agg(o ORDER BY o) AS ords,
+			   pg_catalog.array_agg(recipients[o] ORDER BY o) AS recipients,
+			   pg_catalog.array_agg(subjects[o] ORDER BY o) AS subjects,
+			   pg_catalog.array_agg(bodies[o] ORDER BY o) AS bodies,
+			   pg_catalog.array_agg(dedupe_keys[o] ORDER BY o) AS dedupe_keys,
+			   pg_catalog.array_agg(metadata[o] ORDER BY o) AS metadata
+		  FROM pg_catalog.generate_series(1, n) AS o
+		 GROUP BY 1 ORDER BY 1
+	LOOP
+		part := s.part;
+		BEGIN
+			FOR r IN SELECT * FROM gatekeeper._enqueue_rows(s.part, s.ords, s.recipients, s.subjects,
+				s.bodies, queue, send_at, s.dedupe_keys, s.metadata)
+			LOOP
+				ids[r.ord] := r.id;
+			END LOOP;
+		EXCEPTION WHEN OTHERS THEN
+			GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+									det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+			PERFORM gatekeeper._failed(part, 'enqueue_batch', applied, st, msg, det, hnt);
+		END;
+		applied := applied || part;
+	END LOOP;
+	RETURN ids;
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.enqueue_batch(text[], text[], text[], text, timestamptz, text[], jsonb[]) IS
+	'router only: enqueue rows given as arrays, one call per shard for all its rows; returns their ids in order';
+
+/*
  * Queues and gates: on every shard
  */
 CREATE FUNCTION gatekeeper._create_queue(part int, dry boolean, name text, gates text[],

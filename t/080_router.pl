@@ -285,6 +285,28 @@ is($shards[$reader_owner]->safe_psql('postgres',
 my ($rc, $out, $err) = router_try("SELECT gatekeeper.unsubscribe('${token}x')");
 like($err, qr/ERROR:  22023: invalid unsubscribe token/, 'a forged token: 22023');
 
+# enqueue_batch: rows as arrays, one call per shard; ids in row order,
+# each on its recipient's shard; run again, the dedupe keys give the same ids
+my @batch = map { "batch$_\@example.com" } 1 .. 20;
+my $batch_list = join(',', map { "'$_'" } @batch);
+my $batch_sql = qq{SELECT array_to_string(gatekeeper.enqueue_batch(ARRAY[$batch_list],
+	array_fill('Batch'::text, ARRAY[20]), array_fill('Body'::text, ARRAY[20]),
+	send_at => now() + interval '1 day',
+	dedupe_keys => ARRAY(SELECT 'batch:' || r FROM unnest(ARRAY[$batch_list]) AS r)), ',')};
+my @batch_ids = split /,/, $router->safe_psql('postgres', $batch_sql);
+my @batch_owner = shard_of(@batch);
+is(scalar(grep { defined $batch_ids[$_] && $batch_ids[$_] % 4 == $batch_owner[$_] } 0 .. $#batch),
+	20, 'enqueue_batch: 20 ids, each naming the shard of its row\'s recipient');
+is(join(',', map { $_->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail WHERE recipient LIKE 'batch%'") } @shards),
+	join(',', map { my $p = $_; scalar(grep { $_ == $p } @batch_owner) } 0 .. $n_shards - 1),
+	'enqueue_batch: each shard holds its recipients\' rows');
+is($router->safe_psql('postgres', $batch_sql), join(',', @batch_ids),
+	'enqueue_batch again: the dedupe keys give back the same ids');
+($rc, $out, $err) = router_try(
+	"SELECT gatekeeper.enqueue_batch(ARRAY['ok\@example.com', 'not an address'], ARRAY['S', 'S'], ARRAY['B', 'B'])");
+like($err, qr/ERROR:  22023: enqueue_batch was refused by gatekeeper shard p\d .*invalid recipient address/,
+	'enqueue_batch with an invalid row: 22023, naming the shard');
+
 # administration one shard refuses: no shard changes, the shard is named
 $shards[2]->safe_psql('postgres', "SELECT gatekeeper.create_queue('clash')");
 ($rc, $out, $err) = router_try("SELECT gatekeeper.create_queue('clash', weight => 3)");
