@@ -29,17 +29,18 @@
  * PL/Proxy commits each shard's call on its own.  Administration must not
  * leave the shards disagreeing, so it runs twice: first on every shard as
  * a dry run (the call, then an error that rolls it back: nothing is
- * written), and only when every shard took it, for real.  (PL/Proxy
- * reopens a connection whose call failed, with a NOTICE: the
- * administration functions run with client_min_messages = warning.)  A shard that
+ * written), and only when every shard took it, for real.  A shard that
  * refuses, or cannot be reached, fails the call with its name; one that
  * fails between the two rounds (it went down) is named together with
- * those that did apply it.
+ * those that did apply it.  (PL/Proxy reopens a connection whose call
+ * failed, with a NOTICE: the administration functions, whose dry runs
+ * always fail, run with client_min_messages = warning.)
  *
- * The public functions here are PL/pgSQL: each calls one internal
+ * The public functions here are PL/pgSQL or SQL: each calls an internal
  * PL/Proxy function (_name) whose first argument is the hash or number of
  * the shard to run on, and turns PL/Proxy's errors into ones that name
- * the shard (_failed).
+ * the shard (_failed).  A few are the router's own: enqueue_batch, find
+ * and cancel by key and recipient, shard_queue_stats.
  */
 
 CREATE TYPE gatekeeper.state AS ENUM (

@@ -71,6 +71,30 @@ CREATE SERVER gatekeeper FOREIGN DATA WRAPPER plproxy OPTIONS ($options);
 CREATE USER MAPPING FOR PUBLIC SERVER gatekeeper;
 });
 
+# the router's functions: search_path pinned, none for PUBLIC; the public
+# ones have the shard's signatures (a few more: enqueue_batch, find and
+# cancel by key and recipient, shard_queue_stats)
+is( $router->safe_psql('postgres', q{
+SELECT count(*) FROM pg_proc p
+ WHERE p.pronamespace = 'gatekeeper'::regnamespace
+   AND (NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
+		OR has_function_privilege('public', p.oid, 'EXECUTE'))}),
+	'0', 'router: every function pins search_path, none is executable by PUBLIC');
+my $shard_api = $shards[0]->safe_psql('postgres', q{
+SELECT string_agg(p.proname || '(' || pg_get_function_arguments(p.oid) || ') ' || pg_get_function_result(p.oid), E'\n' ORDER BY 1)
+  FROM pg_proc p WHERE p.pronamespace = 'gatekeeper'::regnamespace
+   AND p.proname IN ('enqueue', 'create_queue', 'alter_queue', 'drop_queue', 'pause', 'resume',
+					 'cancel', 'cancel_queue', 'create_gate', 'alter_gate', 'drop_gate', 'status',
+					 'find', 'history', 'suppress', 'unsuppress', 'unsubscribe')});
+my $router_api = $router->safe_psql('postgres', q{
+SELECT string_agg(p.proname || '(' || pg_get_function_arguments(p.oid) || ') ' || pg_get_function_result(p.oid), E'\n' ORDER BY 1)
+  FROM pg_proc p WHERE p.pronamespace = 'gatekeeper'::regnamespace
+   AND p.proname IN ('enqueue', 'create_queue', 'alter_queue', 'drop_queue', 'pause', 'resume',
+					 'cancel', 'cancel_queue', 'create_gate', 'alter_gate', 'drop_gate', 'status',
+					 'find', 'history', 'suppress', 'unsuppress', 'unsubscribe')
+   AND p.oid::regprocedure::text NOT IN ('gatekeeper.find(text,text,text)', 'gatekeeper.cancel(text,text,text)')});
+is($router_api, $shard_api, 'router: the application API has the shard\'s names, arguments, defaults and results');
+
 # the shard that owns each address, as the router routes it
 sub shard_of
 {
