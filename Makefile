@@ -1,7 +1,9 @@
 # gatekeeper: PGXS build.  The version lives in gatekeeper.control only.
 
-EXTENSION = gatekeeper
-EXTVERSION = $(shell sed -n "s/^default_version *= *'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+# gatekeeper, and gatekeeper_router: its application API over shards, for
+# a routing database with PL/Proxy (docs/sharding.md)
+EXTENSION = gatekeeper gatekeeper_router
+EXTVERSION = $(shell sed -n "s/^default_version *= *'\([^']*\)'.*/\1/p" gatekeeper.control)
 
 PG_CONFIG ?= pg_config
 
@@ -27,7 +29,7 @@ OBJS = \
 	src/live_count.o \
 	src/maintenance.o
 
-DATA = $(wildcard sql/$(EXTENSION)--*.sql)
+DATA = $(wildcard sql/gatekeeper--*.sql) $(wildcard sql/gatekeeper_router--*.sql)
 
 # The server's headers are read as system headers: under -Wextra they
 # warn about their own unused parameters, which is not ours to fix.
@@ -37,7 +39,8 @@ SHLIB_LINK = -lssl -lcrypto
 
 # pg_regress and isolation tests run in a private instance with the
 # library preloaded (test/gatekeeper.conf).
-REGRESS = $(patsubst sql/%.sql,%,$(sort $(filter-out sql/$(EXTENSION)--%,$(wildcard sql/*.sql))))
+# (the extensions' scripts are no tests)
+REGRESS = $(patsubst sql/%.sql,%,$(sort $(filter-out $(foreach e,$(EXTENSION),sql/$(e)--%),$(wildcard sql/*.sql))))
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=./test/gatekeeper.conf
 ISOLATION = $(patsubst specs/%.spec,%,$(sort $(wildcard specs/*.spec)))
 ISOLATION_OPTS = --temp-instance=./tmp_check_iso --temp-config=./test/gatekeeper.conf

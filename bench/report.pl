@@ -100,6 +100,17 @@ my %fig = (
 	'suppression.none.cpu'  => ['server CPU per mail over those drains, empty list', 'us'],
 	'suppression.miss.cpu'  => ['server CPU per mail, 1,000,000 suppressed, none drained', 'us'],
 	'suppression.hit10.cpu' => ['server CPU per mail, 1,000,000 suppressed, 10% of the drained', 'us'],
+	'shards.enqueue.direct' => ['enqueue() on one shard, one per transaction, 4 clients', 'calls/s'],
+	'shards.enqueue.routed' => ['enqueue() through gatekeeper_router, one per transaction, 4 clients', 'calls/s'],
+	'shards.bulk.direct'    => ['enqueue() on one shard, all in one statement', 'calls/s'],
+	'shards.bulk.routed'    => ['enqueue() through gatekeeper_router, all in one statement (one routed call each)', 'calls/s'],
+	'shards.bulk.batch'     => ['enqueue_batch() through gatekeeper_router, arrays of 1,000 rows', 'rows/s'],
+	'shards.claim.k1'       => ['claim(1000)+ack, 1 shard, 2 claimers', 'mails/s'],
+	'shards.claim.k2'       => ['claim(1000)+ack, 2 shards at once, 2 claimers each', 'mails/s'],
+	'shards.claim.k4'       => ['claim(1000)+ack, 4 shards at once, 2 claimers each', 'mails/s'],
+	'shards.claim_per.k1'   => ['the same per shard, 1 shard', 'mails/s'],
+	'shards.claim_per.k2'   => ['the same per shard, 2 shards', 'mails/s'],
+	'shards.claim_per.k4'   => ['the same per shard, 4 shards', 'mails/s'],
 );
 my @sections = (
 	['enqueue', [
@@ -170,6 +181,19 @@ my @sections = (
 		['suppression.none.cpu'],
 		['suppression.miss.cpu', 'suppression.none.cpu', ['<=', 1.1]],
 		['suppression.hit10.cpu', 'suppression.none.cpu', ['<=', 1.1]],
+	]],
+	['shards', [
+		['shards.enqueue.direct'],
+		['shards.enqueue.routed', 'shards.enqueue.direct'],
+		['shards.bulk.direct'],
+		['shards.bulk.routed', 'shards.bulk.direct'],
+		['shards.bulk.batch', 'shards.bulk.direct'],
+		['shards.claim.k1'],
+		['shards.claim.k2', 'shards.claim.k1'],
+		['shards.claim.k4', 'shards.claim.k1'],
+		['shards.claim_per.k1'],
+		['shards.claim_per.k2', 'shards.claim_per.k1'],
+		['shards.claim_per.k4', 'shards.claim_per.k1'],
 	]],
 );
 for my $b (100, 1000) {
@@ -319,6 +343,7 @@ my %desc = (
 	gates => 'Gates: gate_pass_batch(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
 	relays => 'Relays (issue 10): the relays a user meets, each measured with the worker (gatekeeper.smtp_connections = 16, helo_name set; time from the commit of N due mails in one INSERT until smtp-sink has counted them) and with smtp-source -s 16 -d (16 sessions, connections reused, same body size) through the same endpoint in the same run: a loopback smtp-sink -c; the same sink behind t/delay_proxy.py adding 10 ms to every chunk each way (a relay 20 ms away; the proxy counts the chunks each client wrote, about one per round trip waited for, noted per mail); smtp-sink -W .:1 (one second per end-of-data), against the parallel bound of 16 connections per second.',
 	suppression => 'Suppression (issue 12, opt-in: --only suppression): 80,000 due mails through a queue gated by smart_sending (distinct recipients), drained by 4 pgbench clients looping claim(1000) and ack, three ways in each run: with the suppression list empty (the reference), with 1,000,000 global hard_bounce entries none of which is a drained recipient, and with 1,000,000 entries of which one in ten drained recipients (8,000) are part (those mails end suppressed); rate = mails finished / wall time. The list is loaded, vacuumed and analyzed before it is measured (not timed).',
+	shards => 'Shards (issue 29): four gatekeeper databases of the same cluster, each made shard n of 4 by gatekeeper.shard(), and a router database with plproxy and gatekeeper_router whose foreign server names them (one machine: these figures show what routing costs and what the machine bounds, not what separate machines carry). enqueue() with random recipients, one per transaction, by 4 pgbench clients (-M prepared), on one shard directly and through the router; enqueue() called once per row by one statement on one shard and through the router (each routed call commits on its shard), and the router\'s enqueue_batch() with arrays of 1,000 rows (one call and transaction per shard and array); claim(1000)+ack drains of 160,000 mails spread over 1, 2 and 4 shards, 2 pgbench claimers per shard, all shards at once, total and per shard.',
 	delivery => 'Delivery: the worker (gatekeeper.smtp_connections = 16) sending to a loopback smtp-sink that counts and discards; time from the commit of N due mails until smtp-sink has counted N; and from the commit of one due mail until smtp-sink counts it, repeated (median, p99). Reference: smtp-source -s 16 -d (16 sessions, connections reused) into the same sink, same body size. The 2-worker line runs gatekeeper.workers = 2 with 8 connections each (the same 16 in all), after the 1-worker runs, against the same smtp-source figures.',
 );
 open(my $md, '>', $output) or die "$output: $!\n";

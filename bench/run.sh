@@ -20,7 +20,7 @@
 #   --smoke          tiny sizes, 1 run (CI keeps the harness working with it)
 #   --runs N         runs per measurement (default 5; --smoke: 1)
 #   --only LIST      comma-separated scenarios: enqueue,drain,backlog,
-#                    sustained,storage,stats,gates,delivery,relays (default: all)
+#                    sustained,storage,stats,gates,delivery,relays,shards (default: all)
 #   --install        build gatekeeper from this tree and install it first
 #                    (also done when no gatekeeper is installed)
 #   --output FILE    where to write the Markdown report
@@ -43,7 +43,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 
-ALL_SCENARIOS=(enqueue drain backlog sustained storage stats gates delivery relays)
+ALL_SCENARIOS=(enqueue drain backlog sustained storage stats gates delivery relays shards)
 # opt-in: run only when --only names them
 OPTIN_SCENARIOS=(suppression)
 SMOKE=0
@@ -108,6 +108,7 @@ if [ "$SMOKE" = 1 ]; then
 	DELIVERY_N=200 DELIVERY_LAT=3
 	RELAY_N=200 RELAY_RTT_N=48 RELAY_SLOW_N=16
 	SUPP_N=8000 SUPP_LIST=20000 SUPP_BATCH=1000 SUPP_CLAIMERS=4
+	SHARD_ENQ=400 SHARD_N=8000 SHARD_BATCH=1000
 else
 	ENQ_ROWS=200000 ENQ_CALLS=100000
 	DRAIN_CONFIGS=${BK_DRAIN_CONFIGS:-"100:1 100:2 100:4 100:8 1000:1 1000:2 1000:4 1000:8"}
@@ -123,6 +124,9 @@ else
 	RELAY_N=20000 RELAY_RTT_N=2000 RELAY_SLOW_N=160
 	# suppression (opt-in): 80,000 mails against a list of 1,000,000
 	SUPP_N=80000 SUPP_LIST=1000000 SUPP_BATCH=1000 SUPP_CLAIMERS=4
+	# shards (issue 29): 20,000 enqueues each way; 160,000 mails drained by
+	# 2 claimers per shard over 1, 2 and 4 shards
+	SHARD_ENQ=20000 SHARD_N=160000 SHARD_BATCH=1000
 fi
 BODY_BYTES=1000			# every mail's body, and smtp-source's payload
 
@@ -157,7 +161,7 @@ gk_require_root
 
 # ------------------------------------------------------------------ setup
 gk_ensure_packages postgresql-15 postgresql-server-dev-15 libssl-dev make gcc \
-	libc6-dev perl postfix redis-server postgresql-15-pgq3 python3
+	libc6-dev perl postfix redis-server postgresql-15-pgq3 python3 postgresql-15-plproxy
 
 BK_WORK=$(gk_make_workdir gatekeeper-bench)
 : >"$BK_WORK/results.tsv"

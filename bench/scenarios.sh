@@ -1101,3 +1101,149 @@ scenario_relays() {
 	relays_worker slow_eod "$RELAY_SLOW_N" relay_sink_slow "$sport" $((30 + RELAY_SLOW_N))
 	bk_stop_bg relay_sink_slow
 }
+
+# ================================================================== shards
+#
+# Issue 29: gatekeeper sharded by recipient behind gatekeeper_router
+# (PL/Proxy).  The shards are databases shard_0 .. shard_3 of the bench
+# cluster (each a gatekeeper made shard n of 4), the router a database
+# with plproxy and gatekeeper_router whose foreign server names them: one
+# machine, so the figures say what routing costs and what the machine
+# bounds, not what separate machines would carry.
+#   enqueue   SHARD_ENQ enqueue() calls, one per transaction, by 4 pgbench
+#             clients (random recipients): on shard_0 directly, and through
+#             the router (each routed to its recipient's shard);
+#   bulk      SHARD_ENQ enqueue() calls in one statement: on shard_0
+#             directly, and through the router (one routed call per row,
+#             each committed on its shard as it goes), and through the
+#             router's enqueue_batch (arrays of 1,000 rows, split by shard:
+#             one call and one transaction per shard and array);
+#   claim     SHARD_N due mails spread evenly over 1, 2 and 4 shards,
+#             drained by 2 claimers per shard (claim(1000) + ack), all
+#             shards at once; rate = SHARD_N / wall time, and per shard.
+
+# shards_setup: the shard databases and the router, once per scenario.
+shards_setup() {
+	local i opts=""
+	for i in 0 1 2 3; do
+		BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS shard_$i WITH (FORCE)" >/dev/null
+		BK_DB=postgres bk_sql "CREATE DATABASE shard_$i" >/dev/null
+		BK_DB=shard_$i bk_sql "CREATE EXTENSION gatekeeper; SELECT gatekeeper.shard($i, 4)" >/dev/null
+		BK_DB=shard_$i bk_sql "$(cat "$SQL/setup.sql")" >/dev/null
+		opts="$opts${opts:+, }p$i 'host=127.0.0.1 port=$BK_PGPORT dbname=shard_$i'"
+	done
+	BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS router WITH (FORCE)" >/dev/null
+	BK_DB=postgres bk_sql "CREATE DATABASE router" >/dev/null
+	BK_DB=router bk_sql "CREATE EXTENSION gatekeeper_router CASCADE;
+		CREATE SERVER gatekeeper FOREIGN DATA WRAPPER plproxy OPTIONS ($opts);
+		CREATE USER MAPPING FOR PUBLIC SERVER gatekeeper OPTIONS (user 'postgres')" >/dev/null
+}
+
+# shards_reset: empty every shard's mail.
+shards_reset() {
+	local i
+	for i in 0 1 2 3; do
+		BK_DB=shard_$i bk_sql "TRUNCATE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_claim,
+			gatekeeper.mail_key, gatekeeper.mail_done, gatekeeper.gate_log" >/dev/null
+	done
+}
+
+# shards_count: the mail of every shard, summed.
+shards_count() {
+	local i n=0
+	for i in 0 1 2 3; do
+		n=$((n + $(BK_DB=shard_$i bk_sql "SELECT count(*) FROM gatekeeper.mail")))
+	done
+	echo "$n"
+}
+
+# shards_pgbench DB LOG ARGS...: pgbench against DB (bk_pgbench's checks).
+shards_pgbench() {
+	local db=$1 log=$2
+	shift 2
+	if ! pgbench -n -M prepared -h 127.0.0.1 -p "$BK_PGPORT" -U postgres "$@" "$db" >"$log" 2>&1 ||
+		grep -Eq 'number of failed transactions: [1-9]|aborted' "$log"; then
+		tail -n 20 "$log" >&2
+		gk_warn "pgbench against $db failed (log: $log)"
+		return 1
+	fi
+}
+
+scenario_shards() {
+	local run k i t0 t1 per pids n
+	if [ ! -f "$("$GK_PG_CONFIG" --sharedir)/extension/plproxy.control" ]; then
+		bk_skip shards "plproxy is not installed (postgresql-15-plproxy)"
+		return 0
+	fi
+	shards_setup
+	for run in $(seq 1 "$RUNS"); do
+		for k in direct routed; do
+			shards_reset
+			bk_settle
+			t0=$(bk_now)
+			shards_pgbench "$([ $k = direct ] && echo shard_0 || echo router)" "$BK_WORK/pgbench.shards.$k.$run.log" \
+				-f "$SQL/shard_enqueue.sql" -c 4 -j "$(bk_jobs 4)" -t $((SHARD_ENQ / 4))
+			t1=$(bk_now)
+			[ "$(shards_count)" = "$SHARD_ENQ" ] || gk_die "shards: $k enqueue lost calls"
+			bk_record "shards.enqueue.$k" "$run" "$(bk_rate "$SHARD_ENQ" "$t0" "$t1")"
+
+			shards_reset
+			bk_settle
+			t0=$(bk_now)
+			BK_DB=$([ $k = direct ] && echo shard_0 || echo router) bk_sql \
+				"SELECT count(gatekeeper.enqueue('b' || i || '@example.com', 'Subject', 'Body of about a line', 'bench'))
+				   FROM generate_series(1, $SHARD_ENQ) AS i" >/dev/null
+			t1=$(bk_now)
+			[ "$(shards_count)" = "$SHARD_ENQ" ] || gk_die "shards: $k bulk enqueue lost calls"
+			bk_record "shards.bulk.$k" "$run" "$(bk_rate "$SHARD_ENQ" "$t0" "$t1")"
+		done
+		# the router's enqueue_batch: rows of 1,000, one call per shard each
+		shards_reset
+		bk_settle
+		t0=$(bk_now)
+		BK_DB=router bk_sql \
+			"SELECT sum(cardinality(gatekeeper.enqueue_batch(a.r, a.s, a.b, 'bench')))
+			   FROM (SELECT array_agg('b' || i || '@example.com') AS r, array_agg('Subject'::text) AS s,
+							array_agg('Body of about a line'::text) AS b
+					   FROM generate_series(1, $SHARD_ENQ) AS i GROUP BY (i - 1) / 1000) a" >/dev/null
+		t1=$(bk_now)
+		[ "$(shards_count)" = "$SHARD_ENQ" ] || gk_die "shards: enqueue_batch lost rows"
+		bk_record "shards.bulk.batch" "$run" "$(bk_rate "$SHARD_ENQ" "$t0" "$t1")"
+		if [ "$run" = 1 ]; then
+			bk_note shards "routed enqueue spread over the shards: $(for i in 0 1 2 3; do
+				BK_DB=shard_$i bk_sql "SELECT count(*) FROM gatekeeper.mail"; done | paste -sd/ -) (shard_0/1/2/3)"
+		fi
+
+		for k in 1 2 4; do
+			shards_reset
+			per=$((SHARD_N / k))
+			for i in $(seq 0 $((k - 1))); do
+				BK_DB=shard_$i bk_sql "CALL bench_load($per, 'c${i}_', 'bench', interval '-1 minute')"
+				BK_DB=shard_$i bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live"
+				BK_DB=shard_$i bk_sql "SELECT gatekeeper.pause(name) FROM gatekeeper.queue WHERE name <> 'bench' AND NOT paused" >/dev/null
+			done
+			bk_settle
+			t0=$(bk_now)
+			pids=()
+			for i in $(seq 0 $((k - 1))); do
+				shards_pgbench "shard_$i" "$BK_WORK/pgbench.shards.claim.k$k.$i.$run.log" \
+					-f "$SQL/drain.sql" -D batch="$SHARD_BATCH" -c 2 -j 1 -t $((per / SHARD_BATCH / 2)) &
+				pids+=("$!")
+			done
+			for i in "${pids[@]}"; do wait "$i"; done
+			t1=$(bk_now)
+			n=0
+			for i in $(seq 0 $((k - 1))); do
+				n=$((n + $(BK_DB=shard_$i bk_sql "SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'sent'")))
+			done
+			[ "$n" = "$SHARD_N" ] || gk_die "shards: $k shard(s) sent $n of $SHARD_N"
+			bk_record "shards.claim.k$k" "$run" "$(bk_rate "$SHARD_N" "$t0" "$t1")"
+			bk_record "shards.claim_per.k$k" "$run" "$(perl -e 'printf "%.1f\n", $ARGV[0] / $ARGV[1]' "$(bk_rate "$SHARD_N" "$t0" "$t1")" "$k")"
+		done
+	done
+	shards_reset
+	for i in 0 1 2 3; do
+		BK_DB=postgres bk_sql "DROP DATABASE shard_$i WITH (FORCE)" >/dev/null
+	done
+	BK_DB=postgres bk_sql "DROP DATABASE router WITH (FORCE)" >/dev/null
+}

@@ -34,8 +34,9 @@ GK_BASE_PACKAGES=(
 # t/061_alert_rules.pl runs promtool, of Debian's prometheus package, whose
 # server is never started as a service: the tests run their own on loopback;
 # t/055_dkim.pl verifies signatures with dkimpy, Ed25519 through nacl, and
-# with Perl's Mail::DKIM).
-GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2 python3-dkim python3-nacl libmail-dkim-perl)
+# with Perl's Mail::DKIM; the gatekeeper_router tests need PL/Proxy).
+GK_TEST_PACKAGES=(prometheus-postgres-exporter prometheus python3-psycopg2 python3-dkim python3-nacl libmail-dkim-perl
+	postgresql-15-plproxy)
 # t/failover/pg_autoctl.sh (run by hand, not by scripts/test.sh) needs
 # pg_auto_failover: pg_autoctl and the monitor's extension.
 GK_FAILOVER_PACKAGES=(postgresql-15-auto-failover)

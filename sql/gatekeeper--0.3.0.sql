@@ -805,6 +805,92 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim_batch_seq', ''
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_key', '');
 
 /*
+ * Shards (issue 29).  Several gatekeepers can share the recipients between
+ * them, one shard each, behind the gatekeeper_router extension (PL/Proxy).
+ * A mail's id then says which shard holds it: the operator runs
+ * gatekeeper.shard(n, count) once on shard n of count, and the mail ids
+ * that shard draws are the ones congruent to n modulo count, so no two
+ * shards draw the same id and the router sends status(id) and cancel(id)
+ * to the shard id & (count - 1).
+ *
+ * pg_dump keeps a sequence's value but not its increment (the sequence is
+ * the extension's, made by CREATE EXTENSION): (n, count) is kept in
+ * shard_position, whose restored row gives the restored sequence its
+ * increment again.
+ */
+CREATE TABLE gatekeeper.shard_position (
+	single		boolean PRIMARY KEY DEFAULT true CHECK (single),
+	n			int NOT NULL,
+	count		int NOT NULL,
+	set_at		timestamptz NOT NULL DEFAULT now(),
+	CHECK (count BETWEEN 1 AND 65536 AND (count & (count - 1)) = 0 AND n BETWEEN 0 AND count - 1)
+);
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.shard_position', '');
+
+COMMENT ON TABLE gatekeeper.shard_position IS
+	'this database''s place among the shards, set by shard(n, count): it draws the mail ids congruent to n modulo count';
+
+-- gives gatekeeper.mail_id_seq the increment of the shard position being
+-- written: by shard(), and by a restore, which loads the row
+CREATE FUNCTION gatekeeper._shard_apply() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	EXECUTE pg_catalog.format('ALTER SEQUENCE gatekeeper.mail_id_seq INCREMENT BY %s', NEW.count);
+	RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER shard_position_apply AFTER INSERT OR UPDATE ON gatekeeper.shard_position
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper._shard_apply();
+
+/*
+ * Makes this database shard n of count: count is a power of two (PL/Proxy
+ * maps a hash to a shard by its low bits), n one of 0 .. count - 1.  The
+ * next mail id is the first one congruent to n above every id this
+ * database has drawn or holds, and every id after it is count more.  May
+ * be run again, as when shard n of count becomes shards n and n + count of
+ * twice as many.
+ */
+CREATE FUNCTION gatekeeper.shard(n int, count int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	above bigint;
+	next_id bigint;
+BEGIN
+	IF shard.n IS NULL OR shard.count IS NULL THEN
+		RAISE EXCEPTION 'n and count must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF shard.count NOT BETWEEN 1 AND 65536 OR (shard.count & (shard.count - 1)) <> 0 THEN
+		RAISE EXCEPTION 'count must be a power of two between 1 and 65536'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('count was %s.', shard.count);
+	END IF;
+	IF shard.n NOT BETWEEN 0 AND shard.count - 1 THEN
+		RAISE EXCEPTION 'n must be between 0 and count - 1'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('n was %s and count %s.', shard.n, shard.count);
+	END IF;
+	-- no mail may be enqueued between the look and the restart
+	LOCK TABLE gatekeeper.mail IN SHARE MODE;
+	SELECT greatest((SELECT s.last_value FROM gatekeeper.mail_id_seq s),
+					(SELECT max(m.id) FROM gatekeeper.mail m), 0)
+	  INTO above;
+	next_id := above + 1 + ((shard.n - (above + 1)) % shard.count + shard.count) % shard.count;
+	INSERT INTO gatekeeper.shard_position AS p (n, count) VALUES (shard.n, shard.count)
+	ON CONFLICT (single) DO UPDATE SET n = excluded.n, count = excluded.count, set_at = now();
+	EXECUTE pg_catalog.format('ALTER SEQUENCE gatekeeper.mail_id_seq RESTART WITH %s', next_id);
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.shard(int, int) IS
+	'make this database shard n of count (a power of two): its mail ids are then those congruent to n modulo count';
+
+/*
  * Every column the mail had in 0.1.0, then those 0.2.0 added to it, for
  * the owner's queries: the content, and the state from whichever of
  * mail_live and mail_done holds the mail.
