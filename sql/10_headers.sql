@@ -75,6 +75,20 @@ ALTER SYSTEM RESET gatekeeper.default_sender;
 ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://mailer:Secret-1@127.0.0.1:2525';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'smtps://mailer@relay.example:465';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://127.0.0.1:2525';
+-- nor anything else the worker could not use: refused when set, not found
+-- out by the worker alone
+ALTER SYSTEM SET gatekeeper.smtp_url = 'http://127.0.0.1:27601';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'relay.example:25';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://a.example:25,smtp://b.example:25';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay.example:0';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay.example:99999';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay.example:';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://:25';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay example:25';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay.example:587/submit';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://[::1:25';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtps://relay.example';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://[::1]:2525/';
 ALTER SYSTEM RESET gatekeeper.smtp_url;
 -- the password setting is gone
 ALTER SYSTEM SET gatekeeper.smtp_password = 'Secret-2';

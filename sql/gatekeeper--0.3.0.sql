@@ -2810,7 +2810,8 @@ SELECT s.address, s.queue, s.reason, s.detail, s.mail_id, s.created_at
 CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, OUT state text,
 		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
 		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint,
-		OUT unsigned_total bigint)
+		OUT unsigned_total bigint, OUT deferred_total bigint, OUT failed_total bigint,
+		OUT worker int)
 	RETURNS SETOF record
 	LANGUAGE C VOLATILE STRICT
 	SET search_path = pg_catalog, pg_temp
@@ -2819,11 +2820,15 @@ AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
 -- the background workers, from shared memory: what each is doing, the mail
 -- it holds, its relay connections, its breaker (closed: delivering; open:
 -- backing off after the relay refused the session or every MAIL FROM;
--- half-open: trying again), the relay's last refusal, and the messages
--- built without a DKIM signature (no key for their From domain)
+-- half-open: trying again), the relay's last refusal, the messages built
+-- without a DKIM signature (no key for their From domain), the mails the
+-- relay deferred (4xx, a timeout, a dropped connection) and failed (5xx),
+-- and the worker's number (1 .. gatekeeper.workers, the same after a
+-- restart, unlike its pid)
 CREATE VIEW gatekeeper.worker_status AS
 SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
-	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total
+	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total,
+	   w.deferred_total, w.failed_total, w.worker
   FROM gatekeeper._worker_status() AS w;
 
 COMMENT ON VIEW gatekeeper.worker_status IS

@@ -39,6 +39,7 @@
 #include "stats.h"
 #include "mail.h"
 
+#include <ctype.h>
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -514,40 +515,133 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 {
 	const char *url = *newval;
 	const char *authority;
+	const char *end;
 	const char *at = NULL;
 	const char *p;
-
-	(void) extra;
-	(void) source;
+	const char *host;
+	const char *hostend;
+	const char *port = NULL;
 
 	if (url == NULL || url[0] == '\0')
 		return true;
 
 	authority = strstr(url, "://");
 	authority = authority ? authority + 3 : url;
-	for (p = authority; *p && *p != '/' && *p != '?' && *p != '#'; p++)
+	end = authority + strcspn(authority, "/?#");
+	for (p = authority; p < end; p++)
 	{
 		if (*p == '@')
 			at = p;
 	}
-	if (at == NULL)
-		return true;
-
-	if (memchr(authority, ':', at - authority) != NULL)
+	if (at != NULL)
 	{
-		GUC_check_errmsg("gatekeeper.smtp_url must not contain a password");
-		GUC_check_errdetail("Every setting can be read by members of pg_read_all_settings.");
-		GUC_check_errhint("Put the password in a file that only the server's OS user can read, "
-						  "name it in gatekeeper.smtp_password_file, and set the user name in "
-						  "gatekeeper.smtp_user.");
+		if (memchr(authority, ':', at - authority) != NULL)
+		{
+			GUC_check_errmsg("gatekeeper.smtp_url must not contain a password");
+			GUC_check_errdetail("Every setting can be read by members of pg_read_all_settings.");
+			GUC_check_errhint("Put the password in a file that only the server's OS user can read, "
+							  "name it in gatekeeper.smtp_password_file, and set the user name in "
+							  "gatekeeper.smtp_user.");
+		}
+		else
+		{
+			GUC_check_errmsg("gatekeeper.smtp_url must not contain a user name");
+			GUC_check_errhint("Set the user name in gatekeeper.smtp_user and the password file in "
+							  "gatekeeper.smtp_password_file.");
+		}
+		return false;
+	}
+
+	/*
+	 * What the worker cannot use is refused here, at ALTER SYSTEM and at a
+	 * reload (which then keeps the value in force and logs why), rather
+	 * than accepted and found out by the worker alone: one relay, smtp://
+	 * or smtps://, a host, an optional port of 1 to 65535, nothing after.
+	 */
+	if (pg_strncasecmp(url, "smtp://", 7) != 0 && pg_strncasecmp(url, "smtps://", 8) != 0)
+	{
+		GUC_check_errmsg("gatekeeper.smtp_url must begin with smtp:// or smtps://");
+		GUC_check_errhint("For example smtp://relay.example.com:587 (STARTTLS when offered) or "
+						  "smtps://relay.example.com:465.");
+		return false;
+	}
+	if (strchr(url, ',') != NULL)
+	{
+		GUC_check_errmsg("gatekeeper.smtp_url names one relay");
+		GUC_check_errdetail("A list of relays is not supported by this version.");
+		return false;
+	}
+	if (*end != '\0' && strcmp(end, "/") != 0)
+	{
+		GUC_check_errmsg("gatekeeper.smtp_url must be smtp://host:port or smtps://host:port, with nothing after the port");
+		return false;
+	}
+	host = authority;
+	if (*host == '[')
+	{
+		hostend = memchr(host, ']', end - host);
+		if (hostend == NULL || hostend == host + 1)
+		{
+			GUC_check_errmsg("gatekeeper.smtp_url has an unterminated or empty IPv6 address");
+			return false;
+		}
+		if (hostend + 1 < end)
+		{
+			if (hostend[1] != ':')
+			{
+				GUC_check_errmsg("gatekeeper.smtp_url does not name a host and port");
+				return false;
+			}
+			port = hostend + 2;
+		}
 	}
 	else
 	{
-		GUC_check_errmsg("gatekeeper.smtp_url must not contain a user name");
-		GUC_check_errhint("Set the user name in gatekeeper.smtp_user and the password file in "
-						  "gatekeeper.smtp_password_file.");
+		hostend = memchr(host, ':', end - host);
+		if (hostend == NULL)
+			hostend = end;
+		else
+			port = hostend + 1;
+		if (hostend == host)
+		{
+			GUC_check_errmsg("gatekeeper.smtp_url does not name a host");
+			return false;
+		}
+		for (p = host; p < hostend; p++)
+		{
+			if (!(isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+			{
+				GUC_check_errmsg("gatekeeper.smtp_url has an invalid host name");
+				return false;
+			}
+		}
 	}
-	return false;
+	if (port != NULL)
+	{
+		long		n = 0;
+
+		if (port >= end)
+		{
+			GUC_check_errmsg("gatekeeper.smtp_url has an empty port");
+			return false;
+		}
+		for (p = port; p < end && *p != '/'; p++)
+		{
+			if (!isdigit((unsigned char) *p) || (n = n * 10 + (*p - '0')) > 65535)
+			{
+				GUC_check_errmsg("gatekeeper.smtp_url has an invalid port");
+				GUC_check_errdetail("A port is a number from 1 to 65535.");
+				return false;
+			}
+		}
+		if (n == 0)
+		{
+			GUC_check_errmsg("gatekeeper.smtp_url has an invalid port");
+			GUC_check_errdetail("A port is a number from 1 to 65535.");
+			return false;
+		}
+	}
+	return true;
 }
 
 /*
@@ -1345,8 +1439,8 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		GatekeeperSlot *slot = &gatekeeper_shared->slots[i];
 		GatekeeperWorkerStatus st;
 		pid_t		pid;
-		Datum		values[11];
-		bool		nulls[11];
+		Datum		values[14];
+		bool		nulls[14];
 
 		SpinLockAcquire(&gatekeeper_shared->mutex);
 		pid = slot->pid;
@@ -1371,6 +1465,9 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		values[9] = Int64GetDatum(st.sent_total);
 		/* 0.2.0's _worker_status, until ALTER EXTENSION UPDATE, takes ten */
 		values[10] = Int64GetDatum(st.unsigned_total);
+		values[11] = Int64GetDatum(st.deferred_total);
+		values[12] = Int64GetDatum(st.failed_total);
+		values[13] = Int32GetDatum(i + 1);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

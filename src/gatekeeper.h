@@ -115,6 +115,8 @@ typedef struct GatekeeperWorkerStatus
 	TimestampTz last_error_at;	/* or 0 */
 	int64		sent_total;		/* mails sent since the worker started */
 	int64		unsigned_total; /* messages built without a DKIM signature */
+	int64		deferred_total; /* mails the relay deferred: 4xx, timeout, drop */
+	int64		failed_total;	/* mails the relay refused for good: 5xx */
 } GatekeeperWorkerStatus;
 
 extern void gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status);

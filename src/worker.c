@@ -1774,6 +1774,10 @@ record_outcomes(void)
 		values[1] = Int32GetDatum(d->mail.attempt);
 		values[2] = CStringGetTextDatum(d->error);
 		values[3] = BoolGetDatum(d->outcome == GATEKEEPER_FAIL);
+		if (d->outcome == GATEKEEPER_FAIL)
+			status.failed_total++;
+		else
+			status.deferred_total++;
 
 		plan = gatekeeper_plan(&nack_plan, nack_sql, 4, argtypes);
 		ret = SPI_execute_plan(plan, values, NULL, false, 0);
