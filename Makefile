@@ -24,7 +24,9 @@ OBJS = \
 	src/address.o \
 	src/stats.o \
 	src/live_count.o \
-	src/maintenance.o
+	src/maintenance.o \
+	src/report_parse.o \
+	src/report.o
 
 DATA = $(wildcard sql/$(EXTENSION)--*.sql)
 
