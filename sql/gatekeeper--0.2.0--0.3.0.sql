@@ -694,11 +694,12 @@ END
 $$;
 
 -- one report (a DSN's recipient, an ARF report, a webhook's event) about
--- the mail mail_id: recorded, with its suppression, only when the mail
--- was sent, its Message-ID is message_id (when given), and its recipient
--- is one of recipients (when any is given); the row recorded, else none
-CREATE FUNCTION gatekeeper._report(mail_id bigint, message_id text, recipients text[],
-	event text, status text, detail text, source text)
+-- the mail of_mail: recorded (event what, status code, detail said), with
+-- its suppression, only when the mail was sent, its Message-ID is
+-- message_id (when given), and its recipient is one of recipients (when
+-- any is given); the row recorded, else none
+CREATE FUNCTION gatekeeper._report(of_mail bigint, message_id text, recipients text[],
+	what text, code text, said text, source text)
 RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -710,7 +711,7 @@ BEGIN
 	SELECT o.id, o.queue, o.segment, o.message_id, m.recipient INTO d
 	  FROM gatekeeper.mail_done o
 	  JOIN gatekeeper.mail m ON m.id = o.id AND m.segment = o.segment
-	 WHERE o.id = _report.mail_id AND o.state = 'sent';
+	 WHERE o.id = _report.of_mail AND o.state = 'sent';
 	IF NOT FOUND OR d.message_id IS DISTINCT FROM coalesce(_report.message_id, d.message_id) THEN
 		RETURN;
 	END IF;
@@ -721,14 +722,14 @@ BEGIN
 		RETURN;
 	END IF;
 	INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-	VALUES (d.id, d.queue, d.recipient, _report.event, _report.status, _report.detail, _report.source,
+	VALUES (d.id, d.queue, d.recipient, _report.what, _report.code, _report.said, _report.source,
 			d.segment);
-	IF _report.event = 'bounced' THEN
-		PERFORM gatekeeper._bounced(key, _report.status, _report.detail, d.id);
-	ELSIF _report.event = 'complained' THEN
-		PERFORM gatekeeper._suppress(key, 'complaint', NULL, _report.detail, d.id);
+	IF _report.what = 'bounced' THEN
+		PERFORM gatekeeper._bounced(key, _report.code, _report.said, d.id);
+	ELSIF _report.what = 'complained' THEN
+		PERFORM gatekeeper._suppress(key, 'complaint', NULL, _report.said, d.id);
 	END IF;
-	RETURN QUERY SELECT d.id, d.recipient, _report.event, _report.status, _report.detail;
+	RETURN QUERY SELECT d.id, d.recipient, _report.what, _report.code, _report.said;
 END
 $$;
 

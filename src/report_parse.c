@@ -325,7 +325,9 @@ walk_multipart(const Entity *e, int depth, bool in_report, Walk *w)
 		const char *eol = line_end(p, end, &next);
 
 		if ((size_t) (eol - p) >= blen + 2 && p[0] == '-' && p[1] == '-' &&
-			memcmp(p + 2, e->boundary, blen) == 0)
+			memcmp(p + 2, e->boundary, blen) == 0 &&
+			((size_t) (eol - p) == blen + 2 || p[blen + 2] == ' ' || p[blen + 2] == '\t' ||
+			 ((size_t) (eol - p) >= blen + 4 && p[blen + 2] == '-' && p[blen + 3] == '-')))
 		{
 			bool		close = (size_t) (eol - p) >= blen + 4 &&
 				p[blen + 2] == '-' && p[blen + 3] == '-';
@@ -497,6 +499,28 @@ read_delivery_status(Span body, Walk *w)
 				const char *v = skip_space(semi ? semi + 1 : value);
 
 				rr.diagnostic = report_clean(v, strlen(v));
+			}
+		}
+		/*
+		 * A status that says only its class (Exim's 5.0.0) gives way to the
+		 * code of the remote server's reply, when the diagnostic quotes one
+		 * ("550 5.1.1 No such user"): that is the code the synchronous
+		 * path would have judged.
+		 */
+		if (rr.diagnostic != NULL &&
+			(rr.status == NULL || strcmp(rr.status + 1, ".0.0") == 0))
+		{
+			const char *d = rr.diagnostic;
+
+			if (strlen(d) > 4 && d[0] >= '2' && d[0] <= '5' &&
+				isdigit((unsigned char) d[1]) && isdigit((unsigned char) d[2]) &&
+				(d[3] == ' ' || d[3] == '-') &&
+				(rr.status == NULL || d[4] == rr.status[0]))
+			{
+				char	   *code = status_code(d + 4);
+
+				if (code != NULL)
+					rr.status = code;
 			}
 		}
 		if (recipient && out->nrecipients < REPORT_MAX_RECIPIENTS)

@@ -85,6 +85,7 @@
 #include "utils/timestamp.h"
 
 #include "maintenance.h"
+#include "report.h"
 #include "smtp_client.h"
 
 /* how often expired leases are reaped and old mail is purged */
@@ -1162,12 +1163,23 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 		d->from_field = MemoryContextStrdup(d->cxt, default_sender);
 	if (d->from_field != NULL)
 	{
-		/* the envelope takes the bare address of "Name <address>" */
+		/*
+		 * The envelope takes the queue's return_path with the mail's VERP
+		 * token, else the bare address of "Name <address>"; the token is
+		 * the DSN's ENVID either way (src/report.c).
+		 */
 		MemoryContext old = MemoryContextSwitchTo(d->cxt);
 		char	   *name;
 		char	   *address;
+		char	   *token = NULL;
+		char	   *return_path = NULL;
 
-		if (gatekeeper_mailbox_problem(d->from_field, &name, &address) == NULL)
+		if (gatekeeper_mail_split())
+			return_path = gatekeeper_report_envelope(d->mail.queue, d->mail.id, &token);
+		d->envid = token;
+		if (return_path != NULL)
+			d->from = return_path;
+		else if (gatekeeper_mailbox_problem(d->from_field, &name, &address) == NULL)
 			d->from = address;
 		else
 			d->from = d->from_field;
