@@ -43,6 +43,7 @@
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 
 #include "gatekeeper.h"
@@ -315,8 +316,15 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 	char	   *template = NULL;
 	char	   *result = NULL;
 	bool		found = false;
+	bool		pushed = false;
 	int			i;
 
+	/* the worker builds messages in a transaction with no snapshot yet */
+	if (!ActiveSnapshotSet())
+	{
+		PushActiveSnapshot(GetTransactionSnapshot());
+		pushed = true;
+	}
 	SPI_connect();
 	if (return_paths_lxid != MyProc->lxid)
 	{
@@ -371,6 +379,8 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 		MemoryContextSwitchTo(old);
 	}
 	SPI_finish();
+	if (pushed)
+		PopActiveSnapshot();
 	return result;
 }
 
