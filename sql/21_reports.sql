@@ -337,3 +337,25 @@ SELECT address, reason FROM gatekeeper.suppression WHERE address LIKE 'sg-%' OR 
 SELECT count(gatekeeper.enqueue(a, 'Next week', 'Hello', queue => 'r_news', sender => 'shop@shop.example')) AS enqueued
   FROM unnest(ARRAY['gone@dead.example', 'typo@gmail.example', 'angry@yahoo.example', 'fresh@isp.example']) a;
 SELECT recipient FROM gatekeeper.claim('w', 100, queues => '{r_news}') ORDER BY 1;
+
+-- retention: events live in their mail's segment and go with it, by the
+-- rotation's TRUNCATE; the events of mail still live move with it
+SELECT gatekeeper.enqueue('retry@isp.example', 'Retry', 'Hello', queue => 'r_other', sender => 'shop@shop.example') AS retry_id \gset
+SELECT gatekeeper.nack(c.id, c.attempt, '451 4.3.0 try again later') AS nacked
+  FROM gatekeeper.claim('w', 10, queues => '{r_other}') c;
+SELECT event, status, source FROM gatekeeper.events WHERE mail_id = :retry_id;
+SELECT count(*) > 0 AS events_before_rotation FROM gatekeeper.event_log WHERE mail_id <> :retry_id;
+UPDATE gatekeeper.mail_done SET finished_at = now() - interval '30 days';
+DO $$
+BEGIN
+	FOR i IN 1 .. 4 LOOP
+		UPDATE gatekeeper.segment SET rotated_at = now() - interval '30 days';
+		PERFORM gatekeeper._rotate(interval '1 day');
+	END LOOP;
+END
+$$;
+SELECT count(*) AS finished_mail_left FROM gatekeeper.mail_done;
+SELECT count(*) AS other_events_left FROM gatekeeper.event_log WHERE mail_id <> :retry_id;
+SELECT e.recipient, e.event, e.status, e.segment = (SELECT segment FROM gatekeeper.mail_live WHERE id = :retry_id) AS with_its_mail
+  FROM gatekeeper.event_log e WHERE e.mail_id = :retry_id;
+SELECT recipient, event FROM gatekeeper.events WHERE mail_id = :retry_id;
