@@ -14,6 +14,11 @@
  * drops its own, one that commits hands them to its parent, and only a
  * top-level commit adds them to shared memory, so the totals count
  * committed work only.  Purging and rotation remove rows, never counts.
+ * Events (issue 27) are counted the same way: every insert into
+ * gatekeeper.event_log fires gatekeeper._count_events, which counts the
+ * statement's deferrals, bounces and complaints by queue; the reports
+ * ingest_report and record_event took (recorded or ignored) are kept
+ * under the key of the empty name, which no queue has.
  *
  * The totals live in a fixed-size shared hash keyed by database, the
  * extension's OID (a new CREATE EXTENSION starts afresh) and a 64-bit hash
