@@ -843,8 +843,8 @@ scenario_reports() {
 				SELECT 'bounces+' || gatekeeper._verp_token(m.id) || '@bounce.example.com' AS envelope_to,
 					   bench_dsn(gatekeeper._verp_token(m.id), m.recipient, '<' || m.id || '.5f3a9c@example.com>',
 								 CASE WHEN m.id % 2 = 0 THEN '5.1.1' ELSE '5.2.2' END, m.id) AS message
-				  FROM gatekeeper.mail m;
-				VACUUM ANALYZE bench_dsns" >/dev/null
+				  FROM gatekeeper.mail m" >/dev/null
+		bk_sql "VACUUM ANALYZE bench_dsns" >/dev/null
 		bk_settle
 		t0=$(bk_now)
 		n=$(bk_sql "SELECT count(*) FROM bench_dsns d, LATERAL gatekeeper.ingest_report(d.message, d.envelope_to) r")
@@ -856,8 +856,8 @@ scenario_reports() {
 		bk_reset_mail
 		bk_sql "TRUNCATE gatekeeper.event_log, gatekeeper.suppression_list" >/dev/null
 		bk_sql "CALL bench_load($EVENTS_N, 'ev', 'bench', interval '0', 'sent')" >/dev/null
-		bk_sql "UPDATE gatekeeper.mail_done SET message_id = '<' || id || '.5f3a9c@example.com>';
-				VACUUM ANALYZE gatekeeper.mail_done" >/dev/null
+		bk_sql "UPDATE gatekeeper.mail_done SET message_id = '<' || id || '.5f3a9c@example.com>'" >/dev/null
+		bk_sql "VACUUM ANALYZE gatekeeper.mail_done" >/dev/null
 		bk_settle
 		t0=$(bk_now)
 		n=$(bk_sql "SELECT count(gatekeeper.record_event(d.message_id, 'delivered', '2.0.0', '250 2.0.0 Ok: queued'))

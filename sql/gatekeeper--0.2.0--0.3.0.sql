@@ -693,46 +693,6 @@ BEGIN
 END
 $$;
 
--- one report (a DSN's recipient, an ARF report, a webhook's event) about
--- the mail of_mail: recorded (event what, status code, detail said), with
--- its suppression, only when the mail was sent, its Message-ID is
--- message_id (when given), and its recipient is one of recipients (when
--- any is given); the row recorded, else none
-CREATE FUNCTION gatekeeper._report(of_mail bigint, message_id text, recipients text[],
-	what text, code text, said text, source text)
-RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	d record;
-	key text;
-BEGIN
-	SELECT o.id, o.queue, o.segment, o.message_id, m.recipient INTO d
-	  FROM gatekeeper.mail_done o
-	  JOIN gatekeeper.mail m ON m.id = o.id AND m.segment = o.segment
-	 WHERE o.id = _report.of_mail AND o.state = 'sent';
-	IF NOT FOUND OR d.message_id IS DISTINCT FROM coalesce(_report.message_id, d.message_id) THEN
-		RETURN;
-	END IF;
-	key := translate(d.recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz');
-	IF EXISTS (SELECT FROM unnest(recipients) r WHERE r IS NOT NULL)
-	   AND NOT EXISTS (SELECT FROM unnest(recipients) r
-					   WHERE translate(r, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz') = key) THEN
-		RETURN;
-	END IF;
-	INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-	VALUES (d.id, d.queue, d.recipient, _report.what, _report.code, _report.said, _report.source,
-			d.segment);
-	IF _report.what = 'bounced' THEN
-		PERFORM gatekeeper._bounced(key, _report.code, _report.said, d.id);
-	ELSIF _report.what = 'complained' THEN
-		PERFORM gatekeeper._suppress(key, 'complaint', NULL, _report.said, d.id);
-	END IF;
-	RETURN QUERY SELECT d.id, d.recipient, _report.what, _report.code, _report.said;
-END
-$$;
-
 CREATE FUNCTION gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
 RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
 LANGUAGE c SECURITY DEFINER
@@ -825,7 +785,6 @@ COMMENT ON VIEW gatekeeper.report_stats IS
 
 REVOKE ALL ON FUNCTION gatekeeper._check_return_path(text), gatekeeper._verp_token(bigint),
 	gatekeeper._reply_status(text), gatekeeper._bounced(text, text, text, bigint),
-	gatekeeper._report(bigint, text, text[], text, text, text, text),
 	gatekeeper.ingest_report(text, text), gatekeeper.record_event(text, text, text, text, text),
 	gatekeeper._count_events(), gatekeeper._queue_totals(),
 	gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,

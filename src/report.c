@@ -22,8 +22,9 @@
  *
  * A report counts only when it names a mail gatekeeper sent and, where it
  * names a recipient (Final-Recipient or Original-Recipient, Original-Rcpt-To,
- * a webhook's recipient), that mail's recipient: gatekeeper._report()
- * checks both and writes the event and the suppression it calls for.
+ * a webhook's recipient), that mail's recipient: report_rows() checks
+ * both and writes the event and the suppression it calls for
+ * (gatekeeper._bounced, gatekeeper._suppress).
  * Anything else writes nothing and is counted as ignored
  * (gatekeeper.report_stats).  The parse itself (src/report_parse.c) raises
  * no error for what a message holds: a junk message gives no row and
@@ -74,10 +75,26 @@ static SPIPlanPtr return_path_plan = NULL;
 static const char return_path_sql[] =
 "SELECT q.return_path FROM gatekeeper.queue q WHERE q.name = $1";
 
-static SPIPlanPtr report_plan = NULL;
-static const char report_sql[] =
-"SELECT r.mail_id, r.recipient, r.event, r.status, r.detail "
-"  FROM gatekeeper._report($1, $2, $3, $4, $5, $6, $7) r";
+/* the sent mail a report names, and what is checked of it */
+static SPIPlanPtr sent_mail_plan = NULL;
+static const char sent_mail_sql[] =
+"SELECT o.queue, o.segment, o.message_id, m.recipient "
+"  FROM gatekeeper.mail_done o "
+"  JOIN gatekeeper.mail m ON m.id = o.id AND m.segment = o.segment "
+" WHERE o.id = $1 AND o.state = 'sent'";
+
+/* the event, in the mail's retention segment */
+static SPIPlanPtr insert_event_plan = NULL;
+static const char insert_event_sql[] =
+"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/* what a bounce or a complaint does to the suppression list */
+static SPIPlanPtr bounced_plan = NULL;
+static const char bounced_sql[] = "SELECT gatekeeper._bounced($1, $2, $3, $4)";
+static SPIPlanPtr complained_plan = NULL;
+static const char complained_sql[] =
+"SELECT gatekeeper._suppress($1, 'complaint', NULL, $2, $3)";
 
 /* the return paths this transaction looked up */
 static struct
@@ -93,6 +110,7 @@ static char *verp_token(int64 id);
 static bool verp_verify(const char *token, size_t len, int64 *id);
 static bool token_in(const char *text, int64 *id);
 static bool message_id_mail(const char *message_id, int64 *id);
+static bool same_address(const char *a, const char *b);
 static int	report_rows(int64 id, const char *message_id, const char *recipient1,
 						const char *recipient2, const char *event, const char *status,
 						const char *detail, const char *source, Tuplestorestate *out,
@@ -247,8 +265,28 @@ message_id_mail(const char *message_id, int64 *id)
 }
 
 /*
- * Ask gatekeeper._report() to record one report about mail id, and put
- * the row it recorded, if any, into out.  Returns the rows recorded.
+ * Whether a (a report's recipient, perhaps NULL) is b, ASCII letters in
+ * any case (as the suppression list keys addresses).
+ */
+static bool
+same_address(const char *a, const char *b)
+{
+	if (a == NULL || strlen(a) != strlen(b))
+		return false;
+	for (; *a; a++, b++)
+		if (pg_ascii_tolower((unsigned char) *a) != pg_ascii_tolower((unsigned char) *b))
+			return false;
+	return true;
+}
+
+/*
+ * Record one report (a DSN's recipient group, an ARF report, a webhook's
+ * event) about mail id: only when the mail was sent, its Message-ID is
+ * message_id (when given) and its recipient is recipient1 or recipient2
+ * (when either is given).  Writes the event, in the mail's retention
+ * segment, and what it does to the suppression list (_bounced, or a
+ * global complaint), and puts the row recorded into out (when not NULL).
+ * Returns the rows recorded, 0 or 1.  SPI must be connected.
  */
 static int
 report_rows(int64 id, const char *message_id, const char *recipient1,
@@ -256,24 +294,44 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 			const char *detail, const char *source, Tuplestorestate *out,
 			TupleDesc desc)
 {
-	Oid			argtypes[7] = {INT8OID, TEXTOID, TEXTARRAYOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID};
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	Datum		recipients[2];
-	bool		rnulls[2];
-	int			ret;
-	uint64		i;
+	Oid			mail_type = INT8OID;
+	Oid			event_types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT2OID};
+	Datum		arg = Int64GetDatum(id);
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	HeapTuple	tuple;
+	TupleDesc	tupdesc;
+	bool		isnull;
+	char	   *queue;
+	int16		segment;
+	char	   *sent_id;
+	char	   *recipient;
+	char	   *key;
+	char	   *p;
+
+	if (SPI_execute_plan(gatekeeper_plan(&sent_mail_plan, sent_mail_sql, 1, &mail_type),
+						 &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "looking up the mail of a report failed");
+	if (SPI_processed != 1)
+		return 0;
+	tuple = SPI_tuptable->vals[0];
+	tupdesc = SPI_tuptable->tupdesc;
+	queue = SPI_getvalue(tuple, tupdesc, 1);
+	segment = DatumGetInt16(SPI_getbinval(tuple, tupdesc, 2, &isnull));
+	sent_id = SPI_getvalue(tuple, tupdesc, 3);
+	recipient = SPI_getvalue(tuple, tupdesc, 4);
+	SPI_freetuptable(SPI_tuptable);
+	if (queue == NULL || recipient == NULL)
+		return 0;
+	if (message_id != NULL && (sent_id == NULL || strcmp(sent_id, message_id) != 0))
+		return 0;
+	if ((recipient1 != NULL || recipient2 != NULL) &&
+		!same_address(recipient1, recipient) && !same_address(recipient2, recipient))
+		return 0;
 
 	args[0] = Int64GetDatum(id);
-	if (message_id)
-		args[1] = CStringGetTextDatum(message_id);
-	else
-		nulls[1] = 'n';
-	rnulls[0] = recipient1 == NULL;
-	recipients[0] = recipient1 ? CStringGetTextDatum(recipient1) : (Datum) 0;
-	rnulls[1] = recipient2 == NULL;
-	recipients[1] = recipient2 ? CStringGetTextDatum(recipient2) : (Datum) 0;
-	args[2] = gatekeeper_array(recipients, rnulls, 2, TEXTOID);
+	args[1] = CStringGetTextDatum(queue);
+	args[2] = CStringGetTextDatum(recipient);
 	args[3] = CStringGetTextDatum(event);
 	if (status)
 		args[4] = CStringGetTextDatum(status);
@@ -284,25 +342,56 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	else
 		nulls[5] = 'n';
 	args[6] = CStringGetTextDatum(source);
+	args[7] = Int16GetDatum(segment);
+	if (SPI_execute_plan(gatekeeper_plan(&insert_event_plan, insert_event_sql, 8, event_types),
+						 args, nulls, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "writing an event failed");
 
-	ret = SPI_execute_plan(gatekeeper_plan(&report_plan, report_sql, 7, argtypes),
-						   args, nulls, false, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "gatekeeper._report() failed: %s", SPI_result_code_string(ret));
-	for (i = 0; out != NULL && i < SPI_processed; i++)
+	/* the suppression list keys addresses with their ASCII letters lower-cased */
+	key = pstrdup(recipient);
+	for (p = key; *p; p++)
+		*p = pg_ascii_tolower((unsigned char) *p);
+	if (strcmp(event, "bounced") == 0)
+	{
+		Oid			types[4] = {TEXTOID, TEXTOID, TEXTOID, INT8OID};
+		Datum		bargs[4];
+		char		bnulls[4] = {' ', nulls[4], nulls[5], ' '};
+
+		bargs[0] = CStringGetTextDatum(key);
+		bargs[1] = args[4];
+		bargs[2] = args[5];
+		bargs[3] = Int64GetDatum(id);
+		if (SPI_execute_plan(gatekeeper_plan(&bounced_plan, bounced_sql, 4, types),
+							 bargs, bnulls, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "recording a bounce failed");
+	}
+	else if (strcmp(event, "complained") == 0)
+	{
+		Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+		Datum		cargs[3];
+		char		cnulls[3] = {' ', nulls[5], ' '};
+
+		cargs[0] = CStringGetTextDatum(key);
+		cargs[1] = args[5];
+		cargs[2] = Int64GetDatum(id);
+		if (SPI_execute_plan(gatekeeper_plan(&complained_plan, complained_sql, 3, types),
+							 cargs, cnulls, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "recording a complaint failed");
+	}
+
+	if (out != NULL)
 	{
 		Datum		values[5];
-		bool		isnull[5];
-		int			c;
+		bool		vnulls[5] = {false, false, false, status == NULL, detail == NULL};
 
-		for (c = 0; c < 5; c++)
-			values[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, c + 1,
-									  &isnull[c]);
-		tuplestore_putvalues(out, desc, values, isnull);
+		values[0] = Int64GetDatum(id);
+		values[1] = CStringGetTextDatum(recipient);
+		values[2] = CStringGetTextDatum(event);
+		values[3] = status ? CStringGetTextDatum(status) : (Datum) 0;
+		values[4] = detail ? CStringGetTextDatum(detail) : (Datum) 0;
+		tuplestore_putvalues(out, desc, values, vnulls);
 	}
-	ret = (int) SPI_processed;
-	SPI_freetuptable(SPI_tuptable);
-	return ret;
+	return 1;
 }
 
 /*
