@@ -37,12 +37,14 @@
  */
 #include "postgres.h"
 
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
@@ -408,6 +410,12 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 	bool		pushed = false;
 	int			i;
 
+	/* a dropped extension has no return paths (the caller's mail goes as is) */
+	if (!OidIsValid(get_relname_relid("queue", get_namespace_oid("gatekeeper", true))))
+	{
+		*token = NULL;
+		return NULL;
+	}
 	/* the worker builds messages in a transaction with no snapshot yet */
 	if (!ActiveSnapshotSet())
 	{

@@ -1163,23 +1163,12 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 		d->from_field = MemoryContextStrdup(d->cxt, default_sender);
 	if (d->from_field != NULL)
 	{
-		/*
-		 * The envelope takes the queue's return_path with the mail's VERP
-		 * token, else the bare address of "Name <address>"; the token is
-		 * the DSN's ENVID either way (src/report.c).
-		 */
+		/* the envelope takes the bare address of "Name <address>" */
 		MemoryContext old = MemoryContextSwitchTo(d->cxt);
 		char	   *name;
 		char	   *address;
-		char	   *token = NULL;
-		char	   *return_path = NULL;
 
-		if (gatekeeper_mail_split())
-			return_path = gatekeeper_report_envelope(d->mail.queue, d->mail.id, &token);
-		d->envid = token;
-		if (return_path != NULL)
-			d->from = return_path;
-		else if (gatekeeper_mailbox_problem(d->from_field, &name, &address) == NULL)
+		if (gatekeeper_mailbox_problem(d->from_field, &name, &address) == NULL)
 			d->from = address;
 		else
 			d->from = d->from_field;
@@ -1196,6 +1185,23 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 	PG_TRY();
 	{
 		MemoryContextSwitchTo(d->cxt);
+
+		/*
+		 * A queue's return_path, with the mail's VERP token, is the envelope
+		 * sender instead; the token is the DSN's ENVID either way
+		 * (src/report.c).  It reads the queue and the secret: an extension
+		 * dropped meanwhile fails the mail here, as a build error does.
+		 */
+		if (gatekeeper_mail_split())
+		{
+			char	   *token = NULL;
+			char	   *return_path = gatekeeper_report_envelope(d->mail.queue,
+																 d->mail.id, &token);
+
+			d->envid = token;
+			if (return_path != NULL)
+				d->from = return_path;
+		}
 		initStringInfo(&d->message);
 		/* room for a 7bit message at once, rather than doubling up to it */
 		if (d->bytes > (size_t) d->message.maxlen)
