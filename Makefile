@@ -27,7 +27,9 @@ OBJS = \
 	src/address.o \
 	src/stats.o \
 	src/live_count.o \
-	src/maintenance.o
+	src/maintenance.o \
+	src/report_parse.o \
+	src/report.o
 
 DATA = $(wildcard sql/gatekeeper--*.sql) $(wildcard sql/gatekeeper_router--*.sql)
 

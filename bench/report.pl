@@ -54,6 +54,9 @@ my %fig = (
 	'enqueue.copy_plain' => ['COPY into a plain table (same columns)', 'rows/s'],
 	'enqueue.copy_gk'    => ['COPY into gatekeeper.mail', 'rows/s'],
 	'enqueue.fn'         => ['enqueue() calls, all in one transaction', 'calls/s'],
+	'reports.ingest'     => ['ingest_report(), one 4 kB DSN a call, one backend', 'reports/s'],
+	'reports.record_event' => ['record_event(), one webhook event a call, one backend', 'events/s'],
+	'reports.enqueue'    => ['enqueue() calls, one backend (same run)', 'calls/s'],
 	'backlog.small'      => ['claim(1000)+ack, 50k not-yet-due', 'ms'],
 	'backlog.big'        => ['claim(1000)+ack, 5M not-yet-due', 'ms'],
 	'backlog.sent'       => ['claim(1000)+ack, 50k not-yet-due + 5M sent retained', 'ms'],
@@ -153,6 +156,11 @@ my @sections = (
 		['gates.ceiling', 'gates.redis_p64'],
 		['gates.single_on', 'gates.redis_p1'],
 		['gates.single_off', 'gates.redis_p1', ['>=', 0.3]],
+	]],
+	['reports', [
+		['reports.enqueue'],
+		['reports.ingest', 'reports.enqueue', ['>=', 2000, 'abs']],
+		['reports.record_event', 'reports.enqueue', ['>=', 10000, 'abs']],
 	]],
 	['delivery', [
 		['delivery.smtp_source'],
@@ -344,6 +352,7 @@ my %desc = (
 	relays => 'Relays (issue 10): the relays a user meets, each measured with the worker (gatekeeper.smtp_connections = 16, helo_name set; time from the commit of N due mails in one INSERT until smtp-sink has counted them) and with smtp-source -s 16 -d (16 sessions, connections reused, same body size) through the same endpoint in the same run: a loopback smtp-sink -c; the same sink behind t/delay_proxy.py adding 10 ms to every chunk each way (a relay 20 ms away; the proxy counts the chunks each client wrote, about one per round trip waited for, noted per mail); smtp-sink -W .:1 (one second per end-of-data), against the parallel bound of 16 connections per second.',
 	suppression => 'Suppression (issue 12, opt-in: --only suppression): 80,000 due mails through a queue gated by smart_sending (distinct recipients), drained by 4 pgbench clients looping claim(1000) and ack, three ways in each run: with the suppression list empty (the reference), with 1,000,000 global hard_bounce entries none of which is a drained recipient, and with 1,000,000 entries of which one in ten drained recipients (8,000) are part (those mails end suppressed); rate = mails finished / wall time. The list is loaded, vacuumed and analyzed before it is measured (not timed).',
 	shards => 'Shards (issue 29): four gatekeeper databases of the same cluster, each made shard n of 4 by gatekeeper.shard(), and a router database with plproxy and gatekeeper_router whose foreign server names them (one machine: these figures show what routing costs and what the machine bounds, not what separate machines carry). enqueue() with random recipients, one per transaction, by 4 pgbench clients (-M prepared), on one shard directly and through the router; enqueue() called once per row by one statement on one shard and through the router (each routed call commits on its shard), and the router\'s enqueue_batch() with arrays of 1,000 rows (one call and transaction per shard and array); claim(1000)+ack drains of 160,000 mails spread over 1, 2 and 4 shards, 2 pgbench claimers per shard, all shards at once, total and per shard.',
+	reports => 'Reports (issue 27): a bounce storm. 20,000 mails loaded as sent, then one DSN per mail in Postfix\'s shape (about 4 kB: notification, delivery status, the returned message; half 5.1.1, half 5.2.2, found by the VERP token of the address it was delivered to) through ingest_report() by one statement in one backend, every one recorded (its event, and a hard_bounce suppression or a soft-bounce count); and 50,000 record_event() calls (a webhook\'s delivered event, found by Message-ID) by one statement. Reference: as many enqueue() calls by one statement, in the same run.',
 	delivery => 'Delivery: the worker (gatekeeper.smtp_connections = 16) sending to a loopback smtp-sink that counts and discards; time from the commit of N due mails until smtp-sink has counted N; and from the commit of one due mail until smtp-sink counts it, repeated (median, p99). Reference: smtp-source -s 16 -d (16 sessions, connections reused) into the same sink, same body size. The 2-worker line runs gatekeeper.workers = 2 with 8 connections each (the same 16 in all), after the 1-worker runs, against the same smtp-source figures.',
 );
 open(my $md, '>', $output) or die "$output: $!\n";

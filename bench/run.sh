@@ -43,7 +43,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 
-ALL_SCENARIOS=(enqueue drain backlog sustained storage stats gates delivery relays shards)
+ALL_SCENARIOS=(enqueue drain backlog sustained storage stats gates reports delivery relays shards)
 # opt-in: run only when --only names them
 OPTIN_SCENARIOS=(suppression)
 SMOKE=0
@@ -106,6 +106,7 @@ if [ "$SMOKE" = 1 ]; then
 	STATS_SMALL=500 STATS_BIG=5000 STATS_CALLS=20
 	GATE_BATCH_TXNS=2 GATE_SINGLE_TXNS=50 REDIS_P_N=20000 REDIS_N=2000
 	DELIVERY_N=200 DELIVERY_LAT=3
+	REPORTS_N=500 EVENTS_N=1000
 	RELAY_N=200 RELAY_RTT_N=48 RELAY_SLOW_N=16
 	SUPP_N=8000 SUPP_LIST=20000 SUPP_BATCH=1000 SUPP_CLAIMERS=4
 	SHARD_ENQ=400 SHARD_N=8000 SHARD_BATCH=1000
@@ -119,6 +120,8 @@ else
 	STATS_SMALL=50000 STATS_BIG=5000000 STATS_CALLS=50
 	GATE_BATCH_TXNS=50 GATE_SINGLE_TXNS=2500 REDIS_P_N=2000000 REDIS_N=200000
 	DELIVERY_N=20000 DELIVERY_LAT=50
+	# reports (issue 27): a bounce storm and a webhook's burst
+	REPORTS_N=20000 EVENTS_N=50000
 	# relays: loopback as delivery; 2,000 mails 20 ms away (issue 10);
 	# 10 rounds of 16 end-of-data seconds (about 10 s at the bound)
 	RELAY_N=20000 RELAY_RTT_N=2000 RELAY_SLOW_N=160

@@ -30,7 +30,7 @@ bk_machine_info() {
 # in mail_key: a claim left there would share its (id, attempt) with a
 # new mail once the ids restart.
 bk_reset_mail() {
-	bk_sql "TRUNCATE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_claim, gatekeeper.mail_key, gatekeeper.mail_done, gatekeeper.gate_log, bench_raw, bench_plain, bench_pass RESTART IDENTITY" >/dev/null
+	bk_sql "TRUNCATE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_claim, gatekeeper.mail_key, gatekeeper.mail_done, gatekeeper.event_log, gatekeeper.gate_log, bench_raw, bench_plain, bench_pass RESTART IDENTITY" >/dev/null
 }
 
 # bk_unfinished: how many mails are not finished yet: scheduled (live) or
@@ -815,6 +815,67 @@ scenario_gates() {
 		done
 	done
 	bk_stop_bg redis
+	bk_reset_mail
+}
+
+# ================================================================== reports
+#
+# Issue 27: a bounce storm.  REPORTS_N mails loaded as sent (with the
+# Message-IDs gatekeeper writes), then:
+#   ingest    one DSN per mail (bench_dsn: Postfix's shape, about 4 kB,
+#             half 5.1.1, half 5.2.2) through ingest_report(), by one
+#             statement in one backend: reports/s on one core, every one
+#             recorded (an event, and a suppression or a soft-bounce count)
+#   event     EVENTS_N record_event() calls (a webhook's 'delivered') by one
+#             statement: events/s
+#   enqueue   the same number of enqueue() calls by one statement, in the
+#             same run: the reference
+scenario_reports() {
+	local run t0 t1 n
+	bk_sql "$(cat "$SQL/reports.sql")" >/dev/null
+	for run in $(seq 1 "$RUNS"); do
+		bk_reset_mail
+		bk_sql "TRUNCATE gatekeeper.event_log, gatekeeper.suppression_list" >/dev/null
+		bk_sql "CALL bench_load($REPORTS_N, 'rp', 'bench', interval '0', 'sent')" >/dev/null
+		bk_sql "UPDATE gatekeeper.mail_done SET message_id = '<' || id || '.5f3a9c@example.com>';
+				DROP TABLE IF EXISTS bench_dsns;
+				CREATE TABLE bench_dsns AS
+				SELECT 'bounces+' || gatekeeper._verp_token(m.id) || '@bounce.example.com' AS envelope_to,
+					   bench_dsn(gatekeeper._verp_token(m.id), m.recipient, '<' || m.id || '.5f3a9c@example.com>',
+								 CASE WHEN m.id % 2 = 0 THEN '5.1.1' ELSE '5.2.2' END, m.id) AS message
+				  FROM gatekeeper.mail m" >/dev/null
+		bk_sql "VACUUM ANALYZE bench_dsns" >/dev/null
+		bk_settle
+		t0=$(bk_now)
+		n=$(bk_sql "SELECT count(*) FROM bench_dsns d, LATERAL gatekeeper.ingest_report(d.message, d.envelope_to) r")
+		t1=$(bk_now)
+		[ "$n" = "$REPORTS_N" ] || gk_die "ingest_report recorded $n of $REPORTS_N reports"
+		bk_record reports.ingest "$run" "$(bk_rate "$REPORTS_N" "$t0" "$t1")"
+		bk_note reports "run $run: $(bk_sql "SELECT avg(octet_length(message))::int FROM bench_dsns") octets per DSN; $(bk_sql "SELECT count(*) FROM gatekeeper.suppression") suppressions written"
+
+		bk_reset_mail
+		bk_sql "TRUNCATE gatekeeper.event_log, gatekeeper.suppression_list" >/dev/null
+		bk_sql "CALL bench_load($EVENTS_N, 'ev', 'bench', interval '0', 'sent')" >/dev/null
+		bk_sql "UPDATE gatekeeper.mail_done SET message_id = '<' || id || '.5f3a9c@example.com>'" >/dev/null
+		bk_sql "VACUUM ANALYZE gatekeeper.mail_done" >/dev/null
+		bk_settle
+		t0=$(bk_now)
+		n=$(bk_sql "SELECT count(gatekeeper.record_event(d.message_id, 'delivered', '2.0.0', '250 2.0.0 Ok: queued'))
+					  FROM gatekeeper.mail_done d")
+		t1=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.event_log WHERE event = 'delivered'")" = "$EVENTS_N" ] ||
+			gk_die "record_event lost events"
+		bk_record reports.record_event "$run" "$(bk_rate "$EVENTS_N" "$t0" "$t1")"
+
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		bk_sql "SELECT count(gatekeeper.enqueue('q' || i || '@example.com', 'Subject ' || i, bench_body(i), 'bench'))
+				  FROM generate_series(1, $EVENTS_N) AS i" >/dev/null
+		t1=$(bk_now)
+		bk_record reports.enqueue "$run" "$(bk_rate "$EVENTS_N" "$t0" "$t1")"
+	done
+	bk_sql "DROP TABLE IF EXISTS bench_dsns; TRUNCATE gatekeeper.event_log, gatekeeper.suppression_list" >/dev/null
 	bk_reset_mail
 }
 

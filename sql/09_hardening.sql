@@ -26,6 +26,8 @@ LANGUAGE sql AS $$
 		WHEN arg = 'send_window' THEN '''09:00-17:00'''
 		WHEN arg = 'timezone' THEN '''UTC'''
 		WHEN arg = 'unsubscribe_url' THEN '''https://example.com/u/{token}'''
+		WHEN arg = 'return_path' THEN '''bounces+{token}@example.com'''
+		WHEN arg = 'event' THEN '''bounced'''
 		WHEN arg = 'token' THEN quote_literal(gatekeeper._unsubscribe_token('a@example.com', 'default'))
 		WHEN arg IN ('gate') THEN '''smart_sending'''
 		WHEN arg IN ('recipient') THEN '''a@example.com'''

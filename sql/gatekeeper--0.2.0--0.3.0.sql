@@ -702,9 +702,9 @@ SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_27_6',
 											   a.grantee::pg_catalog.regrole,
 											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS stmt
 						FROM (VALUES ('gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
-									  'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text)'),
+									  'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)'),
 									 ('gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
-									  'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text)'),
+									  'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)'),
 									 ('gatekeeper._worker_status()', 'gatekeeper._worker_status()')) AS f(old, fn),
 							 pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
 					   WHERE p.oid = f.old::pg_catalog.regprocedure
@@ -750,7 +750,8 @@ CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
-	notify boolean DEFAULT false, feedback_id text DEFAULT NULL)
+	notify boolean DEFAULT false, return_path text DEFAULT NULL,
+	feedback_id text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -776,12 +777,13 @@ BEGIN
 										   weight, rate_limit, dedupe_window, false);
 	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
 	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
+	PERFORM gatekeeper._check_return_path(create_queue.return_path);
 	PERFORM gatekeeper._check_feedback_id(create_queue.feedback_id);
 	BEGIN
 		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
 									  weight, rate_limit, dedupe_window, tokens, transactional,
 									  unsubscribe_url, send_window, timezone, background, notify,
-									  feedback_id)
+									  feedback_id, return_path)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
 				on_gate_closed, delivery, max_attempts, weight, rate_limit,
 				CASE WHEN dedupe_window = interval '0' THEN interval '0'
@@ -790,7 +792,7 @@ BEGIN
 				coalesce(rate_limit, 0),
 				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
 				create_queue.timezone, create_queue.background, create_queue.notify,
-				create_queue.feedback_id);
+				create_queue.feedback_id, create_queue.return_path);
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
 	END;
@@ -806,7 +808,8 @@ CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
-	notify boolean DEFAULT NULL, feedback_id text DEFAULT NULL)
+	notify boolean DEFAULT NULL, return_path text DEFAULT NULL,
+	feedback_id text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -828,6 +831,7 @@ BEGIN
 	PERFORM gatekeeper._check_notify(alter_queue.name, alter_queue.notify);
 	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
 	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
+	PERFORM gatekeeper._check_return_path(nullif(alter_queue.return_path, ''));
 	PERFORM gatekeeper._check_feedback_id(nullif(alter_queue.feedback_id, ''));
 	UPDATE gatekeeper.queue q
 	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
@@ -851,7 +855,9 @@ BEGIN
 		   background = coalesce(alter_queue.background, q.background),
 		   notify = coalesce(alter_queue.notify, q.notify),
 		   feedback_id = CASE WHEN alter_queue.feedback_id = '' THEN NULL
-							  ELSE coalesce(alter_queue.feedback_id, q.feedback_id) END
+							  ELSE coalesce(alter_queue.feedback_id, q.feedback_id) END,
+		   return_path = CASE WHEN alter_queue.return_path = '' THEN NULL
+							  ELSE coalesce(alter_queue.return_path, q.return_path) END
 	 WHERE q.name = alter_queue.name;
 	-- a longer window holds again the keys purge() freed under the shorter one
 	IF alter_queue.dedupe_window > interval '0' THEN
@@ -861,10 +867,10 @@ END
 $$;
 
 COMMENT ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-											text, text, text, boolean, boolean, text) IS
+											text, text, text, boolean, boolean, text, text) IS
 	'make a queue (a campaign, flow or tenant) with its policy';
 COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-										   text, text, text, boolean, boolean, text) IS
+										   text, text, text, boolean, boolean, text, text) IS
 	'change a queue''s policy; each argument NULL leaves its setting as it is';
 
 DROP VIEW gatekeeper.worker_status;
@@ -899,9 +905,9 @@ COMMENT ON VIEW gatekeeper.worker_status IS
 
 REVOKE ALL ON FUNCTION gatekeeper._check_feedback_id(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-											   text, text, text, boolean, boolean, text) FROM PUBLIC;
+											   text, text, text, boolean, boolean, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-											  text, text, text, boolean, boolean, text) FROM PUBLIC;
+											  text, text, text, boolean, boolean, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._worker_status() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
 
@@ -917,6 +923,535 @@ BEGIN
 	END LOOP;
 END
 $$;
+
+/*
+ * Issue 27, items 1 to 5: VERP return path and DSN requests, ingest_report()
+ * (DSNs, ARF reports), record_event() (webhooks), gatekeeper.events,
+ * suppression by bounces and complaints (soft_bounce), queue_stats'
+ * deferred, bounced and complained.  create_queue and alter_queue gain
+ * return_path as their last argument.
+ */
+ALTER TABLE gatekeeper.queue ADD COLUMN return_path text;
+COMMENT ON COLUMN gatekeeper.queue.return_path IS 'the envelope sender of its mail; {token} in the local part is a signed token naming the mail (VERP)';
+
+ALTER TABLE gatekeeper.suppression_list DROP CONSTRAINT suppression_list_reason_check;
+ALTER TABLE gatekeeper.suppression_list ADD CONSTRAINT suppression_list_reason_check
+	CHECK (reason IN ('hard_bounce', 'complaint', 'unsubscribe', 'manual', 'soft_bounce'));
+
+/*
+ * Events (issue 27): what became of a mail once it was claimed, one row
+ * per event: sent (the relay said 250), deferred (a 4xx, a timeout, a DSN
+ * saying delayed), bounced (a 5xx, a DSN saying failed, an ESP's bounce),
+ * delivered, complained (a feedback report, an ESP's complaint).  source
+ * says who told: the relay (the worker or an external claimer's ack and
+ * nack), a DSN, an ARF report, a webhook (record_event) or a token.
+ * Partitioned by retention segment like mail_done: an event lives in its
+ * mail's segment and goes with it, by the same TRUNCATE (_rotate), never
+ * row by row.  recipient is NULL where it is the mail's (sent and
+ * deferred, which the ack and nack paths write without reading the mail);
+ * the view gatekeeper.events fills it in.  No primary key: nothing looks
+ * an event up by id, and every ack writes these rows.
+ *
+ *   event_log_bounced	bounces by address, for soft_bounce_limit
+ */
+CREATE TABLE gatekeeper.event_log (
+	id			bigint GENERATED BY DEFAULT AS IDENTITY (CACHE 100),
+	mail_id		bigint NOT NULL,
+	queue		text NOT NULL,
+	recipient	text,
+	event		text NOT NULL
+		CHECK (event IN ('sent', 'deferred', 'bounced', 'delivered', 'complained', 'unsubscribed')),
+	status		text,
+	detail		text,
+	source		text NOT NULL CHECK (source IN ('relay', 'dsn', 'arf', 'webhook', 'token')),
+	at			timestamptz NOT NULL DEFAULT now(),
+	segment		smallint NOT NULL
+) PARTITION BY LIST (segment);
+CREATE TABLE gatekeeper.event_log_0 PARTITION OF gatekeeper.event_log FOR VALUES IN (0);
+CREATE TABLE gatekeeper.event_log_1 PARTITION OF gatekeeper.event_log FOR VALUES IN (1);
+CREATE TABLE gatekeeper.event_log_2 PARTITION OF gatekeeper.event_log FOR VALUES IN (2);
+CREATE TABLE gatekeeper.event_log_3 PARTITION OF gatekeeper.event_log FOR VALUES IN (3);
+CREATE INDEX event_log_bounced ON gatekeeper.event_log
+	(translate(recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'), at)
+	WHERE event = 'bounced';
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_0', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_1', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_2', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_3', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_id_seq', '');
+
+-- add a suppression entry for an address key; true when new.  An entry
+-- that exists keeps its row, but takes the new reason when that stops more
+-- (hard_bounce or manual over soft_bounce, unsubscribe or complaint;
+-- soft_bounce over unsubscribe or complaint)
+CREATE OR REPLACE FUNCTION gatekeeper._suppress(address_key text, reason text, queue text,
+	detail text, mail_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	inserted boolean;
+BEGIN
+	INSERT INTO gatekeeper.suppression_list AS s (address, queue, reason, detail, mail_id)
+	VALUES (address_key, _suppress.queue, _suppress.reason, _suppress.detail, _suppress.mail_id)
+	ON CONFLICT ON CONSTRAINT suppression_list_address_queue DO UPDATE
+	   SET reason = EXCLUDED.reason, detail = EXCLUDED.detail, mail_id = EXCLUDED.mail_id
+	 WHERE (s.reason IN ('unsubscribe', 'complaint', 'soft_bounce')
+			AND EXCLUDED.reason IN ('hard_bounce', 'manual'))
+		OR (s.reason IN ('unsubscribe', 'complaint') AND EXCLUDED.reason = 'soft_bounce')
+	RETURNING (xmax = 0) INTO inserted;
+	RETURN coalesce(inserted, false);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.suppress(address text, reason text DEFAULT 'manual',
+	queue text DEFAULT NULL, detail text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF address IS NULL OR reason IS NULL THEN
+		RAISE EXCEPTION 'address and reason must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF reason NOT IN ('hard_bounce', 'complaint', 'unsubscribe', 'manual', 'soft_bounce') THEN
+		RAISE EXCEPTION 'invalid suppression reason "%"', reason
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'reason must be hard_bounce, soft_bounce, complaint, unsubscribe or manual.';
+	END IF;
+	IF suppress.queue IS NOT NULL THEN
+		PERFORM gatekeeper._queue(suppress.queue);
+	END IF;
+	RETURN gatekeeper._suppress(gatekeeper._address_key(address), reason, suppress.queue,
+								detail, NULL);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.ack(id bigint, attempt int)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF ack.id IS NULL OR ack.attempt IS NULL THEN
+		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	WITH done AS (
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at, segment)
+		SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
+			   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+		  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f
+		RETURNING mail_done.id, mail_done.queue, mail_done.segment)
+	INSERT INTO gatekeeper.event_log (mail_id, queue, event, source, segment)
+	SELECT d.id, d.queue, 'sent', 'relay', d.segment FROM done d;
+	RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	m gatekeeper.mail_live;
+	recipient text;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+BEGIN
+	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- the claim, taken out of its batch if it is still open there
+	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
+	IF NOT FOUND THEN
+		RETURN NULL;			-- not this claim's to report: it changes nothing
+	END IF;
+	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
+	tries := m.attempt - m.uncharged;
+
+	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at, segment)
+		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
+				m.message_id, error, m.dedupe_key, now(), m.segment);
+		SELECT c.recipient INTO recipient FROM gatekeeper.mail c
+		 WHERE c.id = m.id AND c.segment = m.segment;
+		INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
+		VALUES (m.id, m.queue, recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
+				gatekeeper._reply_status(error), error, 'relay', m.segment);
+		-- the relay said the mailbox does not exist: never mail it again
+		-- (and a bounce of another kind counts toward soft_bounce_limit)
+		IF permanent THEN
+			PERFORM gatekeeper._bounced(gatekeeper._address_key(recipient), error, error, m.id);
+		END IF;
+		-- by what the mail holds, whatever its queue's gates are now
+		PERFORM gatekeeper._release_mail(recipient, m.id);
+		RETURN 'failed';
+	END IF;
+
+	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
+	base := gatekeeper._retry_delay();
+	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+	delay := delay / 2 + delay / 2 * random();
+	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+									  lease_until, worker, message_id, last_error, dedupe_key, segment)
+	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
+			NULL, m.worker, m.message_id, error, m.dedupe_key, m.segment);
+	INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
+	VALUES (m.id, m.queue, 'deferred', gatekeeper._reply_status(error), error, 'relay', m.segment);
+	IF q.notify THEN
+		PERFORM gatekeeper._announce(m.queue, now() + delay);
+	END IF;
+	RETURN 'scheduled';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
+	permanent boolean DEFAULT false)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	e record;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+	n int := 0;
+	bounce_keys text[] := '{}';
+	bounce_errors text[] := '{}';
+	bounce_ids bigint[] := '{}';
+	release_recipients text[] := '{}';
+	release_holders bigint[] := '{}';
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR errors IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts, errors and permanent must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR array_ndims(errors) > 1
+	   OR cardinality(ids) <> cardinality(attempts) OR cardinality(ids) <> cardinality(errors) THEN
+		RAISE EXCEPTION 'ids, attempts and errors must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL
+	   OR array_position(errors, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'ids, attempts and errors must not contain nulls'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+
+	base := gatekeeper._retry_delay();
+	/*
+	 * The claims still open, all taken out of their batches at once (the
+	 * function scan reads them all before the first row comes back), each
+	 * with the error of its first element.
+	 */
+	FOR e IN SELECT t AS m, u.error, c.recipient
+			   FROM gatekeeper._take_claimed(ids, attempts) t
+			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
+					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
+					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
+			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
+			  ORDER BY t.id
+	LOOP
+		n := n + 1;
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
+		tries := (e.m).attempt - (e.m).uncharged;
+
+		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+											  message_id, last_error, dedupe_key, finished_at, segment)
+			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
+					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
+			INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
+			VALUES ((e.m).id, (e.m).queue, e.recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
+					gatekeeper._reply_status(e.error), e.error, 'relay', (e.m).segment);
+			-- the relay said the mailbox does not exist: never mail it again
+			-- (and a bounce of another kind counts toward soft_bounce_limit)
+			IF permanent THEN
+				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
+				bounce_errors := bounce_errors || e.error;
+				bounce_ids := bounce_ids || (e.m).id;
+			END IF;
+			release_recipients := release_recipients || e.recipient;
+			release_holders := release_holders || (e.m).id;
+			CONTINUE;
+		END IF;
+
+		-- exponential backoff with equal jitter, as nack()'s
+		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+		delay := delay / 2 + delay / 2 * random();
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
+				(e.m).uncharged, NULL, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
+				(e.m).segment);
+		INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
+		VALUES ((e.m).id, (e.m).queue, 'deferred', gatekeeper._reply_status(e.error), e.error, 'relay',
+				(e.m).segment);
+		IF q.notify THEN
+			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
+		END IF;
+	END LOOP;
+
+	FOR e IN SELECT b.key, b.error, b.id
+			   FROM unnest(bounce_keys, bounce_errors, bounce_ids) AS b(key, error, id)
+			  ORDER BY b.key, b.id
+	LOOP
+		PERFORM gatekeeper._bounced(e.key, e.error, e.error, e.id);
+	END LOOP;
+	-- by what the mail holds, whatever its queue's gates are now
+	IF cardinality(release_recipients) > 0 THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
+	RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper._rotate(retention interval)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s gatekeeper.segment;
+	nxt smallint;
+	removed bigint;
+	timeout text := current_setting('lock_timeout');
+BEGIN
+	SELECT * INTO s FROM gatekeeper.segment FOR UPDATE SKIP LOCKED;
+	IF NOT FOUND OR now() - s.rotated_at < retention / 2 THEN
+		RETURN 0;
+	END IF;
+	nxt := (s.current + 1) % 4;
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	BEGIN
+		PERFORM set_config('lock_timeout', '1s', true);
+		-- and mail_claim: the records of claimed mail in the segment are
+		-- rewritten below, and an ack reads them before it locks a batch
+		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
+					   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
+		PERFORM set_config('lock_timeout', timeout, true);
+	EXCEPTION WHEN lock_not_available THEN
+		PERFORM set_config('lock_timeout', timeout, true);
+		RETURN 0;
+	END;
+	-- under the locks, nothing enters the segment: look again
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	EXECUTE format(
+		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
+									dedupe_key, priority, send_at, send_by, created_at, segment,
+									recipient_name, metadata, timezone)
+		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
+				m.recipient_name, m.metadata, m.timezone
+		   FROM gatekeeper.%I m
+		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
+		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
+	-- the events of the mail that moves go along with it
+	UPDATE gatekeeper.event_log e SET segment = s.current
+	 WHERE e.segment = nxt
+	   AND e.mail_id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = nxt
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
+	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
+	-- claimed mail still open in its batch: its record names the new segment
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(
+			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
+						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
+								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
+								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).message_id, (c.mails[i]).last_error,
+								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
+						ELSE c.mails[i] END
+			  FROM generate_subscripts(c.mails, 1) AS i
+			 ORDER BY i)
+	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
+	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
+	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I',
+				   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
+	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
+	RETURN removed;
+END
+$$;
+
+/*
+ * Bounces, complaints, events (issue 27; src/report.c)
+ */
+
+-- raise 22023 (54000 when too long) unless value can be a queue's
+-- return_path: an address whose local part holds {token} at most once,
+-- set apart by + - = . _ or the part's ends
+CREATE FUNCTION gatekeeper._check_return_path(value text)
+RETURNS void
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_check_return_path';
+
+-- the VERP token naming a mail, as the worker puts it in the envelope
+-- sender and ENVID
+CREATE FUNCTION gatekeeper._verp_token(mail_id bigint)
+RETURNS text
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_verp_token';
+
+-- the RFC 3463 code of a relay's reply (an error text that starts with
+-- it), else its three-digit code, else NULL
+CREATE FUNCTION gatekeeper._reply_status(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT coalesce(substring(error FROM '^[245][0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})'),
+					substring(error FROM '^([245][0-9][0-9])([ -]|$)'))
+$$;
+
+-- a bounce of the mail mail_id to the address key: a hard one (the
+-- synchronous path's classes, _hard_bounce) suppresses the address
+-- everywhere; others do once soft_bounce_limit mails to it bounced within
+-- 30 days.  status is a relay's reply or a DSN's RFC 3463 code.  Call it
+-- after the bounce's event is written.
+CREATE FUNCTION gatekeeper._bounced(address_key text, status text, detail text, mail_id bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	lim int := coalesce(nullif(current_setting('gatekeeper.soft_bounce_limit', true), '')::int, 5);
+BEGIN
+	IF gatekeeper._hard_bounce(CASE WHEN status ~ '^[245]\.' THEN '550 ' || status ELSE status END) THEN
+		PERFORM gatekeeper._suppress(address_key, 'hard_bounce', NULL, detail, mail_id);
+	ELSIF (SELECT count(DISTINCT e.mail_id) FROM gatekeeper.event_log e
+			WHERE translate(e.recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')
+				  = address_key
+			  AND e.event = 'bounced' AND e.at > now() - interval '30 days') >= lim THEN
+		PERFORM gatekeeper._suppress(address_key, 'soft_bounce', NULL,
+									 pg_catalog.format('%s mails bounced within 30 days; the last: %s',
+													   lim, detail),
+									 mail_id);
+	END IF;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
+RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_ingest_report';
+
+COMMENT ON FUNCTION gatekeeper.ingest_report(text, text) IS
+	'read a DSN (RFC 3464) or an ARF report (RFC 5965) as the bounce mailbox received it; one row per recipient of a mail gatekeeper sent that it recorded';
+
+CREATE FUNCTION gatekeeper.record_event(message_id text, event text, status text DEFAULT NULL,
+	detail text DEFAULT NULL, recipient text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_record_event';
+
+COMMENT ON FUNCTION gatekeeper.record_event(text, text, text, text, text) IS
+	'record an ESP webhook''s event (bounced, deferred, delivered, complained) for the mail with this Message-ID; its id, NULL when no sent mail matches';
+
+-- the same for events: deferrals, bounces and complaints by queue (issue 27)
+CREATE FUNCTION gatekeeper._count_events() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_count_events';
+
+CREATE TRIGGER event_log_count AFTER INSERT ON gatekeeper.event_log
+	REFERENCING NEW TABLE AS new_events
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_events();
+
+DROP VIEW gatekeeper.queue_stats;
+DROP FUNCTION gatekeeper._queue_totals();
+
+CREATE FUNCTION gatekeeper._queue_totals(OUT queue_hash bigint, OUT enqueued bigint,
+		OUT sent bigint, OUT failed bigint, OUT suppressed bigint, OUT expired bigint,
+		OUT cancelled bigint, OUT unknown bigint, OUT deferred bigint, OUT bounced bigint,
+		OUT complained bigint, OUT reports bigint, OUT ignored bigint)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_queue_totals';
+
+CREATE VIEW gatekeeper.queue_stats AS
+SELECT q.name AS queue,
+	   q.paused,
+	   coalesce(l.scheduled, 0) AS scheduled,
+	   coalesce(l.due, 0) AS due,
+	   coalesce(l.claimed, 0) AS claimed,
+	   now() - l.oldest_due AS oldest_due_age,
+	   coalesce(t.enqueued, 0) AS enqueued,
+	   coalesce(t.sent, 0) AS sent,
+	   coalesce(t.failed, 0) AS failed,
+	   coalesce(t.suppressed, 0) AS suppressed,
+	   coalesce(t.expired, 0) AS expired,
+	   coalesce(t.cancelled, 0) AS cancelled,
+	   coalesce(t.unknown, 0) AS unknown,
+	   coalesce(l.lease_expired, 0) AS lease_expired,
+	   coalesce(t.deferred, 0) AS deferred,
+	   coalesce(t.bounced, 0) AS bounced,
+	   coalesce(t.complained, 0) AS complained
+  FROM gatekeeper.queue q
+  LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
+  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
+
+COMMENT ON VIEW gatekeeper.queue_stats IS
+	'per queue: live mail (scheduled, due, claimed, oldest due age), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
+
+-- every event of the retained mail (issue 27): id, the mail, its queue and
+-- recipient, what happened, the status code and detail, who told, when
+CREATE VIEW gatekeeper.events AS
+SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
+	   e.event, e.status, e.detail, e.source, e.at
+  FROM gatekeeper.event_log e
+  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment;
+
+COMMENT ON VIEW gatekeeper.events IS
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks';
+
+-- the reports ingest_report and record_event took since the server started
+-- (or reset_stats()): recorded (at least one row written) and ignored
+-- (nothing written: not understood, or naming no mail gatekeeper sent to
+-- that recipient)
+CREATE VIEW gatekeeper.report_stats AS
+SELECT coalesce(sum(t.reports), 0)::bigint AS recorded,
+	   coalesce(sum(t.ignored), 0)::bigint AS ignored
+  FROM gatekeeper._queue_totals() t
+ WHERE t.queue_hash = pg_catalog.hashtextextended('', 0);
+
+COMMENT ON VIEW gatekeeper.report_stats IS
+	'reports (DSNs, ARF reports, webhook events) recorded and ignored since the server started';
+
+REVOKE ALL ON FUNCTION gatekeeper._check_return_path(text), gatekeeper._verp_token(bigint),
+	gatekeeper._reply_status(text), gatekeeper._bounced(text, text, text, bigint),
+	gatekeeper.ingest_report(text, text), gatekeeper.record_event(text, text, text, text, text),
+	gatekeeper._count_events(), gatekeeper._queue_totals() FROM PUBLIC;
+REVOKE ALL ON TABLE gatekeeper.event_log, gatekeeper.event_log_0, gatekeeper.event_log_1,
+	gatekeeper.event_log_2, gatekeeper.event_log_3, gatekeeper.events, gatekeeper.report_stats,
+	gatekeeper.queue_stats FROM PUBLIC;
+REVOKE ALL ON SEQUENCE gatekeeper.event_log_id_seq FROM PUBLIC;
 
 /*
  * Issue 28: gatekeeper.grant(role, use), remembered in role_grant.

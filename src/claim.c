@@ -310,8 +310,23 @@ static const char spend_tokens_sql[] =
 "UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
 " WHERE name = $1";
 
-/* Claims taken out of their batches (take_claimed), reported sent. */
+/*
+ * Claims taken out of their batches (take_claimed), reported sent, each
+ * with its 'sent' event (the recipient is the mail's: not read here).
+ */
 static const char ack_batch_sql[] =
+"WITH done AS ( "
+"INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
+"                                  message_id, last_error, dedupe_key, finished_at, segment) "
+"SELECT u.id, u.queue, 'sent', u.attempt, u.uncharged, u.send_at, u.worker, "
+"       u.message_id, u.last_error, u.dedupe_key, now(), u.segment "
+"  FROM unnest($1) u "
+"RETURNING id, queue, segment) "
+"INSERT INTO gatekeeper.event_log (mail_id, queue, event, source, segment) "
+"SELECT d.id, d.queue, 'sent', 'relay', d.segment FROM done d";
+
+/* The same for 0.2.0's schema, which has no event_log yet. */
+static const char ack_batch_020_sql[] =
 "INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
 "                                  message_id, last_error, dedupe_key, finished_at, segment) "
 "SELECT u.id, u.queue, 'sent', u.attempt, u.uncharged, u.send_at, u.worker, "
@@ -411,6 +426,7 @@ static SPIPlanPtr defer_plan = NULL;
 static SPIPlanPtr finish_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
 static SPIPlanPtr ack_batch_plan = NULL;
+static SPIPlanPtr ack_batch_020_plan = NULL;
 static SPIPlanPtr claim_candidates_plan = NULL;
 static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr claim_drop_plan = NULL;
@@ -2289,8 +2305,12 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 		int			ntaken;
 
 		taken = take_claimed(ids, attempts, &ntaken, &lr, CurrentMemoryContext);
-		if (ntaken > 0)
+		if (ntaken > 0 && OidIsValid(get_relname_relid("event_log",
+														get_namespace_oid("gatekeeper", false))))
 			execute_with_records(&ack_batch_plan, ack_batch_sql, &lr, taken, ntaken,
+								 SPI_OK_INSERT, "sent mail");
+		else if (ntaken > 0)
+			execute_with_records(&ack_batch_020_plan, ack_batch_020_sql, &lr, taken, ntaken,
 								 SPI_OK_INSERT, "sent mail");
 		n = ntaken;
 	}

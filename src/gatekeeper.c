@@ -95,6 +95,7 @@ int			gatekeeper_max_in_flight = 64 * 1024 * 1024;
 char	   *gatekeeper_default_sender = NULL;
 char	   *gatekeeper_message_id_domain = NULL;
 int			gatekeeper_retention = 7 * 24 * 60 * 60;
+int			gatekeeper_soft_bounce_limit = 5;
 int			gatekeeper_max_message_size = 10 * 1024 * 1024;
 int			gatekeeper_gate_memory = 256 * 1024;
 int			gatekeeper_claim_standbys = 0;
@@ -457,6 +458,15 @@ gatekeeper_define_settings(void)
 							10 * 1024 * 1024, 1024, (int) MaxAllocSize,
 							PGC_SIGHUP,
 							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.soft_bounce_limit",
+							"Bounces that are not hard, of mails to one address within 30 days, that suppress it.",
+							NULL,
+							&gatekeeper_soft_bounce_limit,
+							5, 1, 1000,
+							PGC_SIGHUP,
+							0,
 							NULL, NULL, NULL);
 }
 

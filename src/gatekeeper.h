@@ -62,6 +62,7 @@ extern int	gatekeeper_max_in_flight;	/* bytes */
 extern char *gatekeeper_default_sender;
 extern char *gatekeeper_message_id_domain;
 extern int	gatekeeper_retention;	/* seconds */
+extern int	gatekeeper_soft_bounce_limit;
 extern int	gatekeeper_max_message_size;	/* bytes */
 extern int	gatekeeper_gate_memory;	/* kB */
 extern int	gatekeeper_claim_standbys;

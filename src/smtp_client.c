@@ -193,6 +193,7 @@ typedef struct SmtpConn
 	bool		chunking;
 	bool		eightbit;
 	bool		smtputf8;
+	bool		dsn;			/* DSN (RFC 3461) is offered */
 	bool		starttls;
 	bool		auth_plain;
 	bool		auth_login;
@@ -330,6 +331,7 @@ static void txn_finish(GatekeeperDelivery *d, GatekeeperOutcome outcome, int cod
 static void txn_to_backlog(GatekeeperDelivery *d);
 static void backlog_unreachable(const char *error);
 static char *envelope_address(const char *address);
+static void append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d);
 static char *helo_for(SmtpConn *c);
 static void tls_error(SmtpConn *c, const char *what, char *buf, size_t len);
 static void sanitize(char *dst, size_t dstlen, const char *src, size_t srclen);
@@ -1573,6 +1575,8 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 			c->eightbit = true;
 		else if (pg_strncasecmp(kw, "SMTPUTF8", 8) == 0)
 			c->smtputf8 = true;
+		else if (pg_strncasecmp(kw, "DSN", 3) == 0 && (kw[3] == ' ' || kw[3] == '\0'))
+			c->dsn = true;
 		else if (pg_strncasecmp(kw, "STARTTLS", 8) == 0)
 			c->starttls = true;
 		else if (pg_strncasecmp(kw, "SIZE", 4) == 0 && (kw[4] == ' ' || kw[4] == '\0'))
@@ -1941,13 +1945,17 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		appendStringInfoString(&cmd, " BODY=8BITMIME");
 	if (d->needs_utf8)
 		appendStringInfoString(&cmd, " SMTPUTF8");
+	if (c->dsn && d->envid != NULL)
+		appendStringInfo(&cmd, " RET=HDRS ENVID=%s", d->envid);
 	appendStringInfoString(&cmd, "\r\n");
 	conn_expect(c, CMD_MAIL, d);
 	c->last_ok = false;
 
 	if (c->pipelining)
 	{
-		appendStringInfo(&cmd, "RCPT TO:%s\r\n", rcpt);
+		appendStringInfo(&cmd, "RCPT TO:%s", rcpt);
+		append_dsn_notify(&cmd, c, d);
+		appendStringInfoString(&cmd, "\r\n");
 		conn_expect(c, CMD_RCPT, d);
 		if (c->chunking)
 		{
@@ -1985,9 +1993,13 @@ conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d)
 	if (d->stage == ST_MAIL)
 	{
 		char	   *rcpt = envelope_address(d->mail.recipient);
+		StringInfoData notify;
 
-		conn_send(c, "RCPT TO:%s\r\n", rcpt);
+		initStringInfo(&notify);
+		append_dsn_notify(&notify, c, d);
+		conn_send(c, "RCPT TO:%s%s\r\n", rcpt, notify.data);
 		conn_expect(c, CMD_RCPT, d);
+		pfree(notify.data);
 		pfree(rcpt);
 		d->stage = ST_RCPT;
 	}
@@ -2565,7 +2577,7 @@ conn_tls_handshake(SmtpConn *c)
 			char	   *helo = helo_for(c);
 
 			/* after STARTTLS, what EHLO said before is forgotten */
-			c->pipelining = c->chunking = c->eightbit = c->smtputf8 = false;
+			c->pipelining = c->chunking = c->eightbit = c->smtputf8 = c->dsn = false;
 			c->starttls = c->auth_plain = c->auth_login = false;
 			c->size = false;
 			c->size_limit = 0;
@@ -2760,6 +2772,35 @@ envelope_address(const char *address)
 	while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
 		end--;
 	return psprintf("<%.*s>", (int) (end - start), start);
+}
+
+/*
+ * append_dsn_notify
+ *		When the relay offers DSN (RFC 3461), RCPT TO's parameters asking
+ *		for a report of failure or delay (not of success) and carrying the
+ *		recipient as given (ORCPT, xtext; left out for an address that is
+ *		not ASCII, which the rfc822 type cannot carry).
+ */
+static void
+append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d)
+{
+	const char *p;
+
+	if (!c->dsn || d->envid == NULL)
+		return;
+	appendStringInfoString(buf, " NOTIFY=FAILURE,DELAY");
+	if (!smtp_client_address_ascii(d->mail.recipient))
+		return;
+	appendStringInfoString(buf, " ORCPT=rfc822;");
+	for (p = d->mail.recipient; *p; p++)
+	{
+		unsigned char ch = (unsigned char) *p;
+
+		if (ch < 33 || ch > 126 || ch == '+' || ch == '=')
+			appendStringInfo(buf, "+%02X", ch);
+		else
+			appendStringInfoChar(buf, (char) ch);
+	}
 }
 
 /*

@@ -43,6 +43,7 @@ typedef struct GatekeeperDelivery
 	MemoryContext cxt;			/* everything of this delivery */
 	GatekeeperMail mail;
 	const char *from;			/* the envelope sender: a bare address */
+	const char *envid;			/* the DSN's ENVID (its VERP token), or NULL */
 	const char *from_field;		/* the sender as given, perhaps with a name */
 	StringInfoData message;		/* built message; data freed once written */
 	size_t		bytes;			/* what it holds, for gatekeeper.max_in_flight */

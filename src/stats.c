@@ -14,6 +14,11 @@
  * drops its own, one that commits hands them to its parent, and only a
  * top-level commit adds them to shared memory, so the totals count
  * committed work only.  Purging and rotation remove rows, never counts.
+ * Events (issue 27) are counted the same way: every insert into
+ * gatekeeper.event_log fires gatekeeper._count_events, which counts the
+ * statement's deferrals, bounces and complaints by queue; the reports
+ * ingest_report and record_event took (recorded or ignored) are kept
+ * under the key of the empty name, which no queue has.
  *
  * The totals live in a fixed-size shared hash keyed by database, the
  * extension's OID (a new CREATE EXTENSION starts afresh) and a 64-bit hash
@@ -72,6 +77,7 @@
 #include "utils/tuplestore.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_count_done);
+PG_FUNCTION_INFO_V1(gatekeeper_count_events);
 PG_FUNCTION_INFO_V1(gatekeeper_forget_queue);
 PG_FUNCTION_INFO_V1(gatekeeper_queue_totals);
 PG_FUNCTION_INFO_V1(gatekeeper_reset_stats);
@@ -86,8 +92,16 @@ typedef enum StatKind
 	STAT_EXPIRED,
 	STAT_CANCELLED,
 	STAT_UNKNOWN,
+	STAT_DEFERRED,				/* events (issue 27), by queue */
+	STAT_BOUNCED,
+	STAT_COMPLAINED,
+	STAT_REPORTS,				/* reports recorded and ignored, under the */
+	STAT_IGNORED,				/* key of the empty name (no queue's) */
 	STAT_KINDS
 } StatKind;
+
+/* The events counted, by StatKind from STAT_DEFERRED on */
+static const char *const counted_events[] = {"deferred", "bounced", "complained"};
 
 /* The terminal states, by StatKind from STAT_SENT on */
 static const char *const finished_states[] = {
@@ -105,7 +119,7 @@ static const char *const finished_states[] = {
 
 #define STATS_FILE			"pg_stat/gatekeeper.stat"
 #define STATS_FILE_TMP		STATS_FILE ".tmp"
-#define STATS_FILE_MAGIC	0x474B5331	/* "GKS1" */
+#define STATS_FILE_MAGIC	0x474B5332	/* "GKS2" */
 #define STATS_TRANCHE		"gatekeeper stats"
 
 typedef struct StatsKey
@@ -509,10 +523,10 @@ count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att, int state_att,
 		state = slot_getattr(slot, state_att, &isnull);
 		if (isnull)
 			continue;
-		for (kind = STAT_SENT; kind < STAT_KINDS; kind++)
+		for (kind = STAT_SENT; kind <= STAT_UNKNOWN; kind++)
 			if (state_values[kind - STAT_SENT] == DatumGetObjectId(state))
 				break;
-		if (kind < STAT_KINDS)
+		if (kind <= STAT_UNKNOWN)
 			tally_add(tally, queue, kind);
 		ExecClearTuple(slot);
 	}
@@ -552,7 +566,7 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	int			queue_att;
 	int			state_att;
-	Oid			state_values[STAT_KINDS - STAT_SENT];
+	Oid			state_values[STAT_UNKNOWN - STAT_SENT + 1];
 	Oid			state_type;
 	int			i;
 
@@ -571,12 +585,96 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
 	if (queue_att <= 0 || state_att <= 0)
 		elog(ERROR, "gatekeeper_count_done fired on a table without queue and state");
 	state_type = TupleDescAttr(desc, state_att - 1)->atttypid;
-	for (i = 0; i < STAT_KINDS - STAT_SENT; i++)
+	for (i = 0; i <= STAT_UNKNOWN - STAT_SENT; i++)
 		state_values[i] = DatumGetObjectId(DirectFunctionCall2(enum_in,
 															   CStringGetDatum(finished_states[i]),
 															   ObjectIdGetDatum(state_type)));
 	count_rows(trigdata->tg_newtable, desc, queue_att, state_att, state_values);
 	return PointerGetDatum(NULL);
+}
+
+/*
+ * gatekeeper_count_events
+ *		gatekeeper._count_events(), the AFTER INSERT FOR EACH STATEMENT
+ *		trigger of gatekeeper.event_log: count the statement's deferrals,
+ *		bounces and complaints by queue.
+ */
+Datum
+gatekeeper_count_events(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	TupleDesc	desc;
+	TupleTableSlot *slot;
+	StatsTally *tally;
+	int			queue_att;
+	int			event_att;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
+		trigdata->tg_newtable == NULL)
+		elog(ERROR, "gatekeeper_count_events must be an insert statement trigger with a new table");
+	if (stats_hash == NULL || gatekeeper_loading_dump(trigdata->tg_relation))
+		return PointerGetDatum(NULL);
+
+	desc = RelationGetDescr(trigdata->tg_relation);
+	queue_att = SPI_fnumber(desc, "queue");
+	event_att = SPI_fnumber(desc, "event");
+	if (queue_att <= 0 || event_att <= 0)
+		elog(ERROR, "gatekeeper_count_events fired on a table without queue and event");
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	tally = gatekeeper_stats_tally_start();
+	tuplestore_rescan(trigdata->tg_newtable);
+	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
+	{
+		bool		isnull;
+		Datum		queue = slot_getattr(slot, queue_att, &isnull);
+		Datum		event;
+		text	   *t;
+		int			kind;
+
+		if (isnull)
+			continue;
+		event = slot_getattr(slot, event_att, &isnull);
+		if (isnull)
+			continue;
+		t = DatumGetTextPP(event);
+		for (kind = STAT_DEFERRED; kind <= STAT_COMPLAINED; kind++)
+		{
+			const char *name = counted_events[kind - STAT_DEFERRED];
+
+			if (VARSIZE_ANY_EXHDR(t) == strlen(name) &&
+				memcmp(VARDATA_ANY(t), name, strlen(name)) == 0)
+			{
+				tally_add(tally, queue, kind);
+				break;
+			}
+		}
+		ExecClearTuple(slot);
+	}
+	gatekeeper_stats_tally_end(tally);
+	ExecDropSingleTupleTableSlot(slot);
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * gatekeeper_stats_count_report
+ *		Count one report ingest_report or record_event took: recorded (it
+ *		wrote at least one event) or ignored.  Kept under the key of the
+ *		empty name, which no queue has; counted at commit like the rest.
+ */
+void
+gatekeeper_stats_count_report(bool recorded)
+{
+	StatsKey	key;
+	int64		counts[STAT_KINDS];
+
+	if (stats_hash == NULL)
+		return;
+	memset(counts, 0, sizeof(counts));
+	counts[recorded ? STAT_REPORTS : STAT_IGNORED] = 1;
+	key = stats_key("", 0);
+	note_counts(&key, counts);
 }
 
 /*

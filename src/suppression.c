@@ -39,7 +39,7 @@ typedef struct Entry
 } Entry;
 
 static const char *const reasons[] = {
-	"hard_bounce", "complaint", "unsubscribe", "manual", NULL
+	"hard_bounce", "complaint", "unsubscribe", "manual", "soft_bounce", NULL
 };
 
 static SPIPlanPtr suppression_lookup_plan = NULL;
@@ -176,13 +176,15 @@ gatekeeper_suppression_check(GatekeeperSuppressionProbe *probes, int n)
 		for (j = lo; j < nentries && strcmp(entries[j].address, probe->key) == 0; j++)
 		{
 			const Entry *e = &entries[j];
-			bool		stops_all = e->reason == reasons[0] || e->reason == reasons[3];
+			bool		stops_all = e->reason == reasons[0] || e->reason == reasons[3] ||
+				e->reason == reasons[4];
 			int			rank = 0;
 
 			/*
 			 * Of several entries that stop the mail, the one reported is the
-			 * one that stops most: a global hard_bounce or manual, then the
-			 * queue's own, then a global unsubscribe or complaint.
+			 * one that stops most: a global hard_bounce, manual or
+			 * soft_bounce, then the queue's own, then a global unsubscribe
+			 * or complaint.
 			 */
 			if (e->queue == NULL && stops_all)
 				rank = 3;

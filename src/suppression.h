@@ -12,7 +12,8 @@
  * One mail the claim asks about: its recipient's key (as
  * gatekeeper_recipient_key makes it), its queue and whether that queue is
  * transactional.  gatekeeper_suppression_check sets reason to the entry's
- * reason ("hard_bounce", "complaint", "unsubscribe", "manual"; a static
+ * reason ("hard_bounce", "complaint", "unsubscribe", "manual",
+ * "soft_bounce"; a static
  * string) when the mail must not go, NULL otherwise.
  */
 typedef struct GatekeeperSuppressionProbe

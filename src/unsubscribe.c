@@ -240,6 +240,20 @@ make_token(const char *recipient, const char *queue)
 }
 
 /*
+ * gatekeeper_token_sign
+ *		HMAC-SHA256 of data under the database's secret, into mac (32
+ *		bytes): for the other tokens signed like these (src/report.c's VERP
+ *		tokens, whose data never starts as an unsubscribe token's does).
+ *		Call inside a transaction with SPI connected.
+ */
+void
+gatekeeper_token_sign(const uint8 *data, int len, uint8 *mac)
+{
+	load_secret();
+	sign(data, len, mac);
+}
+
+/*
  * gatekeeper_check_unsubscribe_url
  *		Raise an error unless url is an https URL with {token} exactly once,
  *		of printable ASCII that may stand in angle brackets, short enough

@@ -38,4 +38,10 @@ extern Size gatekeeper_unsubscribe_headers_size(const char *url_template,
 												const char *queue,
 												Jsonb *headers);
 
+/*
+ * HMAC-SHA256 (32 bytes into mac) of data under the secret that signs the
+ * unsubscribe tokens.  Call inside a transaction with SPI connected.
+ */
+extern void gatekeeper_token_sign(const uint8 *data, int len, uint8 *mac);
+
 #endif							/* GATEKEEPER_UNSUBSCRIBE_H */

@@ -110,6 +110,7 @@
 #include "utils/timestamp.h"
 
 #include "maintenance.h"
+#include "report.h"
 #include "smtp_client.h"
 
 /* how often expired leases are reaped and old mail is purged */
@@ -1433,6 +1434,23 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 	PG_TRY();
 	{
 		MemoryContextSwitchTo(d->cxt);
+
+		/*
+		 * A queue's return_path, with the mail's VERP token, is the envelope
+		 * sender instead; the token is the DSN's ENVID either way
+		 * (src/report.c).  It reads the queue and the secret: an extension
+		 * dropped meanwhile fails the mail here, as a build error does.
+		 */
+		if (gatekeeper_mail_split())
+		{
+			char	   *token = NULL;
+			char	   *return_path = gatekeeper_report_envelope(d->mail.queue,
+																 d->mail.id, &token);
+
+			d->envid = token;
+			if (return_path != NULL)
+				d->from = return_path;
+		}
 		initStringInfo(&d->message);
 		/* room for a 7bit message at once, rather than doubling up to it */
 		if (d->bytes > (size_t) d->message.maxlen)

@@ -394,8 +394,10 @@ Parse one smtp-sink dump file.  smtp-sink writes its own header lines
 message as received with dot-stuffing undone and each CRLF as LF, then an
 empty line.  Returns a hash ref:
 
-  file, mail_from (the MAIL FROM path), rcpt (array of RCPT TO paths),
-  raw (the message octets, LF line ends), header_lines (array of
+  file, mail_from (the MAIL FROM path), mail_params (MAIL FROM's
+  parameters: "RET=HDRS ENVID=...", or ''), rcpt (array of RCPT TO
+  paths), rcpt_params (array of their parameters, "NOTIFY=... ORCPT=...",
+  or ''), raw (the message octets, LF line ends), header_lines (array of
   [name, unfolded value]), headers (lower-cased name => array of unfolded
   values), body (octets after the blank line), message_id
 
@@ -413,11 +415,17 @@ sub parse_dump
 	# the empty line smtp-sink appends
 	$data =~ s/\n\z//;
 
-	my %msg = (file => $file, raw => $data, rcpt => []);
+	my %msg = (file => $file, raw => $data, rcpt => [], rcpt_params => []);
 	foreach my $line (split /\n/, $envelope)
 	{
-		$msg{mail_from} = $1 if $line =~ /^X-Mail-Args: (.*)$/;
-		push @{ $msg{rcpt} }, $1 if $line =~ /^X-Rcpt-Args: (.*)$/;
+		# the path, then the parameters (DSN's since issue 27)
+		($msg{mail_from}, $msg{mail_params}) = ($1, $2)
+		  if $line =~ /^X-Mail-Args: (\S*) ?(.*)$/;
+		if ($line =~ /^X-Rcpt-Args: (\S*) ?(.*)$/)
+		{
+			push @{ $msg{rcpt} }, $1;
+			push @{ $msg{rcpt_params} }, $2;
+		}
 	}
 
 	my ($head, $body) = split_head_body($data);

@@ -1,0 +1,761 @@
+/*-------------------------------------------------------------------------
+ *
+ * report.c
+ *		After the relay said 250: the VERP token that names a mail in its
+ *		envelope, gatekeeper.ingest_report() for the DSNs and feedback
+ *		reports that come back, and gatekeeper.record_event() for an ESP's
+ *		webhook.
+ *
+ * A VERP token names one mail: the mail's id and the first 80 bits of an
+ * HMAC-SHA256 of it under the secret that signs the unsubscribe tokens
+ * (src/unsubscribe.c; the signed data starts with "gatekeeper verp", so
+ * that neither kind of token can stand for the other), in lower-case
+ * base32 (RFC 4648, no padding): 29 letters and digits, which survive an
+ * MTA that lower-cases the local part, and fit it with room to spare.  A
+ * queue's return_path carries it in the envelope sender
+ * ('bounces+{token}@bounce.example'), and every mail carries it as the
+ * DSN's ENVID, so a DSN names its mail by the address it is delivered to
+ * or by its Original-Envelope-Id.  Failing both, a report names its mail
+ * by the returned Message-ID, which gatekeeper writes as
+ * <id.created@domain>: the id is read from it, and the whole must equal
+ * the sent mail's.
+ *
+ * A report counts only when it names a mail gatekeeper sent and, where it
+ * names a recipient (Final-Recipient or Original-Recipient, Original-Rcpt-To,
+ * a webhook's recipient), that mail's recipient: report_rows() checks
+ * both and writes the event and the suppression it calls for
+ * (gatekeeper._bounced, gatekeeper._suppress).
+ * Anything else writes nothing and is counted as ignored
+ * (gatekeeper.report_stats).  The parse itself (src/report_parse.c) raises
+ * no error for what a message holds: a junk message gives no row and
+ * leaves the caller's transaction alone.
+ *
+ * IDENTIFICATION
+ *		src/report.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/tuplestore.h"
+
+#include "gatekeeper.h"
+#include "report.h"
+#include "report_parse.h"
+#include "stats.h"
+#include "unsubscribe.h"
+
+PG_FUNCTION_INFO_V1(gatekeeper_verp_token);
+PG_FUNCTION_INFO_V1(gatekeeper_check_return_path);
+PG_FUNCTION_INFO_V1(gatekeeper_ingest_report);
+PG_FUNCTION_INFO_V1(gatekeeper_record_event);
+
+#define VERP_MAC_LEN		10
+#define VERP_RAW_LEN		(8 + VERP_MAC_LEN)
+#define TOKEN_PLACEHOLDER	"{token}"
+
+/* the largest message ingest_report() reads (54000 beyond) */
+#define REPORT_MAX_MESSAGE	(64 * 1024 * 1024)
+
+/* return_path lookups remembered per transaction */
+#define RETURN_PATH_CACHE	16
+
+static const char base32_digits[] = "abcdefghijklmnopqrstuvwxyz234567";
+static const char verp_context[16] = "gatekeeper verp";
+
+static SPIPlanPtr return_path_plan = NULL;
+static const char return_path_sql[] =
+"SELECT q.return_path FROM gatekeeper.queue q WHERE q.name = $1";
+
+/* the sent mail a report names, and what is checked of it */
+static SPIPlanPtr sent_mail_plan = NULL;
+static const char sent_mail_sql[] =
+"SELECT o.queue, o.segment, o.message_id, m.recipient "
+"  FROM gatekeeper.mail_done o "
+"  JOIN gatekeeper.mail m ON m.id = o.id AND m.segment = o.segment "
+" WHERE o.id = $1 AND o.state = 'sent'";
+
+/* the event, in the mail's retention segment */
+static SPIPlanPtr insert_event_plan = NULL;
+static const char insert_event_sql[] =
+"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/* what a bounce or a complaint does to the suppression list */
+static SPIPlanPtr bounced_plan = NULL;
+static const char bounced_sql[] = "SELECT gatekeeper._bounced($1, $2, $3, $4)";
+static SPIPlanPtr complained_plan = NULL;
+static const char complained_sql[] =
+"SELECT gatekeeper._suppress($1, 'complaint', NULL, $2, $3)";
+
+/* the return paths this transaction looked up */
+static struct
+{
+	char		queue[NAMEDATALEN * 2];
+	char	   *return_path;	/* in TopTransactionContext, or NULL */
+}			return_paths[RETURN_PATH_CACHE];
+static int	nreturn_paths = 0;
+static LocalTransactionId return_paths_lxid = InvalidLocalTransactionId;
+
+static void verp_mac(int64 id, uint8 *mac);
+static char *verp_token(int64 id);
+static bool verp_verify(const char *token, size_t len, int64 *id);
+static bool token_in(const char *text, int64 *id);
+static bool message_id_mail(const char *message_id, int64 *id);
+static bool same_address(const char *a, const char *b);
+static int	report_rows(int64 id, const char *message_id, const char *recipient1,
+						const char *recipient2, const char *event, const char *status,
+						const char *detail, const char *source, Tuplestorestate *out,
+						TupleDesc desc);
+
+/*
+ * The first VERP_MAC_LEN bytes of the HMAC of a mail id, into mac.
+ */
+static void
+verp_mac(int64 id, uint8 *mac)
+{
+	uint8		data[sizeof(verp_context) + 8];
+	uint8		full[32];
+	int			i;
+
+	memcpy(data, verp_context, sizeof(verp_context));
+	for (i = 0; i < 8; i++)
+		data[sizeof(verp_context) + i] = (uint8) (((uint64) id) >> (56 - 8 * i));
+	gatekeeper_token_sign(data, sizeof(data), full);
+	memcpy(mac, full, VERP_MAC_LEN);
+}
+
+/*
+ * The VERP token of a mail id.  SPI must be connected.
+ */
+static char *
+verp_token(int64 id)
+{
+	uint8		raw[VERP_RAW_LEN];
+	char	   *out = palloc(GATEKEEPER_VERP_TOKEN_LEN + 1);
+	uint32		acc = 0;
+	int			bits = 0;
+	int			o = 0;
+	int			i;
+
+	for (i = 0; i < 8; i++)
+		raw[i] = (uint8) (((uint64) id) >> (56 - 8 * i));
+	verp_mac(id, raw + 8);
+	for (i = 0; i < VERP_RAW_LEN; i++)
+	{
+		acc = (acc << 8) | raw[i];
+		bits += 8;
+		while (bits >= 5)
+		{
+			bits -= 5;
+			out[o++] = base32_digits[(acc >> bits) & 31];
+		}
+	}
+	if (bits > 0)
+		out[o++] = base32_digits[(acc << (5 - bits)) & 31];
+	out[o] = '\0';
+	Assert(o == GATEKEEPER_VERP_TOKEN_LEN);
+	return out;
+}
+
+/*
+ * Whether len characters at token are a VERP token this database signed
+ * (letters in either case); *id is then its mail.  The MAC is compared in
+ * constant time.  SPI must be connected.
+ */
+static bool
+verp_verify(const char *token, size_t len, int64 *id)
+{
+	uint8		raw[VERP_RAW_LEN + 1];
+	uint8		mac[VERP_MAC_LEN];
+	uint32		acc = 0;
+	int			bits = 0;
+	int			o = 0;
+	uint64		v = 0;
+	size_t		i;
+
+	if (len != GATEKEEPER_VERP_TOKEN_LEN)
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		const char *d = memchr(base32_digits, pg_ascii_tolower((unsigned char) token[i]), 32);
+
+		if (d == NULL || token[i] == '\0')
+			return false;
+		acc = (acc << 5) | (uint32) (d - base32_digits);
+		bits += 5;
+		if (bits >= 8)
+		{
+			bits -= 8;
+			raw[o++] = (acc >> bits) & 0xff;
+		}
+	}
+	/* the bits past the last byte are zero in a token we wrote */
+	if (o != VERP_RAW_LEN || (acc & ((1 << bits) - 1)) != 0)
+		return false;
+	for (i = 0; i < 8; i++)
+		v = (v << 8) | raw[i];
+	verp_mac((int64) v, mac);
+	if (timingsafe_bcmp(mac, raw + 8, VERP_MAC_LEN) != 0)
+		return false;
+	*id = (int64) v;
+	return true;
+}
+
+/*
+ * Whether text (an address, or an ENVID) holds a valid VERP token as one
+ * of the words of its local part (words are set apart by + - = . _ or
+ * the part's ends); *id is then its mail.
+ */
+static bool
+token_in(const char *text, int64 *id)
+{
+	const char *p = text;
+	const char *at;
+	const char *end;
+
+	if (text == NULL)
+		return false;
+	at = strrchr(text, '@');
+	end = at ? at : text + strlen(text);
+	while (p < end)
+	{
+		size_t		n = 0;
+
+		while (p + n < end && strchr("+-=._", p[n]) == NULL)
+			n++;
+		if (verp_verify(p, n, id))
+			return true;
+		p += n + 1;
+	}
+	return false;
+}
+
+/*
+ * Whether message_id has the form of one gatekeeper writes,
+ * <id.created@domain>; *id is then the id it names.
+ */
+static bool
+message_id_mail(const char *message_id, int64 *id)
+{
+	const char *p = message_id;
+	int64		v = 0;
+	int			digits = 0;
+
+	if (p == NULL || *p != '<')
+		return false;
+	for (p++; isdigit((unsigned char) *p); p++)
+	{
+		if (++digits > 18)
+			return false;
+		v = v * 10 + (*p - '0');
+	}
+	if (digits == 0 || *p != '.' || strchr(p, '@') == NULL)
+		return false;
+	*id = v;
+	return true;
+}
+
+/*
+ * Whether a (a report's recipient, perhaps NULL) is b, ASCII letters in
+ * any case (as the suppression list keys addresses).
+ */
+static bool
+same_address(const char *a, const char *b)
+{
+	if (a == NULL || strlen(a) != strlen(b))
+		return false;
+	for (; *a; a++, b++)
+		if (pg_ascii_tolower((unsigned char) *a) != pg_ascii_tolower((unsigned char) *b))
+			return false;
+	return true;
+}
+
+/*
+ * Record one report (a DSN's recipient group, an ARF report, a webhook's
+ * event) about mail id: only when the mail was sent, its Message-ID is
+ * message_id (when given) and its recipient is recipient1 or recipient2
+ * (when either is given).  Writes the event, in the mail's retention
+ * segment, and what it does to the suppression list (_bounced, or a
+ * global complaint), and puts the row recorded into out (when not NULL).
+ * Returns the rows recorded, 0 or 1.  SPI must be connected.
+ */
+static int
+report_rows(int64 id, const char *message_id, const char *recipient1,
+			const char *recipient2, const char *event, const char *status,
+			const char *detail, const char *source, Tuplestorestate *out,
+			TupleDesc desc)
+{
+	Oid			mail_type = INT8OID;
+	Oid			event_types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT2OID};
+	Datum		arg = Int64GetDatum(id);
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	HeapTuple	tuple;
+	TupleDesc	tupdesc;
+	bool		isnull;
+	char	   *queue;
+	int16		segment;
+	char	   *sent_id;
+	char	   *recipient;
+	char	   *key;
+	char	   *p;
+
+	if (SPI_execute_plan(gatekeeper_plan(&sent_mail_plan, sent_mail_sql, 1, &mail_type),
+						 &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "looking up the mail of a report failed");
+	if (SPI_processed != 1)
+		return 0;
+	tuple = SPI_tuptable->vals[0];
+	tupdesc = SPI_tuptable->tupdesc;
+	queue = SPI_getvalue(tuple, tupdesc, 1);
+	segment = DatumGetInt16(SPI_getbinval(tuple, tupdesc, 2, &isnull));
+	sent_id = SPI_getvalue(tuple, tupdesc, 3);
+	recipient = SPI_getvalue(tuple, tupdesc, 4);
+	SPI_freetuptable(SPI_tuptable);
+	if (queue == NULL || recipient == NULL)
+		return 0;
+	if (message_id != NULL && (sent_id == NULL || strcmp(sent_id, message_id) != 0))
+		return 0;
+	if ((recipient1 != NULL || recipient2 != NULL) &&
+		!same_address(recipient1, recipient) && !same_address(recipient2, recipient))
+		return 0;
+
+	args[0] = Int64GetDatum(id);
+	args[1] = CStringGetTextDatum(queue);
+	args[2] = CStringGetTextDatum(recipient);
+	args[3] = CStringGetTextDatum(event);
+	if (status)
+		args[4] = CStringGetTextDatum(status);
+	else
+		nulls[4] = 'n';
+	if (detail)
+		args[5] = CStringGetTextDatum(detail);
+	else
+		nulls[5] = 'n';
+	args[6] = CStringGetTextDatum(source);
+	args[7] = Int16GetDatum(segment);
+	if (SPI_execute_plan(gatekeeper_plan(&insert_event_plan, insert_event_sql, 8, event_types),
+						 args, nulls, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "writing an event failed");
+
+	/* the suppression list keys addresses with their ASCII letters lower-cased */
+	key = pstrdup(recipient);
+	for (p = key; *p; p++)
+		*p = pg_ascii_tolower((unsigned char) *p);
+	if (strcmp(event, "bounced") == 0)
+	{
+		Oid			types[4] = {TEXTOID, TEXTOID, TEXTOID, INT8OID};
+		Datum		bargs[4];
+		char		bnulls[4] = {' ', nulls[4], nulls[5], ' '};
+
+		bargs[0] = CStringGetTextDatum(key);
+		bargs[1] = args[4];
+		bargs[2] = args[5];
+		bargs[3] = Int64GetDatum(id);
+		if (SPI_execute_plan(gatekeeper_plan(&bounced_plan, bounced_sql, 4, types),
+							 bargs, bnulls, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "recording a bounce failed");
+	}
+	else if (strcmp(event, "complained") == 0)
+	{
+		Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+		Datum		cargs[3];
+		char		cnulls[3] = {' ', nulls[5], ' '};
+
+		cargs[0] = CStringGetTextDatum(key);
+		cargs[1] = args[5];
+		cargs[2] = Int64GetDatum(id);
+		if (SPI_execute_plan(gatekeeper_plan(&complained_plan, complained_sql, 3, types),
+							 cargs, cnulls, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "recording a complaint failed");
+	}
+
+	if (out != NULL)
+	{
+		Datum		values[5];
+		bool		vnulls[5] = {false, false, false, status == NULL, detail == NULL};
+
+		values[0] = Int64GetDatum(id);
+		values[1] = CStringGetTextDatum(recipient);
+		values[2] = CStringGetTextDatum(event);
+		values[3] = status ? CStringGetTextDatum(status) : (Datum) 0;
+		values[4] = detail ? CStringGetTextDatum(detail) : (Datum) 0;
+		tuplestore_putvalues(out, desc, values, vnulls);
+	}
+	return 1;
+}
+
+/*
+ * gatekeeper_report_envelope
+ *		The envelope sender and VERP token of a mail: see report.h.
+ */
+char *
+gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	char	   *template = NULL;
+	char	   *result = NULL;
+	bool		found = false;
+	bool		pushed = false;
+	int			i;
+
+	/* a dropped extension has no return paths (the caller's mail goes as is) */
+	if (!OidIsValid(get_relname_relid("queue", get_namespace_oid("gatekeeper", true))))
+	{
+		*token = NULL;
+		return NULL;
+	}
+	/* the worker builds messages in a transaction with no snapshot yet */
+	if (!ActiveSnapshotSet())
+	{
+		PushActiveSnapshot(GetTransactionSnapshot());
+		pushed = true;
+	}
+	SPI_connect();
+	if (return_paths_lxid != MyProc->lxid)
+	{
+		nreturn_paths = 0;
+		return_paths_lxid = MyProc->lxid;
+	}
+	for (i = 0; i < nreturn_paths; i++)
+	{
+		if (strcmp(return_paths[i].queue, queue) == 0)
+		{
+			template = return_paths[i].return_path;
+			found = true;
+			break;
+		}
+	}
+	if (!found)
+	{
+		Oid			argtype = TEXTOID;
+		Datum		arg = CStringGetTextDatum(queue);
+		bool		isnull = true;
+		Datum		v = (Datum) 0;
+
+		if (SPI_execute_plan(gatekeeper_plan(&return_path_plan, return_path_sql, 1, &argtype),
+							 &arg, NULL, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "reading the return_path of queue \"%s\" failed", queue);
+		if (SPI_processed == 1)
+			v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		if (!isnull)
+			template = MemoryContextStrdup(TopTransactionContext, TextDatumGetCString(v));
+		if (nreturn_paths < RETURN_PATH_CACHE && strlen(queue) < sizeof(return_paths[0].queue))
+		{
+			strlcpy(return_paths[nreturn_paths].queue, queue, sizeof(return_paths[0].queue));
+			return_paths[nreturn_paths].return_path = template;
+			nreturn_paths++;
+		}
+	}
+
+	{
+		MemoryContext old = MemoryContextSwitchTo(caller);
+		const char *at;
+
+		*token = verp_token(mail_id);
+		if (template != NULL)
+		{
+			at = strstr(template, TOKEN_PLACEHOLDER);
+			if (at == NULL)
+				result = pstrdup(template);
+			else
+				result = psprintf("%.*s%s%s", (int) (at - template), template, *token,
+								  at + strlen(TOKEN_PLACEHOLDER));
+		}
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+	if (pushed)
+		PopActiveSnapshot();
+	return result;
+}
+
+/*
+ * gatekeeper._verp_token(mail_id bigint) RETURNS text
+ *		The token the worker puts in the mail's envelope (for tests, and for
+ *		an operator checking a bounce address).
+ */
+Datum
+gatekeeper_verp_token(PG_FUNCTION_ARGS)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	text	   *result;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("mail_id must not be null")));
+	SPI_connect();
+	result = (text *) MemoryContextAlloc(caller, VARHDRSZ + GATEKEEPER_VERP_TOKEN_LEN);
+	SET_VARSIZE(result, VARHDRSZ + GATEKEEPER_VERP_TOKEN_LEN);
+	memcpy(VARDATA(result), verp_token(PG_GETARG_INT64(0)), GATEKEEPER_VERP_TOKEN_LEN);
+	SPI_finish();
+	PG_RETURN_TEXT_P(result);
+}
+
+/*
+ * gatekeeper._check_return_path(value text) RETURNS void
+ *		Raise 22023 unless value (NULL: none) can be a queue's return_path:
+ *		an address once {token} is replaced, {token} at most once, in the
+ *		local part, as a word of its own (set apart by + - = . _ or the
+ *		part's ends); 54000 when the local part or the address would be too
+ *		long for SMTP (64 and 254 octets).
+ */
+Datum
+gatekeeper_check_return_path(PG_FUNCTION_ARGS)
+{
+	char	   *value;
+	const char *token;
+	const char *at;
+	const char *problem;
+	char		sample[GATEKEEPER_VERP_TOKEN_LEN + 1];
+	char	   *expanded;
+	size_t		local_len;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_VOID();
+	value = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	at = strrchr(value, '@');
+	token = strstr(value, TOKEN_PLACEHOLDER);
+	if (token != NULL && strstr(token + 1, TOKEN_PLACEHOLDER) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid return_path \"%s\"", value),
+				 errdetail("{token} may appear at most once.")));
+	if (token != NULL &&
+		(at == NULL || token > at ||
+		 (token > value && strchr("+-=._", token[-1]) == NULL) ||
+		 strchr("+-=._@", token[strlen(TOKEN_PLACEHOLDER)]) == NULL))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid return_path \"%s\"", value),
+				 errdetail("{token} must be a word of the local part of its own, set apart by one of + - = . _ or the local part's ends."),
+				 errhint("Write it as 'bounces+{token}@bounce.example.com'.")));
+
+	memset(sample, 'a', GATEKEEPER_VERP_TOKEN_LEN);
+	sample[GATEKEEPER_VERP_TOKEN_LEN] = '\0';
+	if (token != NULL)
+		expanded = psprintf("%.*s%s%s", (int) (token - value), value, sample,
+							token + strlen(TOKEN_PLACEHOLDER));
+	else
+		expanded = value;
+	problem = gatekeeper_address_problem(expanded);
+	if (problem != NULL || strchr(expanded, '<') != NULL || strchr(expanded, ' ') != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid return_path \"%s\"", value),
+				 errdetail("%s", problem ? problem : "The return path must be a bare address.")));
+	at = strrchr(expanded, '@');
+	local_len = at ? (size_t) (at - expanded) : strlen(expanded);
+	if (local_len > 64 || strlen(expanded) > 254)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("return_path \"%s\" is too long", value),
+				 errdetail("With its token the local part has %d octets and the address %d; SMTP allows 64 and 254.",
+						   (int) local_len, (int) strlen(expanded))));
+	PG_RETURN_VOID();
+}
+
+/*
+ * gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
+ *		RETURNS TABLE (mail_id bigint, recipient text, event text,
+ *					   status text, detail text)
+ *		Read one raw message as the bounce mailbox received it: a DSN gives
+ *		one row per recipient group that names a mail gatekeeper sent to
+ *		that recipient; an ARF abuse report one complaint.  Anything else
+ *		gives no row and writes nothing.  22004 for a NULL message, 54000
+ *		for one over 64 MB; no other error comes of what it holds.
+ */
+Datum
+gatekeeper_ingest_report(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext cxt;
+	MemoryContext old;
+	text	   *message;
+	char	   *envelope_to = NULL;
+	ParsedReport r;
+	int64		id = 0;
+	bool		have_mail = false;
+	const char *message_id = NULL;
+	int			rows = 0;
+	int			i;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("message must not be null")));
+	message = PG_GETARG_TEXT_PP(0);
+	if (VARSIZE_ANY_EXHDR(message) > REPORT_MAX_MESSAGE)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("report is too large"),
+				 errdetail("The message has %zu octets; ingest_report() reads at most %d.",
+						   (size_t) VARSIZE_ANY_EXHDR(message), REPORT_MAX_MESSAGE)));
+	InitMaterializedSRF(fcinfo, 0);
+
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper report",
+								ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(cxt);
+	if (!PG_ARGISNULL(1))
+	{
+		text	   *t = PG_GETARG_TEXT_PP(1);
+
+		if (VARSIZE_ANY_EXHDR(t) <= 1000)
+			envelope_to = report_clean(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+	}
+	report_parse(VARDATA_ANY(message), VARSIZE_ANY_EXHDR(message), &r);
+
+	SPI_connect();
+	if (r.kind != REPORT_NONE)
+	{
+		/* the mail: by a token where the report carries one, else by Message-ID */
+		const char *carriers[7];
+
+		carriers[0] = envelope_to;
+		carriers[1] = r.envid;
+		carriers[2] = r.delivered_to[0];
+		carriers[3] = r.delivered_to[1];
+		carriers[4] = r.delivered_to[2];
+		carriers[5] = r.original_mail_from;
+		carriers[6] = r.returned_return_path;
+		for (i = 0; i < (int) lengthof(carriers) && !have_mail; i++)
+			have_mail = token_in(carriers[i], &id);
+		if (!have_mail && message_id_mail(r.returned_message_id, &id))
+		{
+			have_mail = true;
+			message_id = r.returned_message_id;
+		}
+	}
+	if (have_mail && r.kind == REPORT_DSN)
+	{
+		for (i = 0; i < r.nrecipients; i++)
+		{
+			ReportRecipient *rr = &r.recipients[i];
+			const char *event = NULL;
+
+			if (rr->action == NULL)
+				continue;
+			if (strcmp(rr->action, "failed") == 0)
+				event = "bounced";
+			else if (strcmp(rr->action, "delayed") == 0)
+				event = "deferred";
+			else if (strcmp(rr->action, "delivered") == 0 ||
+					 strcmp(rr->action, "relayed") == 0 ||
+					 strcmp(rr->action, "expanded") == 0)
+				event = "delivered";
+			else
+				continue;
+			/* a group that names no recipient names none we sent to */
+			if (rr->final_recipient == NULL && rr->original_recipient == NULL)
+				continue;
+			rows += report_rows(id, message_id, rr->final_recipient, rr->original_recipient,
+								event, rr->status, rr->diagnostic, "dsn",
+								rsinfo->setResult, rsinfo->setDesc);
+		}
+	}
+	else if (have_mail && r.kind == REPORT_ARF &&
+			 (strcmp(r.feedback_type, "abuse") == 0 ||
+			  strcmp(r.feedback_type, "fraud") == 0 ||
+			  strcmp(r.feedback_type, "virus") == 0))
+	{
+		char	   *detail = psprintf("Feedback-Type: %s%s%s", r.feedback_type,
+									  r.user_agent ? "; User-Agent: " : "",
+									  r.user_agent ? r.user_agent : "");
+
+		rows += report_rows(id, message_id, r.original_rcpt_to, NULL, "complained",
+							NULL, detail, "arf", rsinfo->setResult, rsinfo->setDesc);
+	}
+	gatekeeper_stats_count_report(rows > 0);
+	SPI_finish();
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+	return (Datum) 0;
+}
+
+/*
+ * gatekeeper.record_event(message_id text, event text, status text,
+ *						   detail text, recipient text) RETURNS bigint
+ *		Record an ESP webhook's event for the sent mail whose Message-ID
+ *		(with or without its angle brackets) is message_id, and whose
+ *		recipient is recipient when given: its id, or NULL (and nothing
+ *		written) when there is no such mail.  event is deferred, bounced,
+ *		delivered or complained (22023 otherwise); message_id and event
+ *		must not be NULL (22004).
+ */
+Datum
+gatekeeper_record_event(PG_FUNCTION_ARGS)
+{
+	static const char *const events[] = {"deferred", "bounced", "delivered", "complained"};
+	char	   *event;
+	char	   *message_id = NULL;
+	char	   *status = NULL;
+	char	   *detail = NULL;
+	char	   *recipient = NULL;
+	int64		id;
+	int			rows = 0;
+	int			i;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("message_id and event must not be null")));
+	event = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	for (i = 0; i < (int) lengthof(events); i++)
+		if (strcmp(event, events[i]) == 0)
+			break;
+	if (i == (int) lengthof(events))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid event \"%s\"", event),
+				 errdetail("event must be deferred, bounced, delivered or complained.")));
+
+	{
+		text	   *t = PG_GETARG_TEXT_PP(0);
+		char	   *v = report_clean(VARDATA_ANY(t), Min(VARSIZE_ANY_EXHDR(t), 1000));
+
+		if (v != NULL && v[0] != '<')
+			message_id = psprintf("<%s>", v);
+		else
+			message_id = v;
+	}
+	if (!PG_ARGISNULL(2))
+	{
+		text	   *t = PG_GETARG_TEXT_PP(2);
+
+		status = report_clean(VARDATA_ANY(t), Min(VARSIZE_ANY_EXHDR(t), 64));
+	}
+	if (!PG_ARGISNULL(3))
+	{
+		text	   *t = PG_GETARG_TEXT_PP(3);
+
+		detail = report_clean(VARDATA_ANY(t), Min(VARSIZE_ANY_EXHDR(t), 4000));
+	}
+	if (!PG_ARGISNULL(4))
+	{
+		text	   *t = PG_GETARG_TEXT_PP(4);
+
+		recipient = report_clean(VARDATA_ANY(t), Min(VARSIZE_ANY_EXHDR(t), 1000));
+	}
+
+	SPI_connect();
+	if (message_id_mail(message_id, &id))
+		rows = report_rows(id, message_id, recipient, NULL, event, status, detail,
+						   "webhook", NULL, NULL);
+	gatekeeper_stats_count_report(rows > 0);
+	SPI_finish();
+	if (rows == 0)
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(id);
+}

@@ -1,0 +1,24 @@
+/*-------------------------------------------------------------------------
+ *
+ * report.h
+ *		After the relay said 250: VERP tokens, the envelope a mail goes out
+ *		with, and the reports that come back (src/report.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_REPORT_H
+#define GATEKEEPER_REPORT_H
+
+/* the length of a VERP token: base32 of the mail id and a truncated HMAC */
+#define GATEKEEPER_VERP_TOKEN_LEN	29
+
+/*
+ * The envelope sender for mail mail_id of queue: its return_path with
+ * {token} replaced, or NULL when the queue has none (the From address is
+ * the envelope sender then); *token is set to the mail's VERP token, for
+ * the DSN's ENVID, either way.  palloc'd in the current memory context.
+ * Call inside a transaction (SPI is connected and finished inside).
+ */
+extern char *gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token);
+
+#endif							/* GATEKEEPER_REPORT_H */
