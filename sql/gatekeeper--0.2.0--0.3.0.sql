@@ -9,6 +9,147 @@
  */
 
 /*
+ * Issue 28: gatekeeper.grant(role, use), remembered in role_grant.
+ */
+/*
+ * Roles given a use of gatekeeper by grant() (issue 28): 'enqueue' (an
+ * application that enqueues and looks its mail up), 'worker' (an external
+ * sender) or 'monitor' (what postgres_exporter connects as).  Remembered so
+ * that every update, which may add or replace functions, gives each role
+ * its use's privileges on them again (_grant_apply() ends every update
+ * script).  A role dropped since is forgotten at the next grant() or update.
+ */
+CREATE TABLE gatekeeper.role_grant (
+	role		regrole NOT NULL,
+	what		text NOT NULL CHECK (what IN ('enqueue', 'worker', 'monitor')),
+	granted_at	timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (role, what)
+);
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.role_grant', '');
+
+-- gives the remembered roles (or one) the privileges of their uses: USAGE
+-- on the schema, EXECUTE on every function of the use (each of its
+-- overloads, so a function whose signature an update changed is granted
+-- again), and the use's table and view privileges; forgets dropped roles
+CREATE FUNCTION gatekeeper._grant_apply(only_role regrole DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	g record;
+	o record;
+	f regprocedure;
+BEGIN
+	DELETE FROM gatekeeper.role_grant r
+	 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.oid = r.role::oid);
+	FOR g IN SELECT r.role, r.what FROM gatekeeper.role_grant r
+			  WHERE only_role IS NULL OR r.role = only_role ORDER BY r.role::oid, r.what LOOP
+		EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA gatekeeper TO %s', g.role);
+		FOR o IN SELECT v.kind, v.name, v.privilege
+				   FROM (VALUES
+						('enqueue', 'function', 'enqueue', NULL),
+						('enqueue', 'function', '_segment', NULL),
+						('enqueue', 'function', 'status', NULL),
+						('enqueue', 'function', 'find', NULL),
+						('enqueue', 'function', 'history', NULL),
+						('enqueue', 'function', 'cancel', NULL),
+						('enqueue', 'table', 'mail',
+						 'INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key, '
+						 'priority, send_by, recipient_name, metadata, timezone)'),
+						('worker', 'function', 'claim', NULL),
+						('worker', 'function', 'ack', NULL),
+						('worker', 'function', 'ack_batch', NULL),
+						('worker', 'function', 'nack', NULL),
+						('worker', 'function', 'nack_batch', NULL),
+						('worker', 'function', 'extend', NULL),
+						('worker', 'function', 'reap', NULL),
+						('worker', 'function', 'unclaim', NULL),
+						('worker', 'function', 'next_due', NULL),
+						('worker', 'function', '_queue_totals', NULL),
+						('worker', 'function', '_live_stats', NULL),
+						('worker', 'table', 'queue_stats', 'SELECT'),
+						('monitor', 'function', '_queue_totals', NULL),
+						('monitor', 'function', '_live_stats', NULL),
+						('monitor', 'function', '_gate_memory', NULL),
+						('monitor', 'function', '_worker_status', NULL),
+						('monitor', 'table', 'queue_stats', 'SELECT'),
+						('monitor', 'table', 'gate_memory', 'SELECT'),
+						('monitor', 'table', 'worker_status', 'SELECT'))
+						AS v(what, kind, name, privilege)
+				  WHERE v.what = g.what LOOP
+			IF o.kind = 'function' THEN
+				FOR f IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
+						  WHERE p.pronamespace = 'gatekeeper'::pg_catalog.regnamespace
+							AND p.proname = o.name ORDER BY p.oid LOOP
+					EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, g.role);
+				END LOOP;
+			ELSE
+				EXECUTE pg_catalog.format('GRANT %s ON gatekeeper.%I TO %s', o.privilege, o.name, g.role);
+			END IF;
+		END LOOP;
+	END LOOP;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.grant(role regrole, what text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF role IS NULL OR what IS NULL THEN
+		RAISE EXCEPTION 'role and what must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF what NOT IN ('enqueue', 'worker', 'monitor') THEN
+		RAISE EXCEPTION 'unknown use "%"', what
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'A use is ''enqueue'', ''worker'' or ''monitor''.';
+	END IF;
+	INSERT INTO gatekeeper.role_grant (role, what) VALUES ($1, $2)
+	ON CONFLICT DO NOTHING;
+	PERFORM gatekeeper._grant_apply($1);
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
+	'give a role what one use of gatekeeper needs (''enqueue'', ''worker'' or ''monitor''), and again after every update';
+
+REVOKE ALL ON TABLE gatekeeper.role_grant FROM PUBLIC;
+REVOKE ALL ON FUNCTION gatekeeper._grant_apply(regrole), gatekeeper.grant(regrole, text) FROM PUBLIC;
+
+-- The roles 0.2.0's README recipes made (each holding EXECUTE, granted to
+-- it directly, on every function of one recipe) are remembered as having
+-- that use, so that _grant_apply() below gives them what 0.3.0 adds to it.
+-- A role granted only part of a recipe is left as it is.
+INSERT INTO gatekeeper.role_grant (role, what)
+SELECT h.grantee::regrole, r.what
+  FROM (VALUES
+		('enqueue', ARRAY['gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)',
+						  'gatekeeper._segment()', 'gatekeeper.status(bigint)', 'gatekeeper.find(text, text)',
+						  'gatekeeper.history(text, timestamptz)', 'gatekeeper.cancel(bigint)',
+						  'gatekeeper.cancel(text, text)']),
+		('worker', ARRAY['gatekeeper.claim(text, int, interval, text[])', 'gatekeeper.ack(bigint, int)',
+						 'gatekeeper.ack_batch(bigint[], int[])', 'gatekeeper.nack(bigint, int, text, boolean)',
+						 'gatekeeper.nack_batch(bigint[], int[], text[], boolean)',
+						 'gatekeeper.extend(bigint, int, interval)', 'gatekeeper.reap()',
+						 'gatekeeper.unclaim(bigint[], int[], text, interval)',
+						 'gatekeeper._queue_totals()', 'gatekeeper._live_stats()']),
+		('monitor', ARRAY['gatekeeper._queue_totals()', 'gatekeeper._live_stats()', 'gatekeeper._gate_memory()',
+						  'gatekeeper._worker_status()']))
+		AS r(what, funcs),
+	   LATERAL (SELECT a.grantee
+				  FROM unnest(r.funcs) AS f(sig)
+				  JOIN pg_catalog.pg_proc p ON p.oid = f.sig::pg_catalog.regprocedure,
+					   pg_catalog.aclexplode(p.proacl) AS a
+				 WHERE a.privilege_type = 'EXECUTE'
+				 GROUP BY a.grantee
+				HAVING count(DISTINCT p.oid) = cardinality(r.funcs)) h
+ WHERE h.grantee <> 0
+   AND h.grantee <> (SELECT x.extowner FROM pg_catalog.pg_extension x WHERE x.extname = 'gatekeeper');
+
+/*
  * Issue 25, items 10 and 11: a dedupe key is held by a mail that is
  * scheduled or claimed, or that finished (but was not cancelled) within
  * its queue's dedupe_window, 24 hours unless the queue says otherwise;
@@ -1239,6 +1380,17 @@ BEGIN
 	END IF;
 	BEGIN
 		PERFORM set_config('lock_timeout', '1s', true);
+		-- a finished mail of the segment that still holds its dedupe key
+		-- (its queue's window is longer than retention) leaves its finish
+		-- time in the key's row, which goes on holding the key; under the
+		-- row's lock, which an insert of the key takes before it tests the
+		-- holder (src/mail.c, write_keys)
+		UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at
+		  FROM gatekeeper.mail_done d
+		  JOIN gatekeeper.queue q ON q.name = d.queue
+		 WHERE d.segment = nxt AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled'
+		   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window
+		   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id;
 		-- and mail_claim: the records of claimed mail in the segment are
 		-- rewritten below, and an ack reads them before it locks a batch
 		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
@@ -1452,147 +1604,6 @@ REVOKE ALL ON TABLE gatekeeper.event_log, gatekeeper.event_log_0, gatekeeper.eve
 	gatekeeper.event_log_2, gatekeeper.event_log_3, gatekeeper.events, gatekeeper.report_stats,
 	gatekeeper.queue_stats FROM PUBLIC;
 REVOKE ALL ON SEQUENCE gatekeeper.event_log_id_seq FROM PUBLIC;
-
-/*
- * Issue 28: gatekeeper.grant(role, use), remembered in role_grant.
- */
-/*
- * Roles given a use of gatekeeper by grant() (issue 28): 'enqueue' (an
- * application that enqueues and looks its mail up), 'worker' (an external
- * sender) or 'monitor' (what postgres_exporter connects as).  Remembered so
- * that every update, which may add or replace functions, gives each role
- * its use's privileges on them again (_grant_apply() ends every update
- * script).  A role dropped since is forgotten at the next grant() or update.
- */
-CREATE TABLE gatekeeper.role_grant (
-	role		regrole NOT NULL,
-	what		text NOT NULL CHECK (what IN ('enqueue', 'worker', 'monitor')),
-	granted_at	timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (role, what)
-);
-SELECT pg_catalog.pg_extension_config_dump('gatekeeper.role_grant', '');
-
--- gives the remembered roles (or one) the privileges of their uses: USAGE
--- on the schema, EXECUTE on every function of the use (each of its
--- overloads, so a function whose signature an update changed is granted
--- again), and the use's table and view privileges; forgets dropped roles
-CREATE FUNCTION gatekeeper._grant_apply(only_role regrole DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	g record;
-	o record;
-	f regprocedure;
-BEGIN
-	DELETE FROM gatekeeper.role_grant r
-	 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.oid = r.role::oid);
-	FOR g IN SELECT r.role, r.what FROM gatekeeper.role_grant r
-			  WHERE only_role IS NULL OR r.role = only_role ORDER BY r.role::oid, r.what LOOP
-		EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA gatekeeper TO %s', g.role);
-		FOR o IN SELECT v.kind, v.name, v.privilege
-				   FROM (VALUES
-						('enqueue', 'function', 'enqueue', NULL),
-						('enqueue', 'function', '_segment', NULL),
-						('enqueue', 'function', 'status', NULL),
-						('enqueue', 'function', 'find', NULL),
-						('enqueue', 'function', 'history', NULL),
-						('enqueue', 'function', 'cancel', NULL),
-						('enqueue', 'table', 'mail',
-						 'INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key, '
-						 'priority, send_by, recipient_name, metadata, timezone)'),
-						('worker', 'function', 'claim', NULL),
-						('worker', 'function', 'ack', NULL),
-						('worker', 'function', 'ack_batch', NULL),
-						('worker', 'function', 'nack', NULL),
-						('worker', 'function', 'nack_batch', NULL),
-						('worker', 'function', 'extend', NULL),
-						('worker', 'function', 'reap', NULL),
-						('worker', 'function', 'unclaim', NULL),
-						('worker', 'function', 'next_due', NULL),
-						('worker', 'function', '_queue_totals', NULL),
-						('worker', 'function', '_live_stats', NULL),
-						('worker', 'table', 'queue_stats', 'SELECT'),
-						('monitor', 'function', '_queue_totals', NULL),
-						('monitor', 'function', '_live_stats', NULL),
-						('monitor', 'function', '_gate_memory', NULL),
-						('monitor', 'function', '_worker_status', NULL),
-						('monitor', 'table', 'queue_stats', 'SELECT'),
-						('monitor', 'table', 'gate_memory', 'SELECT'),
-						('monitor', 'table', 'worker_status', 'SELECT'))
-						AS v(what, kind, name, privilege)
-				  WHERE v.what = g.what LOOP
-			IF o.kind = 'function' THEN
-				FOR f IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
-						  WHERE p.pronamespace = 'gatekeeper'::pg_catalog.regnamespace
-							AND p.proname = o.name ORDER BY p.oid LOOP
-					EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, g.role);
-				END LOOP;
-			ELSE
-				EXECUTE pg_catalog.format('GRANT %s ON gatekeeper.%I TO %s', o.privilege, o.name, g.role);
-			END IF;
-		END LOOP;
-	END LOOP;
-END
-$$;
-
-CREATE FUNCTION gatekeeper.grant(role regrole, what text)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF role IS NULL OR what IS NULL THEN
-		RAISE EXCEPTION 'role and what must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF what NOT IN ('enqueue', 'worker', 'monitor') THEN
-		RAISE EXCEPTION 'unknown use "%"', what
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'A use is ''enqueue'', ''worker'' or ''monitor''.';
-	END IF;
-	INSERT INTO gatekeeper.role_grant (role, what) VALUES ($1, $2)
-	ON CONFLICT DO NOTHING;
-	PERFORM gatekeeper._grant_apply($1);
-END
-$$;
-
-COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
-	'give a role what one use of gatekeeper needs (''enqueue'', ''worker'' or ''monitor''), and again after every update';
-
-REVOKE ALL ON TABLE gatekeeper.role_grant FROM PUBLIC;
-REVOKE ALL ON FUNCTION gatekeeper._grant_apply(regrole), gatekeeper.grant(regrole, text) FROM PUBLIC;
-
--- The roles 0.2.0's README recipes made (each holding EXECUTE, granted to
--- it directly, on every function of one recipe) are remembered as having
--- that use, so that _grant_apply() below gives them what 0.3.0 adds to it.
--- A role granted only part of a recipe is left as it is.
-INSERT INTO gatekeeper.role_grant (role, what)
-SELECT h.grantee::regrole, r.what
-  FROM (VALUES
-		('enqueue', ARRAY['gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)',
-						  'gatekeeper._segment()', 'gatekeeper.status(bigint)', 'gatekeeper.find(text, text)',
-						  'gatekeeper.history(text, timestamptz)', 'gatekeeper.cancel(bigint)',
-						  'gatekeeper.cancel(text, text)']),
-		('worker', ARRAY['gatekeeper.claim(text, int, interval, text[])', 'gatekeeper.ack(bigint, int)',
-						 'gatekeeper.ack_batch(bigint[], int[])', 'gatekeeper.nack(bigint, int, text, boolean)',
-						 'gatekeeper.nack_batch(bigint[], int[], text[], boolean)',
-						 'gatekeeper.extend(bigint, int, interval)', 'gatekeeper.reap()',
-						 'gatekeeper.unclaim(bigint[], int[], text, interval)',
-						 'gatekeeper._queue_totals()', 'gatekeeper._live_stats()']),
-		('monitor', ARRAY['gatekeeper._queue_totals()', 'gatekeeper._live_stats()', 'gatekeeper._gate_memory()',
-						  'gatekeeper._worker_status()']))
-		AS r(what, funcs),
-	   LATERAL (SELECT a.grantee
-				  FROM unnest(r.funcs) AS f(sig)
-				  JOIN pg_catalog.pg_proc p ON p.oid = f.sig::pg_catalog.regprocedure,
-					   pg_catalog.aclexplode(p.proacl) AS a
-				 WHERE a.privilege_type = 'EXECUTE'
-				 GROUP BY a.grantee
-				HAVING count(DISTINCT p.oid) = cardinality(r.funcs)) h
- WHERE h.grantee <> 0
-   AND h.grantee <> (SELECT x.extowner FROM pg_catalog.pg_extension x WHERE x.extname = 'gatekeeper');
 
 /*
  * Issue 29, item 2: gatekeeper.shard(n, count), mail ids that name their shard.
