@@ -460,10 +460,16 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 	}
 
 	{
+		/*
+		 * The token first: signing it may read the secret through SPI, which
+		 * leaves the SPI procedure's context current, and what is made here
+		 * must outlive SPI_finish.
+		 */
+		char	   *signed_token = verp_token(mail_id);
 		MemoryContext old = MemoryContextSwitchTo(caller);
 		const char *at;
 
-		*token = verp_token(mail_id);
+		*token = pstrdup(signed_token);
 		if (template != NULL)
 		{
 			at = strstr(template, TOKEN_PLACEHOLDER);
