@@ -20,9 +20,9 @@
 # gives each relay connection a memory context of its own that is really
 # freed when the connection is, so a use of a freed connection is seen.
 # valgrind writes one report per process to the reports directory
-# ($GK_MEMCHECK_DIR, default a fresh one, printed); the script fails when
-# an error's stack passes through gatekeeper.so, and counts the others
-# (PostgreSQL itself, built without USE_VALGRIND, has a few known ones).
+# ($GK_MEMCHECK_DIR, default a fresh one, printed); the script fails on
+# any error but PostgreSQL's own known writes of padding bytes (it is built
+# without USE_VALGRIND), which it counts.
 # Assertions on timing (mail sent within so many seconds) cannot hold in a
 # server that slow; failed assertions are listed, and the exit status says
 # only whether valgrind found an error of ours.
@@ -93,17 +93,29 @@ rc=0
 tail -n 30 "$WORK/tap.log"
 gk_log "TAP run under valgrind took $(($(date +%s) - start)) s (prove exit $rc)"
 
-# an error report is a block of lines beginning "==pid== " after a line
-# naming the error; count the blocks, and those that pass through us
+# An error report is a block of "==pid== " lines, ended by an empty one.
+# PostgreSQL built without USE_VALGRIND writes padding bytes it never set
+# (WAL records, the relcache init file): "Syscall param write(buf) points
+# to uninitialised byte(s)" with PostgreSQL's own code on top of the
+# stack.  Every other error, and those with our code on top, count.
+OURS="($(cd "$SRC/src" && ls ./*.c | sed -e 's|^\./||' -e 's/\./\\./' | paste -sd'|'))"
 ours=0
 theirs=0
 for r in "$REPORTS"/vg.*; do
 	[ -s "$r" ] || continue
-	read -r o t < <(awk '
-		/^==[0-9]+== [A-Z]/ && !/^==[0-9]+== +(at|by) / { if (inblock) { if (g) o++; else t++ } inblock = 1; g = 0; next }
-		/^==[0-9]+== +(at|by) / { if ($0 ~ /gatekeeper\.so/) g = 1; next }
-		/^==[0-9]+== *$/ { if (inblock) { if (g) o++; else t++ } inblock = 0; next }
-		END { if (inblock) { if (g) o++; else t++ } print o + 0, t + 0 }' "$r")
+	read -r o t < <(awk -v ours="\\(($OURS):[0-9]+\\)|gatekeeper\\.so" '
+		function done_block() {
+			if (inblock) { if (kind ~ /^Syscall param/ && !top) t++; else o++ }
+			inblock = 0
+		}
+		/^==[0-9]+== [A-Z]/ { done_block(); inblock = 1; kind = substr($0, index($0, " ") + 1); top = 0; pg = 0; next }
+		/^==[0-9]+== +(at|by) / {
+			if (!pg && $0 ~ ours) top = 1
+			if ($0 ~ /\/postgres\)$/) pg = 1
+			next
+		}
+		/^==[0-9]+== *$/ { done_block(); next }
+		END { done_block(); print o + 0, t + 0 }' "$r")
 	ours=$((ours + o))
 	theirs=$((theirs + t))
 	if [ "$o" -gt 0 ]; then
@@ -111,7 +123,7 @@ for r in "$REPORTS"/vg.*; do
 		head -n 80 "$r" >&2
 	fi
 done
-gk_log "valgrind: $ours error(s) with gatekeeper.so on the stack, $theirs elsewhere ($(ls "$REPORTS" | wc -l) process reports)"
+gk_log "valgrind: $ours error(s) that count, $theirs of PostgreSQL's known padding writes ($(ls "$REPORTS" | wc -l) process reports)"
 if [ "$ours" -gt 0 ]; then
 	gk_warn "memory errors in gatekeeper; the work directory $WORK is kept"
 	exit 1
