@@ -177,22 +177,27 @@ static const char insert_keys_sql[] =
  * keys, each given to its first mail unless held; then the keyed mails
  * that did not get theirs (whose key's row names another mail) are the
  * skipped ones: their ids; the live rows of the others, when the SQL path
- * writes them; the skipped mails taken out again.  Each is a join with
- * mail_key by its primary key, never a list of ids.
+ * writes them; the skipped mails taken out again.
+ *
+ * These plans are made once and kept, perhaps first for a statement of a
+ * few rows on small tables: each looks a mail's key up with a scalar
+ * subquery, one probe of a unique index per row of the statement, which
+ * the planner turns neither into a hash of the whole table nor into a
+ * rescan of the statement's rows per row of the table.
  */
 static const char take_keys_sql[] =
 "INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) "
 "SELECT DISTINCT ON (n.queue, n.dedupe_key) n.queue, n.dedupe_key, n.id FROM new_mail n "
 " WHERE n.dedupe_key IS NOT NULL "
-"   AND NOT EXISTS (SELECT FROM gatekeeper.mail_live l "
-"                    WHERE l.queue = n.queue AND l.dedupe_key = n.dedupe_key) "
+"   AND (SELECT l.id FROM gatekeeper.mail_live l "
+"         WHERE l.queue = n.queue AND l.dedupe_key = n.dedupe_key) IS NULL "
 " ORDER BY n.queue, n.dedupe_key, n.id "
 "ON CONFLICT (queue, dedupe_key) DO NOTHING";
 
 #define SKIPPED_MAIL \
 "n.dedupe_key IS NOT NULL " \
-"AND NOT EXISTS (SELECT FROM gatekeeper.mail_key k " \
-"                 WHERE k.queue = n.queue AND k.dedupe_key = n.dedupe_key AND k.id = n.id)"
+"AND (SELECT k.id FROM gatekeeper.mail_key k " \
+"      WHERE k.queue = n.queue AND k.dedupe_key = n.dedupe_key) IS DISTINCT FROM n.id"
 
 static const char skipped_ids_sql[] =
 "SELECT n.id FROM new_mail n WHERE " SKIPPED_MAIL " ORDER BY 1";
@@ -202,14 +207,24 @@ static const char insert_live_kept_sql[] =
 "SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key, n.segment FROM new_mail n "
 " WHERE NOT (" SKIPPED_MAIL ")";
 
+/*
+ * One statement per retention segment (mail_0 .. mail_3): the skipped
+ * mails' row versions found by a probe of the partition's primary key per
+ * skipped mail (the LIMIT keeps the probe a parameterised scan, never a
+ * join that rescans the statement's rows), then deleted by TID.
+ */
 static const char delete_skipped_sql[] =
-"DELETE FROM gatekeeper.mail m USING new_mail n "
-" WHERE m.id = n.id AND m.segment = n.segment AND " SKIPPED_MAIL;
+"DELETE FROM gatekeeper.%s m "
+" WHERE m.ctid = ANY (ARRAY("
+"   SELECT x.ctid FROM new_mail n "
+"    CROSS JOIN LATERAL (SELECT p.ctid FROM gatekeeper.%s p "
+"                         WHERE p.id = n.id AND p.segment = n.segment LIMIT 1) x "
+"    WHERE n.segment = %d AND " SKIPPED_MAIL "))";
 
 static SPIPlanPtr take_keys_plan = NULL;
 static SPIPlanPtr skipped_ids_plan = NULL;
 static SPIPlanPtr insert_live_kept_plan = NULL;
-static SPIPlanPtr delete_skipped_plan = NULL;
+static SPIPlanPtr delete_skipped_plans[4];
 
 /* gatekeeper.on_duplicate */
 typedef enum OnDuplicate
@@ -232,9 +247,10 @@ static int	on_duplicate = ON_DUPLICATE_ERROR;
  */
 static const char held_key_sql[] =
 "SELECT n.id, n.queue, n.dedupe_key FROM new_mail n "
-"  JOIN gatekeeper.mail_key k ON k.queue = n.queue AND k.dedupe_key = n.dedupe_key "
-" WHERE n.dedupe_key IS NOT NULL AND k.id <> n.id "
-"   AND EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = n.id) "
+" WHERE n.dedupe_key IS NOT NULL "
+"   AND (SELECT k.id FROM gatekeeper.mail_key k "
+"         WHERE k.queue = n.queue AND k.dedupe_key = n.dedupe_key) <> n.id "
+"   AND (SELECT l.id FROM gatekeeper.mail_live l WHERE l.id = n.id) IS NOT NULL "
 " ORDER BY n.id LIMIT 1";
 
 static SPIPlanPtr held_key_plan = NULL;
@@ -933,22 +949,40 @@ insert_live_kept(TriggerData *trigdata)
 /*
  * Take the skipped mails out of gatekeeper.mail again: the statement has
  * inserted them, and a statement trigger cannot drop its rows otherwise.
- * They have no live row, key or outcome, so the delete's own trigger
- * (_mail_sync) finds nothing to remove.
+ * Deleted from the partitions themselves, by TID: a join of the
+ * partitioned table with the statement's rows can be planned as a rescan
+ * of those rows per row of the table.  The mails have no live row, key or
+ * outcome, so nothing else is to be removed (the parent's _mail_sync does
+ * not fire).
  */
 static void
 delete_skipped(TriggerData *trigdata, int nskipped)
 {
+	uint64		deleted = 0;
+	int			segment;
+
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
 		elog(ERROR, "SPI_register_trigger_data failed");
-	gatekeeper_plan(&delete_skipped_plan, delete_skipped_sql, 0, NULL);
-	if (SPI_execute_plan(delete_skipped_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "could not remove skipped mail");
-	if (SPI_processed != (uint64) nskipped)
+	for (segment = 0; segment < (int) lengthof(delete_skipped_plans); segment++)
+	{
+		if (delete_skipped_plans[segment] == NULL)
+		{
+			char		partition[NAMEDATALEN];
+
+			snprintf(partition, sizeof(partition), "mail_%d", segment);
+			gatekeeper_plan(&delete_skipped_plans[segment],
+							psprintf(delete_skipped_sql, partition, partition, segment),
+							0, NULL);
+		}
+		if (SPI_execute_plan(delete_skipped_plans[segment], NULL, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not remove skipped mail");
+		deleted += SPI_processed;
+	}
+	if (deleted != (uint64) nskipped)
 		elog(ERROR, "removed %llu skipped mails of %d",
-			 (unsigned long long) SPI_processed, nskipped);
+			 (unsigned long long) deleted, nskipped);
 	SPI_finish();
 }
 
