@@ -44,7 +44,6 @@
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "mb/pg_wchar.h"
-#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
@@ -175,37 +174,57 @@ static const char insert_keys_sql[] =
 
 /*
  * gatekeeper.on_duplicate = 'skip' (see skip_held_keys): the statement's
- * keys, each given to its first mail unless held, in one statement that
- * returns the mails that got theirs; the live rows of the mails kept, when
- * the SQL path writes them; the skipped mails taken out again.
+ * keys, each given to its first mail unless held; then the keyed mails
+ * that did not get theirs (whose key's row names another mail) are the
+ * skipped ones: their ids; the live rows of the others, when the SQL path
+ * writes them; the skipped mails taken out again.
+ *
+ * These plans are made once and kept, perhaps first for a statement of a
+ * few rows on small tables: each looks a mail's key up with a scalar
+ * subquery, one probe of a unique index per row of the statement, which
+ * the planner turns neither into a hash of the whole table nor into a
+ * rescan of the statement's rows per row of the table.
  */
 static const char take_keys_sql[] =
 "INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) "
 "SELECT DISTINCT ON (n.queue, n.dedupe_key) n.queue, n.dedupe_key, n.id FROM new_mail n "
 " WHERE n.dedupe_key IS NOT NULL "
-"   AND NOT EXISTS (SELECT FROM gatekeeper.mail_live l "
-"                    WHERE l.queue = n.queue AND l.dedupe_key = n.dedupe_key) "
+"   AND (SELECT l.id FROM gatekeeper.mail_live l "
+"         WHERE l.queue = n.queue AND l.dedupe_key = n.dedupe_key) IS NULL "
 " ORDER BY n.queue, n.dedupe_key, n.id "
-"ON CONFLICT (queue, dedupe_key) DO NOTHING "
-"RETURNING id";
+"ON CONFLICT (queue, dedupe_key) DO NOTHING";
+
+#define SKIPPED_MAIL \
+"n.dedupe_key IS NOT NULL " \
+"AND (SELECT k.id FROM gatekeeper.mail_key k " \
+"      WHERE k.queue = n.queue AND k.dedupe_key = n.dedupe_key) IS DISTINCT FROM n.id"
 
 static const char skipped_ids_sql[] =
-"SELECT n.id FROM new_mail n "
-" WHERE n.dedupe_key IS NOT NULL AND NOT n.id = ANY ($1) ORDER BY 1";
+"SELECT n.id FROM new_mail n WHERE " SKIPPED_MAIL " ORDER BY 1";
 
 static const char insert_live_kept_sql[] =
 "INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key, segment) "
 "SELECT n.id, n.queue, n.priority, n.send_at, n.dedupe_key, n.segment FROM new_mail n "
-" WHERE NOT n.id = ANY ($1)";
+" WHERE NOT (" SKIPPED_MAIL ")";
 
+/*
+ * One statement per retention segment (mail_0 .. mail_3): the skipped
+ * mails' row versions found by a probe of the partition's primary key per
+ * skipped mail (the LIMIT keeps the probe a parameterised scan, never a
+ * join that rescans the statement's rows), then deleted by TID.
+ */
 static const char delete_skipped_sql[] =
-"DELETE FROM gatekeeper.mail m USING new_mail n "
-" WHERE n.id = ANY ($1) AND m.id = n.id AND m.segment = n.segment";
+"DELETE FROM gatekeeper.%s m "
+" WHERE m.ctid = ANY (ARRAY("
+"   SELECT x.ctid FROM new_mail n "
+"    CROSS JOIN LATERAL (SELECT p.ctid FROM gatekeeper.%s p "
+"                         WHERE p.id = n.id AND p.segment = n.segment LIMIT 1) x "
+"    WHERE n.segment = %d AND " SKIPPED_MAIL "))";
 
 static SPIPlanPtr take_keys_plan = NULL;
 static SPIPlanPtr skipped_ids_plan = NULL;
 static SPIPlanPtr insert_live_kept_plan = NULL;
-static SPIPlanPtr delete_skipped_plan = NULL;
+static SPIPlanPtr delete_skipped_plans[4];
 
 /* gatekeeper.on_duplicate */
 typedef enum OnDuplicate
@@ -228,9 +247,10 @@ static int	on_duplicate = ON_DUPLICATE_ERROR;
  */
 static const char held_key_sql[] =
 "SELECT n.id, n.queue, n.dedupe_key FROM new_mail n "
-"  JOIN gatekeeper.mail_key k ON k.queue = n.queue AND k.dedupe_key = n.dedupe_key "
-" WHERE n.dedupe_key IS NOT NULL AND k.id <> n.id "
-"   AND EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = n.id) "
+" WHERE n.dedupe_key IS NOT NULL "
+"   AND (SELECT k.id FROM gatekeeper.mail_key k "
+"         WHERE k.queue = n.queue AND k.dedupe_key = n.dedupe_key) <> n.id "
+"   AND (SELECT l.id FROM gatekeeper.mail_live l WHERE l.id = n.id) IS NOT NULL "
 " ORDER BY n.id LIMIT 1";
 
 static SPIPlanPtr held_key_plan = NULL;
@@ -853,21 +873,6 @@ write_keys(TriggerData *trigdata)
 }
 
 /*
- * The ids, as a bigint[] datum, of n sorted ids.
- */
-static Datum
-id_array(int64 *ids, int n)
-{
-	Datum	   *elems = palloc(Max(n, 1) * sizeof(Datum));
-	int			i;
-
-	for (i = 0; i < n; i++)
-		elems[i] = Int64GetDatum(ids[i]);
-	return PointerGetDatum(construct_array(elems, n, INT8OID, sizeof(int64),
-										   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-}
-
-/*
  * gatekeeper.on_duplicate = 'skip': take the keys of the statement's new
  * mails where they are free, before any of their live rows is written,
  * and return the ids of the keyed mails that got none (sorted; *n their
@@ -887,12 +892,8 @@ id_array(int64 *ids, int n)
 static int64 *
 skip_held_keys(TriggerData *trigdata, int *n)
 {
-	int64	   *kept;
 	int64	   *skipped = NULL;
-	int			nkept;
 	bool		isnull;
-	Datum		arg;
-	Oid			argtype = INT8ARRAYOID;
 	uint64		i;
 
 	*n = 0;
@@ -910,17 +911,11 @@ skip_held_keys(TriggerData *trigdata, int *n)
 			elog(ERROR, "could not clear stale dedupe keys");
 	}
 	gatekeeper_plan(&take_keys_plan, take_keys_sql, 0, NULL);
-	if (SPI_execute_plan(take_keys_plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+	if (SPI_execute_plan(take_keys_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not write dedupe keys");
-	nkept = (int) SPI_processed;
-	kept = palloc(Max(nkept, 1) * sizeof(int64));
-	for (i = 0; i < SPI_processed; i++)
-		kept[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-											  SPI_tuptable->tupdesc, 1, &isnull));
-
-	arg = id_array(kept, nkept);
-	gatekeeper_plan(&skipped_ids_plan, skipped_ids_sql, 1, &argtype);
-	if (SPI_execute_plan(skipped_ids_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+	/* not read-only: the next statement sees the keys just written */
+	gatekeeper_plan(&skipped_ids_plan, skipped_ids_sql, 0, NULL);
+	if (SPI_execute_plan(skipped_ids_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not find the mails whose dedupe key is held");
 	if (SPI_processed > 0)
 	{
@@ -939,17 +934,14 @@ skip_held_keys(TriggerData *trigdata, int *n)
  * by SQL (when the direct path cannot).
  */
 static void
-insert_live_kept(TriggerData *trigdata, int64 *skipped, int nskipped)
+insert_live_kept(TriggerData *trigdata)
 {
-	Datum		arg = id_array(skipped, nskipped);
-	Oid			argtype = INT8ARRAYOID;
-
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
 		elog(ERROR, "SPI_register_trigger_data failed");
-	gatekeeper_plan(&insert_live_kept_plan, insert_live_kept_sql, 1, &argtype);
-	if (SPI_execute_plan(insert_live_kept_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
+	gatekeeper_plan(&insert_live_kept_plan, insert_live_kept_sql, 0, NULL);
+	if (SPI_execute_plan(insert_live_kept_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not write live mail");
 	SPI_finish();
 }
@@ -957,25 +949,40 @@ insert_live_kept(TriggerData *trigdata, int64 *skipped, int nskipped)
 /*
  * Take the skipped mails out of gatekeeper.mail again: the statement has
  * inserted them, and a statement trigger cannot drop its rows otherwise.
- * They have no live row, key or outcome, so the delete's own trigger
- * (_mail_sync) finds nothing to remove.
+ * Deleted from the partitions themselves, by TID: a join of the
+ * partitioned table with the statement's rows can be planned as a rescan
+ * of those rows per row of the table.  The mails have no live row, key or
+ * outcome, so nothing else is to be removed (the parent's _mail_sync does
+ * not fire).
  */
 static void
-delete_skipped(TriggerData *trigdata, int64 *skipped, int nskipped)
+delete_skipped(TriggerData *trigdata, int nskipped)
 {
-	Datum		arg = id_array(skipped, nskipped);
-	Oid			argtype = INT8ARRAYOID;
+	uint64		deleted = 0;
+	int			segment;
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
 		elog(ERROR, "SPI_register_trigger_data failed");
-	gatekeeper_plan(&delete_skipped_plan, delete_skipped_sql, 1, &argtype);
-	if (SPI_execute_plan(delete_skipped_plan, &arg, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "could not remove skipped mail");
-	if (SPI_processed != (uint64) nskipped)
+	for (segment = 0; segment < (int) lengthof(delete_skipped_plans); segment++)
+	{
+		if (delete_skipped_plans[segment] == NULL)
+		{
+			char		partition[NAMEDATALEN];
+
+			snprintf(partition, sizeof(partition), "mail_%d", segment);
+			gatekeeper_plan(&delete_skipped_plans[segment],
+							psprintf(delete_skipped_sql, partition, partition, segment),
+							0, NULL);
+		}
+		if (SPI_execute_plan(delete_skipped_plans[segment], NULL, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not remove skipped mail");
+		deleted += SPI_processed;
+	}
+	if (deleted != (uint64) nskipped)
 		elog(ERROR, "removed %llu skipped mails of %d",
-			 (unsigned long long) SPI_processed, nskipped);
+			 (unsigned long long) deleted, nskipped);
 	SPI_finish();
 }
 
@@ -1422,14 +1429,14 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		if (live != NULL)
 			live_close(live);
 		else if (skipping)
-			insert_live_kept(trigdata, skipped, nskipped);
+			insert_live_kept(trigdata);
 		else if (columns.state == 0)
 			insert_live(trigdata, ndone > 0);
 		if (keyed && columns.state == 0 && !skipping)
 			write_keys(trigdata);
 		if (nskipped > 0)
 		{
-			delete_skipped(trigdata, skipped, nskipped);
+			delete_skipped(trigdata, nskipped);
 			ereport(NOTICE,
 					(errmsg_plural("skipped %d row whose dedupe key is held",
 								   "skipped %d rows whose dedupe key is held",
