@@ -427,7 +427,9 @@ PG_FUNCTION_INFO_V1(gatekeeper_unsubscribe_token);
 Datum
 gatekeeper_unsubscribe_token(PG_FUNCTION_ARGS)
 {
+	MemoryContext caller = CurrentMemoryContext;
 	char	   *token;
+	text	   *result;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
@@ -436,8 +438,12 @@ gatekeeper_unsubscribe_token(PG_FUNCTION_ARGS)
 	SPI_connect();
 	token = make_token(text_to_cstring(PG_GETARG_TEXT_PP(0)),
 					   text_to_cstring(PG_GETARG_TEXT_PP(1)));
+	/* the token is in SPI's memory, which SPI_finish frees */
+	result = (text *) MemoryContextAlloc(caller, VARHDRSZ + strlen(token));
+	SET_VARSIZE(result, VARHDRSZ + strlen(token));
+	memcpy(VARDATA(result), token, strlen(token));
 	SPI_finish();
-	PG_RETURN_TEXT_P(cstring_to_text(token));
+	PG_RETURN_TEXT_P(result);
 }
 
 PG_FUNCTION_INFO_V1(gatekeeper_check_unsubscribe_url_sql);
