@@ -113,8 +113,13 @@ my $saved_file = do { local $/; <$fh> };
 close $fh;
 my ($magic, $live_entries) = unpack('LL', substr($saved_file, 0, 8));
 my $dead = '';
-# StatsEntry: database, extension, queue hash, then seven int64 counts
-$dead .= pack('LLQq7', 4000000000, 4000000001, $_, 1, 0, 0, 0, 0, 0, 0) foreach (1 .. 5000);
+# StatsEntry: database, extension, queue hash, then the int64 counts, as
+# many as the entries of the saved file have (more kinds came with the
+# events of issue 27)
+die 'the saved totals file has no entries' unless $live_entries > 0;
+my $ncounts = ((length($saved_file) - 8) / $live_entries - 16) / 8;
+die "the saved totals file's entries are not whole ($ncounts counts)" unless $ncounts == int($ncounts) && $ncounts >= 1;
+$dead .= pack("LLQq$ncounts", 4000000000, 4000000001, $_, 1, (0) x ($ncounts - 1)) foreach (1 .. 5000);
 open($fh, '>:raw', $file) or die "$file: $!";
 print $fh pack('LL', $magic, $live_entries + 5000), substr($saved_file, 8), $dead;
 close $fh;
