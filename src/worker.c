@@ -938,7 +938,11 @@ report(const char *state)
 	status.connections = smtp_client_connections();
 	gatekeeper_slot_report(worker_slot, &status);
 
-	/* pg_stat_activity too; each transaction's end resets it to idle */
+	/*
+	 * pg_stat_activity too: what it delivers, else the state it waits in
+	 * ("idle", "backing off", ...), not the last transaction's activity
+	 * ("claiming"), which would otherwise stay in its query column.
+	 */
 	if (nlive > 0)
 	{
 		char		activity[64];
@@ -947,6 +951,10 @@ report(const char *state)
 				 nlive, nlive == 1 ? "" : "s");
 		pgstat_report_activity(STATE_RUNNING, activity);
 	}
+	else if (!OidIsValid(known_extension))
+		pgstat_report_activity(STATE_IDLE, "waiting for CREATE EXTENSION gatekeeper");
+	else
+		pgstat_report_activity(STATE_IDLE, status.state);
 }
 
 /*

@@ -1,6 +1,7 @@
 # Copyright: gatekeeper contributors
 #
-# Metrics that go red when nothing is delivered (issue 28):
+# Metrics that go red when nothing is delivered (issue 28), and an idle
+# worker that says so in pg_stat_activity:
 # - a relay that answers 4xx to every recipient (smtp-sink -r RCPT): the
 #   worker's deferred_total rises while sent_total stays 0, in
 #   gatekeeper.worker_status and in the exporter's first scrape, long
@@ -39,6 +40,13 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail_status WHE
 	'5', 'the mail waits for its retry, one attempt charged');
 is($node->safe_psql('postgres', 'SELECT relay, worker FROM gatekeeper.worker_status'),
 	'closed|1', 'the breaker stays closed (the session was fine): only the counters say it');
+# nothing in flight: pg_stat_activity says what the worker waits in, not the
+# last thing it did ("claiming")
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		q{SELECT a.state || ': ' || a.query FROM pg_stat_activity a, gatekeeper.worker_status w WHERE a.pid = w.pid},
+		'idle: idle', 30),
+	'pg_stat_activity shows the idle worker as idle, not as claiming');
 
 # the exporter's first scrape shows it
 my $exporter = '/usr/bin/prometheus-postgres-exporter';
