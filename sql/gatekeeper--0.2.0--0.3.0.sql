@@ -1621,6 +1621,16 @@ REVOKE ALL ON TABLE gatekeeper.shard_position FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._shard_apply(), gatekeeper.shard(int, int) FROM PUBLIC;
 
 /*
+ * Issue 26, item 6: test-only helpers leave the install script.
+ * _gate_restamp (moves live gate passes' expiries) and _window_open (a
+ * window's next opening at a fixed time) served only the tests, which now
+ * declare them in their own session (sql/gate_restamp.inc,
+ * sql/window_open.inc).
+ */
+DROP FUNCTION gatekeeper._gate_restamp(text, text, timestamptz[]);
+DROP FUNCTION gatekeeper._window_open(text, text, timestamptz);
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

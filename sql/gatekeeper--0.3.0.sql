@@ -1534,13 +1534,6 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_sweep';
 
--- give a recipient's live passes new expiries (for tests at a window's edge)
-CREATE FUNCTION gatekeeper._gate_restamp(gate text, recipient text, expires timestamptz[])
-RETURNS void
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_gate_restamp';
-
 -- what the gates hold in shared memory, for the gatekeeper.gate_memory view
 CREATE FUNCTION gatekeeper._gate_memory(OUT bytes_used bigint, OUT bytes_total bigint,
 	OUT entries bigint, OUT full_refusals bigint)
@@ -1562,14 +1555,6 @@ RETURNS void
 LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_check_window';
-
--- at when inside the window in the zone, else the window's next opening
--- (the claim's computation, for tests at fixed times)
-CREATE FUNCTION gatekeeper._window_open(send_window text, timezone text, at timestamptz)
-RETURNS timestamptz
-LANGUAGE c STABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_window_open';
 
 -- raise 22023 (54000 when too long) unless url can be queue's unsubscribe_url
 CREATE FUNCTION gatekeeper._check_unsubscribe_url(url text, queue text)
