@@ -1631,6 +1631,85 @@ DROP FUNCTION gatekeeper._gate_restamp(text, text, timestamptz[]);
 DROP FUNCTION gatekeeper._window_open(text, text, timestamptz);
 
 /*
+ * Issue 26, item 6: a COMMENT for every function a user may call (every
+ * function without a leading underscore, and the internal ones grant()
+ * gives a role), as docs/reference.md describes it; sql/22_comments.sql
+ * lists those without one.
+ */
+COMMENT ON FUNCTION gatekeeper._segment() IS
+	'the retention segment new mail goes to, read once per transaction: the default of gatekeeper.mail''s segment column, so a role that inserts mail runs it';
+COMMENT ON FUNCTION gatekeeper.mail_check() IS
+	'trigger on gatekeeper.mail: validates the rows of an INSERT or COPY statement (or an UPDATE''s row) and writes their live rows and dedupe keys, or fails the statement naming the bad row';
+COMMENT ON FUNCTION gatekeeper.create_gate(text, interval, int) IS
+	'make a gate that passes a recipient at most max_sends times within period';
+COMMENT ON FUNCTION gatekeeper.alter_gate(text, interval, int) IS
+	'change a gate''s period or max_sends for passes made from now on; each argument NULL leaves its setting as it is';
+COMMENT ON FUNCTION gatekeeper.drop_gate(text) IS
+	'drop a gate that no queue uses, with its passes';
+COMMENT ON FUNCTION gatekeeper.gate_pass(text, text, bigint) IS
+	'take one pass of a gate for a recipient, held by holder when given; true when it passed, false when the gate is closed';
+COMMENT ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) IS
+	'take one pass of a gate for each recipient; the recipients that passed';
+COMMENT ON FUNCTION gatekeeper.gate_open(text, text) IS
+	'whether a gate would pass a recipient now, without taking a pass';
+COMMENT ON FUNCTION gatekeeper.gate_next_open(text, text) IS
+	'when a gate next opens for a recipient, NULL when it is open';
+COMMENT ON FUNCTION gatekeeper.gate_release(text, text, bigint) IS
+	'give back the pass of a gate that holder holds for a recipient; true when one was given back';
+COMMENT ON FUNCTION gatekeeper.explain(text) IS
+	'every gate''s view of one recipient, one row per gate: open or not, its next opening, the passes in its period and max_sends';
+COMMENT ON FUNCTION gatekeeper.drop_queue(text) IS
+	'drop a queue that holds no scheduled or claimed mail, freeing its dedupe keys';
+COMMENT ON FUNCTION gatekeeper.pause(text) IS
+	'stop claims from taking a queue''s mail until resume()';
+COMMENT ON FUNCTION gatekeeper.resume(text) IS
+	'let claims take a paused queue''s mail again';
+COMMENT ON FUNCTION gatekeeper.cancel(bigint) IS
+	'cancel a scheduled mail by id; true when it was cancelled, false when it is not scheduled (claimed, finished, or no such mail)';
+COMMENT ON FUNCTION gatekeeper.cancel(text, text) IS
+	'cancel the scheduled mail with this dedupe key in this queue; true when one was cancelled, false when no scheduled mail has it';
+COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
+	'cancel every scheduled mail of a queue; the number cancelled';
+COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text) IS
+	'enqueue one mail, validated like a bulk insert, and return its id; with a dedupe key its queue holds, the holder''s id, writing nothing';
+COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS
+	'lease up to batch due mails to one worker, fairly across unpaused queues (or those named) and through their gates and the suppression list; one row per mail to send, with its (id, attempt) and content';
+COMMENT ON FUNCTION gatekeeper.ack(bigint, int) IS
+	'report a claimed mail sent; true when (id, attempt) was still the caller''s claim, false, changing nothing, when it was not';
+COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
+	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still the caller''s';
+COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
+	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not the caller''s';
+COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
+	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
+COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
+	'extend a claim''s lease to lease from now (its whole batch''s, when that ends sooner); true, or false when the claim was not the caller''s';
+COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
+	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';
+COMMENT ON FUNCTION gatekeeper.reap() IS
+	'settle the claims whose lease ran out (or whose server is gone): scheduled again, or unknown for at-most-once mail; the number of mails settled';
+COMMENT ON FUNCTION gatekeeper.next_due(text[]) IS
+	'the earliest send_at of scheduled mail in unpaused queues (only those named, when given): when to claim next; NULL when there is none';
+COMMENT ON FUNCTION gatekeeper.purge(int) IS
+	'remove finished mail older than gatekeeper.retention by rotating the retention segments, and a batch of expired gate log rows; the rows removed';
+COMMENT ON FUNCTION gatekeeper.suppress(text, text, text, text) IS
+	'put an address on the suppression list, for every queue or one, with a reason; true when the entry is new';
+COMMENT ON FUNCTION gatekeeper.unsuppress(text, text) IS
+	'take an address off the suppression list for one queue, or the entry for every queue when queue is NULL; true when an entry was removed';
+COMMENT ON FUNCTION gatekeeper.unsubscribe(text) IS
+	'verify a List-Unsubscribe token and suppress its recipient for its queue; true when the entry is new';
+COMMENT ON FUNCTION gatekeeper._queue_totals() IS
+	'the totals of every queue of this database from shared memory (enqueued, sent, failed and the other outcomes, events and reports), by a hash of the queue''s name; queue_stats reads them';
+COMMENT ON FUNCTION gatekeeper.recount_live() IS
+	'count mail_live afresh into the live counts that queue_stats reads, after writes made with its triggers disabled; the live mails counted';
+COMMENT ON FUNCTION gatekeeper._live_stats() IS
+	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out); queue_stats reads them';
+COMMENT ON FUNCTION gatekeeper._gate_memory() IS
+	'what the gates hold in the server''s shared memory (bytes used and total, entries, gated mails deferred because it was full), one row; the gate_memory view reads it';
+COMMENT ON FUNCTION gatekeeper._worker_status() IS
+	'one row per background worker, from shared memory: state, mail in flight, relay connections, breaker, last relay error and totals; the worker_status view reads it';
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */
