@@ -3,6 +3,32 @@
 \echo Use "CREATE EXTENSION gatekeeper" to load this file. \quit
 
 /*
+ * gatekeeper 0.3.0, a fresh install (an update from 0.2.0 is
+ * gatekeeper--0.2.0--0.3.0.sql).  How the mail is stored and moves between
+ * its tables, with a picture, is docs/storage.md.  The tables, by role:
+ *
+ *   the mail		mail (the content, written once), mail_live (one narrow
+ *					row per scheduled mail), mail_claim (claimed mail, in
+ *					batch rows of up to 128 with one lease each), mail_done
+ *					(one outcome row per finished mail), event_log (what
+ *					became of a mail after its claim); mail, mail_done and
+ *					event_log are partitioned into four retention segments,
+ *					and segment names the current one
+ *   dedupe keys	mail_key: the mail that holds each queue's key
+ *   policy			queue, gate
+ *   the gates		gate_log (every change to the live passes, which are
+ *					kept in shared memory), gate_space (this extension's
+ *					space in that memory)
+ *   suppression	suppression_list; unsubscribe_secret, which signs the
+ *					unsubscribe and VERP tokens
+ *   bookkeeping	mail_live_count (scheduled mail by queue and writing
+ *					backend, for queue_stats), role_grant (the roles grant()
+ *					gave a use), shard_position (a shard's number and count)
+ *
+ * queue_stats' totals are kept in shared memory (src/stats.c), in no table.
+ */
+
+/*
  * States of a mail.  scheduled and claimed are live; the rest are terminal.
  */
 CREATE TYPE gatekeeper.state AS ENUM (
@@ -157,35 +183,40 @@ CREATE TRIGGER unsubscribe_secret_insert BEFORE INSERT ON gatekeeper.unsubscribe
 INSERT INTO gatekeeper.unsubscribe_secret (secret) VALUES (gatekeeper._new_secret());
 
 /*
- * The mail lives in three tables (README, "Storage"):
+ * The mail lives in four tables (docs/storage.md):
  *
  *   mail		what the application enqueued (by enqueue, INSERT or COPY):
  *				written once, never rewritten by gatekeeper
- *   mail_live	one narrow row per mail still to go (scheduled or claimed):
- *				its claim state, which claims, nacks and reaps update
+ *   mail_live	one narrow row per scheduled mail: its state, due time,
+ *				attempt, Message-ID and last error
+ *   mail_claim	claimed mail, in batch rows (below)
  *   mail_done	one narrow row per finished mail: its outcome
  *
  * The statement-level trigger on mail validates the statement's rows and
- * writes their mail_live rows, in the same statement.  A mail that
- * finishes leaves mail_live at once (a delete of a narrow row) and gains
- * its mail_done row, so claims walk only live mail however much finished
- * mail is retained, and neither a claim nor an ack rewrites the content.
- * gatekeeper.mail_status joins the three for the owner's queries.
+ * writes their mail_live rows, in the same statement.  A claim takes its
+ * mails out of mail_live (DELETE ... USING mail, src/claim.c) into
+ * mail_claim; a nack that retries, a reap, an unclaim or a deferral puts a
+ * mail back into mail_live, and a mail that finishes leaves mail_live or
+ * its batch and gains its mail_done row, so claims walk only scheduled
+ * mail however much is claimed or retained, and nothing rewrites the
+ * content.  gatekeeper.mail_status joins them for the owner's queries.
  *
  * Retention.  mail and mail_done are partitioned into four segments,
  * mail_0 .. mail_3 and mail_done_0 .. mail_done_3; new mail goes to the
  * current segment (gatekeeper.segment).  Once the current segment is
  * half of gatekeeper.retention old, purge() rotates: the next segment,
  * the oldest, is emptied by TRUNCATE when all of its finished mail
- * finished longer than gatekeeper.retention ago, after its live mail
- * (scheduled far ahead, or retried) has been moved to the current one;
- * then it becomes the current segment.  Finished mail is kept at least
+ * finished longer than gatekeeper.retention ago, after its unfinished mail
+ * (scheduled far ahead, retried, or claimed) has been moved to the current
+ * one; then it becomes the current segment.  event_log is segmented the
+ * same way and rotates with them.  Finished mail is kept at least
  * gatekeeper.retention and about twice that at most, and no mail is ever
  * deleted row by row.
  *
  *   mail_due		scheduled mail by queue, priority, due time
- *   mail_lease		claimed mail by lease expiry, for reaping (every way out
- *					of claimed clears lease_until)
+ *   mail_lease		mail_live's rows by lease_until: 0.2.0's reaping, when
+ *					claimed mail stayed in mail_live; 0.3.0's leases are
+ *					mail_claim's (mail_claim_lease)
  *   mail_dedupe	at most one live mail per queue and dedupe key
  *   mail_done_key	finished mail by dedupe key, for the dedupe window and find()
  *   mail_finished	finished mail by finish time, for rotation (BRIN)
@@ -279,9 +310,10 @@ COMMENT ON COLUMN gatekeeper.mail_live.uncharged IS 'claims handed back unsent b
 COMMENT ON COLUMN gatekeeper.mail_live.send_at IS 'when the mail is due: the enqueued send_at, moved by retries and deferrals';
 
 /*
- * Every claim and every ack leaves a dead narrow row in mail_live, and
- * dead entries in mail_due are what every claim walks past: vacuum it
- * after 1% and unthrottled.  It stays as small as the live mail.
+ * Every mail a claim takes leaves a dead narrow row in mail_live (the
+ * claim deletes it), and dead entries in mail_due are what every claim
+ * walks past: vacuum it after 1% and unthrottled.  It stays as small as
+ * the scheduled mail.
  */
 ALTER TABLE gatekeeper.mail_live SET (
 	autovacuum_vacuum_scale_factor = 0.01,
@@ -943,7 +975,7 @@ COMMENT ON FUNCTION gatekeeper.shard(int, int) IS
 /*
  * Every column the mail had in 0.1.0, then those 0.2.0 added to it, for
  * the owner's queries: the content, and the state from whichever of
- * mail_live and mail_done holds the mail.
+ * mail_live, mail_claim's batches and mail_done holds the mail.
  */
 CREATE VIEW gatekeeper.mail_status AS
 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
@@ -2020,8 +2052,8 @@ $$;
 COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
 	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
 
--- the lease is per batch row (up to 128 mails of one claim): see README,
--- "A lease is held by a batch"
+-- the lease is per batch row (up to 128 mails of one claim): see
+-- docs/reference.md, "A lease is held by a batch"
 CREATE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -3225,8 +3257,9 @@ COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
 	'give a role what one use of gatekeeper needs (''enqueue'', ''worker'' or ''monitor''), and again after every update';
 
 /*
- * Privileges: nothing for PUBLIC.  The README gives the GRANTs for an
- * enqueue-only role and a worker role.
+ * Privileges: nothing for PUBLIC.  grant() gives a role one use (an
+ * application that enqueues, an external sender, a monitor); see
+ * docs/operations.md, "Security".
  */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA gatekeeper FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA gatekeeper FROM PUBLIC;
