@@ -1639,7 +1639,7 @@ DROP FUNCTION gatekeeper._window_open(text, text, timestamptz);
 COMMENT ON FUNCTION gatekeeper._segment() IS
 	'the retention segment new mail goes to, read once per transaction: the default of gatekeeper.mail''s segment column, so a role that inserts mail runs it';
 COMMENT ON FUNCTION gatekeeper.mail_check() IS
-	'trigger on gatekeeper.mail: validates the rows of an INSERT or COPY statement (or an UPDATE''s row) and writes their live rows and dedupe keys, or fails the statement naming the bad row';
+	'trigger on gatekeeper.mail: validates each new mail of an INSERT or COPY statement and writes its live row and dedupe key, and validates an UPDATE''s changed mail; an error names the bad row';
 COMMENT ON FUNCTION gatekeeper.create_gate(text, interval, int) IS
 	'make a gate that passes a recipient at most max_sends times within period';
 COMMENT ON FUNCTION gatekeeper.alter_gate(text, interval, int) IS
@@ -1683,11 +1683,11 @@ COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
 COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
 	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
 COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
-	'extend a claim''s lease to lease from now (its whole batch''s, when that ends sooner); true, or false when the claim was not the caller''s';
+	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
 COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
 	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';
 COMMENT ON FUNCTION gatekeeper.reap() IS
-	'settle the claims whose lease ran out (or whose server is gone): scheduled again, or unknown for at-most-once mail; the number of mails settled';
+	'settle the claimed mail whose lease ran out (or whose server is gone): scheduled again, unknown (at-most-once mail) or failed (attempts spent); the number of mails settled';
 COMMENT ON FUNCTION gatekeeper.next_due(text[]) IS
 	'the earliest send_at of scheduled mail in unpaused queues (only those named, when given): when to claim next; NULL when there is none';
 COMMENT ON FUNCTION gatekeeper.purge(int) IS

@@ -510,7 +510,7 @@ CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
 	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
 
 COMMENT ON FUNCTION gatekeeper.mail_check() IS
-	'trigger on gatekeeper.mail: validates the rows of an INSERT or COPY statement (or an UPDATE''s row) and writes their live rows and dedupe keys, or fails the statement naming the bad row';
+	'trigger on gatekeeper.mail: validates each new mail of an INSERT or COPY statement and writes its live row and dedupe key, and validates an UPDATE''s changed mail; an error names the bad row';
 
 -- one call per INSERT or COPY statement, over all its rows (see src/mail.c)
 CREATE TRIGGER mail_check_insert
@@ -2094,7 +2094,7 @@ END
 $$;
 
 COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
-	'extend a claim''s lease to lease from now (its whole batch''s, when that ends sooner); true, or false when the claim was not the caller''s';
+	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
 
 -- hand claimed mail back unsent and uncharged: no relay could be reached
 CREATE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
@@ -2244,7 +2244,7 @@ END
 $$;
 
 COMMENT ON FUNCTION gatekeeper.reap() IS
-	'settle the claims whose lease ran out (or whose server is gone): scheduled again, or unknown for at-most-once mail; the number of mails settled';
+	'settle the claimed mail whose lease ran out (or whose server is gone): scheduled again, unknown (at-most-once mail) or failed (attempts spent); the number of mails settled';
 
 -- the earliest send_at of scheduled mail in unpaused queues (only "queues",
 -- if given): when an external sender should claim next; the background
