@@ -25,7 +25,12 @@
  * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
  * src/dkim.c			DKIM signing of built messages
- * src/smtp_client.c	the event-driven SMTP client the worker delivers with
+ * src/smtp_client.c	the event-driven SMTP client the worker delivers with:
+ *						its API and its wait; in layers below it
+ * src/smtp_relay.c		a relay's connections: opened, closed, freed here
+ * src/smtp_session.c	the SMTP session machine, one per connection
+ * src/smtp_io.c		a connection's socket, TLS, bounded buffers, stuffing
+ * src/smtp_config.c	relay URL, password file, DNS
  * src/stats.c			the queues' totals in shared memory, for queue_stats
  *
  *-------------------------------------------------------------------------

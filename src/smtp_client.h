@@ -10,6 +10,13 @@
  * (smtp_client_next_done).  Nothing here ever waits for one relay
  * connection.
  *
+ * The client is in layers, as Postfix's smtp client is: smtp_config.c
+ * (the relay URL, the password file, DNS), smtp_io.c (a connection's
+ * socket, TLS and bounded buffers), smtp_session.c (the session machine),
+ * smtp_relay.c (a relay's connections, the one place one is opened and
+ * freed) and smtp_client.c (this API, and the wait).  Their private types
+ * are in smtp_conn.h, which the worker does not include.
+ *
  * IDENTIFICATION
  *		src/smtp_client.h
  *
@@ -60,9 +67,8 @@ typedef struct GatekeeperDelivery
 	bool		session_reached;	/* a session with the relay was open */
 	char		error[256];		/* why it was not sent, with the peer */
 
-	/* the client's own state of the transaction */
-	int			stage;			/* commands written so far */
-	int			replies;		/* replies received so far */
+	/* the client's own state of the transaction, opaque to the worker */
+	struct SmtpTxn *txn;
 } GatekeeperDelivery;
 
 extern bool smtp_client_load_password(void);
