@@ -5,9 +5,10 @@
  *		client that never blocks, every relay connection in the worker's
  *		wait set.
  *
- * Up to gatekeeper.smtp_connections connections to the relay named by
- * gatekeeper.smtp_url (smtp:// or smtps://) are opened as there is mail
- * for them, and reused from one message to the next.  Each is a
+ * Up to gatekeeper.smtp_connections connections to each relay listed in
+ * gatekeeper.smtp_url (smtp:// or smtps://, numbered from 0 in the list's
+ * order) are opened as there is mail for them, and reused from one message
+ * to the next; the worker chooses the relay of each message.  Each is a
  * non-blocking socket (through OpenSSL once TLS is on) that is read
  * whenever it is readable and written whenever there is something to write
  * and room for it; the replies that have arrived are consumed and the
@@ -17,8 +18,10 @@
  * This file holds what the worker calls and the wait: smtp_client_wait
  * waits on the latch, postmaster death and every connection's socket, and
  * hands each event to the session machine (smtp_session.c), which writes
- * and reads through smtp_io.c.  The relay's connections and the mail
- * waiting for them are smtp_relay.c's, its settings smtp_config.c's.
+ * and reads through smtp_io.c.  Each relay's connections and the mail
+ * waiting for them are smtp_relay.c's, its settings smtp_config.c's.  A
+ * relay taken off the list keeps its place here until its connections
+ * have finished what they carry.
  *
  * IDENTIFICATION
  *		src/smtp_client.c
@@ -30,6 +33,8 @@
 #include "smtp_client.h"
 
 #include "miscadmin.h"
+#include "nodes/pg_list.h"
+#include "smtp_config.h"
 #include "smtp_conn.h"
 #include "smtp_io.h"
 #include "smtp_relay.h"
@@ -39,7 +44,11 @@
 #include "utils/wait_event.h"
 
 static MemoryContext smtp_cxt = NULL;
-static SmtpRelay relay;
+
+/* the relays of gatekeeper.smtp_url; those from nrelays on were dropped */
+static SmtpRelay relays[GATEKEEPER_MAX_RELAYS];
+static int	nrelays = 0;
+static int	nrelays_used = 0;	/* ever configured */
 
 static WaitEventSet *wait_set = NULL;
 static WaitEvent *wait_events = NULL;
@@ -58,10 +67,40 @@ static void rebuild_wait_set(void);
 void
 smtp_client_configure(void)
 {
+	List	   *urls;
+	int			i;
+
 	if (smtp_cxt == NULL)
 		smtp_cxt = AllocSetContextCreate(TopMemoryContext, "gatekeeper SMTP client",
 										 ALLOCSET_DEFAULT_SIZES);
-	smtp_relay_configure(&relay, smtp_cxt, gatekeeper_smtp_url ? gatekeeper_smtp_url : "");
+	urls = smtp_config_split(gatekeeper_smtp_url ? gatekeeper_smtp_url : "");
+	nrelays = Max(Min(list_length(urls), GATEKEEPER_MAX_RELAYS), 1);
+	for (i = 0; i < Max(nrelays, nrelays_used); i++)
+		smtp_relay_configure(&relays[i], smtp_cxt,
+							 i < list_length(urls) ? (char *) list_nth(urls, i) : "");
+	nrelays_used = Max(nrelays, nrelays_used);
+	list_free_deep(urls);
+}
+
+/*
+ * smtp_client_relays
+ *		How many relays gatekeeper.smtp_url lists (1 when it is empty: that
+ *		relay's mail comes back UNREACHABLE).
+ */
+int
+smtp_client_relays(void)
+{
+	return nrelays;
+}
+
+/*
+ * smtp_client_relay_url
+ *		The URL of a relay, as in gatekeeper.smtp_url.
+ */
+const char *
+smtp_client_relay_url(int relay)
+{
+	return relays[relay].cfg.url;
 }
 
 /*
@@ -78,22 +117,24 @@ smtp_client_load_password(void)
 
 /*
  * smtp_client_room
- *		How many more transactions the client would take now.
+ *		How many more transactions a relay would take now.
  */
 int
-smtp_client_room(void)
+smtp_client_room(int relay)
 {
-	return smtp_relay_room(&relay);
+	return smtp_relay_room(&relays[relay]);
 }
 
 /*
  * smtp_client_submit
- *		Take a built message; it goes on the first connection with room.
+ *		Take a built message for a relay; it goes on the first of the
+ *		relay's connections with room.
  */
 void
-smtp_client_submit(GatekeeperDelivery *d)
+smtp_client_submit(int relay, GatekeeperDelivery *d)
 {
-	smtp_relay_submit(&relay, d);
+	d->relay = relay;
+	smtp_relay_submit(&relays[relay], d);
 }
 
 /*
@@ -103,28 +144,37 @@ smtp_client_submit(GatekeeperDelivery *d)
 GatekeeperDelivery *
 smtp_client_next_done(void)
 {
-	return smtp_relay_next_done(&relay);
+	int			i;
+
+	for (i = 0; i < nrelays_used; i++)
+	{
+		GatekeeperDelivery *d = smtp_relay_next_done(&relays[i]);
+
+		if (d != NULL)
+			return d;
+	}
+	return NULL;
 }
 
 /*
  * smtp_client_abort_unsent
- *		Give back, UNREACHABLE with error, every delivery not yet written to
- *		a connection.  What is on the wire finishes.
+ *		Give back, UNREACHABLE with error, every delivery for a relay not
+ *		yet written to a connection.  What is on the wire finishes.
  */
 void
-smtp_client_abort_unsent(const char *error)
+smtp_client_abort_unsent(int relay, const char *error)
 {
-	smtp_relay_abort_unsent(&relay, error);
+	smtp_relay_abort_unsent(&relays[relay], error);
 }
 
 /*
  * smtp_client_connections
- *		Connections open or opening.
+ *		A relay's connections open or opening.
  */
 int
-smtp_client_connections(void)
+smtp_client_connections(int relay)
 {
-	return relay.nconns;
+	return relays[relay].nconns;
 }
 
 /*
@@ -134,7 +184,12 @@ smtp_client_connections(void)
 int
 smtp_client_busy(void)
 {
-	return relay.ntxns + relay.nbacklog;
+	int			busy = 0;
+	int			i;
+
+	for (i = 0; i < nrelays_used; i++)
+		busy += relays[i].ntxns + relays[i].nbacklog;
+	return busy;
 }
 
 /*
@@ -189,23 +244,29 @@ smtp_client_wait(long timeout_ms)
 	bool		latch = false;
 	int			n;
 	int			i;
+	int			r;
 
-	if (smtp_relay_free_closed(&relay))
-		wait_set_stale = true;
-
-	/* the earliest deadline of any connection bounds the wait */
-	dlist_foreach(iter, &relay.conns)
+	for (r = 0; r < nrelays_used; r++)
 	{
-		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
-		TimestampTz at = smtp_session_deadline(c, now);
+		SmtpRelay  *relay = &relays[r];
 
-		if (at != 0)
-			timeout_ms = Min(timeout_ms, at <= now ? 0 :
-							 TimestampDifferenceMilliseconds(now, at) + 1);
+		if (smtp_relay_free_closed(relay))
+			wait_set_stale = true;
+
+		/* the earliest deadline of any connection bounds the wait */
+		dlist_foreach(iter, &relay->conns)
+		{
+			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+			TimestampTz at = smtp_session_deadline(c, now);
+
+			if (at != 0)
+				timeout_ms = Min(timeout_ms, at <= now ? 0 :
+								 TimestampDifferenceMilliseconds(now, at) + 1);
+		}
+		if (relay->nbacklog > 0 && relay->connect_hold_until > now)
+			timeout_ms = Min(timeout_ms,
+							 TimestampDifferenceMilliseconds(now, relay->connect_hold_until) + 1);
 	}
-	if (relay.nbacklog > 0 && relay.connect_hold_until > now)
-		timeout_ms = Min(timeout_ms,
-						 TimestampDifferenceMilliseconds(now, relay.connect_hold_until) + 1);
 
 	prepare_wait_set();
 
@@ -251,11 +312,14 @@ smtp_client_wait(long timeout_ms)
 
 	/* late replies, broken connections, idle connections */
 	now = GetCurrentTimestamp();
-	dlist_foreach(iter, &relay.conns)
-		smtp_session_check_time(dlist_container(SmtpConn, node, iter.cur), now);
-	smtp_relay_dispatch(&relay);
-	if (smtp_relay_free_closed(&relay))
-		wait_set_stale = true;
+	for (r = 0; r < nrelays_used; r++)
+	{
+		dlist_foreach(iter, &relays[r].conns)
+			smtp_session_check_time(dlist_container(SmtpConn, node, iter.cur), now);
+		smtp_relay_dispatch(&relays[r]);
+		if (smtp_relay_free_closed(&relays[r]))
+			wait_set_stale = true;
+	}
 	return latch;
 }
 
@@ -269,26 +333,33 @@ prepare_wait_set(void)
 {
 	dlist_iter	iter;
 	bool		stale = wait_set == NULL || wait_set_stale;
+	int			r;
 
-	dlist_foreach(iter, &relay.conns)
+	for (r = 0; r < nrelays_used; r++)
 	{
-		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+		dlist_foreach(iter, &relays[r].conns)
+		{
+			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
 
-		if (c->sock_changed || (c->sock != PGINVALID_SOCKET && c->pos < 0))
-			stale = true;
+			if (c->sock_changed || (c->sock != PGINVALID_SOCKET && c->pos < 0))
+				stale = true;
+		}
 	}
 	if (stale)
 	{
 		rebuild_wait_set();
 		return;
 	}
-	dlist_foreach(iter, &relay.conns)
+	for (r = 0; r < nrelays_used; r++)
 	{
-		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+		dlist_foreach(iter, &relays[r].conns)
+		{
+			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
 
-		if (c->events_changed && c->pos >= 0)
-			ModifyWaitEvent(wait_set, c->pos, c->events, NULL);
-		c->events_changed = false;
+			if (c->events_changed && c->pos >= 0)
+				ModifyWaitEvent(wait_set, c->pos, c->events, NULL);
+			c->events_changed = false;
+		}
 	}
 }
 
@@ -300,7 +371,11 @@ static void
 rebuild_wait_set(void)
 {
 	dlist_iter	iter;
-	int			n = 2 + relay.nconns;
+	int			n = 2;
+	int			r;
+
+	for (r = 0; r < nrelays_used; r++)
+		n += relays[r].nconns;
 
 	if (wait_set != NULL)
 		FreeWaitEventSet(wait_set);
@@ -314,20 +389,23 @@ rebuild_wait_set(void)
 	wait_set = CreateWaitEventSet(TopMemoryContext, n);
 	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 	AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-	dlist_foreach(iter, &relay.conns)
+	for (r = 0; r < nrelays_used; r++)
 	{
-		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+		dlist_foreach(iter, &relays[r].conns)
+		{
+			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
 
-		c->pos = -1;
-		c->sock_changed = false;
-		c->events_changed = false;
-		if (c->sock == PGINVALID_SOCKET)
-			continue;
-		if (c->state == CS_CONNECTING)
-			c->events = WL_SOCKET_WRITEABLE;
-		else if (c->events == 0)
-			c->events = WL_SOCKET_READABLE;
-		c->pos = AddWaitEventToSet(wait_set, c->events, c->sock, NULL, c);
+			c->pos = -1;
+			c->sock_changed = false;
+			c->events_changed = false;
+			if (c->sock == PGINVALID_SOCKET)
+				continue;
+			if (c->state == CS_CONNECTING)
+				c->events = WL_SOCKET_WRITEABLE;
+			else if (c->events == 0)
+				c->events = WL_SOCKET_READABLE;
+			c->pos = AddWaitEventToSet(wait_set, c->events, c->sock, NULL, c);
+		}
 	}
 	wait_set_stale = false;
 }

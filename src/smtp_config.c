@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "gatekeeper.h"
+#include "nodes/pg_list.h"
 #include "utils/memutils.h"
 
 /* longest relay password read from gatekeeper.smtp_password_file */
@@ -171,6 +172,43 @@ smtp_config_load_password(void)
 	smtp_password = MemoryContextStrdup(TopMemoryContext, buf);
 	explicit_bzero(buf, sizeof(buf));
 	return true;
+}
+
+/*
+ * smtp_config_split
+ *		The relay URLs of a gatekeeper.smtp_url value, in order, as a List
+ *		of palloc'd strings: the value cut at each comma, and, in a list of
+ *		several, the white space around each URL left off.  An empty value
+ *		is an empty list.
+ */
+List *
+smtp_config_split(const char *value)
+{
+	List	   *urls = NIL;
+	bool		several = strchr(value, ',') != NULL;
+	const char *p = value;
+
+	if (value[0] == '\0')
+		return NIL;
+	for (;;)
+	{
+		const char *start = p;
+		size_t		len = strcspn(p, ",");
+
+		while (several && len > 0 && isspace((unsigned char) *start))
+		{
+			start++;
+			len--;
+		}
+		while (several && len > 0 && isspace((unsigned char) start[len - 1]))
+			len--;
+		urls = lappend(urls, pnstrdup(start, len));
+		p += strcspn(p, ",");
+		if (*p == '\0')
+			break;
+		p++;
+	}
+	return urls;
 }
 
 /*

@@ -14,6 +14,8 @@
 
 #include <netdb.h>
 
+#include "nodes/pg_list.h"
+
 /* the settings a relay's connections are opened with */
 typedef struct SmtpConfig
 {
@@ -35,6 +37,7 @@ typedef struct SmtpConfig
 	int			naddrs;
 } SmtpConfig;
 
+extern List *smtp_config_split(const char *value);
 extern bool smtp_config_load_password(void);
 extern void smtp_config_load(SmtpConfig *cfg, MemoryContext cxt, const char *url);
 extern void smtp_config_free(SmtpConfig *cfg);
