@@ -21,6 +21,10 @@ OBJS = \
 	src/message.o \
 	src/dkim.o \
 	src/smtp_client.o \
+	src/smtp_config.o \
+	src/smtp_io.o \
+	src/smtp_relay.o \
+	src/smtp_session.o \
 	src/suppression.o \
 	src/unsubscribe.o \
 	src/window.o \

@@ -80,6 +80,10 @@ ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://127.0.0.1:2525';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'http://127.0.0.1:27601';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'relay.example:25';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://a.example:25,smtp://b.example:25';
+-- a list of relays (0.3.0) is refused as a whole when one of them is unusable
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://a.example:25, http://b.example:25';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://a.example:25,,smtp://b.example:25';
+ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://a.example:25,smtp://mailer:Secret-1@b.example:25';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay.example:0';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay.example:99999';
 ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://relay.example:';

@@ -1620,6 +1620,79 @@ COMMENT ON FUNCTION gatekeeper.shard(int, int) IS
 REVOKE ALL ON TABLE gatekeeper.shard_position FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._shard_apply(), gatekeeper.shard(int, int) FROM PUBLIC;
 
+/* ---------------------------------------------------------------------------
+ * Issue 29, item 4: several relays.  gatekeeper.smtp_url takes a list of
+ * relays, and worker_status shows a row per worker and relay, naming the
+ * relay in its new last column relay_url; it and _worker_status are made
+ * again, and the grants on them given back at the end of this section.
+ * ---------------------------------------------------------------------------
+ */
+-- the GRANTs to give back (one statement each, apart by chr(31))
+SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_29_4',
+	coalesce((SELECT pg_catalog.string_agg(s.stmt, pg_catalog.chr(31))
+				FROM (SELECT pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO %s%s',
+											   a.grantee::pg_catalog.regrole,
+											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS stmt
+						FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+					   WHERE p.oid = 'gatekeeper._worker_status()'::pg_catalog.regprocedure
+						 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)
+					  UNION ALL
+					  SELECT pg_catalog.format('GRANT %s ON TABLE gatekeeper.worker_status TO %s%s', a.privilege_type,
+											   a.grantee::pg_catalog.regrole,
+											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
+						FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) AS a
+					   WHERE c.oid = 'gatekeeper.worker_status'::pg_catalog.regclass
+						 AND a.grantee NOT IN (0, c.relowner)) AS s), ''),
+	true);
+
+DROP VIEW gatekeeper.worker_status;
+DROP FUNCTION gatekeeper._worker_status();
+
+CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, OUT state text,
+		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
+		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint,
+		OUT unsigned_total bigint, OUT deferred_total bigint, OUT failed_total bigint,
+		OUT worker int, OUT relay_url text)
+	RETURNS SETOF record
+	LANGUAGE C VOLATILE STRICT
+	SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
+
+-- the background workers, from shared memory, a row per worker and relay
+-- of gatekeeper.smtp_url (relay_url, as set; one row with relay_url NULL
+-- for a worker without a relay): what the worker is doing, the mail it
+-- holds, its connections to that relay, the relay's breaker (closed:
+-- delivering; open: backing off after the relay refused the session or
+-- every MAIL FROM; half-open: trying again), the relay's last refusal, the
+-- messages the worker built without a DKIM signature (no key for their From
+-- domain), the mails the relay took, deferred (4xx, a timeout, a dropped
+-- connection) and failed (5xx), and the worker's number (1 ..
+-- gatekeeper.workers, the same after a restart, unlike its pid)
+CREATE VIEW gatekeeper.worker_status AS
+SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
+	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total,
+	   w.deferred_total, w.failed_total, w.worker, w.relay_url
+  FROM gatekeeper._worker_status() AS w;
+
+COMMENT ON VIEW gatekeeper.worker_status IS
+	'one row per gatekeeper background worker and relay: state, mail in flight, relay connections, breaker and last relay error';
+
+REVOKE ALL ON FUNCTION gatekeeper._worker_status() FROM PUBLIC;
+REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
+
+-- the grants recorded at the start of this section, given back
+DO $$
+DECLARE
+	stmt text;
+BEGIN
+	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants_29_4', true), ''),
+												   chr(31)), '{}')
+	LOOP
+		EXECUTE stmt;
+	END LOOP;
+END
+$$;
+
 /*
  * Issue 26, item 6: test-only helpers leave the install script.
  * _gate_restamp (moves live gate passes' expiries) and _window_open (a
@@ -1707,7 +1780,7 @@ COMMENT ON FUNCTION gatekeeper._live_stats() IS
 COMMENT ON FUNCTION gatekeeper._gate_memory() IS
 	'what the gates hold in the server''s shared memory (bytes used and total, entries, gated mails deferred because it was full), one row; the gate_memory view reads it';
 COMMENT ON FUNCTION gatekeeper._worker_status() IS
-	'one row per background worker, from shared memory: state, mail in flight, relay connections, breaker, last relay error and totals; the worker_status view reads it';
+	'one row per background worker and relay, from shared memory: state, mail in flight, relay connections, breaker, last relay error and totals; the worker_status view reads it';
 
 /*
  * Last, always: give the remembered roles what their uses need of the

@@ -38,6 +38,7 @@
 #include "dkim.h"
 #include "stats.h"
 #include "mail.h"
+#include "smtp_config.h"
 
 #include <ctype.h>
 #include <float.h>
@@ -156,6 +157,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_incarnation_sql);
 static bool check_database(char **newval, void **extra, GucSource source);
 static bool check_helo_name(char **newval, void **extra, GucSource source);
 static bool check_smtp_url(char **newval, void **extra, GucSource source);
+static bool check_relay_url(const char *url, const char *subject);
 static bool check_dkim_key_table(char **newval, void **extra, GucSource source);
 static bool check_default_sender(char **newval, void **extra, GucSource source);
 static bool check_lease(double *newval, void **extra, GucSource source);
@@ -515,15 +517,64 @@ check_database(char **newval, void **extra, GucSource source)
 }
 
 /*
- * gatekeeper.smtp_url names the relay and nothing else: a password in it
- * would be readable by pg_read_all_settings and written wherever the
- * setting is logged or copied, and a user name belongs beside the
- * password.  The message does not repeat the value (GUC's own would).
+ * gatekeeper.smtp_url names the relays, in the order they are used, as a
+ * comma-separated list of at most GATEKEEPER_MAX_RELAYS URLs; each is
+ * checked by check_relay_url, and one unusable relay refuses the whole
+ * value, the message naming it.
  */
 static bool
 check_smtp_url(char **newval, void **extra, GucSource source)
 {
-	const char *url = *newval;
+	List	   *urls;
+	ListCell   *lc;
+	bool		ok = true;
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	urls = smtp_config_split(*newval);
+	if (list_length(urls) > GATEKEEPER_MAX_RELAYS)
+	{
+		GUC_check_errmsg("gatekeeper.smtp_url names more than %d relays", GATEKEEPER_MAX_RELAYS);
+		GUC_check_errdetail("It names %d.", list_length(urls));
+		ok = false;
+	}
+	foreach(lc, urls)
+	{
+		const char *url = lfirst(lc);
+		int			n = foreach_current_index(lc) + 1;
+		char		subject[300];
+
+		if (!ok)
+			break;
+		if (list_length(urls) == 1)
+			strlcpy(subject, "gatekeeper.smtp_url", sizeof(subject));
+		else if (url[0] == '\0' || strchr(url, '@') != NULL)
+			snprintf(subject, sizeof(subject), "relay %d of gatekeeper.smtp_url", n);
+		else
+			snprintf(subject, sizeof(subject), "relay %d of gatekeeper.smtp_url (\"%.200s\")", n, url);
+		if (url[0] == '\0')
+		{
+			GUC_check_errmsg("%s is empty", subject);
+			GUC_check_errhint("Separate the relays' URLs with single commas.");
+			ok = false;
+		}
+		else
+			ok = check_relay_url(url, subject);
+	}
+	list_free_deep(urls);
+	return ok;
+}
+
+/*
+ * One relay of gatekeeper.smtp_url names the relay and nothing else: a
+ * password in it would be readable by pg_read_all_settings and written
+ * wherever the setting is logged or copied, and a user name belongs
+ * beside the password.  The message names the relay as subject says,
+ * which does not repeat a URL with user information (GUC's own would).
+ */
+static bool
+check_relay_url(const char *url, const char *subject)
+{
 	const char *authority;
 	const char *end;
 	const char *at = NULL;
@@ -532,7 +583,7 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 	const char *hostend;
 	const char *port = NULL;
 
-	if (url == NULL || url[0] == '\0')
+	if (url[0] == '\0')
 		return true;
 
 	authority = strstr(url, "://");
@@ -547,7 +598,7 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 	{
 		if (memchr(authority, ':', at - authority) != NULL)
 		{
-			GUC_check_errmsg("gatekeeper.smtp_url must not contain a password");
+			GUC_check_errmsg("%s must not contain a password", subject);
 			GUC_check_errdetail("Every setting can be read by members of pg_read_all_settings.");
 			GUC_check_errhint("Put the password in a file that only the server's OS user can read, "
 							  "name it in gatekeeper.smtp_password_file, and set the user name in "
@@ -555,7 +606,7 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 		}
 		else
 		{
-			GUC_check_errmsg("gatekeeper.smtp_url must not contain a user name");
+			GUC_check_errmsg("%s must not contain a user name", subject);
 			GUC_check_errhint("Set the user name in gatekeeper.smtp_user and the password file in "
 							  "gatekeeper.smtp_password_file.");
 		}
@@ -565,25 +616,19 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 	/*
 	 * What the worker cannot use is refused here, at ALTER SYSTEM and at a
 	 * reload (which then keeps the value in force and logs why), rather
-	 * than accepted and found out by the worker alone: one relay, smtp://
+	 * than accepted and found out by the worker alone: smtp://
 	 * or smtps://, a host, an optional port of 1 to 65535, nothing after.
 	 */
 	if (pg_strncasecmp(url, "smtp://", 7) != 0 && pg_strncasecmp(url, "smtps://", 8) != 0)
 	{
-		GUC_check_errmsg("gatekeeper.smtp_url must begin with smtp:// or smtps://");
+		GUC_check_errmsg("%s must begin with smtp:// or smtps://", subject);
 		GUC_check_errhint("For example smtp://relay.example.com:587 (STARTTLS when offered) or "
 						  "smtps://relay.example.com:465.");
 		return false;
 	}
-	if (strchr(url, ',') != NULL)
-	{
-		GUC_check_errmsg("gatekeeper.smtp_url names one relay");
-		GUC_check_errdetail("A list of relays is not supported by this version.");
-		return false;
-	}
 	if (*end != '\0' && strcmp(end, "/") != 0)
 	{
-		GUC_check_errmsg("gatekeeper.smtp_url must be smtp://host:port or smtps://host:port, with nothing after the port");
+		GUC_check_errmsg("%s must be smtp://host:port or smtps://host:port, with nothing after the port", subject);
 		return false;
 	}
 	host = authority;
@@ -592,14 +637,14 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 		hostend = memchr(host, ']', end - host);
 		if (hostend == NULL || hostend == host + 1)
 		{
-			GUC_check_errmsg("gatekeeper.smtp_url has an unterminated or empty IPv6 address");
+			GUC_check_errmsg("%s has an unterminated or empty IPv6 address", subject);
 			return false;
 		}
 		if (hostend + 1 < end)
 		{
 			if (hostend[1] != ':')
 			{
-				GUC_check_errmsg("gatekeeper.smtp_url does not name a host and port");
+				GUC_check_errmsg("%s does not name a host and port", subject);
 				return false;
 			}
 			port = hostend + 2;
@@ -614,14 +659,14 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 			port = hostend + 1;
 		if (hostend == host)
 		{
-			GUC_check_errmsg("gatekeeper.smtp_url does not name a host");
+			GUC_check_errmsg("%s does not name a host", subject);
 			return false;
 		}
 		for (p = host; p < hostend; p++)
 		{
 			if (!(isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
 			{
-				GUC_check_errmsg("gatekeeper.smtp_url has an invalid host name");
+				GUC_check_errmsg("%s has an invalid host name", subject);
 				return false;
 			}
 		}
@@ -632,21 +677,21 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 
 		if (port >= end)
 		{
-			GUC_check_errmsg("gatekeeper.smtp_url has an empty port");
+			GUC_check_errmsg("%s has an empty port", subject);
 			return false;
 		}
 		for (p = port; p < end && *p != '/'; p++)
 		{
 			if (!isdigit((unsigned char) *p) || (n = n * 10 + (*p - '0')) > 65535)
 			{
-				GUC_check_errmsg("gatekeeper.smtp_url has an invalid port");
+				GUC_check_errmsg("%s has an invalid port", subject);
 				GUC_check_errdetail("A port is a number from 1 to 65535.");
 				return false;
 			}
 		}
 		if (n == 0)
 		{
-			GUC_check_errmsg("gatekeeper.smtp_url has an invalid port");
+			GUC_check_errmsg("%s has an invalid port", subject);
 			GUC_check_errdetail("A port is a number from 1 to 65535.");
 			return false;
 		}
@@ -1429,15 +1474,18 @@ gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status)
 }
 
 /*
- * gatekeeper._worker_status(): one row per connected worker, from shared
- * memory (nothing is read from tables, so it answers at once).  No rows
- * when the library was not preloaded.  Columns past those the function
- * declares are left off (heap_form_tuple takes the descriptor's number).
+ * gatekeeper._worker_status(): one row per connected worker and relay of
+ * gatekeeper.smtp_url (one row, relay_url NULL, for a worker without a
+ * relay), from shared memory (nothing is read from tables, so it answers
+ * at once).  No rows when the library was not preloaded.  Columns past
+ * those the function declares are left off (heap_form_tuple takes the
+ * descriptor's number).
  */
 Datum
 gatekeeper_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	GatekeeperWorkerStatus *st = palloc(sizeof(GatekeeperWorkerStatus));
 	int			i;
 
 	InitMaterializedSRF(fcinfo, 0);
@@ -1447,39 +1495,48 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 	for (i = 0; i < gatekeeper_shared->nslots; i++)
 	{
 		GatekeeperSlot *slot = &gatekeeper_shared->slots[i];
-		GatekeeperWorkerStatus st;
 		pid_t		pid;
-		Datum		values[14];
-		bool		nulls[14];
+		int			r;
 
 		SpinLockAcquire(&gatekeeper_shared->mutex);
 		pid = slot->pid;
-		st = slot->status;
+		*st = slot->status;
 		SpinLockRelease(&gatekeeper_shared->mutex);
-		if (pid == 0 || st.started == 0)
+		if (pid == 0 || st->started == 0)
 			continue;
 
-		memset(nulls, 0, sizeof(nulls));
-		values[0] = Int32GetDatum((int32) pid);
-		values[1] = TimestampTzGetDatum(st.started);
-		values[2] = CStringGetTextDatum(st.state);
-		values[3] = Int32GetDatum(st.in_flight);
-		values[4] = Int32GetDatum(st.connections);
-		values[5] = CStringGetTextDatum(st.relay);
-		values[6] = TimestampTzGetDatum(st.last_success);
-		nulls[6] = st.last_success == 0;
-		values[7] = CStringGetTextDatum(st.last_error);
-		nulls[7] = st.last_error[0] == '\0';
-		values[8] = TimestampTzGetDatum(st.last_error_at);
-		nulls[8] = st.last_error_at == 0;
-		values[9] = Int64GetDatum(st.sent_total);
-		/* 0.2.0's _worker_status, until ALTER EXTENSION UPDATE, takes ten */
-		values[10] = Int64GetDatum(st.unsigned_total);
-		values[11] = Int64GetDatum(st.deferred_total);
-		values[12] = Int64GetDatum(st.failed_total);
-		values[13] = Int32GetDatum(i + 1);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		for (r = 0; r < Max(st->nrelays, 1); r++)
+		{
+			static const GatekeeperRelayStatus none = {.breaker = "closed"};
+			const GatekeeperRelayStatus *rs = r < st->nrelays ? &st->relays[r] : &none;
+			Datum		values[15];
+			bool		nulls[15];
+
+			memset(nulls, 0, sizeof(nulls));
+			values[0] = Int32GetDatum((int32) pid);
+			values[1] = TimestampTzGetDatum(st->started);
+			values[2] = CStringGetTextDatum(st->state);
+			values[3] = Int32GetDatum(st->in_flight);
+			values[4] = Int32GetDatum(rs->connections);
+			values[5] = CStringGetTextDatum(rs->breaker);
+			values[6] = TimestampTzGetDatum(rs->last_success);
+			nulls[6] = rs->last_success == 0;
+			values[7] = CStringGetTextDatum(rs->last_error);
+			nulls[7] = rs->last_error[0] == '\0';
+			values[8] = TimestampTzGetDatum(rs->last_error_at);
+			nulls[8] = rs->last_error_at == 0;
+			values[9] = Int64GetDatum(rs->sent_total);
+			/* 0.2.0's _worker_status, until ALTER EXTENSION UPDATE, takes ten */
+			values[10] = Int64GetDatum(st->unsigned_total);
+			values[11] = Int64GetDatum(rs->deferred_total);
+			values[12] = Int64GetDatum(rs->failed_total);
+			values[13] = Int32GetDatum(i + 1);
+			values[14] = CStringGetTextDatum(rs->url);
+			nulls[14] = r >= st->nrelays;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
 	}
+	pfree(st);
 	return (Datum) 0;
 }
 

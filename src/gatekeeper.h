@@ -25,7 +25,12 @@
  * src/window.c		sending windows in a time zone
  * src/message.c		RFC 5322 message building
  * src/dkim.c			DKIM signing of built messages
- * src/smtp_client.c	the event-driven SMTP client the worker delivers with
+ * src/smtp_client.c	the event-driven SMTP client the worker delivers with:
+ *						its API and its wait; in layers below it
+ * src/smtp_relay.c		a relay's connections: opened, closed, freed here
+ * src/smtp_session.c	the SMTP session machine, one per connection
+ * src/smtp_io.c		a connection's socket, TLS, bounded buffers, stuffing
+ * src/smtp_config.c	relay URL, password file, DNS
  * src/stats.c			the queues' totals in shared memory, for queue_stats
  *
  *-------------------------------------------------------------------------
@@ -100,24 +105,35 @@ extern bool gatekeeper_slot_connecting(int slotno, bool connecting);
 extern void gatekeeper_slot_attach(int slotno);
 extern bool gatekeeper_slot_woken(int slotno, bool consume);
 
+/* the relays gatekeeper.smtp_url may list */
+#define GATEKEEPER_MAX_RELAYS	8
+
+/* What a worker shows in gatekeeper.worker_status of one of its relays. */
+typedef struct GatekeeperRelayStatus
+{
+	char		url[256];		/* as in gatekeeper.smtp_url (no user, no password) */
+	int			connections;	/* relay connections open or opening */
+	char		breaker[16];	/* closed, open or half-open */
+	TimestampTz last_success;	/* last mail the relay took, or 0 */
+	char		last_error[256];	/* the relay's last refusal of the session */
+	TimestampTz last_error_at;	/* or 0 */
+	int64		sent_total;		/* mails sent since the worker started */
+	int64		deferred_total; /* mails the relay deferred: 4xx, timeout, drop */
+	int64		failed_total;	/* mails the relay refused for good: 5xx */
+} GatekeeperRelayStatus;
+
 /*
- * What a worker shows in gatekeeper.worker_status, published in its slot
- * by gatekeeper_slot_report.
+ * What a worker shows in gatekeeper.worker_status, a row per relay,
+ * published in its slot by gatekeeper_slot_report.
  */
 typedef struct GatekeeperWorkerStatus
 {
 	TimestampTz started;
 	char		state[64];		/* what it is doing, and why when it waits */
 	int			in_flight;		/* mails claimed and not yet recorded */
-	int			connections;	/* relay connections open or opening */
-	char		relay[16];		/* breaker: closed, open or half-open */
-	TimestampTz last_success;	/* last mail the relay took, or 0 */
-	char		last_error[256];	/* the relay's last refusal of the session */
-	TimestampTz last_error_at;	/* or 0 */
-	int64		sent_total;		/* mails sent since the worker started */
 	int64		unsigned_total; /* messages built without a DKIM signature */
-	int64		deferred_total; /* mails the relay deferred: 4xx, timeout, drop */
-	int64		failed_total;	/* mails the relay refused for good: 5xx */
+	int			nrelays;		/* relays in gatekeeper.smtp_url, 0 for none */
+	GatekeeperRelayStatus relays[GATEKEEPER_MAX_RELAYS];
 } GatekeeperWorkerStatus;
 
 extern void gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status);

@@ -12,7 +12,7 @@
  * longer than 78 octets and UTF-8 arrives intact through any relay.  Every
  * line ends in CRLF.
  *
- * SMTP dot-stuffing is not done here: the SMTP client (src/smtp_client.c)
+ * SMTP dot-stuffing is not done here: the SMTP client (src/smtp_io.c)
  * doubles a "." that begins a line when it sends with DATA, and sends the
  * final "." itself; with BDAT nothing is stuffed.  Stuffing here too would
  * deliver ".." to the reader.

@@ -3,12 +3,21 @@
  * smtp_client.h
  *		The event-driven SMTP client the background worker delivers with.
  *
- * The worker hands the client built messages (smtp_client_submit) as long
- * as it has room for them (smtp_client_room), waits on the client's wait
- * set (smtp_client_wait, which also watches the latch and postmaster
- * death), and takes back each delivery as its outcome is known
+ * gatekeeper.smtp_url lists the relays, numbered from 0 in its order, each
+ * with its own connections.  The worker hands the client built messages
+ * for one relay (smtp_client_submit) as long as that relay has room for
+ * them (smtp_client_room), waits on the client's wait set
+ * (smtp_client_wait, which also watches the latch and postmaster death),
+ * and takes back each delivery as its outcome is known
  * (smtp_client_next_done).  Nothing here ever waits for one relay
  * connection.
+ *
+ * The client is in layers, as Postfix's smtp client is: smtp_config.c
+ * (the relay URL, the password file, DNS), smtp_io.c (a connection's
+ * socket, TLS and bounded buffers), smtp_session.c (the session machine),
+ * smtp_relay.c (a relay's connections, the one place one is opened and
+ * freed) and smtp_client.c (this API, and the wait).  Their private types
+ * are in smtp_conn.h, which the worker does not include.
  *
  * IDENTIFICATION
  *		src/smtp_client.h
@@ -54,25 +63,27 @@ typedef struct GatekeeperDelivery
 	dlist_node	queue_node;		/* the worker's or the client's queue */
 
 	/* set by the client */
+	int			relay;			/* the relay it was submitted to, from 0 */
 	GatekeeperOutcome outcome;
 	int			reply_code;		/* the reply that decided it, 0 if none */
 	bool		mail_refused;	/* it was a 5xx to MAIL FROM */
 	bool		session_reached;	/* a session with the relay was open */
 	char		error[256];		/* why it was not sent, with the peer */
 
-	/* the client's own state of the transaction */
-	int			stage;			/* commands written so far */
-	int			replies;		/* replies received so far */
+	/* the client's own state of the transaction, opaque to the worker */
+	struct SmtpTxn *txn;
 } GatekeeperDelivery;
 
 extern bool smtp_client_load_password(void);
 extern void smtp_client_configure(void);
-extern int	smtp_client_room(void);
-extern void smtp_client_submit(GatekeeperDelivery *d);
+extern int	smtp_client_relays(void);
+extern const char *smtp_client_relay_url(int relay);
+extern int	smtp_client_room(int relay);
+extern void smtp_client_submit(int relay, GatekeeperDelivery *d);
 extern GatekeeperDelivery *smtp_client_next_done(void);
-extern void smtp_client_abort_unsent(const char *error);
+extern void smtp_client_abort_unsent(int relay, const char *error);
 extern bool smtp_client_wait(long timeout_ms);
-extern int	smtp_client_connections(void);
+extern int	smtp_client_connections(int relay);
 extern int	smtp_client_busy(void);
 extern bool smtp_client_needs_8bit(const char *data, size_t len);
 extern bool smtp_client_address_ascii(const char *address);

@@ -47,12 +47,23 @@
  * (no connection, a refused greeting, EHLO, STARTTLS or login, a session
  * that ends before any transaction was answered, a reply that breaks RFC
  * 5321's limits), or the relay refuses MAIL FROM with the same 5xx for
- * several transactions in a row, a breaker opens: the mail goes back
- * uncharged (gatekeeper.unclaim), the worker backs off (1 s, doubling to
- * 30 s), says once in the log what the relay said, and shows it in
- * gatekeeper.worker_status.  (A relay that ends a session after a few
- * messages is no fault: the client sends what it did not answer again at
- * once, and the worker never sees it.)
+ * several transactions in a row, that relay's breaker opens: the relay
+ * gets no mail for a backoff (1 s, doubling to 30 s), the worker says once
+ * in the log what the relay said, and shows it in gatekeeper.worker_status.
+ * (A relay that ends a session after a few messages is no fault: the
+ * client sends what it did not answer again at once, and the worker never
+ * sees it.)
+ *
+ * Several relays (gatekeeper.smtp_url is a list): each mail goes to the
+ * first relay in the list whose breaker is closed (or half-open: its
+ * backoff is over) and that has room, so the next relay takes what the
+ * first one's connections cannot, and all of a relay's mail while its
+ * breaker is open.  Mail a relay did not take (the UNREACHABLE outcomes:
+ * the session failed before the relay answered it, or its MAIL FROM was
+ * refused) goes to the next relay at once, within the same claim,
+ * uncharged; mail whose outcome is unknown (RETRY) is never sent to
+ * another relay.  Only while every relay's breaker is open does the mail
+ * go back uncharged (gatekeeper.unclaim) and the worker back off.
  *
  * A worker that hits an error exits and is restarted by the postmaster
  * after bgw_restart_time; it does not try to carry on.  Every wait goes
@@ -254,11 +265,18 @@ static bool read_only = false;
 static TimestampTz next_claim_at = 0;
 static double mail_bytes_mean = 0;
 
-/* the breaker: delivery is off until backoff_until */
-static TimestampTz backoff_until = 0;
-static int	backoff_ms = 0;
-static int	mail_refusals = 0;
-static int	mail_refusal_code = 0;
+/* a relay's breaker: the relay gets no mail until backoff_until */
+typedef struct Breaker
+{
+	TimestampTz backoff_until;
+	int			backoff_ms;		/* 0: closed */
+	int			mail_refusals;	/* the same 5xx to MAIL FROM in a row */
+	int			mail_refusal_code;
+} Breaker;
+
+/* the relays of gatekeeper.smtp_url, by their number in the list */
+static Breaker breakers[GATEKEEPER_MAX_RELAYS];
+static int	nrelays = 1;
 
 /* whether gatekeeper.smtp_url is set and looks usable, and its value */
 static bool smtp_enabled = false;
@@ -294,9 +312,13 @@ static char *copy_text(HeapTuple tuple, TupleDesc desc, int column);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
 static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
-static void trip(const char *error, bool session);
-static void relay_reached(void);
-static void release_suspects(GatekeeperOutcome outcome);
+static int	next_relay(TimestampTz now);
+static TimestampTz delivery_resumes(void);
+static void reroute(GatekeeperDelivery *d);
+static void trip(int relay, const char *error, bool session);
+static void relay_reached(int relay);
+static void release_suspects(int relay, GatekeeperOutcome outcome);
+static GatekeeperRelayStatus *relay_status(int relay);
 static void record_outcomes(void);
 static void forget_delivery(GatekeeperDelivery *d);
 
@@ -337,7 +359,6 @@ gatekeeper_worker_main(Datum main_arg)
 
 	memset(&status, 0, sizeof(status));
 	status.started = GetCurrentTimestamp();
-	strlcpy(status.relay, "closed", sizeof(status.relay));
 	check_settings();
 
 	ereport(LOG,
@@ -503,16 +524,29 @@ check_settings(void)
 	}
 
 	smtp_client_configure();
+	nrelays = smtp_client_relays();
 
 	if (smtp_url_seen == NULL || strcmp(smtp_url_seen, url) != 0)
 	{
+		int			i;
+
 		if (smtp_url_seen != NULL)
 			pfree(smtp_url_seen);
 		smtp_url_seen = MemoryContextStrdup(TopMemoryContext, url);
-		backoff_ms = 0;
-		backoff_until = 0;
-		mail_refusals = 0;
-		strlcpy(status.relay, "closed", sizeof(status.relay));
+		memset(breakers, 0, sizeof(breakers));
+
+		/* a relay's row stays with its URL, and starts again for a new one */
+		status.nrelays = url[0] != '\0' ? nrelays : 0;
+		for (i = 0; i < status.nrelays; i++)
+		{
+			GatekeeperRelayStatus *rs = &status.relays[i];
+
+			if (strcmp(rs->url, smtp_client_relay_url(i)) != 0)
+			{
+				memset(rs, 0, sizeof(*rs));
+				strlcpy(rs->url, smtp_client_relay_url(i), sizeof(rs->url));
+			}
+		}
 	}
 }
 
@@ -534,12 +568,13 @@ housekeep(bool woken)
 
 /*
  * The number of mails the worker keeps claimed: enough to keep every
- * connection's queue full twice over, within gatekeeper.batch_size.
+ * connection's queue (of every relay) full twice over, within
+ * gatekeeper.batch_size.
  */
 static int
 claim_window(void)
 {
-	return Max(Min(gatekeeper_batch_size, gatekeeper_smtp_connections * 16), 1);
+	return Max(Min(gatekeeper_batch_size, gatekeeper_smtp_connections * 16 * nrelays), 1);
 }
 
 /*
@@ -557,7 +592,7 @@ claim(bool woken)
 	int			want;
 	int			n;
 
-	if (!smtp_enabled || !OidIsValid(known_extension) || now < backoff_until)
+	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
 		return;
 	if (now < next_claim_at || nlive > window / 2)
 		return;
@@ -603,22 +638,25 @@ claim(bool woken)
 
 /*
  * deliver: build the next claimed mails' messages and hand them to the SMTP
- * client while it has room and gatekeeper.max_in_flight bytes allow (one
+ * client, each for the first relay whose breaker is closed and that has
+ * room (next_relay), while gatekeeper.max_in_flight bytes allow (one
  * message always may go).  A mail without a sender, or whose message
  * cannot be built, fails here.  Building happens in a transaction, one
- * per round, so that whatever it needs of the catalog is at hand.
+ * per round, so that whatever it needs of the catalog is at hand; a mail
+ * another relay did not take was built already.
  */
 static void
 deliver(void)
 {
 	const char *default_sender;
 	bool		in_xact = false;
+	int			relay;
 
-	if (npending_cleared == 0 || GetCurrentTimestamp() < backoff_until)
+	if (npending_cleared == 0)
 		return;
 	default_sender = gatekeeper_default_sender ? gatekeeper_default_sender : "";
 
-	while (npending_cleared > 0 && smtp_client_room() > 0)
+	while (npending_cleared > 0 && (relay = next_relay(GetCurrentTimestamp())) >= 0)
 	{
 		GatekeeperDelivery *d;
 
@@ -628,19 +666,22 @@ deliver(void)
 		npending--;
 		npending_cleared--;
 
-		if (!in_xact)
+		if (d->message.data == NULL)
 		{
-			SetCurrentStatementStartTimestamp();
-			StartTransactionCommand();
-			in_xact = true;
+			if (!in_xact)
+			{
+				SetCurrentStatementStartTimestamp();
+				StartTransactionCommand();
+				in_xact = true;
+			}
+			if (!build_message(d, default_sender))
+			{
+				decided(d);
+				in_xact = IsTransactionState();
+				continue;
+			}
 		}
-		if (!build_message(d, default_sender))
-		{
-			decided(d);
-			in_xact = IsTransactionState();
-			continue;
-		}
-		smtp_client_submit(d);
+		smtp_client_submit(relay, d);
 		CHECK_FOR_INTERRUPTS();
 	}
 	if (in_xact)
@@ -661,7 +702,7 @@ collect(void)
 
 	/* refusals at MAIL FROM with nothing else to compare: the mail's own */
 	if (nsuspects > 0 && npending == 0 && smtp_client_busy() == 0)
-		release_suspects(GATEKEEPER_FAIL);
+		release_suspects(-1, GATEKEEPER_FAIL);
 }
 
 /*
@@ -856,7 +897,7 @@ announce(void)
 /*
  * nap: how long to sleep before the next round, in milliseconds: until the
  * soonest of housekeeping, the next claim (when the window has room), the
- * end of the backoff, recording the outcomes, extending a lease, or at
+ * end of the backoff (while every relay's breaker is open), recording the outcomes, extending a lease, or at
  * most gatekeeper.naptime.  The SMTP client shortens it further for its
  * own deadlines, and any relay reply or latch ends it.
  */
@@ -865,18 +906,19 @@ nap(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
+	TimestampTz resumes = delivery_resumes();
 	bool		delivering = smtp_enabled && OidIsValid(known_extension);
 
 	/* without the extension, housekeeping looks for it once a nap */
 	if (OidIsValid(known_extension) || next_housekeeping > now)
 		wake = Min(wake, next_housekeeping);
-	if (backoff_until > now)
-		wake = Min(wake, backoff_until);
+	if (resumes > now)
+		wake = Min(wake, resumes);
 	else if (delivering)
 	{
 		if (nlive <= claim_window() / 2)
 			wake = Min(wake, next_claim_at);
-		if (npending_cleared > 0 && smtp_client_room() > 0 &&
+		if (npending_cleared > 0 && next_relay(now) >= 0 &&
 			(live_bytes <= gatekeeper_max_in_flight || smtp_client_busy() == 0))
 			wake = now;
 		/* the standbys' progress wakes nobody: look again shortly */
@@ -909,6 +951,7 @@ static void
 report(const char *state)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int			i;
 
 	if (state == NULL)
 	{
@@ -918,7 +961,7 @@ report(const char *state)
 			state = "waiting for extension";
 		else if (!smtp_enabled)
 			state = "no relay";
-		else if (backoff_until > now)
+		else if (delivery_resumes() > now)
 			state = "backing off";
 		else if (!dlist_is_empty(&held_claims))
 			state = held_why;
@@ -928,14 +971,19 @@ report(const char *state)
 			state = "idle";
 	}
 	strlcpy(status.state, state, sizeof(status.state));
-	if (backoff_until > now)
-		strlcpy(status.relay, "open", sizeof(status.relay));
-	else if (backoff_ms > 0)
-		strlcpy(status.relay, "half-open", sizeof(status.relay));
-	else
-		strlcpy(status.relay, "closed", sizeof(status.relay));
+	for (i = 0; i < status.nrelays; i++)
+	{
+		GatekeeperRelayStatus *rs = &status.relays[i];
+
+		if (breakers[i].backoff_until > now)
+			strlcpy(rs->breaker, "open", sizeof(rs->breaker));
+		else if (breakers[i].backoff_ms > 0)
+			strlcpy(rs->breaker, "half-open", sizeof(rs->breaker));
+		else
+			strlcpy(rs->breaker, "closed", sizeof(rs->breaker));
+		rs->connections = smtp_client_connections(i);
+	}
 	status.in_flight = nlive;
-	status.connections = smtp_client_connections();
 	gatekeeper_slot_report(worker_slot, &status);
 
 	/*
@@ -1512,26 +1560,29 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 }
 
 /*
- * Act on one outcome from the client: the breaker looks at the relay's
- * part in it, then it waits to be recorded.
+ * Act on one outcome from the client: the breaker of the relay it went to
+ * looks at the relay's part in it, then it waits to be recorded.
  *
- * UNREACHABLE (no session could be opened) opens the breaker.  A 5xx to
- * MAIL FROM is held as a suspect: the same refusal for several
+ * UNREACHABLE (no session could be opened) opens the relay's breaker, and
+ * the mail, which the relay did not take, goes to the next relay.  A 5xx
+ * to MAIL FROM is held as a suspect: the same refusal for several
  * transactions in a row is the relay's (it refuses the worker, not the
- * mail), and opens the breaker with every suspect handed back uncharged;
- * a transaction that gets past MAIL FROM shows the refusals were the
- * mails' own, and they fail.
+ * mail), and opens its breaker with every suspect of that relay handed on
+ * uncharged; a transaction that gets past MAIL FROM shows the refusals
+ * were the mails' own, and they fail.
  */
 static void
 judge(GatekeeperDelivery *d)
 {
-	bool		open = backoff_until > GetCurrentTimestamp();
+	int			relay = d->relay;
+	Breaker    *b = &breakers[relay];
+	bool		open = b->backoff_until > GetCurrentTimestamp();
 
 	if (d->outcome == GATEKEEPER_UNREACHABLE)
 	{
 		if (!open)
-			trip(d->error, true);
-		decided(d);
+			trip(relay, d->error, true);
+		reroute(d);
 		return;
 	}
 	if (d->outcome == GATEKEEPER_FAIL && d->mail_refused)
@@ -1539,37 +1590,37 @@ judge(GatekeeperDelivery *d)
 		if (open)
 		{
 			d->outcome = GATEKEEPER_UNREACHABLE;
-			decided(d);
+			reroute(d);
 			return;
 		}
-		if (d->reply_code == mail_refusal_code)
-			mail_refusals++;
+		if (d->reply_code == b->mail_refusal_code)
+			b->mail_refusals++;
 		else
 		{
-			mail_refusals = 1;
-			mail_refusal_code = d->reply_code;
+			b->mail_refusals = 1;
+			b->mail_refusal_code = d->reply_code;
 		}
 		dlist_push_tail(&suspects, &d->queue_node);
 		nsuspects++;
-		if (mail_refusals >= MAIL_REFUSALS_TO_TRIP)
+		if (b->mail_refusals >= MAIL_REFUSALS_TO_TRIP)
 		{
 			char		error[300];
 
 			snprintf(error, sizeof(error), "%s (%d transactions in a row)",
-					 d->error, mail_refusals);
-			release_suspects(GATEKEEPER_UNREACHABLE);
-			trip(error, false);
+					 d->error, b->mail_refusals);
+			trip(relay, error, false);
+			release_suspects(relay, GATEKEEPER_UNREACHABLE);
 		}
 		return;
 	}
 
 	if (d->session_reached)
-		relay_reached();
+		relay_reached(relay);
 	if (d->outcome == GATEKEEPER_SENT || d->outcome == GATEKEEPER_FAIL)
 	{
-		mail_refusals = 0;
-		mail_refusal_code = 0;
-		release_suspects(GATEKEEPER_FAIL);
+		b->mail_refusals = 0;
+		b->mail_refusal_code = 0;
+		release_suspects(relay, GATEKEEPER_FAIL);
 	}
 	decided(d);
 }
@@ -1587,35 +1638,100 @@ decided(GatekeeperDelivery *d)
 }
 
 /*
- * Hand every suspect on with outcome (FAIL: the refusal was the mail's;
- * UNREACHABLE: the relay's).
+ * Hand on every suspect of relay (-1: of every relay) with outcome (FAIL:
+ * the refusal was the mail's; UNREACHABLE: the relay's, and the mail goes
+ * to the next relay).
  */
 static void
-release_suspects(GatekeeperOutcome outcome)
+release_suspects(int relay, GatekeeperOutcome outcome)
 {
-	while (!dlist_is_empty(&suspects))
-	{
-		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
-												dlist_pop_head_node(&suspects));
+	dlist_mutable_iter miter;
 
+	dlist_foreach_modify(miter, &suspects)
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
+
+		if (relay >= 0 && d->relay != relay)
+			continue;
+		dlist_delete(&d->queue_node);
 		nsuspects--;
 		d->outcome = outcome;
-		decided(d);
+		if (outcome == GATEKEEPER_UNREACHABLE)
+			reroute(d);
+		else
+			decided(d);
 	}
 }
 
 /*
- * Open the breaker: stop delivering for a backoff (1 s, doubling to 30 s),
- * hand back uncharged the mail not yet on the wire, and say once what the
- * relay said.  session: no session could be opened, rather than MAIL FROM
- * being refused.
+ * The relay the next mail goes to: the first in gatekeeper.smtp_url's
+ * order whose breaker is closed, or half-open (its backoff is over), and
+ * that has room for it; -1 for none.
+ */
+static int
+next_relay(TimestampTz now)
+{
+	int			i;
+
+	for (i = 0; i < nrelays; i++)
+	{
+		if (now >= breakers[i].backoff_until && smtp_client_room(i) > 0)
+			return i;
+	}
+	return -1;
+}
+
+/*
+ * When delivery can go on: now or earlier while a relay's breaker is not
+ * open, else when the first backoff ends.
+ */
+static TimestampTz
+delivery_resumes(void)
+{
+	TimestampTz resumes = DT_NOEND;
+	int			i;
+
+	for (i = 0; i < nrelays; i++)
+		resumes = Min(resumes, breakers[i].backoff_until);
+	return resumes;
+}
+
+/*
+ * d came back UNREACHABLE: its relay did not take it (the session failed
+ * before the relay answered it, or refused its MAIL FROM).  While another
+ * relay's breaker is not open, d goes to it, first of the mail cleared to
+ * go, within this claim and uncharged; else it is handed back uncharged.
  */
 static void
-trip(const char *error, bool session)
+reroute(GatekeeperDelivery *d)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (backoff_ms == 0)
+	if (delivery_resumes() > now)
+	{
+		decided(d);
+		return;
+	}
+	dlist_push_head(&pending, &d->queue_node);
+	npending++;
+	npending_cleared++;
+}
+
+/*
+ * Open relay's breaker: the relay gets no mail for a backoff (1 s,
+ * doubling to 30 s), what waits for its connections goes to the next
+ * relay, and the log says once what the relay said.  While every relay's
+ * breaker is open, the mail not yet on the wire is handed back uncharged
+ * and the worker claims nothing.  session: no session could be opened,
+ * rather than MAIL FROM being refused.
+ */
+static void
+trip(int relay, const char *error, bool session)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	Breaker    *b = &breakers[relay];
+
+	if (b->backoff_ms == 0)
 	{
 		if (session)
 			ereport(LOG,
@@ -1628,41 +1744,58 @@ trip(const char *error, bool session)
 							error),
 					 errdetail("Delivery is retried with backoff; the mail stays scheduled, uncharged, meanwhile.")));
 	}
-	backoff_ms = backoff_ms == 0 ? BACKOFF_MIN_MS : Min(backoff_ms * 2, BACKOFF_MAX_MS);
-	backoff_until = TimestampTzPlusMilliseconds(now, backoff_ms);
-	mail_refusals = 0;
-	mail_refusal_code = 0;
+	b->backoff_ms = b->backoff_ms == 0 ? BACKOFF_MIN_MS : Min(b->backoff_ms * 2, BACKOFF_MAX_MS);
+	b->backoff_until = TimestampTzPlusMilliseconds(now, b->backoff_ms);
+	b->mail_refusals = 0;
+	b->mail_refusal_code = 0;
 
-	strlcpy(status.last_error, error, sizeof(status.last_error));
-	status.last_error_at = now;
+	strlcpy(relay_status(relay)->last_error, error, sizeof(relay_status(relay)->last_error));
+	relay_status(relay)->last_error_at = now;
 
-	while (!dlist_is_empty(&pending))
+	if (delivery_resumes() > now)
 	{
-		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
-												dlist_pop_head_node(&pending));
+		while (!dlist_is_empty(&pending))
+		{
+			GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+													dlist_pop_head_node(&pending));
 
-		npending--;
-		d->outcome = GATEKEEPER_UNREACHABLE;
-		strlcpy(d->error, error, sizeof(d->error));
-		decided(d);
+			npending--;
+			d->outcome = GATEKEEPER_UNREACHABLE;
+			strlcpy(d->error, error, sizeof(d->error));
+			decided(d);
+		}
+		npending_cleared = 0;
+		drop_held_claims();
+		next_claim_at = delivery_resumes();
 	}
-	npending_cleared = 0;
-	drop_held_claims();
-	smtp_client_abort_unsent(error);
-	next_claim_at = backoff_until;
+	smtp_client_abort_unsent(relay, error);
 }
 
 /*
- * A session with the relay worked: close the breaker.
+ * What worker_status shows of relay (of a relay no longer listed, what
+ * nobody sees).
+ */
+static GatekeeperRelayStatus *
+relay_status(int relay)
+{
+	static GatekeeperRelayStatus unlisted;
+
+	if (relay >= 0 && relay < status.nrelays)
+		return &status.relays[relay];
+	return &unlisted;
+}
+
+/*
+ * A session with relay worked: close its breaker.
  */
 static void
-relay_reached(void)
+relay_reached(int relay)
 {
-	if (backoff_ms > 0)
+	if (breakers[relay].backoff_ms > 0)
 		ereport(LOG,
 				(errmsg("gatekeeper worker reaches the SMTP relay again")));
-	backoff_ms = 0;
-	backoff_until = 0;
+	breakers[relay].backoff_ms = 0;
+	breakers[relay].backoff_until = 0;
 }
 
 /* A mail to nack, with the key its gate rows are locked under. */
@@ -1767,8 +1900,13 @@ record_outcomes(void)
 						 errhint("Consider raising gatekeeper.lease.")));
 		}
 		SPI_freetuptable(SPI_tuptable);
-		status.sent_total += nsent;
-		status.last_success = GetCurrentTimestamp();
+		for (i = 0; i < n; i++)
+		{
+			if (items[i]->outcome != GATEKEEPER_SENT)
+				continue;
+			relay_status(items[i]->relay)->sent_total++;
+			relay_status(items[i]->relay)->last_success = GetCurrentTimestamp();
+		}
 	}
 
 	/*
@@ -1801,9 +1939,9 @@ record_outcomes(void)
 		values[2] = CStringGetTextDatum(d->error);
 		values[3] = BoolGetDatum(d->outcome == GATEKEEPER_FAIL);
 		if (d->outcome == GATEKEEPER_FAIL)
-			status.failed_total++;
+			relay_status(d->relay)->failed_total++;
 		else
-			status.deferred_total++;
+			relay_status(d->relay)->deferred_total++;
 
 		plan = gatekeeper_plan(&nack_plan, nack_sql, 4, argtypes);
 		ret = SPI_execute_plan(plan, values, NULL, false, 0);

@@ -1,0 +1,462 @@
+/*-------------------------------------------------------------------------
+ *
+ * smtp_config.c
+ *		The SMTP client's configuration layer: a relay URL taken apart, the
+ *		relay password read from gatekeeper.smtp_password_file, and the
+ *		relay's addresses resolved.
+ *
+ * A URL is smtp://[user[:password]@]host[:port][/] or smtps://...; an
+ * SmtpConfig holds what it says with the settings that go with it
+ * (gatekeeper.smtp_user, smtp_connections, smtp_timeout, helo_name,
+ * smtp_ca_file) and says whether it can be used, and why not.  Resolving
+ * blocks (getaddrinfo), so it happens once per configuration, and again
+ * after a failure only when mail is submitted.  Nothing here opens a
+ * connection.
+ *
+ * IDENTIFICATION
+ *		src/smtp_config.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "smtp_config.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gatekeeper.h"
+#include "nodes/pg_list.h"
+#include "utils/memutils.h"
+
+/* longest relay password read from gatekeeper.smtp_password_file */
+#define SMTP_PASSWORD_MAX		1024
+
+/*
+ * The relay password as smtp_config_load_password last read it from
+ * gatekeeper.smtp_password_file, in TopMemoryContext; NULL for none.
+ */
+static char *smtp_password = NULL;
+
+/* this host's name, as smtp_config_fqdn found it */
+static char *host_fqdn = NULL;
+
+static bool parse_url(SmtpConfig *cfg, const char *url);
+static void percent_decode(char *s);
+
+/*
+ * smtp_config_load_password
+ *		Read the relay password from gatekeeper.smtp_password_file; forget
+ *		the one read before.  Returns false, having said why in the log,
+ *		when the file cannot be used: then no mail should be delivered.
+ *
+ * The file must be a regular file that only the server's OS user can
+ * read, with the rule PostgreSQL applies to its SSL key: owned by that
+ * user with no group or other permissions (u=rw, 0600, or less), or owned
+ * by root with at most u=rw,g=r (0640).  One trailing newline (LF or
+ * CRLF) is not part of the password.  The password is never logged.
+ * Problems are logged at LOG, as PostgreSQL logs a bad configuration
+ * file at reload: the server log is where an administrator looks.
+ */
+bool
+smtp_config_load_password(void)
+{
+	const char *path = gatekeeper_smtp_password_file;
+	char		buf[SMTP_PASSWORD_MAX + 2];
+	struct stat st;
+	ssize_t		len = 0;
+	int			fd;
+
+	if (smtp_password != NULL)
+	{
+		explicit_bzero(smtp_password, strlen(smtp_password));
+		pfree(smtp_password);
+		smtp_password = NULL;
+	}
+	if (path == NULL || path[0] == '\0')
+		return true;
+
+	fd = open(path, O_RDONLY | PG_BINARY | O_CLOEXEC, 0);
+	if (fd < 0)
+	{
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("could not open relay password file \"%s\": %m", path),
+				 errdetail("The gatekeeper worker delivers no mail until gatekeeper.smtp_password_file can be read.")));
+		return false;
+	}
+	if (fstat(fd, &st) != 0)
+	{
+		ereport(LOG,
+				(errcode_for_file_access(),
+				 errmsg("could not stat relay password file \"%s\": %m", path)));
+		close(fd);
+		return false;
+	}
+	if (!S_ISREG(st.st_mode))
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" is not a regular file", path),
+				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+	if (st.st_uid != geteuid() && st.st_uid != 0)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" must be owned by the database user or root", path),
+				 errdetail("The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+	if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO))) ||
+		(st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO))))
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" has group or world access", path),
+				 errdetail("File must have permissions u=rw (0600) or less if owned by the database user, "
+						   "or permissions u=rw,g=r (0640) or less if owned by root.  "
+						   "The gatekeeper worker delivers no mail until it is corrected.")));
+		close(fd);
+		return false;
+	}
+
+	for (;;)
+	{
+		ssize_t		n = read(fd, buf + len, sizeof(buf) - 1 - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+		{
+			ereport(LOG,
+					(errcode_for_file_access(),
+					 errmsg("could not read relay password file \"%s\": %m", path)));
+			explicit_bzero(buf, sizeof(buf));
+			close(fd);
+			return false;
+		}
+		if (n == 0 || len + n >= (ssize_t) sizeof(buf) - 1)
+		{
+			len += n;
+			break;
+		}
+		len += n;
+	}
+	close(fd);
+	buf[len] = '\0';
+
+	if (len > 0 && buf[len - 1] == '\n')
+		buf[--len] = '\0';
+	if (len > 0 && buf[len - 1] == '\r')
+		buf[--len] = '\0';
+
+	if (len > SMTP_PASSWORD_MAX || len == 0 ||
+		memchr(buf, '\0', len) != NULL || strpbrk(buf, "\r\n") != NULL)
+	{
+		ereport(LOG,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("relay password file \"%s\" does not hold a password", path),
+				 errdetail("It must hold one line of 1 to %d bytes, without NUL.  "
+						   "The gatekeeper worker delivers no mail until it is corrected.",
+						   SMTP_PASSWORD_MAX)));
+		explicit_bzero(buf, sizeof(buf));
+		return false;
+	}
+
+	smtp_password = MemoryContextStrdup(TopMemoryContext, buf);
+	explicit_bzero(buf, sizeof(buf));
+	return true;
+}
+
+/*
+ * smtp_config_split
+ *		The relay URLs of a gatekeeper.smtp_url value, in order, as a List
+ *		of palloc'd strings: the value cut at each comma, and, in a list of
+ *		several, the white space around each URL left off.  An empty value
+ *		is an empty list.
+ */
+List *
+smtp_config_split(const char *value)
+{
+	List	   *urls = NIL;
+	bool		several = strchr(value, ',') != NULL;
+	const char *p = value;
+
+	if (value[0] == '\0')
+		return NIL;
+	for (;;)
+	{
+		const char *start = p;
+		size_t		len = strcspn(p, ",");
+
+		while (several && len > 0 && isspace((unsigned char) *start))
+		{
+			start++;
+			len--;
+		}
+		while (several && len > 0 && isspace((unsigned char) start[len - 1]))
+			len--;
+		urls = lappend(urls, pnstrdup(start, len));
+		p += strcspn(p, ",");
+		if (*p == '\0')
+			break;
+		p++;
+	}
+	return urls;
+}
+
+/*
+ * smtp_config_load
+ *		Read the settings of the relay named by url into cfg, in cxt;
+ *		cfg->valid says whether they can be used, cfg->problem why not.
+ */
+void
+smtp_config_load(SmtpConfig *cfg, MemoryContext cxt, const char *url)
+{
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->url = pstrdup(url);
+	cfg->connections = Max(gatekeeper_smtp_connections, 1);
+	cfg->timeout = Max(gatekeeper_smtp_timeout, 1);
+	cfg->helo = pstrdup(gatekeeper_helo_name ? gatekeeper_helo_name : "");
+	cfg->ca_file = pstrdup(gatekeeper_smtp_ca_file ? gatekeeper_smtp_ca_file : "");
+	cfg->valid = parse_url(cfg, url);
+	if (cfg->valid)
+	{
+		if (gatekeeper_smtp_user != NULL && gatekeeper_smtp_user[0] != '\0')
+		{
+			pfree(cfg->user);
+			cfg->user = pstrdup(gatekeeper_smtp_user);
+		}
+		if (smtp_password != NULL)
+		{
+			pfree(cfg->password);
+			cfg->password = pstrdup(smtp_password);
+		}
+
+		cfg->parsed = true;
+		cfg->valid = smtp_config_resolve(cfg);
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * smtp_config_resolve
+ *		The relay's addresses.  Resolved once per configuration (getaddrinfo
+ *		blocks), and again after a failure only when mail is submitted, which
+ *		the worker's backoff spaces out.
+ */
+bool
+smtp_config_resolve(SmtpConfig *cfg)
+{
+	struct addrinfo hints;
+	struct addrinfo *ai;
+	int			rc;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_NUMERICSERV;
+	cfg->naddrs = 0;
+	rc = getaddrinfo(cfg->host, cfg->port, &hints, &cfg->addrs);
+	if (rc != 0)
+	{
+		snprintf(cfg->problem, sizeof(cfg->problem),
+				 "relay %s: could not resolve \"%s\": %s",
+				 cfg->peer, cfg->host, gai_strerror(rc));
+		cfg->addrs = NULL;
+		return false;
+	}
+	for (ai = cfg->addrs; ai != NULL; ai = ai->ai_next)
+		cfg->naddrs++;
+	return true;
+}
+
+/*
+ * smtp_config_free
+ *		Forget cfg, the password wiped.
+ */
+void
+smtp_config_free(SmtpConfig *cfg)
+{
+	if (cfg->password != NULL)
+		explicit_bzero(cfg->password, strlen(cfg->password));
+	if (cfg->addrs != NULL)
+		freeaddrinfo(cfg->addrs);
+	/* the strings live in the client's context; they are few and small */
+	memset(cfg, 0, sizeof(*cfg));
+}
+
+/*
+ * smtp_config_matches
+ *		Whether the settings are still those cfg was loaded from, url the
+ *		relay's.
+ */
+bool
+smtp_config_matches(const SmtpConfig *cfg, const char *url)
+{
+	const char *user = gatekeeper_smtp_user ? gatekeeper_smtp_user : "";
+	const char *password = smtp_password ? smtp_password : "";
+
+	return strcmp(cfg->url, url) == 0 &&
+		strcmp(cfg->user, user) == 0 &&
+		strcmp(cfg->password, password) == 0 &&
+		strcmp(cfg->helo, gatekeeper_helo_name ? gatekeeper_helo_name : "") == 0 &&
+		strcmp(cfg->ca_file, gatekeeper_smtp_ca_file ? gatekeeper_smtp_ca_file : "") == 0 &&
+		cfg->connections == Max(gatekeeper_smtp_connections, 1) &&
+		cfg->timeout == Max(gatekeeper_smtp_timeout, 1);
+}
+
+/*
+ * parse_url
+ *		smtp://[user[:password]@]host[:port][/] or smtps://...; fills
+ *		cfg->host, port, peer, user, password and smtps.
+ */
+static bool
+parse_url(SmtpConfig *cfg, const char *url)
+{
+	const char *p;
+	const char *end;
+	const char *at = NULL;
+	const char *q;
+	char	   *hostport;
+	char	   *colon;
+
+	cfg->user = pstrdup("");
+	cfg->password = pstrdup("");
+	cfg->host = pstrdup("");
+	cfg->port = pstrdup("");
+	cfg->peer = pstrdup("");
+
+	if (url[0] == '\0')
+	{
+		strlcpy(cfg->problem, "gatekeeper.smtp_url is not set", sizeof(cfg->problem));
+		return false;
+	}
+	if (pg_strncasecmp(url, "smtps://", 8) == 0)
+	{
+		cfg->smtps = true;
+		p = url + 8;
+	}
+	else if (pg_strncasecmp(url, "smtp://", 7) == 0)
+		p = url + 7;
+	else
+	{
+		strlcpy(cfg->problem, "gatekeeper.smtp_url must begin with smtp:// or smtps://",
+				sizeof(cfg->problem));
+		return false;
+	}
+
+	end = p + strcspn(p, "/?#");
+	for (q = p; q < end; q++)
+	{
+		if (*q == '@')
+			at = q;
+	}
+	if (at != NULL)
+	{
+		const char *sep = memchr(p, ':', at - p);
+
+		cfg->user = pnstrdup(p, (sep ? sep : at) - p);
+		percent_decode(cfg->user);
+		if (sep != NULL)
+		{
+			cfg->password = pnstrdup(sep + 1, at - sep - 1);
+			percent_decode(cfg->password);
+		}
+		p = at + 1;
+	}
+
+	hostport = pnstrdup(p, end - p);
+	if (hostport[0] == '[')
+	{
+		char	   *rb = strchr(hostport, ']');
+
+		if (rb == NULL)
+		{
+			strlcpy(cfg->problem, "gatekeeper.smtp_url has an unterminated IPv6 address",
+					sizeof(cfg->problem));
+			return false;
+		}
+		*rb = '\0';
+		cfg->host = pstrdup(hostport + 1);
+		colon = rb[1] == ':' ? rb + 1 : NULL;
+	}
+	else
+	{
+		colon = strrchr(hostport, ':');
+		if (colon != NULL)
+			*colon = '\0';
+		cfg->host = pstrdup(hostport);
+	}
+	cfg->port = pstrdup(colon != NULL && colon[1] != '\0' ? colon + 1 :
+					   (cfg->smtps ? "465" : "25"));
+	if (cfg->host[0] == '\0' || strspn(cfg->port, "0123456789") != strlen(cfg->port))
+	{
+		strlcpy(cfg->problem, "gatekeeper.smtp_url does not name a host and port",
+				sizeof(cfg->problem));
+		return false;
+	}
+	cfg->peer = psprintf(strchr(cfg->host, ':') ? "[%s]:%s" : "%s:%s", cfg->host, cfg->port);
+	return true;
+}
+
+/*
+ * percent_decode
+ *		Decode %XX escapes of a URL's user information in place.
+ */
+static void
+percent_decode(char *s)
+{
+	char	   *w = s;
+
+	while (*s)
+	{
+		if (s[0] == '%' && isxdigit((unsigned char) s[1]) && isxdigit((unsigned char) s[2]))
+		{
+			char		hex[3] = {s[1], s[2], '\0'};
+
+			*w++ = (char) strtol(hex, NULL, 16);
+			s += 3;
+		}
+		else
+			*w++ = *s++;
+	}
+	*w = '\0';
+}
+
+/*
+ * smtp_config_fqdn
+ *		This host's fully qualified name (getaddrinfo's canonical name of
+ *		gethostname), or the bare host name when that has no dot.
+ */
+const char *
+smtp_config_fqdn(void)
+{
+	char		name[256];
+	struct addrinfo hints;
+	struct addrinfo *res = NULL;
+
+	if (host_fqdn != NULL)
+		return host_fqdn;
+	if (gethostname(name, sizeof(name)) != 0)
+		strlcpy(name, "localhost", sizeof(name));
+	name[sizeof(name) - 1] = '\0';
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_flags = AI_CANONNAME;
+	hints.ai_socktype = SOCK_STREAM;
+	if (getaddrinfo(name, NULL, &hints, &res) == 0 && res != NULL &&
+		res->ai_canonname != NULL && strchr(res->ai_canonname, '.') != NULL)
+		strlcpy(name, res->ai_canonname, sizeof(name));
+	if (res != NULL)
+		freeaddrinfo(res);
+	host_fqdn = MemoryContextStrdup(TopMemoryContext, name);
+	return host_fqdn;
+}

@@ -1,0 +1,48 @@
+/*-------------------------------------------------------------------------
+ *
+ * smtp_config.h
+ *		The SMTP client's configuration layer: what a relay URL says, the
+ *		relay password, and the relay's addresses.
+ *
+ * IDENTIFICATION
+ *		src/smtp_config.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef SMTP_CONFIG_H
+#define SMTP_CONFIG_H
+
+#include <netdb.h>
+
+#include "nodes/pg_list.h"
+
+/* the settings a relay's connections are opened with */
+typedef struct SmtpConfig
+{
+	char	   *url;
+	char	   *host;			/* as in the URL, without brackets */
+	char	   *port;
+	char	   *peer;			/* "host:port", for messages */
+	char	   *user;
+	char	   *password;
+	char	   *helo;			/* empty: work it out per connection */
+	char	   *ca_file;
+	int			connections;
+	int			timeout;
+	bool		smtps;
+	bool		parsed;			/* the URL is well-formed */
+	bool		valid;			/* and its host resolved */
+	char		problem[256];	/* why not valid */
+	struct addrinfo *addrs;
+	int			naddrs;
+} SmtpConfig;
+
+extern List *smtp_config_split(const char *value);
+extern bool smtp_config_load_password(void);
+extern void smtp_config_load(SmtpConfig *cfg, MemoryContext cxt, const char *url);
+extern void smtp_config_free(SmtpConfig *cfg);
+extern bool smtp_config_matches(const SmtpConfig *cfg, const char *url);
+extern bool smtp_config_resolve(SmtpConfig *cfg);
+extern const char *smtp_config_fqdn(void);
+
+#endif							/* SMTP_CONFIG_H */

@@ -1,0 +1,460 @@
+/*-------------------------------------------------------------------------
+ *
+ * smtp_relay.c
+ *		One relay's connections and the deliveries waiting for them.
+ *
+ * Up to the relay's smtp_connections connections are opened as there is
+ * mail for them, and reused from one message to the next.  A delivery
+ * submitted waits on the relay's backlog until a ready connection has room
+ * for it (dispatch: least loaded first), and goes, once its outcome is
+ * known, on the relay's done list, whence the worker takes it.
+ *
+ * Lifetime: this is the one place a connection is opened, closed and
+ * freed.  A connection's memory is a context of its own.  Closing a
+ * connection only closes its socket and marks it; smtp_relay_free_closed,
+ * which smtp_client_wait calls before and after it acts on events, frees
+ * the closed connections, so no caller, however deep, ever holds a freed
+ * connection.
+ *
+ * When a session cannot be opened and no other connection is open, the
+ * mail waiting for a connection is UNREACHABLE: the relay's fault, handed
+ * back uncharged.  While other connections work, no new one is tried for a
+ * moment instead.
+ *
+ * IDENTIFICATION
+ *		src/smtp_relay.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "smtp_relay.h"
+
+#include "smtp_io.h"
+#include "smtp_session.h"
+#include "utils/memutils.h"
+
+static int	conn_depth(SmtpConn *c);
+static bool conn_usable(SmtpConn *c);
+static SmtpConn *conn_open(SmtpRelay *r);
+static void relay_unreachable(SmtpRelay *r, const char *error);
+
+/*
+ * smtp_relay_configure
+ *		Take the settings of the relay named by url as they are now, its
+ *		memory in cxt.  When they differ from what the open connections were
+ *		made with, those connections are retired: they finish what they
+ *		carry, then QUIT.
+ */
+void
+smtp_relay_configure(SmtpRelay *r, MemoryContext cxt, const char *url)
+{
+	dlist_iter	iter;
+
+	if (r->cxt == NULL)
+	{
+		r->cxt = cxt;
+		dlist_init(&r->conns);
+		dlist_init(&r->backlog);
+		dlist_init(&r->done);
+	}
+	if (r->cfg.url != NULL && smtp_config_matches(&r->cfg, url))
+		return;
+
+	dlist_foreach(iter, &r->conns)
+	{
+		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+
+		c->retire = true;
+	}
+	smtp_relay_forget(r);
+	smtp_config_load(&r->cfg, r->cxt, url);
+	r->connect_hold_until = 0;
+}
+
+/*
+ * smtp_relay_forget
+ *		Forget r's settings, the password wiped, and its TLS context; its
+ *		connections, if any, carry on with what they hold.
+ */
+void
+smtp_relay_forget(SmtpRelay *r)
+{
+	smtp_config_free(&r->cfg);
+	if (r->tls_ctx != NULL)
+		SSL_CTX_free(r->tls_ctx);
+	r->tls_ctx = NULL;
+}
+
+/*
+ * smtp_relay_room
+ *		How many more transactions r would take now: what the open
+ *		connections can queue, plus one for each connection it may still
+ *		open, less what already waits.
+ */
+int
+smtp_relay_room(SmtpRelay *r)
+{
+	dlist_iter	iter;
+	int			capacity = 0;
+	int			usable = 0;
+
+	if (!r->cfg.valid)
+		return r->cfg.connections;	/* they come back UNREACHABLE, and say why */
+	dlist_foreach(iter, &r->conns)
+	{
+		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+
+		if (!conn_usable(c))
+			continue;
+		usable++;
+		capacity += c->state == CS_READY ? conn_depth(c) : 1;
+	}
+	capacity += Max(r->cfg.connections - usable, 0);
+	return Max(capacity - r->ntxns - r->nbacklog, 0);
+}
+
+/*
+ * smtp_relay_submit
+ *		Take a built message; it goes on the first connection with room.
+ */
+void
+smtp_relay_submit(SmtpRelay *r, GatekeeperDelivery *d)
+{
+	d->outcome = GATEKEEPER_PENDING;
+	d->reply_code = 0;
+	d->mail_refused = false;
+	d->session_reached = false;
+	d->error[0] = '\0';
+	if (d->txn == NULL)
+		d->txn = MemoryContextAllocZero(d->cxt, sizeof(SmtpTxn));
+	d->txn->stage = ST_NONE;
+	d->txn->replies = 0;
+
+	if (!r->cfg.valid && r->cfg.parsed)
+		r->cfg.valid = smtp_config_resolve(&r->cfg);
+	if (!r->cfg.valid)
+	{
+		smtp_relay_finish(r, d, GATEKEEPER_UNREACHABLE, 0, "%s", r->cfg.problem);
+		return;
+	}
+	dlist_push_tail(&r->backlog, &d->queue_node);
+	r->nbacklog++;
+	smtp_relay_dispatch(r);
+}
+
+/*
+ * smtp_relay_next_done
+ *		A delivery of r whose outcome is known, or NULL.
+ */
+GatekeeperDelivery *
+smtp_relay_next_done(SmtpRelay *r)
+{
+	if (dlist_is_empty(&r->done))
+		return NULL;
+	return dlist_container(GatekeeperDelivery, queue_node, dlist_pop_head_node(&r->done));
+}
+
+/*
+ * smtp_relay_abort_unsent
+ *		Give back, UNREACHABLE with error, every delivery not yet written to
+ *		a connection.  What is on the wire finishes.
+ */
+void
+smtp_relay_abort_unsent(SmtpRelay *r, const char *error)
+{
+	dlist_iter	iter;
+
+	relay_unreachable(r, error);
+	dlist_foreach(iter, &r->conns)
+	{
+		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+		dlist_mutable_iter miter;
+
+		dlist_foreach_modify(miter, &c->txns)
+		{
+			GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
+
+			if (d->txn->stage != ST_NONE)
+				continue;
+			dlist_delete(&d->queue_node);
+			c->ntxns--;
+			r->ntxns--;
+			smtp_relay_finish(r, d, GATEKEEPER_UNREACHABLE, 0, "%s", error);
+		}
+	}
+}
+
+/*
+ * smtp_relay_dispatch
+ *		Hand waiting deliveries to ready connections with room, least loaded
+ *		first, and open connections while mail waits for one.
+ */
+void
+smtp_relay_dispatch(SmtpRelay *r)
+{
+	TimestampTz now;
+	int			opening = 0;
+	dlist_iter	iter;
+
+	while (r->nbacklog > 0)
+	{
+		SmtpConn   *best = NULL;
+
+		dlist_foreach(iter, &r->conns)
+		{
+			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+
+			if (c->state != CS_READY || c->retire || c->output_lost ||
+				c->ntxns >= conn_depth(c))
+				continue;
+			if (best == NULL || c->ntxns < best->ntxns)
+				best = c;
+		}
+		if (best == NULL)
+			break;
+		{
+			GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+													dlist_pop_head_node(&r->backlog));
+
+			r->nbacklog--;
+			dlist_push_tail(&best->txns, &d->queue_node);
+			best->ntxns++;
+			r->ntxns++;
+			smtp_session_start_txns(best);
+		}
+	}
+	if (r->nbacklog == 0)
+		return;
+
+	/* one connection being set up per delivery still waiting */
+	now = GetCurrentTimestamp();
+	if (now < r->connect_hold_until)
+		return;
+	dlist_foreach(iter, &r->conns)
+	{
+		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+
+		if (c->state < CS_READY && !c->retire)
+			opening++;
+	}
+	while (opening < r->nbacklog)
+	{
+		int			usable = 0;
+
+		dlist_foreach(iter, &r->conns)
+		{
+			if (conn_usable(dlist_container(SmtpConn, node, iter.cur)))
+				usable++;
+		}
+		if (usable >= r->cfg.connections)
+			break;
+		if (conn_open(r) == NULL)
+			break;
+		opening++;
+	}
+}
+
+/*
+ * conn_depth
+ *		Transactions one connection may hold, by what its relay offers.
+ */
+static int
+conn_depth(SmtpConn *c)
+{
+	if (c->pipelining && c->chunking)
+		return SMTP_DEPTH_CHUNKING;
+	if (c->pipelining)
+		return SMTP_DEPTH_PIPELINING;
+	return SMTP_DEPTH_LOCKSTEP;
+}
+
+/*
+ * conn_usable
+ *		Whether c is open, or opening, for new work: not closed, not saying
+ *		QUIT, not retired, not broken.
+ */
+static bool
+conn_usable(SmtpConn *c)
+{
+	return c->state != CS_CLOSED && c->state != CS_QUIT && !c->retire &&
+		!c->output_lost;
+}
+
+/*
+ * smtp_relay_usable
+ *		Whether any connection of r is open, or opening, for new work.
+ */
+bool
+smtp_relay_usable(SmtpRelay *r)
+{
+	dlist_iter	iter;
+
+	dlist_foreach(iter, &r->conns)
+	{
+		if (conn_usable(dlist_container(SmtpConn, node, iter.cur)))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * conn_open
+ *		Start a new connection to the relay.  Returns it; it may already
+ *		have failed (then it is gone and NULL is returned).
+ */
+static SmtpConn *
+conn_open(SmtpRelay *r)
+{
+	/*
+	 * Sizes of no standard kind (ALLOCSET_DEFAULT_SIZES starts at 8 kB): such
+	 * a context is really freed when it is deleted, not kept for reuse, so
+	 * that a memory checker sees a use of a freed connection.
+	 */
+	MemoryContext cxt = AllocSetContextCreate(r->cxt, "gatekeeper SMTP connection",
+											  0, 16 * 1024, ALLOCSET_DEFAULT_MAXSIZE);
+	SmtpConn   *c = MemoryContextAllocZero(cxt, sizeof(SmtpConn));
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	char		error[256];
+
+	c->cxt = cxt;
+	initStringInfo(&c->chunk);
+	MemoryContextSwitchTo(old);
+	c->relay = r;
+	c->sock = PGINVALID_SOCKET;
+	c->addr = -1;
+	c->pos = -1;
+	dlist_init(&c->txns);
+	dlist_push_tail(&r->conns, &c->node);
+	r->nconns++;
+	c->state = CS_CONNECTING;
+	c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), r->cfg.timeout);
+	if (!smtp_io_connect_next(c, error, sizeof(error)))
+	{
+		smtp_session_failed(c, "%s", error);
+		return NULL;
+	}
+	return c;
+}
+
+/*
+ * smtp_relay_close_conn
+ *		Close c: its socket and TLS go at once, its memory when
+ *		smtp_relay_free_closed runs between events.  Its transactions must be
+ *		gone already.
+ */
+void
+smtp_relay_close_conn(SmtpConn *c)
+{
+	Assert(c->ntxns == 0);
+	if (c->state == CS_CLOSED)
+		return;
+	smtp_io_close(c);
+	if (c->state == CS_READY)
+		c->relay->nready--;
+	c->state = CS_CLOSED;
+	c->nexpect = 0;
+	c->nsegs = 0;
+	c->relay->nconns--;
+}
+
+/*
+ * smtp_relay_free_closed
+ *		Free r's connections that were closed, and say whether there were
+ *		any.  The one place a connection is freed; called by
+ *		smtp_client_wait only, before and after it acts on events, when
+ *		nothing holds a connection.
+ */
+bool
+smtp_relay_free_closed(SmtpRelay *r)
+{
+	dlist_mutable_iter miter;
+	bool		freed = false;
+
+	dlist_foreach_modify(miter, &r->conns)
+	{
+		SmtpConn   *c = dlist_container(SmtpConn, node, miter.cur);
+
+		if (c->state != CS_CLOSED)
+			continue;
+		dlist_delete(&c->node);
+		MemoryContextDelete(c->cxt);
+		freed = true;
+	}
+	return freed;
+}
+
+/*
+ * smtp_relay_conn_failed
+ *		A session could not be opened on c, whose transactions are back on
+ *		the backlog already, or ended before the relay answered one: close
+ *		c.  When no other connection is open or opening, the mail waiting
+ *		for one is UNREACHABLE with error; otherwise it waits for the
+ *		others, and no new connection is tried for a moment.
+ */
+void
+smtp_relay_conn_failed(SmtpConn *c, const char *error)
+{
+	SmtpRelay  *r = c->relay;
+
+	smtp_relay_close_conn(c);
+	if (!smtp_relay_usable(r))
+		relay_unreachable(r, error);
+	else
+		r->connect_hold_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+															SMTP_CONNECT_HOLD_MS);
+}
+
+/*
+ * smtp_relay_finish
+ *		Set d's outcome (unless a refusal set it already) and hand it back.
+ */
+void
+smtp_relay_finish(SmtpRelay *r, GatekeeperDelivery *d, GatekeeperOutcome outcome,
+				  int code, const char *fmt,...)
+{
+	if (d->outcome == GATEKEEPER_PENDING || outcome == GATEKEEPER_UNREACHABLE)
+	{
+		va_list		ap;
+
+		d->outcome = outcome;
+		d->reply_code = code;
+		va_start(ap, fmt);
+		vsnprintf(d->error, sizeof(d->error), fmt, ap);
+		va_end(ap);
+	}
+	d->txn->stage = ST_DONE;
+	dlist_push_tail(&r->done, &d->queue_node);
+}
+
+/*
+ * smtp_relay_requeue
+ *		Put d back at the head of the backlog, as if never sent.
+ */
+void
+smtp_relay_requeue(SmtpRelay *r, GatekeeperDelivery *d)
+{
+	d->txn->stage = ST_NONE;
+	d->txn->replies = 0;
+	d->outcome = GATEKEEPER_PENDING;
+	d->error[0] = '\0';
+	dlist_push_head(&r->backlog, &d->queue_node);
+	r->nbacklog++;
+}
+
+/*
+ * relay_unreachable
+ *		Every delivery of r waiting for a connection is UNREACHABLE with error.
+ */
+static void
+relay_unreachable(SmtpRelay *r, const char *error)
+{
+	while (!dlist_is_empty(&r->backlog))
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+												dlist_pop_head_node(&r->backlog));
+
+		r->nbacklog--;
+		smtp_relay_finish(r, d, GATEKEEPER_UNREACHABLE, 0, "%s", error);
+	}
+}

@@ -1,0 +1,32 @@
+/*-------------------------------------------------------------------------
+ *
+ * smtp_relay.h
+ *		One relay's connections and the deliveries waiting for them: the
+ *		one place a connection is opened, closed and freed.
+ *
+ * IDENTIFICATION
+ *		src/smtp_relay.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef SMTP_RELAY_H
+#define SMTP_RELAY_H
+
+#include "smtp_conn.h"
+
+extern void smtp_relay_configure(SmtpRelay *r, MemoryContext cxt, const char *url);
+extern void smtp_relay_forget(SmtpRelay *r);
+extern int	smtp_relay_room(SmtpRelay *r);
+extern void smtp_relay_submit(SmtpRelay *r, GatekeeperDelivery *d);
+extern GatekeeperDelivery *smtp_relay_next_done(SmtpRelay *r);
+extern void smtp_relay_abort_unsent(SmtpRelay *r, const char *error);
+extern void smtp_relay_dispatch(SmtpRelay *r);
+extern bool smtp_relay_usable(SmtpRelay *r);
+extern void smtp_relay_close_conn(SmtpConn *c);
+extern bool smtp_relay_free_closed(SmtpRelay *r);
+extern void smtp_relay_conn_failed(SmtpConn *c, const char *error);
+extern void smtp_relay_finish(SmtpRelay *r, GatekeeperDelivery *d, GatekeeperOutcome outcome,
+							  int code, const char *fmt,...) pg_attribute_printf(5, 6);
+extern void smtp_relay_requeue(SmtpRelay *r, GatekeeperDelivery *d);
+
+#endif							/* SMTP_RELAY_H */
