@@ -184,8 +184,6 @@ INSERT INTO gatekeeper.unsubscribe_secret (secret) VALUES (gatekeeper._new_secre
  * deleted row by row.
  *
  *   mail_due		scheduled mail by queue, priority, due time
- *   mail_lease		claimed mail by lease expiry, for reaping (every way out
- *					of claimed clears lease_until)
  *   mail_dedupe	at most one live mail per queue and dedupe key
  *   mail_done_key	finished mail by dedupe key, for the dedupe window and find()
  *   mail_finished	finished mail by finish time, for rotation (BRIN)
@@ -241,7 +239,6 @@ CREATE TABLE gatekeeper.mail_live (
 	state		gatekeeper.state NOT NULL DEFAULT 'scheduled',
 	attempt		int NOT NULL DEFAULT 0,
 	uncharged	int NOT NULL DEFAULT 0,
-	lease_until timestamptz,
 	worker		text,
 	message_id	text,
 	last_error	text,
@@ -289,8 +286,6 @@ ALTER TABLE gatekeeper.mail_live SET (
 
 CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id)
 	WHERE state = 'scheduled';
-CREATE INDEX mail_lease ON gatekeeper.mail_live (lease_until)
-	WHERE lease_until IS NOT NULL;
 CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
 	WHERE dedupe_key IS NOT NULL;
 CREATE INDEX mail_done_key ON gatekeeper.mail_done (queue, dedupe_key, finished_at)
@@ -592,8 +587,8 @@ BEGIN
 	IF TG_TABLE_NAME = 'mail_live' THEN
 		UPDATE gatekeeper.mail_live l
 		   SET queue = NEW.queue, priority = NEW.priority, send_at = NEW.send_at, state = NEW.state,
-			   attempt = NEW.attempt, uncharged = NEW.uncharged, lease_until = NEW.lease_until,
-			   worker = NEW.worker, message_id = NEW.message_id, last_error = NEW.last_error,
+			   attempt = NEW.attempt, uncharged = NEW.uncharged, worker = NEW.worker,
+			   message_id = NEW.message_id, last_error = NEW.last_error,
 			   dedupe_key = NEW.dedupe_key, segment = NEW.segment
 		 WHERE l.id = NEW.id;
 		IF FOUND THEN
@@ -960,8 +955,8 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
   -- the live row, or the record of the batch the mail is claimed in
   -- (with the batch's lease)
   LEFT JOIN LATERAL (
-	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, l.lease_until, l.worker,
-		   l.message_id, l.last_error
+	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, NULL::timestamptz AS lease_until,
+		   l.worker, l.message_id, l.last_error
 	  FROM gatekeeper.mail_live l
 	 WHERE l.id = m.id
 	UNION ALL
@@ -1842,9 +1837,9 @@ BEGIN
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
 	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-									  lease_until, worker, message_id, last_error, dedupe_key, segment)
+									  worker, message_id, last_error, dedupe_key, segment)
 	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
-			NULL, m.worker, m.message_id, error, m.dedupe_key, m.segment);
+			m.worker, m.message_id, error, m.dedupe_key, m.segment);
 	INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
 	VALUES (m.id, m.queue, 'deferred', gatekeeper._reply_status(error), error, 'relay', m.segment);
 	IF q.notify THEN
@@ -1937,9 +1932,9 @@ BEGIN
 		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 		delay := delay / 2 + delay / 2 * random();
 		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+										  worker, message_id, last_error, dedupe_key, segment)
 		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
-				(e.m).uncharged, NULL, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
+				(e.m).uncharged, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
 				(e.m).segment);
 		INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
 		VALUES ((e.m).id, (e.m).queue, 'deferred', gatekeeper._reply_status(e.error), e.error, 'relay',
@@ -2031,9 +2026,9 @@ BEGIN
 	-- the claims still open, out of their batches and back into mail_live
 	WITH back AS (
 		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+										  worker, message_id, last_error, dedupe_key, segment)
 		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
-			   t.uncharged + 1, NULL, t.worker, t.message_id, error, t.dedupe_key, t.segment
+			   t.uncharged + 1, t.worker, t.message_id, error, t.dedupe_key, t.segment
 		  FROM gatekeeper._take_claimed(ids, attempts) t
 		RETURNING mail_live.queue, mail_live.send_at
 	)
@@ -2113,9 +2108,9 @@ BEGIN
 		 WHERE NOT r.id = ANY (e.gone)
 	), back AS (
 		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+										  worker, message_id, last_error, dedupe_key, segment)
 		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.free,
-			   NULL, NULL, j.message_id, j.why, j.dedupe_key, j.segment
+			   NULL, j.message_id, j.why, j.dedupe_key, j.segment
 		  FROM judged j
 		 WHERE j.outcome = 'scheduled'
 		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
@@ -2320,7 +2315,7 @@ BEGIN
 			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
 						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
 								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
-								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).uncharged, (c.mails[i]).worker,
 								 (c.mails[i]).message_id, (c.mails[i]).last_error,
 								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
 						ELSE c.mails[i] END
