@@ -2156,6 +2156,57 @@ $$;
 DROP INDEX gatekeeper.mail_lease;
 ALTER TABLE gatekeeper.mail_live DROP COLUMN lease_until;
 
+/* ---------------------------------------------------------------------------
+ * Issue 26, the drain: an ack writes no 'sent' row into event_log (it
+ * held nothing the mail's mail_done row does not, and cost every ack a
+ * second insert and a trigger: bench/notes.md); gatekeeper.events reads
+ * sent events from mail_done, with a NULL id.  event_log no longer takes
+ * 'sent'.
+ * ---------------------------------------------------------------------------
+ */
+CREATE OR REPLACE FUNCTION gatekeeper.ack(id bigint, attempt int)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF ack.id IS NULL OR ack.attempt IS NULL THEN
+		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- the mail_done row is the 'sent' event too (gatekeeper.events)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at, segment)
+	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
+	RETURN FOUND;
+END
+$$;
+
+-- recipient, what happened, the status code and detail, who told, when:
+-- the rows of event_log, and a 'sent' event for each sent mail, read from
+-- its mail_done row (source 'relay', at its finish).  A sent event has no
+-- id (NULL): it is no row of event_log; the mail and its finish name it.
+CREATE OR REPLACE VIEW gatekeeper.events AS
+SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
+	   e.event, e.status, e.detail, e.source, e.at
+  FROM gatekeeper.event_log e
+  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
+UNION ALL
+SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
+	   d.finished_at
+  FROM gatekeeper.mail_done d
+  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
+ WHERE d.state = 'sent';
+
+COMMENT ON VIEW gatekeeper.events IS
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
+
+ALTER TABLE gatekeeper.event_log DROP CONSTRAINT event_log_event_check;
+ALTER TABLE gatekeeper.event_log ADD CONSTRAINT event_log_event_check
+	CHECK (event IN ('deferred', 'bounced', 'delivered', 'complained', 'unsubscribed'));
+
 /*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.

@@ -299,17 +299,20 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
 
 /*
  * Events (issue 27): what became of a mail once it was claimed, one row
- * per event: sent (the relay said 250), deferred (a 4xx, a timeout, a DSN
- * saying delayed), bounced (a 5xx, a DSN saying failed, an ESP's bounce),
- * delivered, complained (a feedback report, an ESP's complaint).  source
- * says who told: the relay (the worker or an external claimer's ack and
- * nack), a DSN, an ARF report, a webhook (record_event) or a token.
- * Partitioned by retention segment like mail_done: an event lives in its
- * mail's segment and goes with it, by the same TRUNCATE (_rotate), never
- * row by row.  recipient is NULL where it is the mail's (sent and
- * deferred, which the ack and nack paths write without reading the mail);
- * the view gatekeeper.events fills it in.  No primary key: nothing looks
- * an event up by id, and every ack writes these rows.
+ * per event: deferred (a 4xx, a timeout, a DSN saying delayed), bounced
+ * (a 5xx, a DSN saying failed, an ESP's bounce), delivered, complained (a
+ * feedback report, an ESP's complaint), unsubscribed.  source says who
+ * told: the relay (the worker or an external claimer's nack), a DSN, an
+ * ARF report, a webhook (record_event) or a token.  The 'sent' event (the
+ * relay said 250, or an external claimer acked) is not kept here: it would
+ * hold nothing the mail's mail_done row does not (mail, queue, time,
+ * segment, source), and writing it doubled the cost of every ack; the
+ * view gatekeeper.events reads it from mail_done.  Partitioned by
+ * retention segment like mail_done: an event lives in its mail's segment
+ * and goes with it, by the same TRUNCATE (_rotate), never row by row.
+ * recipient is NULL where it is the mail's (deferred, which the nack
+ * paths write without reading the mail); the view fills it in.  No
+ * primary key: nothing looks an event up by id.
  *
  *   event_log_bounced	bounces by address, for soft_bounce_limit
  */
@@ -319,7 +322,7 @@ CREATE TABLE gatekeeper.event_log (
 	queue		text NOT NULL,
 	recipient	text,
 	event		text NOT NULL
-		CHECK (event IN ('sent', 'deferred', 'bounced', 'delivered', 'complained', 'unsubscribed')),
+		CHECK (event IN ('deferred', 'bounced', 'delivered', 'complained', 'unsubscribed')),
 	status		text,
 	detail		text,
 	source		text NOT NULL CHECK (source IN ('relay', 'dsn', 'arf', 'webhook', 'token')),
@@ -1743,15 +1746,12 @@ BEGIN
 	IF ack.id IS NULL OR ack.attempt IS NULL THEN
 		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	WITH done AS (
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
-			   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-		  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f
-		RETURNING mail_done.id, mail_done.queue, mail_done.segment)
-	INSERT INTO gatekeeper.event_log (mail_id, queue, event, source, segment)
-	SELECT d.id, d.queue, 'sent', 'relay', d.segment FROM done d;
+	-- the mail_done row is the 'sent' event too (gatekeeper.events)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at, segment)
+	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
 	RETURN FOUND;
 END
 $$;
@@ -2877,15 +2877,24 @@ COMMENT ON VIEW gatekeeper.queue_stats IS
 	'per queue: live mail (scheduled, due, claimed, oldest due age), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
 
 -- every event of the retained mail (issue 27): id, the mail, its queue and
--- recipient, what happened, the status code and detail, who told, when
+-- recipient, what happened, the status code and detail, who told, when:
+-- the rows of event_log, and a 'sent' event for each sent mail, read from
+-- its mail_done row (source 'relay', at its finish).  A sent event has no
+-- id (NULL): it is no row of event_log; the mail and its finish name it.
 CREATE VIEW gatekeeper.events AS
 SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
 	   e.event, e.status, e.detail, e.source, e.at
   FROM gatekeeper.event_log e
-  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment;
+  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
+UNION ALL
+SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
+	   d.finished_at
+  FROM gatekeeper.mail_done d
+  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
+ WHERE d.state = 'sent';
 
 COMMENT ON VIEW gatekeeper.events IS
-	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks';
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
 
 -- the reports ingest_report and record_event took since the server started
 -- (or reset_stats()): recorded (at least one row written) and ignored

@@ -299,19 +299,16 @@ static const char spend_tokens_sql[] =
 " WHERE name = $1";
 
 /*
- * Claims taken out of their batches (take_claimed), reported sent, each
- * with its 'sent' event (the recipient is the mail's: not read here).
+ * Claims taken out of their batches (take_claimed), reported sent.  Their
+ * mail_done rows are their 'sent' events too: gatekeeper.events reads
+ * them from there, so the ack writes no event_log row.
  */
 static const char ack_batch_sql[] =
-"WITH done AS ( "
 "INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
 "                                  message_id, last_error, dedupe_key, finished_at, segment) "
 "SELECT u.id, u.queue, 'sent', u.attempt, u.uncharged, u.send_at, u.worker, "
 "       u.message_id, u.last_error, u.dedupe_key, now(), u.segment "
-"  FROM unnest($1) u "
-"RETURNING id, queue, segment) "
-"INSERT INTO gatekeeper.event_log (mail_id, queue, event, source, segment) "
-"SELECT d.id, d.queue, 'sent', 'relay', d.segment FROM done d";
+"  FROM unnest($1) u";
 
 /*
  * take_claimed's statements.  The batches that may hold the ids are read

@@ -28,6 +28,11 @@
  * earliest such time goes to shared memory and the first worker, which
  * announces mail as it comes due, is woken to look at it (src/worker.c).
  *
+ * The library serves one version of the schema, its own: the functions
+ * that read or write the extension's tables first ask
+ * gatekeeper_require_schema(), which refuses in a database whose
+ * extension is another version (see gatekeeper_schema).
+ *
  * IDENTIFICATION
  *		src/gatekeeper.c
  *

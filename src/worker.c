@@ -1128,8 +1128,8 @@ standby_flush(int n, int *streaming)
  * transaction open, when it does not: an extension of another version
  * (older: ALTER EXTENSION gatekeeper UPDATE has not run yet) is left alone
  * as if it were missing, and the worker says once in the log what it
- * waits for.  While the transaction lasts the extension cannot be dropped
- * or updated.
+ * waits for.  While the transaction lasts the extension cannot be
+ * dropped.
  */
 static bool
 begin_work(const char *activity, Oid *extension)
