@@ -39,7 +39,8 @@ DATA = $(wildcard sql/gatekeeper--*.sql) $(wildcard sql/gatekeeper_router--*.sql
 
 # The server's headers are read as system headers: under -Wextra they
 # warn about their own unused parameters, which is not ours to fix.
-PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server)
+PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) \
+	-DGATEKEEPER_VERSION='"$(EXTVERSION)"'
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter
 SHLIB_LINK = -lssl -lcrypto
 

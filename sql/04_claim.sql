@@ -140,8 +140,8 @@ LANGUAGE sql AS $$
 	UPDATE gatekeeper.mail_claim c
 	   SET mails = ARRAY(SELECT CASE WHEN (r.m).id = mail
 									 THEN ROW((r.m).id, (r.m).queue, (r.m).priority, (r.m).send_at,
-											  (r.m).state, attempt, uncharged, (r.m).lease_until,
-											  (r.m).worker, (r.m).message_id, (r.m).last_error,
+											  (r.m).state, attempt, uncharged, (r.m).worker,
+											  (r.m).message_id, (r.m).last_error,
 											  (r.m).dedupe_key, (r.m).segment)::gatekeeper.mail_live
 									 ELSE r.m END
 						   FROM (SELECT c.mails[i] AS m, i FROM generate_subscripts(c.mails, 1) AS i) r

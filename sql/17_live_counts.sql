@@ -29,7 +29,7 @@ LANGUAGE sql AS $$
 			   count(*) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS due,
 			   min(l.send_at) FILTER (WHERE l.state = 'scheduled' AND l.send_at <= now()) AS oldest,
 			   count(*) FILTER (WHERE l.state = 'claimed' AND l.lease_until < now()) AS lease_expired
-		  FROM (SELECT l.queue, l.state, l.send_at, l.lease_until FROM gatekeeper.mail_live l
+		  FROM (SELECT l.queue, l.state, l.send_at, NULL::timestamptz AS lease_until FROM gatekeeper.mail_live l
 				UNION ALL
 				-- claimed mail: each record of a batch whose mail has not left it
 				SELECT r.queue, r.state, r.send_at, c.lease_until

@@ -37,7 +37,7 @@ SELECT queue, worker, open, gone, lo = min_id AS lo_least, hi = max_id AS hi_gre
  WHERE c.queue LIKE 'cb\_%'
  ORDER BY queue;
 COMMIT;
-SELECT r.id - :a1 AS a, r.state, r.attempt, r.worker, r.lease_until, r.message_id IS NOT NULL AS has_message_id
+SELECT r.id - :a1 AS a, r.state, r.attempt, r.worker, r.message_id IS NOT NULL AS has_message_id
   FROM gatekeeper.mail_claim c, unnest(c.mails) r WHERE c.queue = 'cb_a' ORDER BY r.id;
 SELECT i AS a, pg_temp.where_is(:a1 + i) FROM generate_series(0, 2) i ORDER BY i;
 SELECT pg_temp.where_is(:b1) AS b1;
@@ -102,7 +102,7 @@ SELECT gatekeeper.enqueue('same@example.com', 'G1', 'b', 'cb_gated') AS g1 \gset
 SELECT gatekeeper.enqueue('same@example.com', 'G2', 'b', 'cb_gated') AS g2 \gset
 SELECT count(*) AS claimed, min(id) = :g1 AS first_won FROM gatekeeper.claim('w1', 10, queues => ARRAY['cb_gated']);
 SELECT pg_temp.where_is(:g1) AS g1, pg_temp.where_is(:g2) AS g2;
-SELECT state, attempt, worker, lease_until, send_at > now() AS later, last_error
+SELECT state, attempt, worker, send_at > now() AS later, last_error
   FROM gatekeeper.mail_live WHERE id = :g2;
 SELECT open, cardinality(mails) AS records FROM gatekeeper.mail_claim WHERE queue = 'cb_gated';
 
@@ -147,7 +147,7 @@ SELECT gatekeeper.reap() AS reaped;
 SELECT count(*) AS batches_left FROM gatekeeper.mail_claim WHERE queue LIKE 'cb\_%';
 SELECT i AS r, pg_temp.where_is(:r0 + i) FROM generate_series(0, 2) i ORDER BY i;
 SELECT pg_temp.where_is(:o1) AS o1, pg_temp.where_is(:m1) AS m1;
-SELECT id - :r0 AS r, state, attempt, worker, lease_until, last_error
+SELECT id - :r0 AS r, state, attempt, worker, last_error
   FROM gatekeeper.mail_live WHERE id IN (:r0 + 1, :r0 + 2) ORDER BY id;
 -- a reaped mail is claimed again with the next attempt; the old claim is stale
 SELECT count(*) AS reclaimed, min(attempt) AS attempt FROM gatekeeper.claim('w5', 10, queues => ARRAY['cb_a']);

@@ -73,6 +73,12 @@ SELECT pg_temp.send('tx', 'angry@yahoo.example', 'r_tx');
 -- every sent mail has its 'sent' event from the relay
 SELECT count(*) AS sent_events FROM gatekeeper.events e JOIN sent s ON s.id = e.mail_id
  WHERE e.event = 'sent' AND e.source = 'relay' AND e.recipient = s.recipient AND e.queue = s.queue;
+-- read from the mail's outcome (issue 26): the acks wrote no event row,
+-- and a sent event has no id, but its mail's finish
+SELECT count(*) AS event_rows_written FROM gatekeeper.event_log e JOIN sent s ON s.id = e.mail_id;
+SELECT count(*) FILTER (WHERE e.id IS NULL AND e.at = d.finished_at) AS sent_from_outcome
+  FROM gatekeeper.events e JOIN sent s ON s.id = e.mail_id JOIN gatekeeper.mail_done d ON d.id = e.mail_id
+ WHERE e.event = 'sent';
 
 \set postfix `cat test/reports/postfix_user_unknown.eml`
 \set exim `cat test/reports/exim_failed.eml`

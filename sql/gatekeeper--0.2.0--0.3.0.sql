@@ -1783,6 +1783,517 @@ COMMENT ON FUNCTION gatekeeper._worker_status() IS
 	'one row per background worker and relay, from shared memory: state, mail in flight, relay connections, breaker, last relay error and totals; the worker_status view reads it';
 
 /*
+ * ---------------------------------------------------------------------------
+ * Issue 26, item 2: the library serves 0.3.0's schema only.  mail_live's
+ * lease_until and its index mail_lease go: since 0.2.0 no writer sets the
+ * column (a claimed mail is a record of a mail_claim batch, whose lease is
+ * the batch's), so it was NULL in every row and every record.  (worker
+ * stays: a claim's records carry the claimer, which the ack writes into
+ * mail_done, and deferred mail keeps it in mail_live.)  mail_status reads
+ * the lease of claimed mail from its batch, as before, and the functions
+ * that wrote the NULL write the other columns only.
+ * ---------------------------------------------------------------------------
+ */
+CREATE OR REPLACE VIEW gatekeeper.mail_status AS
+SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+	   m.dedupe_key, m.priority,
+	   CASE WHEN l.id IS NOT NULL THEN l.send_at ELSE coalesce(d.send_at, m.send_at) END AS send_at,
+	   m.send_by,
+	   CASE WHEN l.id IS NOT NULL THEN l.state ELSE d.state END AS state,
+	   CASE WHEN l.id IS NOT NULL THEN l.attempt ELSE coalesce(d.attempt, 0) END AS attempt,
+	   CASE WHEN l.id IS NOT NULL THEN l.uncharged ELSE coalesce(d.uncharged, 0) END AS uncharged,
+	   l.lease_until,
+	   CASE WHEN l.id IS NOT NULL THEN l.worker ELSE d.worker END AS worker,
+	   CASE WHEN l.id IS NOT NULL THEN l.message_id ELSE d.message_id END AS message_id,
+	   CASE WHEN l.id IS NOT NULL THEN l.last_error ELSE d.last_error END AS last_error,
+	   m.created_at,
+	   d.finished_at,
+	   m.recipient_name,
+	   m.metadata,
+	   m.timezone
+  FROM gatekeeper.mail m
+  -- the live row, or the record of the batch the mail is claimed in
+  -- (with the batch's lease)
+  LEFT JOIN LATERAL (
+	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, NULL::timestamptz AS lease_until,
+		   l.worker, l.message_id, l.last_error
+	  FROM gatekeeper.mail_live l
+	 WHERE l.id = m.id
+	UNION ALL
+	SELECT r.id, r.send_at, r.state, r.attempt, r.uncharged, c.lease_until, r.worker,
+		   r.message_id, r.last_error
+	  FROM gatekeeper.mail_claim c
+	 CROSS JOIN LATERAL unnest(c.mails) r
+	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	 LIMIT 1) l ON true
+  LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
+
+CREATE OR REPLACE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF TG_TABLE_NAME = 'mail_live' THEN
+		UPDATE gatekeeper.mail_live l
+		   SET queue = NEW.queue, priority = NEW.priority, send_at = NEW.send_at, state = NEW.state,
+			   attempt = NEW.attempt, uncharged = NEW.uncharged, worker = NEW.worker,
+			   message_id = NEW.message_id, last_error = NEW.last_error,
+			   dedupe_key = NEW.dedupe_key, segment = NEW.segment
+		 WHERE l.id = NEW.id;
+		IF FOUND THEN
+			RETURN NULL;
+		END IF;
+		RETURN NEW;
+	END IF;
+	DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY (ARRAY(SELECT n.id FROM new_done n));
+	RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	m gatekeeper.mail_live;
+	recipient text;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+BEGIN
+	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- the claim, taken out of its batch if it is still open there
+	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
+	IF NOT FOUND THEN
+		RETURN NULL;			-- not this claim's to report: it changes nothing
+	END IF;
+	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
+	tries := m.attempt - m.uncharged;
+
+	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at, segment)
+		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
+				m.message_id, error, m.dedupe_key, now(), m.segment);
+		SELECT c.recipient INTO recipient FROM gatekeeper.mail c
+		 WHERE c.id = m.id AND c.segment = m.segment;
+		INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
+		VALUES (m.id, m.queue, recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
+				gatekeeper._reply_status(error), error, 'relay', m.segment);
+		-- the relay said the mailbox does not exist: never mail it again
+		-- (and a bounce of another kind counts toward soft_bounce_limit)
+		IF permanent THEN
+			PERFORM gatekeeper._bounced(gatekeeper._address_key(recipient), error, error, m.id);
+		END IF;
+		-- by what the mail holds, whatever its queue's gates are now
+		PERFORM gatekeeper._release_mail(recipient, m.id);
+		RETURN 'failed';
+	END IF;
+
+	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
+	base := gatekeeper._retry_delay();
+	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+	delay := delay / 2 + delay / 2 * random();
+	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+									  worker, message_id, last_error, dedupe_key, segment)
+	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
+			m.worker, m.message_id, error, m.dedupe_key, m.segment);
+	INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
+	VALUES (m.id, m.queue, 'deferred', gatekeeper._reply_status(error), error, 'relay', m.segment);
+	IF q.notify THEN
+		PERFORM gatekeeper._announce(m.queue, now() + delay);
+	END IF;
+	RETURN 'scheduled';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
+	permanent boolean DEFAULT false)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	e record;
+	q gatekeeper.queue;
+	tries int;
+	delay interval;
+	base interval;
+	n int := 0;
+	bounce_keys text[] := '{}';
+	bounce_errors text[] := '{}';
+	bounce_ids bigint[] := '{}';
+	release_recipients text[] := '{}';
+	release_holders bigint[] := '{}';
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR errors IS NULL OR permanent IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts, errors and permanent must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR array_ndims(errors) > 1
+	   OR cardinality(ids) <> cardinality(attempts) OR cardinality(ids) <> cardinality(errors) THEN
+		RAISE EXCEPTION 'ids, attempts and errors must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL
+	   OR array_position(errors, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'ids, attempts and errors must not contain nulls'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+
+	base := gatekeeper._retry_delay();
+	/*
+	 * The claims still open, all taken out of their batches at once (the
+	 * function scan reads them all before the first row comes back), each
+	 * with the error of its first element.
+	 */
+	FOR e IN SELECT t AS m, u.error, c.recipient
+			   FROM gatekeeper._take_claimed(ids, attempts) t
+			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
+					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
+					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
+			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
+			  ORDER BY t.id
+	LOOP
+		n := n + 1;
+		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
+		tries := (e.m).attempt - (e.m).uncharged;
+
+		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
+			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+											  message_id, last_error, dedupe_key, finished_at, segment)
+			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
+					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
+			INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
+			VALUES ((e.m).id, (e.m).queue, e.recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
+					gatekeeper._reply_status(e.error), e.error, 'relay', (e.m).segment);
+			-- the relay said the mailbox does not exist: never mail it again
+			-- (and a bounce of another kind counts toward soft_bounce_limit)
+			IF permanent THEN
+				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
+				bounce_errors := bounce_errors || e.error;
+				bounce_ids := bounce_ids || (e.m).id;
+			END IF;
+			release_recipients := release_recipients || e.recipient;
+			release_holders := release_holders || (e.m).id;
+			CONTINUE;
+		END IF;
+
+		-- exponential backoff with equal jitter, as nack()'s
+		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
+		delay := delay / 2 + delay / 2 * random();
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  worker, message_id, last_error, dedupe_key, segment)
+		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
+				(e.m).uncharged, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
+				(e.m).segment);
+		INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
+		VALUES ((e.m).id, (e.m).queue, 'deferred', gatekeeper._reply_status(e.error), e.error, 'relay',
+				(e.m).segment);
+		IF q.notify THEN
+			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
+		END IF;
+	END LOOP;
+
+	FOR e IN SELECT b.key, b.error, b.id
+			   FROM unnest(bounce_keys, bounce_errors, bounce_ids) AS b(key, error, id)
+			  ORDER BY b.key, b.id
+	LOOP
+		PERFORM gatekeeper._bounced(e.key, e.error, e.error, e.id);
+	END LOOP;
+	-- by what the mail holds, whatever its queue's gates are now
+	IF cardinality(release_recipients) > 0 THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
+	RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int;
+	due timestamptz;
+	back_queues text[];
+	back_due timestamptz[];
+BEGIN
+	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
+		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR cardinality(ids) <> cardinality(attempts) THEN
+		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'ids and attempts must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	due := now() + gatekeeper._duration(delay, 'delay');
+	-- the claims still open, out of their batches and back into mail_live
+	WITH back AS (
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  worker, message_id, last_error, dedupe_key, segment)
+		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
+			   t.uncharged + 1, t.worker, t.message_id, error, t.dedupe_key, t.segment
+		  FROM gatekeeper._take_claimed(ids, attempts) t
+		RETURNING mail_live.queue, mail_live.send_at
+	)
+	SELECT count(*), array_agg(b.queue), array_agg(b.send_at) INTO n, back_queues, back_due FROM back b;
+	-- external senders listening for a notify queue hear of it
+	PERFORM gatekeeper._announce(b.queue, min(b.due))
+	   FROM unnest(back_queues, back_due) AS b(queue, due)
+	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
+	  GROUP BY b.queue;
+	RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.reap()
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n int;
+	release_recipients text[];
+	release_holders bigint[];
+	back_queues text[];
+	back_due timestamptz[];
+	-- this server's incarnation; NULL when no background worker can run
+	here text := gatekeeper._incarnation();
+BEGIN
+	/*
+	 * at_most_once: the mail may have gone, so it is never sent again.
+	 * at_least_once: back to scheduled, unless its attempts are spent;
+	 * it keeps its gate passes, which its next claim re-passes.  Mail that
+	 * failed gives its passes back, all in one sorted release.  Claimed
+	 * mail is in batches (gatekeeper.mail_claim): a lapsed batch is
+	 * deleted and the mails still open in it are judged; a mail whose
+	 * queue is gone goes back to scheduled rather than nowhere.
+	 *
+	 * A batch a background worker of another server incarnation claimed
+	 * (its worker is 'bgworker:<pid>@<incarnation>', or 0.2.0's
+	 * 'bgworker:<pid>') is taken back at once, whatever its lease: that
+	 * worker is gone (this is a promoted standby, or the server
+	 * restarted) and could only ever have recorded its outcomes on the
+	 * server it ran on.  Its mails go back uncharged.  External claimers'
+	 * claims are never taken back early: they outlive any one server, and
+	 * may ack on this one after a failover.
+	 */
+	WITH lapsed AS (
+		DELETE FROM gatekeeper.mail_claim c
+		 WHERE c.batch = ANY (ARRAY(
+				SELECT l.batch FROM gatekeeper.mail_claim l
+				 WHERE l.lease_until < now()
+				   FOR UPDATE SKIP LOCKED)
+			 || ARRAY(
+				SELECT l.batch FROM gatekeeper.mail_claim l
+				 WHERE here IS NOT NULL AND l.lease_until >= now()
+				   AND l.worker LIKE 'bgworker:%' AND l.worker NOT LIKE '%@' || here
+				   FOR UPDATE SKIP LOCKED))
+		RETURNING c.gone, c.mails, c.lease_until >= now() AS orphaned
+	), judged AS (
+		SELECT r.*, r.uncharged + e.orphaned::int AS free,
+			   CASE WHEN e.orphaned THEN 'claimed by a server that is gone'
+					ELSE 'lease expired' END AS why,
+			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
+					WHEN r.attempt - r.uncharged - e.orphaned::int >= q.max_attempts THEN 'failed'
+					ELSE 'scheduled' END AS outcome
+		  FROM lapsed e
+		 CROSS JOIN LATERAL unnest(e.mails) r
+		  LEFT JOIN gatekeeper.queue q ON q.name = r.queue
+		 WHERE NOT r.id = ANY (e.gone)
+	), back AS (
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
+										  worker, message_id, last_error, dedupe_key, segment)
+		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.free,
+			   NULL, j.message_id, j.why, j.dedupe_key, j.segment
+		  FROM judged j
+		 WHERE j.outcome = 'scheduled'
+		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
+	), gone AS (
+		SELECT j.* FROM judged j WHERE j.outcome <> 'scheduled'
+	), done AS (
+		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+										  message_id, last_error, dedupe_key, finished_at, segment)
+		SELECT g.id, g.queue, g.outcome::gatekeeper.state, g.attempt, g.free, g.send_at, NULL,
+			   g.message_id, g.why, g.dedupe_key, now(), g.segment
+		  FROM gone g
+		RETURNING mail_done.id, mail_done.state, mail_done.segment
+	)
+	SELECT (SELECT count(*) FROM back) + count(d.id),
+		   array_agg(m.recipient) FILTER (WHERE d.state = 'failed'),
+		   array_agg(d.id) FILTER (WHERE d.state = 'failed'),
+		   (SELECT array_agg(b.queue) FROM back b), (SELECT array_agg(b.send_at) FROM back b)
+	  INTO n, release_recipients, release_holders, back_queues, back_due
+	  FROM done d
+	  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment;
+	IF release_recipients IS NOT NULL THEN
+		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
+	END IF;
+	-- mail back to scheduled is due again: external senders of a notify queue hear of it
+	PERFORM gatekeeper._announce(b.queue, min(b.due))
+	   FROM unnest(back_queues, back_due) AS b(queue, due)
+	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
+	  GROUP BY b.queue;
+	RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper._rotate(retention interval)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s gatekeeper.segment;
+	nxt smallint;
+	removed bigint;
+	timeout text := current_setting('lock_timeout');
+BEGIN
+	SELECT * INTO s FROM gatekeeper.segment FOR UPDATE SKIP LOCKED;
+	IF NOT FOUND OR now() - s.rotated_at < retention / 2 THEN
+		RETURN 0;
+	END IF;
+	nxt := (s.current + 1) % 4;
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	BEGIN
+		PERFORM set_config('lock_timeout', '1s', true);
+		-- a finished mail of the segment that still holds its dedupe key
+		-- (its queue's window is longer than retention) leaves its finish
+		-- time in the key's row, which goes on holding the key; under the
+		-- row's lock, which an insert of the key takes before it tests the
+		-- holder (src/mail.c, write_keys)
+		UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at
+		  FROM gatekeeper.mail_done d
+		  JOIN gatekeeper.queue q ON q.name = d.queue
+		 WHERE d.segment = nxt AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled'
+		   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window
+		   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id;
+		-- and mail_claim: the records of claimed mail in the segment are
+		-- rewritten below, and an ack reads them before it locks a batch
+		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
+					   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
+		PERFORM set_config('lock_timeout', timeout, true);
+	EXCEPTION WHEN lock_not_available THEN
+		PERFORM set_config('lock_timeout', timeout, true);
+		RETURN 0;
+	END;
+	-- under the locks, nothing enters the segment: look again
+	IF EXISTS (SELECT FROM gatekeeper.mail_done d
+				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
+		RETURN 0;
+	END IF;
+	EXECUTE format(
+		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
+									dedupe_key, priority, send_at, send_by, created_at, segment,
+									recipient_name, metadata, timezone)
+		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
+				m.recipient_name, m.metadata, m.timezone
+		   FROM gatekeeper.%I m
+		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
+		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
+	-- the events of the mail that moves go along with it
+	UPDATE gatekeeper.event_log e SET segment = s.current
+	 WHERE e.segment = nxt
+	   AND e.mail_id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = nxt
+						 UNION ALL
+						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
+						  WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
+	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
+	-- claimed mail still open in its batch: its record names the new segment
+	UPDATE gatekeeper.mail_claim c
+	   SET mails = ARRAY(
+			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
+						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
+								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
+								 (c.mails[i]).uncharged, (c.mails[i]).worker,
+								 (c.mails[i]).message_id, (c.mails[i]).last_error,
+								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
+						ELSE c.mails[i] END
+			  FROM generate_subscripts(c.mails, 1) AS i
+			 ORDER BY i)
+	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
+	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
+	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I',
+				   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
+	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
+	RETURN removed;
+END
+$$;
+
+DROP INDEX gatekeeper.mail_lease;
+ALTER TABLE gatekeeper.mail_live DROP COLUMN lease_until;
+
+/* ---------------------------------------------------------------------------
+ * Issue 26, the drain: an ack writes no 'sent' row into event_log (it
+ * held nothing the mail's mail_done row does not, and cost every ack a
+ * second insert and a trigger: bench/notes.md); gatekeeper.events reads
+ * sent events from mail_done, with a NULL id.  event_log no longer takes
+ * 'sent'.
+ * ---------------------------------------------------------------------------
+ */
+CREATE OR REPLACE FUNCTION gatekeeper.ack(id bigint, attempt int)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF ack.id IS NULL OR ack.attempt IS NULL THEN
+		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- the mail_done row is the 'sent' event too (gatekeeper.events)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at, segment)
+	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
+	RETURN FOUND;
+END
+$$;
+
+-- recipient, what happened, the status code and detail, who told, when:
+-- the rows of event_log, and a 'sent' event for each sent mail, read from
+-- its mail_done row (source 'relay', at its finish).  A sent event has no
+-- id (NULL): it is no row of event_log; the mail and its finish name it.
+CREATE OR REPLACE VIEW gatekeeper.events AS
+SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
+	   e.event, e.status, e.detail, e.source, e.at
+  FROM gatekeeper.event_log e
+  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
+UNION ALL
+SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
+	   d.finished_at
+  FROM gatekeeper.mail_done d
+  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
+ WHERE d.state = 'sent';
+
+COMMENT ON VIEW gatekeeper.events IS
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
+
+ALTER TABLE gatekeeper.event_log DROP CONSTRAINT event_log_event_check;
+ALTER TABLE gatekeeper.event_log ADD CONSTRAINT event_log_event_check
+	CHECK (event IN ('deferred', 'bounced', 'delivered', 'complained', 'unsubscribed'));
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

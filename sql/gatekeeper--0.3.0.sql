@@ -214,9 +214,6 @@ INSERT INTO gatekeeper.unsubscribe_secret (secret) VALUES (gatekeeper._new_secre
  * deleted row by row.
  *
  *   mail_due		scheduled mail by queue, priority, due time
- *   mail_lease		mail_live's rows by lease_until: 0.2.0's reaping, when
- *					claimed mail stayed in mail_live; 0.3.0's leases are
- *					mail_claim's (mail_claim_lease)
  *   mail_dedupe	at most one live mail per queue and dedupe key
  *   mail_done_key	finished mail by dedupe key, for the dedupe window and find()
  *   mail_finished	finished mail by finish time, for rotation (BRIN)
@@ -275,7 +272,6 @@ CREATE TABLE gatekeeper.mail_live (
 	state		gatekeeper.state NOT NULL DEFAULT 'scheduled',
 	attempt		int NOT NULL DEFAULT 0,
 	uncharged	int NOT NULL DEFAULT 0,
-	lease_until timestamptz,
 	worker		text,
 	message_id	text,
 	last_error	text,
@@ -324,8 +320,6 @@ ALTER TABLE gatekeeper.mail_live SET (
 
 CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id)
 	WHERE state = 'scheduled';
-CREATE INDEX mail_lease ON gatekeeper.mail_live (lease_until)
-	WHERE lease_until IS NOT NULL;
 CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
 	WHERE dedupe_key IS NOT NULL;
 CREATE INDEX mail_done_key ON gatekeeper.mail_done (queue, dedupe_key, finished_at)
@@ -339,17 +333,20 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
 
 /*
  * Events (issue 27): what became of a mail once it was claimed, one row
- * per event: sent (the relay said 250), deferred (a 4xx, a timeout, a DSN
- * saying delayed), bounced (a 5xx, a DSN saying failed, an ESP's bounce),
- * delivered, complained (a feedback report, an ESP's complaint).  source
- * says who told: the relay (the worker or an external claimer's ack and
- * nack), a DSN, an ARF report, a webhook (record_event) or a token.
- * Partitioned by retention segment like mail_done: an event lives in its
- * mail's segment and goes with it, by the same TRUNCATE (_rotate), never
- * row by row.  recipient is NULL where it is the mail's (sent and
- * deferred, which the ack and nack paths write without reading the mail);
- * the view gatekeeper.events fills it in.  No primary key: nothing looks
- * an event up by id, and every ack writes these rows.
+ * per event: deferred (a 4xx, a timeout, a DSN saying delayed), bounced
+ * (a 5xx, a DSN saying failed, an ESP's bounce), delivered, complained (a
+ * feedback report, an ESP's complaint), unsubscribed.  source says who
+ * told: the relay (the worker or an external claimer's nack), a DSN, an
+ * ARF report, a webhook (record_event) or a token.  The 'sent' event (the
+ * relay said 250, or an external claimer acked) is not kept here: it would
+ * hold nothing the mail's mail_done row does not (mail, queue, time,
+ * segment, source), and writing it doubled the cost of every ack; the
+ * view gatekeeper.events reads it from mail_done.  Partitioned by
+ * retention segment like mail_done: an event lives in its mail's segment
+ * and goes with it, by the same TRUNCATE (_rotate), never row by row.
+ * recipient is NULL where it is the mail's (deferred, which the nack
+ * paths write without reading the mail); the view fills it in.  No
+ * primary key: nothing looks an event up by id.
  *
  *   event_log_bounced	bounces by address, for soft_bounce_limit
  */
@@ -359,7 +356,7 @@ CREATE TABLE gatekeeper.event_log (
 	queue		text NOT NULL,
 	recipient	text,
 	event		text NOT NULL
-		CHECK (event IN ('sent', 'deferred', 'bounced', 'delivered', 'complained', 'unsubscribed')),
+		CHECK (event IN ('deferred', 'bounced', 'delivered', 'complained', 'unsubscribed')),
 	status		text,
 	detail		text,
 	source		text NOT NULL CHECK (source IN ('relay', 'dsn', 'arf', 'webhook', 'token')),
@@ -630,8 +627,8 @@ BEGIN
 	IF TG_TABLE_NAME = 'mail_live' THEN
 		UPDATE gatekeeper.mail_live l
 		   SET queue = NEW.queue, priority = NEW.priority, send_at = NEW.send_at, state = NEW.state,
-			   attempt = NEW.attempt, uncharged = NEW.uncharged, lease_until = NEW.lease_until,
-			   worker = NEW.worker, message_id = NEW.message_id, last_error = NEW.last_error,
+			   attempt = NEW.attempt, uncharged = NEW.uncharged, worker = NEW.worker,
+			   message_id = NEW.message_id, last_error = NEW.last_error,
 			   dedupe_key = NEW.dedupe_key, segment = NEW.segment
 		 WHERE l.id = NEW.id;
 		IF FOUND THEN
@@ -998,8 +995,8 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
   -- the live row, or the record of the batch the mail is claimed in
   -- (with the batch's lease)
   LEFT JOIN LATERAL (
-	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, l.lease_until, l.worker,
-		   l.message_id, l.last_error
+	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, NULL::timestamptz AS lease_until,
+		   l.worker, l.message_id, l.last_error
 	  FROM gatekeeper.mail_live l
 	 WHERE l.id = m.id
 	UNION ALL
@@ -1825,15 +1822,12 @@ BEGIN
 	IF ack.id IS NULL OR ack.attempt IS NULL THEN
 		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	WITH done AS (
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
-			   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-		  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f
-		RETURNING mail_done.id, mail_done.queue, mail_done.segment)
-	INSERT INTO gatekeeper.event_log (mail_id, queue, event, source, segment)
-	SELECT d.id, d.queue, 'sent', 'relay', d.segment FROM done d;
+	-- the mail_done row is the 'sent' event too (gatekeeper.events)
+	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
+									  message_id, last_error, dedupe_key, finished_at, segment)
+	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
+		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
+	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
 	RETURN FOUND;
 END
 $$;
@@ -1925,9 +1919,9 @@ BEGIN
 	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 	delay := delay / 2 + delay / 2 * random();
 	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-									  lease_until, worker, message_id, last_error, dedupe_key, segment)
+									  worker, message_id, last_error, dedupe_key, segment)
 	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
-			NULL, m.worker, m.message_id, error, m.dedupe_key, m.segment);
+			m.worker, m.message_id, error, m.dedupe_key, m.segment);
 	INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
 	VALUES (m.id, m.queue, 'deferred', gatekeeper._reply_status(error), error, 'relay', m.segment);
 	IF q.notify THEN
@@ -2023,9 +2017,9 @@ BEGIN
 		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
 		delay := delay / 2 + delay / 2 * random();
 		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+										  worker, message_id, last_error, dedupe_key, segment)
 		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
-				(e.m).uncharged, NULL, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
+				(e.m).uncharged, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
 				(e.m).segment);
 		INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
 		VALUES ((e.m).id, (e.m).queue, 'deferred', gatekeeper._reply_status(e.error), e.error, 'relay',
@@ -2123,9 +2117,9 @@ BEGIN
 	-- the claims still open, out of their batches and back into mail_live
 	WITH back AS (
 		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+										  worker, message_id, last_error, dedupe_key, segment)
 		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
-			   t.uncharged + 1, NULL, t.worker, t.message_id, error, t.dedupe_key, t.segment
+			   t.uncharged + 1, t.worker, t.message_id, error, t.dedupe_key, t.segment
 		  FROM gatekeeper._take_claimed(ids, attempts) t
 		RETURNING mail_live.queue, mail_live.send_at
 	)
@@ -2208,9 +2202,9 @@ BEGIN
 		 WHERE NOT r.id = ANY (e.gone)
 	), back AS (
 		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  lease_until, worker, message_id, last_error, dedupe_key, segment)
+										  worker, message_id, last_error, dedupe_key, segment)
 		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.free,
-			   NULL, NULL, j.message_id, j.why, j.dedupe_key, j.segment
+			   NULL, j.message_id, j.why, j.dedupe_key, j.segment
 		  FROM judged j
 		 WHERE j.outcome = 'scheduled'
 		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
@@ -2421,7 +2415,7 @@ BEGIN
 			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
 						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
 								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
-								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
+								 (c.mails[i]).uncharged, (c.mails[i]).worker,
 								 (c.mails[i]).message_id, (c.mails[i]).last_error,
 								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
 						ELSE c.mails[i] END
@@ -3004,15 +2998,24 @@ COMMENT ON VIEW gatekeeper.queue_stats IS
 	'per queue: live mail (scheduled, due, claimed, oldest due age), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
 
 -- every event of the retained mail (issue 27): id, the mail, its queue and
--- recipient, what happened, the status code and detail, who told, when
+-- recipient, what happened, the status code and detail, who told, when:
+-- the rows of event_log, and a 'sent' event for each sent mail, read from
+-- its mail_done row (source 'relay', at its finish).  A sent event has no
+-- id (NULL): it is no row of event_log; the mail and its finish name it.
 CREATE VIEW gatekeeper.events AS
 SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
 	   e.event, e.status, e.detail, e.source, e.at
   FROM gatekeeper.event_log e
-  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment;
+  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
+UNION ALL
+SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
+	   d.finished_at
+  FROM gatekeeper.mail_done d
+  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
+ WHERE d.state = 'sent';
 
 COMMENT ON VIEW gatekeeper.events IS
-	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks';
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
 
 -- the reports ingest_report and record_event took since the server started
 -- (or reset_stats()): recorded (at least one row written) and ignored

@@ -121,7 +121,7 @@ enum
 	COL_SEND_AT,
 	COL_SEND_BY,
 	COL_TIMEZONE,
-	COL_RECORD					/* the claim state as a mail_live record (0.2.0) */
+	COL_RECORD					/* the claim state as a mail_live record */
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
 
@@ -178,14 +178,10 @@ typedef struct Claimed
 	const char *suppressed;		/* the suppression list's reason, or NULL */
 	bool		outside_window; /* deferred to reopens, its window's opening */
 	const char *window_zone;	/* the zone it was judged in */
-	Datum		record;			/* its gatekeeper.mail_live record (0.2.0) */
+	Datum		record;			/* its gatekeeper.mail_live record */
 } Claimed;
 
-/*
- * The queues' policies.  0.1.0's schema (a new library before ALTER EXTENSION
- * UPDATE) has no transactional, unsubscribe_url, send_window or timezone;
- * 0.2.0's no feedback_id.
- */
+/* The queues' policies. */
 #define QUEUES_SQL(policy, filter) \
 "SELECT q.name, q.weight, q.on_gate_closed = 'defer', q.rate_limit, " \
 "       array_agg(g.name ORDER BY g.name) FILTER (WHERE g.id IS NOT NULL), " \
@@ -201,17 +197,10 @@ typedef struct Claimed
 
 static const char queues_sql[] =
 QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, q.feedback_id", "");
-static const char queues_020_sql[] =
-QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, NULL::text", "");
-static const char queues_010_sql[] =
-QUEUES_SQL("false, NULL::text, NULL::text, 'UTC'::text, NULL::text", "");
 
 /* a background worker's claim: only the queues it serves */
 static const char queues_background_sql[] =
 QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, q.feedback_id",
-		   " AND q.background ");
-static const char queues_background_020_sql[] =
-QUEUES_SQL("q.transactional, q.unsubscribe_url, q.send_window, q.timezone, NULL::text",
 		   " AND q.background ");
 
 static const char unknown_sql[] =
@@ -230,8 +219,7 @@ static const char bucket_sql[] =
  * The claim of one queue's share.  The mail's narrow live row leaves
  * gatekeeper.mail_live; the content is joined by primary key and never
  * rewritten.  The last column is the claim state the row would have been
- * updated to, as a mail_live record (lease_until NULL: the lease is the
- * batch's).  Mail past its send_by comes back marked expired (its record
+ * updated to, as a mail_live record (the lease is the batch's).  Mail past its send_by comes back marked expired (its record
  * as mail_done takes it) and is written there by settle_claimed.
  */
 #define CLAIM_EXPIRED "m.send_by < now()"
@@ -271,7 +259,7 @@ static const char claim_sql[] =
 "          ROW(l.id, l.queue, l.priority, l.send_at, "
 "              CASE WHEN " CLAIM_EXPIRED " THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
 "              l.attempt + CASE WHEN " CLAIM_EXPIRED " THEN 0 ELSE 1 END, "
-"              l.uncharged, NULL::timestamptz, "
+"              l.uncharged, "
 "              CASE WHEN " CLAIM_EXPIRED " THEN l.worker ELSE $4 END, "
 "              " CLAIM_MESSAGE_ID ", "
 "              CASE WHEN " CLAIM_EXPIRED " THEN 'not sent before send_by' ELSE l.last_error END, "
@@ -290,9 +278,9 @@ static const char claim_batch_sql[] =
 /* Claimed mail a gate, window or full gate memory deferred: live again. */
 static const char defer_sql[] =
 "INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged, "
-"                                  lease_until, worker, message_id, last_error, dedupe_key, segment) "
+"                                  worker, message_id, last_error, dedupe_key, segment) "
 "SELECT u.id, u.queue, u.priority, u.send_at, u.state, u.attempt, u.uncharged, "
-"       u.lease_until, u.worker, u.message_id, u.last_error, u.dedupe_key, u.segment "
+"       u.worker, u.message_id, u.last_error, u.dedupe_key, u.segment "
 "  FROM unnest($1) u";
 
 /*
@@ -311,22 +299,11 @@ static const char spend_tokens_sql[] =
 " WHERE name = $1";
 
 /*
- * Claims taken out of their batches (take_claimed), reported sent, each
- * with its 'sent' event (the recipient is the mail's: not read here).
+ * Claims taken out of their batches (take_claimed), reported sent.  Their
+ * mail_done rows are their 'sent' events too: gatekeeper.events reads
+ * them from there, so the ack writes no event_log row.
  */
 static const char ack_batch_sql[] =
-"WITH done AS ( "
-"INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
-"                                  message_id, last_error, dedupe_key, finished_at, segment) "
-"SELECT u.id, u.queue, 'sent', u.attempt, u.uncharged, u.send_at, u.worker, "
-"       u.message_id, u.last_error, u.dedupe_key, now(), u.segment "
-"  FROM unnest($1) u "
-"RETURNING id, queue, segment) "
-"INSERT INTO gatekeeper.event_log (mail_id, queue, event, source, segment) "
-"SELECT d.id, d.queue, 'sent', 'relay', d.segment FROM done d";
-
-/* The same for 0.2.0's schema, which has no event_log yet. */
-static const char ack_batch_020_sql[] =
 "INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
 "                                  message_id, last_error, dedupe_key, finished_at, segment) "
 "SELECT u.id, u.queue, 'sent', u.attempt, u.uncharged, u.send_at, u.worker, "
@@ -357,67 +334,8 @@ static const char claim_shrink_sql[] =
 "UPDATE gatekeeper.mail_claim SET open = open - $2, gone = gone || $3 "
 " WHERE batch = $1";
 
-/*
- * The same for the 0.1.0 layout, in which gatekeeper.mail holds the
- * state too: 0.1.0's SQL functions call this library until ALTER
- * EXTENSION gatekeeper UPDATE.
- */
-static const char claim_010_sql[] =
-"UPDATE gatekeeper.mail m "
-"   SET state = CASE WHEN m.send_by < now() THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
-"       attempt = m.attempt + CASE WHEN m.send_by < now() THEN 0 ELSE 1 END, "
-"       lease_until = CASE WHEN m.send_by < now() THEN NULL ELSE now() + $3 END, "
-"       worker = CASE WHEN m.send_by < now() THEN m.worker ELSE $4 END, "
-"       finished_at = CASE WHEN m.send_by < now() THEN now() END, "
-"       last_error = CASE WHEN m.send_by < now() THEN 'not sent before send_by' ELSE m.last_error END, "
-"       message_id = coalesce(m.message_id, "
-"           '<' || m.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || "
-"           coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), "
-"                    'gatekeeper.invalid') || '>') "
-" WHERE m.id = ANY (ARRAY( "
-"       WITH RECURSIVE levels(p) AS ( "
-"           (SELECT d.priority FROM gatekeeper.mail d "
-"             WHERE d.queue = $1 AND d.state = 'scheduled' "
-"             ORDER BY d.priority DESC LIMIT 1) "
-"           UNION ALL "
-"           SELECT (SELECT d.priority FROM gatekeeper.mail d "
-"                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
-"                    ORDER BY d.priority DESC LIMIT 1) "
-"             FROM levels l WHERE l.p IS NOT NULL) "
-"       SELECT c.id FROM levels l, LATERAL ( "
-"           SELECT d.id FROM gatekeeper.mail d "
-"            WHERE d.queue = $1 AND d.state = 'scheduled' "
-"              AND d.priority = l.p AND d.send_at <= now() "
-"            ORDER BY d.send_at, d.id "
-"            LIMIT $2 "
-"              FOR UPDATE SKIP LOCKED) c "
-"        WHERE l.p IS NOT NULL "
-"        LIMIT $2)) "
-"RETURNING m.id, m.attempt, m.queue, m.recipient, NULL::text, m.sender, m.subject, "
-"          m.body, m.html, m.headers, m.message_id, NULL::jsonb, m.state = 'expired', "
-"          m.priority, m.send_at, m.send_by, NULL::text";
-
-static const char settle_losers_010_sql[] =
-"UPDATE gatekeeper.mail m "
-"   SET state = u.state::gatekeeper.state, "
-"       send_at = CASE WHEN u.state = 'scheduled' THEN u.send_at ELSE m.send_at END, "
-"       attempt = m.attempt - 1, lease_until = NULL, worker = NULL, "
-"       finished_at = CASE WHEN u.state = 'scheduled' THEN NULL ELSE now() END, "
-"       last_error = u.error "
-"  FROM unnest($1, $2, $3, $4) AS u(id, state, send_at, error) "
-" WHERE m.id = u.id";
-
-static const char ack_batch_010_sql[] =
-"UPDATE gatekeeper.mail m "
-"   SET state = 'sent', finished_at = now(), lease_until = NULL "
-"  FROM unnest($1, $2) AS u(id, attempt) "
-" WHERE m.id = u.id AND m.attempt = u.attempt AND m.state = 'claimed'";
-
 static SPIPlanPtr queues_plan = NULL;
-static SPIPlanPtr queues_010_plan = NULL;
 static SPIPlanPtr queues_background_plan = NULL;
-static SPIPlanPtr queues_020_plan = NULL;
-static SPIPlanPtr queues_background_020_plan = NULL;
 static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
@@ -426,14 +344,10 @@ static SPIPlanPtr defer_plan = NULL;
 static SPIPlanPtr finish_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
 static SPIPlanPtr ack_batch_plan = NULL;
-static SPIPlanPtr ack_batch_020_plan = NULL;
 static SPIPlanPtr claim_candidates_plan = NULL;
 static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr claim_drop_plan = NULL;
 static SPIPlanPtr claim_shrink_plan = NULL;
-static SPIPlanPtr claim_010_plan = NULL;
-static SPIPlanPtr settle_losers_010_plan = NULL;
-static SPIPlanPtr ack_batch_010_plan = NULL;
 static uint32 claim_rotation = 0;
 
 /* the mail_live[] type the plans taking records were prepared for */
@@ -453,7 +367,6 @@ typedef struct LiveRecord
 	AttrNumber	send_at;
 	AttrNumber	state;
 	AttrNumber	attempt;
-	AttrNumber	lease_until;
 	AttrNumber	worker;
 	AttrNumber	last_error;
 	Oid			state_type;
@@ -559,7 +472,7 @@ take_batch_cmp(const void *a, const void *b)
  * error, so a typo cannot silently claim nothing.
  */
 static ClaimQueue *
-load_queues(ArrayType *filter, int *nqueues, bool v010)
+load_queues(ArrayType *filter, int *nqueues)
 {
 	Datum		arg;
 	char		argnull = filter ? ' ' : 'n';
@@ -567,25 +480,14 @@ load_queues(ArrayType *filter, int *nqueues, bool v010)
 	uint64		n;
 	uint64		i;
 	SPIPlanPtr	plan;
-	bool		background = gatekeeper_background_claim && !v010;
+	Oid			type = TEXTARRAYOID;
+	bool		background = gatekeeper_background_claim;
 
-	{
-		Oid			type = TEXTARRAYOID;
-		Oid			queue_rel = get_relname_relid("queue", get_namespace_oid("gatekeeper", false));
-		bool		v020 = get_attnum(queue_rel, "feedback_id") == InvalidAttrNumber;
-
-		gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
-		if (v010)
-			plan = gatekeeper_plan(&queues_010_plan, queues_010_sql, 1, &type);
-		else if (background && v020)
-			plan = gatekeeper_plan(&queues_background_020_plan, queues_background_020_sql, 1, &type);
-		else if (background)
-			plan = gatekeeper_plan(&queues_background_plan, queues_background_sql, 1, &type);
-		else if (v020)
-			plan = gatekeeper_plan(&queues_020_plan, queues_020_sql, 1, &type);
-		else
-			plan = gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
-	}
+	gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
+	if (background)
+		plan = gatekeeper_plan(&queues_background_plan, queues_background_sql, 1, &type);
+	else
+		plan = gatekeeper_plan(&queues_plan, queues_sql, 1, &type);
 
 	arg = PointerGetDatum(filter);
 	if (filter != NULL)
@@ -760,8 +662,7 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 	c->send_at = DatumGetTimestampTz(v[COL_SEND_AT - 1]);
 	c->send_by = n[COL_SEND_BY - 1] ? 0 : DatumGetTimestampTz(v[COL_SEND_BY - 1]);
 	c->timezone = n[COL_TIMEZONE - 1] ? NULL : TextDatumGetCString(v[COL_TIMEZONE - 1]);
-	if (desc->natts >= COL_RECORD)
-		c->record = datumCopy(v[COL_RECORD - 1], false, -1);
+	c->record = datumCopy(v[COL_RECORD - 1], false, -1);
 	if (r->queue->ngates > 0)
 		c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
 	MemoryContextSwitchTo(old);
@@ -771,8 +672,7 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 static void
 claim_receiver_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
 {
-	/* 0.1.0's statement has no record */
-	if (typeinfo->natts != COL_TIMEZONE && typeinfo->natts != COL_RECORD)
+	if (typeinfo->natts != COL_RECORD)
 		elog(ERROR, "claim statement returns %d columns, expected %d",
 			 typeinfo->natts, COL_RECORD);
 }
@@ -786,7 +686,7 @@ claim_receiver_noop(DestReceiver *self)
  * Run the claim statement for one queue's share; append what it claimed.
  */
 static int
-claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *worker,
+claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 				 Claimed *claimed, int *nclaimed, MemoryContext keep)
 {
 	Datum		args[6];
@@ -795,10 +695,7 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 	ClaimReceiver receiver;
 	int			before = *nclaimed;
 
-	if (split)
-		plan = gatekeeper_plan(&claim_plan, claim_sql, 6, types);
-	else
-		plan = gatekeeper_plan(&claim_010_plan, claim_010_sql, 6, types);
+	plan = gatekeeper_plan(&claim_plan, claim_sql, 6, types);
 
 	args[0] = CStringGetTextDatum(q->name);
 	args[1] = Int32GetDatum(share);
@@ -819,7 +716,7 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
 	receiver.keep = keep;
 
 	if (gatekeeper_execute_by_key_into(plan, args, NULL, false, 0, &receiver.pub) !=
-		(split ? SPI_OK_DELETE_RETURNING : SPI_OK_UPDATE_RETURNING))
+		SPI_OK_DELETE_RETURNING)
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
 
 	return *nclaimed - before;
@@ -834,7 +731,7 @@ claim_from_queue(bool split, ClaimQueue *q, int share, Interval *lease, text *wo
  * queue can give more.
  */
 static int
-claim_fairly(bool split, ClaimQueue *queues, int nqueues, int batch, Interval *lease,
+claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 			 text *worker, Claimed *claimed, MemoryContext keep)
 {
 	int			nclaimed = 0;
@@ -902,7 +799,7 @@ claim_fairly(bool split, ClaimQueue *queues, int nqueues, int batch, Interval *l
 
 			if (share <= 0)
 				continue;
-			got = claim_from_queue(split, q, share, lease, worker, claimed, &nclaimed, keep);
+			got = claim_from_queue(q, share, lease, worker, claimed, &nclaimed, keep);
 			q->got += got;
 			progress += got;
 			if (got < share)
@@ -1385,70 +1282,6 @@ loser_outcome(Claimed *c, TimestampTz now, char **error)
 }
 
 /*
- * Record what became of the mails that lost at a gate: suppressed, or
- * deferred to when the gates reopen (expired if that is past send_by).
- * Their claim never became visible, so their attempt count is restored.
- */
-static void
-settle_losers_010(Claimed *claimed, int nclaimed, TimestampTz now)
-{
-	Datum	   *ids;
-	Datum	   *states;
-	Datum	   *send_ats;
-	Datum	   *errors;
-	int			n = 0;
-	int			nomem = 0;
-	int			i;
-	Datum		args[4];
-
-	for (i = 0; i < nclaimed; i++)
-	{
-		if (claimed[i].lost)
-			n++;
-		if (claimed[i].nomem)
-			nomem++;
-	}
-	if (n == 0)
-		return;
-	if (nomem > 0)
-		gatekeeper_gate_memory_warning(nomem);
-
-	ids = palloc(n * sizeof(Datum));
-	states = palloc(n * sizeof(Datum));
-	send_ats = palloc(n * sizeof(Datum));
-	errors = palloc(n * sizeof(Datum));
-	n = 0;
-	for (i = 0; i < nclaimed; i++)
-	{
-		Claimed    *c = &claimed[i];
-		const char *state;
-		char	   *error;
-
-		if (!c->lost)
-			continue;
-		state = loser_outcome(c, now, &error);
-		ids[n] = Int64GetDatum(c->id);
-		states[n] = CStringGetTextDatum(state);
-		send_ats[n] = TimestampTzGetDatum(Max(c->reopens, c->send_at));
-		errors[n] = CStringGetTextDatum(error);
-		n++;
-	}
-
-	if (settle_losers_010_plan == NULL)
-	{
-		Oid			types[4] = {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID};
-
-		gatekeeper_plan(&settle_losers_010_plan, settle_losers_010_sql, 4, types);
-	}
-	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
-	args[1] = gatekeeper_array(states, NULL, n, TEXTOID);
-	args[2] = gatekeeper_array(send_ats, NULL, n, TIMESTAMPTZOID);
-	args[3] = gatekeeper_array(errors, NULL, n, TEXTOID);
-	if (gatekeeper_execute_by_key(settle_losers_010_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
-		elog(ERROR, "could not record gated mail");
-}
-
-/*
  * Look up gatekeeper.mail_live's row type (that of the records the claim
  * statement returns, or a batch holds) and the attributes used here.
  */
@@ -1479,15 +1312,13 @@ live_record_init(LiveRecord *lr, Oid type)
 		}
 		else if (strcmp(name, "attempt") == 0)
 			lr->attempt = att->attnum;
-		else if (strcmp(name, "lease_until") == 0)
-			lr->lease_until = att->attnum;
 		else if (strcmp(name, "worker") == 0)
 			lr->worker = att->attnum;
 		else if (strcmp(name, "last_error") == 0)
 			lr->last_error = att->attnum;
 	}
 	if (lr->id == 0 || lr->send_at == 0 || lr->state == 0 || lr->attempt == 0 ||
-		lr->lease_until == 0 || lr->worker == 0 || lr->last_error == 0 ||
+		lr->worker == 0 || lr->last_error == 0 ||
 		!OidIsValid(lr->arraytype))
 		elog(ERROR, "type gatekeeper.mail_live lacks a column of a claim");
 
@@ -1565,7 +1396,6 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
 	values[lr->send_at - 1] = TimestampTzGetDatum(send_at);
 	values[lr->last_error - 1] = CStringGetTextDatum(error);
 	nulls[lr->last_error - 1] = false;
-	nulls[lr->lease_until - 1] = true;
 	nulls[lr->worker - 1] = true;
 	return HeapTupleGetDatum(heap_form_tuple(lr->desc, values, nulls));
 }
@@ -1766,10 +1596,9 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	int			nqueues;
 	Claimed    *claimed;
 	int			nclaimed;
-	bool		split;
-	bool		v010;
 	int			i;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -1811,20 +1640,11 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 
-	/*
-	 * 0.1.0's schema (a new library before ALTER EXTENSION UPDATE): the
-	 * state is in gatekeeper.mail itself, there are none of the tables and
-	 * columns of suppression, windows and unsubscribe, and the declared
-	 * result has no recipient_name or metadata.
-	 */
-	split = gatekeeper_mail_split();
-	v010 = rsinfo->setDesc->natts < NUM_OUTPUT_COLUMNS;
-
 	SPI_connect();
-	queues = load_queues(filter, &nqueues, !split);
+	queues = load_queues(filter, &nqueues);
 
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
-	nclaimed = claim_fairly(split, queues, nqueues, batch, lease, worker, claimed, keep);
+	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
 
 	/*
 	 * In this transaction, in this order: the sending windows (mail outside
@@ -1833,13 +1653,9 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	 * may not go is settled now and never returned, and takes no gate pass.
 	 */
 	apply_windows(claimed, nclaimed, now);
-	if (split)
-		apply_suppression(claimed, nclaimed);
+	apply_suppression(claimed, nclaimed);
 	apply_gates_or_defer(claimed, nclaimed, now);
-	if (split)
-		settle_claimed(claimed, nclaimed, now, queues, nqueues, lease, worker);
-	else
-		settle_losers_010(claimed, nclaimed, now);
+	settle_claimed(claimed, nclaimed, now, queues, nqueues, lease, worker);
 	add_queue_headers(claimed, nclaimed, keep);
 
 	for (i = 0; i < nclaimed; i++)
@@ -1855,24 +1671,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 		if (c->expired || c->lost)
 			continue;
-		if (v010)
-		{
-			Datum		values[NUM_OUTPUT_COLUMNS];
-			bool		nulls[NUM_OUTPUT_COLUMNS];
-			int			k;
-			int			o = 0;
-
-			for (k = 0; k < NUM_OUTPUT_COLUMNS; k++)
-			{
-				if (k == COL_RECIPIENT_NAME - 1 || k == COL_METADATA - 1)
-					continue;
-				values[o] = c->values[k];
-				nulls[o++] = c->nulls[k];
-			}
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		}
-		else
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
 	}
 
 	return (Datum) 0;
@@ -2247,6 +2046,7 @@ gatekeeper_take_claimed(PG_FUNCTION_ARGS)
 	bool	   *nulls;
 	int			i;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -2277,17 +2077,19 @@ gatekeeper_take_claimed(PG_FUNCTION_ARGS)
 /*
  * ack_batch(ids bigint[], attempts int[]) RETURNS int
  *		Report a batch of claims sent; returns how many were still theirs.
- *		(0.1.0's ack(bigint[], int[]) calls it too.)  An element repeated
- *		counts once; a NULL element is refused, as a NULL is by ack().
+ *		An element repeated counts once; a NULL element is refused, as a
+ *		NULL is by ack().
  */
 Datum
 gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 {
 	ArrayType  *ids;
 	ArrayType  *attempts;
-	bool		split;
-	uint64		n;
+	LiveRecord	lr;
+	Datum	   *taken;
+	int			ntaken;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -2296,38 +2098,12 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	attempts = PG_GETARG_ARRAYTYPE_P(1);
 	check_claim_arrays(ids, attempts);
 
-	split = gatekeeper_mail_split();
 	SPI_connect();
-	if (split)
-	{
-		LiveRecord	lr;
-		Datum	   *taken;
-		int			ntaken;
-
-		taken = take_claimed(ids, attempts, &ntaken, &lr, CurrentMemoryContext);
-		if (ntaken > 0 && OidIsValid(get_relname_relid("event_log",
-														get_namespace_oid("gatekeeper", false))))
-			execute_with_records(&ack_batch_plan, ack_batch_sql, &lr, taken, ntaken,
-								 SPI_OK_INSERT, "sent mail");
-		else if (ntaken > 0)
-			execute_with_records(&ack_batch_020_plan, ack_batch_020_sql, &lr, taken, ntaken,
-								 SPI_OK_INSERT, "sent mail");
-		n = ntaken;
-	}
-	else
-	{
-		Datum		args[2];
-		Oid			types[2] = {INT8ARRAYOID, INT4ARRAYOID};
-		SPIPlanPtr	plan;
-
-		plan = gatekeeper_plan(&ack_batch_010_plan, ack_batch_010_sql, 2, types);
-		args[0] = PointerGetDatum(ids);
-		args[1] = PointerGetDatum(attempts);
-		if (gatekeeper_execute_by_key(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "ack failed");
-		n = SPI_processed;
-	}
+	taken = take_claimed(ids, attempts, &ntaken, &lr, CurrentMemoryContext);
+	if (ntaken > 0)
+		execute_with_records(&ack_batch_plan, ack_batch_sql, &lr, taken, ntaken,
+							 SPI_OK_INSERT, "sent mail");
 	SPI_finish();
 
-	PG_RETURN_INT32((int32) n);
+	PG_RETURN_INT32((int32) ntaken);
 }

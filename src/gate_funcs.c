@@ -134,6 +134,7 @@ gatekeeper_gate_pass(PG_FUNCTION_ARGS)
 	int			want = 1;
 	int			granted;
 
+	gatekeeper_require_schema();
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipient");
 
@@ -161,8 +162,7 @@ row_index_cmp(const void *a, const void *b, void *arg)
  * gate_pass_batch(gate text, recipients text[]) RETURNS SETOF text
  *		Pass each recipient in turn; return those that passed, in order.
  *		A recipient named twice is gated twice, like any two callers.
- *		Every recipient is checked before any is passed.  (0.1.0's
- *		gate_pass(text, text[]) calls it too.)
+ *		Every recipient is checked before any is passed.
  */
 Datum
 gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
@@ -183,6 +183,7 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 	GateDef		def;
 	int			i;
 
+	gatekeeper_require_schema();
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipients");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
@@ -282,6 +283,7 @@ gatekeeper_gate_open(PG_FUNCTION_ARGS)
 	int			live;
 	TimestampTz reopens;
 
+	gatekeeper_require_schema();
 	peek(fcinfo, &live, &reopens);
 	PG_RETURN_BOOL(reopens == 0);
 }
@@ -295,6 +297,7 @@ gatekeeper_gate_next_open(PG_FUNCTION_ARGS)
 	int			live;
 	TimestampTz reopens;
 
+	gatekeeper_require_schema();
 	peek(fcinfo, &live, &reopens);
 	if (reopens == 0)
 		PG_RETURN_NULL();
@@ -313,6 +316,7 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
 	GatePasses	row;
 	int			released;
 
+	gatekeeper_require_schema();
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipient");
 	require_arg(fcinfo, 2, "holder");
@@ -339,6 +343,7 @@ gatekeeper_release_mail(PG_FUNCTION_ARGS)
 	int64		holder;
 	int			released;
 
+	gatekeeper_require_schema();
 	require_arg(fcinfo, 0, "recipient");
 	require_arg(fcinfo, 1, "holder");
 	recipient = text_to_cstring(PG_GETARG_TEXT_PP(0));
@@ -369,6 +374,7 @@ gatekeeper_release_mails(PG_FUNCTION_ARGS)
 	int			released;
 	int			i;
 
+	gatekeeper_require_schema();
 	require_arg(fcinfo, 0, "recipients");
 	require_arg(fcinfo, 1, "holders");
 	deconstruct_array(PG_GETARG_ARRAYTYPE_P(0), TEXTOID, -1, false, TYPALIGN_INT, &rv, &rn, &nr);
@@ -411,6 +417,7 @@ gatekeeper_explain(PG_FUNCTION_ARGS)
 	uint64		ngates;
 	SPITupleTable *gates;
 
+	gatekeeper_require_schema();
 	require_arg(fcinfo, 0, "recipient");
 	InitMaterializedSRF(fcinfo, 0);
 	key = recipient_arg(PG_GETARG_TEXT_PP(0));
@@ -465,6 +472,7 @@ gatekeeper_gate_sweep(PG_FUNCTION_ARGS)
 	uint64		nonce;
 	int64		dropped;
 
+	gatekeeper_require_schema();
 	if (!gate_store_sweep_due())
 		PG_RETURN_INT64(0);
 	SPI_connect();
@@ -492,6 +500,7 @@ gatekeeper_gate_restamp(PG_FUNCTION_ARGS)
 	int			ne;
 	int			i;
 
+	gatekeeper_require_schema();
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipient");
 	require_arg(fcinfo, 2, "expires");
@@ -537,6 +546,7 @@ gatekeeper_gate_memory_stats(PG_FUNCTION_ARGS)
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
 
+	gatekeeper_require_schema();
 	InitMaterializedSRF(fcinfo, 0);
 	gate_store_stats(&stats);
 	values[0] = Int64GetDatum((int64) stats.used);

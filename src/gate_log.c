@@ -18,9 +18,7 @@
  * A space is named by a random number the extension keeps in
  * gatekeeper.gate_space, drawn by CREATE EXTENSION (or the update to
  * 0.2.0), so a dropped and re-created extension never finds its
- * predecessor's passes, even if its tables get the same OIDs.  A 0.1.0
- * extension running this library has no such table and is named by its
- * log table's OID, as 0.1.0 did.
+ * predecessor's passes, even if its tables get the same OIDs.
  *
  * On a hot standby the shared store is not kept (replay does not call
  * gatekeeper, and a rebuild would need a transaction id): the read-only
@@ -122,13 +120,7 @@ gate_log_nonce(void)
 	bool		isnull;
 
 	if (!OidIsValid(relid))
-	{
-		/* a 0.1.0 extension: its log table's OID */
-		relid = get_relname_relid("gate_log", nsp);
-		if (!OidIsValid(relid))
-			elog(ERROR, "gatekeeper.gate_log does not exist");
-		return (uint64) relid;
-	}
+		elog(ERROR, "gatekeeper.gate_space does not exist");
 	if (relid == nonce_relid)
 		return nonce_value;
 	if (!nonce_callback_registered)

@@ -28,6 +28,11 @@
  * earliest such time goes to shared memory and the first worker, which
  * announces mail as it comes due, is woken to look at it (src/worker.c).
  *
+ * The library serves one version of the schema, its own: the functions
+ * that read or write the extension's tables first ask
+ * gatekeeper_require_schema(), which refuses in a database whose
+ * extension is another version (see gatekeeper_schema).
+ *
  * IDENTIFICATION
  *		src/gatekeeper.c
  *
@@ -45,8 +50,14 @@
 #include <limits.h>
 #include <math.h>
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
 #include "access/xact.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_extension.h"
 #include "commands/async.h"
+#include "commands/dbcommands.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -58,6 +69,7 @@
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
+#include "storage/sinval.h"
 #include "storage/spin.h"
 #include "tcop/pquery.h"
 #include "utils/acl.h"
@@ -65,6 +77,7 @@
 #include "utils/lsyscache.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/memutils.h"
 
 PG_MODULE_MAGIC;
@@ -1438,6 +1451,117 @@ gatekeeper_loading_dump(Relation rel)
 }
 
 /*
+ * The version of gatekeeper's SQL objects in this database, as the library
+ * sees it.  The library serves one version of the schema, its own
+ * (GATEKEEPER_VERSION, the control file's default_version, given by the
+ * Makefile): in a database whose extension is older, every entry point
+ * that reads or writes the extension's tables refuses with 0A000 and the
+ * background worker waits, until ALTER EXTENSION gatekeeper UPDATE.  The
+ * update scripts, 0.1.0's included, run with this library loaded and call
+ * none of those entry points before their objects are the new version's
+ * (PostgreSQL sets extversion to the target before it runs a step's
+ * script).
+ *
+ * The version is pg_extension.extversion, read by name through its index.
+ * pg_extension has no system cache, so nothing invalidates a copy: it is
+ * kept for the current command of the current transaction, and read again
+ * once any invalidation message arrived (another backend's committed
+ * ALTER EXTENSION, whose script changes pg_proc and pg_class, sends them).
+ * A transaction's own ALTER EXTENSION ends its command.
+ */
+static struct
+{
+	LocalTransactionId lxid;
+	CommandId	cid;
+	uint64		inval;
+	GatekeeperSchema schema;
+	char		version[NAMEDATALEN];
+}			schema_seen;
+
+/*
+ * gatekeeper_schema
+ *		Whether this database has the extension, at the library's version or
+ *		another.  *version, when asked, is set to the extension's version
+ *		("" without the extension); it is valid until the next call.
+ */
+GatekeeperSchema
+gatekeeper_schema(const char **version)
+{
+	CommandId	cid = GetCurrentCommandId(false);
+
+	if (schema_seen.lxid != MyProc->lxid || schema_seen.cid != cid ||
+		schema_seen.inval != SharedInvalidMessageCounter)
+	{
+		Relation	rel;
+		ScanKeyData key;
+		SysScanDesc scan;
+		HeapTuple	tuple;
+
+		rel = table_open(ExtensionRelationId, AccessShareLock);
+		ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+					F_NAMEEQ, CStringGetDatum("gatekeeper"));
+		scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+		tuple = systable_getnext(scan);
+		schema_seen.version[0] = '\0';
+		schema_seen.schema = GATEKEEPER_SCHEMA_MISSING;
+		if (HeapTupleIsValid(tuple))
+		{
+			bool		isnull;
+			Datum		d = heap_getattr(tuple, Anum_pg_extension_extversion,
+										 RelationGetDescr(rel), &isnull);
+
+			if (!isnull)
+				text_to_cstring_buffer(DatumGetTextPP(d), schema_seen.version,
+									   sizeof(schema_seen.version));
+			schema_seen.schema = strcmp(schema_seen.version, GATEKEEPER_VERSION) == 0 ?
+				GATEKEEPER_SCHEMA_CURRENT : GATEKEEPER_SCHEMA_OTHER;
+		}
+		systable_endscan(scan);
+		table_close(rel, AccessShareLock);
+		/* after the lock: the messages it took in are reflected in the read */
+		schema_seen.lxid = MyProc->lxid;
+		schema_seen.cid = cid;
+		schema_seen.inval = SharedInvalidMessageCounter;
+	}
+	if (version != NULL)
+		*version = schema_seen.version;
+	return schema_seen.schema;
+}
+
+/*
+ * gatekeeper_report_schema
+ *		Say at elevel that this database's extension is not the library's
+ *		version (the worker's LOG, a function's ERROR: the same message).
+ */
+void
+gatekeeper_report_schema(int elevel, const char *version)
+{
+	ereport(elevel,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("extension gatekeeper in database \"%s\" is version %s, but its library serves %s",
+					get_database_name(MyDatabaseId), version, GATEKEEPER_VERSION),
+			 elevel >= ERROR ?
+			 errdetail("The library no longer has the code of version %s's functions.", version) :
+			 errdetail("The gatekeeper worker delivers no mail in this database until then."),
+			 errhint("Run ALTER EXTENSION gatekeeper UPDATE.")));
+}
+
+/*
+ * gatekeeper_require_schema
+ *		Refuse (0A000) unless this database's extension is the library's
+ *		version: the first call of every SQL entry point that reads or
+ *		writes the extension's tables.
+ */
+void
+gatekeeper_require_schema(void)
+{
+	const char *version;
+
+	if (gatekeeper_schema(&version) == GATEKEEPER_SCHEMA_OTHER)
+		gatekeeper_report_schema(ERROR, version);
+}
+
+/*
  * gatekeeper_array
  *		A one-dimensional array of n elements of a built-in type, for an SPI
  *		argument.  nulls may be NULL when no element is null.
@@ -1477,9 +1601,7 @@ gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status)
  * gatekeeper._worker_status(): one row per connected worker and relay of
  * gatekeeper.smtp_url (one row, relay_url NULL, for a worker without a
  * relay), from shared memory (nothing is read from tables, so it answers
- * at once).  No rows when the library was not preloaded.  Columns past
- * those the function declares are left off (heap_form_tuple takes the
- * descriptor's number).
+ * at once).  No rows when the library was not preloaded.
  */
 Datum
 gatekeeper_worker_status(PG_FUNCTION_ARGS)
@@ -1488,6 +1610,7 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 	GatekeeperWorkerStatus *st = palloc(sizeof(GatekeeperWorkerStatus));
 	int			i;
 
+	gatekeeper_require_schema();
 	InitMaterializedSRF(fcinfo, 0);
 	if (gatekeeper_shared == NULL)
 		return (Datum) 0;
@@ -1526,7 +1649,6 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 			values[8] = TimestampTzGetDatum(rs->last_error_at);
 			nulls[8] = rs->last_error_at == 0;
 			values[9] = Int64GetDatum(rs->sent_total);
-			/* 0.2.0's _worker_status, until ALTER EXTENSION UPDATE, takes ten */
 			values[10] = Int64GetDatum(st->unsigned_total);
 			values[11] = Int64GetDatum(rs->deferred_total);
 			values[12] = Int64GetDatum(rs->failed_total);

@@ -75,6 +75,22 @@ extern char *gatekeeper_dkim_key_table;
 
 /* src/gatekeeper.c */
 extern void gatekeeper_define_settings(void);
+
+/*
+ * src/gatekeeper.c: this database's extension against the version of the
+ * schema the library serves (GATEKEEPER_VERSION, from the control file).
+ * gatekeeper_require_schema() raises 0A000 unless they are the same.
+ */
+typedef enum GatekeeperSchema
+{
+	GATEKEEPER_SCHEMA_MISSING,	/* no extension in this database */
+	GATEKEEPER_SCHEMA_OTHER,	/* another version: ALTER EXTENSION UPDATE */
+	GATEKEEPER_SCHEMA_CURRENT	/* the library's version */
+} GatekeeperSchema;
+
+extern GatekeeperSchema gatekeeper_schema(const char **version);
+extern void gatekeeper_require_schema(void);
+extern void gatekeeper_report_schema(int elevel, const char *version);
 extern void gatekeeper_wake_at_commit(void);
 
 /*

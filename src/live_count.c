@@ -510,6 +510,7 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	Oid			state_type;
 	Oid			scheduled;
 
+	gatekeeper_require_schema();
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
 		!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event))
@@ -567,6 +568,7 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 	int64		total = 0;
 	uint64		i;
 
+	gatekeeper_require_schema();
 	if (IsolationUsesXactSnapshot())
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
@@ -609,6 +611,7 @@ gatekeeper_live_pending(PG_FUNCTION_ARGS)
 	Oid			live_relid;
 	int			i;
 
+	gatekeeper_require_schema();
 	InitMaterializedSRF(fcinfo, 0);
 	if (npending == 0)
 		return (Datum) 0;
@@ -640,6 +643,8 @@ gatekeeper_live_pending(PG_FUNCTION_ARGS)
 Datum
 gatekeeper_forget_live(PG_FUNCTION_ARGS)
 {
+	gatekeeper_require_schema();
+
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	erase_counts(PG_GETARG_TEXT_PP(0));

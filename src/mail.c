@@ -16,9 +16,6 @@
  * at commit, once per statement and queue; mail due later is left to the
  * first worker.
  *
- * The same library serves 0.1.0's layout (state in gatekeeper.mail
- * itself, no mail_live) until ALTER EXTENSION gatekeeper UPDATE.
- *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -78,11 +75,8 @@ typedef struct MailColumns
 	int			send_at;
 	int			send_by;
 	int			dedupe_key;
-	int			state;			/* 0.1.0's layout only; 0 otherwise */
-	int			recipient_name; /* 0.2.0's, 0 before the update */
-	int			timezone;		/* 0.2.0's, 0 before the update */
-	Oid			state_type;
-	Oid			scheduled;		/* enum value 'scheduled' */
+	int			recipient_name;
+	int			timezone;
 } MailColumns;
 
 static MailColumns columns;
@@ -109,17 +103,9 @@ typedef struct QueueCache
 } QueueCache;
 
 static QueueCache queue_cache;
-static SPIPlanPtr queue_plan = NULL;
-static SPIPlanPtr queue_url_plan = NULL;
 static SPIPlanPtr queue_notify_plan = NULL;
 
-/*
- * The queue's unsubscribe_url and whether it announces its mail.  0.1.0's
- * gatekeeper.queue, until ALTER EXTENSION UPDATE, has neither; the update
- * adds unsubscribe_url before notify.
- */
-static const char queue_sql[] = "SELECT NULL::text, false FROM gatekeeper.queue WHERE name = $1";
-static const char queue_url_sql[] = "SELECT unsubscribe_url, false FROM gatekeeper.queue WHERE name = $1";
+/* The queue's unsubscribe_url and whether it announces its mail. */
 static const char queue_notify_sql[] = "SELECT unsubscribe_url, notify AND NOT paused FROM gatekeeper.queue WHERE name = $1";
 
 /*
@@ -265,8 +251,8 @@ static SPIPlanPtr is_live_plan = NULL;
 
 /*
  * gatekeeper_live_relid
- *		gatekeeper.mail_live's oid in this database, or InvalidOid (0.1.0's
- *		layout, or no extension).
+ *		gatekeeper.mail_live's oid in this database, or InvalidOid (no
+ *		extension).
  */
 Oid
 gatekeeper_live_relid(void)
@@ -274,17 +260,6 @@ gatekeeper_live_relid(void)
 	Oid			nsp = get_namespace_oid("gatekeeper", true);
 
 	return OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
-}
-
-/*
- * gatekeeper_mail_split
- *		Whether the mail's state is in mail_live and mail_done (0.2.0), not
- *		in gatekeeper.mail itself (0.1.0).
- */
-bool
-gatekeeper_mail_split(void)
-{
-	return OidIsValid(gatekeeper_live_relid());
 }
 
 /*
@@ -308,38 +283,16 @@ load_columns(Relation rel)
 	columns.send_at = SPI_fnumber(desc, "send_at");
 	columns.send_by = SPI_fnumber(desc, "send_by");
 	columns.dedupe_key = SPI_fnumber(desc, "dedupe_key");
-	columns.state = SPI_fnumber(desc, "state");
-	columns.recipient_name = Max(SPI_fnumber(desc, "recipient_name"), 0);
-	columns.timezone = Max(SPI_fnumber(desc, "timezone"), 0);
+	columns.recipient_name = SPI_fnumber(desc, "recipient_name");
+	columns.timezone = SPI_fnumber(desc, "timezone");
 	if (columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
 		columns.subject <= 0 || columns.body <= 0 || columns.html <= 0 ||
 		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0 ||
-		columns.dedupe_key <= 0)
+		columns.dedupe_key <= 0 || columns.recipient_name <= 0 || columns.timezone <= 0)
 		elog(ERROR, "gatekeeper_mail_check fired on a table that is not gatekeeper.mail");
 
-	if (columns.state > 0)
-	{
-		columns.state_type = TupleDescAttr(desc, columns.state - 1)->atttypid;
-		columns.scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
-																 CStringGetDatum("scheduled"),
-																 ObjectIdGetDatum(columns.state_type)));
-	}
-	else
-		columns.state = 0;
 	columns.relid = RelationGetRelid(rel);
 	columns.natts = desc->natts;
-}
-
-/*
- * Whether gatekeeper.queue has the notify column (0.2.0).
- */
-static bool
-queue_has_notify(void)
-{
-	Oid			nsp = get_namespace_oid("gatekeeper", true);
-	Oid			relid = OidIsValid(nsp) ? get_relname_relid("queue", nsp) : InvalidOid;
-
-	return OidIsValid(relid) && get_attnum(relid, "notify") != InvalidAttrNumber;
 }
 
 /*
@@ -377,12 +330,7 @@ check_queue_exists(const char *queue)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (queue_has_notify())
-		plan = gatekeeper_plan(&queue_notify_plan, queue_notify_sql, 1, &argtype);
-	else if (columns.recipient_name > 0)
-		plan = gatekeeper_plan(&queue_url_plan, queue_url_sql, 1, &argtype);
-	else
-		plan = gatekeeper_plan(&queue_plan, queue_sql, 1, &argtype);
+	plan = gatekeeper_plan(&queue_notify_plan, queue_notify_sql, 1, &argtype);
 	arg = CStringGetTextDatum(queue);
 	if (SPI_execute_plan(plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "queue lookup failed");
@@ -466,22 +414,6 @@ column_size(HeapTuple tuple, TupleDesc desc, int attnum)
 }
 
 /*
- * Whether a mail is still to go: in 0.1.0's layout by its state column;
- * otherwise by finished (the caller knows).
- */
-static bool
-mail_scheduled(HeapTuple tuple, TupleDesc desc, bool finished)
-{
-	bool		isnull;
-	Datum		d;
-
-	if (columns.state == 0)
-		return !finished;
-	d = heap_getattr(tuple, columns.state, desc, &isnull);
-	return !isnull && DatumGetObjectId(d) == columns.scheduled;
-}
-
-/*
  * Reject a mail, with the SQLSTATEs the README documents, when any field is
  * malformed.  inserting: the mail is new, not an update of one; scheduled:
  * it is still to go.
@@ -525,14 +457,14 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 
 		gatekeeper_parse_mailbox(sender, "sender", &name, &address);
 	}
-	if (columns.recipient_name > 0 && to_go)
+	if (to_go)
 	{
 		char	   *name = column_text(tuple, desc, columns.recipient_name);
 
 		if (name != NULL)
 			gatekeeper_check_display_name(name, "recipient_name");
 	}
-	if (columns.timezone > 0 && to_go)
+	if (to_go)
 	{
 		char	   *zone = column_text(tuple, desc, columns.timezone);
 
@@ -689,8 +621,7 @@ row_error_context(void *arg)
 }
 
 /*
- * Whether the mail with this id is live (0.2.0's layout), for the update
- * of a mail.
+ * Whether the mail with this id is live, for the update of a mail.
  */
 static bool
 mail_is_live(HeapTuple tuple, TupleDesc desc)
@@ -1300,6 +1231,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		elog(ERROR, "gatekeeper_mail_check must be called as a trigger");
 	rel = trigdata->tg_relation;
 	desc = RelationGetDescr(rel);
+	gatekeeper_require_schema();
 	load_columns(rel);
 
 	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) &&
@@ -1307,13 +1239,8 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
 	{
 		HeapTuple	tuple = trigdata->tg_newtuple;
-		bool		scheduled;
 
-		if (columns.state != 0)
-			scheduled = mail_scheduled(tuple, desc, false);
-		else
-			scheduled = mail_is_live(tuple, desc);
-		check_mail(tuple, desc, false, scheduled);
+		check_mail(tuple, desc, false, mail_is_live(tuple, desc));
 		return PointerGetDatum(tuple);
 	}
 
@@ -1337,24 +1264,21 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		ErrorContextCallback errcallback;
 
 		/* a dump loaded through gatekeeper.mail: the rows as they were */
-		if (columns.state == 0 && gatekeeper_loading_dump(rel))
+		if (gatekeeper_loading_dump(rel))
 			return PointerGetDatum(NULL);
 
 		slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 
-		if (columns.state == 0)
+		done = finished_ids(trigdata, &ndone);
+		/* a restore of finished mail loads as it is, never skipped */
+		if (ndone == 0 && on_duplicate == ON_DUPLICATE_SKIP)
 		{
-			done = finished_ids(trigdata, &ndone);
-			/* a restore of finished mail loads as it is, never skipped */
-			if (ndone == 0 && on_duplicate == ON_DUPLICATE_SKIP)
-			{
-				skipping = true;
-				skipped = skip_held_keys(trigdata, &nskipped);
-			}
-			if (ndone == 0)
-				live = live_open(desc);
-			tally = gatekeeper_stats_tally_start();
+			skipping = true;
+			skipped = skip_held_keys(trigdata, &nskipped);
 		}
+		if (ndone == 0)
+			live = live_open(desc);
+		tally = gatekeeper_stats_tally_start();
 
 		where.row = 0;
 		where.tuple = NULL;
@@ -1374,7 +1298,6 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
 			bool		finished = false;
 			bool		skip = false;
-			bool		scheduled;
 
 			if (ndone > 0 || nskipped > 0)
 			{
@@ -1389,8 +1312,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			where.row++;
 			where.tuple = tuple;
 			error_context_stack = &errcallback;
-			scheduled = mail_scheduled(tuple, desc, finished);
-			check_mail(tuple, desc, true, scheduled);
+			check_mail(tuple, desc, true, !finished);
 			error_context_stack = errcallback.previous;
 			where.tuple = NULL;
 			if (!keyed)
@@ -1430,9 +1352,9 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 			live_close(live);
 		else if (skipping)
 			insert_live_kept(trigdata);
-		else if (columns.state == 0)
+		else
 			insert_live(trigdata, ndone > 0);
-		if (keyed && columns.state == 0 && !skipping)
+		if (keyed && !skipping)
 			write_keys(trigdata);
 		if (nskipped > 0)
 		{

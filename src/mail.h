@@ -11,7 +11,6 @@
 #include "gatekeeper.h"
 
 extern Oid	gatekeeper_live_relid(void);
-extern bool gatekeeper_mail_split(void);
 extern void gatekeeper_define_segment_setting(void);
 extern void gatekeeper_define_on_duplicate_setting(void);
 

@@ -498,6 +498,7 @@ gatekeeper_verp_token(PG_FUNCTION_ARGS)
 	MemoryContext caller = CurrentMemoryContext;
 	text	   *result;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -598,6 +599,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 	int			rows = 0;
 	int			i;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -713,6 +715,7 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	int			rows = 0;
 	int			i;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

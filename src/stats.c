@@ -570,6 +570,7 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
 	Oid			state_type;
 	int			i;
 
+	gatekeeper_require_schema();
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
 		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
@@ -609,6 +610,7 @@ gatekeeper_count_events(PG_FUNCTION_ARGS)
 	int			queue_att;
 	int			event_att;
 
+	gatekeeper_require_schema();
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
 		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
@@ -692,6 +694,7 @@ gatekeeper_forget_queue(PG_FUNCTION_ARGS)
 	bool		isnull;
 	Datum		name;
 
+	gatekeeper_require_schema();
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
 		!TRIGGER_FIRED_BY_DELETE(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
@@ -733,6 +736,7 @@ gatekeeper_queue_totals(PG_FUNCTION_ARGS)
 	int			max = 64;
 	int			i;
 
+	gatekeeper_require_schema();
 	InitMaterializedSRF(fcinfo, 0);
 	if (stats_hash == NULL)
 		return (Datum) 0;
@@ -781,6 +785,7 @@ gatekeeper_reset_stats(PG_FUNCTION_ARGS)
 	HASH_SEQ_STATUS scan;
 	StatsEntry *entry;
 
+	gatekeeper_require_schema();
 	if (stats_hash == NULL)
 		PG_RETURN_VOID();
 

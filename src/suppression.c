@@ -243,6 +243,7 @@ gatekeeper_suppressed(PG_FUNCTION_ARGS)
 	int			i;
 	int			j;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -431,6 +431,7 @@ gatekeeper_unsubscribe_token(PG_FUNCTION_ARGS)
 	char	   *token;
 	text	   *result;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -492,6 +493,7 @@ gatekeeper_unsubscribe(PG_FUNCTION_ARGS)
 	bool		result;
 	int			ret;
 
+	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

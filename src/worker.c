@@ -160,37 +160,38 @@ static char worker_name[64];
 static Oid	known_extension = InvalidOid;
 
 /*
+ * An extension of another version than the library's, which this worker
+ * waits to see updated (it said so once in the log), and that version.
+ */
+static Oid	outdated_extension = InvalidOid;
+static char outdated_version[NAMEDATALEN];
+
+/*
  * The statements the worker runs, each kept by gatekeeper_plan() on first
  * use.  A kept plan outlives DROP EXTENSION: the plan cache re-plans it by
- * name once the extension is back.  claim is read by column name, since
- * 0.1.0's claim, until ALTER EXTENSION UPDATE, returns fewer columns.
+ * name once the extension is back.
  */
 static const char claim_sql[] = "SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
 static const char ack_sql[] = "SELECT gatekeeper.ack_batch($1::bigint[], $2::int[])";
-/* 0.1.0 has no ack_batch, but an array overload of ack */
-static const char ack_010_sql[] = "SELECT gatekeeper.ack($1::bigint[], $2::int[])";
 static const char nack_sql[] = "SELECT gatekeeper.nack($1::bigint, $2::int, $3::text, $4::boolean)";
 static const char unclaim_sql[] = "SELECT gatekeeper.unclaim($1::bigint[], $2::int[], $3::text, $4::interval)";
 static const char extend_sql[] = "SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)";
 static const char reap_sql[] = "SELECT gatekeeper.reap()";
 static const char purge_sql[] = "SELECT gatekeeper.purge()";
-/* the queues the background workers serve (0.1.0 has no background) */
+/* the queues the background workers serve */
 static const char next_due_sql[] =
 "SELECT gatekeeper.next_due(ARRAY(SELECT q.name FROM gatekeeper.queue q WHERE q.background))";
-static const char next_due_010_sql[] = "SELECT gatekeeper.next_due()";
 static const char announce_due_sql[] =
 "SELECT queue, next_due FROM gatekeeper._announce_due($1::text[], $2::timestamptz, $3::timestamptz)";
 
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr ack_plan = NULL;
-static SPIPlanPtr ack_010_plan = NULL;
 static SPIPlanPtr nack_plan = NULL;
 static SPIPlanPtr unclaim_plan = NULL;
 static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr next_due_plan = NULL;
-static SPIPlanPtr next_due_010_plan = NULL;
 static SPIPlanPtr announce_due_plan = NULL;
 
 static TimestampTz next_housekeeping = 0;
@@ -297,6 +298,7 @@ static void extend(void);
 static void announce(void);
 static long nap(void);
 static void report(const char *state);
+static const char *waiting_for(void);
 static bool watch_read_only(void);
 static void hold_claim(int mails);
 static void clear_claims(void);
@@ -811,8 +813,6 @@ announce(void)
 	Datum	   *due;
 	int			ndue = 0;
 	Oid			extension;
-	Oid			nsp;
-	Oid			relid;
 	MemoryContext old;
 	uint64		i;
 	int			k;
@@ -827,16 +827,6 @@ announce(void)
 	if (!begin_work("announcing due mail", &extension))
 	{
 		end_work();
-		return;
-	}
-
-	/* 0.1.0's queues, until ALTER EXTENSION UPDATE, have no notify */
-	nsp = get_namespace_oid("gatekeeper", false);
-	relid = get_relname_relid("queue", nsp);
-	if (!OidIsValid(relid) || get_attnum(relid, "notify") == InvalidAttrNumber)
-	{
-		end_work();
-		next_announce = TimestampTzPlusMilliseconds(now, ANNOUNCE_INTERVAL_MS);
 		return;
 	}
 
@@ -958,7 +948,7 @@ report(const char *state)
 		if (read_only)
 			state = "read-only: default_transaction_read_only is on";
 		else if (!OidIsValid(known_extension))
-			state = "waiting for extension";
+			state = OidIsValid(outdated_extension) ? waiting_for() : "waiting for extension";
 		else if (!smtp_enabled)
 			state = "no relay";
 		else if (delivery_resumes() > now)
@@ -1000,9 +990,21 @@ report(const char *state)
 		pgstat_report_activity(STATE_RUNNING, activity);
 	}
 	else if (!OidIsValid(known_extension))
-		pgstat_report_activity(STATE_IDLE, "waiting for CREATE EXTENSION gatekeeper");
+		pgstat_report_activity(STATE_IDLE, waiting_for());
 	else
 		pgstat_report_activity(STATE_IDLE, status.state);
+}
+
+/*
+ * What a worker without a usable extension waits for, for worker_status
+ * and pg_stat_activity.
+ */
+static const char *
+waiting_for(void)
+{
+	return OidIsValid(outdated_extension) ?
+		"waiting for ALTER EXTENSION gatekeeper UPDATE" :
+		"waiting for CREATE EXTENSION gatekeeper";
 }
 
 /*
@@ -1170,8 +1172,12 @@ standby_flush(int n, int *streaming)
 
 /*
  * Start a transaction in worker_spi's order and check that the extension
- * exists.  Returns false, with the transaction open, when it does not.
- * While the transaction lasts the extension cannot be dropped.
+ * exists, at the version the library serves.  Returns false, with the
+ * transaction open, when it does not: an extension of another version
+ * (older: ALTER EXTENSION gatekeeper UPDATE has not run yet) is left alone
+ * as if it were missing, and the worker says once in the log what it
+ * waits for.  While the transaction lasts the extension cannot be
+ * dropped.
  */
 static bool
 begin_work(const char *activity, Oid *extension)
@@ -1192,6 +1198,25 @@ begin_work(const char *activity, Oid *extension)
 		if (get_extension_oid("gatekeeper", true) != ext)
 			ext = InvalidOid;
 	}
+	if (OidIsValid(ext))
+	{
+		const char *version;
+
+		if (gatekeeper_schema(&version) == GATEKEEPER_SCHEMA_CURRENT)
+			outdated_extension = InvalidOid;
+		else
+		{
+			if (ext != outdated_extension || strcmp(version, outdated_version) != 0)
+			{
+				gatekeeper_report_schema(LOG, version);
+				outdated_extension = ext;
+				strlcpy(outdated_version, version, sizeof(outdated_version));
+			}
+			ext = InvalidOid;
+		}
+	}
+	else
+		outdated_extension = InvalidOid;
 
 	if (ext != known_extension)
 	{
@@ -1271,10 +1296,10 @@ housekeeping(void)
 	}
 	else
 	{
-		/* no extension: idle, and look again after a nap */
+		/* no extension, or not yet updated: idle, and look again after a nap */
 		next_housekeeping = 0;
 		end_work();
-		pgstat_report_activity(STATE_IDLE, "waiting for CREATE EXTENSION gatekeeper");
+		pgstat_report_activity(STATE_IDLE, waiting_for());
 		return;
 	}
 	end_work();
@@ -1342,10 +1367,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	/* when the claim was not full, find when the next mail is due */
 	if (n < want)
 	{
-		if (gatekeeper_mail_split())
-			plan = gatekeeper_plan(&next_due_plan, next_due_sql, 0, NULL);
-		else
-			plan = gatekeeper_plan(&next_due_010_plan, next_due_010_sql, 0, NULL);
+		plan = gatekeeper_plan(&next_due_plan, next_due_sql, 0, NULL);
 		ret = SPI_execute_plan(plan, NULL, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.next_due() failed: %s",
@@ -1497,7 +1519,6 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 		 * (src/report.c).  It reads the queue and the secret: an extension
 		 * dropped meanwhile fails the mail here, as a build error does.
 		 */
-		if (gatekeeper_mail_split())
 		{
 			char	   *token = NULL;
 			char	   *return_path = gatekeeper_report_envelope(d->mail.queue,
@@ -1878,10 +1899,7 @@ record_outcomes(void)
 
 		values[0] = gatekeeper_array(ids, NULL, nsent, INT8OID);
 		values[1] = gatekeeper_array(attempts, NULL, nsent, INT4OID);
-		if (gatekeeper_mail_split())
-			plan = gatekeeper_plan(&ack_plan, ack_sql, 2, argtypes);
-		else
-			plan = gatekeeper_plan(&ack_010_plan, ack_010_sql, 2, argtypes);
+		plan = gatekeeper_plan(&ack_plan, ack_sql, 2, argtypes);
 		ret = SPI_execute_plan(plan, values, NULL, false, 0);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "gatekeeper.ack_batch() failed: %s",

@@ -167,6 +167,11 @@ GRANT USAGE ON SCHEMA gatekeeper TO u_partial;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
                                              jsonb, text, int, timestamptz, text, jsonb, text) TO u_partial;
 });
+# The mail, claims and passes 0.2.0's library made, written as it wrote
+# them: its functions that call into the library (enqueue through the
+# insert trigger, claim, ack, nack, gate_pass, reap) cannot run with this
+# one, which serves the current schema only (SPEC "Versions").  The
+# queues, gates and the suppression are 0.2.0's own SQL functions'.
 $node->safe_psql(
 	'from020', q{
 SELECT gatekeeper.create_gate('weekly', '7 days', 3);
@@ -176,28 +181,83 @@ SELECT gatekeeper.create_queue('strict', gates => '{smart_sending}');
 SELECT gatekeeper.create_queue('once', delivery => 'at_most_once');
 SELECT gatekeeper.alter_queue('default', weight => 5);
 SELECT gatekeeper.alter_gate('smart_sending', period => '20 hours');
-SELECT gatekeeper.enqueue('sent@example.com', 'Sent', 'Body', queue => 'promo', dedupe_key => 'sent-1');
-SELECT gatekeeper.enqueue('failed@example.com', 'Failed', 'Body', queue => 'promo', dedupe_key => 'failed-1');
-SELECT gatekeeper.enqueue('held@example.com', 'Held', 'Body', queue => 'promo', dedupe_key => 'held-1');
-CREATE TEMP TABLE c AS SELECT * FROM gatekeeper.claim('w1', 10, lease => '1 hour', queues => '{promo}');
-SELECT gatekeeper.ack(id, attempt) FROM c WHERE recipient = 'sent@example.com';
-SELECT gatekeeper.nack(id, attempt, 'mailbox unavailable', true) FROM c WHERE recipient = 'failed@example.com';
-SELECT gatekeeper.gate_pass('smart_sending', 'passed@example.com');
-SELECT gatekeeper.gate_pass('weekly', 'capped@example.com', h) FROM generate_series(1, 3) AS h;
-SELECT gatekeeper.enqueue('passed@example.com', 'Suppressed', 'Body', queue => 'strict');
-SELECT gatekeeper.enqueue('late@example.com', 'Expired', 'Body', queue => 'strict',
-	send_at => now() - interval '2 hours', send_by => now() - interval '1 hour');
-SELECT gatekeeper.enqueue('lost@example.com', 'Unknown', 'Body', queue => 'once');
-SELECT count(*) FROM gatekeeper.claim('w3', 10, lease => '1 second', queues => '{strict,once}');
-SELECT pg_sleep(1.1);
-SELECT gatekeeper.reap();
-SELECT gatekeeper.enqueue('later@example.com', 'Later', 'Body', send_at => now() + interval '2 days',
-	dedupe_key => 'later-1');
-SELECT gatekeeper.cancel(gatekeeper.enqueue('gone@example.com', 'Gone', 'Body', send_at => now() + interval '1 day'));
 SELECT gatekeeper.suppress('news@example.com', 'manual');
 });
+$node->safe_psql(
+	'from020', q{
+BEGIN;
+SET LOCAL session_replication_role = replica;
+-- (the live count's triggers fire ALWAYS: the count is written below)
+ALTER TABLE gatekeeper.mail_live DISABLE TRIGGER mail_live_count_insert;
+-- the content, in the order 0.2.0 enqueued it
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, dedupe_key, send_at, send_by, segment)
+VALUES ('promo', 'sent@example.com', 'Sent', 'Body', 'sent-1', now(), NULL, 0),
+	   ('promo', 'failed@example.com', 'Failed', 'Body', 'failed-1', now(), NULL, 0),
+	   ('promo', 'held@example.com', 'Held', 'Body', 'held-1', now(), NULL, 0),
+	   ('strict', 'passed@example.com', 'Suppressed', 'Body', NULL, now(), NULL, 0),
+	   ('strict', 'late@example.com', 'Expired', 'Body', NULL, now() - interval '2 hours',
+		now() - interval '1 hour', 0),
+	   ('once', 'lost@example.com', 'Unknown', 'Body', NULL, now(), NULL, 0),
+	   ('default', 'later@example.com', 'Later', 'Body', 'later-1', now() + interval '2 days', NULL, 0),
+	   ('default', 'gone@example.com', 'Gone', 'Body', NULL, now() + interval '1 day', NULL, 0);
+-- w1's claim of three in promo: sent@ acked, failed@ nacked for good,
+-- held@ still held (a batch of one open claim); the others' outcomes
+INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, message_id,
+								  last_error, dedupe_key, finished_at, segment)
+SELECT m.id, m.queue, o.state::gatekeeper.state, o.attempt, 0, m.send_at, o.worker,
+	   CASE WHEN o.attempt > 0 THEN format('<%s.%s@example.com>', m.id, to_hex(m.id * 7919)) END,
+	   o.error, m.dedupe_key, now(), m.segment
+  FROM gatekeeper.mail m
+  JOIN (VALUES ('sent@example.com', 'sent', 1, 'w1', NULL),
+			   ('failed@example.com', 'failed', 1, 'w1', 'mailbox unavailable'),
+			   ('passed@example.com', 'suppressed', 0, NULL, 'gate "smart_sending" closed'),
+			   ('late@example.com', 'expired', 0, NULL, 'not sent before send_by'),
+			   ('lost@example.com', 'unknown', 1, 'w3', 'lease expired'),
+			   ('gone@example.com', 'cancelled', 0, NULL, NULL))
+	   AS o(recipient, state, attempt, worker, error) ON o.recipient = m.recipient;
+INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
+SELECT m.queue, 'w1', now() + interval '1 hour', m.id, m.id, 1,
+	   ARRAY[ROW(m.id, m.queue, m.priority, m.send_at, 'claimed', 1, 0, NULL, 'w1',
+				 format('<%s.%s@example.com>', m.id, to_hex(m.id * 7919)), NULL, m.dedupe_key,
+				 m.segment)::gatekeeper.mail_live]
+  FROM gatekeeper.mail m WHERE m.recipient = 'held@example.com';
+INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, dedupe_key, segment)
+SELECT m.id, m.queue, m.priority, m.send_at, m.dedupe_key, m.segment
+  FROM gatekeeper.mail m WHERE m.recipient = 'later@example.com';
+INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled) VALUES ('default', 0, 1);
+INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
+SELECT m.queue, m.dedupe_key, m.id FROM gatekeeper.mail m
+ WHERE m.recipient IN ('held@example.com', 'later@example.com');
+-- the passes: the claim's (held by the mails), failed@'s given back,
+-- gate_pass('smart_sending', 'passed@example.com') and three of capped@
+-- at weekly
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, false, now() + g.period, p.recipients, p.holders
+  FROM gatekeeper.gate g,
+	   LATERAL (SELECT array_agg(m.recipient ORDER BY m.id) AS recipients, array_agg(m.id ORDER BY m.id) AS holders
+				  FROM gatekeeper.mail m WHERE m.queue = 'promo') p
+ WHERE g.name IN ('smart_sending', 'weekly');
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, true, now() + g.period, ARRAY[m.recipient], ARRAY[m.id]
+  FROM gatekeeper.gate g, gatekeeper.mail m
+ WHERE g.name IN ('smart_sending', 'weekly') AND m.recipient = 'failed@example.com';
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, false, now() + g.period, ARRAY['passed@example.com'], NULL
+  FROM gatekeeper.gate g WHERE g.name = 'smart_sending';
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, false, now() + g.period, ARRAY['capped@example.com', 'capped@example.com', 'capped@example.com'],
+	   ARRAY[1, 2, 3]::bigint[]
+  FROM gatekeeper.gate g WHERE g.name = 'weekly';
+ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_insert;
+COMMIT;
+});
 
-# 0.1.0 in use
+# 0.1.0 in use.  The mail, claims and passes 0.1.0's library made are
+# written as it wrote them (state in gatekeeper.mail itself): its
+# functions that call into the library (enqueue through the insert
+# trigger, claim, the array ack, gate_pass, nack's and reap's releases)
+# cannot run with this one, which serves the current schema only (SPEC
+# "Versions").  The queues and gates are 0.1.0's own SQL functions'.
 $node->safe_psql(
 	'updated', q{
 SELECT gatekeeper.create_gate('weekly', '7 days', 3);
@@ -207,72 +267,107 @@ SELECT gatekeeper.create_queue('news', delivery => 'at_most_once');
 SELECT gatekeeper.pause('news');
 SELECT gatekeeper.alter_queue('default', weight => 5);
 SELECT gatekeeper.alter_gate('smart_sending', period => '20 hours');
-
-SELECT gatekeeper.enqueue('sent@example.com', 'Sent', 'Body', queue => 'promo', dedupe_key => 'sent-1');
-SELECT gatekeeper.enqueue('failed@example.com', 'Failed', 'Body', queue => 'promo', dedupe_key => 'failed-1');
-SELECT gatekeeper.enqueue('held@example.com', 'Held', 'Body', queue => 'promo', dedupe_key => 'held-1');
-CREATE TEMP TABLE c AS SELECT * FROM gatekeeper.claim('w1', 10, lease => '1 hour', queues => '{promo}');
-SELECT gatekeeper.ack(id, attempt) FROM c WHERE recipient = 'sent@example.com';
-SELECT gatekeeper.nack(id, attempt, 'mailbox unavailable', true) FROM c WHERE recipient = 'failed@example.com';
-
-SELECT gatekeeper.gate_pass('smart_sending', 'passed@example.com');
-SELECT gatekeeper.gate_pass('weekly', 'capped@example.com', h) FROM generate_series(1, 3) AS h;
-SELECT * FROM gatekeeper.gate_pass('weekly', ARRAY['b1@example.com', 'b2@example.com']);
-
-SELECT gatekeeper.enqueue('passed@example.com', 'Passed', 'Body', queue => 'promo', dedupe_key => 'passed-1');
-SELECT gatekeeper.enqueue('fresh@example.com', 'Fresh', 'Body', queue => 'promo', dedupe_key => 'fresh-1',
-	headers => '{"X-Campaign": "spring"}', html => '<p>Fresh</p>', priority => 3);
-SELECT gatekeeper.enqueue('later@example.com', 'Later', 'Body', send_at => now() + interval '2 days');
-SELECT gatekeeper.enqueue('news@example.com', 'News', 'Body', queue => 'news');
-SELECT gatekeeper.cancel(gatekeeper.enqueue('gone@example.com', 'Gone', 'Body', send_at => now() + interval '1 day'));
-
--- the other terminal states: suppressed at a closed gate, expired past
--- send_by, unknown (an at-most-once lease ran out); and a retry due later
 SELECT gatekeeper.create_queue('strict', gates => '{smart_sending}');
 SELECT gatekeeper.create_queue('once', delivery => 'at_most_once');
-SELECT gatekeeper.enqueue('passed@example.com', 'Suppressed', 'Body', queue => 'strict');
-SELECT gatekeeper.enqueue('late@example.com', 'Expired', 'Body', queue => 'strict',
-	send_at => now() - interval '2 hours', send_by => now() - interval '1 hour');
-SELECT gatekeeper.enqueue('lost@example.com', 'Unknown', 'Body', queue => 'once');
-SELECT gatekeeper.enqueue('retry@example.com', 'Retry', 'Body', queue => 'once');
-SELECT count(*) FROM gatekeeper.claim('w3', 10, queues => '{strict,once}');
-SELECT gatekeeper.nack(id, attempt, '451 try later') FROM gatekeeper.mail WHERE recipient = 'retry@example.com';
-UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE recipient = 'lost@example.com';
-SELECT gatekeeper.reap();
+SELECT gatekeeper.create_queue('single', max_attempts => 1);
+SELECT gatekeeper.create_queue('blind', delivery => 'at_most_once');
+SELECT gatekeeper.create_queue('wide');
 });
 
-# Claimed mail of every kind 0.1.0 holds, which the update moves into
-# mail_claim batches: held@ above (promo, gated, keyed, w1's claim of three
-# of which two were reported); two claims at their second attempt (one
-# after a retry, one after a hand-back: uncharged) in one claim of w5; three
-# in one claim of w4; 130 in one claim of w7 (more than one batch row's
-# worth); and three whose lease ran out without a reap, in three queues (at
+# The mail, in the order 0.1.0 enqueued it: w1's claim of three in promo
+# (sent@ acked, failed@ nacked for good, held@ held), mail scheduled (two
+# more in promo, one due in two days, one in the paused queue, a retry due
+# later), the terminal states (cancelled, suppressed at a closed gate,
+# expired past send_by, unknown: an at-most-once lease ran out), and the
+# claims 0.1.0 holds, which the update moves into mail_claim batches:
+# held@ (promo, gated, keyed); 130 in one claim of w7 (more than one batch
+# row's worth); two at their second attempt (one after a retry, one after
+# a hand-back: uncharged) in one claim of w5; three in one claim of w4; and
+# three of w6 whose lease ran out without a reap, in three queues (at
 # least once with attempts left, attempts spent, at most once).  Keyed
 # where a key can be.
 $node->safe_psql(
 	'updated', q{
-SELECT gatekeeper.create_queue('single', max_attempts => 1);
-SELECT gatekeeper.create_queue('blind', delivery => 'at_most_once');
-SELECT gatekeeper.create_queue('wide');
-SELECT count(*) FROM (SELECT gatekeeper.enqueue('wide' || i || '@example.com', 'Wide', 'Body', queue => 'wide')
-						FROM generate_series(1, 130) AS i) e;
-SELECT count(*) FROM gatekeeper.claim('w7', 200, lease => '1 hour', queues => '{wide}');
-SELECT gatekeeper.enqueue('again@example.com', 'Again', 'Body', dedupe_key => 'again-1');
-SELECT gatekeeper.enqueue('handed@example.com', 'Handed', 'Body', dedupe_key => 'handed-1');
-CREATE TEMP TABLE c5 AS SELECT * FROM gatekeeper.claim('w5', 10, queues => '{default}');
-SELECT gatekeeper.nack(id, attempt, '451 busy') FROM c5 WHERE recipient = 'again@example.com';
-SELECT gatekeeper.unclaim(array_agg(id), array_agg(attempt), 'no relay') FROM c5
- WHERE recipient = 'handed@example.com';
-UPDATE gatekeeper.mail SET send_at = now() WHERE recipient = 'again@example.com';
-SELECT count(*) FROM gatekeeper.claim('w5', 10, lease => '1 hour', queues => '{default}');
-SELECT gatekeeper.enqueue('kept' || i || '@example.com', 'Kept', 'Body', dedupe_key => 'kept-' || i)
-  FROM generate_series(1, 3) AS i;
-SELECT count(*) FROM gatekeeper.claim('w4', 10, lease => '1 hour', queues => '{default}');
-SELECT gatekeeper.enqueue('back@example.com', 'Back', 'Body', dedupe_key => 'back-1');
-SELECT gatekeeper.enqueue('spent@example.com', 'Spent', 'Body', queue => 'single', dedupe_key => 'spent-1');
-SELECT gatekeeper.enqueue('lapsed@example.com', 'Lapsed', 'Body', queue => 'blind', dedupe_key => 'lapsed-1');
-SELECT count(*) FROM gatekeeper.claim('w6', 10, queues => '{default,single,blind}');
-UPDATE gatekeeper.mail SET lease_until = now() - interval '1 second' WHERE worker = 'w6';
+BEGIN;
+SET LOCAL session_replication_role = replica;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, dedupe_key, priority, send_at, send_by,
+							 html, headers, state, attempt, uncharged, lease_until, worker, last_error,
+							 finished_at)
+SELECT queue, recipient, subject, 'Body', key, priority, send_at, send_by, html, headers::jsonb,
+	   state::gatekeeper.state, attempt, uncharged, lease_until, worker, error, finished_at
+  FROM (VALUES
+	(1, 'promo', 'sent@example.com', 'Sent', 'sent-1', 0, now(), NULL::timestamptz, NULL, NULL,
+	 'sent', 1, 0, NULL::timestamptz, 'w1', NULL, now()),
+	(2, 'promo', 'failed@example.com', 'Failed', 'failed-1', 0, now(), NULL, NULL, NULL,
+	 'failed', 1, 0, NULL, 'w1', 'mailbox unavailable', now()),
+	(3, 'promo', 'held@example.com', 'Held', 'held-1', 0, now(), NULL, NULL, NULL,
+	 'claimed', 1, 0, now() + interval '1 hour', 'w1', NULL, NULL),
+	(4, 'promo', 'passed@example.com', 'Passed', 'passed-1', 0, now(), NULL, NULL, NULL,
+	 'scheduled', 0, 0, NULL, NULL, NULL, NULL),
+	(5, 'promo', 'fresh@example.com', 'Fresh', 'fresh-1', 3, now(), NULL, '<p>Fresh</p>',
+	 '{"X-Campaign": "spring"}', 'scheduled', 0, 0, NULL, NULL, NULL, NULL),
+	(6, 'default', 'later@example.com', 'Later', NULL, 0, now() + interval '2 days', NULL, NULL, NULL,
+	 'scheduled', 0, 0, NULL, NULL, NULL, NULL),
+	(7, 'news', 'news@example.com', 'News', NULL, 0, now(), NULL, NULL, NULL,
+	 'scheduled', 0, 0, NULL, NULL, NULL, NULL),
+	(8, 'default', 'gone@example.com', 'Gone', NULL, 0, now() + interval '1 day', NULL, NULL, NULL,
+	 'cancelled', 0, 0, NULL, NULL, NULL, now()),
+	(9, 'strict', 'passed@example.com', 'Suppressed', NULL, 0, now(), NULL, NULL, NULL,
+	 'suppressed', 0, 0, NULL, NULL, 'gate "smart_sending" closed', now()),
+	(10, 'strict', 'late@example.com', 'Expired', NULL, 0, now() - interval '2 hours',
+	 now() - interval '1 hour', NULL, NULL, 'expired', 0, 0, NULL, NULL, 'not sent before send_by', now()),
+	(11, 'once', 'lost@example.com', 'Unknown', NULL, 0, now(), NULL, NULL, NULL,
+	 'unknown', 1, 0, NULL, NULL, 'lease expired', now()),
+	(12, 'once', 'retry@example.com', 'Retry', NULL, 0, now() + interval '30 seconds', NULL, NULL, NULL,
+	 'scheduled', 1, 0, NULL, NULL, '451 try later', NULL)) AS m(n, queue, recipient, subject, key,
+	 priority, send_at, send_by, html, headers, state, attempt, uncharged, lease_until, worker, error,
+	 finished_at)
+ ORDER BY n;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, state, attempt, lease_until, worker)
+SELECT 'wide', 'wide' || i || '@example.com', 'Wide', 'Body', 'claimed', 1, now() + interval '1 hour', 'w7'
+  FROM generate_series(1, 130) AS i ORDER BY i;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, dedupe_key, state, attempt, uncharged,
+							 lease_until, worker, last_error)
+SELECT queue, recipient, initcap(split_part(recipient, '@', 1)), 'Body', key, 'claimed', attempt, uncharged,
+	   lease_until, worker, error
+  FROM (VALUES
+	(1, 'default', 'again@example.com', 'again-1', 2, 0, now() + interval '1 hour', 'w5', '451 busy'),
+	(2, 'default', 'handed@example.com', 'handed-1', 2, 1, now() + interval '1 hour', 'w5', 'no relay'),
+	(3, 'default', 'kept1@example.com', 'kept-1', 1, 0, now() + interval '50 minutes', 'w4', NULL),
+	(4, 'default', 'kept2@example.com', 'kept-2', 1, 0, now() + interval '50 minutes', 'w4', NULL),
+	(5, 'default', 'kept3@example.com', 'kept-3', 1, 0, now() + interval '50 minutes', 'w4', NULL),
+	(6, 'default', 'back@example.com', 'back-1', 1, 0, now() - interval '1 second', 'w6', NULL),
+	(7, 'single', 'spent@example.com', 'spent-1', 1, 0, now() - interval '1 second', 'w6', NULL),
+	(8, 'blind', 'lapsed@example.com', 'lapsed-1', 1, 0, now() - interval '1 second', 'w6', NULL))
+	AS c(n, queue, recipient, key, attempt, uncharged, lease_until, worker, error)
+ ORDER BY n;
+-- each claim's Message-ID, as 0.1.0's claim made it
+UPDATE gatekeeper.mail SET message_id = format('<%s.%s@example.com>', id, to_hex(id * 7919))
+ WHERE attempt > 0;
+-- the passes: w1's claim's (held by the mails), failed@'s given back,
+-- gate_pass('smart_sending', 'passed@example.com'), three of capped@ at
+-- weekly, and gate_pass('weekly', ARRAY['b1@example.com', 'b2@example.com'])
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, false, now() + g.period, p.recipients, p.holders
+  FROM gatekeeper.gate g,
+	   LATERAL (SELECT array_agg(m.recipient ORDER BY m.id) AS recipients, array_agg(m.id ORDER BY m.id) AS holders
+				  FROM gatekeeper.mail m WHERE m.queue = 'promo' AND m.attempt > 0) p
+ WHERE g.name IN ('smart_sending', 'weekly');
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, true, now() + g.period, ARRAY[m.recipient], ARRAY[m.id]
+  FROM gatekeeper.gate g, gatekeeper.mail m
+ WHERE g.name IN ('smart_sending', 'weekly') AND m.recipient = 'failed@example.com';
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, false, now() + g.period, ARRAY['passed@example.com'], NULL
+  FROM gatekeeper.gate g WHERE g.name = 'smart_sending';
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, false, now() + g.period, ARRAY['capped@example.com', 'capped@example.com', 'capped@example.com'],
+	   ARRAY[1, 2, 3]::bigint[]
+  FROM gatekeeper.gate g WHERE g.name = 'weekly';
+INSERT INTO gatekeeper.gate_log (gate, released, expires, recipients, holders)
+SELECT g.id, false, now() + g.period, ARRAY['b1@example.com', 'b2@example.com'], NULL
+  FROM gatekeeper.gate g WHERE g.name = 'weekly';
+COMMIT;
 });
 
 # the claims 0.1.0 holds: each claimed mail with its claim state
@@ -328,13 +423,12 @@ SELECT string_agg(format('%s %s %s', queue, dedupe_key, id), E'\n' ORDER BY queu
 		 ORDER BY m.queue, m.dedupe_key, m.state IN ('scheduled', 'claimed') DESC,
 				  m.finished_at DESC) k});
 
-# What 0.1.0 itself does with these claims, in a transaction rolled back:
-# reap() (the lapsed ones), then the acks of w4's claims in one call with
-# later attempts, their own (twice), and an ack of each claim (as its
-# worker holds it: id and attempt) with a stale attempt, a later one, its
-# own (twice); the claims' state after each.  The same calls after the
-# update must do the same to the same mails (RELATION: 0.1.0's mail, or
-# mail_status after the update; ACK_BATCH: 0.1.0's ack(bigint[], int[]),
+# After the update: reap() (the lapsed ones), then the acks of w4's claims
+# in one call with later attempts, their own (twice), and an ack of each
+# claim (as its worker holds it: id and attempt) with a stale attempt, a
+# later one, its own (twice); the claims' state after each.  They must do
+# to the same mails what 0.1.0 did (below; RELATION: mail_status;
+# ACK_BATCH: ack_batch, for 0.1.0's ack(bigint[], int[]),
 # or ack_batch).
 my $reap_and_ack = q{
 SELECT 'reap ' || gatekeeper.reap();
@@ -377,14 +471,51 @@ sub reap_and_ack_parts
 	return \%parts;
 }
 
+# What 0.1.0 did with these claims, as its reap() and acks were written
+# (they call the library, and cannot run with this one): reap() takes each
+# claim whose lease ran out back (scheduled again while attempts are left,
+# failed once they are spent, unknown in an at-most-once queue; worker and
+# lease cleared, error 'lease expired', finished unless scheduled again)
+# and leaves the others as they are; of w4's claims acked in one call with
+# later attempts none counts, with their own all three, again none; each
+# claim then acked with a stale attempt, a later one, its own, its own
+# again: false, false, true (unless reaped, or acked in w4's call), false;
+# an acked claim is sent, its lease cleared, finished.
 my $old_ways;
 {
-	(my $sql = $reap_and_ack) =~ s/RELATION/mail/g;
-	$sql =~ s/ACK_BATCH/gatekeeper.ack/g;
-	my ($ret, $out, $err) = $node->psql('updated', "BEGIN;\n$sql\nROLLBACK;", on_error_stop => 1);
-	is($ret, 0, 'updated: 0.1.0 reaps and acks its claims (rolled back)') or diag($err);
+	my $sql = q{
+CREATE TEMP TABLE claim_010 AS
+SELECT r.*, CASE WHEN NOT r.lapsed THEN 'claimed'
+				 WHEN r.delivery = 'at_most_once' THEN 'unknown'
+				 WHEN r.attempt - r.uncharged >= r.max_attempts THEN 'failed'
+				 ELSE 'scheduled' END AS reaped,
+	   NOT r.lapsed AND r.worker IS DISTINCT FROM 'w4' AS acked_alone
+  FROM (SELECT m.*, q.delivery, q.max_attempts, m.lease_until < now() AS lapsed
+		  FROM gatekeeper.mail m JOIN gatekeeper.queue q ON q.name = m.queue
+		 WHERE m.id = ANY ('CLAIMED')) r;
+SELECT 'reap ' || count(*) FILTER (WHERE lapsed) FROM claim_010;
+SELECT '-- after reap';
+SELECT format('%s %s attempt %s uncharged %s send_at %s worker %s lease %s message %s error %s finished %s',
+			  id, reaped, attempt, uncharged, send_at, CASE WHEN NOT lapsed THEN worker END,
+			  CASE WHEN NOT lapsed THEN lease_until END, message_id,
+			  CASE WHEN lapsed THEN 'lease expired' ELSE last_error END,
+			  reaped NOT IN ('claimed', 'scheduled'))
+  FROM claim_010 ORDER BY id;
+SELECT '-- acks';
+SELECT format('batch 0 %s 0', count(*)) FROM claim_010 WHERE worker = 'w4' AND NOT lapsed;
+SELECT format('%s f f %s f', id, acked_alone) FROM claim_010 ORDER BY id;
+SELECT '-- after acks';
+SELECT format('%s %s attempt %s uncharged %s send_at %s worker %s lease %s message %s error %s finished %s',
+			  id, CASE WHEN lapsed THEN reaped ELSE 'sent' END, attempt, uncharged, send_at,
+			  CASE WHEN NOT lapsed THEN worker END, NULL, message_id,
+			  CASE WHEN lapsed THEN 'lease expired' ELSE last_error END,
+			  reaped <> 'scheduled')
+  FROM claim_010 ORDER BY id;
+};
+	$sql =~ s/CLAIMED/$claimed/g;
+	my $out = $node->safe_psql('updated', $sql);
 	$old_ways = reap_and_ack_parts($out);
-	note("0.1.0's reap and acks:\n$out");
+	note("what 0.1.0's reap and acks did:\n$out");
 }
 is($node->safe_psql('updated', $claims_010), $claims_before, 'updated: ... and holds them as before');
 
@@ -433,12 +564,25 @@ sub data_snapshot
 		$s{"${seq}_id_seq"} = $node->safe_psql($db,
 			"SELECT last_value, is_called FROM gatekeeper.${seq}_id_seq");
 	}
+	# the recipients' passes: what explain() says of them once updated;
+	# before, what the log holds (explain() calls the library, which
+	# serves the current version only): the unexpired passes at each gate
+	# less those given back
 	my $list = join(',', map { "'$_'" } @recipients);
+	my $version = $node->safe_psql($db, "SELECT extversion FROM pg_extension WHERE extname = 'gatekeeper'");
 	$s{passes} = $node->safe_psql(
-		$db, qq{
-SELECT r, e.gate, e.open, e.next_open, e.sends_in_period, e.max_sends
+		$db, $version eq $current ? qq{
+SELECT r, e.gate, e.open, e.sends_in_period, e.max_sends
   FROM unnest(ARRAY[$list]) AS r, gatekeeper.explain(r) AS e
- ORDER BY r, e.gate});
+ ORDER BY r, e.gate} : qq{
+SELECT r, g.name, c.n < g.max_sends, c.n, g.max_sends
+  FROM unnest(ARRAY[$list]) AS r
+ CROSS JOIN gatekeeper.gate g
+ CROSS JOIN LATERAL (
+	SELECT (count(*) FILTER (WHERE NOT l.released) - count(*) FILTER (WHERE l.released))::int AS n
+	  FROM gatekeeper.gate_log l, unnest(l.recipients, l.holders) AS u(recipient, holder)
+	 WHERE l.gate = g.id AND u.recipient = lower(r) AND l.expires > now()) c
+ ORDER BY r, g.name});
 	return \%s;
 }
 

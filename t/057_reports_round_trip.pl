@@ -123,7 +123,7 @@ is( $node->safe_psql(
 	'the address is suppressed everywhere, by that mail');
 is( $node->safe_psql(
 		'postgres',
-		"SELECT string_agg(event || ':' || source || ':' || coalesce(status, ''), ',' ORDER BY id) "
+		"SELECT string_agg(event || ':' || source || ':' || coalesce(status, ''), ',' ORDER BY at, id) "
 		  . "FROM gatekeeper.events WHERE mail_id = $dead_id"),
 	'sent:relay:,bounced:dsn:5.1.1',
 	'the mail\'s events: sent by the relay, bounced by the DSN');
