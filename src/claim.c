@@ -66,6 +66,7 @@
 #include "miscadmin.h"
 #include "storage/itemptr.h"
 #include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -121,6 +122,7 @@ enum
 	COL_SEND_AT,
 	COL_SEND_BY,
 	COL_TIMEZONE,
+	COL_DUE,					/* since when it waits: send_at, or its enqueue */
 	COL_RECORD					/* the claim state as a mail_live record (0.2.0) */
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
@@ -169,6 +171,7 @@ typedef struct Claimed
 	int32		priority;
 	TimestampTz send_at;
 	TimestampTz send_by;		/* 0 if none */
+	TimestampTz due;			/* since when it waits */
 	bool		expired;
 	bool		lost;			/* a gate was closed, or had no room */
 	bool		nomem;			/* gate memory had no room: deferred a while */
@@ -268,6 +271,7 @@ static const char claim_sql[] =
 "          l.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
 "          m.body, m.html, m.headers, " CLAIM_MESSAGE_ID ", m.metadata, "
 "          " CLAIM_EXPIRED " IS TRUE, l.priority, l.send_at, m.send_by, m.timezone, "
+"          greatest(l.send_at, m.created_at), "
 "          ROW(l.id, l.queue, l.priority, l.send_at, "
 "              CASE WHEN " CLAIM_EXPIRED " THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
 "              l.attempt + CASE WHEN " CLAIM_EXPIRED " THEN 0 ELSE 1 END, "
@@ -395,7 +399,8 @@ static const char claim_010_sql[] =
 "        LIMIT $2)) "
 "RETURNING m.id, m.attempt, m.queue, m.recipient, NULL::text, m.sender, m.subject, "
 "          m.body, m.html, m.headers, m.message_id, NULL::jsonb, m.state = 'expired', "
-"          m.priority, m.send_at, m.send_by, NULL::text";
+"          m.priority, m.send_at, m.send_by, NULL::text, "
+"          greatest(m.send_at, m.created_at)";
 
 static const char settle_losers_010_sql[] =
 "UPDATE gatekeeper.mail m "
@@ -434,6 +439,22 @@ static SPIPlanPtr claim_shrink_plan = NULL;
 static SPIPlanPtr claim_010_plan = NULL;
 static SPIPlanPtr settle_losers_010_plan = NULL;
 static SPIPlanPtr ack_batch_010_plan = NULL;
+
+/*
+ * The mails the background worker's last claim returned, in its order,
+ * with when each became due: the worker (src/worker.c) reads them in the
+ * claim's own transaction, for its delivery latency.  claim's result is
+ * the SQL API, which has no such column.
+ */
+typedef struct ClaimedDue
+{
+	int64		id;
+	TimestampTz due;
+} ClaimedDue;
+
+static ClaimedDue *claimed_due = NULL;
+static uint64 nclaimed_due = 0;
+static LocalTransactionId claimed_due_lxid = InvalidLocalTransactionId;
 static uint32 claim_rotation = 0;
 
 /* the mail_live[] type the plans taking records were prepared for */
@@ -760,6 +781,7 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 	c->send_at = DatumGetTimestampTz(v[COL_SEND_AT - 1]);
 	c->send_by = n[COL_SEND_BY - 1] ? 0 : DatumGetTimestampTz(v[COL_SEND_BY - 1]);
 	c->timezone = n[COL_TIMEZONE - 1] ? NULL : TextDatumGetCString(v[COL_TIMEZONE - 1]);
+	c->due = DatumGetTimestampTz(v[COL_DUE - 1]);
 	if (desc->natts >= COL_RECORD)
 		c->record = datumCopy(v[COL_RECORD - 1], false, -1);
 	if (r->queue->ngates > 0)
@@ -772,7 +794,7 @@ static void
 claim_receiver_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
 {
 	/* 0.1.0's statement has no record */
-	if (typeinfo->natts != COL_TIMEZONE && typeinfo->natts != COL_RECORD)
+	if (typeinfo->natts != COL_DUE && typeinfo->natts != COL_RECORD)
 		elog(ERROR, "claim statement returns %d columns, expected %d",
 			 typeinfo->natts, COL_RECORD);
 }
@@ -1746,6 +1768,20 @@ spend_tokens(ClaimQueue *queues, int nqueues)
 }
 
 /*
+ * gatekeeper_claimed_due
+ *		When mail id, row n of the background worker's claim in this
+ *		transaction, became due; 0 when that claim did not return it there.
+ */
+TimestampTz
+gatekeeper_claimed_due(uint64 n, int64 id)
+{
+	if (claimed_due_lxid != MyProc->lxid || n >= nclaimed_due ||
+		claimed_due[n].id != id)
+		return 0;
+	return claimed_due[n].due;
+}
+
+/*
  * claim(worker text, batch int DEFAULT 100, lease interval DEFAULT '5 minutes',
  *		 queues text[] DEFAULT NULL)
  *	RETURNS TABLE (id bigint, attempt int, queue text, recipient text,
@@ -1849,12 +1885,25 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 	SPI_finish();
 
+	if (gatekeeper_background_claim)
+	{
+		claimed_due = MemoryContextAlloc(TopTransactionContext,
+										 sizeof(ClaimedDue) * Max(nclaimed, 1));
+		nclaimed_due = 0;
+		claimed_due_lxid = MyProc->lxid;
+	}
 	for (i = 0; i < nclaimed; i++)
 	{
 		Claimed    *c = &claimed[i];
 
 		if (c->expired || c->lost)
 			continue;
+		if (gatekeeper_background_claim)
+		{
+			claimed_due[nclaimed_due].id = c->id;
+			claimed_due[nclaimed_due].due = c->due;
+			nclaimed_due++;
+		}
 		if (v010)
 		{
 			Datum		values[NUM_OUTPUT_COLUMNS];
