@@ -220,11 +220,13 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.alter_queue('no_such_queue', weight 
 SELECT pg_temp.error_of($$SELECT gatekeeper.drop_queue('no_such_queue')$$) AS drop_queue;
 SELECT name FROM gatekeeper.queue WHERE name = 'no_such_queue';
 -- as an application sees them, context included (issue 28): the queue
--- named, the hint, and no line of gatekeeper's own SQL or PL/pgSQL
+-- named, the hint, and no line of gatekeeper's own SQL or PL/pgSQL; the
+-- same for every error of enqueue
 \set VERBOSITY default
 SELECT gatekeeper.enqueue('a@example.com', 's', 'b', 'no_such_queue');
 SELECT gatekeeper.enqueue('a@example.com', 's', 'b', 'no_such_queue', dedupe_key => 'k');
 SELECT gatekeeper.enqueue('a@example.com', NULL, 'b');
+SELECT gatekeeper.enqueue('no address', 's', 'b');
 -- from the application's own function: its context, none of gatekeeper's
 DO $$ BEGIN PERFORM gatekeeper.enqueue('a@example.com', 's', 'b', 'no_such_queue'); END $$;
 \set VERBOSITY terse

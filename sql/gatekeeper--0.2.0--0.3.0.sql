@@ -1704,9 +1704,9 @@ REVOKE ALL ON FUNCTION gatekeeper._shard_apply(), gatekeeper.shard(int, int) FRO
  * retrying (scheduled mail claimed before), counted in mail_live_count as
  * its scheduled mail is, so _live_pending, _live_stats and queue_stats are
  * made again; each background worker's delivery latency histogram
- * (delivery_latency); enqueue() checks its NULLs and queue in C, so that
- * their errors carry no PL/pgSQL context, and calls _enqueue, the former
- * enqueue, for the rest.  The grants on what is made again are given back
+ * (delivery_latency); enqueue() is C that calls _enqueue, the former
+ * enqueue, and raises its errors again without the context of
+ * gatekeeper's own SQL and PL/pgSQL.  The grants on what is made again are given back
  * at the end of this section.
  */
 -- the GRANTs to give back (one statement each, apart by chr(31))

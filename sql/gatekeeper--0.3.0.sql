@@ -1629,7 +1629,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_suppressed';
 /*
  * Enqueue
  */
--- the enqueue (src/enqueue.c calls it once its arguments are checked)
+-- the enqueue, for enqueue() (src/enqueue.c)
 CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
@@ -1711,9 +1711,9 @@ BEGIN
 END
 $$;
 
--- enqueue itself: NULLs and an unknown queue are refused in C
--- (src/enqueue.c), whose errors reach the application without the context
--- of _enqueue's PL/pgSQL, then _enqueue does the rest
+-- enqueue itself (src/enqueue.c): calls _enqueue and raises its errors
+-- again, so that they reach the application without the context of
+-- gatekeeper's own SQL and PL/pgSQL
 CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,

@@ -1,16 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * enqueue.c
- *		gatekeeper.enqueue(): the checks of its arguments whose errors an
- *		application must see plainly, then the enqueue itself.
+ *		gatekeeper.enqueue(): the enqueue, with its errors as an
+ *		application should see them.
  *
- * The enqueue (dedupe keys and all) is PL/pgSQL, gatekeeper._enqueue(); an
- * error raised inside it, a missing queue found by the insert trigger of
- * gatekeeper.mail say, reaches the application with PL/pgSQL's context:
- * the internal INSERT and the line of _enqueue.  The mistakes an
- * application makes most, a NULL where a value is needed and a queue that
- * does not exist, are checked here first, in C called straight from the
- * caller's statement, so their errors carry no context of gatekeeper's.
+ * The enqueue itself (dedupe keys and all) is PL/pgSQL,
+ * gatekeeper._enqueue().  An error raised inside it, a missing queue found
+ * by the insert trigger of gatekeeper.mail say, would reach the
+ * application with the context gatekeeper's own code adds: the row of the
+ * insert, its SQL text, the lines of _enqueue.  enqueue() calls _enqueue
+ * directly and raises any error of it again from here, with its SQLSTATE,
+ * message, detail, hint and fields, so that the only context it carries is
+ * the caller's own (a line of the application's function, say).
  *
  * IDENTIFICATION
  *		src/enqueue.c
@@ -21,24 +22,54 @@
 
 #include "gatekeeper.h"
 
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
-#include "executor/spi.h"
 #include "fmgr.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
 #include "utils/builtins.h"
+#include "utils/elog.h"
+#include "utils/memutils.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_enqueue);
 
-/* enqueue's arguments, in order */
+/* enqueue's arguments, in order; _enqueue takes the same */
 #define ENQUEUE_NARGS 14
 
-static const char queue_exists_sql[] =
-"SELECT FROM gatekeeper.queue q WHERE q.name = $1";
+static const Oid enqueue_argtypes[ENQUEUE_NARGS] = {
+	TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
+	TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, JSONBOID, TEXTOID
+};
 
-static const char enqueue_sql[] =
-"SELECT gatekeeper._enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+/* _enqueue as this call site last found it, kept in its fn_extra */
+typedef struct EnqueueTarget
+{
+	Oid			fn_oid;
+	FmgrInfo	flinfo;
+} EnqueueTarget;
 
-static SPIPlanPtr queue_exists_plan = NULL;
-static SPIPlanPtr enqueue_plan = NULL;
+static void raise_plainly(ErrorData *edata) pg_attribute_noreturn();
+
+/*
+ * Raise edata again as an error of this function: its SQLSTATE, message,
+ * detail, hint and fields, without the context gatekeeper's own code gave
+ * it (the context of enqueue's caller is added anew).
+ */
+static void
+raise_plainly(ErrorData *edata)
+{
+	ereport(ERROR,
+			(errcode(edata->sqlerrcode),
+			 errmsg_internal("%s", edata->message),
+			 edata->detail ? errdetail_internal("%s", edata->detail) : 0,
+			 edata->hint ? errhint("%s", edata->hint) : 0,
+			 edata->schema_name ? err_generic_string(PG_DIAG_SCHEMA_NAME, edata->schema_name) : 0,
+			 edata->table_name ? err_generic_string(PG_DIAG_TABLE_NAME, edata->table_name) : 0,
+			 edata->column_name ? err_generic_string(PG_DIAG_COLUMN_NAME, edata->column_name) : 0,
+			 edata->datatype_name ? err_generic_string(PG_DIAG_DATATYPE_NAME, edata->datatype_name) : 0,
+			 edata->constraint_name ? err_generic_string(PG_DIAG_CONSTRAINT_NAME, edata->constraint_name) : 0));
+	pg_unreachable();
+}
 
 /*
  * gatekeeper_enqueue
@@ -50,51 +81,48 @@ static SPIPlanPtr enqueue_plan = NULL;
 Datum
 gatekeeper_enqueue(PG_FUNCTION_ARGS)
 {
-	Oid			types[ENQUEUE_NARGS] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID,
-		TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, JSONBOID, TEXTOID};
-	Datum		values[ENQUEUE_NARGS];
-	char		nulls[ENQUEUE_NARGS + 1];
-	Datum		queue;
-	Datum		id;
-	bool		isnull;
+	EnqueueTarget *target = (EnqueueTarget *) fcinfo->flinfo->fn_extra;
+	LOCAL_FCINFO(call, ENQUEUE_NARGS);
+	MemoryContext caller = CurrentMemoryContext;
+	Oid			fn_oid;
+	Datum		result = (Datum) 0;
+	bool		isnull = true;
 	int			i;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3) ||
-		PG_ARGISNULL(4))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("recipient, subject, body, queue and send_at must not be null")));
-	if (PG_ARGISNULL(9))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("priority must not be null")));
-
-	for (i = 0; i < ENQUEUE_NARGS; i++)
+	/* _enqueue of the extension there is now: DROP and CREATE change it */
+	fn_oid = LookupFuncName(list_make2(makeString("gatekeeper"), makeString("_enqueue")),
+							ENQUEUE_NARGS, enqueue_argtypes, false);
+	if (target == NULL || target->fn_oid != fn_oid)
 	{
-		values[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
-		nulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
+		if (target == NULL)
+			target = MemoryContextAllocZero(fcinfo->flinfo->fn_mcxt, sizeof(EnqueueTarget));
+		fmgr_info_cxt(fn_oid, &target->flinfo, fcinfo->flinfo->fn_mcxt);
+		target->fn_oid = fn_oid;
+		fcinfo->flinfo->fn_extra = target;
 	}
-	nulls[ENQUEUE_NARGS] = '\0';
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	queue = values[3];
-	gatekeeper_plan(&queue_exists_plan, queue_exists_sql, 1, &types[3]);
-	if (SPI_execute_plan(queue_exists_plan, &queue, NULL, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "could not look up queue");
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("queue \"%s\" does not exist", TextDatumGetCString(queue)),
-				 errhint("Create it with gatekeeper.create_queue().")));
+	InitFunctionCallInfoData(*call, &target->flinfo, ENQUEUE_NARGS, fcinfo->fncollation,
+							 NULL, NULL);
+	for (i = 0; i < ENQUEUE_NARGS; i++)
+		call->args[i] = fcinfo->args[i];
 
-	gatekeeper_plan(&enqueue_plan, enqueue_sql, ENQUEUE_NARGS, types);
-	if (SPI_execute_plan(enqueue_plan, values, nulls, false, 1) != SPI_OK_SELECT ||
-		SPI_processed != 1)
-		elog(ERROR, "gatekeeper._enqueue() failed");
-	id = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	SPI_finish();
+	PG_TRY();
+	{
+		result = FunctionCallInvoke(call);
+		isnull = call->isnull;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(caller);
+		edata = CopyErrorData();
+		FlushErrorState();
+		raise_plainly(edata);
+	}
+	PG_END_TRY();
+
 	if (isnull)
 		PG_RETURN_NULL();
-	PG_RETURN_DATUM(id);
+	PG_RETURN_DATUM(result);
 }
