@@ -254,10 +254,10 @@ SELECT b AS batch, pg_temp.error_of(format($$SELECT * FROM gatekeeper.claim('w',
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 10000, queues => ARRAY['bad'])$$) AS batch_10000;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 1, queues => ARRAY['bad'])$$) AS batch_1;
 SELECT l AS lease, pg_temp.error_of(format($$SELECT * FROM gatekeeper.claim('w', 10, %L, ARRAY['bad'])$$, l)) AS result
-  FROM unnest(ARRAY['0', '-1 minute', '0 seconds']) WITH ORDINALITY AS t(l, n) ORDER BY n;
+  FROM unnest(ARRAY['0', '-1 minute', '0 seconds', '30 days']) WITH ORDINALITY AS t(l, n) ORDER BY n;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 10, queues => ARRAY[['bad'], ['bad']])$$) AS two_dim_queues;
 SELECT l AS extend_lease, pg_temp.error_of(format($$SELECT gatekeeper.extend(1, 1, %L)$$, l)) AS result
-  FROM unnest(ARRAY['0', '-1 minute']) WITH ORDINALITY AS t(l, n) ORDER BY n;
+  FROM unnest(ARRAY['0', '-1 minute', '30 days']) WITH ORDINALITY AS t(l, n) ORDER BY n;
 
 --
 -- gate periods and max_sends

@@ -455,6 +455,7 @@ typedef struct ClaimedDue
 static ClaimedDue *claimed_due = NULL;
 static uint64 nclaimed_due = 0;
 static LocalTransactionId claimed_due_lxid = InvalidLocalTransactionId;
+
 static uint32 claim_rotation = 0;
 
 /* the mail_live[] type the plans taking records were prepared for */
