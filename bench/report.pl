@@ -355,10 +355,13 @@ my %desc = (
 	reports => 'Reports (issue 27): a bounce storm. 20,000 mails loaded as sent, then one DSN per mail in Postfix\'s shape (about 4 kB: notification, delivery status, the returned message; half 5.1.1, half 5.2.2, found by the VERP token of the address it was delivered to) through ingest_report() by one statement in one backend, every one recorded (its event, and a hard_bounce suppression or a soft-bounce count); and 50,000 record_event() calls (a webhook\'s delivered event, found by Message-ID) by one statement. Reference: as many enqueue() calls by one statement, in the same run.',
 	delivery => 'Delivery: the worker (gatekeeper.smtp_connections = 16) sending to a loopback smtp-sink that counts and discards; time from the commit of N due mails until smtp-sink has counted N; and from the commit of one due mail until smtp-sink counts it, repeated (median, p99). Reference: smtp-source -s 16 -d (16 sessions, connections reused) into the same sink, same body size. The 2-worker line runs gatekeeper.workers = 2 with 8 connections each (the same 16 in all), after the 1-worker runs, against the same smtp-source figures.',
 );
+my $bench_dir = ($0 =~ s{[^/]*$}{}r) || '.';
 open(my $md, '>', $output) or die "$output: $!\n";
 print $md "# gatekeeper benchmarks\n\n";
+my $commit = `git -C '$bench_dir' rev-parse --short HEAD 2>/dev/null` // '';
+chomp $commit;
 print $md "Produced by `bash bench/run.sh` (" . ($mode eq 'smoke' ? 'smoke mode: tiny sizes, not a measurement' : "full mode, $runs runs per figure") .
-	") on " . strftime('%Y-%m-%d', gmtime) . ". Every figure is the median of its runs, with their min-max; a ratio is the figure's median over its reference's median, both measured in the same run of the harness. Targets never fail the run. See bench/README.md for the method.\n\n";
+	") on " . strftime('%Y-%m-%d', gmtime) . ($commit ne '' ? " at commit $commit" : '') . ". Every figure is the median of its runs, with their min-max; a ratio is the figure's median over its reference's median, both measured in the same run of the harness. Targets never fail the run. See bench/README.md for the method.\n\n";
 print $md "## Machine\n\n";
 print $md "| | |\n|---|---|\n";
 for my $i (@info) {
@@ -395,11 +398,9 @@ for my $sec (@sections) {
 	my $n = $notes{$sec->[0]} or next;
 	print $md "- $sec->[0]: " . join('; ', @$n) . "\n";
 }
-# the hand-written analysis (what bounds each figure), kept in bench/notes.md
-my $notes_file = ($0 =~ s{[^/]*$}{}r) . 'notes.md';
-if ($mode ne 'smoke' && open(my $nf, '<', $notes_file)) {
-	local $/;
-	print $md "\n", <$nf>;
-	close $nf;
-}
+# the hand-written analysis (what bounds each figure) and the earlier runs
+# stay in bench/notes.md: linked, not appended, so that this file is the
+# latest run alone
+print $md "\n## History\n\nWhat bounds each figure, every earlier full run and the studies behind the\n"
+  . "storage layout: [bench/notes.md](bench/notes.md).\n" if $mode ne 'smoke';
 close $md;

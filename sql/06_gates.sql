@@ -3,6 +3,8 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
+\i sql/gate_restamp.inc
+
 -- what a gate says about a recipient, without timestamps
 CREATE FUNCTION pg_temp.gate_view(recipient text)
 RETURNS TABLE (gate text, open boolean, closed_until_later boolean, sends_in_period int, max_sends int)
@@ -79,7 +81,7 @@ SELECT gatekeeper.gate_open('g_win', 'peek2@gates.example') AS open,
        (SELECT count(*) FROM gatekeeper.gate_log WHERE 'peek2@gates.example' = ANY (recipients)) AS rows;
 -- a cap reopens when its earliest pass expires
 BEGIN;
-SELECT gatekeeper._gate_restamp('g_cap', 'cap@gates.example',
+SELECT pg_temp._gate_restamp('g_cap', 'cap@gates.example',
 	ARRAY[now() + interval '3 days', now() + interval '1 day', now() + interval '2 days']);
 SELECT gatekeeper.gate_next_open('g_cap', 'cap@gates.example') = now() + interval '1 day' AS earliest_expiry;
 ROLLBACK;
@@ -97,11 +99,11 @@ SELECT gatekeeper.gate_pass('g_win', 'peek@gates.example', 9) AS new_holder_pass
 --
 SELECT gatekeeper.gate_pass('g_win', 'edge@gates.example', 1) AS passed;
 BEGIN;
-SELECT gatekeeper._gate_restamp('g_win', 'edge@gates.example', ARRAY[now() + interval '1 microsecond']);
+SELECT pg_temp._gate_restamp('g_win', 'edge@gates.example', ARRAY[now() + interval '1 microsecond']);
 SELECT gatekeeper.gate_open('g_win', 'edge@gates.example') AS open_1us_before,
        gatekeeper.gate_next_open('g_win', 'edge@gates.example') = now() + interval '1 microsecond' AS next_open_in_1us;
 SELECT gatekeeper.gate_pass('g_win', 'edge@gates.example', 2) AS pass_1us_before;
-SELECT gatekeeper._gate_restamp('g_win', 'edge@gates.example', ARRAY[now()]);
+SELECT pg_temp._gate_restamp('g_win', 'edge@gates.example', ARRAY[now()]);
 SELECT gatekeeper.gate_open('g_win', 'edge@gates.example') AS open_at_expiry,
        gatekeeper.gate_next_open('g_win', 'edge@gates.example') AS next_open;
 SELECT e.open, e.sends_in_period FROM gatekeeper.explain('edge@gates.example') e WHERE e.gate = 'g_win';
@@ -218,7 +220,7 @@ SELECT state, attempt, last_error, lease_until IS NULL AS no_lease, finished_at 
 -- not due again until then
 SELECT count(*) AS returned FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_def']);
 -- at the reopening it goes
-SELECT gatekeeper._gate_restamp('g_win', 'claim1@gates.example', ARRAY[now() - interval '1 second']);
+SELECT pg_temp._gate_restamp('g_win', 'claim1@gates.example', ARRAY[now() - interval '1 second']);
 UPDATE gatekeeper.mail SET send_at = now() WHERE id = :d1;
 SELECT id = :d1 AS deferred_mail, attempt FROM gatekeeper.claim('w-gate', 10, queues => ARRAY['g_def']);
 SELECT gatekeeper.ack(:d1, 1) AS acked;

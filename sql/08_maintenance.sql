@@ -3,6 +3,8 @@
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
+\i sql/gate_restamp.inc
+
 SELECT gatekeeper.create_queue('m_q');
 SELECT gatekeeper.create_queue('m_paused');
 
@@ -49,7 +51,7 @@ UPDATE gatekeeper.mail_done d SET finished_at = now() - interval '6 days' FROM g
 -- gate passes: one expired, one live
 SELECT gatekeeper.gate_pass('smart_sending', 'expired@maint.example') AS p1,
        gatekeeper.gate_pass('smart_sending', 'live@maint.example') AS p2;
-SELECT gatekeeper._gate_restamp('smart_sending', 'expired@maint.example', ARRAY[now() - interval '1 minute']);
+SELECT pg_temp._gate_restamp('smart_sending', 'expired@maint.example', ARRAY[now() - interval '1 minute']);
 -- the current segment is younger than half the retention: no rotation
 SELECT gatekeeper.purge() AS purged_young;
 SELECT current AS segment FROM gatekeeper.segment;

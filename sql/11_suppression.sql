@@ -11,6 +11,7 @@ SET client_min_messages = warning;
 \set VERBOSITY terse
 
 \i sql/error_of.inc
+\i sql/window_open.inc
 
 SELECT gatekeeper.create_queue('s_promo');
 SELECT gatekeeper.create_queue('s_news');
@@ -204,7 +205,7 @@ SELECT gatekeeper.enqueue('w-late@example.com', 'Hi', 'Body', queue => 'w_later'
 SELECT gatekeeper.enqueue('w-go@example.com', 'Hi', 'Body', queue => 'w_open') > 0 AS enqueued;
 SELECT recipient FROM gatekeeper.claim('w', 100, queues => '{w_later,w_open}') ORDER BY 1;
 SELECT m.recipient, m.state, m.attempt,
-	   m.send_at = gatekeeper._window_open(:'later_window', coalesce(m.timezone, 'UTC'), now()) AS at_opening,
+	   m.send_at = pg_temp._window_open(:'later_window', coalesce(m.timezone, 'UTC'), now()) AS at_opening,
 	   m.send_at > now() AS later,
 	   regexp_replace(m.last_error, '\d\d:\d\d-\d\d:\d\d', 'HH:MM-HH:MM') AS last_error
   FROM gatekeeper.mail_status m WHERE m.queue IN ('w_later', 'w_open') ORDER BY 1;

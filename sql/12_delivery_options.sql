@@ -2,7 +2,7 @@
 --   create_queue/alter_queue: transactional, unsubscribe_url (https, with
 --   {token} once, fits a header line), send_window ('HH:MM-HH:MM', may
 --   wrap midnight, 00:00-24:00 all day), timezone (IANA names only).
---   gatekeeper._window_open: the claim's computation of a window's next
+--   _window_open (sql/window_open.inc): the claim's computation of a window's next
 --   opening, at fixed times, across midnight and daylight saving changes.
 --   gatekeeper._mailbox: senders with display names, and the From/To field
 --   written for them (quoted-string, RFC 2047 encoded-words when not ASCII).
@@ -10,6 +10,7 @@ SET client_min_messages = warning;
 \set VERBOSITY terse
 
 \i sql/error_of_detail.inc
+\i sql/window_open.inc
 
 -- Queue options
 SELECT gatekeeper.create_queue('o_promo', unsubscribe_url => 'https://shop.example.com/unsubscribe?t={token}&src=mail',
@@ -79,7 +80,7 @@ SELECT count(*) AS mail_to_tz FROM gatekeeper.mail WHERE recipient LIKE 'tz%@exa
 -- Sending windows at fixed times.  _window_open returns the time itself
 -- when it is inside, else the window's next opening; shown in UTC.
 SET TimeZone = 'UTC';
-SELECT w, tz, at, gatekeeper._window_open(w, tz, at) AS opens
+SELECT w, tz, at, pg_temp._window_open(w, tz, at) AS opens
   FROM (VALUES
 	-- a day window: inside, before it, at its opening, at its closing, after it
 	('09:00-20:00', 'UTC', timestamptz '2026-06-10 12:00Z'),
@@ -116,8 +117,8 @@ SELECT w, tz, at, gatekeeper._window_open(w, tz, at) AS opens
 	(NULL, 'Europe/Paris', timestamptz '2026-06-10 03:00Z')
   ) AS v(w, tz, at)
  ORDER BY tz NULLS FIRST, w NULLS FIRST, at;
-SELECT pg_temp.error_of($$SELECT gatekeeper._window_open('09:00-20:00', 'Atlantis', now())$$) AS bad_zone,
-	   pg_temp.error_of($$SELECT gatekeeper._window_open('09-20', 'UTC', now())$$) AS bad_window;
+SELECT pg_temp.error_of($$SELECT pg_temp._window_open('09:00-20:00', 'Atlantis', now())$$) AS bad_zone,
+	   pg_temp.error_of($$SELECT pg_temp._window_open('09-20', 'UTC', now())$$) AS bad_window;
 RESET TimeZone;
 
 -- Display names.  The address is what the envelope and Message-ID use.

@@ -497,86 +497,9 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper._rotate(retention interval)
-RETURNS bigint
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	s gatekeeper.segment;
-	nxt smallint;
-	removed bigint;
-	timeout text := current_setting('lock_timeout');
-BEGIN
-	SELECT * INTO s FROM gatekeeper.segment FOR UPDATE SKIP LOCKED;
-	IF NOT FOUND OR now() - s.rotated_at < retention / 2 THEN
-		RETURN 0;
-	END IF;
-	nxt := (s.current + 1) % 4;
-	IF EXISTS (SELECT FROM gatekeeper.mail_done d
-				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
-		RETURN 0;
-	END IF;
-	BEGIN
-		PERFORM set_config('lock_timeout', '1s', true);
-		-- a finished mail of the segment that still holds its dedupe key
-		-- (its queue's window is longer than retention) leaves its finish
-		-- time in the key's row, which goes on holding the key; under the
-		-- row's lock, which an insert of the key takes before it tests the
-		-- holder (src/mail.c, write_keys)
-		UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at
-		  FROM gatekeeper.mail_done d
-		  JOIN gatekeeper.queue q ON q.name = d.queue
-		 WHERE d.segment = nxt AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled'
-		   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window
-		   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id;
-		-- and mail_claim: the records of claimed mail in the segment are
-		-- rewritten below, and an ack reads them before it locks a batch
-		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
-					   'mail_' || nxt, 'mail_done_' || nxt);
-		PERFORM set_config('lock_timeout', timeout, true);
-	EXCEPTION WHEN lock_not_available THEN
-		PERFORM set_config('lock_timeout', timeout, true);
-		RETURN 0;
-	END;
-	-- under the locks, nothing enters the segment: look again
-	IF EXISTS (SELECT FROM gatekeeper.mail_done d
-				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
-		RETURN 0;
-	END IF;
-	EXECUTE format(
-		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
-									dedupe_key, priority, send_at, send_by, created_at, segment,
-									recipient_name, metadata, timezone)
-		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
-				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
-				m.recipient_name, m.metadata, m.timezone
-		   FROM gatekeeper.%I m
-		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
-						 UNION ALL
-						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
-						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
-		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
-	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
-	-- claimed mail still open in its batch: its record names the new segment
-	UPDATE gatekeeper.mail_claim c
-	   SET mails = ARRAY(
-			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
-						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
-								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
-								 (c.mails[i]).uncharged, (c.mails[i]).lease_until, (c.mails[i]).worker,
-								 (c.mails[i]).message_id, (c.mails[i]).last_error,
-								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
-						ELSE c.mails[i] END
-			  FROM generate_subscripts(c.mails, 1) AS i
-			 ORDER BY i)
-	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
-	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
-	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I', 'mail_' || nxt, 'mail_done_' || nxt);
-	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
-	RETURN removed;
-END
-$$;
+-- _rotate(), which writes a removed holder's finish time into its key's
+-- row, is replaced once, in issue 27's section below (it also takes the
+-- events along)
 
 -- an UPDATE of a scheduled mail's key gives it the key's row, so that it
 -- holds the key once claimed and finished too
@@ -1700,6 +1623,95 @@ REVOKE ALL ON TABLE gatekeeper.shard_position FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._shard_apply(), gatekeeper.shard(int, int) FROM PUBLIC;
 
 /*
+ * Issue 26, item 6: test-only helpers leave the install script.
+ * _gate_restamp (moves live gate passes' expiries) and _window_open (a
+ * window's next opening at a fixed time) served only the tests, which now
+ * declare them in their own session (sql/gate_restamp.inc,
+ * sql/window_open.inc).
+ */
+DROP FUNCTION gatekeeper._gate_restamp(text, text, timestamptz[]);
+DROP FUNCTION gatekeeper._window_open(text, text, timestamptz);
+
+/*
+ * Issue 26, item 6: a COMMENT for every function a user may call (every
+ * function without a leading underscore, and the internal ones grant()
+ * gives a role), as docs/reference.md describes it; sql/22_comments.sql
+ * lists those without one.
+ */
+COMMENT ON FUNCTION gatekeeper._segment() IS
+	'the retention segment new mail goes to, read once per transaction: the default of gatekeeper.mail''s segment column, so a role that inserts mail runs it';
+COMMENT ON FUNCTION gatekeeper.mail_check() IS
+	'trigger on gatekeeper.mail: validates each new mail of an INSERT or COPY statement and writes its live row and dedupe key, and validates an UPDATE''s changed mail; an error names the bad row';
+COMMENT ON FUNCTION gatekeeper.create_gate(text, interval, int) IS
+	'make a gate that passes a recipient at most max_sends times within period';
+COMMENT ON FUNCTION gatekeeper.alter_gate(text, interval, int) IS
+	'change a gate''s period or max_sends for passes made from now on; each argument NULL leaves its setting as it is';
+COMMENT ON FUNCTION gatekeeper.drop_gate(text) IS
+	'drop a gate that no queue uses, with its passes';
+COMMENT ON FUNCTION gatekeeper.gate_pass(text, text, bigint) IS
+	'take one pass of a gate for a recipient, held by holder when given; true when it passed, false when the gate is closed';
+COMMENT ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) IS
+	'take one pass of a gate for each recipient; the recipients that passed';
+COMMENT ON FUNCTION gatekeeper.gate_open(text, text) IS
+	'whether a gate would pass a recipient now, without taking a pass';
+COMMENT ON FUNCTION gatekeeper.gate_next_open(text, text) IS
+	'when a gate next opens for a recipient, NULL when it is open';
+COMMENT ON FUNCTION gatekeeper.gate_release(text, text, bigint) IS
+	'give back the pass of a gate that holder holds for a recipient; true when one was given back';
+COMMENT ON FUNCTION gatekeeper.explain(text) IS
+	'every gate''s view of one recipient, one row per gate: open or not, its next opening, the passes in its period and max_sends';
+COMMENT ON FUNCTION gatekeeper.drop_queue(text) IS
+	'drop a queue that holds no scheduled or claimed mail, freeing its dedupe keys';
+COMMENT ON FUNCTION gatekeeper.pause(text) IS
+	'stop claims from taking a queue''s mail until resume()';
+COMMENT ON FUNCTION gatekeeper.resume(text) IS
+	'let claims take a paused queue''s mail again';
+COMMENT ON FUNCTION gatekeeper.cancel(bigint) IS
+	'cancel a scheduled mail by id; true when it was cancelled, false when it is not scheduled (claimed, finished, or no such mail)';
+COMMENT ON FUNCTION gatekeeper.cancel(text, text) IS
+	'cancel the scheduled mail with this dedupe key in this queue; true when one was cancelled, false when no scheduled mail has it';
+COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
+	'cancel every scheduled mail of a queue; the number cancelled';
+COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text) IS
+	'enqueue one mail, validated like a bulk insert, and return its id; with a dedupe key its queue holds, the holder''s id, writing nothing';
+COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS
+	'lease up to batch due mails to one worker, fairly across unpaused queues (or those named) and through their gates and the suppression list; one row per mail to send, with its (id, attempt) and content';
+COMMENT ON FUNCTION gatekeeper.ack(bigint, int) IS
+	'report a claimed mail sent; true when (id, attempt) was still the caller''s claim, false, changing nothing, when it was not';
+COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
+	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still the caller''s';
+COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
+	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not the caller''s';
+COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
+	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
+COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
+	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
+COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
+	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';
+COMMENT ON FUNCTION gatekeeper.reap() IS
+	'settle the claimed mail whose lease ran out (or whose server is gone): scheduled again, unknown (at-most-once mail) or failed (attempts spent); the number of mails settled';
+COMMENT ON FUNCTION gatekeeper.next_due(text[]) IS
+	'the earliest send_at of scheduled mail in unpaused queues (only those named, when given): when to claim next; NULL when there is none';
+COMMENT ON FUNCTION gatekeeper.purge(int) IS
+	'remove finished mail older than gatekeeper.retention by rotating the retention segments, and a batch of expired gate log rows; the rows removed';
+COMMENT ON FUNCTION gatekeeper.suppress(text, text, text, text) IS
+	'put an address on the suppression list, for every queue or one, with a reason; true when the entry is new';
+COMMENT ON FUNCTION gatekeeper.unsuppress(text, text) IS
+	'take an address off the suppression list for one queue, or the entry for every queue when queue is NULL; true when an entry was removed';
+COMMENT ON FUNCTION gatekeeper.unsubscribe(text) IS
+	'verify a List-Unsubscribe token and suppress its recipient for its queue; true when the entry is new';
+COMMENT ON FUNCTION gatekeeper._queue_totals() IS
+	'the totals of every queue of this database from shared memory (enqueued, sent, failed and the other outcomes, events and reports), by a hash of the queue''s name; queue_stats reads them';
+COMMENT ON FUNCTION gatekeeper.recount_live() IS
+	'count mail_live afresh into the live counts that queue_stats reads, after writes made with its triggers disabled; the live mails counted';
+COMMENT ON FUNCTION gatekeeper._live_stats() IS
+	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out); queue_stats reads them';
+COMMENT ON FUNCTION gatekeeper._gate_memory() IS
+	'what the gates hold in the server''s shared memory (bytes used and total, entries, gated mails deferred because it was full), one row; the gate_memory view reads it';
+COMMENT ON FUNCTION gatekeeper._worker_status() IS
+	'one row per background worker, from shared memory: state, mail in flight, relay connections, breaker, last relay error and totals; the worker_status view reads it';
+
+/*
  * Issue 28, metrics that go red and smaller items: queue_stats gains
  * retrying (scheduled mail claimed before), counted in mail_live_count as
  * its scheduled mail is, so _live_pending, _live_stats and queue_stats are
@@ -1797,6 +1809,9 @@ AS $$
 	HAVING sum(u.scheduled) + sum(u.claimed) > 0
 $$;
 
+COMMENT ON FUNCTION gatekeeper._live_stats() IS
+	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out, scheduled mail claimed before); queue_stats reads them';
+
 CREATE VIEW gatekeeper.queue_stats AS
 SELECT q.name AS queue,
 	   q.paused,
@@ -1829,6 +1844,9 @@ CREATE FUNCTION gatekeeper._delivery_latency(OUT worker int, OUT le float8[], OU
 	LANGUAGE C VOLATILE STRICT
 	SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_delivery_latency';
+
+COMMENT ON FUNCTION gatekeeper._delivery_latency() IS
+	'one row per background worker, from shared memory: a histogram of the time from a mail being due to the relay accepting it; the delivery_latency view reads it';
 
 -- issue 28: each background worker's delivery latency since it started, a
 -- histogram from shared memory: from when a mail was due (its send_at, or
@@ -1936,9 +1954,6 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
 
-COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
-									   timestamptz, text, jsonb, text) IS
-	'enqueue one mail; its id, or with dedupe_key the id of the mail holding that key';
 
 REVOKE ALL ON FUNCTION gatekeeper._live_pending(), gatekeeper._live_stats(),
 	gatekeeper._delivery_latency(),

@@ -3,6 +3,32 @@
 \echo Use "CREATE EXTENSION gatekeeper" to load this file. \quit
 
 /*
+ * gatekeeper 0.3.0, a fresh install (an update from 0.2.0 is
+ * gatekeeper--0.2.0--0.3.0.sql).  How the mail is stored and moves between
+ * its tables, with a picture, is docs/storage.md.  The tables, by role:
+ *
+ *   the mail		mail (the content, written once), mail_live (one narrow
+ *					row per scheduled mail), mail_claim (claimed mail, in
+ *					batch rows of up to 128 with one lease each), mail_done
+ *					(one outcome row per finished mail), event_log (what
+ *					became of a mail after its claim); mail, mail_done and
+ *					event_log are partitioned into four retention segments,
+ *					and segment names the current one
+ *   dedupe keys	mail_key: the mail that holds each queue's key
+ *   policy			queue, gate
+ *   the gates		gate_log (every change to the live passes, which are
+ *					kept in shared memory), gate_space (this extension's
+ *					space in that memory)
+ *   suppression	suppression_list; unsubscribe_secret, which signs the
+ *					unsubscribe and VERP tokens
+ *   bookkeeping	mail_live_count (scheduled mail by queue and writing
+ *					backend, for queue_stats), role_grant (the roles grant()
+ *					gave a use), shard_position (a shard's number and count)
+ *
+ * queue_stats' totals are kept in shared memory (src/stats.c), in no table.
+ */
+
+/*
  * States of a mail.  scheduled and claimed are live; the rest are terminal.
  */
 CREATE TYPE gatekeeper.state AS ENUM (
@@ -157,35 +183,40 @@ CREATE TRIGGER unsubscribe_secret_insert BEFORE INSERT ON gatekeeper.unsubscribe
 INSERT INTO gatekeeper.unsubscribe_secret (secret) VALUES (gatekeeper._new_secret());
 
 /*
- * The mail lives in three tables (README, "Storage"):
+ * The mail lives in four tables (docs/storage.md):
  *
  *   mail		what the application enqueued (by enqueue, INSERT or COPY):
  *				written once, never rewritten by gatekeeper
- *   mail_live	one narrow row per mail still to go (scheduled or claimed):
- *				its claim state, which claims, nacks and reaps update
+ *   mail_live	one narrow row per scheduled mail: its state, due time,
+ *				attempt, Message-ID and last error
+ *   mail_claim	claimed mail, in batch rows (below)
  *   mail_done	one narrow row per finished mail: its outcome
  *
  * The statement-level trigger on mail validates the statement's rows and
- * writes their mail_live rows, in the same statement.  A mail that
- * finishes leaves mail_live at once (a delete of a narrow row) and gains
- * its mail_done row, so claims walk only live mail however much finished
- * mail is retained, and neither a claim nor an ack rewrites the content.
- * gatekeeper.mail_status joins the three for the owner's queries.
+ * writes their mail_live rows, in the same statement.  A claim takes its
+ * mails out of mail_live (DELETE ... USING mail, src/claim.c) into
+ * mail_claim; a nack that retries, a reap, an unclaim or a deferral puts a
+ * mail back into mail_live, and a mail that finishes leaves mail_live or
+ * its batch and gains its mail_done row, so claims walk only scheduled
+ * mail however much is claimed or retained, and nothing rewrites the
+ * content.  gatekeeper.mail_status joins them for the owner's queries.
  *
  * Retention.  mail and mail_done are partitioned into four segments,
  * mail_0 .. mail_3 and mail_done_0 .. mail_done_3; new mail goes to the
  * current segment (gatekeeper.segment).  Once the current segment is
  * half of gatekeeper.retention old, purge() rotates: the next segment,
  * the oldest, is emptied by TRUNCATE when all of its finished mail
- * finished longer than gatekeeper.retention ago, after its live mail
- * (scheduled far ahead, or retried) has been moved to the current one;
- * then it becomes the current segment.  Finished mail is kept at least
+ * finished longer than gatekeeper.retention ago, after its unfinished mail
+ * (scheduled far ahead, retried, or claimed) has been moved to the current
+ * one; then it becomes the current segment.  event_log is segmented the
+ * same way and rotates with them.  Finished mail is kept at least
  * gatekeeper.retention and about twice that at most, and no mail is ever
  * deleted row by row.
  *
  *   mail_due		scheduled mail by queue, priority, due time
- *   mail_lease		claimed mail by lease expiry, for reaping (every way out
- *					of claimed clears lease_until)
+ *   mail_lease		mail_live's rows by lease_until: 0.2.0's reaping, when
+ *					claimed mail stayed in mail_live; 0.3.0's leases are
+ *					mail_claim's (mail_claim_lease)
  *   mail_dedupe	at most one live mail per queue and dedupe key
  *   mail_done_key	finished mail by dedupe key, for the dedupe window and find()
  *   mail_finished	finished mail by finish time, for rotation (BRIN)
@@ -204,6 +235,9 @@ RETURNS smallint
 LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_segment';
+
+COMMENT ON FUNCTION gatekeeper._segment() IS
+	'the retention segment new mail goes to, read once per transaction: the default of gatekeeper.mail''s segment column, so a role that inserts mail runs it';
 
 CREATE TABLE gatekeeper.mail (
 	id			bigint GENERATED BY DEFAULT AS IDENTITY (CACHE 100),
@@ -276,9 +310,10 @@ COMMENT ON COLUMN gatekeeper.mail_live.uncharged IS 'claims handed back unsent b
 COMMENT ON COLUMN gatekeeper.mail_live.send_at IS 'when the mail is due: the enqueued send_at, moved by retries and deferrals';
 
 /*
- * Every claim and every ack leaves a dead narrow row in mail_live, and
- * dead entries in mail_due are what every claim walks past: vacuum it
- * after 1% and unthrottled.  It stays as small as the live mail.
+ * Every mail a claim takes leaves a dead narrow row in mail_live (the
+ * claim deletes it), and dead entries in mail_due are what every claim
+ * walks past: vacuum it after 1% and unthrottled.  It stays as small as
+ * the scheduled mail.
  */
 ALTER TABLE gatekeeper.mail_live SET (
 	autovacuum_vacuum_scale_factor = 0.01,
@@ -473,6 +508,9 @@ $$;
 CREATE FUNCTION gatekeeper.mail_check() RETURNS trigger
 	LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'gatekeeper_mail_check';
+
+COMMENT ON FUNCTION gatekeeper.mail_check() IS
+	'trigger on gatekeeper.mail: validates each new mail of an INSERT or COPY statement and writes its live row and dedupe key, and validates an UPDATE''s changed mail; an error names the bad row';
 
 -- one call per INSERT or COPY statement, over all its rows (see src/mail.c)
 CREATE TRIGGER mail_check_insert
@@ -937,7 +975,7 @@ COMMENT ON FUNCTION gatekeeper.shard(int, int) IS
 /*
  * Every column the mail had in 0.1.0, then those 0.2.0 added to it, for
  * the owner's queries: the content, and the state from whichever of
- * mail_live and mail_done holds the mail.
+ * mail_live, mail_claim's batches and mail_done holds the mail.
  */
 CREATE VIEW gatekeeper.mail_status AS
 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
@@ -1278,6 +1316,9 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.drop_queue(text) IS
+	'drop a queue that holds no scheduled or claimed mail, freeing its dedupe keys';
+
 CREATE FUNCTION gatekeeper.pause(queue text)
 RETURNS void
 LANGUAGE plpgsql
@@ -1289,6 +1330,9 @@ BEGIN
 	UPDATE gatekeeper.queue SET paused = true WHERE name = pause.queue;
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.pause(text) IS
+	'stop claims from taking a queue''s mail until resume()';
 
 CREATE FUNCTION gatekeeper.resume(queue text)
 RETURNS void
@@ -1307,6 +1351,9 @@ BEGIN
 		AND gatekeeper._first_due(q.name, '-infinity') <= now();
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.resume(text) IS
+	'let claims take a paused queue''s mail again';
 
 CREATE FUNCTION gatekeeper.cancel(id bigint)
 RETURNS boolean
@@ -1332,6 +1379,9 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.cancel(bigint) IS
+	'cancel a scheduled mail by id; true when it was cancelled, false when it is not scheduled (claimed, finished, or no such mail)';
+
 -- cancel the scheduled mail of a queue that has this dedupe key (the
 -- application's own key for it); false when there is none
 CREATE FUNCTION gatekeeper.cancel(queue text, dedupe_key text)
@@ -1355,6 +1405,9 @@ BEGIN
 	RETURN gatekeeper.cancel(found_id);
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.cancel(text, text) IS
+	'cancel the scheduled mail with this dedupe key in this queue; true when one was cancelled, false when no scheduled mail has it';
 
 CREATE FUNCTION gatekeeper.cancel_queue(queue text)
 RETURNS bigint
@@ -1380,6 +1433,9 @@ BEGIN
 	RETURN n;
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
+	'cancel every scheduled mail of a queue; the number cancelled';
 
 /*
  * Gates
@@ -1426,6 +1482,9 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.create_gate(text, interval, int) IS
+	'make a gate that passes a recipient at most max_sends times within period';
+
 CREATE FUNCTION gatekeeper.alter_gate(name text, period interval DEFAULT NULL, max_sends int DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
@@ -1447,6 +1506,9 @@ BEGIN
 	END IF;
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.alter_gate(text, interval, int) IS
+	'change a gate''s period or max_sends for passes made from now on; each argument NULL leaves its setting as it is';
 
 CREATE FUNCTION gatekeeper.drop_gate(name text)
 RETURNS void
@@ -1477,11 +1539,17 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.drop_gate(text) IS
+	'drop a gate that no queue uses, with its passes';
+
 CREATE FUNCTION gatekeeper.gate_pass(gate text, recipient text, holder bigint DEFAULT NULL)
 RETURNS boolean
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_pass';
+
+COMMENT ON FUNCTION gatekeeper.gate_pass(text, text, bigint) IS
+	'take one pass of a gate for a recipient, held by holder when given; true when it passed, false when the gate is closed';
 
 CREATE FUNCTION gatekeeper.gate_pass_batch(gate text, recipients text[])
 RETURNS SETOF text
@@ -1489,11 +1557,17 @@ LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_pass_batch';
 
+COMMENT ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) IS
+	'take one pass of a gate for each recipient; the recipients that passed';
+
 CREATE FUNCTION gatekeeper.gate_open(gate text, recipient text)
 RETURNS boolean
 LANGUAGE c STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_open';
+
+COMMENT ON FUNCTION gatekeeper.gate_open(text, text) IS
+	'whether a gate would pass a recipient now, without taking a pass';
 
 CREATE FUNCTION gatekeeper.gate_next_open(gate text, recipient text)
 RETURNS timestamptz
@@ -1501,17 +1575,26 @@ LANGUAGE c STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_next_open';
 
+COMMENT ON FUNCTION gatekeeper.gate_next_open(text, text) IS
+	'when a gate next opens for a recipient, NULL when it is open';
+
 CREATE FUNCTION gatekeeper.gate_release(gate text, recipient text, holder bigint)
 RETURNS boolean
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_release';
 
+COMMENT ON FUNCTION gatekeeper.gate_release(text, text, bigint) IS
+	'give back the pass of a gate that holder holds for a recipient; true when one was given back';
+
 CREATE FUNCTION gatekeeper.explain(recipient text)
 RETURNS TABLE (gate text, open boolean, next_open timestamptz, sends_in_period int, max_sends int)
 LANGUAGE c STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_explain';
+
+COMMENT ON FUNCTION gatekeeper.explain(text) IS
+	'every gate''s view of one recipient, one row per gate: open or not, its next opening, the passes in its period and max_sends';
 
 -- release every pass a mail holds (after a permanent failure)
 CREATE FUNCTION gatekeeper._release_mail(recipient text, holder bigint)
@@ -1534,13 +1617,6 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_sweep';
 
--- give a recipient's live passes new expiries (for tests at a window's edge)
-CREATE FUNCTION gatekeeper._gate_restamp(gate text, recipient text, expires timestamptz[])
-RETURNS void
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_gate_restamp';
-
 -- what the gates hold in shared memory, for the gatekeeper.gate_memory view
 CREATE FUNCTION gatekeeper._gate_memory(OUT bytes_used bigint, OUT bytes_total bigint,
 	OUT entries bigint, OUT full_refusals bigint)
@@ -1548,6 +1624,9 @@ RETURNS SETOF record
 LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_gate_memory_stats';
+
+COMMENT ON FUNCTION gatekeeper._gate_memory() IS
+	'what the gates hold in the server''s shared memory (bytes used and total, entries, gated mails deferred because it was full), one row; the gate_memory view reads it';
 
 -- the key an address is kept under in the suppression list, or 22023
 CREATE FUNCTION gatekeeper._address_key(address text)
@@ -1562,14 +1641,6 @@ RETURNS void
 LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_check_window';
-
--- at when inside the window in the zone, else the window's next opening
--- (the claim's computation, for tests at fixed times)
-CREATE FUNCTION gatekeeper._window_open(send_window text, timezone text, at timestamptz)
-RETURNS timestamptz
-LANGUAGE c STABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_window_open';
 
 -- raise 22023 (54000 when too long) unless url can be queue's unsubscribe_url
 CREATE FUNCTION gatekeeper._check_unsubscribe_url(url text, queue text)
@@ -1726,9 +1797,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
 
-COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
-									   timestamptz, text, jsonb, text) IS
-	'enqueue one mail; its id, or with dedupe_key the id of the mail holding that key';
+COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text) IS
+	'enqueue one mail, validated like a bulk insert, and return its id; with a dedupe key its queue holds, the holder''s id, writing nothing';
 
 /*
  * Claim and report
@@ -1745,6 +1815,9 @@ SET search_path = pg_catalog, pg_temp
 -- tens of milliseconds for a statement that touches one batch by index
 SET jit = off
 AS 'MODULE_PATHNAME', 'gatekeeper_claim';
+
+COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS
+	'lease up to batch due mails to one worker, fairly across unpaused queues (or those named) and through their gates and the suppression list; one row per mail to send, with its (id, attempt) and content';
 
 /*
  * Take claimed mails out of their batches in mail_claim, each only if its
@@ -1780,12 +1853,18 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.ack(bigint, int) IS
+	'report a claimed mail sent; true when (id, attempt) was still the caller''s claim, false, changing nothing, when it was not';
+
 -- ack for many claims at once: how many were still the caller's
 CREATE FUNCTION gatekeeper.ack_batch(ids bigint[], attempts int[])
 RETURNS int
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_ack_batch';
+
+COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
+	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still the caller''s';
 
 -- gatekeeper.retry_delay as the setting means it (a bare number is milliseconds)
 CREATE FUNCTION gatekeeper._retry_delay()
@@ -1872,6 +1951,9 @@ BEGIN
 	RETURN 'scheduled';
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
+	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not the caller''s';
 
 -- nack for many claims at once, each element as nack() would do it; returns
 -- how many were still the caller's.  The claims' batches are locked in
@@ -1982,8 +2064,11 @@ BEGIN
 END
 $$;
 
--- the lease is per batch row (up to 128 mails of one claim): see README,
--- "A lease is held by a batch"
+COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
+	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
+
+-- the lease is per batch row (up to 128 mails of one claim): see
+-- docs/reference.md, "A lease is held by a batch"
 CREATE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -2022,6 +2107,9 @@ BEGIN
 	RETURN true;
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
+	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
 
 -- hand claimed mail back unsent and uncharged: no relay could be reached
 CREATE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
@@ -2065,6 +2153,9 @@ BEGIN
 	RETURN n;
 END
 $$;
+
+COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
+	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';
 
 -- this server's incarnation (src/gatekeeper.c), which the background
 -- workers' claims name; NULL when the library is not preloaded
@@ -2167,6 +2258,9 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.reap() IS
+	'settle the claimed mail whose lease ran out (or whose server is gone): scheduled again, unknown (at-most-once mail) or failed (attempts spent); the number of mails settled';
+
 -- the earliest send_at of scheduled mail in unpaused queues (only "queues",
 -- if given): when an external sender should claim next; the background
 -- worker asks it for the queues it serves
@@ -2195,6 +2289,9 @@ AS $$
 				 ORDER BY m.send_at LIMIT 1))
 	  FROM lv WHERE lv.p IS NOT NULL
 $$;
+
+COMMENT ON FUNCTION gatekeeper.next_due(text[]) IS
+	'the earliest send_at of scheduled mail in unpaused queues (only those named, when given): when to claim next; NULL when there is none';
 
 /*
  * Wake-ups for external senders (src/mail.c, src/worker.c): a queue with
@@ -2488,6 +2585,9 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.purge(int) IS
+	'remove finished mail older than gatekeeper.retention by rotating the retention segments, and a batch of expired gate log rows; the rows removed';
+
 CREATE FUNCTION gatekeeper._wake()
 RETURNS void
 LANGUAGE c
@@ -2521,6 +2621,9 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.suppress(text, text, text, text) IS
+	'put an address on the suppression list, for every queue or one, with a reason; true when the entry is new';
+
 CREATE FUNCTION gatekeeper.unsuppress(address text, queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -2538,11 +2641,17 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION gatekeeper.unsuppress(text, text) IS
+	'take an address off the suppression list for one queue, or the entry for every queue when queue is NULL; true when an entry was removed';
+
 CREATE FUNCTION gatekeeper.unsubscribe(token text)
 RETURNS boolean
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_unsubscribe';
+
+COMMENT ON FUNCTION gatekeeper.unsubscribe(text) IS
+	'verify a List-Unsubscribe token and suppress its recipient for its queue; true when the entry is new';
 
 /*
  * Bounces, complaints, events (issue 27; src/report.c)
@@ -2675,6 +2784,9 @@ LANGUAGE c VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_queue_totals';
 
+COMMENT ON FUNCTION gatekeeper._queue_totals() IS
+	'the totals of every queue of this database from shared memory (enqueued, sent, failed and the other outcomes, events and reports), by a hash of the queue''s name; queue_stats reads them';
+
 CREATE FUNCTION gatekeeper.reset_stats()
 RETURNS void
 LANGUAGE c VOLATILE
@@ -2745,6 +2857,9 @@ LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_recount_live';
+
+COMMENT ON FUNCTION gatekeeper.recount_live() IS
+	'count mail_live afresh into the live counts that queue_stats reads, after writes made with its triggers disabled; the live mails counted';
 
 /*
  * The due mail of a queue and the oldest of it (scheduled: the queue's
@@ -2876,6 +2991,9 @@ AS $$
 	 GROUP BY u.queue
 	HAVING sum(u.scheduled) + sum(u.claimed) > 0
 $$;
+
+COMMENT ON FUNCTION gatekeeper._live_stats() IS
+	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out, scheduled mail claimed before); queue_stats reads them';
 
 -- the live mail (never the finished) from _live_stats(), totals from
 -- shared memory
@@ -3033,6 +3151,9 @@ CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, 
 	SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
 
+COMMENT ON FUNCTION gatekeeper._worker_status() IS
+	'one row per background worker, from shared memory: state, mail in flight, relay connections, breaker, last relay error and totals; the worker_status view reads it';
+
 -- the background workers, from shared memory: what each is doing, the mail
 -- it holds, its relay connections, its breaker (closed: delivering; open:
 -- backing off after the relay refused the session or every MAIL FROM;
@@ -3056,6 +3177,9 @@ CREATE FUNCTION gatekeeper._delivery_latency(OUT worker int, OUT le float8[], OU
 	LANGUAGE C VOLATILE STRICT
 	SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_delivery_latency';
+
+COMMENT ON FUNCTION gatekeeper._delivery_latency() IS
+	'one row per background worker, from shared memory: a histogram of the time from a mail being due to the relay accepting it; the delivery_latency view reads it';
 
 -- issue 28: each background worker's delivery latency since it started, a
 -- histogram from shared memory: from when a mail was due (its send_at, or
@@ -3178,8 +3302,9 @@ COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
 	'give a role what one use of gatekeeper needs (''enqueue'', ''worker'' or ''monitor''), and again after every update';
 
 /*
- * Privileges: nothing for PUBLIC.  The README gives the GRANTs for an
- * enqueue-only role and a worker role.
+ * Privileges: nothing for PUBLIC.  grant() gives a role one use (an
+ * application that enqueues, an external sender, a monitor); see
+ * docs/operations.md, "Security".
  */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA gatekeeper FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA gatekeeper FROM PUBLIC;

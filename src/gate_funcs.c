@@ -478,7 +478,8 @@ gatekeeper_gate_sweep(PG_FUNCTION_ARGS)
  * _gate_restamp(gate text, recipient text, expires timestamptz[]) RETURNS void
  *		Give one recipient's live passes new expiries, in the order they
  *		were made: each is given back and made again with its new expiry,
- *		in this transaction.  For tests that need a window at its edge.
+ *		in this transaction.  For tests that need a window at its edge: not
+ *		in the install script, the tests declare it (sql/gate_restamp.inc).
  */
 Datum
 gatekeeper_gate_restamp(PG_FUNCTION_ARGS)

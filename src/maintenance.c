@@ -3,8 +3,9 @@
  * maintenance.c
  *		Vacuuming gatekeeper.mail_live after a burst of mail.
  *
- * Every mail leaves two dead versions of its live row (the claim's update
- * and the ack's delete).  Opportunistic pruning frees their space on the
+ * Every mail leaves a dead version of its live row when a claim takes it
+ * (the claim deletes it, DELETE ... USING in src/claim.c, and keeps the
+ * claimed mail in gatekeeper.mail_claim's batch rows).  Opportunistic pruning frees their space on the
  * pages the claims touch, but only a vacuum enters it in the free space
  * map, so until autovacuum comes by (once per autovacuum_naptime, a
  * minute by default) every new version and every new live row goes to a

@@ -273,11 +273,12 @@ gatekeeper_window_next_open(const GatekeeperWindow *window, pg_tz *zone, Timesta
 PG_FUNCTION_INFO_V1(gatekeeper_window_open);
 
 /*
- * gatekeeper._window_open(send_window text, timezone text, at timestamptz)
+ * _window_open(send_window text, timezone text, at timestamptz)
  *		RETURNS timestamptz
  *		at when at is inside the window in the zone, else the window's next
  *		opening; at when there is no window.  The claim's computation, for
- *		tests at fixed times.
+ *		tests at fixed times: not in the install script, the tests declare
+ *		it (sql/window_open.inc).
  */
 Datum
 gatekeeper_window_open(PG_FUNCTION_ARGS)

@@ -80,6 +80,13 @@ SELECT count(*) FROM pg_proc p
    AND (NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
 		OR has_function_privilege('public', p.oid, 'EXECUTE'))}),
 	'0', 'router: every function pins search_path, none is executable by PUBLIC');
+# and every function an application calls (no leading underscore) says
+# what it does in a COMMENT, as the shard's do (sql/22_comments.sql)
+is( $router->safe_psql('postgres', q{
+SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY 1) FROM pg_proc p
+ WHERE p.pronamespace = 'gatekeeper'::regnamespace AND p.proname !~ '^_'
+   AND coalesce(obj_description(p.oid, 'pg_proc'), '') !~ '\w'}),
+	'', 'router: every function without a leading underscore has a comment');
 my $shard_api = $shards[0]->safe_psql('postgres', q{
 SELECT string_agg(p.proname || '(' || pg_get_function_arguments(p.oid) || ') ' || pg_get_function_result(p.oid), E'\n' ORDER BY 1)
   FROM pg_proc p WHERE p.pronamespace = 'gatekeeper'::regnamespace
