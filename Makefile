@@ -17,6 +17,7 @@ OBJS = \
 	src/gate.o \
 	src/gate_funcs.o \
 	src/mail.o \
+	src/enqueue.o \
 	src/validate.o \
 	src/message.o \
 	src/dkim.o \
