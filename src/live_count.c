@@ -90,7 +90,7 @@ static const char add_live_counts_sql[] =
 "   SET scheduled = c.scheduled + excluded.scheduled, "
 "       retrying = c.retrying + excluded.retrying";
 
-/* 0.2.0's mail_live_count, until ALTER EXTENSION UPDATE, has no retrying */
+/* mail_live_count while ALTER EXTENSION UPDATE runs, before the update adds retrying */
 static const char add_live_counts_020_sql[] =
 "INSERT INTO gatekeeper.mail_live_count AS c (queue, slot, scheduled) "
 "SELECT u.queue, $1, u.scheduled "
