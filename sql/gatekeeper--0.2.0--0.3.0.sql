@@ -1698,6 +1698,17 @@ REVOKE ALL ON TABLE gatekeeper.shard_position FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._shard_apply(), gatekeeper.shard(int, int) FROM PUBLIC;
 
 /*
+ * Issue 27, item 4 (rep27): a report taken twice is one event.
+ */
+-- a report's event is written once: the same DSN, feedback report, webhook
+-- event or unsubscribe click taken again for a mail (the same event,
+-- source, status and detail) writes nothing (the relay's own events, which
+-- every ack writes, are not indexed)
+CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
+	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
+	WHERE source <> 'relay';
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

@@ -338,6 +338,13 @@ CREATE TABLE gatekeeper.event_log_3 PARTITION OF gatekeeper.event_log FOR VALUES
 CREATE INDEX event_log_bounced ON gatekeeper.event_log
 	(translate(recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'), at)
 	WHERE event = 'bounced';
+-- a report's event is written once: the same DSN, feedback report, webhook
+-- event or unsubscribe click taken again for a mail (the same event,
+-- source, status and detail) writes nothing (the relay's own events, which
+-- every ack writes, are not indexed)
+CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
+	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
+	WHERE source <> 'relay';
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_0', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_1', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_2', '');

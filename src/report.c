@@ -89,7 +89,7 @@ static const char sent_mail_sql[] =
 static SPIPlanPtr insert_event_plan = NULL;
 static const char insert_event_sql[] =
 "INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
-"VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
 
 /* what a bounce or a complaint does to the suppression list */
 static SPIPlanPtr bounced_plan = NULL;
@@ -116,7 +116,7 @@ static bool same_address(const char *a, const char *b);
 static int	report_rows(int64 id, const char *message_id, const char *recipient1,
 						const char *recipient2, const char *event, const char *status,
 						const char *detail, const char *source, Tuplestorestate *out,
-						TupleDesc desc);
+						TupleDesc desc, bool *matched);
 
 /*
  * The first VERP_MAC_LEN bytes of the HMAC of a mail id, into mac.
@@ -288,13 +288,16 @@ same_address(const char *a, const char *b)
  * (when either is given).  Writes the event, in the mail's retention
  * segment, and what it does to the suppression list (_bounced, or a
  * global complaint), and puts the row recorded into out (when not NULL).
- * Returns the rows recorded, 0 or 1.  SPI must be connected.
+ * The same event (event, source, status and detail) taken before for the
+ * mail (a DSN or webhook delivered twice) writes nothing and is no row,
+ * but sets *matched (when not NULL) as a new one does.  Returns the rows
+ * recorded, 0 or 1.  SPI must be connected.
  */
 static int
 report_rows(int64 id, const char *message_id, const char *recipient1,
 			const char *recipient2, const char *event, const char *status,
 			const char *detail, const char *source, Tuplestorestate *out,
-			TupleDesc desc)
+			TupleDesc desc, bool *matched)
 {
 	Oid			mail_type = INT8OID;
 	Oid			event_types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT2OID};
@@ -348,6 +351,11 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	if (SPI_execute_plan(gatekeeper_plan(&insert_event_plan, insert_event_sql, 8, event_types),
 						 args, nulls, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "writing an event failed");
+	if (matched != NULL)
+		*matched = true;
+	/* taken before (event_log_report): the same event again changes nothing */
+	if (SPI_processed == 0)
+		return 0;
 
 	/* the suppression list keys addresses with their ASCII letters lower-cased */
 	key = pstrdup(recipient);
@@ -668,7 +676,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 				continue;
 			rows += report_rows(id, message_id, rr->final_recipient, rr->original_recipient,
 								event, rr->status, rr->diagnostic, "dsn",
-								rsinfo->setResult, rsinfo->setDesc);
+								rsinfo->setResult, rsinfo->setDesc, NULL);
 		}
 	}
 	else if (have_mail && r.kind == REPORT_ARF &&
@@ -681,7 +689,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 									  r.user_agent ? r.user_agent : "");
 
 		rows += report_rows(id, message_id, r.original_rcpt_to, NULL, "complained",
-							NULL, detail, "arf", rsinfo->setResult, rsinfo->setDesc);
+							NULL, detail, "arf", rsinfo->setResult, rsinfo->setDesc, NULL);
 	}
 	gatekeeper_stats_count_report(rows > 0);
 	SPI_finish();
@@ -711,6 +719,7 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	char	   *recipient = NULL;
 	int64		id;
 	int			rows = 0;
+	bool		matched = false;
 	int			i;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
@@ -758,10 +767,11 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	SPI_connect();
 	if (message_id_mail(message_id, &id))
 		rows = report_rows(id, message_id, recipient, NULL, event, status, detail,
-						   "webhook", NULL, NULL);
+						   "webhook", NULL, NULL, &matched);
 	gatekeeper_stats_count_report(rows > 0);
 	SPI_finish();
-	if (rows == 0)
+	/* an event taken before names the mail too: the endpoint may answer OK */
+	if (!matched)
 		PG_RETURN_NULL();
 	PG_RETURN_INT64(id);
 }
