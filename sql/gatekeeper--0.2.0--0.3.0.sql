@@ -2291,9 +2291,7 @@ SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text,
 COMMENT ON VIEW gatekeeper.events IS
 	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
 
-ALTER TABLE gatekeeper.event_log DROP CONSTRAINT event_log_event_check;
-ALTER TABLE gatekeeper.event_log ADD CONSTRAINT event_log_event_check
-	CHECK (event IN ('deferred', 'bounced', 'delivered', 'complained', 'unsubscribed'));
+-- (event_log's CHECKs go in the last section: no 'sent' row is written any more)
 
 /*
  * Issue 28, metrics that go red and smaller items: queue_stats gains
@@ -2557,6 +2555,22 @@ BEGIN
 	END LOOP;
 END
 $$;
+
+/*
+ * Issue 27, items 4 and 6 (rep27): a report taken twice is one event; no
+ * CHECK on event_log.
+ */
+-- no CHECK on event and source: only gatekeeper's functions write events,
+-- and a relation's CHECK is parsed and planned by every INSERT statement
+ALTER TABLE gatekeeper.event_log DROP CONSTRAINT event_log_event_check,
+	DROP CONSTRAINT event_log_source_check;
+-- a report's event is written once: the same DSN, feedback report, webhook
+-- event or unsubscribe click taken again for a mail (the same event,
+-- source, status and detail) writes nothing (the relay's own events, the
+-- nacks' deferrals, are not indexed)
+CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
+	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
+	WHERE source <> 'relay';
 
 /*
  * Last, always: give the remembered roles what their uses need of the

@@ -1249,6 +1249,56 @@ add_queue_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 }
 
 /*
+ * A header value of the mail's that holds {message_id} gets the mail's
+ * Message-ID there.  An ESP whose webhooks return a message's metadata but
+ * not its Message-ID (Postmark: X-PM-Metadata-* headers come back as
+ * Metadata) then names the mail for record_event().  The headers are
+ * read as JSON text only when they hold the placeholder's opening.
+ */
+static void
+fill_message_id(Claimed *claimed, int nclaimed, MemoryContext keep)
+{
+	static const char placeholder[] = "{message_id}";
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		Jsonb	   *headers;
+		char	   *json;
+		char	   *at;
+		char	   *from;
+		StringInfoData mid;
+		StringInfoData out;
+		MemoryContext old;
+
+		if (c->expired || c->lost || c->nulls[COL_HEADERS - 1] || c->nulls[COL_MESSAGE_ID - 1])
+			continue;
+		headers = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
+		json = JsonbToCString(NULL, &headers->root, VARSIZE(headers));
+		if (strstr(json, placeholder) == NULL)
+			continue;
+
+		/* the Message-ID as the inside of a JSON string */
+		initStringInfo(&mid);
+		escape_json(&mid, TextDatumGetCString(c->values[COL_MESSAGE_ID - 1]));
+		initStringInfo(&out);
+		from = json;
+		while ((at = strstr(from, placeholder)) != NULL)
+		{
+			appendBinaryStringInfo(&out, from, at - from);
+			appendBinaryStringInfo(&out, mid.data + 1, mid.len - 2);
+			from = at + strlen(placeholder);
+		}
+		appendStringInfoString(&out, from);
+
+		old = MemoryContextSwitchTo(keep);
+		c->values[COL_HEADERS - 1] = DirectFunctionCall1(jsonb_in, CStringGetDatum(out.data));
+		MemoryContextSwitchTo(old);
+	}
+}
+
+/*
  * What becomes of a claimed mail that may not go, and the error recorded:
  * in the claim's order of checks, outside its sending window (deferred to
  * the opening, or expired if that is past send_by), on the suppression
@@ -1692,6 +1742,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	apply_gates_or_defer(claimed, nclaimed, now);
 	settle_claimed(claimed, nclaimed, now, queues, nqueues, lease, worker);
 	add_queue_headers(claimed, nclaimed, keep);
+	fill_message_id(claimed, nclaimed, keep);
 
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)
