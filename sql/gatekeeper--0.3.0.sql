@@ -2709,7 +2709,7 @@ BEGIN
 				  = address_key
 			  AND e.event = 'bounced' AND e.at > now() - interval '30 days') >= lim THEN
 		PERFORM gatekeeper._suppress(address_key, 'soft_bounce', NULL,
-									 pg_catalog.format('%s mails bounced within 30 days; the last: %s',
+									 pg_catalog.format('soft bounces within 30 days: %s; the last: %s',
 													   lim, detail),
 									 mail_id);
 	END IF;

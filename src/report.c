@@ -390,7 +390,7 @@ record_bounce(const char *key, const char *status, const char *detail, int64 id)
 	SPI_freetuptable(SPI_tuptable);
 	if (isnull || mails < gatekeeper_soft_bounce_limit)
 		return;
-	args[1] = CStringGetTextDatum(psprintf("%d mails bounced within 30 days; the last: %s",
+	args[1] = CStringGetTextDatum(psprintf("soft bounces within 30 days: %d; the last: %s",
 										   gatekeeper_soft_bounce_limit, detail ? detail : ""));
 	nulls[1] = ' ';
 	if (SPI_execute_plan(gatekeeper_plan(&soft_bounce_plan, soft_bounce_sql, 3, types),
