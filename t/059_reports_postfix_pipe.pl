@@ -219,7 +219,7 @@ ok(GatekeeperTest::wait_for(sub { sunk_for($alive) == 1 }, 20), 'Postfix deliver
 sub events_of
 {
 	my ($r) = @_;
-	return "SELECT coalesce(string_agg(event || ':' || source || ':' || coalesce(status, ''), ',' ORDER BY id), '') "
+	return "SELECT coalesce(string_agg(event || ':' || source || ':' || coalesce(status, ''), ',' ORDER BY at, id), '') "
 	  . "FROM gatekeeper.events WHERE mail_id = $id{$r}";
 }
 ok( GatekeeperTest::poll_until($node, 'postgres', events_of($dead), 'sent:relay:,bounced:dsn:5.1.1', 30),
