@@ -41,6 +41,7 @@
 #include "gatekeeper.h"
 #include "address.h"
 #include "dkim.h"
+#include "due_floor.h"
 #include "stats.h"
 #include "mail.h"
 #include "smtp_config.h"
@@ -917,6 +918,7 @@ gatekeeper_shmem_request(void)
 
 	RequestAddinShmemSpace(gatekeeper_shmem_size());
 	RequestAddinShmemSpace(gatekeeper_gate_shmem_size());
+	RequestAddinShmemSpace(gatekeeper_due_floor_shmem_size());
 	gatekeeper_stats_shmem_request();
 }
 
@@ -967,6 +969,7 @@ gatekeeper_shmem_startup(void)
 		}
 	}
 	gatekeeper_gate_shmem_init();
+	gatekeeper_due_floor_shmem_init();
 	gatekeeper_stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -21,6 +21,7 @@
 #include "postgres.h"
 
 #include "mail.h"
+#include "due_floor.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -957,6 +958,9 @@ typedef struct LiveWriter
 	bool	   *fixed_null;
 	int			queue_att;		/* mail_live's queue and dedupe_key, for */
 	int			dedupe_att;		/* the context of a dedupe conflict */
+	int			priority_att;	/* and its key in mail_due, for the */
+	int			send_at_att;	/* due floor (due_floor.c) */
+	int			id_att;
 	TupleTableSlot *slots[LIVE_BATCH];
 	int64		first_row;		/* the statement's row of slots[0] */
 	int			nslots;
@@ -1096,6 +1100,11 @@ live_open(TupleDesc mail_desc)
 
 	w->queue_att = Max(SPI_fnumber(desc, "queue"), 0);
 	w->dedupe_att = Max(SPI_fnumber(desc, "dedupe_key"), 0);
+	w->priority_att = SPI_fnumber(desc, "priority");
+	w->send_at_att = SPI_fnumber(desc, "send_at");
+	w->id_att = SPI_fnumber(desc, "id");
+	if (w->queue_att <= 0 || w->priority_att <= 0 || w->send_at_att <= 0 || w->id_att <= 0)
+		goto use_sql;
 	w->rri = makeNode(ResultRelInfo);
 	/* no range table: ri_RangeTableIndex 0, which ExecConstraints allows */
 	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
@@ -1111,6 +1120,27 @@ use_sql:
 	FreeExecutorState(w->estate);
 	table_close(rel, NoLock);
 	return NULL;
+}
+
+/*
+ * Lower the due floor (due_floor.c) to a live row whose index entries
+ * went in.  Rows that are not scheduled lower it too: harmless.
+ */
+static void
+live_lower_floor(LiveWriter *w, TupleTableSlot *slot)
+{
+	DueKey		key;
+	bool		n0,
+				n1,
+				n2,
+				n3;
+	Datum		queue = slot_getattr(slot, w->queue_att, &n0);
+
+	key.priority = DatumGetInt32(slot_getattr(slot, w->priority_att, &n1));
+	key.send_at = DatumGetTimestampTz(slot_getattr(slot, w->send_at_att, &n2));
+	key.id = DatumGetInt64(slot_getattr(slot, w->id_att, &n3));
+	if (!n0 && !n1 && !n2 && !n3)
+		gatekeeper_due_floor_lower(queue, &key);
 }
 
 /*
@@ -1140,6 +1170,7 @@ live_flush(LiveWriter *w)
 		recheck = ExecInsertIndexTuples(w->rri, w->slots[i], w->estate,
 										false, false, NULL, NIL);
 		list_free(recheck);
+		live_lower_floor(w, w->slots[i]);
 		ExecClearTuple(w->slots[i]);
 	}
 	error_context_stack = errcallback.previous;
