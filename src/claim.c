@@ -31,7 +31,10 @@
  * return to mail_live or go to mail_done, all in this transaction.
  * Inside a queue the sub-select walks the due index one priority level
  * at a time, so its cost grows with the batch, never with mail that is not
- * yet due or already finished.
+ * yet due or already finished.  It starts at the queue's due floor
+ * (due_floor.c: $7 .. $9, NULL when there is none), past the dead entries
+ * that the mail claimed since the last vacuum left in the index, which
+ * every claim walked before: its cost does not grow with them either.
  *
  * Then, in the same transaction, the gates: every claimed mail of a gated
  * queue must pass all of its queue's gates.  The gate entries of the whole
