@@ -320,8 +320,9 @@ gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
 	due_relid = OidIsValid(nsp) ? get_relname_relid("mail_due", nsp) : InvalidOid;
 	if (!OidIsValid(live_relid) || !OidIsValid(due_relid))
 		return false;
-	heap = table_open(live_relid, AccessShareLock);
-	index = index_open(due_relid, AccessShareLock);
+	/* the lock the claim statement takes next */
+	heap = table_open(live_relid, RowExclusiveLock);
+	index = index_open(due_relid, RowExclusiveLock);
 	qname = CStringGetTextDatum(queue);
 
 	ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
@@ -354,8 +355,8 @@ gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
 			stopped = walk(heap, index, keys, 2, &stop, &passed, &npassed);
 		}
 	}
-	index_close(index, AccessShareLock);
-	table_close(heap, AccessShareLock);
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
 
 	SpinLockAcquire(&due_floor->mutex);
 	if (s->version == version && s->dbid == MyDatabaseId)

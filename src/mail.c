@@ -1123,11 +1123,23 @@ use_sql:
 }
 
 /*
- * Lower the due floor (due_floor.c) to a live row whose index entries
- * went in.  Rows that are not scheduled lower it too: harmless.
+ * The lowest key of a run of live rows of one queue whose index entries
+ * went in, for the due floor (due_floor.c): one lowering per run, not per
+ * row.
+ */
+typedef struct FloorRun
+{
+	text	   *queue;			/* NULL: no run yet */
+	DueKey		min;
+} FloorRun;
+
+/*
+ * Add a live row whose index entries went in to the run, lowering the
+ * floor to the run before when the queue changes.  Rows that are not
+ * scheduled lower it too: harmless.
  */
 static void
-live_lower_floor(LiveWriter *w, TupleTableSlot *slot)
+live_floor_note(LiveWriter *w, TupleTableSlot *slot, FloorRun *run)
 {
 	DueKey		key;
 	bool		n0,
@@ -1135,12 +1147,31 @@ live_lower_floor(LiveWriter *w, TupleTableSlot *slot)
 				n2,
 				n3;
 	Datum		queue = slot_getattr(slot, w->queue_att, &n0);
+	text	   *q;
 
 	key.priority = DatumGetInt32(slot_getattr(slot, w->priority_att, &n1));
 	key.send_at = DatumGetTimestampTz(slot_getattr(slot, w->send_at_att, &n2));
 	key.id = DatumGetInt64(slot_getattr(slot, w->id_att, &n3));
-	if (!n0 && !n1 && !n2 && !n3)
-		gatekeeper_due_floor_lower(queue, &key);
+	if (n0 || n1 || n2 || n3)
+		return;
+	q = DatumGetTextPP(queue);
+	if (run->queue != NULL &&
+		(VARSIZE_ANY_EXHDR(q) != VARSIZE_ANY_EXHDR(run->queue) ||
+		 memcmp(VARDATA_ANY(q), VARDATA_ANY(run->queue), VARSIZE_ANY_EXHDR(q)) != 0))
+	{
+		gatekeeper_due_floor_lower(PointerGetDatum(run->queue), &run->min);
+		run->queue = NULL;
+	}
+	if (run->queue == NULL)
+	{
+		run->queue = (text *) PG_DETOAST_DATUM_COPY(queue);
+		run->min = key;
+	}
+	else if (key.priority > run->min.priority ||
+			 (key.priority == run->min.priority &&
+			  (key.send_at < run->min.send_at ||
+			   (key.send_at == run->min.send_at && key.id < run->min.id))))
+		run->min = key;
 }
 
 /*
@@ -1151,6 +1182,7 @@ live_flush(LiveWriter *w)
 {
 	MemoryContext old;
 	ErrorContextCallback errcallback;
+	FloorRun	run = {NULL};
 	int			i;
 
 	if (w->nslots == 0)
@@ -1170,9 +1202,11 @@ live_flush(LiveWriter *w)
 		recheck = ExecInsertIndexTuples(w->rri, w->slots[i], w->estate,
 										false, false, NULL, NIL);
 		list_free(recheck);
-		live_lower_floor(w, w->slots[i]);
+		live_floor_note(w, w->slots[i], &run);
 		ExecClearTuple(w->slots[i]);
 	}
+	if (run.queue != NULL)
+		gatekeeper_due_floor_lower(PointerGetDatum(run.queue), &run.min);
 	error_context_stack = errcallback.previous;
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(w->batch_cxt);
