@@ -57,7 +57,6 @@
 #include "postgres.h"
 
 #include "due_floor.h"
-#include "gatekeeper.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"
