@@ -18,6 +18,7 @@ OBJS = \
 	src/gate.o \
 	src/gate_funcs.o \
 	src/mail.o \
+	src/enqueue.o \
 	src/validate.o \
 	src/message.o \
 	src/dkim.o \

@@ -9,6 +9,8 @@
 #    fails on any compiler warning, then `make install`s it as root;
 # 3. runs the three suites of `make installcheck`, each in its own private
 #    instance: pg_regress (sql/*.sql), isolation (specs/*.spec), TAP (t/*.pl);
+#    then, as root, the TAP files marked "# gatekeeper-test: as root" (a
+#    private Postfix master(8) and pipe(8); they skip in the TAP suite);
 # 4. prints why anything failed (diffs, server logs) and exits non-zero;
 #    exit 0 means every stage passed.
 #
@@ -230,6 +232,48 @@ else
 			if [ -f "$l" ]; then show_tail "$l" 80; fi
 		done
 	done
+fi
+
+# ---------------------------------------------------------------- TAP as root
+# TAP files marked "# gatekeeper-test: as root" skip themselves in the
+# suite above (it runs as postgres) and run here, as root, with the same
+# environment `make installcheck` gives prove, their output under
+# $BUILD/root_tap.  They drop to the postgres user for everything but what
+# needs root (t/PrivatePostfix.pm: a private Postfix master(8) and pipe(8)).
+STAGE="5/5 TAP tests as root"
+shopt -s nullglob
+ROOT_TAP=()
+for f in "$SRC"/t/*.pl; do
+	if grep -q '^# gatekeeper-test: as root$' "$f"; then ROOT_TAP+=("t/$(basename "$f")"); fi
+done
+shopt -u nullglob
+if [ ${#ROOT_TAP[@]} -gt 0 ]; then
+	gk_log "TAP tests as root: ${ROOT_TAP[*]}"
+	ROOT_TESTDIR=$BUILD/root_tap
+	mkdir -p "$ROOT_TESTDIR"
+	chown postgres: "$ROOT_TESTDIR"
+	PGXS_TOP=$(dirname "$("$GK_PG_CONFIG" --pgxs)")/../..
+	rc=0
+	{
+		(cd "$SRC" && timeout --kill-after=30 "$STAGE_TIMEOUT" \
+			env TESTDIR="$ROOT_TESTDIR" PATH="$("$GK_PG_CONFIG" --bindir):$PATH" PGPORT=65432 \
+			PG_REGRESS="$PGXS_TOP/src/test/regress/pg_regress" \
+			/usr/bin/prove -I "$PGXS_TOP/src/test/perl/" -I ./ "${ROOT_TAP[@]}") 2>&1 | tee "$BUILD/root_tap.log"
+	} &
+	wait $! || rc=$?
+	gk_stop_servers_under "$ROOT_TESTDIR"
+	if [ "$rc" -eq 0 ]; then
+		SUMMARY+=("tap as root   ok: $(tap_result "$BUILD/root_tap.log")")
+	else
+		FAILED=1
+		SUMMARY+=("tap as root   FAILED: $(tap_result "$BUILD/root_tap.log")")
+		for f in "${ROOT_TAP[@]}"; do
+			t=$(basename "$f" .pl)
+			for l in "$ROOT_TESTDIR/tmp_check/log/regress_log_$t" "$ROOT_TESTDIR/tmp_check/log/${t}"_*.log; do
+				if [ -f "$l" ]; then show_tail "$l" 80; fi
+			done
+		done
+	fi
 fi
 
 # ---------------------------------------------------------------- benchmark

@@ -219,6 +219,17 @@ SELECT pg_temp.error_of($$SELECT gatekeeper.cancel_queue('no_such_queue')$$) AS 
 SELECT pg_temp.error_of($$SELECT gatekeeper.alter_queue('no_such_queue', weight => 2)$$) AS alter_queue;
 SELECT pg_temp.error_of($$SELECT gatekeeper.drop_queue('no_such_queue')$$) AS drop_queue;
 SELECT name FROM gatekeeper.queue WHERE name = 'no_such_queue';
+-- as an application sees them, context included (issue 28): the queue
+-- named, the hint, and no line of gatekeeper's own SQL or PL/pgSQL; the
+-- same for every error of enqueue
+\set VERBOSITY default
+SELECT gatekeeper.enqueue('a@example.com', 's', 'b', 'no_such_queue');
+SELECT gatekeeper.enqueue('a@example.com', 's', 'b', 'no_such_queue', dedupe_key => 'k');
+SELECT gatekeeper.enqueue('a@example.com', NULL, 'b');
+SELECT gatekeeper.enqueue('no address', 's', 'b');
+-- from the application's own function: its context, none of gatekeeper's
+DO $$ BEGIN PERFORM gatekeeper.enqueue('a@example.com', 's', 'b', 'no_such_queue'); END $$;
+\set VERBOSITY terse
 
 --
 -- a gate that does not exist: 42704
@@ -243,10 +254,10 @@ SELECT b AS batch, pg_temp.error_of(format($$SELECT * FROM gatekeeper.claim('w',
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 10000, queues => ARRAY['bad'])$$) AS batch_10000;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 1, queues => ARRAY['bad'])$$) AS batch_1;
 SELECT l AS lease, pg_temp.error_of(format($$SELECT * FROM gatekeeper.claim('w', 10, %L, ARRAY['bad'])$$, l)) AS result
-  FROM unnest(ARRAY['0', '-1 minute', '0 seconds']) WITH ORDINALITY AS t(l, n) ORDER BY n;
+  FROM unnest(ARRAY['0', '-1 minute', '0 seconds', '30 days']) WITH ORDINALITY AS t(l, n) ORDER BY n;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w', 10, queues => ARRAY[['bad'], ['bad']])$$) AS two_dim_queues;
 SELECT l AS extend_lease, pg_temp.error_of(format($$SELECT gatekeeper.extend(1, 1, %L)$$, l)) AS result
-  FROM unnest(ARRAY['0', '-1 minute']) WITH ORDINALITY AS t(l, n) ORDER BY n;
+  FROM unnest(ARRAY['0', '-1 minute', '30 days']) WITH ORDINALITY AS t(l, n) ORDER BY n;
 
 --
 -- gate periods and max_sends

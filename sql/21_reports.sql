@@ -115,9 +115,10 @@ SELECT r.mail_id = s.id AS the_mail, r.recipient, r.event, r.status, r.detail
 -- Microsoft JMRP: recipient redacted, by the returned Message-ID
 SELECT r.mail_id = s.id AS the_mail, r.recipient, r.event, r.status, r.detail
   FROM gatekeeper.ingest_report(pg_temp.report(:'jmrp', 'jmrp')) r, sent s WHERE s.tag = 'jmrp';
--- the same DSN delivered with its local part upper-cased by an MTA
+-- a second DSN (another status: the same one is one event, see
+-- 22_report_events) delivered with its local part upper-cased by an MTA
 SELECT count(*) AS upper_cased_token
-  FROM gatekeeper.ingest_report(pg_temp.report(:'postfix', 'postfix'),
+  FROM gatekeeper.ingest_report(replace(pg_temp.report(:'postfix', 'postfix'), 'Status: 5.1.1', 'Status: 5.1.2'),
 								upper('bounces+' || (SELECT token FROM sent WHERE tag = 'postfix') || '@bounce.shop.example'));
 
 SELECT gatekeeper.gate_open('smart_sending', 'gone@dead.example') AS gate_open_after;
@@ -198,11 +199,14 @@ BEGIN
 	END LOOP;
 END
 $$;
--- four mails bounced, one of them reported three times: not yet
+-- four mails bounced, one of them reported three times (three DSNs, each
+-- its own diagnostic: three events): not yet
 SELECT count(*) AS rows
-  FROM unnest(ARRAY['soft1', 'soft2', 'soft3', 'soft4', 'soft4', 'soft4']) t JOIN sent s ON s.tag = t,
+  FROM unnest(ARRAY['soft1', 'soft2', 'soft3', 'soft4', 'soft4', 'soft4']) WITH ORDINALITY t(tag, n)
+	   JOIN sent s ON s.tag = t.tag,
 	   LATERAL gatekeeper.ingest_report(replace(replace(replace(replace(replace(:'postfix', '{{TOKEN}}', s.token),
-			'{{MSGID}}', s.message_id), '{{RCPT}}', s.recipient), 'Status: 5.1.1', 'Status: 5.2.2'), '550 5.1.1', '552 5.2.2')) r;
+			'{{MSGID}}', s.message_id), '{{RCPT}}', s.recipient), 'Status: 5.1.1', 'Status: 5.2.2'),
+			'550 5.1.1', '552 5.2.2 attempt ' || t.n)) r;
 SELECT count(*) AS suppressed_after_four FROM gatekeeper.suppression WHERE address = 'mailbox-full@isp.example';
 -- the fifth mail
 SELECT r.event, r.status

@@ -75,7 +75,9 @@ BEGIN
 						('monitor', 'function', '_worker_status', NULL),
 						('monitor', 'table', 'queue_stats', 'SELECT'),
 						('monitor', 'table', 'gate_memory', 'SELECT'),
-						('monitor', 'table', 'worker_status', 'SELECT'))
+						('monitor', 'table', 'worker_status', 'SELECT'),
+						('monitor', 'function', '_delivery_latency', NULL),
+						('monitor', 'table', 'delivery_latency', 'SELECT'))
 						AS v(what, kind, name, privilege)
 				  WHERE v.what = g.what LOOP
 			IF o.kind = 'function' THEN
@@ -1422,7 +1424,7 @@ BEGIN
 				  = address_key
 			  AND e.event = 'bounced' AND e.at > now() - interval '30 days') >= lim THEN
 		PERFORM gatekeeper._suppress(address_key, 'soft_bounce', NULL,
-									 pg_catalog.format('%s mails bounced within 30 days; the last: %s',
+									 pg_catalog.format('soft bounces within 30 days: %s; the last: %s',
 													   lim, detail),
 									 mail_id);
 	END IF;
@@ -2289,9 +2291,286 @@ SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text,
 COMMENT ON VIEW gatekeeper.events IS
 	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
 
-ALTER TABLE gatekeeper.event_log DROP CONSTRAINT event_log_event_check;
-ALTER TABLE gatekeeper.event_log ADD CONSTRAINT event_log_event_check
-	CHECK (event IN ('deferred', 'bounced', 'delivered', 'complained', 'unsubscribed'));
+-- (event_log's CHECKs go in the last section: no 'sent' row is written any more)
+
+/*
+ * Issue 28, metrics that go red and smaller items: queue_stats gains
+ * retrying (scheduled mail claimed before), counted in mail_live_count as
+ * its scheduled mail is, so _live_pending, _live_stats and queue_stats are
+ * made again; each background worker's delivery latency histogram
+ * (delivery_latency); enqueue() is C that calls _enqueue, the former
+ * enqueue, and raises its errors again without the context of
+ * gatekeeper's own SQL and PL/pgSQL.  The grants on what is made again are given back
+ * at the end of this section.
+ */
+-- the GRANTs to give back (one statement each, apart by chr(31))
+SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_28_m',
+	coalesce((SELECT pg_catalog.string_agg(s.stmt, pg_catalog.chr(31))
+				FROM (SELECT pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper._live_stats() TO %s%s',
+											   a.grantee::pg_catalog.regrole,
+											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS stmt
+						FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+					   WHERE p.oid = 'gatekeeper._live_stats()'::pg_catalog.regprocedure
+						 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)
+					  UNION ALL
+					  SELECT pg_catalog.format('GRANT %s ON TABLE gatekeeper.queue_stats TO %s%s', a.privilege_type,
+											   a.grantee::pg_catalog.regrole,
+											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
+						FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) AS a
+					   WHERE c.oid = 'gatekeeper.queue_stats'::pg_catalog.regclass
+						 AND a.grantee NOT IN (0, c.relowner)) AS s), ''),
+	true);
+
+-- no mail_live changes while the retrying mail is counted
+LOCK TABLE gatekeeper.mail_live IN SHARE ROW EXCLUSIVE MODE;
+
+ALTER TABLE gatekeeper.mail_live_count ADD COLUMN retrying bigint NOT NULL DEFAULT 0;
+COMMENT ON COLUMN gatekeeper.mail_live_count.retrying IS
+	'of the scheduled mail, that claimed before (attempt > 0): deferred, nacked, handed back or reaped';
+
+DROP VIEW gatekeeper.queue_stats;
+DROP FUNCTION gatekeeper._live_stats();
+DROP FUNCTION gatekeeper._live_pending();
+
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT retrying bigint)
+RETURNS SETOF record
+LANGUAGE c
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_live_pending';
+
+-- the retrying mail there is, less what this transaction noted and writes
+-- as it commits
+INSERT INTO gatekeeper.mail_live_count AS c (queue, slot, scheduled, retrying)
+SELECT coalesce(r.queue, p.queue), 0, 0, coalesce(r.n, 0) - coalesce(p.retrying, 0)
+  FROM (SELECT l.queue, count(*) AS n FROM gatekeeper.mail_live l
+		 WHERE l.state = 'scheduled' AND l.attempt > 0
+		 GROUP BY l.queue) r
+  FULL JOIN (SELECT x.queue, sum(x.retrying)::bigint AS retrying FROM gatekeeper._live_pending() x
+			  GROUP BY x.queue) p ON p.queue = r.queue
+	ON CONFLICT (queue, slot) DO UPDATE SET retrying = c.retrying + excluded.retrying;
+
+CREATE FUNCTION gatekeeper._live_stats(OUT queue text, OUT scheduled bigint,
+	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint,
+	OUT retrying bigint)
+RETURNS SETOF record
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+AS $$
+	WITH c AS MATERIALIZED (
+		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled, sum(n.retrying)::bigint AS retrying
+		  FROM (SELECT w.queue, w.scheduled, w.retrying FROM gatekeeper.mail_live_count w
+				UNION ALL
+				SELECT p.queue, p.scheduled, p.retrying FROM gatekeeper._live_pending() p) n
+		 GROUP BY n.queue)
+	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
+		   min(u.oldest_due), sum(u.lapsed)::bigint, sum(u.retrying)::bigint
+	  FROM (
+		SELECT c.queue, c.scheduled, 0::bigint AS claimed, 0::bigint AS due,
+			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed, c.retrying
+		  FROM c
+		UNION ALL
+		SELECT d.queue, 0, 0, 1, d.send_at, 0, 0
+		  FROM gatekeeper.mail_live d
+		 WHERE d.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
+		   AND d.state = 'scheduled' AND d.send_at <= now()
+		UNION ALL
+		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0, 0
+		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
+		 WHERE c.scheduled > 1000
+		UNION ALL
+		-- claimed mail: the open mails of the batches in flight, and of
+		-- those whose lease ran out
+		SELECT k.queue, 0, k.open, 0, NULL, CASE WHEN k.lease_until < now() THEN k.open ELSE 0 END, 0
+		  FROM gatekeeper.mail_claim k) u
+	 GROUP BY u.queue
+	HAVING sum(u.scheduled) + sum(u.claimed) > 0
+$$;
+
+COMMENT ON FUNCTION gatekeeper._live_stats() IS
+	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out, scheduled mail claimed before); queue_stats reads them';
+
+CREATE VIEW gatekeeper.queue_stats AS
+SELECT q.name AS queue,
+	   q.paused,
+	   coalesce(l.scheduled, 0) AS scheduled,
+	   coalesce(l.due, 0) AS due,
+	   coalesce(l.claimed, 0) AS claimed,
+	   now() - l.oldest_due AS oldest_due_age,
+	   coalesce(t.enqueued, 0) AS enqueued,
+	   coalesce(t.sent, 0) AS sent,
+	   coalesce(t.failed, 0) AS failed,
+	   coalesce(t.suppressed, 0) AS suppressed,
+	   coalesce(t.expired, 0) AS expired,
+	   coalesce(t.cancelled, 0) AS cancelled,
+	   coalesce(t.unknown, 0) AS unknown,
+	   coalesce(l.lease_expired, 0) AS lease_expired,
+	   coalesce(t.deferred, 0) AS deferred,
+	   coalesce(t.bounced, 0) AS bounced,
+	   coalesce(t.complained, 0) AS complained,
+	   coalesce(l.retrying, 0) AS retrying
+  FROM gatekeeper.queue q
+  LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
+  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
+
+COMMENT ON VIEW gatekeeper.queue_stats IS
+	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
+
+CREATE FUNCTION gatekeeper._delivery_latency(OUT worker int, OUT le float8[], OUT buckets bigint[],
+		OUT count bigint, OUT sum_seconds float8)
+	RETURNS SETOF record
+	LANGUAGE C VOLATILE STRICT
+	SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_delivery_latency';
+
+COMMENT ON FUNCTION gatekeeper._delivery_latency() IS
+	'one row per background worker, from shared memory: a histogram of the time from a mail being due to the relay accepting it; the delivery_latency view reads it';
+
+-- issue 28: each background worker's delivery latency since it started, a
+-- histogram from shared memory: from when a mail was due (its send_at, or
+-- its enqueue when send_at had passed by then; after a retry, the retry's
+-- time) to the relay's 2xx to its data.  le: the buckets' upper bounds in
+-- seconds; buckets: the mails accepted within each (cumulative); count:
+-- every mail accepted; sum_seconds: their latencies added up
+CREATE VIEW gatekeeper.delivery_latency AS
+SELECT d.worker, d.le, d.buckets, d.count, d.sum_seconds
+  FROM gatekeeper._delivery_latency() AS d;
+
+COMMENT ON VIEW gatekeeper.delivery_latency IS
+	'per background worker, a histogram of the time from a mail being due to the relay accepting it';
+
+CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+-- the insert below fails on a held key, and the loop returns the holder
+-- (with 'skip' the trigger would take the new mail out again)
+SET gatekeeper.on_duplicate = 'error'
+AS $$
+#variable_conflict use_column
+DECLARE
+	new_id bigint;
+	q gatekeeper.queue;
+	violated text;
+BEGIN
+	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR queue IS NULL OR send_at IS NULL THEN
+		RAISE EXCEPTION 'recipient, subject, body, queue and send_at must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF priority IS NULL THEN
+		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF dedupe_key IS NULL THEN
+		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+									 headers, priority, send_by, recipient_name, metadata, timezone)
+		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
+				recipient_name, metadata, timezone)
+		RETURNING id INTO new_id;
+		RETURN new_id;
+	END IF;
+
+	q := gatekeeper._queue(_enqueue.queue);
+	/*
+	 * The mail that holds the key wins: scheduled, claimed, or finished
+	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
+	 * Otherwise insert: the trigger takes over the key's row if its mail
+	 * no longer holds it.  If a concurrent enqueue of the same key got
+	 * there first (its row holds the key in mail_key), or the holder was
+	 * seen before the transaction that changed it committed, the insert
+	 * fails on the key and the next round finds the holder.
+	 */
+	FOR round IN 1..10 LOOP
+		/*
+		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
+		 * moves its live row's key, not its mail_key row.
+		 */
+		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
+		 WHERE l.queue = _enqueue.queue AND l.dedupe_key = _enqueue.dedupe_key;
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
+		 WHERE k.queue = _enqueue.queue AND k.dedupe_key = _enqueue.dedupe_key
+		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
+		IF FOUND THEN
+			RETURN new_id;
+		END IF;
+		BEGIN
+			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
+										 headers, dedupe_key, priority, send_by, recipient_name,
+										 metadata, timezone)
+			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
+					priority, send_by, recipient_name, metadata, timezone)
+			RETURNING id INTO new_id;
+			RETURN new_id;
+		EXCEPTION WHEN unique_violation THEN
+			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
+				RAISE;
+			END IF;
+		END;
+	END LOOP;
+	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
+		USING ERRCODE = 'serialization_failure';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
+
+
+REVOKE ALL ON FUNCTION gatekeeper._live_pending(), gatekeeper._live_stats(),
+	gatekeeper._delivery_latency(),
+	gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
+						timestamptz, text, jsonb, text) FROM PUBLIC;
+REVOKE ALL ON TABLE gatekeeper.queue_stats, gatekeeper.delivery_latency FROM PUBLIC;
+
+-- the grants recorded at the start of this section, given back
+DO $$
+DECLARE
+	stmt text;
+BEGIN
+	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants_28_m', true), ''),
+												   chr(31)), '{}')
+	LOOP
+		EXECUTE stmt;
+	END LOOP;
+END
+$$;
+
+/*
+ * Issue 27, items 4 and 6 (rep27): a report taken twice is one event; no
+ * CHECK on event_log.
+ */
+-- no CHECK on event and source: only gatekeeper's functions write events,
+-- and a relation's CHECK is parsed and planned by every INSERT statement
+ALTER TABLE gatekeeper.event_log DROP CONSTRAINT event_log_event_check,
+	DROP CONSTRAINT event_log_source_check;
+-- a report's event is written once: the same DSN, feedback report, webhook
+-- event or unsubscribe click taken again for a mail (the same event,
+-- source, status and detail) writes nothing (the relay's own events, the
+-- nacks' deferrals, are not indexed)
+CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
+	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
+	WHERE source <> 'relay';
 
 /*
  * Last, always: give the remembered roles what their uses need of the

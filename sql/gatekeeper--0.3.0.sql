@@ -346,7 +346,11 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
  * and goes with it, by the same TRUNCATE (_rotate), never row by row.
  * recipient is NULL where it is the mail's (deferred, which the nack
  * paths write without reading the mail); the view fills it in.  No
- * primary key: nothing looks an event up by id.
+ * primary key: nothing looks an event up by id.  No CHECK on event and
+ * source either: only gatekeeper's own functions write here, each with
+ * its own words, and a relation's CHECK is parsed and planned again by
+ * every INSERT statement (a sixth of what a record_event() call cost;
+ * bench/notes.md, "Reports, profiled").
  *
  *   event_log_bounced	bounces by address, for soft_bounce_limit
  */
@@ -355,11 +359,10 @@ CREATE TABLE gatekeeper.event_log (
 	mail_id		bigint NOT NULL,
 	queue		text NOT NULL,
 	recipient	text,
-	event		text NOT NULL
-		CHECK (event IN ('deferred', 'bounced', 'delivered', 'complained', 'unsubscribed')),
+	event		text NOT NULL,
 	status		text,
 	detail		text,
-	source		text NOT NULL CHECK (source IN ('relay', 'dsn', 'arf', 'webhook', 'token')),
+	source		text NOT NULL,
 	at			timestamptz NOT NULL DEFAULT now(),
 	segment		smallint NOT NULL
 ) PARTITION BY LIST (segment);
@@ -370,6 +373,13 @@ CREATE TABLE gatekeeper.event_log_3 PARTITION OF gatekeeper.event_log FOR VALUES
 CREATE INDEX event_log_bounced ON gatekeeper.event_log
 	(translate(recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'), at)
 	WHERE event = 'bounced';
+-- a report's event is written once: the same DSN, feedback report, webhook
+-- event or unsubscribe click taken again for a mail (the same event,
+-- source, status and detail) writes nothing (the relay's own events, the
+-- nacks' deferrals, are not indexed)
+CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
+	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
+	WHERE source <> 'relay';
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_0', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_1', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_2', '');
@@ -1697,7 +1707,8 @@ AS 'MODULE_PATHNAME', 'gatekeeper_suppressed';
 /*
  * Enqueue
  */
-CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+-- the enqueue, for enqueue() (src/enqueue.c)
+CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
 	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
@@ -1705,7 +1716,6 @@ CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- the insert below fails on a held key, and the loop returns the holder
 -- (with 'skip' the trigger would take the new mail out again)
@@ -1733,7 +1743,7 @@ BEGIN
 		RETURN new_id;
 	END IF;
 
-	q := gatekeeper._queue(enqueue.queue);
+	q := gatekeeper._queue(_enqueue.queue);
 	/*
 	 * The mail that holds the key wins: scheduled, claimed, or finished
 	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
@@ -1749,12 +1759,12 @@ BEGIN
 		 * moves its live row's key, not its mail_key row.
 		 */
 		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
-		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		 WHERE l.queue = _enqueue.queue AND l.dedupe_key = _enqueue.dedupe_key;
 		IF FOUND THEN
 			RETURN new_id;
 		END IF;
 		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
-		 WHERE k.queue = enqueue.queue AND k.dedupe_key = enqueue.dedupe_key
+		 WHERE k.queue = _enqueue.queue AND k.dedupe_key = _enqueue.dedupe_key
 		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 		IF FOUND THEN
 			RETURN new_id;
@@ -1778,6 +1788,21 @@ BEGIN
 		USING ERRCODE = 'serialization_failure';
 END
 $$;
+
+-- enqueue itself (src/enqueue.c): calls _enqueue and raises its errors
+-- again, so that they reach the application without the context of
+-- gatekeeper's own SQL and PL/pgSQL
+CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
 
 COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text) IS
 	'enqueue one mail, validated like a bulk insert, and return its id; with a dedupe key its queue holds, the holder''s id, writing nothing';
@@ -2684,7 +2709,7 @@ BEGIN
 				  = address_key
 			  AND e.event = 'bounced' AND e.at > now() - interval '30 days') >= lim THEN
 		PERFORM gatekeeper._suppress(address_key, 'soft_bounce', NULL,
-									 pg_catalog.format('%s mails bounced within 30 days; the last: %s',
+									 pg_catalog.format('soft bounces within 30 days: %s; the last: %s',
 													   lim, detail),
 									 mail_id);
 	END IF;
@@ -2793,11 +2818,14 @@ CREATE TABLE gatekeeper.mail_live_count (
 	queue		text NOT NULL,
 	slot		int NOT NULL,
 	scheduled	bigint NOT NULL DEFAULT 0,
+	retrying	bigint NOT NULL DEFAULT 0,
 	PRIMARY KEY (queue, slot)
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE gatekeeper.mail_live_count IS
 	'scheduled mail by queue, one row per queue and writing backend: a queue''s scheduled mail is the sum of its rows';
+COMMENT ON COLUMN gatekeeper.mail_live_count.retrying IS
+	'of the scheduled mail, that claimed before (attempt > 0): deferred, nacked, handed back or reaped';
 
 CREATE FUNCTION gatekeeper._count_live() RETURNS trigger
 LANGUAGE c
@@ -2907,7 +2935,7 @@ $$;
 -- this transaction's changes to the live counts, not yet written (they
 -- are as it commits): queue_stats adds them, so that inside a transaction
 -- that changed live mail the counts agree with the mail_live it sees
-CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint)
+CREATE FUNCTION gatekeeper._live_pending(OUT queue text, OUT scheduled bigint, OUT retrying bigint)
 RETURNS SETOF record
 LANGUAGE c
 STABLE
@@ -2928,7 +2956,8 @@ AS 'MODULE_PATHNAME', 'gatekeeper_live_pending';
  * 20-30 ms of a 50 ms call.
  */
 CREATE FUNCTION gatekeeper._live_stats(OUT queue text, OUT scheduled bigint,
-	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint)
+	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint,
+	OUT retrying bigint)
 RETURNS SETOF record
 LANGUAGE sql
 STABLE
@@ -2938,37 +2967,37 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 	WITH c AS MATERIALIZED (
-		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled
-		  FROM (SELECT w.queue, w.scheduled FROM gatekeeper.mail_live_count w
+		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled, sum(n.retrying)::bigint AS retrying
+		  FROM (SELECT w.queue, w.scheduled, w.retrying FROM gatekeeper.mail_live_count w
 				UNION ALL
-				SELECT p.queue, p.scheduled FROM gatekeeper._live_pending() p) n
+				SELECT p.queue, p.scheduled, p.retrying FROM gatekeeper._live_pending() p) n
 		 GROUP BY n.queue)
 	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
-		   min(u.oldest_due), sum(u.lapsed)::bigint
+		   min(u.oldest_due), sum(u.lapsed)::bigint, sum(u.retrying)::bigint
 	  FROM (
 		SELECT c.queue, c.scheduled, 0::bigint AS claimed, 0::bigint AS due,
-			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed
+			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed, c.retrying
 		  FROM c
 		UNION ALL
-		SELECT d.queue, 0, 0, 1, d.send_at, 0
+		SELECT d.queue, 0, 0, 1, d.send_at, 0, 0
 		  FROM gatekeeper.mail_live d
 		 WHERE d.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
 		   AND d.state = 'scheduled' AND d.send_at <= now()
 		UNION ALL
-		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0
+		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0, 0
 		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
 		 WHERE c.scheduled > 1000
 		UNION ALL
 		-- claimed mail: the open mails of the batches in flight, and of
 		-- those whose lease ran out
-		SELECT k.queue, 0, k.open, 0, NULL, CASE WHEN k.lease_until < now() THEN k.open ELSE 0 END
+		SELECT k.queue, 0, k.open, 0, NULL, CASE WHEN k.lease_until < now() THEN k.open ELSE 0 END, 0
 		  FROM gatekeeper.mail_claim k) u
 	 GROUP BY u.queue
 	HAVING sum(u.scheduled) + sum(u.claimed) > 0
 $$;
 
 COMMENT ON FUNCTION gatekeeper._live_stats() IS
-	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out); queue_stats reads them';
+	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out, scheduled mail claimed before); queue_stats reads them';
 
 -- the live mail (never the finished) from _live_stats(), totals from
 -- shared memory
@@ -2989,13 +3018,14 @@ SELECT q.name AS queue,
 	   coalesce(l.lease_expired, 0) AS lease_expired,
 	   coalesce(t.deferred, 0) AS deferred,
 	   coalesce(t.bounced, 0) AS bounced,
-	   coalesce(t.complained, 0) AS complained
+	   coalesce(t.complained, 0) AS complained,
+	   coalesce(l.retrying, 0) AS retrying
   FROM gatekeeper.queue q
   LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
   LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue: live mail (scheduled, due, claimed, oldest due age), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
+	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
 
 -- every event of the retained mail (issue 27): id, the mail, its queue and
 -- recipient, what happened, the status code and detail, who told, when:
@@ -3156,6 +3186,29 @@ SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
 COMMENT ON VIEW gatekeeper.worker_status IS
 	'one row per gatekeeper background worker and relay: state, mail in flight, relay connections, breaker and last relay error';
 
+CREATE FUNCTION gatekeeper._delivery_latency(OUT worker int, OUT le float8[], OUT buckets bigint[],
+		OUT count bigint, OUT sum_seconds float8)
+	RETURNS SETOF record
+	LANGUAGE C VOLATILE STRICT
+	SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_delivery_latency';
+
+COMMENT ON FUNCTION gatekeeper._delivery_latency() IS
+	'one row per background worker, from shared memory: a histogram of the time from a mail being due to the relay accepting it; the delivery_latency view reads it';
+
+-- issue 28: each background worker's delivery latency since it started, a
+-- histogram from shared memory: from when a mail was due (its send_at, or
+-- its enqueue when send_at had passed by then; after a retry, the retry's
+-- time) to the relay's 2xx to its data.  le: the buckets' upper bounds in
+-- seconds; buckets: the mails accepted within each (cumulative); count:
+-- every mail accepted; sum_seconds: their latencies added up
+CREATE VIEW gatekeeper.delivery_latency AS
+SELECT d.worker, d.le, d.buckets, d.count, d.sum_seconds
+  FROM gatekeeper._delivery_latency() AS d;
+
+COMMENT ON VIEW gatekeeper.delivery_latency IS
+	'per background worker, a histogram of the time from a mail being due to the relay accepting it';
+
 /*
  * Roles given a use of gatekeeper by grant() (issue 28): 'enqueue' (an
  * application that enqueues and looks its mail up), 'worker' (an external
@@ -3220,7 +3273,9 @@ BEGIN
 						('monitor', 'function', '_worker_status', NULL),
 						('monitor', 'table', 'queue_stats', 'SELECT'),
 						('monitor', 'table', 'gate_memory', 'SELECT'),
-						('monitor', 'table', 'worker_status', 'SELECT'))
+						('monitor', 'table', 'worker_status', 'SELECT'),
+						('monitor', 'function', '_delivery_latency', NULL),
+						('monitor', 'table', 'delivery_latency', 'SELECT'))
 						AS v(what, kind, name, privilege)
 				  WHERE v.what = g.what LOOP
 			IF o.kind = 'function' THEN

@@ -986,14 +986,16 @@ CREATE FUNCTION gatekeeper._queue_stats(part int)
 RETURNS TABLE (queue text, paused boolean, scheduled bigint, due bigint, claimed bigint,
 			   oldest_due_age interval, enqueued bigint, sent bigint, failed bigint,
 			   suppressed bigint, expired bigint, cancelled bigint, unknown bigint,
-			   lease_expired bigint)
+			   lease_expired bigint, deferred bigint, bounced bigint, complained bigint,
+			   retrying bigint)
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
 AS $$
 	CLUSTER 'gatekeeper';
 	RUN ON part;
 	SELECT s.queue, s.paused, s.scheduled, s.due, s.claimed, s.oldest_due_age, s.enqueued, s.sent,
-		   s.failed, s.suppressed, s.expired, s.cancelled, s.unknown, s.lease_expired
+		   s.failed, s.suppressed, s.expired, s.cancelled, s.unknown, s.lease_expired,
+		   s.deferred, s.bounced, s.complained, s.retrying
 	  FROM gatekeeper.queue_stats s;
 $$;
 
@@ -1002,7 +1004,8 @@ CREATE FUNCTION gatekeeper.shard_queue_stats()
 RETURNS TABLE (shard int, queue text, paused boolean, scheduled bigint, due bigint, claimed bigint,
 			   oldest_due_age interval, enqueued bigint, sent bigint, failed bigint,
 			   suppressed bigint, expired bigint, cancelled bigint, unknown bigint,
-			   lease_expired bigint)
+			   lease_expired bigint, deferred bigint, bounced bigint, complained bigint,
+			   retrying bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1042,12 +1045,16 @@ SELECT s.queue,
 	   pg_catalog.sum(s.expired)::bigint AS expired,
 	   pg_catalog.sum(s.cancelled)::bigint AS cancelled,
 	   pg_catalog.sum(s.unknown)::bigint AS unknown,
-	   pg_catalog.sum(s.lease_expired)::bigint AS lease_expired
+	   pg_catalog.sum(s.lease_expired)::bigint AS lease_expired,
+	   pg_catalog.sum(s.deferred)::bigint AS deferred,
+	   pg_catalog.sum(s.bounced)::bigint AS bounced,
+	   pg_catalog.sum(s.complained)::bigint AS complained,
+	   pg_catalog.sum(s.retrying)::bigint AS retrying
   FROM gatekeeper.shard_queue_stats() s
  GROUP BY s.queue;
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue, over every shard: live mail summed, the oldest due age the largest, paused when any shard has it paused';
+	'per queue, over every shard: live mail and totals summed, the oldest due age the largest, paused when any shard has it paused';
 
 /*
  * Privileges: nothing for PUBLIC.  An application role needs EXECUTE on

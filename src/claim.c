@@ -70,6 +70,7 @@
 #include "miscadmin.h"
 #include "storage/itemptr.h"
 #include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -125,6 +126,7 @@ enum
 	COL_SEND_AT,
 	COL_SEND_BY,
 	COL_TIMEZONE,
+	COL_DUE,					/* since when it waits: send_at, or its enqueue */
 	COL_RECORD					/* the claim state as a mail_live record */
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
@@ -173,6 +175,7 @@ typedef struct Claimed
 	int32		priority;
 	TimestampTz send_at;
 	TimestampTz send_by;		/* 0 if none */
+	TimestampTz due;			/* since when it waits */
 	bool		expired;
 	bool		lost;			/* a gate was closed, or had no room */
 	bool		nomem;			/* gate memory had no room: deferred a while */
@@ -265,6 +268,7 @@ static const char claim_sql[] =
 "          l.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
 "          m.body, m.html, m.headers, " CLAIM_MESSAGE_ID ", m.metadata, "
 "          " CLAIM_EXPIRED " IS TRUE, l.priority, l.send_at, m.send_by, m.timezone, "
+"          greatest(l.send_at, m.created_at), "
 "          ROW(l.id, l.queue, l.priority, l.send_at, "
 "              CASE WHEN " CLAIM_EXPIRED " THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
 "              l.attempt + CASE WHEN " CLAIM_EXPIRED " THEN 0 ELSE 1 END, "
@@ -357,6 +361,22 @@ static SPIPlanPtr claim_candidates_plan = NULL;
 static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr claim_drop_plan = NULL;
 static SPIPlanPtr claim_shrink_plan = NULL;
+/*
+ * The mails the background worker's last claim returned, in its order,
+ * with when each became due: the worker (src/worker.c) reads them in the
+ * claim's own transaction, for its delivery latency.  claim's result is
+ * the SQL API, which has no such column.
+ */
+typedef struct ClaimedDue
+{
+	int64		id;
+	TimestampTz due;
+} ClaimedDue;
+
+static ClaimedDue *claimed_due = NULL;
+static uint64 nclaimed_due = 0;
+static LocalTransactionId claimed_due_lxid = InvalidLocalTransactionId;
+
 static uint32 claim_rotation = 0;
 
 /* the mail_live[] type the plans taking records were prepared for */
@@ -671,6 +691,7 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 	c->send_at = DatumGetTimestampTz(v[COL_SEND_AT - 1]);
 	c->send_by = n[COL_SEND_BY - 1] ? 0 : DatumGetTimestampTz(v[COL_SEND_BY - 1]);
 	c->timezone = n[COL_TIMEZONE - 1] ? NULL : TextDatumGetCString(v[COL_TIMEZONE - 1]);
+	c->due = DatumGetTimestampTz(v[COL_DUE - 1]);
 	c->record = datumCopy(v[COL_RECORD - 1], false, -1);
 	if (r->queue->ngates > 0)
 		c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
@@ -1249,6 +1270,56 @@ add_queue_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 }
 
 /*
+ * A header value of the mail's that holds {message_id} gets the mail's
+ * Message-ID there.  An ESP whose webhooks return a message's metadata but
+ * not its Message-ID (Postmark: X-PM-Metadata-* headers come back as
+ * Metadata) then names the mail for record_event().  The headers are
+ * read as JSON text only when they hold the placeholder's opening.
+ */
+static void
+fill_message_id(Claimed *claimed, int nclaimed, MemoryContext keep)
+{
+	static const char placeholder[] = "{message_id}";
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		Jsonb	   *headers;
+		char	   *json;
+		char	   *at;
+		char	   *from;
+		StringInfoData mid;
+		StringInfoData out;
+		MemoryContext old;
+
+		if (c->expired || c->lost || c->nulls[COL_HEADERS - 1] || c->nulls[COL_MESSAGE_ID - 1])
+			continue;
+		headers = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
+		json = JsonbToCString(NULL, &headers->root, VARSIZE(headers));
+		if (strstr(json, placeholder) == NULL)
+			continue;
+
+		/* the Message-ID as the inside of a JSON string */
+		initStringInfo(&mid);
+		escape_json(&mid, TextDatumGetCString(c->values[COL_MESSAGE_ID - 1]));
+		initStringInfo(&out);
+		from = json;
+		while ((at = strstr(from, placeholder)) != NULL)
+		{
+			appendBinaryStringInfo(&out, from, at - from);
+			appendBinaryStringInfo(&out, mid.data + 1, mid.len - 2);
+			from = at + strlen(placeholder);
+		}
+		appendStringInfoString(&out, from);
+
+		old = MemoryContextSwitchTo(keep);
+		c->values[COL_HEADERS - 1] = DirectFunctionCall1(jsonb_in, CStringGetDatum(out.data));
+		MemoryContextSwitchTo(old);
+	}
+}
+
+/*
  * What becomes of a claimed mail that may not go, and the error recorded:
  * in the claim's order of checks, outside its sending window (deferred to
  * the opening, or expired if that is past send_by), on the suppression
@@ -1597,6 +1668,20 @@ spend_tokens(ClaimQueue *queues, int nqueues)
 }
 
 /*
+ * gatekeeper_claimed_due
+ *		When mail id, row n of the background worker's claim in this
+ *		transaction, became due; 0 when that claim did not return it there.
+ */
+TimestampTz
+gatekeeper_claimed_due(uint64 n, int64 id)
+{
+	if (claimed_due_lxid != MyProc->lxid || n >= nclaimed_due ||
+		claimed_due[n].id != id)
+		return 0;
+	return claimed_due[n].due;
+}
+
+/*
  * claim(worker text, batch int DEFAULT 100, lease interval DEFAULT '5 minutes',
  *		 queues text[] DEFAULT NULL)
  *	RETURNS TABLE (id bigint, attempt int, queue text, recipient text,
@@ -1678,6 +1763,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 	apply_gates_or_defer(claimed, nclaimed, now);
 	settle_claimed(claimed, nclaimed, now, queues, nqueues, lease, worker);
 	add_queue_headers(claimed, nclaimed, keep);
+	fill_message_id(claimed, nclaimed, keep);
 
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)
@@ -1686,12 +1772,25 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 	SPI_finish();
 
+	if (gatekeeper_background_claim)
+	{
+		claimed_due = MemoryContextAlloc(TopTransactionContext,
+										 sizeof(ClaimedDue) * Max(nclaimed, 1));
+		nclaimed_due = 0;
+		claimed_due_lxid = MyProc->lxid;
+	}
 	for (i = 0; i < nclaimed; i++)
 	{
 		Claimed    *c = &claimed[i];
 
 		if (c->expired || c->lost)
 			continue;
+		if (gatekeeper_background_claim)
+		{
+			claimed_due[nclaimed_due].id = c->id;
+			claimed_due[nclaimed_due].due = c->due;
+			nclaimed_due++;
+		}
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
 	}
 

@@ -107,8 +107,6 @@ static bool read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
 					   char *problem, size_t problemlen);
 static bool read_key_file(const char *path, DkimKey *key, bool load,
 						  char *problem, size_t problemlen);
-static bool read_private_file(const char *path, size_t maxbytes, char **data, size_t *len,
-							  const char *what, char *problem, size_t problemlen);
 static int	no_passphrase(char *buf, int size, int rwflag, void *u);
 static bool name_ok(const char *s, bool selector);
 static void free_keys(DkimKey *keys, int nkeys);
@@ -471,8 +469,8 @@ read_key_file(const char *path, DkimKey *key, bool load, char *problem, size_t p
 	char		what[64];
 
 	snprintf(what, sizeof(what), "key file of \"%s\"", key->name);
-	if (!read_private_file(path, DKIM_KEY_FILE_MAX_BYTES, &data, &len, what,
-						   problem, problemlen))
+	if (!gatekeeper_read_private_file(path, DKIM_KEY_FILE_MAX_BYTES, &data, &len, what,
+									  problem, problemlen))
 		return false;
 
 	bio = BIO_new_mem_buf(data, (int) len);
@@ -520,15 +518,16 @@ read_key_file(const char *path, DkimKey *key, bool load, char *problem, size_t p
 }
 
 /*
- * Read a file that must be private to the server's OS user, with the rule
- * PostgreSQL applies to its SSL key and gatekeeper to the relay password
- * file: a regular file owned by that user with no group or other
- * permissions (0600 or less), or owned by root with at most u=rw,g=r
- * (0640).  The content is palloc'd; the caller wipes it.
+ * gatekeeper_read_private_file
+ *		Read a file that must be private to the server's OS user, with the
+ *		rule PostgreSQL applies to its SSL key and gatekeeper to the relay
+ *		password file: a regular file owned by that user with no group or
+ *		other permissions (0600 or less), or owned by root with at most
+ *		u=rw,g=r (0640).  The content is palloc'd; the caller wipes it.
  */
-static bool
-read_private_file(const char *path, size_t maxbytes, char **data, size_t *len,
-				  const char *what, char *problem, size_t problemlen)
+bool
+gatekeeper_read_private_file(const char *path, size_t maxbytes, char **data, size_t *len,
+							 const char *what, char *problem, size_t problemlen)
 {
 	int			fd;
 	struct stat st;

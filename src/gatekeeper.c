@@ -50,6 +50,9 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "access/genam.h"
 #include "access/htup_details.h"
@@ -57,6 +60,7 @@
 #include "access/xact.h"
 #include "catalog/indexing.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_type.h"
 #include "commands/async.h"
 #include "commands/dbcommands.h"
 #include "fmgr.h"
@@ -119,6 +123,15 @@ int			gatekeeper_claim_standbys = 0;
 bool		gatekeeper_background_claim = false;
 
 /*
+ * The delivery latency buckets, in seconds: from the pipeline's
+ * milliseconds after a commit wakes the worker, through a busy relay's
+ * seconds, to the hour of a backlog.
+ */
+const double gatekeeper_latency_bounds[GATEKEEPER_LATENCY_BUCKETS] = {
+	0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600
+};
+
+/*
  * One background worker's slot.  pid is 0 while no worker is connected
  * through this slot.
  */
@@ -164,6 +177,7 @@ void		_PG_init(void);
 PG_FUNCTION_INFO_V1(gatekeeper_wake);
 PG_FUNCTION_INFO_V1(gatekeeper_announce);
 PG_FUNCTION_INFO_V1(gatekeeper_worker_status);
+PG_FUNCTION_INFO_V1(gatekeeper_delivery_latency);
 PG_FUNCTION_INFO_V1(gatekeeper_retry_delay_interval);
 PG_FUNCTION_INFO_V1(gatekeeper_own_statement);
 PG_FUNCTION_INFO_V1(gatekeeper_incarnation_sql);
@@ -173,6 +187,10 @@ static bool check_helo_name(char **newval, void **extra, GucSource source);
 static bool check_smtp_url(char **newval, void **extra, GucSource source);
 static bool check_relay_url(const char *url, const char *subject);
 static bool check_dkim_key_table(char **newval, void **extra, GucSource source);
+static bool check_smtp_password_file(char **newval, void **extra, GucSource source);
+static bool check_smtp_ca_file(char **newval, void **extra, GucSource source);
+static bool check_message_id_domain(char **newval, void **extra, GucSource source);
+static bool check_file_setting(const char *name, const char *value, const char *current);
 static bool check_default_sender(char **newval, void **extra, GucSource source);
 static bool check_lease(double *newval, void **extra, GucSource source);
 static void assign_lease(double newval, void *extra);
@@ -363,7 +381,7 @@ gatekeeper_define_settings(void)
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
-							   NULL, NULL, NULL);
+							   check_smtp_password_file, NULL, NULL);
 
 	/*
 	 * Key files are checked like the password file; the keys are read by
@@ -416,7 +434,7 @@ gatekeeper_define_settings(void)
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
-							   NULL, NULL, NULL);
+							   check_smtp_ca_file, NULL, NULL);
 
 	DefineCustomIntVariable("gatekeeper.max_in_flight",
 							"Bytes of mail a gatekeeper worker holds at once.",
@@ -445,7 +463,7 @@ gatekeeper_define_settings(void)
 							   "",
 							   PGC_SIGHUP,
 							   0,
-							   NULL, NULL, NULL);
+							   check_message_id_domain, NULL, NULL);
 
 	DefineCustomIntVariable("gatekeeper.retention",
 							"How long finished mail and expired gate passes are kept.",
@@ -729,6 +747,8 @@ check_dkim_key_table(char **newval, void **extra, GucSource source)
 {
 	char		problem[512];
 
+	if (!check_file_setting("gatekeeper.dkim_key_table", *newval, gatekeeper_dkim_key_table))
+		return false;
 	if (*newval == NULL || (*newval)[0] == '\0')
 		return true;
 	if (process_shared_preload_libraries_in_progress)
@@ -739,6 +759,156 @@ check_dkim_key_table(char **newval, void **extra, GucSource source)
 	if (!gatekeeper_dkim_check_table(*newval, problem, sizeof(problem)))
 	{
 		GUC_check_errdetail("%s", problem);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The file settings name a file by its absolute path: the workers and the
+ * backends that check a new value resolve a relative one against the data
+ * directory, which a restore or a standby built elsewhere moves.  Like
+ * check_dkim_key_table, a value is refused only when it changes after the
+ * server started (at start the workers find the fault and deliver
+ * nothing, rather than work without the file).
+ */
+static bool
+check_file_setting(const char *name, const char *value, const char *current)
+{
+	if (value == NULL || value[0] == '\0')
+		return true;
+	if (process_shared_preload_libraries_in_progress)
+		return true;
+	if (IsUnderPostmaster && current != NULL && strcmp(value, current) == 0)
+		return true;
+	if (!is_absolute_path(value))
+	{
+		GUC_check_errmsg("%s must be an absolute path", name);
+		GUC_check_errdetail("The path given was \"%s\".", value);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * gatekeeper.smtp_password_file must name a file the workers can take the
+ * relay password from, checked as they check it (src/smtp_client.c): a
+ * private file (gatekeeper_read_private_file's rule) of one line of 1 to
+ * 1024 bytes.  When the value changes only; the password read here is
+ * wiped at once.
+ */
+static bool
+check_smtp_password_file(char **newval, void **extra, GucSource source)
+{
+	char		problem[512];
+	char	   *data = NULL;
+	size_t		len = 0;
+	bool		ok;
+
+	if (!check_file_setting("gatekeeper.smtp_password_file", *newval,
+							gatekeeper_smtp_password_file))
+		return false;
+	if (*newval == NULL || (*newval)[0] == '\0' || process_shared_preload_libraries_in_progress)
+		return true;
+	if (IsUnderPostmaster && gatekeeper_smtp_password_file != NULL &&
+		strcmp(*newval, gatekeeper_smtp_password_file) == 0)
+		return true;
+	if (!gatekeeper_read_private_file(*newval, 1024 + 2, &data, &len, "relay password file",
+									  problem, sizeof(problem)))
+	{
+		problem[0] = pg_toupper((unsigned char) problem[0]);
+		GUC_check_errmsg("gatekeeper.smtp_password_file cannot be used");
+		GUC_check_errdetail("%s.", problem);
+		return false;
+	}
+	if (len > 0 && data[len - 1] == '\n')
+		len--;
+	if (len > 0 && data[len - 1] == '\r')
+		len--;
+	ok = len > 0 && len <= 1024 && memchr(data, '\0', len) == NULL &&
+		memchr(data, '\r', len) == NULL && memchr(data, '\n', len) == NULL;
+	explicit_bzero(data, len);
+	pfree(data);
+	if (!ok)
+	{
+		GUC_check_errmsg("gatekeeper.smtp_password_file does not hold a password");
+		GUC_check_errdetail("It must hold one line of 1 to 1024 bytes, without NUL.");
+		return false;
+	}
+	return true;
+}
+
+/*
+ * gatekeeper.smtp_ca_file must name a file the workers can read when the
+ * value changes; OpenSSL reads the certificates when a worker connects.
+ */
+static bool
+check_smtp_ca_file(char **newval, void **extra, GucSource source)
+{
+	int			fd;
+	struct stat st;
+
+	if (!check_file_setting("gatekeeper.smtp_ca_file", *newval, gatekeeper_smtp_ca_file))
+		return false;
+	if (*newval == NULL || (*newval)[0] == '\0' || process_shared_preload_libraries_in_progress)
+		return true;
+	if (IsUnderPostmaster && gatekeeper_smtp_ca_file != NULL &&
+		strcmp(*newval, gatekeeper_smtp_ca_file) == 0)
+		return true;
+	fd = open(*newval, O_RDONLY | PG_BINARY | O_CLOEXEC, 0);
+	if (fd < 0)
+	{
+		GUC_check_errmsg("gatekeeper.smtp_ca_file cannot be read: %m");
+		return false;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+	{
+		close(fd);
+		GUC_check_errmsg("gatekeeper.smtp_ca_file is not a regular file");
+		return false;
+	}
+	close(fd);
+	return true;
+}
+
+/*
+ * gatekeeper.message_id_domain becomes the right side of every
+ * Message-ID the claim makes (<id.time@domain>): a dot-atom of RFC 5322
+ * (letters, digits and !#$%&'*+-/=?^_`{|}~, in labels apart by single
+ * dots), at most 255 octets, so that no Message-ID is malformed.
+ */
+static bool
+check_message_id_domain(char **newval, void **extra, GucSource source)
+{
+	const char *v = *newval;
+	const char *p;
+	bool		dot = true;		/* at the start, or just after a dot */
+
+	if (v == NULL || v[0] == '\0')
+		return true;
+	if (strlen(v) > 255)
+	{
+		GUC_check_errmsg("gatekeeper.message_id_domain must be at most 255 octets");
+		return false;
+	}
+	for (p = v; *p; p++)
+	{
+		if (*p == '.')
+		{
+			if (dot)
+				break;
+			dot = true;
+		}
+		else if (isalnum((unsigned char) *p) || strchr("!#$%&'*+-/=?^_`{|}~", *p) != NULL)
+			dot = false;
+		else
+			break;
+	}
+	if (*p != '\0' || dot)
+	{
+		GUC_check_errmsg("gatekeeper.message_id_domain must be a domain such as mail.example.com");
+		GUC_check_errdetail("It becomes the right side of every Message-ID: letters, digits and "
+							"!#$%%&'*+-/=?^_`{|}~ in labels separated by single dots.");
 		return false;
 	}
 	return true;
@@ -1662,6 +1832,60 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		}
 	}
 	pfree(st);
+	return (Datum) 0;
+}
+
+/*
+ * gatekeeper._delivery_latency(): one row per connected worker, from
+ * shared memory: the upper bounds of the latency buckets in seconds, the
+ * mails the relay accepted within each (cumulative, as Prometheus counts
+ * a histogram's buckets), all of them, and the sum of their latencies in
+ * seconds.  Since the worker started, like its sent_total.
+ */
+Datum
+gatekeeper_delivery_latency(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum		bounds[GATEKEEPER_LATENCY_BUCKETS];
+	int			i;
+	int			b;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (gatekeeper_shared == NULL)
+		return (Datum) 0;
+	for (b = 0; b < GATEKEEPER_LATENCY_BUCKETS; b++)
+		bounds[b] = Float8GetDatum(gatekeeper_latency_bounds[b]);
+
+	for (i = 0; i < gatekeeper_shared->nslots; i++)
+	{
+		GatekeeperSlot *slot = &gatekeeper_shared->slots[i];
+		GatekeeperWorkerStatus st;
+		pid_t		pid;
+		Datum		counts[GATEKEEPER_LATENCY_BUCKETS];
+		int64		total = 0;
+		Datum		values[5];
+		bool		nulls[5] = {false, false, false, false, false};
+
+		SpinLockAcquire(&gatekeeper_shared->mutex);
+		pid = slot->pid;
+		st = slot->status;
+		SpinLockRelease(&gatekeeper_shared->mutex);
+		if (pid == 0 || st.started == 0)
+			continue;
+
+		for (b = 0; b < GATEKEEPER_LATENCY_BUCKETS; b++)
+		{
+			total += st.latency_buckets[b];
+			counts[b] = Int64GetDatum(total);
+		}
+		total += st.latency_buckets[GATEKEEPER_LATENCY_BUCKETS];
+		values[0] = Int32GetDatum(i + 1);
+		values[1] = gatekeeper_array(bounds, NULL, GATEKEEPER_LATENCY_BUCKETS, FLOAT8OID);
+		values[2] = gatekeeper_array(counts, NULL, GATEKEEPER_LATENCY_BUCKETS, INT8OID);
+		values[3] = Int64GetDatum(total);
+		values[4] = Float8GetDatum(st.latency_sum);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
 	return (Datum) 0;
 }
 

@@ -105,6 +105,8 @@ extern TimestampTz gatekeeper_announce_posted(void);
 
 /* true in the background workers: their claims leave background = false queues alone */
 extern bool gatekeeper_background_claim;
+/* src/claim.c: when row n (mail id) of the background worker's claim became due */
+extern TimestampTz gatekeeper_claimed_due(uint64 n, int64 id);
 extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes);
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
@@ -139,6 +141,15 @@ typedef struct GatekeeperRelayStatus
 } GatekeeperRelayStatus;
 
 /*
+ * The upper bounds, in seconds, of the buckets of the delivery latency
+ * histogram (gatekeeper.delivery_latency): from when a mail was due to the
+ * relay's 2xx to its data.  Fixed, so that the series of every server and
+ * every version add up.
+ */
+#define GATEKEEPER_LATENCY_BUCKETS 14
+extern const double gatekeeper_latency_bounds[GATEKEEPER_LATENCY_BUCKETS];
+
+/*
  * What a worker shows in gatekeeper.worker_status, a row per relay,
  * published in its slot by gatekeeper_slot_report.
  */
@@ -150,6 +161,9 @@ typedef struct GatekeeperWorkerStatus
 	int64		unsigned_total; /* messages built without a DKIM signature */
 	int			nrelays;		/* relays in gatekeeper.smtp_url, 0 for none */
 	GatekeeperRelayStatus relays[GATEKEEPER_MAX_RELAYS];
+	/* delivery latency: from due to the relay's 2xx, by bucket (not cumulative) */
+	int64		latency_buckets[GATEKEEPER_LATENCY_BUCKETS + 1];	/* the last: above every bound */
+	double		latency_sum;	/* seconds */
 } GatekeeperWorkerStatus;
 
 extern void gatekeeper_slot_report(int slotno, const GatekeeperWorkerStatus *status);
@@ -213,6 +227,8 @@ typedef struct GatekeeperMail
 	char	   *html;
 	char	   *headers_json;	/* a JSON object of header name -> value */
 	char	   *message_id;		/* "<...@...>", identical on every attempt */
+	TimestampTz due;			/* since when it waits: its send_at, or its
+								 * enqueue when that was later; 0 if unknown */
 } GatekeeperMail;
 
 /*

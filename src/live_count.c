@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * live_count.c
- *		How many of each queue's mails are scheduled, kept in
+ *		How many of each queue's mails are scheduled, and how many of
+ *		those were attempted before (retrying), kept in
  *		gatekeeper.mail_live_count as mail_live changes, so that
  *		gatekeeper.queue_stats never counts mail_live.  (Claimed mail is
  *		no row of mail_live: queue_stats takes it from the open counts of
@@ -79,12 +80,22 @@ typedef struct PendingLive
 	int			level;			/* transaction nesting level that noted it */
 	int			erased;			/* level of a later TRUNCATE, or 0 */
 	int64		scheduled;
+	int64		retrying;		/* of those, attempted before */
 } PendingLive;
 
 static const char add_live_counts_sql[] =
+"INSERT INTO gatekeeper.mail_live_count AS c (queue, slot, scheduled, retrying) "
+"SELECT u.queue, $1, u.scheduled, u.retrying "
+"  FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS u(queue, scheduled, retrying) "
+"    ON CONFLICT (queue, slot) DO UPDATE "
+"   SET scheduled = c.scheduled + excluded.scheduled, "
+"       retrying = c.retrying + excluded.retrying";
+
+/* mail_live_count while ALTER EXTENSION UPDATE runs, before the update adds retrying */
+static const char add_live_counts_020_sql[] =
 "INSERT INTO gatekeeper.mail_live_count AS c (queue, slot, scheduled) "
 "SELECT u.queue, $1, u.scheduled "
-"  FROM unnest($2::text[], $3::bigint[]) AS u(queue, scheduled) "
+"  FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS u(queue, scheduled, retrying) "
 "    ON CONFLICT (queue, slot) DO UPDATE "
 "   SET scheduled = c.scheduled + excluded.scheduled";
 
@@ -95,6 +106,14 @@ static const char lock_live_sql[] =
 "LOCK TABLE gatekeeper.mail_live IN SHARE ROW EXCLUSIVE MODE";
 
 static const char recount_live_sql[] =
+"INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, retrying) "
+"SELECT l.queue, 0, count(*), count(*) FILTER (WHERE l.attempt > 0) "
+"  FROM gatekeeper.mail_live l "
+" WHERE l.state = 'scheduled' "
+" GROUP BY l.queue "
+"RETURNING scheduled";
+
+static const char recount_live_020_sql[] =
 "INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled) "
 "SELECT l.queue, 0, count(*) "
 "  FROM gatekeeper.mail_live l "
@@ -106,6 +125,8 @@ static const char forget_queue_counts_sql[] =
 "DELETE FROM gatekeeper.mail_live_count WHERE queue = $1";
 
 static SPIPlanPtr add_live_counts_plan = NULL;
+static SPIPlanPtr add_live_counts_020_plan = NULL;
+static SPIPlanPtr recount_live_020_plan = NULL;
 static SPIPlanPtr forget_live_counts_plan = NULL;
 static SPIPlanPtr lock_live_plan = NULL;
 static SPIPlanPtr forget_queue_counts_plan = NULL;
@@ -118,26 +139,30 @@ static int	maxpending = 0;
 static MemoryContext live_context = NULL;
 static bool callbacks_registered = false;
 
-static void note_change(Oid relid, const char *queue, int len, int64 scheduled);
+static void note_change(Oid relid, const char *queue, int len, int64 scheduled,
+						int64 retrying);
 static void write_pending(bool prepare);
 static void forget_pending(void);
 static void live_xact_callback(XactEvent event, void *arg);
 static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								  SubTransactionId parentSubid, void *arg);
 static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
-					   int state_att, Oid scheduled, int sign);
+					   int state_att, int attempt_att, Oid scheduled, int sign);
+static bool counts_retrying(void);
 static void erase_counts(text *queue);
 static Oid	live_relid_now(void);
 
 /*
- * Add to queue's scheduled mail (may be negative), for the commit.
+ * Add to queue's scheduled mail, and to those of it attempted before (both
+ * may be negative), for the commit.
  */
 void
-gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled)
+gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled, int64 retrying)
 {
 	text	   *name = DatumGetTextPP(queue);
 
-	note_change(live_relid, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), scheduled);
+	note_change(live_relid, VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), scheduled,
+				retrying);
 }
 
 /*
@@ -146,14 +171,14 @@ gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled)
  * nothing.
  */
 static void
-note_change(Oid relid, const char *queue, int len, int64 scheduled)
+note_change(Oid relid, const char *queue, int len, int64 scheduled, int64 retrying)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	PendingLive *p;
 	char	   *copy;
 	int			i;
 
-	if (scheduled == 0)
+	if (scheduled == 0 && retrying == 0)
 		return;
 	for (i = npending - 1; i >= 0 && pending[i].level == level; i--)
 	{
@@ -162,6 +187,7 @@ note_change(Oid relid, const char *queue, int len, int64 scheduled)
 			memcmp(p->queue, queue, len) == 0)
 		{
 			p->scheduled += scheduled;
+			p->retrying += retrying;
 			return;
 		}
 	}
@@ -194,6 +220,7 @@ note_change(Oid relid, const char *queue, int len, int64 scheduled)
 	p->level = level;
 	p->erased = 0;
 	p->scheduled = scheduled;
+	p->retrying = retrying;
 }
 
 /*
@@ -218,8 +245,9 @@ write_pending(bool prepare)
 {
 	Datum	   *names;
 	Datum	   *scheduled;
-	Datum		args[3];
-	Oid			types[3] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID};
+	Datum	   *retrying;
+	Datum		args[4];
+	Oid			types[4] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
 	Oid			nsp;
 	Oid			live_relid;
 	Oid			relid;
@@ -228,6 +256,7 @@ write_pending(bool prepare)
 	int			save_sec_context;
 	int			nestlevel;
 	HeapTuple	tuple;
+	SPIPlanPtr	plan;
 	int			n = 0;
 	int			i;
 	int			j;
@@ -236,10 +265,12 @@ write_pending(bool prepare)
 
 	names = palloc(sizeof(Datum) * npending);
 	scheduled = palloc(sizeof(Datum) * npending);
+	retrying = palloc(sizeof(Datum) * npending);
 	for (i = 0; i < npending; i++)
 	{
 		PendingLive *p = &pending[i];
 		int64		s = 0;
+		int64		r = 0;
 
 		if (p->erased != 0 || p->len < 0 || p->relid != live_relid)
 			continue;
@@ -252,13 +283,15 @@ write_pending(bool prepare)
 				memcmp(q->queue, p->queue, p->len) != 0)
 				continue;
 			s += q->scheduled;
+			r += q->retrying;
 			if (j > i)
 				q->len = -1;	/* taken */
 		}
-		if (s == 0)
+		if (s == 0 && r == 0)
 			continue;
 		names[n] = PointerGetDatum(cstring_to_text_with_len(p->queue, p->len));
 		scheduled[n] = Int64GetDatum(s);
+		retrying[n] = Int64GetDatum(r);
 		n++;
 	}
 	forget_pending();
@@ -291,6 +324,7 @@ write_pending(bool prepare)
 		args[0] = Int32GetDatum(MyBackendId);
 	args[1] = gatekeeper_array(names, NULL, n, TEXTOID);
 	args[2] = gatekeeper_array(scheduled, NULL, n, INT8OID);
+	args[3] = gatekeeper_array(retrying, NULL, n, INT8OID);
 
 	/*
 	 * As the table's owner, as the triggers that noted the changes ran
@@ -305,8 +339,11 @@ write_pending(bool prepare)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	gatekeeper_plan(&add_live_counts_plan, add_live_counts_sql, 3, types);
-	if (SPI_execute_plan(add_live_counts_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+	if (get_attnum(relid, "retrying") != InvalidAttrNumber)
+		plan = gatekeeper_plan(&add_live_counts_plan, add_live_counts_sql, 4, types);
+	else
+		plan = gatekeeper_plan(&add_live_counts_020_plan, add_live_counts_020_sql, 4, types);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not count gatekeeper's live mail");
 	SPI_finish();
 	PopActiveSnapshot();
@@ -400,6 +437,7 @@ live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 					memcmp(q->queue, p->queue, p->len) == 0)
 				{
 					q->scheduled += p->scheduled;
+					q->retrying += p->retrying;
 					pfree(p->queue);
 					break;
 				}
@@ -456,6 +494,18 @@ erase_counts(text *queue)
 }
 
 /*
+ * Whether mail_live_count counts the retrying mail (0.2.0's does not).
+ */
+static bool
+counts_retrying(void)
+{
+	Oid			nsp = get_namespace_oid("gatekeeper", true);
+	Oid			relid = OidIsValid(nsp) ? get_relname_relid("mail_live_count", nsp) : InvalidOid;
+
+	return OidIsValid(relid) && get_attnum(relid, "retrying") != InvalidAttrNumber;
+}
+
+/*
  * The mail_live there is now: the changes noted for another (the
  * extension dropped, or dropped and made again, since) count for nothing.
  */
@@ -472,7 +522,7 @@ live_relid_now(void)
  */
 static void
 count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
-		   int state_att, Oid scheduled, int sign)
+		   int state_att, int attempt_att, Oid scheduled, int sign)
 {
 	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 
@@ -489,7 +539,12 @@ count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
 		if (isnull)
 			continue;
 		if (state == scheduled)
-			gatekeeper_live_count_add(relid, queue, sign);
+		{
+			Datum		attempt = slot_getattr(slot, attempt_att, &isnull);
+
+			gatekeeper_live_count_add(relid, queue, sign,
+									  !isnull && DatumGetInt32(attempt) > 0 ? sign : 0);
+		}
 		ExecClearTuple(slot);
 	}
 	ExecDropSingleTupleTableSlot(slot);
@@ -547,6 +602,7 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	int			queue_att;
 	int			state_att;
+	int			attempt_att;
 	Oid			state_type;
 	Oid			scheduled;
 
@@ -570,8 +626,9 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	desc = RelationGetDescr(trigdata->tg_relation);
 	queue_att = SPI_fnumber(desc, "queue");
 	state_att = SPI_fnumber(desc, "state");
-	if (queue_att <= 0 || state_att <= 0)
-		elog(ERROR, "gatekeeper_count_live fired on a table without queue and state");
+	attempt_att = SPI_fnumber(desc, "attempt");
+	if (queue_att <= 0 || state_att <= 0 || attempt_att <= 0)
+		elog(ERROR, "gatekeeper_count_live fired on a table without queue, state and attempt");
 	state_type = TupleDescAttr(desc, state_att - 1)->atttypid;
 	scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
 													 CStringGetDatum("scheduled"),
@@ -579,11 +636,11 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 
 	if (trigdata->tg_oldtable != NULL)
 		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_oldtable,
-				   desc, queue_att, state_att, scheduled, -1);
+				   desc, queue_att, state_att, attempt_att, scheduled, -1);
 	if (trigdata->tg_newtable != NULL)
 	{
 		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_newtable,
-				   desc, queue_att, state_att, scheduled, 1);
+				   desc, queue_att, state_att, attempt_att, scheduled, 1);
 		lower_floors(trigdata->tg_newtable, desc, queue_att, state_att, scheduled);
 	}
 	return PointerGetDatum(NULL);
@@ -610,6 +667,7 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 {
 	int64		total = 0;
 	uint64		i;
+	SPIPlanPtr	plan;
 
 	gatekeeper_require_schema();
 	if (IsolationUsesXactSnapshot())
@@ -624,8 +682,11 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 	if (SPI_execute_plan(lock_live_plan, NULL, NULL, false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "could not lock gatekeeper.mail_live");
 	erase_counts(NULL);
-	gatekeeper_plan(&recount_live_plan, recount_live_sql, 0, NULL);
-	if (SPI_execute_plan(recount_live_plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+	if (counts_retrying())
+		plan = gatekeeper_plan(&recount_live_plan, recount_live_sql, 0, NULL);
+	else
+		plan = gatekeeper_plan(&recount_live_020_plan, recount_live_020_sql, 0, NULL);
+	if (SPI_execute_plan(plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "could not count gatekeeper's live mail");
 	for (i = 0; i < SPI_processed; i++)
 	{
@@ -664,13 +725,15 @@ gatekeeper_live_pending(PG_FUNCTION_ARGS)
 	for (i = 0; i < npending; i++)
 	{
 		PendingLive *p = &pending[i];
-		Datum		values[2];
-		bool		nulls[2] = {false, false};
+		Datum		values[3];
+		bool		nulls[3] = {false, false, false};
 
 		if (p->erased != 0 || p->relid != live_relid)
 			continue;
 		values[0] = PointerGetDatum(cstring_to_text_with_len(p->queue, p->len));
 		values[1] = Int64GetDatum(p->scheduled);
+		/* 0.2.0's _live_pending, until ALTER EXTENSION UPDATE, takes two */
+		values[2] = Int64GetDatum(p->retrying);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

@@ -10,6 +10,7 @@
 #ifndef GATEKEEPER_LIVE_COUNT_H
 #define GATEKEEPER_LIVE_COUNT_H
 
-extern void gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled);
+extern void gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled,
+									  int64 retrying);
 
 #endif							/* GATEKEEPER_LIVE_COUNT_H */

@@ -1393,7 +1393,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 				live_add(live, tuple, desc, where.row);
 				gatekeeper_live_count_add(RelationGetRelid(live->rel),
 										  heap_getattr(tuple, columns.queue, desc, &isnull),
-										  1);
+										  1, 0);
 			}
 			if (tally != NULL && !skip)
 			{

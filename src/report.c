@@ -89,11 +89,20 @@ static const char sent_mail_sql[] =
 static SPIPlanPtr insert_event_plan = NULL;
 static const char insert_event_sql[] =
 "INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
-"VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
 
 /* what a bounce or a complaint does to the suppression list */
-static SPIPlanPtr bounced_plan = NULL;
-static const char bounced_sql[] = "SELECT gatekeeper._bounced($1, $2, $3, $4)";
+static SPIPlanPtr hard_bounce_plan = NULL;
+static const char hard_bounce_sql[] =
+"SELECT gatekeeper._suppress($1, 'hard_bounce', NULL, $2, $3)";
+static SPIPlanPtr soft_bounces_plan = NULL;
+static const char soft_bounces_sql[] =
+"SELECT count(DISTINCT e.mail_id) FROM gatekeeper.event_log e "
+" WHERE translate(e.recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz') = $1 "
+"   AND e.event = 'bounced' AND e.at > now() - interval '30 days'";
+static SPIPlanPtr soft_bounce_plan = NULL;
+static const char soft_bounce_sql[] =
+"SELECT gatekeeper._suppress($1, 'soft_bounce', NULL, $2, $3)";
 static SPIPlanPtr complained_plan = NULL;
 static const char complained_sql[] =
 "SELECT gatekeeper._suppress($1, 'complaint', NULL, $2, $3)";
@@ -113,10 +122,12 @@ static bool verp_verify(const char *token, size_t len, int64 *id);
 static bool token_in(const char *text, int64 *id);
 static bool message_id_mail(const char *message_id, int64 *id);
 static bool same_address(const char *a, const char *b);
+static bool hard_bounce_status(const char *status);
+static void record_bounce(const char *key, const char *status, const char *detail, int64 id);
 static int	report_rows(int64 id, const char *message_id, const char *recipient1,
 						const char *recipient2, const char *event, const char *status,
 						const char *detail, const char *source, Tuplestorestate *out,
-						TupleDesc desc);
+						TupleDesc desc, bool *matched);
 
 /*
  * The first VERP_MAC_LEN bytes of the HMAC of a mail id, into mac.
@@ -282,19 +293,128 @@ same_address(const char *a, const char *b)
 }
 
 /*
+ * Whether a bounce's status is a hard bounce: the synchronous path's
+ * classes (gatekeeper._hard_bounce: 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10),
+ * for an RFC 3463 code ("5.1.1") or a reply ("550 5.1.1 ...", or "550"
+ * without an enhanced code), as gatekeeper._bounced() judged it in SQL.
+ */
+static bool
+hard_bounce_status(const char *status)
+{
+	static const char *const hard[] = {"5.1.1", "5.1.2", "5.1.3", "5.1.6", "5.1.10"};
+	const char *e = status;
+	int			i;
+
+	if (status == NULL)
+		return false;
+	/* a bare code is judged as the reply "550 <code>" */
+	if ((status[0] == '2' || status[0] == '4' || status[0] == '5') && status[1] == '.')
+		e = psprintf("550 %s", status);
+
+	/* "5xy <class>.<subject>.<detail>" and then no digit or dot */
+	if (e[0] == '5' && isdigit((unsigned char) e[1]) && isdigit((unsigned char) e[2]) &&
+		(e[3] == ' ' || e[3] == '-') &&
+		(e[4] == '2' || e[4] == '4' || e[4] == '5') && e[5] == '.')
+	{
+		const char *p = e + 6;
+		int			n = 0;
+		int			m = 0;
+
+		while (isdigit((unsigned char) p[n]))
+			n++;
+		if (n >= 1 && n <= 3 && p[n] == '.')
+		{
+			const char *q = p + n + 1;
+
+			while (isdigit((unsigned char) q[m]))
+				m++;
+			if (m >= 1 && m <= 3 && q[m] != '.')
+			{
+				size_t		len = (q + m) - (e + 4);
+
+				for (i = 0; i < (int) lengthof(hard); i++)
+					if (strlen(hard[i]) == len && strncmp(e + 4, hard[i], len) == 0)
+						return true;
+				return false;
+			}
+		}
+	}
+	/* "550", "551", "553" without an enhanced code */
+	if (e[0] == '5' && e[1] == '5' && (e[2] == '0' || e[2] == '1' || e[2] == '3') &&
+		(e[3] == ' ' || e[3] == '-' || e[3] == '\0'))
+	{
+		const char *p = e + 4;
+		int			n = 0;
+
+		if (e[3] == '\0')
+			return true;
+		while (isdigit((unsigned char) p[n]))
+			n++;
+		return !(n >= 1 && p[n] == '.' && isdigit((unsigned char) p[n + 1]));
+	}
+	return false;
+}
+
+/*
+ * What a bounce of mail id to the address key does to the suppression
+ * list: a hard one suppresses the address everywhere; others do once
+ * soft_bounce_limit mails to it bounced within 30 days (the bounce's
+ * event is written already).  In C with kept plans, not a PL/pgSQL call
+ * per report (bench/notes.md, "Reports, profiled").
+ */
+static void
+record_bounce(const char *key, const char *status, const char *detail, int64 id)
+{
+	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+	Datum		args[3];
+	char		nulls[3] = {' ', detail ? ' ' : 'n', ' '};
+	Datum		count_arg = CStringGetTextDatum(key);
+	bool		isnull;
+	int64		mails;
+
+	args[0] = count_arg;
+	args[1] = detail ? CStringGetTextDatum(detail) : (Datum) 0;
+	args[2] = Int64GetDatum(id);
+	if (hard_bounce_status(status))
+	{
+		if (SPI_execute_plan(gatekeeper_plan(&hard_bounce_plan, hard_bounce_sql, 3, types),
+							 args, nulls, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "recording a hard bounce failed");
+		return;
+	}
+	/* not read-only: the count must see the event this call just wrote */
+	if (SPI_execute_plan(gatekeeper_plan(&soft_bounces_plan, soft_bounces_sql, 1, types),
+						 &count_arg, NULL, false, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "counting soft bounces failed");
+	mails = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_freetuptable(SPI_tuptable);
+	if (isnull || mails < gatekeeper_soft_bounce_limit)
+		return;
+	args[1] = CStringGetTextDatum(psprintf("soft bounces within 30 days: %d; the last: %s",
+										   gatekeeper_soft_bounce_limit, detail ? detail : ""));
+	nulls[1] = ' ';
+	if (SPI_execute_plan(gatekeeper_plan(&soft_bounce_plan, soft_bounce_sql, 3, types),
+						 args, nulls, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "recording a soft bounce failed");
+}
+
+/*
  * Record one report (a DSN's recipient group, an ARF report, a webhook's
  * event) about mail id: only when the mail was sent, its Message-ID is
  * message_id (when given) and its recipient is recipient1 or recipient2
  * (when either is given).  Writes the event, in the mail's retention
  * segment, and what it does to the suppression list (_bounced, or a
  * global complaint), and puts the row recorded into out (when not NULL).
- * Returns the rows recorded, 0 or 1.  SPI must be connected.
+ * The same event (event, source, status and detail) taken before for the
+ * mail (a DSN or webhook delivered twice) writes nothing and is no row,
+ * but sets *matched (when not NULL) as a new one does.  Returns the rows
+ * recorded, 0 or 1.  SPI must be connected.
  */
 static int
 report_rows(int64 id, const char *message_id, const char *recipient1,
 			const char *recipient2, const char *event, const char *status,
 			const char *detail, const char *source, Tuplestorestate *out,
-			TupleDesc desc)
+			TupleDesc desc, bool *matched)
 {
 	Oid			mail_type = INT8OID;
 	Oid			event_types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT2OID};
@@ -348,25 +468,18 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	if (SPI_execute_plan(gatekeeper_plan(&insert_event_plan, insert_event_sql, 8, event_types),
 						 args, nulls, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "writing an event failed");
+	if (matched != NULL)
+		*matched = true;
+	/* taken before (event_log_report): the same event again changes nothing */
+	if (SPI_processed == 0)
+		return 0;
 
 	/* the suppression list keys addresses with their ASCII letters lower-cased */
 	key = pstrdup(recipient);
 	for (p = key; *p; p++)
 		*p = pg_ascii_tolower((unsigned char) *p);
 	if (strcmp(event, "bounced") == 0)
-	{
-		Oid			types[4] = {TEXTOID, TEXTOID, TEXTOID, INT8OID};
-		Datum		bargs[4];
-		char		bnulls[4] = {' ', nulls[4], nulls[5], ' '};
-
-		bargs[0] = CStringGetTextDatum(key);
-		bargs[1] = args[4];
-		bargs[2] = args[5];
-		bargs[3] = Int64GetDatum(id);
-		if (SPI_execute_plan(gatekeeper_plan(&bounced_plan, bounced_sql, 4, types),
-							 bargs, bnulls, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "recording a bounce failed");
-	}
+		record_bounce(key, status, detail, id);
 	else if (strcmp(event, "complained") == 0)
 	{
 		Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
@@ -670,7 +783,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 				continue;
 			rows += report_rows(id, message_id, rr->final_recipient, rr->original_recipient,
 								event, rr->status, rr->diagnostic, "dsn",
-								rsinfo->setResult, rsinfo->setDesc);
+								rsinfo->setResult, rsinfo->setDesc, NULL);
 		}
 	}
 	else if (have_mail && r.kind == REPORT_ARF &&
@@ -683,7 +796,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 									  r.user_agent ? r.user_agent : "");
 
 		rows += report_rows(id, message_id, r.original_rcpt_to, NULL, "complained",
-							NULL, detail, "arf", rsinfo->setResult, rsinfo->setDesc);
+							NULL, detail, "arf", rsinfo->setResult, rsinfo->setDesc, NULL);
 	}
 	gatekeeper_stats_count_report(rows > 0);
 	SPI_finish();
@@ -713,6 +826,7 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	char	   *recipient = NULL;
 	int64		id;
 	int			rows = 0;
+	bool		matched = false;
 	int			i;
 
 	gatekeeper_require_schema();
@@ -761,10 +875,11 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	SPI_connect();
 	if (message_id_mail(message_id, &id))
 		rows = report_rows(id, message_id, recipient, NULL, event, status, detail,
-						   "webhook", NULL, NULL);
+						   "webhook", NULL, NULL, &matched);
 	gatekeeper_stats_count_report(rows > 0);
 	SPI_finish();
-	if (rows == 0)
+	/* an event taken before names the mail too: the endpoint may answer OK */
+	if (!matched)
 		PG_RETURN_NULL();
 	PG_RETURN_INT64(id);
 }

@@ -193,6 +193,10 @@ static bool callbacks_registered = false;
 static object_access_hook_type prev_object_access_hook = NULL;
 static TimestampTz last_sweep = 0;
 
+/* current_extension()'s cache */
+static LocalTransactionId extension_lxid = InvalidLocalTransactionId;
+static Oid	extension_oid = InvalidOid;
+
 static StatsKey stats_key(const char *name, int len);
 static Oid	current_extension(void);
 static void note_counts(const StatsKey *key, const int64 *counts);
@@ -255,6 +259,9 @@ stats_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 {
 	if (prev_object_access_hook)
 		prev_object_access_hook(access, classId, objectId, subId, arg);
+	/* an extension dropped, or made, in this transaction: look again */
+	if (classId == ExtensionRelationId)
+		extension_oid = InvalidOid;
 	if (access != OAT_DROP || stats_hash == NULL)
 		return;
 	if (classId == DatabaseRelationId && subId == 0)
@@ -329,23 +336,21 @@ stats_key(const char *name, int len)
 }
 
 /*
- * gatekeeper's pg_extension OID, looked up once per command.
+ * gatekeeper's pg_extension OID, looked up once per transaction (a report
+ * counted per call, every SPI write a new command, made a catalog lookup
+ * per call when this was per command).  Within the transaction only this
+ * backend can drop the extension (our objects are locked by what counts),
+ * and stats_object_access() then forgets the OID at once.
  */
 static Oid
 current_extension(void)
 {
-	static LocalTransactionId lxid = InvalidLocalTransactionId;
-	static CommandId cid = InvalidCommandId;
-	static Oid	extension = InvalidOid;
-
-	if (lxid != MyProc->lxid || cid != GetCurrentCommandId(false) ||
-		!OidIsValid(extension))
+	if (extension_lxid != MyProc->lxid || !OidIsValid(extension_oid))
 	{
-		extension = get_extension_oid("gatekeeper", true);
-		lxid = MyProc->lxid;
-		cid = GetCurrentCommandId(false);
+		extension_oid = get_extension_oid("gatekeeper", true);
+		extension_lxid = MyProc->lxid;
 	}
-	return extension;
+	return extension_oid;
 }
 
 /*

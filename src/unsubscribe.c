@@ -472,7 +472,8 @@ PG_FUNCTION_INFO_V1(gatekeeper_unsubscribe);
 /*
  * gatekeeper.unsubscribe(token text) RETURNS boolean
  *		Verify token and suppress its recipient for its queue (reason
- *		unsubscribe); true when the entry is new.  The HMAC is compared in
+ *		unsubscribe), recording an unsubscribed event for the latest mail
+ *		of that queue sent to it; true when the entry is new.  The HMAC is compared in
  *		constant time; every way a token can be wrong gives the same 22023.
  */
 Datum
@@ -481,6 +482,15 @@ gatekeeper_unsubscribe(PG_FUNCTION_ARGS)
 	static SPIPlanPtr suppress_plan = NULL;
 	static const char suppress_sql[] =
 	"SELECT gatekeeper._suppress($1, 'unsubscribe', $2, 'one-click unsubscribe', NULL)";
+	static SPIPlanPtr unsubscribed_plan = NULL;
+	static const char unsubscribed_sql[] =
+	"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, detail, source, segment) "
+	"SELECT o.id, o.queue, m.recipient, 'unsubscribed', 'one-click unsubscribe', 'token', o.segment "
+	"  FROM gatekeeper.mail m "
+	"  JOIN gatekeeper.mail_done o ON o.id = m.id AND o.segment = m.segment "
+	" WHERE m.recipient = $1 AND o.queue = $2 AND o.state = 'sent' "
+	" ORDER BY o.id DESC LIMIT 1 "
+	"ON CONFLICT DO NOTHING";
 	Oid			argtypes[2] = {TEXTOID, TEXTOID};
 	Datum		args[2];
 	char	   *token;
@@ -527,6 +537,17 @@ gatekeeper_unsubscribe(PG_FUNCTION_ARGS)
 			 SPI_result_code_string(ret));
 	result = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 										1, &isnull));
+
+	/*
+	 * The token names an address and a queue, not a mail: the event is the
+	 * latest mail of that queue sent to that address (as the token writes
+	 * it, lower-cased), if retention has kept one.
+	 */
+	ret = SPI_execute_plan(gatekeeper_plan(&unsubscribed_plan, unsubscribed_sql, 2, argtypes),
+						   args, NULL, false, 1);
+	if (ret != SPI_OK_INSERT)
+		elog(ERROR, "recording an unsubscribed event failed: %s",
+			 SPI_result_code_string(ret));
 	SPI_finish();
 	PG_RETURN_BOOL(!isnull && result);
 }

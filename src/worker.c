@@ -314,6 +314,7 @@ static char *copy_text(HeapTuple tuple, TupleDesc desc, int column);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
 static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
+static void observe_latency(GatekeeperDelivery *d);
 static int	next_relay(TimestampTz now);
 static TimestampTz delivery_resumes(void);
 static void reroute(GatekeeperDelivery *d);
@@ -1352,6 +1353,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 		GatekeeperDelivery *d = copy_mail(SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
 
 		d->lease_until = lease_until;
+		d->mail.due = gatekeeper_claimed_due(i, d->mail.id);
 		dlist_push_tail(&live, &d->live_node);
 		nlive++;
 		live_bytes += d->bytes;
@@ -1637,6 +1639,8 @@ judge(GatekeeperDelivery *d)
 
 	if (d->session_reached)
 		relay_reached(relay);
+	if (d->outcome == GATEKEEPER_SENT)
+		observe_latency(d);
 	if (d->outcome == GATEKEEPER_SENT || d->outcome == GATEKEEPER_FAIL)
 	{
 		b->mail_refusals = 0;
@@ -1644,6 +1648,28 @@ judge(GatekeeperDelivery *d)
 		release_suspects(relay, GATEKEEPER_FAIL);
 	}
 	decided(d);
+}
+
+/*
+ * Count the relay's acceptance of d in the delivery latency histogram:
+ * the time from when it was due to now, when its 2xx was read.
+ */
+static void
+observe_latency(GatekeeperDelivery *d)
+{
+	double		seconds;
+	int			b;
+
+	if (d->mail.due == 0)
+		return;
+	seconds = (double) (GetCurrentTimestamp() - d->mail.due) / USECS_PER_SEC;
+	if (seconds < 0)
+		seconds = 0;			/* the clock went back */
+	for (b = 0; b < GATEKEEPER_LATENCY_BUCKETS; b++)
+		if (seconds <= gatekeeper_latency_bounds[b])
+			break;
+	status.latency_buckets[b]++;
+	status.latency_sum += seconds;
 }
 
 /*

@@ -628,17 +628,21 @@ is($node->safe_psql('from020', "SELECT string_agg(role || ' ' || what, ', ' ORDE
 # update on, claimed from the batches of mail_claim) against a count of
 # the live mail's states (claimed mail is in no row of mail_live: its
 # state is read through mail_status)
+# (and, issue 28, retrying: scheduled mail claimed before, counted by the
+# update)
 my $kept_counts = q{
-SELECT string_agg(format('%s %s/%s/%s', queue, scheduled, claimed, due), ', ' ORDER BY queue)
+SELECT string_agg(format('%s %s/%s/%s/%s', queue, scheduled, claimed, due, retrying), ', ' ORDER BY queue)
   FROM gatekeeper.queue_stats WHERE scheduled + claimed > 0};
 my $live_counts = q{
-SELECT string_agg(format('%s %s/%s/%s', queue, s, c, d), ', ' ORDER BY queue)
+SELECT string_agg(format('%s %s/%s/%s/%s', queue, s, c, d, r), ', ' ORDER BY queue)
   FROM (SELECT queue, count(*) FILTER (WHERE state = 'scheduled') AS s,
 			   count(*) FILTER (WHERE state = 'claimed') AS c,
-			   count(*) FILTER (WHERE state = 'scheduled' AND send_at <= now()) AS d
+			   count(*) FILTER (WHERE state = 'scheduled' AND send_at <= now()) AS d,
+			   count(*) FILTER (WHERE state = 'scheduled' AND attempt > 0) AS r
 		  FROM gatekeeper.mail_status WHERE state IN ('scheduled', 'claimed') GROUP BY queue) l};
 my $counted = $node->safe_psql('updated', $live_counts);
 like($counted, qr{ [1-9][0-9]*/[1-9]}, 'updated: live mail both scheduled and claimed in one queue');
+like($counted, qr{/[1-9][0-9]*(,|$)}, 'updated: live mail retrying after a failed attempt');
 is($node->safe_psql('updated', $kept_counts), $counted,
 	'updated: queue_stats counts the live mail the update moved');
 

@@ -20,10 +20,10 @@
 #  4. The next campaign never hands that address to Postfix: its mail is
 #     suppressed by the claim, the other recipient's goes.
 #
-# Not here: Postfix generating the DSN itself and delivering it through
-# its pipe(8) transport.  That takes Postfix's master(8), queue manager
-# and bounce daemon, and pipe(8) must be started as root to switch to its
-# user= (set_ugid); the tests run as the PostgreSQL server's OS user.
+# Postfix generating the DSN itself and delivering it through its pipe(8)
+# transport takes Postfix's master(8), queue manager and bounce daemon,
+# and pipe(8) must be started as root: t/059_reports_postfix_pipe.pl does
+# that, as root.
 
 use strict;
 use warnings;

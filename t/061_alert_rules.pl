@@ -30,7 +30,8 @@ ok($ok, 'promtool test rules: alerts.test.yaml passes') or diag("$out$err");
 like($out, qr/SUCCESS/, '... SUCCESS') or diag("$out$err");
 
 # The series queries.yaml makes: <prefix>_<column> for each column that is
-# not a LABEL.
+# not a LABEL, and for a HISTOGRAM column <prefix>_<column>_bucket, _sum
+# and _count (the series postgres_exporter makes of it).
 my %served;
 my ($prefix, $metric);
 foreach my $line (split /\n/, slurp_file("$dir/queries.yaml"))
@@ -40,6 +41,7 @@ foreach my $line (split /\n/, slurp_file("$dir/queries.yaml"))
 	if ($line =~ /^\s+usage:\s*"(\w+)"/ && defined $prefix && defined $metric)
 	{
 		$served{"${prefix}_$metric"} = 1 unless $1 eq 'LABEL';
+		$served{"${prefix}_${metric}_$_"} = 1 foreach ($1 eq 'HISTOGRAM' ? qw(bucket sum count) : ());
 		undef $metric;
 	}
 }

@@ -5,7 +5,8 @@
 # - a relay that answers 4xx to every recipient (smtp-sink -r RCPT): the
 #   worker's deferred_total rises while sent_total stays 0, in
 #   gatekeeper.worker_status and in the exporter's first scrape, long
-#   before any mail runs out of attempts;
+#   before any mail runs out of attempts, and queue_stats.retrying (the
+#   exported gatekeeper_queue_retrying) counts the mail waiting to retry;
 # - an smtp_url the worker cannot use is refused when it is set: ALTER
 #   SYSTEM fails, and a reload of a postgresql.conf that has one keeps the
 #   value in force and says why in the log.
@@ -38,6 +39,8 @@ ok( GatekeeperTest::poll_until(
 	'worker_status: the relay deferred every mail, none was sent or failed');
 is($node->safe_psql('postgres', "SELECT count(*) FROM gatekeeper.mail_status WHERE state = 'scheduled' AND attempt = 1"),
 	'5', 'the mail waits for its retry, one attempt charged');
+is($node->safe_psql('postgres', "SELECT scheduled, retrying FROM gatekeeper.queue_stats WHERE queue = 'default'"),
+	'5|5', 'queue_stats: the five scheduled mails are retrying');
 is($node->safe_psql('postgres', 'SELECT relay, worker FROM gatekeeper.worker_status'),
 	'closed|1', 'the breaker stays closed (the session was fine): only the counters say it');
 # nothing in flight: pg_stat_activity says what the worker waits in, not the
@@ -52,7 +55,7 @@ ok( GatekeeperTest::poll_until(
 my $exporter = '/usr/bin/prometheus-postgres-exporter';
 SKIP:
 {
-	skip "$exporter is not installed", 3 unless -x $exporter;
+	skip "$exporter is not installed", 4 unless -x $exporter;
 	$node->safe_psql('postgres', q{
 CREATE ROLE monitor LOGIN;
 SELECT gatekeeper.grant('monitor', 'monitor');
@@ -89,12 +92,14 @@ SELECT gatekeeper.grant('monitor', 'monitor');
 	ok(defined $body, 'the exporter serves the worker series') or diag(slurp_file($log));
 	$body //= '';
 	note("the scrape while the relay answers 4xx to every recipient:\n"
-		  . join("\n", grep { /^gatekeeper_(worker|queue)_(deferred|sent|failed|due|relay_open|oldest)/ } split /\n/, $body));
+		  . join("\n", grep { /^gatekeeper_(worker|queue)_(deferred|sent|failed|due|relay_open|oldest|retrying)/ } split /\n/, $body));
 	my ($deferred) = $body =~ /^gatekeeper_worker_deferred_total\{[^}]*worker="1"[^}]*\} (\S+)$/m;
 	my ($sent) = $body =~ /^gatekeeper_worker_sent_total\{[^}]*worker="1"[^}]*\} (\S+)$/m;
 	ok(defined $deferred && $deferred >= 5, "one scrape: deferred_total $deferred")
 	  or diag($body);
 	is($sent, '0', 'one scrape: sent_total 0');
+	my ($retrying) = $body =~ /^gatekeeper_queue_retrying\{[^}]*queue="default"[^}]*\} (\S+)$/m;
+	is($retrying, '5', 'one scrape: the queue\'s retrying gauge 5');
 }
 
 # an smtp_url the worker cannot use is refused when it is set
