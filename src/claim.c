@@ -31,7 +31,10 @@
  * return to mail_live or go to mail_done, all in this transaction.
  * Inside a queue the sub-select walks the due index one priority level
  * at a time, so its cost grows with the batch, never with mail that is not
- * yet due or already finished.
+ * yet due or already finished.  It starts at the queue's due floor
+ * (due_floor.c: $7 .. $9, NULL when there is none), past the dead entries
+ * that the mail claimed since the last vacuum left in the index, which
+ * every claim walked before: its cost does not grow with them either.
  *
  * Then, in the same transaction, the gates: every claimed mail of a gated
  * queue must pass all of its queue's gates.  The gate entries of the whole
@@ -48,6 +51,7 @@
  */
 #include "postgres.h"
 
+#include "due_floor.h"
 #include "gate.h"
 #include "mail.h"
 #include "suppression.h"
@@ -232,14 +236,17 @@ static const char bucket_sql[] =
 "  coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), " \
 "           'gatekeeper.invalid') || '>')"
 
+/* below every id: the due scan's start in a level the floor is not in */
+#define DUE_MIN_ID "(-9223372036854775807 - 1)::bigint"
+
 static const char claim_sql[] =
 "DELETE FROM gatekeeper.mail_live l "
 " USING gatekeeper.mail m "
 " WHERE l.ctid = ANY (ARRAY( "
 "       WITH RECURSIVE levels(p) AS ( "
-"           (SELECT d.priority FROM gatekeeper.mail_live d "
+"           SELECT coalesce($7, (SELECT d.priority FROM gatekeeper.mail_live d "
 "             WHERE d.queue = $1 AND d.state = 'scheduled' "
-"             ORDER BY d.priority DESC LIMIT 1) "
+"             ORDER BY d.priority DESC LIMIT 1)) "
 "           UNION ALL "
 "           SELECT (SELECT d.priority FROM gatekeeper.mail_live d "
 "                    WHERE d.queue = $1 AND d.state = 'scheduled' AND d.priority < l.p "
@@ -249,6 +256,8 @@ static const char claim_sql[] =
 "           SELECT d.ctid FROM gatekeeper.mail_live d "
 "            WHERE d.queue = $1 AND d.state = 'scheduled' "
 "              AND d.priority = l.p AND d.send_at <= now() "
+"              AND (d.send_at, d.id) >= (CASE WHEN l.p = $7 THEN $8 ELSE '-infinity' END, "
+"                                        CASE WHEN l.p = $7 THEN $9 ELSE " DUE_MIN_ID " END) "
 "            ORDER BY d.send_at, d.id "
 "            LIMIT $2 "
 "              FOR UPDATE SKIP LOCKED) c "
@@ -710,13 +719,25 @@ static int
 claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 				 Claimed *claimed, int *nclaimed, MemoryContext keep)
 {
-	Datum		args[6];
+	Datum		args[9];
+	char		nulls[9] = "      nnn";
 	SPIPlanPtr	plan;
-	Oid			types[6] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID};
+	Oid			types[9] = {TEXTOID, INT4OID, INTERVALOID, TEXTOID, TEXTOID, TEXTOID,
+	INT4OID, TIMESTAMPTZOID, INT8OID};
 	ClaimReceiver receiver;
 	int			before = *nclaimed;
+	DueKey		floor;
 
-	plan = gatekeeper_plan(&claim_plan, claim_sql, 6, types);
+	plan = gatekeeper_plan(&claim_plan, claim_sql, 9, types);
+
+	/* start past the dead entries of mail claimed before (due_floor.c) */
+	if (gatekeeper_due_floor_raise(q->name, &floor))
+	{
+		args[6] = Int32GetDatum(floor.priority);
+		args[7] = TimestampTzGetDatum(floor.send_at);
+		args[8] = Int64GetDatum(floor.id);
+		nulls[6] = nulls[7] = nulls[8] = ' ';
+	}
 
 	args[0] = CStringGetTextDatum(q->name);
 	args[1] = Int32GetDatum(share);
@@ -736,7 +757,7 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	receiver.nclaimed = nclaimed;
 	receiver.keep = keep;
 
-	if (gatekeeper_execute_by_key_into(plan, args, NULL, false, 0, &receiver.pub) !=
+	if (gatekeeper_execute_by_key_into(plan, args, nulls, false, 0, &receiver.pub) !=
 		SPI_OK_DELETE_RETURNING)
 		elog(ERROR, "claim from queue \"%s\" failed", q->name);
 

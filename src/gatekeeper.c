@@ -41,6 +41,7 @@
 #include "gatekeeper.h"
 #include "address.h"
 #include "dkim.h"
+#include "due_floor.h"
 #include "stats.h"
 #include "mail.h"
 #include "smtp_config.h"
@@ -1087,6 +1088,7 @@ gatekeeper_shmem_request(void)
 
 	RequestAddinShmemSpace(gatekeeper_shmem_size());
 	RequestAddinShmemSpace(gatekeeper_gate_shmem_size());
+	RequestAddinShmemSpace(gatekeeper_due_floor_shmem_size());
 	gatekeeper_stats_shmem_request();
 }
 
@@ -1137,6 +1139,7 @@ gatekeeper_shmem_startup(void)
 		}
 	}
 	gatekeeper_gate_shmem_init();
+	gatekeeper_due_floor_shmem_init();
 	gatekeeper_stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }

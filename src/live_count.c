@@ -41,6 +41,7 @@
 #include "postgres.h"
 
 #include "live_count.h"
+#include "due_floor.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
@@ -550,6 +551,45 @@ count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
 }
 
 /*
+ * Lower the due floors (due_floor.c) to the statement's new scheduled
+ * rows: their index entries exist by now, and the floor must not pass them.
+ */
+static void
+lower_floors(Tuplestorestate *rows, TupleDesc desc, int queue_att, int state_att,
+			 Oid scheduled)
+{
+	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	int			priority_att = SPI_fnumber(desc, "priority");
+	int			send_at_att = SPI_fnumber(desc, "send_at");
+	int			id_att = SPI_fnumber(desc, "id");
+
+	if (priority_att <= 0 || send_at_att <= 0 || id_att <= 0)
+		elog(ERROR, "gatekeeper_count_live fired on a table without priority, send_at and id");
+	tuplestore_rescan(rows);
+	while (tuplestore_gettupleslot(rows, true, false, slot))
+	{
+		bool		isnull;
+		bool		n1,
+					n2,
+					n3;
+		Datum		queue = slot_getattr(slot, queue_att, &isnull);
+		DueKey		key;
+
+		if (!isnull &&
+			DatumGetObjectId(slot_getattr(slot, state_att, &n1)) == scheduled && !n1)
+		{
+			key.priority = DatumGetInt32(slot_getattr(slot, priority_att, &n1));
+			key.send_at = DatumGetTimestampTz(slot_getattr(slot, send_at_att, &n2));
+			key.id = DatumGetInt64(slot_getattr(slot, id_att, &n3));
+			if (!n1 && !n2 && !n3)
+				gatekeeper_due_floor_lower(queue, &key);
+		}
+		ExecClearTuple(slot);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
  * gatekeeper_count_live
  *		gatekeeper._count_live(), the AFTER INSERT, UPDATE, DELETE and
  *		TRUNCATE statement triggers of gatekeeper.mail_live: note the
@@ -598,8 +638,11 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_oldtable,
 				   desc, queue_att, state_att, attempt_att, scheduled, -1);
 	if (trigdata->tg_newtable != NULL)
+	{
 		count_rows(RelationGetRelid(trigdata->tg_relation), trigdata->tg_newtable,
 				   desc, queue_att, state_att, attempt_att, scheduled, 1);
+		lower_floors(trigdata->tg_newtable, desc, queue_att, state_att, scheduled);
+	}
 	return PointerGetDatum(NULL);
 }
 
@@ -655,6 +698,8 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 			total += DatumGetInt64(d);
 	}
 	SPI_finish();
+	/* writes the triggers did not see may sit below any floor */
+	gatekeeper_due_floor_reset();
 	PG_RETURN_INT64(total);
 }
 

@@ -21,6 +21,7 @@
 #include "postgres.h"
 
 #include "mail.h"
+#include "due_floor.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -957,6 +958,9 @@ typedef struct LiveWriter
 	bool	   *fixed_null;
 	int			queue_att;		/* mail_live's queue and dedupe_key, for */
 	int			dedupe_att;		/* the context of a dedupe conflict */
+	int			priority_att;	/* and its key in mail_due, for the */
+	int			send_at_att;	/* due floor (due_floor.c) */
+	int			id_att;
 	TupleTableSlot *slots[LIVE_BATCH];
 	int64		first_row;		/* the statement's row of slots[0] */
 	int			nslots;
@@ -1096,6 +1100,11 @@ live_open(TupleDesc mail_desc)
 
 	w->queue_att = Max(SPI_fnumber(desc, "queue"), 0);
 	w->dedupe_att = Max(SPI_fnumber(desc, "dedupe_key"), 0);
+	w->priority_att = SPI_fnumber(desc, "priority");
+	w->send_at_att = SPI_fnumber(desc, "send_at");
+	w->id_att = SPI_fnumber(desc, "id");
+	if (w->queue_att <= 0 || w->priority_att <= 0 || w->send_at_att <= 0 || w->id_att <= 0)
+		goto use_sql;
 	w->rri = makeNode(ResultRelInfo);
 	/* no range table: ri_RangeTableIndex 0, which ExecConstraints allows */
 	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
@@ -1114,6 +1123,58 @@ use_sql:
 }
 
 /*
+ * The lowest key of a run of live rows of one queue whose index entries
+ * went in, for the due floor (due_floor.c): one lowering per run, not per
+ * row.
+ */
+typedef struct FloorRun
+{
+	text	   *queue;			/* NULL: no run yet */
+	DueKey		min;
+} FloorRun;
+
+/*
+ * Add a live row whose index entries went in to the run, lowering the
+ * floor to the run before when the queue changes.  Rows that are not
+ * scheduled lower it too: harmless.
+ */
+static void
+live_floor_note(LiveWriter *w, TupleTableSlot *slot, FloorRun *run)
+{
+	DueKey		key;
+	bool		n0,
+				n1,
+				n2,
+				n3;
+	Datum		queue = slot_getattr(slot, w->queue_att, &n0);
+	text	   *q;
+
+	key.priority = DatumGetInt32(slot_getattr(slot, w->priority_att, &n1));
+	key.send_at = DatumGetTimestampTz(slot_getattr(slot, w->send_at_att, &n2));
+	key.id = DatumGetInt64(slot_getattr(slot, w->id_att, &n3));
+	if (n0 || n1 || n2 || n3)
+		return;
+	q = DatumGetTextPP(queue);
+	if (run->queue != NULL &&
+		(VARSIZE_ANY_EXHDR(q) != VARSIZE_ANY_EXHDR(run->queue) ||
+		 memcmp(VARDATA_ANY(q), VARDATA_ANY(run->queue), VARSIZE_ANY_EXHDR(q)) != 0))
+	{
+		gatekeeper_due_floor_lower(PointerGetDatum(run->queue), &run->min);
+		run->queue = NULL;
+	}
+	if (run->queue == NULL)
+	{
+		run->queue = (text *) PG_DETOAST_DATUM_COPY(queue);
+		run->min = key;
+	}
+	else if (key.priority > run->min.priority ||
+			 (key.priority == run->min.priority &&
+			  (key.send_at < run->min.send_at ||
+			   (key.send_at == run->min.send_at && key.id < run->min.id))))
+		run->min = key;
+}
+
+/*
  * Write the buffered live rows and their index entries.
  */
 static void
@@ -1121,6 +1182,7 @@ live_flush(LiveWriter *w)
 {
 	MemoryContext old;
 	ErrorContextCallback errcallback;
+	FloorRun	run = {NULL};
 	int			i;
 
 	if (w->nslots == 0)
@@ -1140,8 +1202,11 @@ live_flush(LiveWriter *w)
 		recheck = ExecInsertIndexTuples(w->rri, w->slots[i], w->estate,
 										false, false, NULL, NIL);
 		list_free(recheck);
+		live_floor_note(w, w->slots[i], &run);
 		ExecClearTuple(w->slots[i]);
 	}
+	if (run.queue != NULL)
+		gatekeeper_due_floor_lower(PointerGetDatum(run.queue), &run.min);
 	error_context_stack = errcallback.previous;
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(w->batch_cxt);

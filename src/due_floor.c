@@ -1,0 +1,377 @@
+/*-------------------------------------------------------------------------
+ *
+ * due_floor.c
+ *		Where a claim's walk of mail_due may start: a floor per queue, in
+ *		shared memory, below which every entry of mail_due is dead.
+ *
+ * A claim deletes the live rows of the mail it takes.  Their entries stay
+ * in mail_due until a VACUUM removes them, and they sit at the start of
+ * the queue's range, where every claim's index scan begins: new mail is
+ * due later, so no insert ever lands on those leaf pages and btree's own
+ * deletion of dead entries (done when an insert finds a page full) never
+ * runs there.  Each claim walked every entry of every mail claimed since
+ * the last vacuum, twice (the priority probe and the due scan): after six
+ * waves of 300,000 mails drained between two autovacuum naps, 15,000
+ * index pages a claim (bench/notes.md, "A drain that does not wait for
+ * vacuum").
+ *
+ * So each claim first walks mail_due itself, in C, from its queue's floor
+ * to the first entry that is not dead to every transaction (the heap
+ * says so: the whole HOT chain dead by GlobalVis; the entries found so
+ * are marked LP_DEAD on the way, as any index scan marks them), raises the
+ * floor to that entry, and starts its statement there.  Most claims walk
+ * only the entries of the few claims committed since the last one.
+ *
+ * The floor is only correct while no live entry sits below it.  An entry
+ * the walk passed was dead and stays dead; what can appear below the
+ * floor is a new entry: a writer's insert, or an update that moves a row.
+ * So every writer of mail_live lowers the floor of the queues it wrote to
+ * the keys it wrote, after the index entries exist (the live counts'
+ * AFTER statement triggers of mail_live, ENABLE ALWAYS, and the insert
+ * trigger of gatekeeper.mail for the rows it writes past the executor),
+ * and every lowering counts up the floor's version.  A claim raises the
+ * floor only if the version is still the one it read before its walk.
+ * Then a writer whose entry the walk missed (it came after the walk had
+ * passed its place) lowers after its insert, so after the walk began:
+ * either before the raise, which the version then refuses, or after it,
+ * below the raised floor.  An uncommitted insert, a row locked by another
+ * claim, a row deleted by a claim not yet committed or one some snapshot
+ * may still see are not dead: the walk stops there.  A writer the
+ * triggers do not see (mail_live written with its triggers disabled, as
+ * pg_restore --disable-triggers does) is covered by the safety net: a
+ * floor older than FULL_WALK_MS is ignored and the walk starts from the
+ * queue's first entry again, and recount_live() forgets every floor.
+ *
+ * The floor covers the queue's highest priority levels down to the first
+ * live entry; the claim's probes for lower priority levels still start at
+ * each level's first entry.  A queue with no slot (more than
+ * DUE_FLOOR_SLOTS queues claimed from since the server started) is
+ * claimed as before, from its first entry.  Shared memory starts empty
+ * after every restart: no floor, the first claim walks from the start.
+ *
+ * IDENTIFICATION
+ *		src/due_floor.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "due_floor.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/itup.h"
+#include "access/relscan.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/namespace.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+/* queues with a floor, in all databases */
+#define DUE_FLOOR_SLOTS		128
+
+/* longest queue name with a floor (others are claimed from their start) */
+#define DUE_FLOOR_NAME		64
+
+/* a floor this old is not trusted: the walk starts at the queue's start */
+#define FULL_WALK_MS		10000
+
+typedef struct DueFloorSlot
+{
+	Oid			dbid;			/* InvalidOid: free */
+	char		queue[DUE_FLOOR_NAME];
+	bool		valid;			/* floor holds a position */
+	DueKey		floor;
+	uint64		version;		/* counted up by every lowering */
+	TimestampTz walked_at;		/* the last walk from the queue's start */
+} DueFloorSlot;
+
+typedef struct DueFloorShared
+{
+	slock_t		mutex;
+	DueFloorSlot slots[DUE_FLOOR_SLOTS];
+} DueFloorShared;
+
+static DueFloorShared *due_floor = NULL;
+
+/*
+ * Bytes of shared memory.
+ */
+Size
+gatekeeper_due_floor_shmem_size(void)
+{
+	return sizeof(DueFloorShared);
+}
+
+/*
+ * Create or attach to the floors; called from the shmem startup hook with
+ * AddinShmemInitLock held.
+ */
+void
+gatekeeper_due_floor_shmem_init(void)
+{
+	bool		found;
+
+	due_floor = ShmemInitStruct("gatekeeper due floors", sizeof(DueFloorShared), &found);
+	if (!found)
+	{
+		memset(due_floor, 0, sizeof(DueFloorShared));
+		SpinLockInit(&due_floor->mutex);
+	}
+}
+
+/*
+ * Compare two positions in mail_due's order (priority DESC, send_at, id).
+ */
+static int
+due_key_cmp(const DueKey *a, const DueKey *b)
+{
+	if (a->priority != b->priority)
+		return a->priority > b->priority ? -1 : 1;
+	if (a->send_at != b->send_at)
+		return a->send_at < b->send_at ? -1 : 1;
+	if (a->id != b->id)
+		return a->id < b->id ? -1 : 1;
+	return 0;
+}
+
+/*
+ * The slot of queue in this database, or with create the first free one
+ * made its own, or NULL.  Called with the mutex held.
+ */
+static DueFloorSlot *
+find_slot(const char *queue, int len, bool create)
+{
+	DueFloorSlot *free_slot = NULL;
+	int			i;
+
+	if (len >= DUE_FLOOR_NAME)
+		return NULL;
+	for (i = 0; i < DUE_FLOOR_SLOTS; i++)
+	{
+		DueFloorSlot *s = &due_floor->slots[i];
+
+		if (s->dbid == MyDatabaseId &&
+			strncmp(s->queue, queue, len) == 0 && s->queue[len] == '\0')
+			return s;
+		if (s->dbid == InvalidOid && free_slot == NULL)
+			free_slot = s;
+	}
+	if (!create || free_slot == NULL)
+		return NULL;
+	free_slot->dbid = MyDatabaseId;
+	memcpy(free_slot->queue, queue, len);
+	free_slot->queue[len] = '\0';
+	free_slot->valid = false;
+	free_slot->version = 0;
+	free_slot->walked_at = 0;
+	return free_slot;
+}
+
+/*
+ * gatekeeper_due_floor_lower
+ *		A writer of mail_live has written a scheduled row of queue at key,
+ *		its index entry already made: lower the queue's floor to it.
+ */
+void
+gatekeeper_due_floor_lower(Datum queue, const DueKey *key)
+{
+	text	   *name = DatumGetTextPP(queue);
+	DueFloorSlot *s;
+
+	if (due_floor == NULL)
+		return;
+	SpinLockAcquire(&due_floor->mutex);
+	s = find_slot(VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), false);
+	if (s != NULL)
+	{
+		if (s->valid && due_key_cmp(key, &s->floor) < 0)
+			s->floor = *key;
+		s->version++;
+	}
+	SpinLockRelease(&due_floor->mutex);
+}
+
+/*
+ * gatekeeper_due_floor_reset
+ *		Forget every floor of this database (recount_live, after writes
+ *		the triggers did not see).
+ */
+void
+gatekeeper_due_floor_reset(void)
+{
+	int			i;
+
+	if (due_floor == NULL)
+		return;
+	SpinLockAcquire(&due_floor->mutex);
+	for (i = 0; i < DUE_FLOOR_SLOTS; i++)
+	{
+		DueFloorSlot *s = &due_floor->slots[i];
+
+		if (s->dbid == MyDatabaseId)
+		{
+			s->valid = false;
+			s->version++;
+		}
+	}
+	SpinLockRelease(&due_floor->mutex);
+}
+
+/*
+ * Walk mail_due under the given scan keys, past the entries dead to every
+ * transaction.  Returns true and the entry's key in *stop at the first one
+ * that is not; else false, with the last entry passed in *passed
+ * (*npassed counts them).
+ */
+static bool
+walk(Relation heap, Relation index, ScanKey keys, int nkeys,
+	 DueKey *stop, DueKey *passed, int64 *npassed)
+{
+	IndexScanDesc scan;
+	TupleTableSlot *slot = table_slot_create(heap, NULL);
+	bool		stopped = false;
+
+	scan = index_beginscan(heap, index, GetActiveSnapshot(), nkeys, 0);
+	scan->xs_want_itup = true;
+	index_rescan(scan, keys, nkeys, NULL, 0);
+	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
+	{
+		bool		found;
+		bool		isnull;
+		DueKey		k;
+
+		CHECK_FOR_INTERRUPTS();
+		found = index_fetch_heap(scan, slot);
+		ExecClearTuple(slot);
+		k.priority = DatumGetInt32(index_getattr(scan->xs_itup, 2, scan->xs_itupdesc, &isnull));
+		k.send_at = DatumGetTimestampTz(index_getattr(scan->xs_itup, 3, scan->xs_itupdesc, &isnull));
+		k.id = DatumGetInt64(index_getattr(scan->xs_itup, 4, scan->xs_itupdesc, &isnull));
+		/* kill_prior_tuple: the heap found the whole chain dead to all */
+		if (found || !scan->kill_prior_tuple)
+		{
+			*stop = k;
+			stopped = true;
+			break;
+		}
+		*passed = k;
+		(*npassed)++;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	return stopped;
+}
+
+/*
+ * gatekeeper_due_floor_raise
+ *		Walk queue's entries of mail_due from its floor past the dead ones,
+ *		raise the floor there if no writer lowered it meanwhile, and return
+ *		where the claim may start (false: from the queue's first entry).
+ */
+bool
+gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
+{
+	Oid			nsp;
+	Oid			live_relid;
+	Oid			due_relid;
+	Relation	heap;
+	Relation	index;
+	DueFloorSlot *s;
+	uint64		version;
+	bool		have;
+	DueKey		start;
+	DueKey		stop;
+	DueKey		passed;
+	int64		npassed = 0;
+	bool		stopped;
+	bool		result;
+	ScanKeyData keys[4];
+	Datum		qname;
+	TimestampTz now = GetCurrentTimestamp();
+	int			len = strlen(queue);
+
+	if (due_floor == NULL)
+		return false;
+	SpinLockAcquire(&due_floor->mutex);
+	s = find_slot(queue, len, true);
+	if (s == NULL)
+	{
+		SpinLockRelease(&due_floor->mutex);
+		return false;
+	}
+	version = s->version;
+	have = s->valid && !TimestampDifferenceExceeds(s->walked_at, now, FULL_WALK_MS);
+	start = s->floor;
+	SpinLockRelease(&due_floor->mutex);
+
+	nsp = get_namespace_oid("gatekeeper", true);
+	live_relid = OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+	due_relid = OidIsValid(nsp) ? get_relname_relid("mail_due", nsp) : InvalidOid;
+	if (!OidIsValid(live_relid) || !OidIsValid(due_relid))
+		return false;
+	/* the lock the claim statement takes next */
+	heap = table_open(live_relid, RowExclusiveLock);
+	index = index_open(due_relid, RowExclusiveLock);
+	qname = CStringGetTextDatum(queue);
+
+	ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ, qname);
+	if (!have)
+	{
+		/* from the queue's first entry */
+		stopped = walk(heap, index, keys, 1, &stop, &passed, &npassed);
+	}
+	else
+	{
+		/* from the floor: the rest of its send_at, its priority, below */
+		ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_INT4EQ,
+					Int32GetDatum(start.priority));
+		ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
+					TimestampTzGetDatum(start.send_at));
+		ScanKeyInit(&keys[3], 4, BTGreaterEqualStrategyNumber, F_INT8GE,
+					Int64GetDatum(start.id));
+		stopped = walk(heap, index, keys, 4, &stop, &passed, &npassed);
+		if (!stopped)
+		{
+			ScanKeyInit(&keys[2], 3, BTGreaterStrategyNumber, F_TIMESTAMPTZ_GT,
+						TimestampTzGetDatum(start.send_at));
+			stopped = walk(heap, index, keys, 3, &stop, &passed, &npassed);
+		}
+		if (!stopped)
+		{
+			ScanKeyInit(&keys[1], 2, BTLessStrategyNumber, F_INT4LT,
+						Int32GetDatum(start.priority));
+			stopped = walk(heap, index, keys, 2, &stop, &passed, &npassed);
+		}
+	}
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+
+	SpinLockAcquire(&due_floor->mutex);
+	if (s->version == version && s->dbid == MyDatabaseId)
+	{
+		if (stopped)
+			s->floor = stop, s->valid = true;
+		else if (npassed > 0)
+			s->floor = passed, s->valid = true;
+		else if (!have)
+			s->valid = false;	/* no entry at all */
+		if (!have)
+			s->walked_at = now;
+	}
+	result = s->valid && s->dbid == MyDatabaseId && strcmp(s->queue, queue) == 0;
+	if (result)
+		*floor = s->floor;
+	SpinLockRelease(&due_floor->mutex);
+	return result;
+}

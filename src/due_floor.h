@@ -1,0 +1,28 @@
+/*-------------------------------------------------------------------------
+ *
+ * due_floor.h
+ *		Where a claim's walk of mail_due may start (due_floor.c): the
+ *		writers of mail_live lower it, the claims raise it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_DUE_FLOOR_H
+#define GATEKEEPER_DUE_FLOOR_H
+
+#include "datatype/timestamp.h"
+
+/* A position in mail_due, within one queue: (priority DESC, send_at, id). */
+typedef struct DueKey
+{
+	int32		priority;
+	TimestampTz send_at;
+	int64		id;
+} DueKey;
+
+extern Size gatekeeper_due_floor_shmem_size(void);
+extern void gatekeeper_due_floor_shmem_init(void);
+extern void gatekeeper_due_floor_lower(Datum queue, const DueKey *key);
+extern void gatekeeper_due_floor_reset(void);
+extern bool gatekeeper_due_floor_raise(const char *queue, DueKey *floor);
+
+#endif							/* GATEKEEPER_DUE_FLOOR_H */
