@@ -275,13 +275,37 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
+-- create_queue and alter_queue are made here in their 0.3.0 form, with the
+-- arguments later sections give their columns (return_path, feedback_id:
+-- PL/pgSQL bodies are not checked against columns when they are made): a
+-- function's arguments cannot be changed in place, so they are dropped and
+-- made again, and their grants (one statement each, apart by chr(31))
+-- given back after
+SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_25_q',
+	coalesce((SELECT pg_catalog.string_agg(pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', f.fn,
+															 a.grantee::pg_catalog.regrole,
+															 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END),
+										   pg_catalog.chr(31))
+				FROM (VALUES ('gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
+							  'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)'),
+							 ('gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
+							  'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)')) AS f(old, fn),
+					 pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+			   WHERE p.oid = f.old::pg_catalog.regprocedure
+				 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)), ''),
+	true);
+
+DROP FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean);
+DROP FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean);
+
+CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
 	on_gate_closed text DEFAULT 'suppress', delivery text DEFAULT 'at_least_once',
 	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
-	notify boolean DEFAULT false)
+	notify boolean DEFAULT false, return_path text DEFAULT NULL,
+	feedback_id text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -307,10 +331,13 @@ BEGIN
 										   weight, rate_limit, dedupe_window, false);
 	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
 	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
+	PERFORM gatekeeper._check_return_path(create_queue.return_path);
+	PERFORM gatekeeper._check_feedback_id(create_queue.feedback_id);
 	BEGIN
 		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
 									  weight, rate_limit, dedupe_window, tokens, transactional,
-									  unsubscribe_url, send_window, timezone, background, notify)
+									  unsubscribe_url, send_window, timezone, background, notify,
+									  feedback_id, return_path)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
 				on_gate_closed, delivery, max_attempts, weight, rate_limit,
 				CASE WHEN dedupe_window = interval '0' THEN interval '0'
@@ -318,20 +345,25 @@ BEGIN
 								   interval '24 hours') END,
 				coalesce(rate_limit, 0),
 				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
-				create_queue.timezone, create_queue.background, create_queue.notify);
+				create_queue.timezone, create_queue.background, create_queue.notify,
+				create_queue.feedback_id, create_queue.return_path);
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
 	END;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
+-- each argument NULL leaves its setting unchanged; unsubscribe_url => '',
+-- send_window => '' and feedback_id => '' remove them, as rate_limit => 0
+-- and dedupe_window => '0' do
+CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
 	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
 	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
-	notify boolean DEFAULT NULL)
+	notify boolean DEFAULT NULL, return_path text DEFAULT NULL,
+	feedback_id text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -353,6 +385,8 @@ BEGIN
 	PERFORM gatekeeper._check_notify(alter_queue.name, alter_queue.notify);
 	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
 	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
+	PERFORM gatekeeper._check_return_path(nullif(alter_queue.return_path, ''));
+	PERFORM gatekeeper._check_feedback_id(nullif(alter_queue.feedback_id, ''));
 	UPDATE gatekeeper.queue q
 	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
 							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
@@ -373,12 +407,41 @@ BEGIN
 							  ELSE coalesce(alter_queue.send_window, q.send_window) END,
 		   timezone = coalesce(alter_queue.timezone, q.timezone),
 		   background = coalesce(alter_queue.background, q.background),
-		   notify = coalesce(alter_queue.notify, q.notify)
+		   notify = coalesce(alter_queue.notify, q.notify),
+		   feedback_id = CASE WHEN alter_queue.feedback_id = '' THEN NULL
+							  ELSE coalesce(alter_queue.feedback_id, q.feedback_id) END,
+		   return_path = CASE WHEN alter_queue.return_path = '' THEN NULL
+							  ELSE coalesce(alter_queue.return_path, q.return_path) END
 	 WHERE q.name = alter_queue.name;
 	-- a longer window holds again the keys purge() freed under the shorter one
 	IF alter_queue.dedupe_window > interval '0' THEN
 		PERFORM gatekeeper._mail_key_hold(alter_queue.name);
 	END IF;
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
+											text, text, text, boolean, boolean, text, text) IS
+	'make a queue (a campaign, flow or tenant) with its policy';
+COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
+										   text, text, text, boolean, boolean, text, text) IS
+	'change a queue''s policy; each argument NULL leaves its setting as it is';
+
+REVOKE ALL ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
+											   text, text, text, boolean, boolean, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
+											  text, text, text, boolean, boolean, text, text) FROM PUBLIC;
+
+-- the grants recorded before create_queue and alter_queue were dropped, given back
+DO $$
+DECLARE
+	stmt text;
+BEGIN
+	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants_25_q', true), ''),
+												   chr(31)), '{}')
+	LOOP
+		EXECUTE stmt;
+	END LOOP;
 END
 $$;
 
@@ -415,7 +478,10 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+-- enqueue() is C (src/enqueue.c) that calls _enqueue and raises its errors
+-- again without the context of gatekeeper's own SQL and PL/pgSQL (issue
+-- 28); made here once, in that form
+CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
 	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
@@ -423,7 +489,6 @@ CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body
 	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- the insert below fails on a held key, and the loop returns the holder
 -- (with 'skip' the trigger would take the new mail out again)
@@ -451,7 +516,7 @@ BEGIN
 		RETURN new_id;
 	END IF;
 
-	q := gatekeeper._queue(enqueue.queue);
+	q := gatekeeper._queue(_enqueue.queue);
 	/*
 	 * The mail that holds the key wins: scheduled, claimed, or finished
 	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
@@ -467,12 +532,12 @@ BEGIN
 		 * moves its live row's key, not its mail_key row.
 		 */
 		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
-		 WHERE l.queue = enqueue.queue AND l.dedupe_key = enqueue.dedupe_key;
+		 WHERE l.queue = _enqueue.queue AND l.dedupe_key = _enqueue.dedupe_key;
 		IF FOUND THEN
 			RETURN new_id;
 		END IF;
 		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
-		 WHERE k.queue = enqueue.queue AND k.dedupe_key = enqueue.dedupe_key
+		 WHERE k.queue = _enqueue.queue AND k.dedupe_key = _enqueue.dedupe_key
 		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 		IF FOUND THEN
 			RETURN new_id;
@@ -496,6 +561,21 @@ BEGIN
 		USING ERRCODE = 'serialization_failure';
 END
 $$;
+
+CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
+	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
+	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
+	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
+
+REVOKE ALL ON FUNCTION gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
+									   timestamptz, text, jsonb, text) FROM PUBLIC;
 
 -- _rotate(), which writes a removed holder's finish time into its key's
 -- row, is replaced once, in issue 27's section below (it also takes the
@@ -754,26 +834,22 @@ REVOKE ALL ON FUNCTION gatekeeper._incarnation() FROM PUBLIC;
 
 /* ---------------------------------------------------------------------------
  * Issue 27, item 6: DKIM signing and the queue option feedback_id.  Queues
- * gain feedback_id, so create_queue and alter_queue gain it as their last
- * argument (made again: a function's arguments cannot be changed in
- * place); worker_status gains unsigned_total, the messages built without
- * a DKIM signature, so it and _worker_status are made again.  The grants
- * on what is made again are given back at the end of this section.
+ * gain feedback_id (create_queue and alter_queue, made in their 0.3.0 form
+ * in issue 25's section above, take it as their last argument);
+ * worker_status gains unsigned_total, the messages built without a DKIM
+ * signature, and (issue 29, item 4) relay_url, so it and _worker_status
+ * are made again, in their 0.3.0 form.  The grants on what is made again
+ * are given back at the end of this section.
  * ---------------------------------------------------------------------------
  */
 -- the GRANTs to give back (one statement each, apart by chr(31))
 SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_27_6',
 	coalesce((SELECT pg_catalog.string_agg(s.stmt, pg_catalog.chr(31))
-				FROM (SELECT pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', f.fn,
+				FROM (SELECT pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO %s%s',
 											   a.grantee::pg_catalog.regrole,
 											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS stmt
-						FROM (VALUES ('gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
-									  'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)'),
-									 ('gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
-									  'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)'),
-									 ('gatekeeper._worker_status()', 'gatekeeper._worker_status()')) AS f(old, fn),
-							 pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
-					   WHERE p.oid = f.old::pg_catalog.regprocedure
+						FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+					   WHERE p.oid = 'gatekeeper._worker_status()'::pg_catalog.regprocedure
 						 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)
 					  UNION ALL
 					  SELECT pg_catalog.format('GRANT %s ON TABLE gatekeeper.worker_status TO %s%s', a.privilege_type,
@@ -807,138 +883,6 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean);
-DROP FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean);
-
-CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
-	on_gate_closed text DEFAULT 'suppress', delivery text DEFAULT 'at_least_once',
-	max_attempts int DEFAULT 5, weight int DEFAULT 1, rate_limit int DEFAULT NULL,
-	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT false,
-	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
-	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
-	notify boolean DEFAULT false, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF create_queue.name IS NULL THEN
-		RAISE EXCEPTION 'queue name must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF create_queue.name = '' THEN
-		RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF gates IS NULL OR on_gate_closed IS NULL OR delivery IS NULL OR max_attempts IS NULL OR weight IS NULL
-	   OR create_queue.transactional IS NULL OR create_queue.timezone IS NULL THEN
-		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts, weight, transactional and timezone must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF create_queue.background IS NULL OR create_queue.notify IS NULL THEN
-		RAISE EXCEPTION 'background and notify must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	PERFORM gatekeeper._check_notify(create_queue.name, create_queue.notify);
-	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
-										   weight, rate_limit, dedupe_window, false);
-	PERFORM gatekeeper._check_window(create_queue.send_window, create_queue.timezone);
-	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
-	PERFORM gatekeeper._check_return_path(create_queue.return_path);
-	PERFORM gatekeeper._check_feedback_id(create_queue.feedback_id);
-	BEGIN
-		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
-									  weight, rate_limit, dedupe_window, tokens, transactional,
-									  unsubscribe_url, send_window, timezone, background, notify,
-									  feedback_id, return_path)
-		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
-				on_gate_closed, delivery, max_attempts, weight, rate_limit,
-				CASE WHEN dedupe_window = interval '0' THEN interval '0'
-					 ELSE coalesce(gatekeeper._duration(dedupe_window, 'dedupe_window'),
-								   interval '24 hours') END,
-				coalesce(rate_limit, 0),
-				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
-				create_queue.timezone, create_queue.background, create_queue.notify,
-				create_queue.feedback_id, create_queue.return_path);
-	EXCEPTION WHEN unique_violation THEN
-		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
-	END;
-END
-$$;
-
--- each argument NULL leaves its setting unchanged; unsubscribe_url => '',
--- send_window => '' and feedback_id => '' remove them, as rate_limit => 0
--- and dedupe_window => '0' do
-CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
-	on_gate_closed text DEFAULT NULL, delivery text DEFAULT NULL,
-	max_attempts int DEFAULT NULL, weight int DEFAULT NULL, rate_limit int DEFAULT NULL,
-	dedupe_window interval DEFAULT NULL, transactional boolean DEFAULT NULL,
-	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
-	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
-	notify boolean DEFAULT NULL, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	/*
-	 * Taking a queue from the background workers waits for the claims in
-	 * progress (each worker's claim holds ROW SHARE on gatekeeper.queue
-	 * from before it reads the queues): once this commits, no worker claim
-	 * that read the queue as its own is still running.
-	 */
-	IF alter_queue.background = false THEN
-		LOCK TABLE gatekeeper.queue IN EXCLUSIVE MODE;
-	END IF;
-	PERFORM gatekeeper._queue(alter_queue.name, true);
-	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
-										   weight, rate_limit, dedupe_window, true);
-	PERFORM gatekeeper._check_notify(alter_queue.name, alter_queue.notify);
-	PERFORM gatekeeper._check_window(nullif(alter_queue.send_window, ''), alter_queue.timezone);
-	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
-	PERFORM gatekeeper._check_return_path(nullif(alter_queue.return_path, ''));
-	PERFORM gatekeeper._check_feedback_id(nullif(alter_queue.feedback_id, ''));
-	UPDATE gatekeeper.queue q
-	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
-							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
-		   on_gate_closed = coalesce(alter_queue.on_gate_closed, q.on_gate_closed),
-		   delivery = coalesce(alter_queue.delivery, q.delivery),
-		   max_attempts = coalesce(alter_queue.max_attempts, q.max_attempts),
-		   weight = coalesce(alter_queue.weight, q.weight),
-		   rate_limit = CASE WHEN alter_queue.rate_limit = 0 THEN NULL
-							 ELSE coalesce(alter_queue.rate_limit, q.rate_limit) END,
-		   tokens = CASE WHEN alter_queue.rate_limit IS NOT NULL THEN alter_queue.rate_limit ELSE q.tokens END,
-		   dedupe_window = CASE WHEN alter_queue.dedupe_window = interval '0' THEN interval '0'
-								ELSE coalesce(gatekeeper._duration(alter_queue.dedupe_window, 'dedupe_window'),
-											  q.dedupe_window) END,
-		   transactional = coalesce(alter_queue.transactional, q.transactional),
-		   unsubscribe_url = CASE WHEN alter_queue.unsubscribe_url = '' THEN NULL
-								  ELSE coalesce(alter_queue.unsubscribe_url, q.unsubscribe_url) END,
-		   send_window = CASE WHEN alter_queue.send_window = '' THEN NULL
-							  ELSE coalesce(alter_queue.send_window, q.send_window) END,
-		   timezone = coalesce(alter_queue.timezone, q.timezone),
-		   background = coalesce(alter_queue.background, q.background),
-		   notify = coalesce(alter_queue.notify, q.notify),
-		   feedback_id = CASE WHEN alter_queue.feedback_id = '' THEN NULL
-							  ELSE coalesce(alter_queue.feedback_id, q.feedback_id) END,
-		   return_path = CASE WHEN alter_queue.return_path = '' THEN NULL
-							  ELSE coalesce(alter_queue.return_path, q.return_path) END
-	 WHERE q.name = alter_queue.name;
-	-- a longer window holds again the keys purge() freed under the shorter one
-	IF alter_queue.dedupe_window > interval '0' THEN
-		PERFORM gatekeeper._mail_key_hold(alter_queue.name);
-	END IF;
-END
-$$;
-
-COMMENT ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-											text, text, text, boolean, boolean, text, text) IS
-	'make a queue (a campaign, flow or tenant) with its policy';
-COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-										   text, text, text, boolean, boolean, text, text) IS
-	'change a queue''s policy; each argument NULL leaves its setting as it is';
-
 DROP VIEW gatekeeper.worker_status;
 DROP FUNCTION gatekeeper._worker_status();
 
@@ -946,34 +890,32 @@ CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, 
 		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
 		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint,
 		OUT unsigned_total bigint, OUT deferred_total bigint, OUT failed_total bigint,
-		OUT worker int)
+		OUT worker int, OUT relay_url text)
 	RETURNS SETOF record
 	LANGUAGE C VOLATILE STRICT
 	SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
 
--- the background workers, from shared memory: what each is doing, the mail
--- it holds, its relay connections, its breaker (closed: delivering; open:
--- backing off after the relay refused the session or every MAIL FROM;
--- half-open: trying again), the relay's last refusal, the messages built
--- without a DKIM signature (no key for their From domain), the mails the
--- relay deferred (4xx, a timeout, a dropped connection) and failed (5xx),
--- and the worker's number (1 .. gatekeeper.workers, the same after a
--- restart, unlike its pid)
+-- the background workers, from shared memory, a row per worker and relay
+-- of gatekeeper.smtp_url (relay_url, as set; one row with relay_url NULL
+-- for a worker without a relay): what the worker is doing, the mail it
+-- holds, its connections to that relay, the relay's breaker (closed:
+-- delivering; open: backing off after the relay refused the session or
+-- every MAIL FROM; half-open: trying again), the relay's last refusal, the
+-- messages the worker built without a DKIM signature (no key for their From
+-- domain), the mails the relay took, deferred (4xx, a timeout, a dropped
+-- connection) and failed (5xx), and the worker's number (1 ..
+-- gatekeeper.workers, the same after a restart, unlike its pid)
 CREATE VIEW gatekeeper.worker_status AS
 SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
 	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total,
-	   w.deferred_total, w.failed_total, w.worker
+	   w.deferred_total, w.failed_total, w.worker, w.relay_url
   FROM gatekeeper._worker_status() AS w;
 
 COMMENT ON VIEW gatekeeper.worker_status IS
-	'one row per gatekeeper background worker: state, mail in flight, relay connections, breaker and last relay error';
+	'one row per gatekeeper background worker and relay: state, mail in flight, relay connections, breaker and last relay error';
 
 REVOKE ALL ON FUNCTION gatekeeper._check_feedback_id(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-											   text, text, text, boolean, boolean, text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-											  text, text, text, boolean, boolean, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._worker_status() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
 
@@ -1622,78 +1564,12 @@ COMMENT ON FUNCTION gatekeeper.shard(int, int) IS
 REVOKE ALL ON TABLE gatekeeper.shard_position FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._shard_apply(), gatekeeper.shard(int, int) FROM PUBLIC;
 
-/* ---------------------------------------------------------------------------
+/*
  * Issue 29, item 4: several relays.  gatekeeper.smtp_url takes a list of
  * relays, and worker_status shows a row per worker and relay, naming the
- * relay in its new last column relay_url; it and _worker_status are made
- * again, and the grants on them given back at the end of this section.
- * ---------------------------------------------------------------------------
+ * relay in its last column relay_url: made with the rest of worker_status
+ * in issue 27, item 6's section above.
  */
--- the GRANTs to give back (one statement each, apart by chr(31))
-SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_29_4',
-	coalesce((SELECT pg_catalog.string_agg(s.stmt, pg_catalog.chr(31))
-				FROM (SELECT pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO %s%s',
-											   a.grantee::pg_catalog.regrole,
-											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS stmt
-						FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
-					   WHERE p.oid = 'gatekeeper._worker_status()'::pg_catalog.regprocedure
-						 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)
-					  UNION ALL
-					  SELECT pg_catalog.format('GRANT %s ON TABLE gatekeeper.worker_status TO %s%s', a.privilege_type,
-											   a.grantee::pg_catalog.regrole,
-											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
-						FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) AS a
-					   WHERE c.oid = 'gatekeeper.worker_status'::pg_catalog.regclass
-						 AND a.grantee NOT IN (0, c.relowner)) AS s), ''),
-	true);
-
-DROP VIEW gatekeeper.worker_status;
-DROP FUNCTION gatekeeper._worker_status();
-
-CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, OUT state text,
-		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
-		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint,
-		OUT unsigned_total bigint, OUT deferred_total bigint, OUT failed_total bigint,
-		OUT worker int, OUT relay_url text)
-	RETURNS SETOF record
-	LANGUAGE C VOLATILE STRICT
-	SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
-
--- the background workers, from shared memory, a row per worker and relay
--- of gatekeeper.smtp_url (relay_url, as set; one row with relay_url NULL
--- for a worker without a relay): what the worker is doing, the mail it
--- holds, its connections to that relay, the relay's breaker (closed:
--- delivering; open: backing off after the relay refused the session or
--- every MAIL FROM; half-open: trying again), the relay's last refusal, the
--- messages the worker built without a DKIM signature (no key for their From
--- domain), the mails the relay took, deferred (4xx, a timeout, a dropped
--- connection) and failed (5xx), and the worker's number (1 ..
--- gatekeeper.workers, the same after a restart, unlike its pid)
-CREATE VIEW gatekeeper.worker_status AS
-SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
-	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total,
-	   w.deferred_total, w.failed_total, w.worker, w.relay_url
-  FROM gatekeeper._worker_status() AS w;
-
-COMMENT ON VIEW gatekeeper.worker_status IS
-	'one row per gatekeeper background worker and relay: state, mail in flight, relay connections, breaker and last relay error';
-
-REVOKE ALL ON FUNCTION gatekeeper._worker_status() FROM PUBLIC;
-REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
-
--- the grants recorded at the start of this section, given back
-DO $$
-DECLARE
-	stmt text;
-BEGIN
-	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants_29_4', true), ''),
-												   chr(31)), '{}')
-	LOOP
-		EXECUTE stmt;
-	END LOOP;
-END
-$$;
 
 /*
  * Issue 26, item 6: test-only helpers leave the install script.
@@ -2298,10 +2174,9 @@ COMMENT ON VIEW gatekeeper.events IS
  * retrying (scheduled mail claimed before), counted in mail_live_count as
  * its scheduled mail is, so _live_pending, _live_stats and queue_stats are
  * made again; each background worker's delivery latency histogram
- * (delivery_latency); enqueue() is C that calls _enqueue, the former
- * enqueue, and raises its errors again without the context of
- * gatekeeper's own SQL and PL/pgSQL.  The grants on what is made again are given back
- * at the end of this section.
+ * (delivery_latency).  (enqueue() as C that calls _enqueue, the former
+ * enqueue, is made in issue 25's section above.)  The grants on what is
+ * made again are given back at the end of this section.
  */
 -- the GRANTs to give back (one statement each, apart by chr(31))
 SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_28_m',
@@ -2443,104 +2318,8 @@ SELECT d.worker, d.le, d.buckets, d.count, d.sum_seconds
 COMMENT ON VIEW gatekeeper.delivery_latency IS
 	'per background worker, a histogram of the time from a mail being due to the relay accepting it';
 
-CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
-	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
-	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
-	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
-	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
-	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
--- the insert below fails on a held key, and the loop returns the holder
--- (with 'skip' the trigger would take the new mail out again)
-SET gatekeeper.on_duplicate = 'error'
-AS $$
-#variable_conflict use_column
-DECLARE
-	new_id bigint;
-	q gatekeeper.queue;
-	violated text;
-BEGIN
-	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR queue IS NULL OR send_at IS NULL THEN
-		RAISE EXCEPTION 'recipient, subject, body, queue and send_at must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF priority IS NULL THEN
-		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF dedupe_key IS NULL THEN
-		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-									 headers, priority, send_by, recipient_name, metadata, timezone)
-		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
-				recipient_name, metadata, timezone)
-		RETURNING id INTO new_id;
-		RETURN new_id;
-	END IF;
-
-	q := gatekeeper._queue(_enqueue.queue);
-	/*
-	 * The mail that holds the key wins: scheduled, claimed, or finished
-	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
-	 * Otherwise insert: the trigger takes over the key's row if its mail
-	 * no longer holds it.  If a concurrent enqueue of the same key got
-	 * there first (its row holds the key in mail_key), or the holder was
-	 * seen before the transaction that changed it committed, the insert
-	 * fails on the key and the next round finds the holder.
-	 */
-	FOR round IN 1..10 LOOP
-		/*
-		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
-		 * moves its live row's key, not its mail_key row.
-		 */
-		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
-		 WHERE l.queue = _enqueue.queue AND l.dedupe_key = _enqueue.dedupe_key;
-		IF FOUND THEN
-			RETURN new_id;
-		END IF;
-		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
-		 WHERE k.queue = _enqueue.queue AND k.dedupe_key = _enqueue.dedupe_key
-		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-		IF FOUND THEN
-			RETURN new_id;
-		END IF;
-		BEGIN
-			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-										 headers, dedupe_key, priority, send_by, recipient_name,
-										 metadata, timezone)
-			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
-					priority, send_by, recipient_name, metadata, timezone)
-			RETURNING id INTO new_id;
-			RETURN new_id;
-		EXCEPTION WHEN unique_violation THEN
-			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
-				RAISE;
-			END IF;
-		END;
-	END LOOP;
-	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
-		USING ERRCODE = 'serialization_failure';
-END
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
-	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
-	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
-	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
-	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
-	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE c
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
-
-
 REVOKE ALL ON FUNCTION gatekeeper._live_pending(), gatekeeper._live_stats(),
-	gatekeeper._delivery_latency(),
-	gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
-						timestamptz, text, jsonb, text) FROM PUBLIC;
+	gatekeeper._delivery_latency() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.queue_stats, gatekeeper.delivery_latency FROM PUBLIC;
 
 -- the grants recorded at the start of this section, given back
