@@ -19,8 +19,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 
-my $exporter = '/usr/bin/prometheus-postgres-exporter';
-plan skip_all => "$exporter is not installed" unless -x $exporter;
+plan skip_all => "$GatekeeperTest::EXPORTER is not installed" unless -x $GatekeeperTest::EXPORTER;
 
 # no background worker at first (so nothing reaps the expired lease below);
 # one for the worker series after a restart, with every queue here reserved
@@ -60,67 +59,25 @@ SELECT gatekeeper.grant('monitor', 'monitor');
 GRANT pg_monitor TO monitor;
 });
 
-my $port = PostgreSQL::Test::Cluster::get_free_port();
-my $log = "$PostgreSQL::Test::Utils::tmp_check/exporter.log";
 my $queries = "$FindBin::RealBin/../monitoring/queries.yaml";
 ok(-f $queries, 'monitoring/queries.yaml is in the repository');
 
-my $dsn = sprintf('host=%s port=%d user=monitor dbname=postgres sslmode=disable',
-	$node->host, $node->port);
+my $exporter = GatekeeperTest::start_exporter($node);
+my $log = $exporter->{log};
+# Prometheus, when it runs, stopped when the test ends whatever happens
 my @exporters;
 END { kill 'TERM', @exporters if @exporters; }
-sub start_exporter
-{
-	my $pid = fork();
-	die "fork: $!" unless defined $pid;
-	if ($pid == 0)
-	{
-		open(STDOUT, '>>', $log) or POSIX::_exit(126);
-		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
-		$ENV{DATA_SOURCE_NAME} = $dsn;
-		exec($exporter, "--web.listen-address=127.0.0.1:$port",
-			"--extend.query-path=$queries", '--disable-default-metrics',
-			'--disable-settings-metrics')
-		  or POSIX::_exit(127);
-	}
-	push @exporters, $pid;
-	return $pid;
-}
-my $exporter_pid = start_exporter();
 
 # one scrape, once the exporter answers with a series matching $want (at
 # most 20 s)
-my $http = HTTP::Tiny->new(timeout => 10);
-sub scrape
-{
-	my ($want) = @_;
-	for (1 .. 200)
-	{
-		my $r = $http->get("http://127.0.0.1:$port/metrics");
-		return $r->{content} if $r->{success} && $r->{content} =~ $want;
-		usleep(100_000);
-	}
-	return undef;
-}
+sub scrape { return GatekeeperTest::scrape($exporter, @_); }
 my $body = scrape(qr/^gatekeeper_/m);
 ok(defined $body, 'the exporter serves gatekeeper metrics')
   or diag(slurp_file($log));
 $body //= '';
 
 # the value of one series, by metric name and labels
-sub metric
-{
-	my ($name, $labels) = @_;
-	foreach my $line (split /\n/, $body)
-	{
-		next if $line =~ /^#/;
-		next unless $line =~ /^\Q$name\E(\{[^}]*\})?\s+(\S+)$/;
-		my ($l, $v) = ($1 // '', $2);
-		next if defined $labels && index($l, $labels) < 0;
-		return $v + 0;
-	}
-	return undef;
-}
+sub metric { return GatekeeperTest::metric($body, @_); }
 
 is(metric('gatekeeper_queue_scheduled', 'queue="promo"'), 3, 'scheduled: 3 of 5 promo mails left');
 is(metric('gatekeeper_queue_claimed', 'queue="promo"'), 2, 'claimed: the 2 a worker holds');
@@ -165,10 +122,8 @@ unlike(slurp_file($log), qr/level=error/, 'the exporter logged no error');
 # not reconnect by itself to a restarted server)
 $node->append_conf('postgresql.conf', "gatekeeper.workers = 1\n");
 $node->restart;
-kill 'TERM', $exporter_pid;
-waitpid($exporter_pid, 0);
-$port = PostgreSQL::Test::Cluster::get_free_port();
-$exporter_pid = start_exporter();
+GatekeeperTest::stop_exporter($exporter);
+$exporter = GatekeeperTest::start_exporter($node);
 $node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM gatekeeper.worker_status')
   or die 'the background worker did not show in worker_status';
 my $worker_pid = $node->safe_psql('postgres', 'SELECT pid FROM gatekeeper.worker_status');
@@ -208,7 +163,7 @@ global:
 scrape_configs:
   - job_name: gatekeeper
     static_configs:
-      - targets: ['127.0.0.1:$port']
+      - targets: ['127.0.0.1:$exporter->{port}']
 EOC
 	my $ppid = fork();
 	die "fork: $!" unless defined $ppid;
@@ -224,6 +179,7 @@ EOC
 
 	require JSON::PP;
 	my $json = JSON::PP->new;
+	my $http = HTTP::Tiny->new(timeout => 10);
 	# the result of one instant query, or undef when Prometheus refused it
 	my $query = sub {
 		my ($expr) = @_;

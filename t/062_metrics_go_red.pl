@@ -17,12 +17,9 @@ use warnings;
 use FindBin;
 use lib $FindBin::RealBin;
 use GatekeeperTest;
-use HTTP::Tiny;
-use POSIX ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
 
 my $sink = GatekeeperTest::start_sink(args => [ '-r', 'RCPT' ]);
 my $node = GatekeeperTest::new_node('red', sink => $sink,
@@ -52,54 +49,26 @@ ok( GatekeeperTest::poll_until(
 	'pg_stat_activity shows the idle worker as idle, not as claiming');
 
 # the exporter's first scrape shows it
-my $exporter = '/usr/bin/prometheus-postgres-exporter';
 SKIP:
 {
-	skip "$exporter is not installed", 4 unless -x $exporter;
+	skip "$GatekeeperTest::EXPORTER is not installed", 4 unless -x $GatekeeperTest::EXPORTER;
 	$node->safe_psql('postgres', q{
 CREATE ROLE monitor LOGIN;
 SELECT gatekeeper.grant('monitor', 'monitor');
 });
-	my $port = PostgreSQL::Test::Cluster::get_free_port();
-	my $log = "$PostgreSQL::Test::Utils::tmp_check/exporter_red.log";
-	my $pid = fork();
-	die "fork: $!" unless defined $pid;
-	if ($pid == 0)
-	{
-		open(STDOUT, '>>', $log) or POSIX::_exit(126);
-		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
-		$ENV{DATA_SOURCE_NAME} = sprintf('host=%s port=%d user=monitor dbname=postgres sslmode=disable',
-			$node->host, $node->port);
-		exec($exporter, "--web.listen-address=127.0.0.1:$port",
-			"--extend.query-path=$FindBin::RealBin/../monitoring/queries.yaml",
-			'--disable-default-metrics', '--disable-settings-metrics')
-		  or POSIX::_exit(127);
-	}
-	my $http = HTTP::Tiny->new(timeout => 10);
-	my $body;
-	for (1 .. 200)
-	{
-		my $r = $http->get("http://127.0.0.1:$port/metrics");
-		if ($r->{success} && $r->{content} =~ /^gatekeeper_worker_deferred_total/m)
-		{
-			$body = $r->{content};
-			last;
-		}
-		usleep(100_000);
-	}
-	kill 'TERM', $pid;
-	waitpid($pid, 0);
-	ok(defined $body, 'the exporter serves the worker series') or diag(slurp_file($log));
+	my $exporter = GatekeeperTest::start_exporter($node, name => 'red');
+	my $body = GatekeeperTest::scrape($exporter, qr/^gatekeeper_worker_deferred_total/m);
+	GatekeeperTest::stop_exporter($exporter);
+	ok(defined $body, 'the exporter serves the worker series') or diag(slurp_file($exporter->{log}));
 	$body //= '';
 	note("the scrape while the relay answers 4xx to every recipient:\n"
 		  . join("\n", grep { /^gatekeeper_(worker|queue)_(deferred|sent|failed|due|relay_open|oldest|retrying)/ } split /\n/, $body));
-	my ($deferred) = $body =~ /^gatekeeper_worker_deferred_total\{[^}]*worker="1"[^}]*\} (\S+)$/m;
-	my ($sent) = $body =~ /^gatekeeper_worker_sent_total\{[^}]*worker="1"[^}]*\} (\S+)$/m;
-	ok(defined $deferred && $deferred >= 5, "one scrape: deferred_total $deferred")
+	my $deferred = GatekeeperTest::metric($body, 'gatekeeper_worker_deferred_total', 'worker="1"');
+	my $sent = GatekeeperTest::metric($body, 'gatekeeper_worker_sent_total', 'worker="1"');
+	ok(defined $deferred && $deferred >= 5, 'one scrape: deferred_total ' . ($deferred // 'missing'))
 	  or diag($body);
 	is($sent, '0', 'one scrape: sent_total 0');
-	my ($retrying) = $body =~ /^gatekeeper_queue_retrying\{[^}]*queue="default"[^}]*\} (\S+)$/m;
-	is($retrying, '5', 'one scrape: the queue\'s retrying gauge 5');
+	is(GatekeeperTest::metric($body, 'gatekeeper_queue_retrying', 'queue="default"'), '5', 'one scrape: the queue\'s retrying gauge 5');
 }
 
 # an smtp_url the worker cannot use is refused when it is set

@@ -18,12 +18,9 @@ use warnings;
 use FindBin;
 use lib $FindBin::RealBin;
 use GatekeeperTest;
-use HTTP::Tiny;
-use POSIX ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
 
 my $sink = GatekeeperTest::start_sink();
 my $node = GatekeeperTest::new_node('latency', sink => $sink);
@@ -78,59 +75,24 @@ is($within_3600, 7, 'within an hour: all seven');
 ok($sum >= 9 && $sum < 7 * 60, "sum: at least the 9 s the held mails waited, less than 7 minutes ($sum)");
 
 # the exporter makes a Prometheus histogram of it
-my $exporter = '/usr/bin/prometheus-postgres-exporter';
 SKIP:
 {
-	skip "$exporter is not installed", 7 unless -x $exporter;
+	skip "$GatekeeperTest::EXPORTER is not installed", 7 unless -x $GatekeeperTest::EXPORTER;
 	$node->safe_psql('postgres', q{
 CREATE ROLE monitor LOGIN;
 SELECT gatekeeper.grant('monitor', 'monitor');
 });
-	my $port = PostgreSQL::Test::Cluster::get_free_port();
-	my $log = "$PostgreSQL::Test::Utils::tmp_check/exporter_latency.log";
-	my $pid = fork();
-	die "fork: $!" unless defined $pid;
-	if ($pid == 0)
-	{
-		open(STDOUT, '>>', $log) or POSIX::_exit(126);
-		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
-		$ENV{DATA_SOURCE_NAME} = sprintf('host=%s port=%d user=monitor dbname=postgres sslmode=disable',
-			$node->host, $node->port);
-		exec($exporter, "--web.listen-address=127.0.0.1:$port",
-			"--extend.query-path=$FindBin::RealBin/../monitoring/queries.yaml",
-			'--disable-default-metrics', '--disable-settings-metrics')
-		  or POSIX::_exit(127);
-	}
-	my $http = HTTP::Tiny->new(timeout => 10);
-	my $body;
-	for (1 .. 200)
-	{
-		my $r = $http->get("http://127.0.0.1:$port/metrics");
-		if ($r->{success} && $r->{content} =~ /^gatekeeper_delivery_latency_seconds_count/m)
-		{
-			$body = $r->{content};
-			last;
-		}
-		usleep(100_000);
-	}
-	kill 'TERM', $pid;
-	waitpid($pid, 0);
-	ok(defined $body, 'the exporter serves the latency series') or diag(slurp_file($log));
+	my $exporter = GatekeeperTest::start_exporter($node, name => 'latency');
+	my $body = GatekeeperTest::scrape($exporter, qr/^gatekeeper_delivery_latency_seconds_count/m);
+	GatekeeperTest::stop_exporter($exporter);
+	ok(defined $body, 'the exporter serves the latency series') or diag(slurp_file($exporter->{log}));
 	$body //= '';
 	note("the latency series:\n" . join("\n", grep { /gatekeeper_delivery_latency/ } split /\n/, $body));
 
 	# one series by name and le, of worker 1
 	my $series = sub {
 		my ($name, $le) = @_;
-		foreach my $line (split /\n/, $body)
-		{
-			next unless $line =~ /^\Q$name\E\{([^}]*)\} (\S+)$/;
-			my ($labels, $v) = ($1, $2);
-			next unless $labels =~ /worker="1"/;
-			next if defined $le && $labels !~ /le="\Q$le\E"/;
-			return $v;
-		}
-		return undef;
+		return GatekeeperTest::metric($body, $name, 'worker="1"', defined $le ? (qq{le="$le"}) : ());
 	};
 	like($body, qr/^# TYPE gatekeeper_delivery_latency_seconds histogram$/m, 'a histogram');
 	is($series->('gatekeeper_delivery_latency_seconds_count'), 7, '_count: 7');

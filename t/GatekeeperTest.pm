@@ -36,6 +36,7 @@ use Cwd ();
 use File::Basename ();
 use JSON::PP ();
 use File::Path qw(make_path);
+use HTTP::Tiny;
 use IO::Socket::INET;
 use IPC::Run;
 use MIME::Base64 ();
@@ -1303,6 +1304,138 @@ sub process_memory_kb
 	}
 	close($fh);
 	return \%m;
+}
+
+=pod
+
+=head2 start_exporter($node, %opts)
+
+Start Debian's prometheus-postgres-exporter ($GatekeeperTest::EXPORTER)
+on a free loopback port with the repository's monitoring/queries.yaml,
+its default and settings metrics off, connected to $node as opts{user}
+(default 'monitor') to opts{dbname} (default 'postgres'); its output goes
+to tmp_check/exporter_<opts{name}>.log (exporter.log without a name).  Returns a hash ref with pid,
+port, log.  It does not wait: scrape() does.  An exporter still running
+when the test ends is stopped.
+
+=cut
+
+our $EXPORTER = '/usr/bin/prometheus-postgres-exporter';
+
+# exporters still running, by pid, stopped when the test ends whatever happens
+my %running_exporters;
+
+sub start_exporter
+{
+	my ($node, %opts) = @_;
+	my $name = defined $opts{name} ? "exporter_$opts{name}" : 'exporter';
+	my $exporter = {
+		port => PostgreSQL::Test::Cluster::get_free_port(),
+		log => "$PostgreSQL::Test::Utils::tmp_check/$name.log",
+	};
+	my $dsn = sprintf('host=%s port=%d user=%s dbname=%s sslmode=disable',
+		$node->host, $node->port, $opts{user} // 'monitor', $opts{dbname} // 'postgres');
+	my $queries = "$helper_dir/../monitoring/queries.yaml";
+	croak "$queries is missing" unless -f $queries;
+
+	my $pid = fork();
+	croak "fork: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		open(STDOUT, '>>', $exporter->{log}) or POSIX::_exit(126);
+		open(STDERR, '>&', \*STDOUT) or POSIX::_exit(126);
+		$ENV{DATA_SOURCE_NAME} = $dsn;
+		exec($EXPORTER, "--web.listen-address=127.0.0.1:$exporter->{port}",
+			"--extend.query-path=$queries", '--disable-default-metrics',
+			'--disable-settings-metrics')
+		  or POSIX::_exit(127);
+	}
+	$exporter->{pid} = $pid;
+	$running_exporters{$pid} = 1;
+	note("started prometheus-postgres-exporter ($name.log) on port $exporter->{port}");
+	return $exporter;
+}
+
+=pod
+
+=head2 scrape($exporter, $want, $timeout)
+
+The body of one scrape of the exporter's /metrics, once it answers with a
+body matching the regex $want; undef if it did not within $timeout
+seconds (default 20).
+
+=cut
+
+sub scrape
+{
+	my ($exporter, $want, $timeout) = @_;
+	my $http = HTTP::Tiny->new(timeout => 10);
+	my $deadline = time + ($timeout // 20);
+
+	while (time < $deadline)
+	{
+		my $r = $http->get("http://127.0.0.1:$exporter->{port}/metrics");
+		return $r->{content} if $r->{success} && $r->{content} =~ $want;
+		usleep(100_000);
+	}
+	return undef;
+}
+
+=pod
+
+=head2 metric($body, $name, @labels)
+
+The value (a number) of the first series of metric $name in a scrape's
+body whose labels include each of @labels (strings such as
+'worker="1"'); undef if there is none.
+
+=cut
+
+sub metric
+{
+	my ($body, $name, @labels) = @_;
+
+	foreach my $line (split /\n/, $body // '')
+	{
+		next if $line =~ /^#/;
+		next unless $line =~ /^\Q$name\E(\{[^}]*\})?\s+(\S+)$/;
+		my ($l, $v) = ($1 // '', $2);
+		next if grep { index($l, $_) < 0 } @labels;
+		return $v + 0;
+	}
+	return undef;
+}
+
+=pod
+
+=head2 stop_exporter($exporter)
+
+Stop the exporter (SIGTERM) and wait for it.
+
+=cut
+
+sub stop_exporter
+{
+	my ($exporter) = @_;
+	my $pid = $exporter->{pid};
+	return unless $pid && $running_exporters{$pid};
+
+	kill('TERM', $pid);
+	waitpid($pid, 0);
+	delete $running_exporters{$pid};
+	$exporter->{pid} = undef;
+	return;
+}
+
+END
+{
+	my $status = $?;
+	foreach my $pid (keys %running_exporters)
+	{
+		kill('KILL', $pid);
+		waitpid($pid, 0);
+	}
+	$? = $status;
 }
 
 =pod
