@@ -2352,6 +2352,34 @@ CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
 	WHERE source <> 'relay';
 
 /*
+ * Issue 26, item 5: one planner policy.  The library plans gatekeeper's
+ * own statements without JIT (src/gatekeeper.c, gatekeeper_planner), so
+ * claim() no longer carries SET jit = off.
+ */
+ALTER FUNCTION gatekeeper.claim(text, int, interval, text[]) RESET jit;
+
+/*
+ * Issue 26, item 5: one way to tell who writes.  _own_statement() answers
+ * for gatekeeper_writer (src/gatekeeper.c): gatekeeper's C code or a
+ * trigger, not while a dump is loaded; the restore triggers ask it alone,
+ * instead of pg_trigger_depth() as well.
+ */
+DROP TRIGGER mail_live_restore ON gatekeeper.mail_live;
+CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
+	FOR EACH ROW WHEN (NOT gatekeeper._own_statement())
+	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+DROP TRIGGER mail_key_restore ON gatekeeper.mail_key;
+CREATE TRIGGER mail_key_restore BEFORE INSERT ON gatekeeper.mail_key
+	FOR EACH ROW WHEN (NOT gatekeeper._own_statement())
+	EXECUTE FUNCTION gatekeeper._mail_key_restore();
+DROP TRIGGER mail_done_restore ON gatekeeper.mail_done;
+CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
+	REFERENCING NEW TABLE AS new_done
+	FOR EACH STATEMENT
+	WHEN (NOT gatekeeper._own_statement())
+	EXECUTE FUNCTION gatekeeper._mail_live_restore();
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

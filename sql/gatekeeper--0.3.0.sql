@@ -618,13 +618,21 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.gate_log_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.suppression_list', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.unsubscribe_secret', '');
 
+-- whether gatekeeper writes the statement running now: its C code, or a
+-- trigger (src/gatekeeper.c, gatekeeper_writer, the one way gatekeeper
+-- tells who writes); not while a dump is loaded
+CREATE FUNCTION gatekeeper._own_statement() RETURNS boolean
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
+
 /*
  * pg_dump dumps the data of mail and mail_done into their partitions
  * (mail_0, mail_done_0, ...), where the statement trigger of
  * gatekeeper.mail does not fire, and mail_live's rows as they were.  A
  * dump loaded through the partitioned tables instead
  * (--load-via-partition-root) passes the trigger, which sees a dump being
- * loaded (src/gatekeeper.c, gatekeeper_loading_dump) and makes no live
+ * loaded (src/gatekeeper.c, gatekeeper_writer) and makes no live
  * rows either.  Rows loaded through them otherwise (check_function_bodies
  * on) get fresh live rows: a restored live row replaces the fresh one,
  * and a restored outcome removes the live row of its mail.
@@ -652,7 +660,7 @@ END
 $$;
 
 CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
-	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
+	FOR EACH ROW WHEN (NOT gatekeeper._own_statement())
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
 
 /*
@@ -677,13 +685,8 @@ $$;
 
 -- gatekeeper's own inserts run inside the trigger of gatekeeper.mail
 CREATE TRIGGER mail_key_restore BEFORE INSERT ON gatekeeper.mail_key
-	FOR EACH ROW WHEN (pg_catalog.pg_trigger_depth() < 1)
+	FOR EACH ROW WHEN (NOT gatekeeper._own_statement())
 	EXECUTE FUNCTION gatekeeper._mail_key_restore();
--- whether gatekeeper's own C code runs the statement now (src/gatekeeper.c)
-CREATE FUNCTION gatekeeper._own_statement() RETURNS boolean
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
 
 -- per statement, not per row: gatekeeper's own functions write outcomes
 -- at trigger depth 0 too (every ack), and a row trigger there cost a
@@ -692,7 +695,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
 CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 	REFERENCING NEW TABLE AS new_done
 	FOR EACH STATEMENT
-	WHEN (pg_catalog.pg_trigger_depth() < 1 AND NOT gatekeeper._own_statement())
+	WHEN (NOT gatekeeper._own_statement())
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
 
 -- an update of a mail's queue, priority, send_at or dedupe key (by its
@@ -1817,10 +1820,8 @@ RETURNS TABLE (id bigint, attempt int, queue text, recipient text, recipient_nam
 			   message_id text, metadata jsonb)
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
--- the claim's generic plan cannot see its LIMIT and is costed for 10% of the
--- table: on a big table that crosses jit_above_cost, and compiling costs
--- tens of milliseconds for a statement that touches one batch by index
-SET jit = off
+-- no SET jit: its statements are planned without JIT by the library's one
+-- planner policy (src/gatekeeper.c, gatekeeper_planner)
 AS 'MODULE_PATHNAME', 'gatekeeper_claim';
 
 COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS

@@ -779,12 +779,12 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 	int			nclaimed = 0;
 	int		   *shares = palloc(Max(nqueues, 1) * sizeof(int));
 	uint32		start = claim_rotation++;
-	int			guc_level;
 
 	/*
-	 * The claim statements are planned and run without index-only scans.
-	 * Their priority probes would be ones (every column they read is in
-	 * mail_due), and an index-only scan keeps its leaf page pinned until
+	 * The claim statements, run by key, are planned without index-only
+	 * scans (the planner policy, src/gatekeeper.c).  Their priority probes
+	 * would be ones (every column they read is in mail_due), and an
+	 * index-only scan keeps its leaf page pinned until
 	 * the statement ends, here while the update writes the whole batch; a
 	 * plain index scan lets the pin go once it has read the page.  VACUUM
 	 * must have every leaf page of mail_due with no other pin, and the
@@ -792,13 +792,8 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 	 * at work there was always a claim statement holding it, and autovacuum
 	 * waited on the pin for minutes while the dead entries it was to remove
 	 * slowed every claim (one wave of the sustained benchmark drained at
-	 * 1,179 mails/s, the others at 25,000-45,000).  Set once for the whole
-	 * claim, all its queues and rounds.
+	 * 1,179 mails/s, the others at 25,000-45,000).
 	 */
-	guc_level = NewGUCNestLevel();
-	(void) set_config_option("enable_indexonlyscan", "off", PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
-
 	while (nclaimed < batch)
 	{
 		int			left = batch - nclaimed;
@@ -858,7 +853,6 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 		if (progress == 0 && emptied == 0)
 			break;
 	}
-	AtEOXact_GUC(true, guc_level);
 	return nclaimed;
 }
 

@@ -59,6 +59,7 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/indexing.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
@@ -66,6 +67,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "optimizer/planner.h"
 #include "port/atomics.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/postmaster.h"
@@ -164,6 +166,7 @@ static GatekeeperShared *gatekeeper_shared = NULL;
 static emit_log_hook_type prev_emit_log_hook = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static planner_hook_type prev_planner_hook = NULL;
 
 /* wake-on-commit state of this backend */
 static bool wake_pending = false;
@@ -196,6 +199,8 @@ static bool check_lease(double *newval, void **extra, GucSource source);
 static void assign_lease(double newval, void *extra);
 static char *hide_userinfo(const char *text);
 static void gatekeeper_emit_log(ErrorData *edata);
+static PlannedStmt *gatekeeper_planner(Query *parse, const char *query_string,
+									   int cursorOptions, ParamListInfo boundParams);
 static Size gatekeeper_shmem_size(void);
 static void gatekeeper_shmem_request(void);
 static void gatekeeper_shmem_startup(void);
@@ -222,6 +227,10 @@ _PG_init(void)
 	 */
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = gatekeeper_emit_log;
+
+	/* the planner policy, in every process: see gatekeeper_planner */
+	prev_planner_hook = planner_hook;
+	planner_hook = gatekeeper_planner;
 
 	/*
 	 * Loaded on demand: the reloadable settings are all a backend needs.
@@ -1487,19 +1496,98 @@ gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
 /* statements of gatekeeper_execute_by_key running now (nested: >1) */
 static int	own_statements = 0;
 
+/* every statement this process plans is gatekeeper's own (the worker) */
+static bool own_session = false;
+
+/*
+ * gatekeeper_planner
+ *		The planner hook, where gatekeeper's one planner policy lives.
+ *
+ * gatekeeper steers the planner in one way only: at plan time, for its own
+ * statements, here.  No planner setting is changed while a statement runs
+ * or for a session, and no C function carries a SET clause.  Planning is
+ * where the settings act (JIT included: the planner decides whether a plan
+ * is compiled), and a kept plan that an invalidation made stale is planned
+ * again inside the statement's execution, through this hook, under the
+ * same policy; a statement already planned pays nothing for it.
+ *
+ * - A statement run by key (gatekeeper_execute_by_key: the claim, the
+ *   acks, the suppression lookup), with whatever its triggers plan, is
+ *   planned with sequential scans, hash and merge joins and index-only
+ *   scans off, and without JIT.  These statements are planned once,
+ *   generically, and the first planning happens on a fresh install (or
+ *   after a table was emptied), when the tables are nearly empty: the
+ *   planner then rightly prefers a sequential scan or a hash join, and that
+ *   plan would stay cached while the table grows to millions of rows, until
+ *   an ANALYZE invalidates it; they are written as key lookups and get
+ *   them.  Index-only scans are off because one keeps its leaf page pinned
+ *   until the statement ends, which held VACUUM off mail_due's first leaf
+ *   page under a few claimers (src/claim.c, claim_fairly).  A statement
+ *   touching one batch by index never repays compiling it.
+ * - The background worker runs nothing but gatekeeper's statements, each
+ *   touching a batch at most: every one it plans is planned without JIT.
+ * - SQL-language functions are planned by PostgreSQL's SQL and PL/pgSQL
+ *   executors on their own calls: the two that must keep to mail_live's
+ *   indexes whatever its statistics say (_live_stats and _live_due, read
+ *   by queue_stats) carry the same settings as SET clauses, PostgreSQL's
+ *   way of giving a function settings.
+ *
+ * Nothing else in gatekeeper sets a planner setting; every kept plan is
+ * prepared generic by gatekeeper_plan.
+ */
+static PlannedStmt *
+gatekeeper_planner(Query *parse, const char *query_string, int cursorOptions,
+				   ParamListInfo boundParams)
+{
+	PlannedStmt *result;
+	int			nestlevel = -1;
+
+	if (own_statements > 0 || own_session)
+	{
+		nestlevel = NewGUCNestLevel();
+		(void) set_config_option("jit", "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+	}
+	if (own_statements > 0)
+	{
+		(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+		(void) set_config_option("enable_hashjoin", "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+		(void) set_config_option("enable_mergejoin", "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+		(void) set_config_option("enable_indexonlyscan", "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+	}
+
+	if (prev_planner_hook)
+		result = prev_planner_hook(parse, query_string, cursorOptions, boundParams);
+	else
+		result = standard_planner(parse, query_string, cursorOptions, boundParams);
+
+	/* an error unwinds the nest level with its (sub)transaction */
+	if (nestlevel >= 0)
+		AtEOXact_GUC(true, nestlevel);
+	return result;
+}
+
+/*
+ * gatekeeper_own_session
+ *		Make every statement this process plans from now on gatekeeper's own,
+ *		planned without JIT (see gatekeeper_planner): for the background
+ *		worker, which runs nothing else.
+ */
+void
+gatekeeper_own_session(void)
+{
+	own_session = true;
+}
+
 /*
  * gatekeeper_execute_by_key
  *		SPI_execute_plan for a statement that finds its rows by key (the
  *		primary key of gatekeeper.mail or gatekeeper.gate_pass), planned so
- *		that it always does.
- *
- * These statements are planned once, generically, and the first planning
- * happens on a fresh install, when the tables are nearly empty: the
- * planner then rightly prefers a sequential scan or a hash join, and that
- * plan stays cached while the table grows to millions of rows, until an
- * ANALYZE invalidates it.  Sequential scans and hash and merge joins are
- * therefore off while these statements run (and are planned), leaving the
- * key lookups they are written for.
+ *		that it always does (see gatekeeper_planner).
  */
 int
 gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
@@ -1521,7 +1609,6 @@ int
 gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
 							   bool read_only, long count, DestReceiver *dest)
 {
-	int			nestlevel = NewGUCNestLevel();
 	int			nargs = SPI_getargcount(plan);
 	SPIExecuteOptions options;
 	ParamListInfo params = NULL;
@@ -1547,12 +1634,6 @@ gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls
 	options.tcount = count;
 	options.dest = dest;
 
-	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
-	(void) set_config_option("enable_hashjoin", "off", PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
-	(void) set_config_option("enable_mergejoin", "off", PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
 	own_statements++;
 	PG_TRY();
 	{
@@ -1563,64 +1644,83 @@ gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls
 		own_statements--;
 	}
 	PG_END_TRY();
-	AtEOXact_GUC(true, nestlevel);
 	return ret;
 }
 
 /*
- * gatekeeper_own_statement
- *		_own_statement(): whether the statement running now is one of
- *		gatekeeper's own, run by gatekeeper_execute_by_key.
+ * gatekeeper_writer
+ *		Who writes the statement running now: gatekeeper's own code, a dump
+ *		being loaded, or an application (or the owner, by hand).  The one way
+ *		gatekeeper tells them apart, in C and, through _own_statement(), in
+ *		its triggers' WHEN clauses.
  *
- * Those statements move a finished mail's live row to mail_done
- * themselves, so mail_done_restore (which removes the live rows of
- * outcomes a restore loads) has nothing to do after them; its WHEN clause
- * asks this, once per statement.  Every ack and every claim that finishes
- * mail is such a statement: the trigger's DELETE, probing mail_live for
- * every outcome, cost about 4% of the drain.  Not settable from SQL.
+ * A dump being loaded comes first.  pg_dump --load-via-partition-root
+ * loads the mail through gatekeeper.mail, where the insert trigger would
+ * validate each row and give it a live row; but the queues' rows load
+ * after the mail's, and the mail's own live rows and outcomes after that:
+ * every mail of a queue but the default one would be refused, or made
+ * live a second time.  A dump's loading is told by check_function_bodies
+ * being off (pg_dump's scripts and pg_restore turn it off, for the same
+ * reason: what is loaded was checked when it was made, and may refer to
+ * what comes later) in a statement run by a role that may insert into
+ * mail_live itself (as the role loading a dump of gatekeeper's tables
+ * must; an application's role may not, and its rows are checked whatever
+ * it sets), as the statement the client sent (COPY, or INSERT for a dump
+ * made with --inserts): a call of enqueue() or anything else in a session
+ * left so after loading a dump is mail as usual.  Its rows load as a dump
+ * into the partitions does: unchecked (src/mail.c), uncounted
+ * (src/stats.c), made live by the dump's own mail_live rows, which the
+ * restore triggers merge with what is there.
+ *
+ * Otherwise gatekeeper writes when its C code runs the statement
+ * (gatekeeper_execute_by_key) or when the statement runs inside a trigger
+ * (gatekeeper's tables fire only gatekeeper's triggers: the insert trigger
+ * of gatekeeper.mail writing live rows and keys, _mail_sync moving them):
+ * those statements keep the live rows, keys and outcomes in step
+ * themselves, so the restore triggers (mail_live_restore, mail_key_restore,
+ * mail_done_restore) are not for them.  Every ack and every claim that
+ * finishes mail is such a statement: mail_done_restore's DELETE, probing
+ * mail_live for every outcome, cost about 4% of the drain.  In C a trigger
+ * function asks about the statement that fired it only whether it is a
+ * dump, which does not depend on the depth it asks from.
+ */
+GatekeeperWriter
+gatekeeper_writer(void)
+{
+	if (!check_function_bodies && ActivePortal != NULL &&
+		(ActivePortal->commandTag == CMDTAG_COPY ||
+		 ActivePortal->commandTag == CMDTAG_INSERT))
+	{
+		Oid			nsp = get_namespace_oid("gatekeeper", true);
+		Oid			live = OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+
+		if (OidIsValid(live) &&
+			pg_class_aclcheck(live, GetOuterUserId(), ACL_INSERT) == ACLCHECK_OK)
+			return GATEKEEPER_WRITER_DUMP;
+	}
+	if (own_statements > 0)
+		return GATEKEEPER_WRITER_OWN;
+	{
+		LOCAL_FCINFO(depth_fcinfo, 0);
+
+		InitFunctionCallInfoData(*depth_fcinfo, NULL, 0, InvalidOid, NULL, NULL);
+		if (DatumGetInt32(pg_trigger_depth(depth_fcinfo)) > 0)
+			return GATEKEEPER_WRITER_OWN;
+	}
+	return GATEKEEPER_WRITER_APPLICATION;
+}
+
+/*
+ * gatekeeper_own_statement
+ *		_own_statement(): whether gatekeeper writes the statement running now
+ *		(gatekeeper_writer), for the WHEN clauses of the restore triggers,
+ *		which ask it at the statement's own trigger depth.  Not settable
+ *		from SQL.
  */
 Datum
 gatekeeper_own_statement(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BOOL(own_statements > 0);
-}
-
-/*
- * gatekeeper_loading_dump
- *		Whether the rows a statement inserts into gatekeeper's tables (rel is
- *		one of them) are a dump being loaded, to be taken as they were.
- *
- * pg_dump --load-via-partition-root loads the mail through
- * gatekeeper.mail, where the insert trigger would validate each row and
- * give it a live row; but the queues' rows load after the mail's, and the
- * mail's own live rows and outcomes after that: every mail of a queue but
- * the default one would be refused, or made live a second time.  A
- * dump's loading is told by check_function_bodies being off (pg_dump's
- * scripts and pg_restore turn it off, for the same reason: what is loaded
- * was checked when it was made, and may refer to what comes later) in a
- * statement run by a role that may insert into mail_live itself (as the
- * role loading a dump of gatekeeper's tables must; an application's role
- * may not, and its rows are checked whatever it sets), as the statement
- * the client sent (COPY, or INSERT for a dump made with --inserts): a
- * call of enqueue() or anything else in a session left so after loading a
- * dump is mail as usual.  The rows then load as a dump into the
- * partitions does: unchecked, uncounted, made live by the dump's own
- * mail_live rows.
- */
-bool
-gatekeeper_loading_dump(Relation rel)
-{
-	Oid			live;
-
-	if (check_function_bodies)
-		return false;
-	if (ActivePortal == NULL ||
-		(ActivePortal->commandTag != CMDTAG_COPY &&
-		 ActivePortal->commandTag != CMDTAG_INSERT))
-		return false;
-	live = get_relname_relid("mail_live", RelationGetNamespace(rel));
-	return OidIsValid(live) &&
-		pg_class_aclcheck(live, GetOuterUserId(), ACL_INSERT) == ACLCHECK_OK;
+	PG_RETURN_BOOL(gatekeeper_writer() == GATEKEEPER_WRITER_OWN);
 }
 
 /*

@@ -111,7 +111,16 @@ extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, 
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 									  bool read_only, long count);
-extern bool gatekeeper_loading_dump(Relation rel);
+
+/* src/gatekeeper.c: who writes the statement running now (gatekeeper_writer) */
+typedef enum GatekeeperWriter
+{
+	GATEKEEPER_WRITER_APPLICATION,	/* an application, or the owner by hand */
+	GATEKEEPER_WRITER_OWN,		/* gatekeeper's own code */
+	GATEKEEPER_WRITER_DUMP		/* a dump being loaded */
+} GatekeeperWriter;
+extern GatekeeperWriter gatekeeper_writer(void);
+extern void gatekeeper_own_session(void);
 extern int	gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
 										   bool read_only, long count, DestReceiver *dest);
 

@@ -31,7 +31,8 @@
  * deletes them at once and sets aside the changes this transaction noted
  * before it (brought back if the TRUNCATE's subtransaction aborts).  What
  * they cannot see is a write to mail_live with its triggers disabled:
- * recount_live() counts the table afresh after one.
+ * recount_live() counts the table afresh after one.  (Why these gauges
+ * are rows while queue_stats' totals live in shared memory: src/stats.c.)
  *
  * IDENTIFICATION
  *		src/live_count.c

@@ -1329,7 +1329,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		ErrorContextCallback errcallback;
 
 		/* a dump loaded through gatekeeper.mail: the rows as they were */
-		if (gatekeeper_loading_dump(rel))
+		if (gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
 			return PointerGetDatum(NULL);
 
 		slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);

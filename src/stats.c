@@ -41,6 +41,34 @@
  * frees the entries of databases that no longer exist and of its own
  * database's former extensions (left by a server that did not free them).
  *
+ * Why gatekeeper.queue_stats has two counting systems, this one and
+ * src/live_count.c.  Its columns are of two kinds, and each needs what the
+ * other cannot give.  The totals here (enqueued, sent, failed, suppressed,
+ * expired, cancelled, unknown, deferred, bounced, complained; through
+ * _queue_totals) are counters of events: they only go up, Prometheus reads
+ * them with rate(), which takes a restart at zero as a counter reset, and
+ * they are added to by every ack, so they must cost the drain nothing a
+ * row would (a row per queue updated at every commit is a lock all of a
+ * queue's claimers wait on, and a row version per commit).  They are
+ * added at top-level commit, so they count committed work only, but they
+ * are not transactional for the reader: a query sees commits made after
+ * its snapshot and not its own transaction's work, a crash (or a server
+ * without the library preloaded) starts them at zero, and a dump does not
+ * carry them.  The live counts (scheduled, retrying; through _live_stats,
+ * from mail_live_count and this transaction's _live_pending) are gauges
+ * of state: a gauge that drifts stays wrong for good, so they are rows
+ * written in the transaction that changed mail_live: a rollback takes them
+ * back, a crash keeps them, and a query sees them agree with mail_live
+ * under its snapshot, its own changes included; they miss only writes to
+ * mail_live with its triggers disabled (recount_live()).  The remaining
+ * columns count nothing ahead of time: due and oldest_due_age are read
+ * from the mail_due index (they depend on the clock), claimed and
+ * lease_expired from the open counts of mail_claim's batches, paused from
+ * gatekeeper.queue, all under the query's snapshot.  So within one row
+ * the gauges agree with each other, but scheduled + claimed + the
+ * outcomes equals enqueued only on a quiet server since its last start or
+ * reset_stats().
+ *
  * IDENTIFICATION
  *		src/stats.c
  *
@@ -581,8 +609,8 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
 		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
 		trigdata->tg_newtable == NULL)
 		elog(ERROR, "gatekeeper_count_done must be an insert statement trigger with a new table");
-	/* a restore is not new work (see gatekeeper_loading_dump) */
-	if (stats_hash == NULL || gatekeeper_loading_dump(trigdata->tg_relation))
+	/* a restore is not new work (see gatekeeper_writer) */
+	if (stats_hash == NULL || gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
 		return PointerGetDatum(NULL);
 
 	desc = RelationGetDescr(trigdata->tg_relation);
@@ -621,7 +649,7 @@ gatekeeper_count_events(PG_FUNCTION_ARGS)
 		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
 		trigdata->tg_newtable == NULL)
 		elog(ERROR, "gatekeeper_count_events must be an insert statement trigger with a new table");
-	if (stats_hash == NULL || gatekeeper_loading_dump(trigdata->tg_relation))
+	if (stats_hash == NULL || gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
 		return PointerGetDatum(NULL);
 
 	desc = RelationGetDescr(trigdata->tg_relation);

@@ -357,8 +357,8 @@ gatekeeper_worker_main(Datum main_arg)
 	/* everything is schema-qualified; this only closes the door */
 	SetConfigOption("search_path", "pg_catalog, pg_temp",
 					PGC_USERSET, PGC_S_SESSION);
-	/* statements touching one batch by index never repay compiling them */
-	SetConfigOption("jit", "off", PGC_USERSET, PGC_S_SESSION);
+	/* its statements are planned without JIT: see gatekeeper_planner */
+	gatekeeper_own_session();
 
 	memset(&status, 0, sizeof(status));
 	status.started = GetCurrentTimestamp();
