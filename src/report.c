@@ -24,7 +24,10 @@
  * names a recipient (Final-Recipient or Original-Recipient, Original-Rcpt-To,
  * a webhook's recipient), that mail's recipient: report_rows() checks
  * both and writes the event and the suppression it calls for
- * (gatekeeper._bounced, gatekeeper._suppress).
+ * (report_bounce(), the one place of the soft-bounce rule, which the nacks
+ * reach through gatekeeper._bounced; gatekeeper._suppress).  The mail is
+ * read by key from its segment's partitions of mail_done and mail
+ * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
  * (gatekeeper.report_stats).  The parse itself (src/report_parse.c) raises
  * no error for what a message holds: a junk message gives no row and
