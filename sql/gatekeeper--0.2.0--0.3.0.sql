@@ -2380,6 +2380,17 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
 
 /*
+ * Issue 27, item 2 of the record_event follow-up (rec27): the soft-bounce
+ * rule in one place.  _bounced becomes a wrapper of report_bounce() in
+ * src/report.c, which ingest_report and record_event use too.
+ */
+CREATE OR REPLACE FUNCTION gatekeeper._bounced(address_key text, status text, detail text, mail_id bigint)
+RETURNS void
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_bounced';
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

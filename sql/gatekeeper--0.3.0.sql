@@ -2694,28 +2694,14 @@ $$;
 -- synchronous path's classes, _hard_bounce) suppresses the address
 -- everywhere; others do once soft_bounce_limit mails to it bounced within
 -- 30 days.  status is a relay's reply or a DSN's RFC 3463 code.  Call it
--- after the bounce's event is written.
+-- after the bounce's event is written.  The rule lives once, in C
+-- (report_bounce in src/report.c), for the nacks here and for
+-- ingest_report and record_event.
 CREATE FUNCTION gatekeeper._bounced(address_key text, status text, detail text, mail_id bigint)
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	lim int := coalesce(nullif(current_setting('gatekeeper.soft_bounce_limit', true), '')::int, 5);
-BEGIN
-	IF gatekeeper._hard_bounce(CASE WHEN status ~ '^[245]\.' THEN '550 ' || status ELSE status END) THEN
-		PERFORM gatekeeper._suppress(address_key, 'hard_bounce', NULL, detail, mail_id);
-	ELSIF (SELECT count(DISTINCT e.mail_id) FROM gatekeeper.event_log e
-			WHERE translate(e.recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')
-				  = address_key
-			  AND e.event = 'bounced' AND e.at > now() - interval '30 days') >= lim THEN
-		PERFORM gatekeeper._suppress(address_key, 'soft_bounce', NULL,
-									 pg_catalog.format('soft bounces within 30 days: %s; the last: %s',
-													   lim, detail),
-									 mail_id);
-	END IF;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_bounced';
 
 CREATE FUNCTION gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
 RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)

@@ -24,7 +24,10 @@
  * names a recipient (Final-Recipient or Original-Recipient, Original-Rcpt-To,
  * a webhook's recipient), that mail's recipient: report_rows() checks
  * both and writes the event and the suppression it calls for
- * (gatekeeper._bounced, gatekeeper._suppress).
+ * (report_bounce(), the one place of the soft-bounce rule, which the nacks
+ * reach through gatekeeper._bounced; gatekeeper._suppress).  The mail is
+ * read by key from its segment's partitions of mail_done and mail
+ * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
  * (gatekeeper.report_stats).  The parse itself (src/report_parse.c) raises
  * no error for what a message holds: a junk message gives no row and
@@ -37,15 +40,24 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/relation.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 
@@ -59,6 +71,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_verp_token);
 PG_FUNCTION_INFO_V1(gatekeeper_check_return_path);
 PG_FUNCTION_INFO_V1(gatekeeper_ingest_report);
 PG_FUNCTION_INFO_V1(gatekeeper_record_event);
+PG_FUNCTION_INFO_V1(gatekeeper_bounced);
 
 #define VERP_MAC_LEN		10
 #define VERP_RAW_LEN		(8 + VERP_MAC_LEN)
@@ -77,13 +90,48 @@ static SPIPlanPtr return_path_plan = NULL;
 static const char return_path_sql[] =
 "SELECT q.return_path FROM gatekeeper.queue q WHERE q.name = $1";
 
-/* the sent mail a report names, and what is checked of it */
-static SPIPlanPtr sent_mail_plan = NULL;
-static const char sent_mail_sql[] =
-"SELECT o.queue, o.segment, o.message_id, m.recipient "
-"  FROM gatekeeper.mail_done o "
-"  JOIN gatekeeper.mail m ON m.id = o.id AND m.segment = o.segment "
-" WHERE o.id = $1 AND o.state = 'sent'";
+/* retention segments: mail_done_0 .. mail_done_3, mail_0 .. mail_3 */
+#define SEGMENTS			4
+
+/*
+ * The sent mail a report names, and what is checked of it: its mail_done
+ * row (state sent) and its mail row, in the same segment.  Read by index
+ * scans of the segments' partitions (find_sent_mail), not by a statement
+ * over the partitioned tables: a generic plan cannot prune by id, and its
+ * executor start-up over eight partitions was a third of a record_event()
+ * call (bench/notes.md, "record_event at 10,000/s").
+ */
+typedef struct SentMail
+{
+	char	   *queue;
+	int16		segment;
+	char	   *message_id;		/* or NULL */
+	char	   *recipient;
+} SentMail;
+
+/*
+ * What find_sent_mail reads, by segment: the partitions, their primary
+ * keys (id, segment) and the columns' numbers.  Looked up once and kept
+ * until a relcache invalidation of any of them (or of all relations):
+ * ALTER, DROP EXTENSION and a TRUNCATE by rotation all send one.
+ */
+typedef struct SegmentRels
+{
+	Oid			done_relid;		/* mail_done_<n> */
+	Oid			done_index;
+	AttrNumber	done_queue;
+	AttrNumber	done_state;
+	AttrNumber	done_message_id;
+	Oid			mail_relid;		/* mail_<n> */
+	Oid			mail_index;
+	AttrNumber	mail_recipient;
+} SegmentRels;
+
+static SegmentRels segment_rels[SEGMENTS];
+static Oid	sent_state = InvalidOid;	/* gatekeeper.state's 'sent' */
+static bool segment_rels_valid = false;
+static bool segment_rels_callback = false;
+static uint64 segment_rels_generation = 0;	/* invalidations seen */
 
 /* the event, in the mail's retention segment */
 static SPIPlanPtr insert_event_plan = NULL;
@@ -123,7 +171,11 @@ static bool token_in(const char *text, int64 *id);
 static bool message_id_mail(const char *message_id, int64 *id);
 static bool same_address(const char *a, const char *b);
 static bool hard_bounce_status(const char *status);
-static void record_bounce(const char *key, const char *status, const char *detail, int64 id);
+static void segment_rels_invalidate(Datum arg, Oid relid);
+static void segment_rels_load(void);
+static bool fetch_by_id(Oid relid, Oid indexid, int64 id, int16 segment, bool by_segment,
+						TupleTableSlot **slot, Relation *rel);
+static bool find_sent_mail(int64 id, SentMail *mail);
 static int	report_rows(int64 id, const char *message_id, const char *recipient1,
 						const char *recipient2, const char *event, const char *status,
 						const char *detail, const char *source, Tuplestorestate *out,
@@ -356,46 +408,265 @@ hard_bounce_status(const char *status)
 }
 
 /*
- * What a bounce of mail id to the address key does to the suppression
- * list: a hard one suppresses the address everywhere; others do once
- * soft_bounce_limit mails to it bounced within 30 days (the bounce's
- * event is written already).  In C with kept plans, not a PL/pgSQL call
- * per report (bench/notes.md, "Reports, profiled").
+ * report_bounce
+ *		What a bounce does to the suppression list: see report.h.  In C with
+ *		kept plans, not a PL/pgSQL call per report (bench/notes.md, "Reports,
+ *		profiled"); gatekeeper._bounced() is a wrapper of it, for the nacks.
  */
-static void
-record_bounce(const char *key, const char *status, const char *detail, int64 id)
+void
+report_bounce(const char *address_key, const char *status, const char *detail, int64 mail_id)
 {
 	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
 	Datum		args[3];
 	char		nulls[3] = {' ', detail ? ' ' : 'n', ' '};
-	Datum		count_arg = CStringGetTextDatum(key);
+	Datum		count_arg;
 	bool		isnull;
 	int64		mails;
 
+	SPI_connect();
+	count_arg = CStringGetTextDatum(address_key);
 	args[0] = count_arg;
 	args[1] = detail ? CStringGetTextDatum(detail) : (Datum) 0;
-	args[2] = Int64GetDatum(id);
+	args[2] = Int64GetDatum(mail_id);
 	if (hard_bounce_status(status))
 	{
 		if (SPI_execute_plan(gatekeeper_plan(&hard_bounce_plan, hard_bounce_sql, 3, types),
 							 args, nulls, false, 0) != SPI_OK_SELECT)
 			elog(ERROR, "recording a hard bounce failed");
+		SPI_finish();
 		return;
 	}
-	/* not read-only: the count must see the event this call just wrote */
-	if (SPI_execute_plan(gatekeeper_plan(&soft_bounces_plan, soft_bounces_sql, 1, types),
-						 &count_arg, NULL, false, 1) != SPI_OK_SELECT || SPI_processed != 1)
+	/*
+	 * Not read-only: the count must see the event the caller just wrote.  By
+	 * key (event_log_bounced): a generic plan made while event_log was nearly
+	 * empty scanned all of it for every bounce, quadratic in a bounce storm
+	 * (a benchmark run of 20,000 DSNs took over ten minutes).
+	 */
+	if (gatekeeper_execute_by_key(gatekeeper_plan(&soft_bounces_plan, soft_bounces_sql, 1, types),
+								  &count_arg, NULL, false, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "counting soft bounces failed");
 	mails = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_freetuptable(SPI_tuptable);
-	if (isnull || mails < gatekeeper_soft_bounce_limit)
+	if (!isnull && mails >= gatekeeper_soft_bounce_limit)
+	{
+		args[1] = CStringGetTextDatum(psprintf("soft bounces within 30 days: %d; the last: %s",
+											   gatekeeper_soft_bounce_limit, detail ? detail : ""));
+		nulls[1] = ' ';
+		if (SPI_execute_plan(gatekeeper_plan(&soft_bounce_plan, soft_bounce_sql, 3, types),
+							 args, nulls, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "recording a soft bounce failed");
+	}
+	SPI_finish();
+}
+
+/*
+ * Forget the relations find_sent_mail reads when one of them (or every
+ * relation) is invalidated.
+ */
+static void
+segment_rels_invalidate(Datum arg, Oid relid)
+{
+	int			i;
+
+	segment_rels_generation++;
+	if (!segment_rels_valid)
 		return;
-	args[1] = CStringGetTextDatum(psprintf("soft bounces within 30 days: %d; the last: %s",
-										   gatekeeper_soft_bounce_limit, detail ? detail : ""));
-	nulls[1] = ' ';
-	if (SPI_execute_plan(gatekeeper_plan(&soft_bounce_plan, soft_bounce_sql, 3, types),
-						 args, nulls, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "recording a soft bounce failed");
+	if (!OidIsValid(relid))
+	{
+		segment_rels_valid = false;
+		return;
+	}
+	for (i = 0; i < SEGMENTS; i++)
+	{
+		SegmentRels *r = &segment_rels[i];
+
+		if (relid == r->done_relid || relid == r->done_index ||
+			relid == r->mail_relid || relid == r->mail_index)
+		{
+			segment_rels_valid = false;
+			return;
+		}
+	}
+}
+
+/*
+ * The column number of name in rel; an error when it has none (the
+ * schema is not the library's).
+ */
+static AttrNumber
+column_of(Relation rel, const char *name)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
+			return att->attnum;
+	}
+	elog(ERROR, "table \"%s\" has no column \"%s\"", RelationGetRelationName(rel), name);
+	return InvalidAttrNumber;	/* keep the compiler quiet */
+}
+
+/*
+ * The primary key of rel, checked to lead with its id and segment columns
+ * (find_sent_mail's scan keys).
+ */
+static Oid
+id_index_of(Relation rel)
+{
+	Oid			indexid = RelationGetPrimaryKeyIndex(rel);
+	Relation	index;
+	bool		ok;
+
+	if (!OidIsValid(indexid))
+		elog(ERROR, "table \"%s\" has no primary key", RelationGetRelationName(rel));
+	index = index_open(indexid, AccessShareLock);
+	ok = index->rd_index->indnkeyatts >= 2 &&
+		index->rd_index->indkey.values[0] == column_of(rel, "id") &&
+		index->rd_index->indkey.values[1] == column_of(rel, "segment");
+	index_close(index, AccessShareLock);
+	if (!ok)
+		elog(ERROR, "the primary key of \"%s\" is not (id, segment)", RelationGetRelationName(rel));
+	return indexid;
+}
+
+/*
+ * Look up the relations find_sent_mail reads, unless they are known.
+ */
+static void
+segment_rels_load(void)
+{
+	Oid			nsp;
+	uint64		generation = segment_rels_generation;
+	int			i;
+
+	if (segment_rels_valid)
+		return;
+	if (!segment_rels_callback)
+	{
+		CacheRegisterRelcacheCallback(segment_rels_invalidate, (Datum) 0);
+		segment_rels_callback = true;
+	}
+	nsp = get_namespace_oid("gatekeeper", false);
+	for (i = 0; i < SEGMENTS; i++)
+	{
+		SegmentRels *r = &segment_rels[i];
+		char		name[NAMEDATALEN];
+		Relation	rel;
+
+		snprintf(name, sizeof(name), "mail_done_%d", i);
+		r->done_relid = get_relname_relid(name, nsp);
+		snprintf(name, sizeof(name), "mail_%d", i);
+		r->mail_relid = get_relname_relid(name, nsp);
+		if (!OidIsValid(r->done_relid) || !OidIsValid(r->mail_relid))
+			elog(ERROR, "the partitions of segment %d of gatekeeper.mail and gatekeeper.mail_done are missing", i);
+
+		rel = table_open(r->done_relid, AccessShareLock);
+		r->done_index = id_index_of(rel);
+		r->done_queue = column_of(rel, "queue");
+		r->done_state = column_of(rel, "state");
+		r->done_message_id = column_of(rel, "message_id");
+		if (i == 0)
+			sent_state = DatumGetObjectId(DirectFunctionCall2(enum_in, CStringGetDatum("sent"),
+															  ObjectIdGetDatum(TupleDescAttr(RelationGetDescr(rel),
+																							 r->done_state - 1)->atttypid)));
+		table_close(rel, AccessShareLock);
+
+		rel = table_open(r->mail_relid, AccessShareLock);
+		r->mail_index = id_index_of(rel);
+		r->mail_recipient = column_of(rel, "recipient");
+		table_close(rel, AccessShareLock);
+	}
+	/* after an invalidation while loading, load again next time */
+	segment_rels_valid = (generation == segment_rels_generation);
+}
+
+/*
+ * Fetch the row of relid whose id (and segment, when by_segment) is the
+ * given one, by its primary key indexid, as the active snapshot sees it:
+ * true and the row in *slot, relid open in *rel (the caller drops the
+ * slot and closes the relation), or false and nothing open.
+ */
+static bool
+fetch_by_id(Oid relid, Oid indexid, int64 id, int16 segment, bool by_segment,
+			TupleTableSlot **slot, Relation *rel)
+{
+	Relation	heap = table_open(relid, AccessShareLock);
+	Relation	index = index_open(indexid, AccessShareLock);
+	IndexScanDesc scan;
+	ScanKeyData keys[2];
+	int			nkeys = by_segment ? 2 : 1;
+	bool		found = false;
+
+	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
+	ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_INT2EQ, Int16GetDatum(segment));
+	*slot = table_slot_create(heap, NULL);
+	scan = index_beginscan(heap, index, GetActiveSnapshot(), nkeys, 0);
+	index_rescan(scan, keys, nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, *slot);
+	index_endscan(scan);
+	index_close(index, AccessShareLock);
+	if (!found)
+	{
+		ExecDropSingleTupleTableSlot(*slot);
+		*slot = NULL;
+		table_close(heap, AccessShareLock);
+		return false;
+	}
+	*rel = heap;
+	return true;
+}
+
+/*
+ * The sent mail id, read into *mail (palloc'd in the current memory
+ * context): its mail_done row, state sent, in whichever segment holds it,
+ * and its mail row in that segment.  false when there is none.
+ */
+static bool
+find_sent_mail(int64 id, SentMail *mail)
+{
+	int			i;
+
+	segment_rels_load();
+	for (i = 0; i < SEGMENTS; i++)
+	{
+		SegmentRels r = segment_rels[i];	/* a copy: opening may invalidate */
+		TupleTableSlot *slot;
+		Relation	rel;
+		bool		isnull;
+		Datum		v;
+		bool		sent;
+
+		if (!fetch_by_id(r.done_relid, r.done_index, id, (int16) i, false, &slot, &rel))
+			continue;
+		v = slot_getattr(slot, r.done_state, &isnull);
+		sent = !isnull && DatumGetObjectId(v) == sent_state;
+		if (sent)
+		{
+			v = slot_getattr(slot, r.done_queue, &isnull);
+			mail->queue = isnull ? NULL : TextDatumGetCString(v);
+			v = slot_getattr(slot, r.done_message_id, &isnull);
+			mail->message_id = isnull ? NULL : TextDatumGetCString(v);
+			mail->segment = (int16) i;
+		}
+		ExecDropSingleTupleTableSlot(slot);
+		table_close(rel, AccessShareLock);
+		if (!sent)
+			continue;
+
+		if (!fetch_by_id(r.mail_relid, r.mail_index, id, (int16) i, true, &slot, &rel))
+			continue;
+		v = slot_getattr(slot, r.mail_recipient, &isnull);
+		mail->recipient = isnull ? NULL : TextDatumGetCString(v);
+		ExecDropSingleTupleTableSlot(slot);
+		table_close(rel, AccessShareLock);
+		if (mail->queue != NULL && mail->recipient != NULL)
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -416,36 +687,22 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 			const char *detail, const char *source, Tuplestorestate *out,
 			TupleDesc desc, bool *matched)
 {
-	Oid			mail_type = INT8OID;
 	Oid			event_types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT2OID};
-	Datum		arg = Int64GetDatum(id);
 	Datum		args[8];
 	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	HeapTuple	tuple;
-	TupleDesc	tupdesc;
-	bool		isnull;
+	SentMail	mail;
 	char	   *queue;
 	int16		segment;
-	char	   *sent_id;
 	char	   *recipient;
 	char	   *key;
 	char	   *p;
 
-	if (SPI_execute_plan(gatekeeper_plan(&sent_mail_plan, sent_mail_sql, 1, &mail_type),
-						 &arg, NULL, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "looking up the mail of a report failed");
-	if (SPI_processed != 1)
+	if (!find_sent_mail(id, &mail))
 		return 0;
-	tuple = SPI_tuptable->vals[0];
-	tupdesc = SPI_tuptable->tupdesc;
-	queue = SPI_getvalue(tuple, tupdesc, 1);
-	segment = DatumGetInt16(SPI_getbinval(tuple, tupdesc, 2, &isnull));
-	sent_id = SPI_getvalue(tuple, tupdesc, 3);
-	recipient = SPI_getvalue(tuple, tupdesc, 4);
-	SPI_freetuptable(SPI_tuptable);
-	if (queue == NULL || recipient == NULL)
-		return 0;
-	if (message_id != NULL && (sent_id == NULL || strcmp(sent_id, message_id) != 0))
+	queue = mail.queue;
+	segment = mail.segment;
+	recipient = mail.recipient;
+	if (message_id != NULL && (mail.message_id == NULL || strcmp(mail.message_id, message_id) != 0))
 		return 0;
 	if ((recipient1 != NULL || recipient2 != NULL) &&
 		!same_address(recipient1, recipient) && !same_address(recipient2, recipient))
@@ -479,7 +736,7 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	for (p = key; *p; p++)
 		*p = pg_ascii_tolower((unsigned char) *p);
 	if (strcmp(event, "bounced") == 0)
-		record_bounce(key, status, detail, id);
+		report_bounce(key, status, detail, id);
 	else if (strcmp(event, "complained") == 0)
 	{
 		Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
@@ -882,4 +1139,26 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	if (!matched)
 		PG_RETURN_NULL();
 	PG_RETURN_INT64(id);
+}
+
+/*
+ * gatekeeper._bounced(address_key text, status text, detail text,
+ *					   mail_id bigint) RETURNS void
+ *		What a bounce of mail mail_id to address_key does to the suppression
+ *		list (report_bounce), for the nacks' SQL; call it after the
+ *		bounce's event is written.  22004 for a NULL address_key or mail_id.
+ */
+Datum
+gatekeeper_bounced(PG_FUNCTION_ARGS)
+{
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("address_key and mail_id must not be null")));
+	report_bounce(text_to_cstring(PG_GETARG_TEXT_PP(0)),
+				  PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1)),
+				  PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2)),
+				  PG_GETARG_INT64(3));
+	PG_RETURN_VOID();
 }

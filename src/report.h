@@ -21,4 +21,18 @@
  */
 extern char *gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token);
 
+/*
+ * What a bounce of mail mail_id to address_key (the address with its ASCII
+ * letters lower-cased, as the suppression list keys it) does to the
+ * suppression list: a hard bounce (status a relay's reply or an RFC 3463
+ * code, classed as gatekeeper._hard_bounce does) suppresses the address
+ * everywhere; any other does once gatekeeper.soft_bounce_limit mails to it
+ * bounced within 30 days.  Call it after the bounce's event is written, in
+ * a transaction with an active snapshot; it connects to SPI itself.  The
+ * one place of the rule: ingest_report, record_event and
+ * gatekeeper._bounced (the nacks) all come here.
+ */
+extern void report_bounce(const char *address_key, const char *status, const char *detail,
+						  int64 mail_id);
+
 #endif							/* GATEKEEPER_REPORT_H */
