@@ -13,6 +13,8 @@
 
 #include "gatekeeper.h"
 
+#include "utils/timestamp.h"
+
 #include "utils/dsa.h"
 
 /*
@@ -126,6 +128,10 @@ typedef enum GateAddResult
 /* shared memory */
 extern void gate_store_attach(void);
 extern uint64 gate_store_hash(const char *recipient);
+
+/* src/gatekeeper.c's shared memory hooks */
+extern Size gatekeeper_gate_shmem_size(void);
+extern void gatekeeper_gate_shmem_init(void);
 
 /* gatekeeper.gate_memory: a backend's reservation, spent as entries are made */
 extern void gate_store_reserve(Size bytes);
