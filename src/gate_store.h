@@ -13,6 +13,7 @@
 
 #include "gatekeeper.h"
 
+#include "access/xact.h"
 #include "utils/timestamp.h"
 
 #include "utils/dsa.h"
@@ -142,7 +143,9 @@ extern void gate_store_memory_full(void) pg_attribute_noreturn();
 extern void gate_store_count_refusals(int n);
 extern void gate_store_too_many(void) pg_attribute_noreturn();
 
-/* transactions */
+/* transactions; the hooks are src/xact.c's */
+extern void gate_store_at_xact_end(XactEvent event);
+extern void gate_store_at_subxact_end(SubXactEvent event);
 extern GateXidState gate_xid_state(TransactionId xid);
 extern TransactionId gate_store_my_xid(void);
 

@@ -21,7 +21,7 @@
  * src/worker.c			the background worker's loop
  * src/claim.c			claim, ack, nack, extend, reap, purge
  * src/due_floor.c		each queue's earliest due time, in shared memory
- * src/maintenance.c	the worker's maintenance of mail_live
+ * src/maintenance.c	vacuuming mail_live after a burst
  * src/gate.c			gate decisions: lock, pass, release, write back
  * src/gate_store.c		the gates' shared-memory store: keys, entries,
  *						visibility, locking, gatekeeper.gate_memory

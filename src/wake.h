@@ -9,6 +9,7 @@
 #ifndef GATEKEEPER_WAKE_H
 #define GATEKEEPER_WAKE_H
 
+#include "access/xact.h"
 #include "datatype/timestamp.h"
 
 /*
@@ -20,5 +21,8 @@
 extern void gatekeeper_wake_at_commit(void);
 extern void gatekeeper_notify_queue(const char *queue);
 extern void gatekeeper_announce_later(TimestampTz due);
+
+/* src/xact.c's hook */
+extern void gatekeeper_wake_at_xact_end(XactEvent event);
 
 #endif							/* GATEKEEPER_WAKE_H */

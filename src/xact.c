@@ -35,6 +35,10 @@
 #include "postgres.h"
 
 #include "xact.h"
+#include "gate_store.h"
+#include "live_count.h"
+#include "stats.h"
+#include "wake.h"
 
 static bool xact_callbacks_registered = false;
 
