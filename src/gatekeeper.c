@@ -125,6 +125,10 @@ static bool check_default_sender(char **newval, void **extra, GucSource source);
 static bool check_lease(double *newval, void **extra, GucSource source);
 static void assign_lease(double newval, void *extra);
 static const char *show_current_segment(void);
+static void define_mail_settings(void);
+static void define_worker_settings(void);
+static void define_relay_settings(void);
+static void define_message_settings(void);
 static char *hide_userinfo(const char *text);
 static void gatekeeper_emit_log(ErrorData *edata);
 static void gatekeeper_shmem_request(void);
@@ -246,6 +250,19 @@ gatekeeper_define_settings(void)
 		return;
 	defined = true;
 
+	define_mail_settings();
+	define_worker_settings();
+	define_relay_settings();
+	define_message_settings();
+}
+
+/*
+ * The settings of the insert trigger (src/mail.c): where new mail goes,
+ * what a held dedupe key does, how large a mail may be.
+ */
+static void
+define_mail_settings(void)
+{
 	/*
 	 * gatekeeper.current_segment: the retention segment new mail goes to
 	 * (src/mail.c), as a read-only setting.
@@ -284,6 +301,23 @@ gatekeeper_define_settings(void)
 							 0,
 							 NULL, NULL, NULL);
 
+	DefineCustomIntVariable("gatekeeper.max_message_size",
+							"Largest mail accepted at enqueue.",
+							NULL,
+							&gatekeeper_max_message_size,
+							10 * 1024 * 1024, 1024, (int) MaxAllocSize,
+							PGC_SIGHUP,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+}
+
+/*
+ * The workers' rhythm and the claim's terms: naps, batches, leases,
+ * retries, retention, standbys, soft bounces.
+ */
+static void
+define_worker_settings(void)
+{
 	DefineCustomIntVariable("gatekeeper.naptime",
 							"Longest sleep of a gatekeeper worker between passes.",
 							"A commit of mail that is due wakes the workers at once.",
@@ -323,6 +357,43 @@ gatekeeper_define_settings(void)
 							 GUC_UNIT_MS,
 							 check_lease, assign_lease, NULL);
 
+	DefineCustomIntVariable("gatekeeper.retention",
+							"How long finished mail and expired gate passes are kept.",
+							NULL,
+							&gatekeeper_retention,
+							7 * 24 * 60 * 60, 1, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.claim_standbys",
+							"Streaming standbys a claim must reach before its mail goes on the wire.",
+							"With N > 0 a background worker sends a claimed mail only once the "
+							"claim's commit is flushed on N streaming standbys, so that a failover "
+							"re-sends at most the mail that was in flight.  0: do not wait.",
+							&gatekeeper_claim_standbys,
+							0, 0, MAX_BACKENDS,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gatekeeper.soft_bounce_limit",
+							"Bounces that are not hard, of mails to one address within 30 days, that suppress it.",
+							NULL,
+							&gatekeeper_soft_bounce_limit,
+							5, 1, 1000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+}
+
+/*
+ * The relays the workers deliver to and how: URLs, credentials, TLS,
+ * connections, timeouts, the bytes in flight.
+ */
+static void
+define_relay_settings(void)
+{
 	DefineCustomStringVariable("gatekeeper.smtp_url",
 							   "SMTP relay the gatekeeper workers deliver to.",
 							   "smtp://host:port or smtps://host:port, without user or password.  "
@@ -356,21 +427,6 @@ gatekeeper_define_settings(void)
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
 							   check_smtp_password_file, NULL, NULL);
-
-	/*
-	 * Key files are checked like the password file; the keys are read by
-	 * the workers (src/dkim.c).
-	 */
-	DefineCustomStringVariable("gatekeeper.dkim_key_table",
-							   "OpenDKIM-style key table the gatekeeper workers sign mail with.",
-							   "Lines \"<name> <domain>:<selector>:<key file>\"; each key file a PEM "
-							   "RSA (at least 1024 bits) or Ed25519 private key readable by the "
-							   "server's OS user only.  Empty: mail goes unsigned.",
-							   &gatekeeper_dkim_key_table,
-							   "",
-							   PGC_SIGHUP,
-							   GUC_SUPERUSER_ONLY,
-							   check_dkim_key_table, NULL, NULL);
 
 	DefineCustomIntVariable("gatekeeper.smtp_connections",
 							"Parallel SMTP connections per gatekeeper worker.",
@@ -419,7 +475,15 @@ gatekeeper_define_settings(void)
 							PGC_SIGHUP,
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
+}
 
+/*
+ * What the workers write into each message: the default sender, the
+ * Message-ID's domain, the DKIM keys.
+ */
+static void
+define_message_settings(void)
+{
 	DefineCustomStringVariable("gatekeeper.default_sender",
 							   "From address of mail that names no sender.",
 							   "An address (local@domain), or a name and an address "
@@ -439,43 +503,20 @@ gatekeeper_define_settings(void)
 							   0,
 							   check_message_id_domain, NULL, NULL);
 
-	DefineCustomIntVariable("gatekeeper.retention",
-							"How long finished mail and expired gate passes are kept.",
-							NULL,
-							&gatekeeper_retention,
-							7 * 24 * 60 * 60, 1, INT_MAX,
-							PGC_SIGHUP,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("gatekeeper.claim_standbys",
-							"Streaming standbys a claim must reach before its mail goes on the wire.",
-							"With N > 0 a background worker sends a claimed mail only once the "
-							"claim's commit is flushed on N streaming standbys, so that a failover "
-							"re-sends at most the mail that was in flight.  0: do not wait.",
-							&gatekeeper_claim_standbys,
-							0, 0, MAX_BACKENDS,
-							PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("gatekeeper.max_message_size",
-							"Largest mail accepted at enqueue.",
-							NULL,
-							&gatekeeper_max_message_size,
-							10 * 1024 * 1024, 1024, (int) MaxAllocSize,
-							PGC_SIGHUP,
-							GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("gatekeeper.soft_bounce_limit",
-							"Bounces that are not hard, of mails to one address within 30 days, that suppress it.",
-							NULL,
-							&gatekeeper_soft_bounce_limit,
-							5, 1, 1000,
-							PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
+	/*
+	 * Key files are checked like the password file; the keys are read by
+	 * the workers (src/dkim.c).
+	 */
+	DefineCustomStringVariable("gatekeeper.dkim_key_table",
+							   "OpenDKIM-style key table the gatekeeper workers sign mail with.",
+							   "Lines \"<name> <domain>:<selector>:<key file>\"; each key file a PEM "
+							   "RSA (at least 1024 bits) or Ed25519 private key readable by the "
+							   "server's OS user only.  Empty: mail goes unsigned.",
+							   &gatekeeper_dkim_key_table,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   check_dkim_key_table, NULL, NULL);
 }
 
 /*

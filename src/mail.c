@@ -894,6 +894,134 @@ delete_skipped(TriggerData *trigdata, int nskipped)
 }
 
 /*
+ * The statement's new mail, in the trigger's transition table: validate
+ * every row and write its live row (src/live_writer.c, or the SQL path),
+ * its key and its counts, in one pass; nothing when the rows are a dump
+ * being loaded.
+ */
+static void
+check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
+{
+	TupleTableSlot *slot;
+	MemoryContext per_row;
+	MemoryContext old;
+	int64	   *done = NULL;
+	int			ndone = 0;
+	int64	   *skipped = NULL;
+	int			nskipped = 0;
+	bool		skipping = false;
+	LiveWriter *live = NULL;
+	StatsTally *tally = NULL;
+	bool		keyed = false;
+	RowContext	where;
+	ErrorContextCallback errcallback;
+
+	/* a dump loaded through gatekeeper.mail: the rows as they were */
+	if (gatekeeper_loading_dump(rel))
+		return;
+
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+
+	done = finished_ids(trigdata, &ndone);
+	/* a restore of finished mail loads as it is, never skipped */
+	if (ndone == 0 && gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP)
+	{
+		skipping = true;
+		skipped = skip_held_keys(trigdata, &nskipped);
+	}
+	if (ndone == 0)
+		live = gatekeeper_live_writer_open(desc);
+	tally = gatekeeper_stats_tally_start();
+
+	where.row = 0;
+	where.tuple = NULL;
+	where.desc = desc;
+	errcallback.callback = row_error_context;
+	errcallback.arg = &where;
+	errcallback.previous = error_context_stack;
+
+	per_row = AllocSetContextCreate(CurrentMemoryContext,
+									"gatekeeper mail check",
+									ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(per_row);
+	tuplestore_rescan(trigdata->tg_newtable);
+	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
+	{
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		bool		finished = false;
+		bool		skip = false;
+
+		if (ndone > 0 || nskipped > 0)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(heap_getattr(tuple, 1, desc, &isnull));
+
+			if (ndone > 0)
+				finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
+			else
+				skip = bsearch(&id, skipped, nskipped, sizeof(int64), int64_cmp) != NULL;
+		}
+		where.row++;
+		where.tuple = tuple;
+		error_context_stack = &errcallback;
+		check_mail(tuple, desc, true, !finished);
+		error_context_stack = errcallback.previous;
+		where.tuple = NULL;
+		if (!keyed)
+			keyed = !heap_attisnull(tuple, columns.dedupe_key, desc);
+		if (skip)
+		{
+			/* validated like the others, then left out */
+		}
+		else if (live != NULL)
+		{
+			bool		isnull;
+
+			gatekeeper_live_writer_add(live, tuple, desc, where.row);
+			gatekeeper_live_count_add(gatekeeper_live_writer_relid(live),
+									  heap_getattr(tuple, columns.queue, desc, &isnull),
+									  1, 0);
+		}
+		if (tally != NULL && !skip)
+		{
+			bool		isnull;
+			Datum		queue = heap_getattr(tuple, columns.queue, desc, &isnull);
+
+			if (!isnull)
+				gatekeeper_stats_count_enqueued(tally, queue);
+		}
+		if (should_free)
+			heap_freetuple(tuple);
+		/* a tuple read back from disk lives in per_row: let go of it first */
+		ExecClearTuple(slot);
+		MemoryContextReset(per_row);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(per_row);
+	ExecDropSingleTupleTableSlot(slot);
+
+	if (live != NULL)
+		gatekeeper_live_writer_close(live);
+	else if (skipping)
+		insert_live_kept(trigdata);
+	else
+		insert_live(trigdata, ndone > 0);
+	if (keyed && !skipping)
+		write_keys(trigdata);
+	if (nskipped > 0)
+	{
+		delete_skipped(trigdata, nskipped);
+		ereport(NOTICE,
+				(errmsg_plural("skipped %d row whose dedupe key is held",
+							   "skipped %d rows whose dedupe key is held",
+							   nskipped, nskipped),
+				 errdetail("gatekeeper.on_duplicate is skip: a row whose key a mail of its queue holds (scheduled, claimed, or finished within the queue's dedupe_window), or an earlier row of the statement, is not enqueued.")));
+	}
+	gatekeeper_stats_tally_end(tally);
+}
+
+/*
  * gatekeeper_mail_check
  *		The trigger function of gatekeeper.mail.
  *
@@ -933,123 +1061,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) &&
 		trigdata->tg_newtable != NULL)
 	{
-		TupleTableSlot *slot;
-		MemoryContext per_row;
-		MemoryContext old;
-		int64	   *done = NULL;
-		int			ndone = 0;
-		int64	   *skipped = NULL;
-		int			nskipped = 0;
-		bool		skipping = false;
-		LiveWriter *live = NULL;
-		StatsTally *tally = NULL;
-		bool		keyed = false;
-		RowContext	where;
-		ErrorContextCallback errcallback;
-
-		/* a dump loaded through gatekeeper.mail: the rows as they were */
-		if (gatekeeper_loading_dump(rel))
-			return PointerGetDatum(NULL);
-
-		slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-
-		done = finished_ids(trigdata, &ndone);
-		/* a restore of finished mail loads as it is, never skipped */
-		if (ndone == 0 && gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP)
-		{
-			skipping = true;
-			skipped = skip_held_keys(trigdata, &nskipped);
-		}
-		if (ndone == 0)
-			live = gatekeeper_live_writer_open(desc);
-		tally = gatekeeper_stats_tally_start();
-
-		where.row = 0;
-		where.tuple = NULL;
-		where.desc = desc;
-		errcallback.callback = row_error_context;
-		errcallback.arg = &where;
-		errcallback.previous = error_context_stack;
-
-		per_row = AllocSetContextCreate(CurrentMemoryContext,
-										"gatekeeper mail check",
-										ALLOCSET_DEFAULT_SIZES);
-		old = MemoryContextSwitchTo(per_row);
-		tuplestore_rescan(trigdata->tg_newtable);
-		while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
-		{
-			bool		should_free;
-			HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
-			bool		finished = false;
-			bool		skip = false;
-
-			if (ndone > 0 || nskipped > 0)
-			{
-				bool		isnull;
-				int64		id = DatumGetInt64(heap_getattr(tuple, 1, desc, &isnull));
-
-				if (ndone > 0)
-					finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
-				else
-					skip = bsearch(&id, skipped, nskipped, sizeof(int64), int64_cmp) != NULL;
-			}
-			where.row++;
-			where.tuple = tuple;
-			error_context_stack = &errcallback;
-			check_mail(tuple, desc, true, !finished);
-			error_context_stack = errcallback.previous;
-			where.tuple = NULL;
-			if (!keyed)
-				keyed = !heap_attisnull(tuple, columns.dedupe_key, desc);
-			if (skip)
-			{
-				/* validated like the others, then left out */
-			}
-			else if (live != NULL)
-			{
-				bool		isnull;
-
-				gatekeeper_live_writer_add(live, tuple, desc, where.row);
-				gatekeeper_live_count_add(gatekeeper_live_writer_relid(live),
-										  heap_getattr(tuple, columns.queue, desc, &isnull),
-										  1, 0);
-			}
-			if (tally != NULL && !skip)
-			{
-				bool		isnull;
-				Datum		queue = heap_getattr(tuple, columns.queue, desc, &isnull);
-
-				if (!isnull)
-					gatekeeper_stats_count_enqueued(tally, queue);
-			}
-			if (should_free)
-				heap_freetuple(tuple);
-			/* a tuple read back from disk lives in per_row: let go of it first */
-			ExecClearTuple(slot);
-			MemoryContextReset(per_row);
-		}
-		MemoryContextSwitchTo(old);
-		MemoryContextDelete(per_row);
-		ExecDropSingleTupleTableSlot(slot);
-
-		if (live != NULL)
-			gatekeeper_live_writer_close(live);
-		else if (skipping)
-			insert_live_kept(trigdata);
-		else
-			insert_live(trigdata, ndone > 0);
-		if (keyed && !skipping)
-			write_keys(trigdata);
-		if (nskipped > 0)
-		{
-			delete_skipped(trigdata, nskipped);
-			ereport(NOTICE,
-					(errmsg_plural("skipped %d row whose dedupe key is held",
-								   "skipped %d rows whose dedupe key is held",
-								   nskipped, nskipped),
-					 errdetail("gatekeeper.on_duplicate is skip: a row whose key a mail of its queue holds (scheduled, claimed, or finished within the queue's dedupe_window), or an earlier row of the statement, is not enqueued.")));
-		}
-		gatekeeper_stats_tally_end(tally);
+		check_new_mail(trigdata, rel, desc);
 		return PointerGetDatum(NULL);
 	}
 
