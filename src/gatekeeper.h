@@ -19,7 +19,8 @@
  *						gatekeeper.worker_status and delivery_latency
  * src/wake.c			wake-on-commit and notify queues' announcements
  * src/worker.c			the background worker's loop
- * src/claim.c			claim, ack, nack, extend, reap, purge
+ * src/claim.c			claim (fair shares, rate limits, gates), batch ack,
+ *						_take_claimed (claimed mail out of its batch)
  * src/due_floor.c		each queue's earliest due time, in shared memory
  * src/maintenance.c	vacuuming mail_live after a burst
  * src/gate.c			gate decisions: lock, pass, release, write back
