@@ -10,6 +10,10 @@ PG_CONFIG ?= pg_config
 MODULE_big = gatekeeper
 OBJS = \
 	src/gatekeeper.o \
+	src/xact.o \
+	src/catalog.o \
+	src/worker_slots.o \
+	src/wake.o \
 	src/worker.o \
 	src/claim.o \
 	src/due_floor.o \
@@ -18,6 +22,7 @@ OBJS = \
 	src/gate.o \
 	src/gate_funcs.o \
 	src/mail.o \
+	src/live_writer.o \
 	src/enqueue.o \
 	src/validate.o \
 	src/message.o \

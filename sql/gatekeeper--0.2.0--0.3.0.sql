@@ -2353,14 +2353,14 @@ CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
 
 /*
  * Issue 26, item 5: one planner policy.  The library plans gatekeeper's
- * own statements without JIT (src/gatekeeper.c, gatekeeper_planner), so
+ * own statements without JIT (src/catalog.c, gatekeeper_planner), so
  * claim() no longer carries SET jit = off.
  */
 ALTER FUNCTION gatekeeper.claim(text, int, interval, text[]) RESET jit;
 
 /*
  * Issue 26, item 5: one way to tell who writes.  _own_statement() answers
- * for gatekeeper_writer (src/gatekeeper.c): gatekeeper's C code or a
+ * for gatekeeper_writer (src/catalog.c): gatekeeper's C code or a
  * trigger, not while a dump is loaded; the restore triggers ask it alone,
  * instead of pg_trigger_depth() as well.
  */

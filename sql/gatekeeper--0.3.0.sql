@@ -619,7 +619,7 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.suppression_list', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.unsubscribe_secret', '');
 
 -- whether gatekeeper writes the statement running now: its C code, or a
--- trigger (src/gatekeeper.c, gatekeeper_writer, the one way gatekeeper
+-- trigger (src/catalog.c, gatekeeper_writer, the one way gatekeeper
 -- tells who writes); not while a dump is loaded
 CREATE FUNCTION gatekeeper._own_statement() RETURNS boolean
 LANGUAGE c
@@ -632,7 +632,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
  * gatekeeper.mail does not fire, and mail_live's rows as they were.  A
  * dump loaded through the partitioned tables instead
  * (--load-via-partition-root) passes the trigger, which sees a dump being
- * loaded (src/gatekeeper.c, gatekeeper_writer) and makes no live
+ * loaded (src/catalog.c, gatekeeper_writer) and makes no live
  * rows either.  Rows loaded through them otherwise (check_function_bodies
  * on) get fresh live rows: a restored live row replaces the fresh one,
  * and a restored outcome removes the live row of its mail.
@@ -1821,7 +1821,7 @@ RETURNS TABLE (id bigint, attempt int, queue text, recipient text, recipient_nam
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- no SET jit: its statements are planned without JIT by the library's one
--- planner policy (src/gatekeeper.c, gatekeeper_planner)
+-- planner policy (src/catalog.c, gatekeeper_planner)
 AS 'MODULE_PATHNAME', 'gatekeeper_claim';
 
 COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS

@@ -1,7 +1,14 @@
 /*-------------------------------------------------------------------------
  *
  * address.c
- *		Mailboxes with display names.
+ *		Addresses, in one place: bare addresses (checked, keyed, compared)
+ *		and mailboxes with display names.
+ *
+ * A bare address is "local@domain" with a dot-atom local part and a
+ * domain of letter-digit-hyphen labels (gatekeeper_address_problem); the
+ * gates and the suppression list key it with ASCII letters lower-cased
+ * (gatekeeper_recipient_key), and a report's recipient is compared the
+ * same way (gatekeeper_same_address).
  *
  * A sender (a mail's sender, gatekeeper.default_sender) may be a bare
  * address or a display name and an address, "Shop Émile <shop@example.com>";
@@ -13,6 +20,9 @@
  * headers) and at most GATEKEEPER_NAME_MAX octets, so that a quoted name
  * and the longest address always fit a header line.
  *
+ * IDENTIFICATION
+ *		src/address.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -23,7 +33,11 @@
 #include "utils/builtins.h"
 
 #include "address.h"
-#include "gatekeeper.h"
+
+/* RFC 5321 limits */
+#define MAX_LOCAL_PART	64
+#define MAX_ADDRESS		254
+#define MAX_LABEL		63
 
 /* RFC 2047 2: an encoded-word is at most 75 characters */
 #define ENCODED_WORD_MAX	75
@@ -35,10 +49,174 @@
 static const char base64_digits[] =
 "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
+PG_FUNCTION_INFO_V1(gatekeeper_address_key);
+PG_FUNCTION_INFO_V1(gatekeeper_mailbox);
+
+static bool is_atext(unsigned char c);
 static const char *name_problem(const char *name);
 static char *trim(const char *s, int len);
 static int	utf8_len(const unsigned char *s, int remaining);
 static void append_base64(StringInfo buf, const unsigned char *in, int len);
+
+/* ------------------------------------------------------------ bare addresses */
+
+/*
+ * atext of RFC 5322 section 3.2.3: the characters of a dot-atom.
+ */
+static bool
+is_atext(unsigned char c)
+{
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+		return true;
+	return strchr("!#$%&'*+-/=?^_`{|}~", c) != NULL && c != '\0';
+}
+
+/*
+ * gatekeeper_address_problem
+ *		Why address is not a bare mailbox "local@domain" as gatekeeper
+ *		accepts it, as a full sentence; NULL when it is one.
+ *
+ * A dot-atom local part and a domain of letter-digit-hyphen labels,
+ * within RFC 5321's lengths.  Quoted local parts, domain literals and
+ * display names are refused: no relay we hand mail to needs them, and
+ * every one of them has been a source of parser disagreements.  Raises no
+ * error, so that a setting's check hook can use it.
+ */
+const char *
+gatekeeper_address_problem(const char *address)
+{
+	const char *at;
+	const char *p;
+	size_t		len = strlen(address);
+	size_t		label = 0;
+
+	if (len == 0)
+		return "The address is empty.";
+	if (len > MAX_ADDRESS)
+		return "The address is longer than 254 characters.";
+
+	at = strrchr(address, '@');
+	if (at == NULL)
+		return "The address has no \"@\".";
+	if (at == address)
+		return "The local part before \"@\" is empty.";
+	if (at - address > MAX_LOCAL_PART)
+		return "The local part is longer than 64 characters.";
+
+	/* local part: dot-atom */
+	for (p = address; p < at; p++)
+	{
+		if (*p == '.')
+		{
+			if (p == address || p + 1 == at || p[1] == '.')
+				return "The local part has a leading, trailing or doubled dot.";
+		}
+		else if (!is_atext((unsigned char) *p))
+			return "The local part may hold only letters, digits, dots and !#$%&'*+-/=?^_`{|}~.";
+	}
+
+	/* domain: LDH labels separated by single dots */
+	p = at + 1;
+	if (*p == '\0')
+		return "The domain after \"@\" is empty.";
+	for (; *p; p++)
+	{
+		unsigned char c = (unsigned char) *p;
+
+		if (c == '.')
+		{
+			if (label == 0 || p[1] == '\0')
+				return "The domain has an empty label.";
+			if (p[-1] == '-')
+				return "A domain label ends with a hyphen.";
+			label = 0;
+			continue;
+		}
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '-'))
+			return "The domain may hold only letters, digits, hyphens and dots.";
+		if (c == '-' && label == 0)
+			return "A domain label starts with a hyphen.";
+		if (++label > MAX_LABEL)
+			return "A domain label is longer than 63 characters.";
+	}
+	if (p[-1] == '-')
+		return "A domain label ends with a hyphen.";
+	return NULL;
+}
+
+/*
+ * gatekeeper_check_address
+ *		Raise an error unless address is a bare mailbox that
+ *		gatekeeper_address_problem accepts.
+ */
+void
+gatekeeper_check_address(const char *address, const char *what)
+{
+	const char *problem;
+
+	if (strpbrk(address, "\r\n") != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s address must not contain a line break", what),
+				 errdetail("A CR or LF in an address could inject headers or SMTP commands.")));
+
+	problem = gatekeeper_address_problem(address);
+	if (problem != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid %s address \"%s\"", what, address),
+				 errdetail("%s", problem)));
+}
+
+/*
+ * gatekeeper_recipient_key
+ *		The key a recipient's passes are kept under: the address with ASCII
+ *		letters lower-cased, so Alice@Example.com and alice@example.com
+ *		share one window.
+ */
+char *
+gatekeeper_recipient_key(const char *recipient)
+{
+	char	   *key = pstrdup(recipient);
+	char	   *p;
+
+	for (p = key; *p; p++)
+		*p = pg_ascii_tolower((unsigned char) *p);
+	return key;
+}
+
+/*
+ * gatekeeper._address_key(address text) RETURNS text
+ *		The key an address is kept under in the suppression list (as the
+ *		gates key it), or 22023 unless it is a valid address.
+ */
+Datum
+gatekeeper_address_key(PG_FUNCTION_ARGS)
+{
+	char	   *address = text_to_cstring(PG_GETARG_TEXT_PP(0));
+
+	gatekeeper_check_address(address, "suppressed");
+	PG_RETURN_TEXT_P(cstring_to_text(gatekeeper_recipient_key(address)));
+}
+
+/*
+ * gatekeeper_same_address
+ *		Whether a (a report's recipient, perhaps NULL) is b, ASCII letters
+ *		in any case (as the suppression list and the gates key addresses).
+ */
+bool
+gatekeeper_same_address(const char *a, const char *b)
+{
+	if (a == NULL || strlen(a) != strlen(b))
+		return false;
+	for (; *a; a++, b++)
+		if (pg_ascii_tolower((unsigned char) *a) != pg_ascii_tolower((unsigned char) *b))
+			return false;
+	return true;
+}
+
+/* ------------------------------------------------------------ mailboxes */
 
 /*
  * trim
@@ -338,8 +516,6 @@ gatekeeper_format_mailbox(StringInfo buf, const char *name, const char *address,
 	appendStringInfoString(buf, address);
 	appendStringInfoChar(buf, '>');
 }
-
-PG_FUNCTION_INFO_V1(gatekeeper_mailbox);
 
 /*
  * gatekeeper._mailbox(value text, name text DEFAULT NULL)

@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * address.h
- *		Mailboxes with display names: "Name <addr>" in, RFC 5322 From and
- *		To fields out (src/address.c).
+ *		Addresses (src/address.c): bare addresses checked, keyed and
+ *		compared; mailboxes with display names, "Name <addr>" in, RFC 5322
+ *		From and To fields out.
  *
  *-------------------------------------------------------------------------
  */
@@ -10,6 +11,25 @@
 #define GATEKEEPER_ADDRESS_H
 
 #include "lib/stringinfo.h"
+
+/*
+ * Why address is not a bare mailbox "local@domain" as gatekeeper accepts
+ * it, as a full sentence; NULL when it is one.  Raises no error, so that
+ * a setting's check hook can use it.
+ */
+extern const char *gatekeeper_address_problem(const char *address);
+
+/* the same, raising 22023 with "what" (recipient, sender) naming the field */
+extern void gatekeeper_check_address(const char *address, const char *what);
+
+/*
+ * The key a recipient's passes and suppressions are kept under: the
+ * address with ASCII letters lower-cased.
+ */
+extern char *gatekeeper_recipient_key(const char *recipient);
+
+/* whether a (perhaps NULL) is b, ASCII letters in any case */
+extern bool gatekeeper_same_address(const char *a, const char *b);
 
 /* the longest display name, in octets */
 #define GATEKEEPER_NAME_MAX		256

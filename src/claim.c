@@ -53,7 +53,6 @@
 
 #include "due_floor.h"
 #include "gate.h"
-#include "mail.h"
 #include "suppression.h"
 #include "unsubscribe.h"
 #include "window.h"
@@ -68,6 +67,11 @@
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "address.h"
+#include "catalog.h"
+#include "claim.h"
+#include "gatekeeper.h"
+#include "validate.h"
 #include "storage/itemptr.h"
 #include "storage/lmgr.h"
 #include "storage/proc.h"
@@ -546,11 +550,7 @@ load_queues(ArrayType *filter, int *nqueues)
 	 * is not.
 	 */
 	if (background)
-	{
-		Oid			nsp = get_namespace_oid("gatekeeper", false);
-
-		LockRelationOid(get_relname_relid("queue", nsp), RowShareLock);
-	}
+		LockRelationOid(gatekeeper_relid(GATEKEEPER_REL_QUEUE, false), RowShareLock);
 	if (SPI_execute_plan(plan, &arg, &argnull, !background, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not load queues");
 	n = SPI_processed;
@@ -782,7 +782,7 @@ claim_fairly(ClaimQueue *queues, int nqueues, int batch, Interval *lease,
 
 	/*
 	 * The claim statements, run by key, are planned without index-only
-	 * scans (the planner policy, src/gatekeeper.c).  Their priority probes
+	 * scans (the planner policy, src/catalog.c).  Their priority probes
 	 * would be ones (every column they read is in mail_due), and an
 	 * index-only scan keeps its leaf page pinned until
 	 * the statement ends, here while the update writes the whole batch; a

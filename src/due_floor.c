@@ -57,6 +57,7 @@
 #include "postgres.h"
 
 #include "due_floor.h"
+#include "catalog.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"
@@ -281,7 +282,6 @@ walk(Relation heap, Relation index, ScanKey keys, int nkeys,
 bool
 gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
 {
-	Oid			nsp;
 	Oid			live_relid;
 	Oid			due_relid;
 	Relation	heap;
@@ -314,9 +314,8 @@ gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
 	start = s->floor;
 	SpinLockRelease(&due_floor->mutex);
 
-	nsp = get_namespace_oid("gatekeeper", true);
-	live_relid = OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
-	due_relid = OidIsValid(nsp) ? get_relname_relid("mail_due", nsp) : InvalidOid;
+	live_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, true);
+	due_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_DUE, true);
 	if (!OidIsValid(live_relid) || !OidIsValid(due_relid))
 		return false;
 	/* the lock the claim statement takes next */

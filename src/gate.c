@@ -24,6 +24,9 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "address.h"
+#include "catalog.h"
+#include "gatekeeper.h"
 
 /* Distinct recipients release_passes handles in one round. */
 #define RELEASE_CHUNK	1024
@@ -46,23 +49,6 @@ static void row_load(GatePasses *row, GateEntry *e);
 static int	expiry_cmp(const void *a, const void *b);
 static int	release_cmp(const void *a, const void *b);
 static int	release_chunk(Release *rel, int n, int32 *gates, int ngates, TimestampTz now);
-
-/*
- * gatekeeper_recipient_key
- *		The key a recipient's passes are kept under: the address with ASCII
- *		letters lower-cased, so Alice@Example.com and alice@example.com
- *		share one window.
- */
-char *
-gatekeeper_recipient_key(const char *recipient)
-{
-	char	   *key = pstrdup(recipient);
-	char	   *p;
-
-	for (p = key; *p; p++)
-		*p = pg_ascii_tolower((unsigned char) *p);
-	return key;
-}
 
 /*
  * gatekeeper_gate_passes_cmp

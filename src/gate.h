@@ -12,6 +12,8 @@
 
 #include "gatekeeper.h"
 
+#include "utils/timestamp.h"
+
 /*
  * One recipient's passes at one gate, as a caller holding its shared entry
  * locked sees them.  Passes that expired are dropped as the entry is read.

@@ -18,6 +18,9 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "address.h"
+#include "catalog.h"
+#include "gatekeeper.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 

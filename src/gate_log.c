@@ -40,6 +40,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "catalog.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
@@ -85,27 +86,19 @@ typedef struct LogGroup
 	bool		any_holder;
 } LogGroup;
 
-/* the nonce of this database's extension, cached by its table's OID */
+/*
+ * the nonce of this database's extension, cached by its table's OID and
+ * the number of invalidations of that OID (src/catalog.c)
+ */
 static Oid	nonce_relid = InvalidOid;
+static uint32 nonce_generation = 0;
 static uint64 nonce_value = 0;
-static bool nonce_callback_registered = false;
 
 /* the space this backend has seen rebuilt, by nonce */
 static uint64 loaded_nonce = 0;
 static uint32 loaded_space = 0;
 
-static void nonce_invalidate(Datum arg, Oid relid);
 static void replay(uint32 space, TransactionId xid, TimestampTz now);
-
-/*
- * Forget the cached nonce when its table changes or goes.
- */
-static void
-nonce_invalidate(Datum arg, Oid relid)
-{
-	if (relid == InvalidOid || relid == nonce_relid)
-		nonce_relid = InvalidOid;
-}
 
 /*
  * gate_log_nonce
@@ -115,19 +108,15 @@ nonce_invalidate(Datum arg, Oid relid)
 uint64
 gate_log_nonce(void)
 {
-	Oid			nsp = get_namespace_oid("gatekeeper", false);
-	Oid			relid = get_relname_relid("gate_space", nsp);
+	Oid			relid = gatekeeper_relid(GATEKEEPER_REL_GATE_SPACE, true);
+	uint32		generation = gatekeeper_relid_generation(GATEKEEPER_REL_GATE_SPACE);
 	bool		isnull;
 
 	if (!OidIsValid(relid))
 		elog(ERROR, "gatekeeper.gate_space does not exist");
-	if (relid == nonce_relid)
+	/* kept until the table changes or goes */
+	if (relid == nonce_relid && generation == nonce_generation)
 		return nonce_value;
-	if (!nonce_callback_registered)
-	{
-		CacheRegisterRelcacheCallback(nonce_invalidate, (Datum) 0);
-		nonce_callback_registered = true;
-	}
 	gatekeeper_plan(&gate_space_plan, gate_space_sql, 0, NULL);
 	if (SPI_execute_plan(gate_space_plan, NULL, NULL, true, 2) != SPI_OK_SELECT ||
 		SPI_processed != 1)
@@ -136,6 +125,7 @@ gate_log_nonce(void)
 													   SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_freetuptable(SPI_tuptable);
 	nonce_relid = relid;
+	nonce_generation = generation;
 	return nonce_value;
 }
 

@@ -11,6 +11,8 @@
 
 #include "gatekeeper.h"
 
+#include "utils/timestamp.h"
+
 #include "nodes/pg_list.h"
 
 extern uint32 gate_log_space(TimestampTz now);

@@ -42,12 +42,14 @@
 #include "postgres.h"
 
 #include "gate_store.h"
+#include "xact.h"
 
 #include "access/transam.h"
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "lib/dshash.h"
 #include "miscadmin.h"
+#include "gatekeeper.h"
 #include "port/atomics.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
@@ -96,19 +98,15 @@ static dshash_parameters gate_params;
 /* bytes this backend charged and has not spent on entries yet */
 static Size reserved = 0;
 
-/* this transaction changed gates, made entries; the callbacks are registered */
+/* this transaction changed gates, made entries */
 static bool gates_changed = false;
 static bool made_entries = false;
-static bool callbacks_registered = false;
 
 static uint64 siphash24(uint64 k0, uint64 k1, const unsigned char *m, size_t len);
 static dshash_hash gate_key_hash(const void *v, size_t size, void *arg);
 static void set_params(void);
 static bool charge(Size bytes, bool sweep);
 static void uncharge(Size bytes);
-static void gate_xact_callback(XactEvent event, void *arg);
-static void gate_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-								  SubTransactionId parentSubid, void *arg);
 static bool xid_running(TransactionId xid);
 static int	entry_cap(GateEntry *e);
 static void entry_init(GateEntry *e);
@@ -370,7 +368,7 @@ gate_store_reserve(Size bytes)
 bool
 gate_store_try_reserve(Size bytes)
 {
-	gate_store_my_xid();		/* registers the callbacks that give it back */
+	gate_store_my_xid();		/* the transaction's end gives it back */
 	if (!charge(bytes, true))
 		return false;
 	reserved += bytes;
@@ -503,12 +501,13 @@ xid_running(TransactionId xid)
 }
 
 /*
- * Refuse PREPARE TRANSACTION in a transaction that changed gates, and at
- * the end of every transaction forget the flag and give back what was
- * reserved and not spent.
+ * gate_store_at_xact_end
+ *		src/xact.c's hook.  Refuse PREPARE TRANSACTION in a transaction that
+ *		changed gates, and at the end of every transaction forget the flag
+ *		and give back what was reserved and not spent.
  */
-static void
-gate_xact_callback(XactEvent event, void *arg)
+void
+gate_store_at_xact_end(XactEvent event)
 {
 	switch (event)
 	{
@@ -536,12 +535,12 @@ gate_xact_callback(XactEvent event, void *arg)
 }
 
 /*
- * A subtransaction that aborts gives back what it reserved and did not
- * spend (a cancelled call under a savepoint).
+ * gate_store_at_subxact_end
+ *		src/xact.c's hook.  A subtransaction that aborts gives back what it
+ *		reserved and did not spend (a cancelled call under a savepoint).
  */
-static void
-gate_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-					  SubTransactionId parentSubid, void *arg)
+void
+gate_store_at_subxact_end(SubXactEvent event)
 {
 	if (event != SUBXACT_EVENT_ABORT_SUB)
 		return;
@@ -557,12 +556,6 @@ gate_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 TransactionId
 gate_store_my_xid(void)
 {
-	if (!callbacks_registered)
-	{
-		RegisterXactCallback(gate_xact_callback, NULL);
-		RegisterSubXactCallback(gate_subxact_callback, NULL);
-		callbacks_registered = true;
-	}
 	gates_changed = true;
 	return GetCurrentTransactionId();
 }

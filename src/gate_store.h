@@ -13,6 +13,9 @@
 
 #include "gatekeeper.h"
 
+#include "access/xact.h"
+#include "utils/timestamp.h"
+
 #include "utils/dsa.h"
 
 /*
@@ -127,6 +130,10 @@ typedef enum GateAddResult
 extern void gate_store_attach(void);
 extern uint64 gate_store_hash(const char *recipient);
 
+/* src/gatekeeper.c's shared memory hooks */
+extern Size gatekeeper_gate_shmem_size(void);
+extern void gatekeeper_gate_shmem_init(void);
+
 /* gatekeeper.gate_memory: a backend's reservation, spent as entries are made */
 extern void gate_store_reserve(Size bytes);
 extern bool gate_store_try_reserve(Size bytes);
@@ -136,7 +143,9 @@ extern void gate_store_memory_full(void) pg_attribute_noreturn();
 extern void gate_store_count_refusals(int n);
 extern void gate_store_too_many(void) pg_attribute_noreturn();
 
-/* transactions */
+/* transactions; the hooks are src/xact.c's */
+extern void gate_store_at_xact_end(XactEvent event);
+extern void gate_store_at_subxact_end(SubXactEvent event);
 extern GateXidState gate_xid_state(TransactionId xid);
 extern TransactionId gate_store_my_xid(void);
 

@@ -42,7 +42,9 @@
 #include "postgres.h"
 
 #include "live_count.h"
+#include "catalog.h"
 #include "due_floor.h"
+#include "xact.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
@@ -138,15 +140,11 @@ static PendingLive *pending = NULL;
 static int	npending = 0;
 static int	maxpending = 0;
 static MemoryContext live_context = NULL;
-static bool callbacks_registered = false;
 
 static void note_change(Oid relid, const char *queue, int len, int64 scheduled,
 						int64 retrying);
 static void write_pending(bool prepare);
 static void forget_pending(void);
-static void live_xact_callback(XactEvent event, void *arg);
-static void live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-								  SubTransactionId parentSubid, void *arg);
 static void count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
 					   int state_att, int attempt_att, Oid scheduled, int sign);
 static bool counts_retrying(void);
@@ -192,15 +190,10 @@ note_change(Oid relid, const char *queue, int len, int64 scheduled, int64 retryi
 			return;
 		}
 	}
-	if (!callbacks_registered)
-	{
-		RegisterXactCallback(live_xact_callback, NULL);
-		RegisterSubXactCallback(live_subxact_callback, NULL);
+	if (live_context == NULL)
 		live_context = AllocSetContextCreate(TopMemoryContext,
 											 "gatekeeper pending live counts",
 											 ALLOCSET_SMALL_SIZES);
-		callbacks_registered = true;
-	}
 	if (npending == maxpending)
 	{
 		int			newmax = Max(16, maxpending * 2);
@@ -249,7 +242,6 @@ write_pending(bool prepare)
 	Datum	   *retrying;
 	Datum		args[4];
 	Oid			types[4] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
-	Oid			nsp;
 	Oid			live_relid;
 	Oid			relid;
 	Oid			owner;
@@ -298,8 +290,7 @@ write_pending(bool prepare)
 	forget_pending();
 	if (n == 0)
 		return;
-	nsp = get_namespace_oid("gatekeeper", true);
-	relid = OidIsValid(nsp) ? get_relname_relid("mail_live_count", nsp) : InvalidOid;
+	relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE_COUNT, true);
 	if (!OidIsValid(relid))
 		return;
 	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
@@ -340,7 +331,7 @@ write_pending(bool prepare)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (get_attnum(relid, "retrying") != InvalidAttrNumber)
+	if (counts_retrying())
 		plan = gatekeeper_plan(&add_live_counts_plan, add_live_counts_sql, 4, types);
 	else
 		plan = gatekeeper_plan(&add_live_counts_020_plan, add_live_counts_020_sql, 4, types);
@@ -353,11 +344,12 @@ write_pending(bool prepare)
 }
 
 /*
- * Write the changes when the transaction commits or prepares; forget them
- * when it aborts.
+ * gatekeeper_live_count_at_xact_end
+ *		src/xact.c's hook.  Write the changes when the transaction commits
+ *		or prepares, just before; forget them when it aborts.
  */
-static void
-live_xact_callback(XactEvent event, void *arg)
+void
+gatekeeper_live_count_at_xact_end(XactEvent event)
 {
 	switch (event)
 	{
@@ -382,13 +374,13 @@ live_xact_callback(XactEvent event, void *arg)
 }
 
 /*
- * A subtransaction that aborts drops the changes it noted and brings back
- * those a TRUNCATE of it set aside; one that commits hands both to its
- * parent.
+ * gatekeeper_live_count_at_subxact_end
+ *		src/xact.c's hook.  A subtransaction that aborts drops the changes
+ *		it noted and brings back those a TRUNCATE of it set aside; one that
+ *		commits hands both to its parent.
  */
-static void
-live_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-					  SubTransactionId parentSubid, void *arg)
+void
+gatekeeper_live_count_at_subxact_end(SubXactEvent event)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	int			i;
@@ -495,15 +487,14 @@ erase_counts(text *queue)
 }
 
 /*
- * Whether mail_live_count counts the retrying mail (0.2.0's does not).
+ * Whether mail_live_count counts the retrying mail (0.2.0's does not):
+ * asked at every commit that changed the counts, so the answer is kept
+ * (src/catalog.c) until the table changes.
  */
 static bool
 counts_retrying(void)
 {
-	Oid			nsp = get_namespace_oid("gatekeeper", true);
-	Oid			relid = OidIsValid(nsp) ? get_relname_relid("mail_live_count", nsp) : InvalidOid;
-
-	return OidIsValid(relid) && get_attnum(relid, "retrying") != InvalidAttrNumber;
+	return gatekeeper_attnum(GATEKEEPER_COL_LIVE_COUNT_RETRYING) != InvalidAttrNumber;
 }
 
 /*
@@ -513,9 +504,7 @@ counts_retrying(void)
 static Oid
 live_relid_now(void)
 {
-	Oid			nsp = get_namespace_oid("gatekeeper", true);
-
-	return OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
+	return gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, true);
 }
 
 /*

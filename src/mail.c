@@ -9,54 +9,57 @@
  * same pass over the statement's transition table the trigger writes the
  * statement's mail_live rows (the claim state, one narrow row per mail)
  * straight into the table, in batches of multi-row heap inserts with
- * their index entries (see LiveWriter), then the keys of keyed mail into
+ * their index entries (src/live_writer.c), then the keys of keyed mail into
  * gatekeeper.mail_key (see write_keys), and notes that due mail was
  * written, so the delivery workers are woken when the transaction commits.
  * Due mail of a notify queue is announced (NOTIFY gatekeeper, '<queue>')
  * at commit, once per statement and queue; mail due later is left to the
  * first worker.
  *
+ * The trigger's settings, gatekeeper.on_duplicate and
+ * gatekeeper.current_segment, are defined with the others in
+ * src/gatekeeper.c.
+ *
+ * IDENTIFICATION
+ *		src/mail.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "mail.h"
-#include "due_floor.h"
+#include "address.h"
+#include "catalog.h"
+#include "gatekeeper.h"
+#include "live_count.h"
+#include "live_writer.h"
+#include "stats.h"
+#include "unsubscribe.h"
+#include "validate.h"
+#include "wake.h"
+#include "window.h"
 
+#include "access/detoast.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_type.h"
 #include "commands/trigger.h"
-#include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
-#include "optimizer/optimizer.h"
-#include "rewrite/rewriteHandler.h"
-#include "utils/tuplestore.h"
-#include "access/detoast.h"
 #include "fmgr.h"
-#include "storage/proc.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_trigger.h"
-#include "catalog/pg_type.h"
 #include "mb/pg_wchar.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
-#include "utils/datum.h"
-#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
-
-#include "address.h"
-#include "live_count.h"
-#include "stats.h"
-#include "unsubscribe.h"
-#include "window.h"
+#include "utils/tuplestore.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
 PG_FUNCTION_INFO_V1(gatekeeper_segment);
@@ -213,21 +216,6 @@ static SPIPlanPtr skipped_ids_plan = NULL;
 static SPIPlanPtr insert_live_kept_plan = NULL;
 static SPIPlanPtr delete_skipped_plans[4];
 
-/* gatekeeper.on_duplicate */
-typedef enum OnDuplicate
-{
-	ON_DUPLICATE_ERROR,
-	ON_DUPLICATE_SKIP
-} OnDuplicate;
-
-static const struct config_enum_entry on_duplicate_options[] = {
-	{"error", ON_DUPLICATE_ERROR, false},
-	{"skip", ON_DUPLICATE_SKIP, false},
-	{NULL, 0, false}
-};
-
-static int	on_duplicate = ON_DUPLICATE_ERROR;
-
 /*
  * After the stale rows are gone: the first of the statement's mails whose
  * key another mail holds, for the error (see held_key_error).
@@ -249,19 +237,6 @@ static SPIPlanPtr done_ids_plan = NULL;
 static SPIPlanPtr insert_live_plan = NULL;
 static SPIPlanPtr insert_live_restore_plan = NULL;
 static SPIPlanPtr is_live_plan = NULL;
-
-/*
- * gatekeeper_live_relid
- *		gatekeeper.mail_live's oid in this database, or InvalidOid (no
- *		extension).
- */
-Oid
-gatekeeper_live_relid(void)
-{
-	Oid			nsp = get_namespace_oid("gatekeeper", true);
-
-	return OidIsValid(nsp) ? get_relname_relid("mail_live", nsp) : InvalidOid;
-}
 
 /*
  * Look up the attribute numbers of the columns we check.
@@ -919,359 +894,131 @@ delete_skipped(TriggerData *trigdata, int nskipped)
 }
 
 /*
- * The statement's mail_live rows, written straight into the table.
- *
- * An INSERT ... SELECT from the transition table (the SQL path below, kept
- * for restores) reads every new mail a second time and goes through the
- * executor row by row: about a sixth of a COPY's time.  Instead, the pass
- * that validates the rows also forms their live rows and writes them in
- * batches with table_multi_insert(), as COPY itself does, then inserts
- * their index entries (the unique mail_dedupe included, so a second live
- * mail with the same queue and dedupe key fails as it would in SQL).
- *
- * Columns copied from the mail are the six the SQL path names; every
- * other column of mail_live takes its default, evaluated once per
- * statement.  The direct path is taken only when it does exactly what the
- * SQL would: no row trigger of mail_live that fires here (mail_live_restore
- * fires only at trigger depth 0, for restores), no volatile default, and
- * each copied column of the same type in both tables; otherwise the SQL
- * path runs.
- */
-#define LIVE_BATCH 1000
-
-static const char *const live_copied[] = {
-	"id", "queue", "priority", "send_at", "dedupe_key", "segment"
-};
-
-typedef struct LiveWriter
-{
-	Relation	rel;
-	EState	   *estate;
-	ResultRelInfo *rri;
-	BulkInsertState bistate;
-	CommandId	cid;
-	MemoryContext batch_cxt;	/* what a batch's inserts allocate */
-	int			natts;
-	int		   *source;			/* per mail_live attribute: the mail's
-								 * attribute it copies, or 0 */
-	Datum	   *fixed;			/* else its default, evaluated once */
-	bool	   *fixed_null;
-	int			queue_att;		/* mail_live's queue and dedupe_key, for */
-	int			dedupe_att;		/* the context of a dedupe conflict */
-	int			priority_att;	/* and its key in mail_due, for the */
-	int			send_at_att;	/* due floor (due_floor.c) */
-	int			id_att;
-	TupleTableSlot *slots[LIVE_BATCH];
-	int64		first_row;		/* the statement's row of slots[0] */
-	int			nslots;
-	int			nmade;			/* slots created so far */
-	int			current;		/* the slot whose index entries are going in */
-} LiveWriter;
-
-/*
- * The context of an error while a live row's index entries go in: a
- * second live mail with the same queue and dedupe key.  The unique index's
- * own detail names the key only to roles that may read the table; this
- * line names the row, queue and key to any role that may insert.
+ * The statement's new mail, in the trigger's transition table: validate
+ * every row and write its live row (src/live_writer.c, or the SQL path),
+ * its key and its counts, in one pass; nothing when the rows are a dump
+ * being loaded.
  */
 static void
-live_error_context(void *arg)
-{
-	LiveWriter *w = (LiveWriter *) arg;
-	TupleTableSlot *slot = w->slots[w->current];
-	bool		qnull = true;
-	bool		knull = true;
-	Datum		q = (Datum) 0;
-	Datum		k = (Datum) 0;
-
-	if (w->queue_att > 0)
-		q = slot_getattr(slot, w->queue_att, &qnull);
-	if (w->dedupe_att > 0)
-		k = slot_getattr(slot, w->dedupe_att, &knull);
-	if (knull)
-		errcontext("row %lld of the statement",
-				   (long long) (w->first_row + w->current));
-	else
-		errcontext("row %lld of the statement, queue \"%s\", dedupe key \"%s\"",
-				   (long long) (w->first_row + w->current),
-				   qnull ? "" : TextDatumGetCString(q), TextDatumGetCString(k));
-}
-
-/*
- * Whether mail_live has an insert trigger that would fire for the statement
- * trigger's inserts (trigger depth 1): any but mail_live_restore and the
- * live counts' own.
- */
-static bool
-live_has_triggers(Relation rel)
-{
-	TriggerDesc *td = rel->trigdesc;
-	int			i;
-
-	if (td == NULL)
-		return false;
-	for (i = 0; i < td->numtriggers; i++)
-	{
-		Trigger    *t = &td->triggers[i];
-
-		if (!TRIGGER_FOR_INSERT(t->tgtype) || t->tgenabled == TRIGGER_DISABLED)
-			continue;
-		if (strcmp(t->tgname, "mail_live_restore") == 0)
-			continue;
-		/* the live counts' trigger: the direct path counts for itself */
-		if (strcmp(t->tgname, "mail_live_count_insert") == 0)
-			continue;
-		return true;
-	}
-	return false;
-}
-
-/*
- * Open mail_live for the direct path, or return NULL when the SQL path
- * must write the rows instead.
- */
-static LiveWriter *
-live_open(TupleDesc mail_desc)
-{
-	Oid			relid = gatekeeper_live_relid();
-	Relation	rel;
-	TupleDesc	desc;
-	LiveWriter *w;
-	int			i;
-	int			j;
-
-	if (!OidIsValid(relid))
-		elog(ERROR, "table gatekeeper.mail_live is missing");
-	rel = table_open(relid, RowExclusiveLock);
-	if (live_has_triggers(rel))
-	{
-		table_close(rel, NoLock);
-		return NULL;
-	}
-	desc = RelationGetDescr(rel);
-
-	w = palloc0(sizeof(LiveWriter));
-	w->rel = rel;
-	w->natts = desc->natts;
-	w->source = palloc0(desc->natts * sizeof(int));
-	w->fixed = palloc0(desc->natts * sizeof(Datum));
-	w->fixed_null = palloc0(desc->natts * sizeof(bool));
-	w->estate = CreateExecutorState();
-	w->estate->es_output_cid = GetCurrentCommandId(true);
-
-	for (i = 0; i < desc->natts; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, i);
-		const char *name = NameStr(att->attname);
-		Node	   *def;
-
-		w->fixed_null[i] = true;
-		if (att->attisdropped)
-			continue;
-		for (j = 0; j < (int) lengthof(live_copied); j++)
-			if (strcmp(name, live_copied[j]) == 0)
-				break;
-		if (j < (int) lengthof(live_copied))
-		{
-			int			src = SPI_fnumber(mail_desc, name);
-
-			if (src <= 0 || TupleDescAttr(mail_desc, src - 1)->atttypid != att->atttypid)
-				goto use_sql;
-			w->source[i] = src;
-			continue;
-		}
-		def = build_column_default(rel, i + 1);
-		if (def == NULL)
-			continue;
-		if (contain_volatile_functions(def))
-			goto use_sql;
-		{
-			ExprState  *es = ExecPrepareExpr((Expr *) expression_planner((Expr *) def),
-											 w->estate);
-			ExprContext *econtext = GetPerTupleExprContext(w->estate);
-			MemoryContext old = MemoryContextSwitchTo(w->estate->es_query_cxt);
-
-			w->fixed[i] = ExecEvalExpr(es, econtext, &w->fixed_null[i]);
-			if (!w->fixed_null[i])
-				w->fixed[i] = datumCopy(w->fixed[i], att->attbyval, att->attlen);
-			MemoryContextSwitchTo(old);
-		}
-	}
-
-	w->queue_att = Max(SPI_fnumber(desc, "queue"), 0);
-	w->dedupe_att = Max(SPI_fnumber(desc, "dedupe_key"), 0);
-	w->priority_att = SPI_fnumber(desc, "priority");
-	w->send_at_att = SPI_fnumber(desc, "send_at");
-	w->id_att = SPI_fnumber(desc, "id");
-	if (w->queue_att <= 0 || w->priority_att <= 0 || w->send_at_att <= 0 || w->id_att <= 0)
-		goto use_sql;
-	w->rri = makeNode(ResultRelInfo);
-	/* no range table: ri_RangeTableIndex 0, which ExecConstraints allows */
-	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
-	ExecOpenIndices(w->rri, false);
-	w->bistate = GetBulkInsertState();
-	w->cid = GetCurrentCommandId(true);
-	w->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
-										 "gatekeeper live rows",
-										 ALLOCSET_DEFAULT_SIZES);
-	return w;
-
-use_sql:
-	FreeExecutorState(w->estate);
-	table_close(rel, NoLock);
-	return NULL;
-}
-
-/*
- * The lowest key of a run of live rows of one queue whose index entries
- * went in, for the due floor (due_floor.c): one lowering per run, not per
- * row.
- */
-typedef struct FloorRun
-{
-	text	   *queue;			/* NULL: no run yet */
-	DueKey		min;
-} FloorRun;
-
-/*
- * Add a live row whose index entries went in to the run, lowering the
- * floor to the run before when the queue changes.  Rows that are not
- * scheduled lower it too: harmless.
- */
-static void
-live_floor_note(LiveWriter *w, TupleTableSlot *slot, FloorRun *run)
-{
-	DueKey		key;
-	bool		n0,
-				n1,
-				n2,
-				n3;
-	Datum		queue = slot_getattr(slot, w->queue_att, &n0);
-	text	   *q;
-
-	key.priority = DatumGetInt32(slot_getattr(slot, w->priority_att, &n1));
-	key.send_at = DatumGetTimestampTz(slot_getattr(slot, w->send_at_att, &n2));
-	key.id = DatumGetInt64(slot_getattr(slot, w->id_att, &n3));
-	if (n0 || n1 || n2 || n3)
-		return;
-	q = DatumGetTextPP(queue);
-	if (run->queue != NULL &&
-		(VARSIZE_ANY_EXHDR(q) != VARSIZE_ANY_EXHDR(run->queue) ||
-		 memcmp(VARDATA_ANY(q), VARDATA_ANY(run->queue), VARSIZE_ANY_EXHDR(q)) != 0))
-	{
-		gatekeeper_due_floor_lower(PointerGetDatum(run->queue), &run->min);
-		run->queue = NULL;
-	}
-	if (run->queue == NULL)
-	{
-		run->queue = (text *) PG_DETOAST_DATUM_COPY(queue);
-		run->min = key;
-	}
-	else if (key.priority > run->min.priority ||
-			 (key.priority == run->min.priority &&
-			  (key.send_at < run->min.send_at ||
-			   (key.send_at == run->min.send_at && key.id < run->min.id))))
-		run->min = key;
-}
-
-/*
- * Write the buffered live rows and their index entries.
- */
-static void
-live_flush(LiveWriter *w)
-{
-	MemoryContext old;
-	ErrorContextCallback errcallback;
-	FloorRun	run = {NULL};
-	int			i;
-
-	if (w->nslots == 0)
-		return;
-	old = MemoryContextSwitchTo(w->batch_cxt);
-	table_multi_insert(w->rel, w->slots, w->nslots, w->cid, 0, w->bistate);
-	errcallback.callback = live_error_context;
-	errcallback.arg = w;
-	errcallback.previous = error_context_stack;
-	error_context_stack = &errcallback;
-	for (i = 0; i < w->nslots; i++)
-	{
-		List	   *recheck;
-
-		w->current = i;
-		ResetPerTupleExprContext(w->estate);
-		recheck = ExecInsertIndexTuples(w->rri, w->slots[i], w->estate,
-										false, false, NULL, NIL);
-		list_free(recheck);
-		live_floor_note(w, w->slots[i], &run);
-		ExecClearTuple(w->slots[i]);
-	}
-	if (run.queue != NULL)
-		gatekeeper_due_floor_lower(PointerGetDatum(run.queue), &run.min);
-	error_context_stack = errcallback.previous;
-	MemoryContextSwitchTo(old);
-	MemoryContextReset(w->batch_cxt);
-	w->nslots = 0;
-}
-
-/*
- * Buffer the live row of one new mail.
- */
-static void
-live_add(LiveWriter *w, HeapTuple mail, TupleDesc mail_desc, int64 row)
+check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 {
 	TupleTableSlot *slot;
-	int			i;
+	MemoryContext per_row;
+	MemoryContext old;
+	int64	   *done = NULL;
+	int			ndone = 0;
+	int64	   *skipped = NULL;
+	int			nskipped = 0;
+	bool		skipping = false;
+	LiveWriter *live = NULL;
+	StatsTally *tally = NULL;
+	bool		keyed = false;
+	RowContext	where;
+	ErrorContextCallback errcallback;
 
-	if (w->nslots == w->nmade)
+	/* a dump loaded through gatekeeper.mail: the rows as they were */
+	if (gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
+		return;
+
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+
+	done = finished_ids(trigdata, &ndone);
+	/* a restore of finished mail loads as it is, never skipped */
+	if (ndone == 0 && gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP)
 	{
-		/* slots outlive the caller's per-row context */
-		MemoryContext old = MemoryContextSwitchTo(w->estate->es_query_cxt);
-
-		w->slots[w->nmade++] = table_slot_create(w->rel, NULL);
-		MemoryContextSwitchTo(old);
+		skipping = true;
+		skipped = skip_held_keys(trigdata, &nskipped);
 	}
-	slot = w->slots[w->nslots];
-	if (w->nslots == 0)
-		w->first_row = row;
-	ExecClearTuple(slot);
-	for (i = 0; i < w->natts; i++)
+	if (ndone == 0)
+		live = gatekeeper_live_writer_open(desc);
+	tally = gatekeeper_stats_tally_start();
+
+	where.row = 0;
+	where.tuple = NULL;
+	where.desc = desc;
+	errcallback.callback = row_error_context;
+	errcallback.arg = &where;
+	errcallback.previous = error_context_stack;
+
+	per_row = AllocSetContextCreate(CurrentMemoryContext,
+									"gatekeeper mail check",
+									ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(per_row);
+	tuplestore_rescan(trigdata->tg_newtable);
+	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
 	{
-		if (w->source[i] > 0)
-			slot->tts_values[i] = heap_getattr(mail, w->source[i], mail_desc,
-											   &slot->tts_isnull[i]);
-		else
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		bool		finished = false;
+		bool		skip = false;
+
+		if (ndone > 0 || nskipped > 0)
 		{
-			slot->tts_values[i] = w->fixed[i];
-			slot->tts_isnull[i] = w->fixed_null[i];
+			bool		isnull;
+			int64		id = DatumGetInt64(heap_getattr(tuple, 1, desc, &isnull));
+
+			if (ndone > 0)
+				finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
+			else
+				skip = bsearch(&id, skipped, nskipped, sizeof(int64), int64_cmp) != NULL;
 		}
+		where.row++;
+		where.tuple = tuple;
+		error_context_stack = &errcallback;
+		check_mail(tuple, desc, true, !finished);
+		error_context_stack = errcallback.previous;
+		where.tuple = NULL;
+		if (!keyed)
+			keyed = !heap_attisnull(tuple, columns.dedupe_key, desc);
+		if (skip)
+		{
+			/* validated like the others, then left out */
+		}
+		else if (live != NULL)
+		{
+			bool		isnull;
+
+			gatekeeper_live_writer_add(live, tuple, desc, where.row);
+			gatekeeper_live_count_add(gatekeeper_live_writer_relid(live),
+									  heap_getattr(tuple, columns.queue, desc, &isnull),
+									  1, 0);
+		}
+		if (tally != NULL && !skip)
+		{
+			bool		isnull;
+			Datum		queue = heap_getattr(tuple, columns.queue, desc, &isnull);
+
+			if (!isnull)
+				gatekeeper_stats_count_enqueued(tally, queue);
+		}
+		if (should_free)
+			heap_freetuple(tuple);
+		/* a tuple read back from disk lives in per_row: let go of it first */
+		ExecClearTuple(slot);
+		MemoryContextReset(per_row);
 	}
-	ExecStoreVirtualTuple(slot);
-	/* copy the values out of the mail, which the caller frees */
-	ExecMaterializeSlot(slot);
-	if (w->rel->rd_att->constr != NULL)
-		ExecConstraints(w->rri, slot, w->estate);
-	if (++w->nslots == LIVE_BATCH)
-		live_flush(w);
-}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(per_row);
+	ExecDropSingleTupleTableSlot(slot);
 
-/*
- * Write what is left, and close.
- */
-static void
-live_close(LiveWriter *w)
-{
-	int			i;
-
-	live_flush(w);
-	for (i = 0; i < w->nmade; i++)
-		ExecDropSingleTupleTableSlot(w->slots[i]);
-	FreeBulkInsertState(w->bistate);
-	ExecCloseIndices(w->rri);
-	FreeExecutorState(w->estate);
-	table_close(w->rel, NoLock);	/* held to the end of the transaction */
-	MemoryContextDelete(w->batch_cxt);
-	/* as SPI does after a statement: later commands see the rows */
-	CommandCounterIncrement();
+	if (live != NULL)
+		gatekeeper_live_writer_close(live);
+	else if (skipping)
+		insert_live_kept(trigdata);
+	else
+		insert_live(trigdata, ndone > 0);
+	if (keyed && !skipping)
+		write_keys(trigdata);
+	if (nskipped > 0)
+	{
+		delete_skipped(trigdata, nskipped);
+		ereport(NOTICE,
+				(errmsg_plural("skipped %d row whose dedupe key is held",
+							   "skipped %d rows whose dedupe key is held",
+							   nskipped, nskipped),
+				 errdetail("gatekeeper.on_duplicate is skip: a row whose key a mail of its queue holds (scheduled, claimed, or finished within the queue's dedupe_window), or an earlier row of the statement, is not enqueued.")));
+	}
+	gatekeeper_stats_tally_end(tally);
 }
 
 /*
@@ -1314,123 +1061,7 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) &&
 		trigdata->tg_newtable != NULL)
 	{
-		TupleTableSlot *slot;
-		MemoryContext per_row;
-		MemoryContext old;
-		int64	   *done = NULL;
-		int			ndone = 0;
-		int64	   *skipped = NULL;
-		int			nskipped = 0;
-		bool		skipping = false;
-		LiveWriter *live = NULL;
-		StatsTally *tally = NULL;
-		bool		keyed = false;
-		RowContext	where;
-		ErrorContextCallback errcallback;
-
-		/* a dump loaded through gatekeeper.mail: the rows as they were */
-		if (gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
-			return PointerGetDatum(NULL);
-
-		slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-
-		done = finished_ids(trigdata, &ndone);
-		/* a restore of finished mail loads as it is, never skipped */
-		if (ndone == 0 && on_duplicate == ON_DUPLICATE_SKIP)
-		{
-			skipping = true;
-			skipped = skip_held_keys(trigdata, &nskipped);
-		}
-		if (ndone == 0)
-			live = live_open(desc);
-		tally = gatekeeper_stats_tally_start();
-
-		where.row = 0;
-		where.tuple = NULL;
-		where.desc = desc;
-		errcallback.callback = row_error_context;
-		errcallback.arg = &where;
-		errcallback.previous = error_context_stack;
-
-		per_row = AllocSetContextCreate(CurrentMemoryContext,
-										"gatekeeper mail check",
-										ALLOCSET_DEFAULT_SIZES);
-		old = MemoryContextSwitchTo(per_row);
-		tuplestore_rescan(trigdata->tg_newtable);
-		while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
-		{
-			bool		should_free;
-			HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
-			bool		finished = false;
-			bool		skip = false;
-
-			if (ndone > 0 || nskipped > 0)
-			{
-				bool		isnull;
-				int64		id = DatumGetInt64(heap_getattr(tuple, 1, desc, &isnull));
-
-				if (ndone > 0)
-					finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
-				else
-					skip = bsearch(&id, skipped, nskipped, sizeof(int64), int64_cmp) != NULL;
-			}
-			where.row++;
-			where.tuple = tuple;
-			error_context_stack = &errcallback;
-			check_mail(tuple, desc, true, !finished);
-			error_context_stack = errcallback.previous;
-			where.tuple = NULL;
-			if (!keyed)
-				keyed = !heap_attisnull(tuple, columns.dedupe_key, desc);
-			if (skip)
-			{
-				/* validated like the others, then left out */
-			}
-			else if (live != NULL)
-			{
-				bool		isnull;
-
-				live_add(live, tuple, desc, where.row);
-				gatekeeper_live_count_add(RelationGetRelid(live->rel),
-										  heap_getattr(tuple, columns.queue, desc, &isnull),
-										  1, 0);
-			}
-			if (tally != NULL && !skip)
-			{
-				bool		isnull;
-				Datum		queue = heap_getattr(tuple, columns.queue, desc, &isnull);
-
-				if (!isnull)
-					gatekeeper_stats_count_enqueued(tally, queue);
-			}
-			if (should_free)
-				heap_freetuple(tuple);
-			/* a tuple read back from disk lives in per_row: let go of it first */
-			ExecClearTuple(slot);
-			MemoryContextReset(per_row);
-		}
-		MemoryContextSwitchTo(old);
-		MemoryContextDelete(per_row);
-		ExecDropSingleTupleTableSlot(slot);
-
-		if (live != NULL)
-			live_close(live);
-		else if (skipping)
-			insert_live_kept(trigdata);
-		else
-			insert_live(trigdata, ndone > 0);
-		if (keyed && !skipping)
-			write_keys(trigdata);
-		if (nskipped > 0)
-		{
-			delete_skipped(trigdata, nskipped);
-			ereport(NOTICE,
-					(errmsg_plural("skipped %d row whose dedupe key is held",
-								   "skipped %d rows whose dedupe key is held",
-								   nskipped, nskipped),
-					 errdetail("gatekeeper.on_duplicate is skip: a row whose key a mail of its queue holds (scheduled, claimed, or finished within the queue's dedupe_window), or an earlier row of the statement, is not enqueued.")));
-		}
-		gatekeeper_stats_tally_end(tally);
+		check_new_mail(trigdata, rel, desc);
 		return PointerGetDatum(NULL);
 	}
 
@@ -1446,18 +1077,17 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
  * adding mail to the segment before; that segment is the newest but one,
  * and its tables are locked against the next rotations while the
  * transaction lasts.  missing_ok: 0 when the extension's table is not
- * there (for the setting below, which any session may show).
+ * there (for gatekeeper.current_segment, which any session may show).
  */
-static int16
-current_segment(bool missing_ok)
+int16
+gatekeeper_current_segment(bool missing_ok)
 {
 	static LocalTransactionId cached_lxid = InvalidLocalTransactionId;
 	static int16 cached = 0;
 
 	if (cached_lxid != MyProc->lxid)
 	{
-		Oid			nsp = get_namespace_oid("gatekeeper", missing_ok);
-		Oid			relid = OidIsValid(nsp) ? get_relname_relid("segment", nsp) : InvalidOid;
+		Oid			relid = gatekeeper_relid(GATEKEEPER_REL_SEGMENT, true);
 		Relation	rel;
 		TableScanDesc scan;
 		HeapTuple	tuple;
@@ -1505,61 +1135,5 @@ current_segment(bool missing_ok)
 Datum
 gatekeeper_segment(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_INT16(current_segment(false));
-}
-
-/*
- * gatekeeper.current_segment: the same, as a read-only setting.
- *
- * The default of gatekeeper.mail.segment is
- * coalesce(current_setting('gatekeeper.current_segment', true)::smallint,
- * gatekeeper._segment()): every row of an INSERT or COPY evaluates it, and
- * a call of _segment() costs a save and restore of every setting (its
- * pinned search_path), about 5% of a COPY in perf, where reading a
- * setting costs a lookup.  Its value is not stored: the show hook reads
- * the segment as _segment() does.  PGC_INTERNAL, so no role can set it.
- */
-static int	current_segment_setting = 0;
-
-static const char *
-show_current_segment(void)
-{
-	static const char *const names[] = {"0", "1", "2", "3"};
-
-	if (!IsTransactionState())
-		return names[0];
-	return names[current_segment(true)];
-}
-
-/*
- * gatekeeper.on_duplicate: what a bulk INSERT or COPY does with a row whose
- * dedupe key is held.  An enum, so that SET refuses any other value (with
- * the list of the two) as a check hook would.  enqueue() pins 'error': it
- * returns the holder's id itself.
- */
-void
-gatekeeper_define_on_duplicate_setting(void)
-{
-	DefineCustomEnumVariable("gatekeeper.on_duplicate",
-							 "What a bulk INSERT or COPY into gatekeeper.mail does with a row whose dedupe key is held.",
-							 "error fails the statement with SQLSTATE 23505; skip leaves the row out and counts it in a NOTICE at the end of the statement.",
-							 &on_duplicate,
-							 ON_DUPLICATE_ERROR,
-							 on_duplicate_options,
-							 PGC_USERSET,
-							 0,
-							 NULL, NULL, NULL);
-}
-
-void
-gatekeeper_define_segment_setting(void)
-{
-	DefineCustomIntVariable("gatekeeper.current_segment",
-							"The retention segment new mail goes to (read only).",
-							"The default of gatekeeper.mail.segment: gatekeeper.segment as this transaction reads it.",
-							&current_segment_setting,
-							0, 0, 3,
-							PGC_INTERNAL,
-							GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE | GUC_NO_RESET_ALL,
-							NULL, NULL, show_current_segment);
+	PG_RETURN_INT16(gatekeeper_current_segment(false));
 }

@@ -8,10 +8,10 @@
 #ifndef GATEKEEPER_MAIL_H
 #define GATEKEEPER_MAIL_H
 
-#include "gatekeeper.h"
-
-extern Oid	gatekeeper_live_relid(void);
-extern void gatekeeper_define_segment_setting(void);
-extern void gatekeeper_define_on_duplicate_setting(void);
+/*
+ * The retention segment new mail goes to in this transaction; 0 when the
+ * extension's table is not there and missing_ok.
+ */
+extern int16 gatekeeper_current_segment(bool missing_ok);
 
 #endif							/* GATEKEEPER_MAIL_H */

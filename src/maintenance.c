@@ -33,7 +33,6 @@
 #include "postgres.h"
 
 #include "maintenance.h"
-#include "mail.h"
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
@@ -42,6 +41,7 @@
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "pgstat.h"
+#include "catalog.h"
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
 #include "tcop/tcopprot.h"
@@ -114,7 +114,7 @@ count_live(int64 limit)
 void
 gatekeeper_live_maintenance(void)
 {
-	Oid			relid = gatekeeper_live_relid();
+	Oid			relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, true);
 	PgStat_StatTabEntry *stats;
 	BackgroundWorker worker;
 	pid_t		pid;
@@ -217,7 +217,7 @@ gatekeeper_vacuum_main(Datum main_arg)
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	relid = gatekeeper_live_relid();
+	relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, true);
 	if (!OidIsValid(relid))
 	{
 		CommitTransactionCommand();

@@ -21,8 +21,12 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "gatekeeper.h"
+#include "postgres.h"
+
+#include "message.h"
 #include "address.h"
+#include "gatekeeper.h"
+#include "validate.h"
 
 #include "common/hashfn.h"
 #include "fmgr.h"

@@ -66,6 +66,8 @@
 #include "report_parse.h"
 #include "stats.h"
 #include "unsubscribe.h"
+#include "address.h"
+#include "catalog.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_verp_token);
 PG_FUNCTION_INFO_V1(gatekeeper_check_return_path);
@@ -169,7 +171,6 @@ static char *verp_token(int64 id);
 static bool verp_verify(const char *token, size_t len, int64 *id);
 static bool token_in(const char *text, int64 *id);
 static bool message_id_mail(const char *message_id, int64 *id);
-static bool same_address(const char *a, const char *b);
 static bool hard_bounce_status(const char *status);
 static void segment_rels_invalidate(Datum arg, Oid relid);
 static void segment_rels_load(void);
@@ -326,21 +327,6 @@ message_id_mail(const char *message_id, int64 *id)
 	if (digits == 0 || *p != '.' || strchr(p, '@') == NULL)
 		return false;
 	*id = v;
-	return true;
-}
-
-/*
- * Whether a (a report's recipient, perhaps NULL) is b, ASCII letters in
- * any case (as the suppression list keys addresses).
- */
-static bool
-same_address(const char *a, const char *b)
-{
-	if (a == NULL || strlen(a) != strlen(b))
-		return false;
-	for (; *a; a++, b++)
-		if (pg_ascii_tolower((unsigned char) *a) != pg_ascii_tolower((unsigned char) *b))
-			return false;
 	return true;
 }
 
@@ -705,7 +691,8 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	if (message_id != NULL && (mail.message_id == NULL || strcmp(mail.message_id, message_id) != 0))
 		return 0;
 	if ((recipient1 != NULL || recipient2 != NULL) &&
-		!same_address(recipient1, recipient) && !same_address(recipient2, recipient))
+		!gatekeeper_same_address(recipient1, recipient) &&
+		!gatekeeper_same_address(recipient2, recipient))
 		return 0;
 
 	args[0] = Int64GetDatum(id);
@@ -781,7 +768,7 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 	int			i;
 
 	/* a dropped extension has no return paths (the caller's mail goes as is) */
-	if (!OidIsValid(get_relname_relid("queue", get_namespace_oid("gatekeeper", true))))
+	if (!OidIsValid(gatekeeper_relid(GATEKEEPER_REL_QUEUE, true)))
 	{
 		*token = NULL;
 		return NULL;

@@ -39,6 +39,7 @@
 #include "smtp_io.h"
 #include "smtp_relay.h"
 #include "smtp_session.h"
+#include "gatekeeper.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
 #include "utils/wait_event.h"

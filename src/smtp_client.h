@@ -28,6 +28,7 @@
 #define SMTP_CLIENT_H
 
 #include "gatekeeper.h"
+#include "message.h"
 
 #include "lib/ilist.h"
 

@@ -77,6 +77,7 @@
 #include "postgres.h"
 
 #include "stats.h"
+#include "xact.h"
 
 #include <unistd.h>
 
@@ -91,6 +92,8 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "catalog.h"
+#include "gatekeeper.h"
 #include "storage/fd.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -216,7 +219,6 @@ static HTAB *stats_hash = NULL;
 static PendingStats *pending = NULL;
 static int	npending = 0;
 static int	maxpending = 0;
-static bool callbacks_registered = false;
 
 static object_access_hook_type prev_object_access_hook = NULL;
 static TimestampTz last_sweep = 0;
@@ -238,9 +240,6 @@ static PendingStats *pending_append(const StatsKey *key);
 static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
 					   int state_att, Oid *state_values);
 static void note_groups(StatsTally *tally);
-static void stats_xact_callback(XactEvent event, void *arg);
-static void stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-								   SubTransactionId parentSubid, void *arg);
 static void stats_flush(void);
 static void stats_load(void);
 static void stats_save(int code, Datum arg);
@@ -389,12 +388,6 @@ pending_append(const StatsKey *key)
 {
 	PendingStats *p;
 
-	if (!callbacks_registered)
-	{
-		RegisterXactCallback(stats_xact_callback, NULL);
-		RegisterSubXactCallback(stats_subxact_callback, NULL);
-		callbacks_registered = true;
-	}
 	if (npending == maxpending)
 	{
 		int			newmax = Max(16, maxpending * 2);
@@ -834,12 +827,13 @@ gatekeeper_reset_stats(PG_FUNCTION_ARGS)
 }
 
 /*
- * At top-level commit, add what this transaction noted; at abort or
- * PREPARE TRANSACTION, drop it (a prepared transaction's work is not
- * counted).
+ * gatekeeper_stats_at_xact_end
+ *		src/xact.c's hook.  At top-level commit, add what this transaction
+ *		noted; at abort or PREPARE TRANSACTION, drop it (a prepared
+ *		transaction's work is not counted).
  */
-static void
-stats_xact_callback(XactEvent event, void *arg)
+void
+gatekeeper_stats_at_xact_end(XactEvent event)
 {
 	switch (event)
 	{
@@ -858,14 +852,15 @@ stats_xact_callback(XactEvent event, void *arg)
 }
 
 /*
- * A subtransaction that aborts drops what it noted; one that commits hands
- * it to its parent, merged into the parent's records where no deletion of
- * the queue lies between.  Records are in order of nesting level, so a
- * subtransaction's are the last ones.
+ * gatekeeper_stats_at_subxact_end
+ *		src/xact.c's hook.  A subtransaction that aborts drops what it
+ *		noted; one that commits hands it to its parent, merged into the
+ *		parent's records where no deletion of the queue lies between.
+ *		Records are in order of nesting level, so a subtransaction's are
+ *		the last ones.
  */
-static void
-stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-					   SubTransactionId parentSubid, void *arg)
+void
+gatekeeper_stats_at_subxact_end(SubXactEvent event)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	int			first;

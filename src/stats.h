@@ -8,14 +8,18 @@
 #ifndef GATEKEEPER_STATS_H
 #define GATEKEEPER_STATS_H
 
-#include "gatekeeper.h"
-
+#include "access/xact.h"
 #include "commands/trigger.h"
 
 extern Size gatekeeper_stats_shmem_size(void);
 extern void gatekeeper_stats_shmem_request(void);
 extern void gatekeeper_stats_shmem_init(void);
 extern void gatekeeper_stats_init(void);
+
+/* src/xact.c's hooks */
+extern void gatekeeper_stats_at_xact_end(XactEvent event);
+extern void gatekeeper_stats_at_subxact_end(SubXactEvent event);
+
 typedef struct StatsTally StatsTally;
 
 extern StatsTally *gatekeeper_stats_tally_start(void);

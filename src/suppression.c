@@ -29,6 +29,8 @@
 
 #include "gatekeeper.h"
 #include "suppression.h"
+#include "address.h"
+#include "catalog.h"
 
 /* one entry of the list, as the lookup returns it */
 typedef struct Entry
@@ -199,22 +201,6 @@ gatekeeper_suppression_check(GatekeeperSuppressionProbe *probes, int n)
 			}
 		}
 	}
-}
-
-PG_FUNCTION_INFO_V1(gatekeeper_address_key);
-
-/*
- * gatekeeper._address_key(address text) RETURNS text
- *		The key an address is kept under in the suppression list (as the
- *		gates key it), or 22023 unless it is a valid address.
- */
-Datum
-gatekeeper_address_key(PG_FUNCTION_ARGS)
-{
-	char	   *address = text_to_cstring(PG_GETARG_TEXT_PP(0));
-
-	gatekeeper_check_address(address, "suppressed");
-	PG_RETURN_TEXT_P(cstring_to_text(gatekeeper_recipient_key(address)));
 }
 
 PG_FUNCTION_INFO_V1(gatekeeper_suppressed);

@@ -32,6 +32,9 @@
 
 #include "gatekeeper.h"
 #include "unsubscribe.h"
+#include "address.h"
+#include "catalog.h"
+#include "validate.h"
 
 #define TOKEN_VERSION		1
 #define TOKEN_MAC_LEN		PG_SHA256_DIGEST_LENGTH

@@ -14,18 +14,15 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "gatekeeper.h"
+#include "postgres.h"
+
+#include "validate.h"
 
 #include "datatype/timestamp.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
-
-/* RFC 5321 limits */
-#define MAX_LOCAL_PART	64
-#define MAX_ADDRESS		254
-#define MAX_LABEL		63
 
 /* RFC 5322 recommends at most 78 characters a line; a name this long is absurd */
 #define MAX_HEADER_NAME 76
@@ -64,115 +61,6 @@ static const char *const reserved_headers[] = {
 };
 
 #define RESERVED_PREFIX "content-"
-
-/*
- * atext of RFC 5322 section 3.2.3: the characters of a dot-atom.
- */
-static bool
-is_atext(unsigned char c)
-{
-	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
-		return true;
-	return strchr("!#$%&'*+-/=?^_`{|}~", c) != NULL && c != '\0';
-}
-
-/*
- * gatekeeper_address_problem
- *		Why address is not a bare mailbox "local@domain" as gatekeeper
- *		accepts it, as a full sentence; NULL when it is one.
- *
- * A dot-atom local part and a domain of letter-digit-hyphen labels,
- * within RFC 5321's lengths.  Quoted local parts, domain literals and
- * display names are refused: no relay we hand mail to needs them, and
- * every one of them has been a source of parser disagreements.  Raises no
- * error, so that a setting's check hook can use it.
- */
-const char *
-gatekeeper_address_problem(const char *address)
-{
-	const char *at;
-	const char *p;
-	size_t		len = strlen(address);
-	size_t		label = 0;
-
-	if (len == 0)
-		return "The address is empty.";
-	if (len > MAX_ADDRESS)
-		return "The address is longer than 254 characters.";
-
-	at = strrchr(address, '@');
-	if (at == NULL)
-		return "The address has no \"@\".";
-	if (at == address)
-		return "The local part before \"@\" is empty.";
-	if (at - address > MAX_LOCAL_PART)
-		return "The local part is longer than 64 characters.";
-
-	/* local part: dot-atom */
-	for (p = address; p < at; p++)
-	{
-		if (*p == '.')
-		{
-			if (p == address || p + 1 == at || p[1] == '.')
-				return "The local part has a leading, trailing or doubled dot.";
-		}
-		else if (!is_atext((unsigned char) *p))
-			return "The local part may hold only letters, digits, dots and !#$%&'*+-/=?^_`{|}~.";
-	}
-
-	/* domain: LDH labels separated by single dots */
-	p = at + 1;
-	if (*p == '\0')
-		return "The domain after \"@\" is empty.";
-	for (; *p; p++)
-	{
-		unsigned char c = (unsigned char) *p;
-
-		if (c == '.')
-		{
-			if (label == 0 || p[1] == '\0')
-				return "The domain has an empty label.";
-			if (p[-1] == '-')
-				return "A domain label ends with a hyphen.";
-			label = 0;
-			continue;
-		}
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-			  (c >= '0' && c <= '9') || c == '-'))
-			return "The domain may hold only letters, digits, hyphens and dots.";
-		if (c == '-' && label == 0)
-			return "A domain label starts with a hyphen.";
-		if (++label > MAX_LABEL)
-			return "A domain label is longer than 63 characters.";
-	}
-	if (p[-1] == '-')
-		return "A domain label ends with a hyphen.";
-	return NULL;
-}
-
-/*
- * gatekeeper_check_address
- *		Raise an error unless address is a bare mailbox that
- *		gatekeeper_address_problem accepts.
- */
-void
-gatekeeper_check_address(const char *address, const char *what)
-{
-	const char *problem;
-
-	if (strpbrk(address, "\r\n") != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s address must not contain a line break", what),
-				 errdetail("A CR or LF in an address could inject headers or SMTP commands.")));
-
-	problem = gatekeeper_address_problem(address);
-	if (problem != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid %s address \"%s\"", what, address),
-				 errdetail("%s", problem)));
-}
 
 /*
  * gatekeeper_check_header_value

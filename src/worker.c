@@ -79,10 +79,17 @@
  *
  *-------------------------------------------------------------------------
  */
+#include "postgres.h"
+
 #include "gatekeeper.h"
 #include "address.h"
+#include "catalog.h"
+#include "claim.h"
 #include "dkim.h"
-#include "mail.h"
+#include "message.h"
+#include "wake.h"
+#include "worker.h"
+#include "worker_slots.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

@@ -1,0 +1,58 @@
+/*-------------------------------------------------------------------------
+ *
+ * catalog.h
+ *		What the rest of gatekeeper uses of catalog.c: the extension's
+ *		tables' OIDs, kept plans, statements run by key, dump detection and
+ *		arrays for SPI arguments.  (The version check is in gatekeeper.h.)
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_CATALOG_H
+#define GATEKEEPER_CATALOG_H
+
+#include "access/attnum.h"
+#include "executor/spi.h"
+#include "utils/relcache.h"
+
+/* the extension's tables (and indexes) whose OIDs are kept */
+typedef enum GatekeeperRel
+{
+	GATEKEEPER_REL_QUEUE,
+	GATEKEEPER_REL_SEGMENT,
+	GATEKEEPER_REL_MAIL_LIVE,
+	GATEKEEPER_REL_MAIL_DUE,	/* mail_live's index by queue and due time */
+	GATEKEEPER_REL_MAIL_LIVE_COUNT,
+	GATEKEEPER_REL_GATE_SPACE,
+	GATEKEEPER_NUM_RELS
+} GatekeeperRel;
+
+/* the columns whose presence the library asks about */
+typedef enum GatekeeperColumn
+{
+	GATEKEEPER_COL_LIVE_COUNT_RETRYING, /* mail_live_count.retrying (0.3.0) */
+	GATEKEEPER_NUM_COLUMNS
+} GatekeeperColumn;
+
+extern Oid	gatekeeper_relid(GatekeeperRel rel, bool missing_ok);
+extern uint32 gatekeeper_relid_generation(GatekeeperRel rel);
+extern AttrNumber gatekeeper_attnum(GatekeeperColumn column);
+
+extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes);
+extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
+									  bool read_only, long count);
+extern int	gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
+										   bool read_only, long count, DestReceiver *dest);
+extern void gatekeeper_planner_init(void);
+extern void gatekeeper_own_session(void);
+
+/* who writes the statement running now (gatekeeper_writer) */
+typedef enum GatekeeperWriter
+{
+	GATEKEEPER_WRITER_APPLICATION,	/* an application, or the owner by hand */
+	GATEKEEPER_WRITER_OWN,		/* gatekeeper's own code */
+	GATEKEEPER_WRITER_DUMP		/* a dump being loaded */
+} GatekeeperWriter;
+extern GatekeeperWriter gatekeeper_writer(void);
+extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
+
+#endif							/* GATEKEEPER_CATALOG_H */

@@ -1,0 +1,38 @@
+/*-------------------------------------------------------------------------
+ *
+ * validate.h
+ *		What the rest of gatekeeper uses of validate.c: header and duration
+ *		checks.  Each raises an error with a documented SQLSTATE when its
+ *		input is malformed; "what" names the field in the error message.
+ *		(Addresses are checked in src/address.c.)
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_VALIDATE_H
+#define GATEKEEPER_VALIDATE_H
+
+#include "datatype/timestamp.h"
+#include "utils/jsonb.h"
+
+extern void gatekeeper_check_header_value(const char *value, const char *what);
+extern void gatekeeper_check_header_name(const char *name);
+extern void gatekeeper_check_headers(Jsonb *headers);
+extern bool gatekeeper_header_reserved(const char *name);
+
+/*
+ * What src/message.c can always fold into header lines of at most 998
+ * octets, and src/validate.c therefore allows: a word written as it is
+ * (one in angle brackets) of at most GATEKEEPER_HEADER_WORD_MAX octets,
+ * and runs of at most GATEKEEPER_HEADER_SPACE_MAX spaces and tabs.  Any
+ * longer word is written as encoded-words, which fold anywhere.
+ */
+#define GATEKEEPER_HEADER_WORD_MAX	900
+#define GATEKEEPER_HEADER_SPACE_MAX	78
+
+/*
+ * An interval of a kind ("period", "dedupe_window", "lease", "delay")
+ * normalised to microseconds, or 22023 when outside the kind's bounds.
+ */
+extern Interval *gatekeeper_check_duration(const Interval *value, const char *kind);
+
+#endif							/* GATEKEEPER_VALIDATE_H */

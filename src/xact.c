@@ -1,0 +1,90 @@
+/*-------------------------------------------------------------------------
+ *
+ * xact.c
+ *		The one transaction callback of gatekeeper: at the end of every
+ *		transaction and subtransaction it calls each module's hook, in one
+ *		order.
+ *
+ * Four modules keep state for the transaction that runs and act when it
+ * ends: the gates' store (src/gate_store.c: refuses PREPARE TRANSACTION
+ * after gates changed, gives back memory reserved and not spent), the live
+ * counts (src/live_count.c: writes the noted changes to mail_live_count
+ * just before the commit), the queues' totals (src/stats.c: adds what was
+ * counted to shared memory after the commit) and the wake-ups
+ * (src/wake.c: wakes the workers and posts the announcement after the
+ * commit).  Each keeps its own pending state; this file only decides when
+ * each is called, and in which order:
+ *
+ * 1. the gates' store first, so that a PREPARE it refuses is refused
+ *    before anything is written for it;
+ * 2. the live counts next: at PRE_COMMIT they write rows, which may still
+ *    fail and abort the transaction, and nothing after the commit may;
+ * 3. the totals, after the commit, before the wake-ups: a worker or a
+ *    session woken by this commit sees the totals it made;
+ * 4. the wake-ups last, once everything this transaction publishes is in
+ *    shared memory.
+ *
+ * The callbacks are registered once per process, when the library is
+ * loaded; each hook returns at once when it has nothing pending.
+ *
+ * IDENTIFICATION
+ *		src/xact.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "xact.h"
+#include "gate_store.h"
+#include "live_count.h"
+#include "stats.h"
+#include "wake.h"
+
+static bool xact_callbacks_registered = false;
+
+static void gatekeeper_xact_callback(XactEvent event, void *arg);
+static void gatekeeper_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+										SubTransactionId parentSubid, void *arg);
+
+/*
+ * gatekeeper_xact_init
+ *		Register gatekeeper's transaction and subtransaction callbacks, once
+ *		per process.
+ */
+void
+gatekeeper_xact_init(void)
+{
+	if (xact_callbacks_registered)
+		return;
+	RegisterXactCallback(gatekeeper_xact_callback, NULL);
+	RegisterSubXactCallback(gatekeeper_subxact_callback, NULL);
+	xact_callbacks_registered = true;
+}
+
+/*
+ * Every module's hook for the end of a transaction, in the order the file
+ * banner explains.
+ */
+static void
+gatekeeper_xact_callback(XactEvent event, void *arg)
+{
+	gate_store_at_xact_end(event);
+	gatekeeper_live_count_at_xact_end(event);
+	gatekeeper_stats_at_xact_end(event);
+	gatekeeper_wake_at_xact_end(event);
+}
+
+/*
+ * Every module's hook for the end of a subtransaction: each drops what
+ * the subtransaction noted when it aborts, or hands it to the parent when
+ * it commits.  The modules are independent here; the order is the
+ * transaction's.
+ */
+static void
+gatekeeper_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+							SubTransactionId parentSubid, void *arg)
+{
+	gate_store_at_subxact_end(event);
+	gatekeeper_live_count_at_subxact_end(event);
+	gatekeeper_stats_at_subxact_end(event);
+}
