@@ -1362,29 +1362,13 @@ $$;
 COMMENT ON FUNCTION gatekeeper.resume(text) IS
 	'let claims take a paused queue''s mail again';
 
+-- src/mail_state_sweep.c
 CREATE FUNCTION gatekeeper.cancel(id bigint)
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF cancel.id IS NULL THEN
-		RAISE EXCEPTION 'id must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	WITH f AS (
-		DELETE FROM gatekeeper.mail_live l
-		 WHERE l.id = cancel.id AND l.state = 'scheduled'
-		RETURNING l.*
-	)
-	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-									  message_id, last_error, dedupe_key, finished_at, segment)
-	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
-		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM f;
-	RETURN FOUND;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_cancel';
 
 COMMENT ON FUNCTION gatekeeper.cancel(bigint) IS
 	'cancel a scheduled mail by id; true when it was cancelled, false when it is not scheduled (claimed, finished, or no such mail)';
@@ -1393,53 +1377,20 @@ COMMENT ON FUNCTION gatekeeper.cancel(bigint) IS
 -- application's own key for it); false when there is none
 CREATE FUNCTION gatekeeper.cancel(queue text, dedupe_key text)
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	found_id bigint;
-BEGIN
-	IF cancel.queue IS NULL OR cancel.dedupe_key IS NULL THEN
-		RAISE EXCEPTION 'queue and dedupe_key must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	PERFORM gatekeeper._queue(cancel.queue);
-	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
-	 WHERE l.queue = cancel.queue AND l.dedupe_key = cancel.dedupe_key AND l.state = 'scheduled';
-	IF NOT FOUND THEN
-		RETURN false;
-	END IF;
-	RETURN gatekeeper.cancel(found_id);
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_cancel_key';
 
 COMMENT ON FUNCTION gatekeeper.cancel(text, text) IS
 	'cancel the scheduled mail with this dedupe key in this queue; true when one was cancelled, false when no scheduled mail has it';
 
 CREATE FUNCTION gatekeeper.cancel_queue(queue text)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n bigint;
-BEGIN
-	PERFORM gatekeeper._queue(cancel_queue.queue);
-	WITH f AS (
-		DELETE FROM gatekeeper.mail_live l
-		 WHERE l.queue = cancel_queue.queue AND l.state = 'scheduled'
-		RETURNING l.*
-	)
-	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-									  message_id, last_error, dedupe_key, finished_at, segment)
-	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
-		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM f;
-	GET DIAGNOSTICS n = ROW_COUNT;
-	RETURN n;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_cancel_queue';
 
 COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
 	'cancel every scheduled mail of a queue; the number cancelled';
@@ -2169,98 +2120,15 @@ LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_incarnation_sql';
 
+-- settle lapsed claims (src/mail_state_sweep.c): scheduled again, unknown
+-- or failed; the claims of another server incarnation's background
+-- workers at once, whatever their lease
 CREATE FUNCTION gatekeeper.reap()
 RETURNS int
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n int;
-	release_recipients text[];
-	release_holders bigint[];
-	back_queues text[];
-	back_due timestamptz[];
-	-- this server's incarnation; NULL when no background worker can run
-	here text := gatekeeper._incarnation();
-BEGIN
-	/*
-	 * at_most_once: the mail may have gone, so it is never sent again.
-	 * at_least_once: back to scheduled, unless its attempts are spent;
-	 * it keeps its gate passes, which its next claim re-passes.  Mail that
-	 * failed gives its passes back, all in one sorted release.  Claimed
-	 * mail is in batches (gatekeeper.mail_claim): a lapsed batch is
-	 * deleted and the mails still open in it are judged; a mail whose
-	 * queue is gone goes back to scheduled rather than nowhere.
-	 *
-	 * A batch a background worker of another server incarnation claimed
-	 * (its worker is 'bgworker:<pid>@<incarnation>', or 0.2.0's
-	 * 'bgworker:<pid>') is taken back at once, whatever its lease: that
-	 * worker is gone (this is a promoted standby, or the server
-	 * restarted) and could only ever have recorded its outcomes on the
-	 * server it ran on.  Its mails go back uncharged.  External claimers'
-	 * claims are never taken back early: they outlive any one server, and
-	 * may ack on this one after a failover.
-	 */
-	WITH lapsed AS (
-		DELETE FROM gatekeeper.mail_claim c
-		 WHERE c.batch = ANY (ARRAY(
-				SELECT l.batch FROM gatekeeper.mail_claim l
-				 WHERE l.lease_until < now()
-				   FOR UPDATE SKIP LOCKED)
-			 || ARRAY(
-				SELECT l.batch FROM gatekeeper.mail_claim l
-				 WHERE here IS NOT NULL AND l.lease_until >= now()
-				   AND l.worker LIKE 'bgworker:%' AND l.worker NOT LIKE '%@' || here
-				   FOR UPDATE SKIP LOCKED))
-		RETURNING c.gone, c.mails, c.lease_until >= now() AS orphaned
-	), judged AS (
-		SELECT r.*, r.uncharged + e.orphaned::int AS free,
-			   CASE WHEN e.orphaned THEN 'claimed by a server that is gone'
-					ELSE 'lease expired' END AS why,
-			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
-					WHEN r.attempt - r.uncharged - e.orphaned::int >= q.max_attempts THEN 'failed'
-					ELSE 'scheduled' END AS outcome
-		  FROM lapsed e
-		 CROSS JOIN LATERAL unnest(e.mails) r
-		  LEFT JOIN gatekeeper.queue q ON q.name = r.queue
-		 WHERE NOT r.id = ANY (e.gone)
-	), back AS (
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  worker, message_id, last_error, dedupe_key, segment)
-		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.free,
-			   NULL, j.message_id, j.why, j.dedupe_key, j.segment
-		  FROM judged j
-		 WHERE j.outcome = 'scheduled'
-		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
-	), gone AS (
-		SELECT j.* FROM judged j WHERE j.outcome <> 'scheduled'
-	), done AS (
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		SELECT g.id, g.queue, g.outcome::gatekeeper.state, g.attempt, g.free, g.send_at, NULL,
-			   g.message_id, g.why, g.dedupe_key, now(), g.segment
-		  FROM gone g
-		RETURNING mail_done.id, mail_done.state, mail_done.segment
-	)
-	SELECT (SELECT count(*) FROM back) + count(d.id),
-		   array_agg(m.recipient) FILTER (WHERE d.state = 'failed'),
-		   array_agg(d.id) FILTER (WHERE d.state = 'failed'),
-		   (SELECT array_agg(b.queue) FROM back b), (SELECT array_agg(b.send_at) FROM back b)
-	  INTO n, release_recipients, release_holders, back_queues, back_due
-	  FROM done d
-	  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment;
-	IF release_recipients IS NOT NULL THEN
-		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
-	END IF;
-	-- mail back to scheduled is due again: external senders of a notify queue hear of it
-	PERFORM gatekeeper._announce(b.queue, min(b.due))
-	   FROM unnest(back_queues, back_due) AS b(queue, due)
-	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
-	  GROUP BY b.queue;
-	RETURN n;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_reap';
 
 COMMENT ON FUNCTION gatekeeper.reap() IS
 	'settle the claimed mail whose lease ran out (or whose server is gone): scheduled again, unknown (at-most-once mail) or failed (attempts spent); the number of mails settled';
