@@ -501,144 +501,9 @@ $$;
 -- row, is replaced once, in issue 27's section below (it also takes the
 -- events along)
 
--- an UPDATE of a scheduled mail's key gives it the key's row, so that it
--- holds the key once claimed and finished too
-CREATE OR REPLACE FUNCTION gatekeeper._mail_sync() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	ids bigint[];
-	attempts int[];
-	b gatekeeper.mail_claim;
-	r gatekeeper.mail_live;
-	pos int;
-BEGIN
-	IF TG_OP = 'DELETE' THEN
-		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
-		-- claimed mail: each open claim of a deleted mail, taken out of
-		-- its batch as an ack takes it (_take_claimed locks the batches
-		-- and skips what left them since this read); before the outcomes,
-		-- so that an ack this waited for has its outcome deleted too
-		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
-			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
-			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
-				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
-			 WHERE s.lo IS NOT NULL AND int8range(c.lo, c.hi, '[]') && int8range(s.lo, s.hi, '[]')
-			   AND NOT x.id = ANY (c.gone)
-			   AND x.id IN (SELECT o.id FROM old_mail o);
-			IF ids IS NOT NULL THEN
-				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
-			END IF;
-		END IF;
-		DELETE FROM gatekeeper.mail_done d
-		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
-		RETURN NULL;
-	END IF;
-	UPDATE gatekeeper.mail_live l
-	   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
-		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
-						  ELSE l.send_at END
-	 WHERE l.id = NEW.id;
-	IF NOT FOUND THEN
-		-- claimed: the batch the mail is open in, locked, and its record
-		SELECT c.* INTO b FROM gatekeeper.mail_claim c
-		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
-						   WHERE int8range(k.lo, k.hi, '[]') @> NEW.id AND x.id = NEW.id
-							 AND NOT NEW.id = ANY (k.gone)
-						   LIMIT 1)
-		   FOR UPDATE;
-		IF FOUND AND NOT NEW.id = ANY (b.gone) THEN
-			SELECT i INTO pos FROM generate_subscripts(b.mails, 1) i
-			 WHERE (b.mails[i]).id = NEW.id;
-			r := b.mails[pos];
-			IF NEW.dedupe_key IS NOT NULL
-			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
-				IF EXISTS (SELECT FROM gatekeeper.mail_live l
-							WHERE l.queue = NEW.queue AND l.dedupe_key = NEW.dedupe_key) THEN
-					RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_dedupe"'
-						USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_dedupe',
-							  DETAIL = format('A scheduled mail of queue %s holds dedupe key %s.',
-											  NEW.queue, NEW.dedupe_key);
-				END IF;
-				-- a stale row of the key is taken over (locked first, then
-				-- tested, as src/mail.c does); a held one fails the insert
-				PERFORM FROM gatekeeper.mail_key k
-				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
-				DELETE FROM gatekeeper.mail_key k
-				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
-				   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-				INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
-				VALUES (NEW.queue, NEW.dedupe_key, NEW.id);
-			END IF;
-			IF r.dedupe_key IS NOT NULL
-			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
-				DELETE FROM gatekeeper.mail_key k
-				 WHERE k.queue = r.queue AND k.dedupe_key = r.dedupe_key AND k.id = NEW.id;
-			END IF;
-			r.queue := NEW.queue;
-			r.priority := NEW.priority;
-			r.dedupe_key := NEW.dedupe_key;
-			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
-				r.send_at := NEW.send_at;
-			END IF;
-			IF NEW.queue = b.queue OR b.open = 1 THEN
-				-- the batch moves with its one open mail
-				UPDATE gatekeeper.mail_claim c SET queue = NEW.queue, mails[pos] = r
-				 WHERE c.batch = b.batch;
-			ELSE
-				IF b.open <= 1 THEN
-					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
-				ELSE
-					UPDATE gatekeeper.mail_claim c
-					   SET open = c.open - 1, gone = c.gone || NEW.id
-					 WHERE c.batch = b.batch;
-				END IF;
-				INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
-				VALUES (NEW.queue, b.worker, b.lease_until, NEW.id, NEW.id, 1, ARRAY[r]);
-			END IF;
-		ELSE
-			-- it left the batch (handed back into mail_live, or finished)
-			-- while this waited for the batch's lock
-			UPDATE gatekeeper.mail_live l
-			   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
-				   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
-								  ELSE l.send_at END
-			 WHERE l.id = NEW.id;
-		END IF;
-	ELSIF NEW.dedupe_key IS NOT NULL
-		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
-		-- scheduled: mail_dedupe refuses a key another scheduled mail
-		-- holds; a claimed mail, or one finished within its queue's
-		-- dedupe_window, holds its key in mail_key.  The mail takes the
-		-- key's row (locked first, then tested, as src/mail.c does), so
-		-- that it holds the key once claimed and finished too.
-		PERFORM FROM gatekeeper.mail_key k
-		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
-		DELETE FROM gatekeeper.mail_key k
-		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key AND k.id <> NEW.id
-		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-		IF EXISTS (SELECT FROM gatekeeper.mail_key k
-					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
-					  AND k.id <> NEW.id) THEN
-			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
-				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
-					  DETAIL = format('A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.',
-									  NEW.queue, NEW.dedupe_key);
-		END IF;
-		INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
-		VALUES (NEW.queue, NEW.dedupe_key, NEW.id)
-		ON CONFLICT (queue, dedupe_key) DO NOTHING;
-		DELETE FROM gatekeeper.mail_key k
-		 WHERE k.queue = OLD.queue AND k.dedupe_key = OLD.dedupe_key AND k.id = NEW.id;
-	END IF;
-	UPDATE gatekeeper.mail_done d
-	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
-	 WHERE d.id = NEW.id AND d.segment = NEW.segment
-	   AND (d.queue, d.dedupe_key) IS DISTINCT FROM (NEW.queue, NEW.dedupe_key);
-	RETURN NULL;
-END
-$$;
+-- _mail_sync(), which gives a scheduled mail whose key an UPDATE changes
+-- the key's row (so that it holds the key once claimed and finished too),
+-- is made once, in its final form (C), in issue 26, item 1's section below
 
 
 SELECT gatekeeper._mail_key_hold(NULL);
@@ -2397,7 +2262,8 @@ CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
  * Issue 26, item 1: every change of a mail's state in C.  cancel (by id, by
  * dedupe key, a whole queue) and reap become LANGUAGE c entry points
  * (src/mail_state_sweep.c), running the statements the PL/pgSQL bodies
- * ran.  reap() is made here once, in its final form.
+ * ran; so does the _mail_sync() trigger.  reap() and _mail_sync() are
+ * made here once, in their final form.
  * ---------------------------------------------------------------------------
  */
 CREATE OR REPLACE FUNCTION gatekeeper.cancel(id bigint)
@@ -2420,6 +2286,13 @@ LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_cancel_queue';
+
+-- an application's UPDATE or DELETE of gatekeeper.mail, carried into the
+-- state rows (src/mail_state_sweep.c)
+CREATE OR REPLACE FUNCTION gatekeeper._mail_sync() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_sync';
 
 -- settle lapsed claims (src/mail_state_sweep.c): scheduled again, unknown
 -- or failed; the claims of another server incarnation's background

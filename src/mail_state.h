@@ -12,6 +12,8 @@
 
 #include "postgres.h"
 
+#include "utils/array.h"
+
 /* gatekeeper.mail_live's columns, in the table's order */
 #define MAIL_LIVE_COLUMNS \
 	"id, queue, priority, send_at, state, attempt, uncharged, worker, " \
@@ -21,6 +23,9 @@
 #define MAIL_DONE_COLUMNS \
 	"id, queue, state, attempt, uncharged, send_at, worker, " \
 	"message_id, last_error, dedupe_key, finished_at, segment"
+
+/* src/claim.c: take claims out of their batches, recording nothing */
+extern int	gatekeeper_mail_take_claimed(ArrayType *ids, ArrayType *attempts);
 
 /* src/mail_state_sweep.c; each runs with SPI connected */
 extern int32 gatekeeper_mail_reap(void);

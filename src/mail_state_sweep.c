@@ -23,17 +23,25 @@
 #include "gatekeeper.h"
 #include "mail_state.h"
 
+#include "access/htup_details.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_cancel);
 PG_FUNCTION_INFO_V1(gatekeeper_cancel_key);
 PG_FUNCTION_INFO_V1(gatekeeper_cancel_queue);
 PG_FUNCTION_INFO_V1(gatekeeper_reap);
+PG_FUNCTION_INFO_V1(gatekeeper_mail_sync);
 
 /*
  * The scheduled mail a cancel takes out of mail_live, into mail_done as
@@ -124,15 +132,151 @@ static const char reap_sql[] =
 "  FROM done d "
 "  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment";
 
+/*
+ * _mail_sync, after a DELETE of gatekeeper.mail: the deleted mails' live
+ * rows, the open claims of them ($1 the ids, between $2 and $3: taken out
+ * of their batches as an ack takes them), and their outcomes ($4 the
+ * segments).
+ */
+static const char sync_delete_live_sql[] =
+"DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY ($1)";
+
+static const char sync_any_claim_sql[] =
+"SELECT FROM gatekeeper.mail_claim";
+
+static const char sync_deleted_claims_sql[] =
+"SELECT array_agg(x.id), array_agg(x.attempt) "
+"  FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x "
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($2, $3, '[]') "
+"   AND NOT x.id = ANY (c.gone) "
+"   AND x.id = ANY ($1)";
+
+static const char sync_delete_done_sql[] =
+"DELETE FROM gatekeeper.mail_done d "
+" USING unnest($1::bigint[], $2::smallint[]) AS o(id, segment) "
+" WHERE d.id = o.id AND d.segment = o.segment";
+
+/*
+ * _mail_sync, after an UPDATE of a mail's queue ($2), priority ($3),
+ * dedupe key ($4) or send_at ($5, NULL when it did not change).
+ */
+static const char sync_live_sql[] =
+"UPDATE gatekeeper.mail_live l "
+"   SET queue = $2, priority = $3, dedupe_key = $4, send_at = coalesce($5, l.send_at) "
+" WHERE l.id = $1";
+
+/* the batch the claimed mail $1 is open in, locked */
+static const char sync_claim_batch_sql[] =
+"SELECT c.batch, c.queue, c.worker, c.lease_until, c.open, c.gone, c.mails "
+"  FROM gatekeeper.mail_claim c "
+" WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x "
+"                   WHERE int8range(k.lo, k.hi, '[]') @> $1 AND x.id = $1 "
+"                     AND NOT $1 = ANY (k.gone) "
+"                   LIMIT 1) "
+"   FOR UPDATE";
+
+static const char sync_key_scheduled_sql[] =
+"SELECT FROM gatekeeper.mail_live l WHERE l.queue = $1 AND l.dedupe_key = $2";
+
+/*
+ * A key's row is locked first, then tested (as src/mail.c does): a stale
+ * row is taken over, a held one fails the insert.
+ */
+static const char sync_key_lock_sql[] =
+"SELECT FROM gatekeeper.mail_key k WHERE k.queue = $1 AND k.dedupe_key = $2 FOR UPDATE";
+
+static const char sync_key_drop_stale_sql[] =
+"DELETE FROM gatekeeper.mail_key k "
+" WHERE k.queue = $1 AND k.dedupe_key = $2 AND k.id <> $3 "
+"   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)";
+
+static const char sync_key_drop_unheld_sql[] =
+"DELETE FROM gatekeeper.mail_key k "
+" WHERE k.queue = $1 AND k.dedupe_key = $2 "
+"   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)";
+
+static const char sync_key_held_sql[] =
+"SELECT FROM gatekeeper.mail_key k WHERE k.queue = $1 AND k.dedupe_key = $2 AND k.id <> $3";
+
+static const char sync_key_insert_sql[] =
+"INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ($1, $2, $3)";
+
+static const char sync_key_take_sql[] =
+"INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ($1, $2, $3) "
+"ON CONFLICT (queue, dedupe_key) DO NOTHING";
+
+static const char sync_key_release_sql[] =
+"DELETE FROM gatekeeper.mail_key k WHERE k.queue = $1 AND k.dedupe_key = $2 AND k.id = $3";
+
+/* the claimed mail's record ($4, at $3) rewritten in its batch, which may move */
+static const char sync_claim_rewrite_sql[] =
+"UPDATE gatekeeper.mail_claim c SET queue = $2, mails[$3] = $4 WHERE c.batch = $1";
+
+static const char sync_claim_drop_sql[] =
+"DELETE FROM gatekeeper.mail_claim c WHERE c.batch = $1";
+
+static const char sync_claim_leave_sql[] =
+"UPDATE gatekeeper.mail_claim c SET open = c.open - 1, gone = c.gone || $2 WHERE c.batch = $1";
+
+static const char sync_claim_alone_sql[] =
+"INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails) "
+"VALUES ($1, $2, $3, $4, $4, 1, ARRAY[$5])";
+
+static const char sync_done_sql[] =
+"UPDATE gatekeeper.mail_done d SET queue = $2, dedupe_key = $3 "
+" WHERE d.id = $1 AND d.segment = $4 "
+"   AND (d.queue, d.dedupe_key) IS DISTINCT FROM ($2, $3)";
+
 static SPIPlanPtr cancel_plan = NULL;
 static SPIPlanPtr cancel_queue_plan = NULL;
 static SPIPlanPtr scheduled_by_key_plan = NULL;
 static SPIPlanPtr queue_exists_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
+static SPIPlanPtr sync_delete_live_plan = NULL;
+static SPIPlanPtr sync_any_claim_plan = NULL;
+static SPIPlanPtr sync_deleted_claims_plan = NULL;
+static SPIPlanPtr sync_delete_done_plan = NULL;
+static SPIPlanPtr sync_live_plan = NULL;
+static SPIPlanPtr sync_claim_batch_plan = NULL;
+static SPIPlanPtr sync_key_scheduled_plan = NULL;
+static SPIPlanPtr sync_key_lock_plan = NULL;
+static SPIPlanPtr sync_key_drop_stale_plan = NULL;
+static SPIPlanPtr sync_key_drop_unheld_plan = NULL;
+static SPIPlanPtr sync_key_held_plan = NULL;
+static SPIPlanPtr sync_key_insert_plan = NULL;
+static SPIPlanPtr sync_key_take_plan = NULL;
+static SPIPlanPtr sync_key_release_plan = NULL;
+static SPIPlanPtr sync_claim_rewrite_plan = NULL;
+static SPIPlanPtr sync_claim_drop_plan = NULL;
+static SPIPlanPtr sync_claim_leave_plan = NULL;
+static SPIPlanPtr sync_claim_alone_plan = NULL;
+static SPIPlanPtr sync_done_plan = NULL;
+
+/* the mail_live row type the plans taking a record were prepared for */
+static Oid	record_plans_type = InvalidOid;
+
+/* A mail's columns that _mail_sync carries into its state rows. */
+typedef struct SyncedMail
+{
+	int64		id;
+	int16		segment;
+	Datum		queue;			/* text */
+	int32		priority;
+	Datum		dedupe_key;		/* text, or 0 for NULL */
+	TimestampTz send_at;
+} SyncedMail;
 
 static bool cancel_scheduled(int64 id);
 static void require_queue(text *queue);
 static void announce_due(Datum queues, Datum dues);
+static bool text_equal(Datum a, Datum b);
+static void synced_mail(TupleDesc desc, HeapTuple tuple, SyncedMail *m);
+static void sync_delete(TriggerData *trigdata);
+static void sync_update(TriggerData *trigdata);
+static bool sync_claimed(SyncedMail *new, bool send_at_changed);
+static void sync_key_take(SyncedMail *new, bool scheduled);
+static int	execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+					Datum *args, const char *nulls, bool read_only);
 
 /*
  * Cancel the scheduled mail id: true when it was cancelled, false when it
@@ -396,4 +540,504 @@ gatekeeper_reap(PG_FUNCTION_ARGS)
 	n = gatekeeper_mail_reap();
 	SPI_finish();
 	PG_RETURN_INT32(n);
+}
+
+/*
+ * A statement of this file, kept in *plan, run with args (nulls as
+ * SPI_execute_plan takes them); returns SPI's result code.
+ */
+static int
+execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+		Datum *args, const char *nulls, bool read_only)
+{
+	gatekeeper_plan(plan, sql, nargs, types);
+	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
+}
+
+/* Two texts, either 0 for NULL, are the same (NOT IS DISTINCT FROM) */
+static bool
+text_equal(Datum a, Datum b)
+{
+	if (a == (Datum) 0 || b == (Datum) 0)
+		return a == b;
+	return DatumGetBool(DirectFunctionCall2Coll(texteq, DEFAULT_COLLATION_OID, a, b));
+}
+
+/* The columns of a row of gatekeeper.mail that _mail_sync carries. */
+static void
+synced_mail(TupleDesc desc, HeapTuple tuple, SyncedMail *m)
+{
+	bool		isnull;
+
+	m->id = DatumGetInt64(heap_getattr(tuple, SPI_fnumber(desc, "id"), desc, &isnull));
+	m->segment = DatumGetInt16(heap_getattr(tuple, SPI_fnumber(desc, "segment"), desc, &isnull));
+	m->queue = heap_getattr(tuple, SPI_fnumber(desc, "queue"), desc, &isnull);
+	m->priority = DatumGetInt32(heap_getattr(tuple, SPI_fnumber(desc, "priority"), desc, &isnull));
+	m->dedupe_key = heap_getattr(tuple, SPI_fnumber(desc, "dedupe_key"), desc, &isnull);
+	if (isnull)
+		m->dedupe_key = (Datum) 0;
+	else
+		m->dedupe_key = PointerGetDatum(PG_DETOAST_DATUM_PACKED(m->dedupe_key));
+	m->queue = PointerGetDatum(PG_DETOAST_DATUM_PACKED(m->queue));
+	m->send_at = DatumGetTimestampTz(heap_getattr(tuple, SPI_fnumber(desc, "send_at"),
+												  desc, &isnull));
+}
+
+/*
+ * After a DELETE of gatekeeper.mail: the mails' live rows go; each open
+ * claim of a deleted mail is taken out of its batch as an ack takes it
+ * (take_claimed locks the batches and skips what left them since this
+ * read), before the outcomes, so that an ack this waited for has its
+ * outcome deleted too; then the outcomes go.
+ */
+static void
+sync_delete(TriggerData *trigdata)
+{
+	Tuplestorestate *rows = trigdata->tg_oldtable;
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	int			id_att = SPI_fnumber(desc, "id");
+	int			segment_att = SPI_fnumber(desc, "segment");
+	TupleTableSlot *slot;
+	Datum	   *ids;
+	Datum	   *segments;
+	int			n = 0;
+	int			size = 64;
+	int64		lo = PG_INT64_MAX;
+	int64		hi = PG_INT64_MIN;
+	Oid			types[4];
+	Datum		args[4];
+
+	if (rows == NULL)
+		elog(ERROR, "gatekeeper._mail_sync needs the DELETE's transition table");
+	if (id_att <= 0 || segment_att <= 0)
+		elog(ERROR, "gatekeeper._mail_sync fired on a table without id and segment");
+	ids = palloc(size * sizeof(Datum));
+	segments = palloc(size * sizeof(Datum));
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	tuplestore_rescan(rows);
+	while (tuplestore_gettupleslot(rows, true, false, slot))
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(slot_getattr(slot, id_att, &isnull));
+
+		if (n == size)
+		{
+			size *= 2;
+			ids = repalloc_huge(ids, size * sizeof(Datum));
+			segments = repalloc_huge(segments, size * sizeof(Datum));
+		}
+		ids[n] = Int64GetDatum(id);
+		segments[n] = slot_getattr(slot, segment_att, &isnull);
+		n++;
+		lo = Min(lo, id);
+		hi = Max(hi, id);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	if (n == 0)
+		return;
+
+	types[0] = INT8ARRAYOID;
+	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
+	if (execute(&sync_delete_live_plan, sync_delete_live_sql, 1, types, args, NULL,
+				false) != SPI_OK_DELETE)
+		elog(ERROR, "could not delete the live rows of deleted mail");
+
+	if (execute(&sync_any_claim_plan, sync_any_claim_sql, 0, NULL, NULL, NULL,
+				true) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gatekeeper.mail_claim");
+	if (SPI_processed > 0)
+	{
+		bool		isnull;
+		Datum		claim_ids;
+		Datum		claim_attempts;
+
+		types[1] = INT8OID;
+		types[2] = INT8OID;
+		args[1] = Int64GetDatum(lo);
+		args[2] = Int64GetDatum(hi);
+		if (execute(&sync_deleted_claims_plan, sync_deleted_claims_sql, 3, types, args, NULL,
+					true) != SPI_OK_SELECT || SPI_processed != 1)
+			elog(ERROR, "could not read the claims of deleted mail");
+		claim_ids = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		if (!isnull)
+		{
+			claim_attempts = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+										   &isnull);
+			(void) gatekeeper_mail_take_claimed(DatumGetArrayTypeP(claim_ids),
+												DatumGetArrayTypeP(claim_attempts));
+		}
+	}
+
+	types[1] = INT2ARRAYOID;
+	args[1] = gatekeeper_array(segments, NULL, n, INT2OID);
+	if (execute(&sync_delete_done_plan, sync_delete_done_sql, 2, types, args, NULL,
+				false) != SPI_OK_DELETE)
+		elog(ERROR, "could not delete the outcomes of deleted mail");
+}
+
+/*
+ * The dedupe key new->dedupe_key for mail new, which holds it no more
+ * than it did: its row of mail_key, locked first and tested then (as
+ * src/mail.c does).  A claimed mail (!scheduled) takes a stale row over
+ * and fails on a held one as the key's insert would; a scheduled mail
+ * fails when a mail other than itself holds it, and keeps a row it holds.
+ */
+static void
+sync_key_take(SyncedMail *new, bool scheduled)
+{
+	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+	Datum		args[3];
+
+	args[0] = new->queue;
+	args[1] = new->dedupe_key;
+	args[2] = Int64GetDatum(new->id);
+	if (execute(&sync_key_lock_plan, sync_key_lock_sql, 2, types, args, NULL,
+				false) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock a dedupe key");
+	if (scheduled)
+	{
+		if (execute(&sync_key_drop_stale_plan, sync_key_drop_stale_sql, 3, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not take over a dedupe key");
+		if (execute(&sync_key_held_plan, sync_key_held_sql, 3, types, args, NULL,
+					true) != SPI_OK_SELECT)
+			elog(ERROR, "could not look up a dedupe key");
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("duplicate key value violates unique constraint \"%s\"",
+							"mail_key_pkey"),
+					 errdetail("A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.",
+							   TextDatumGetCString(new->queue),
+							   TextDatumGetCString(new->dedupe_key)),
+					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_key_pkey")));
+		if (execute(&sync_key_take_plan, sync_key_take_sql, 3, types, args, NULL,
+					false) != SPI_OK_INSERT)
+			elog(ERROR, "could not write a dedupe key");
+	}
+	else
+	{
+		/* mail_key_pkey refuses the insert if a mail that holds it has the row */
+		if (execute(&sync_key_drop_unheld_plan, sync_key_drop_unheld_sql, 2, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not take over a dedupe key");
+		if (execute(&sync_key_insert_plan, sync_key_insert_sql, 3, types, args, NULL,
+					false) != SPI_OK_INSERT)
+			elog(ERROR, "could not write a dedupe key");
+	}
+}
+
+/*
+ * The claimed mail new (its send_at moved if send_at_changed): its record
+ * rewritten in the batch it is open in, under the batch's lock; one moved
+ * to another queue leaves its batch for a batch of its own in the new
+ * queue, with the same lease and worker (unless it is the batch's one
+ * open mail: the batch moves), so that the batches' queues stay the ones
+ * queue_stats and drop_queue count.  A new dedupe key is written into
+ * mail_key (23505 if an unfinished mail holds it).  Returns false when
+ * the mail is open in no batch (it left while this waited for the lock).
+ */
+static bool
+sync_claimed(SyncedMail *new, bool send_at_changed)
+{
+	Oid			types[5];
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	HeapTuple	row;
+	TupleDesc	rowdesc;
+	bool		isnull;
+	int64		batch;
+	Datum		batch_queue;
+	Datum		worker;
+	bool		no_worker;
+	Datum		lease_until;
+	int32		open;
+	ArrayType  *gone;
+	ArrayType  *mails;
+	Oid			record_type;
+	TupleDesc	desc;
+	Datum	   *gone_ids;
+	int			ngone;
+	Datum	   *records;
+	int			nrecords;
+	int			pos = -1;
+	int			i;
+	int			id_att;
+	int			queue_att;
+	int			priority_att;
+	int			send_at_att;
+	int			key_att;
+	HeapTupleData rec;
+	Datum	   *values;
+	bool	   *recnulls;
+	Datum		old_key;
+	Datum		old_queue;
+	Datum		record;
+
+	types[0] = INT8OID;
+	args[0] = Int64GetDatum(new->id);
+	if (execute(&sync_claim_batch_plan, sync_claim_batch_sql, 1, types, args, NULL,
+				false) != SPI_OK_SELECT ||
+		SPI_processed > 1)
+		elog(ERROR, "could not lock the batch of a claimed mail");
+	if (SPI_processed == 0)
+		return false;
+	row = SPI_tuptable->vals[0];
+	rowdesc = SPI_tuptable->tupdesc;
+	batch = DatumGetInt64(SPI_getbinval(row, rowdesc, 1, &isnull));
+	batch_queue = SPI_getbinval(row, rowdesc, 2, &isnull);
+	worker = SPI_getbinval(row, rowdesc, 3, &no_worker);
+	lease_until = SPI_getbinval(row, rowdesc, 4, &isnull);
+	open = DatumGetInt32(SPI_getbinval(row, rowdesc, 5, &isnull));
+	gone = DatumGetArrayTypeP(SPI_getbinval(row, rowdesc, 6, &isnull));
+	mails = DatumGetArrayTypeP(SPI_getbinval(row, rowdesc, 7, &isnull));
+
+	/* the lock read the batch's latest version: is the mail still open in it? */
+	deconstruct_array(gone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &gone_ids, NULL, &ngone);
+	for (i = 0; i < ngone; i++)
+		if (DatumGetInt64(gone_ids[i]) == new->id)
+			return false;
+
+	record_type = ARR_ELEMTYPE(mails);
+	desc = lookup_rowtype_tupdesc_copy(record_type, -1);
+	id_att = SPI_fnumber(desc, "id");
+	queue_att = SPI_fnumber(desc, "queue");
+	priority_att = SPI_fnumber(desc, "priority");
+	send_at_att = SPI_fnumber(desc, "send_at");
+	key_att = SPI_fnumber(desc, "dedupe_key");
+	if (id_att <= 0 || queue_att <= 0 || priority_att <= 0 || send_at_att <= 0 || key_att <= 0)
+		elog(ERROR, "type gatekeeper.mail_live lacks a column of a claim");
+	deconstruct_array(mails, record_type, -1, false, TYPALIGN_DOUBLE,
+					  &records, NULL, &nrecords);
+	values = palloc(desc->natts * sizeof(Datum));
+	recnulls = palloc(desc->natts * sizeof(bool));
+	for (i = 0; i < nrecords && pos < 0; i++)
+	{
+		rec.t_data = DatumGetHeapTupleHeader(records[i]);
+		rec.t_len = HeapTupleHeaderGetDatumLength(rec.t_data);
+		ItemPointerSetInvalid(&rec.t_self);
+		rec.t_tableOid = InvalidOid;
+		if (DatumGetInt64(heap_getattr(&rec, id_att, desc, &isnull)) == new->id)
+		{
+			pos = i;
+			heap_deform_tuple(&rec, desc, values, recnulls);
+		}
+	}
+	if (pos < 0)
+		return false;
+	old_queue = values[queue_att - 1];
+	old_key = recnulls[key_att - 1] ? (Datum) 0 : values[key_att - 1];
+
+	if (new->dedupe_key != (Datum) 0 &&
+		!(text_equal(new->queue, old_queue) && text_equal(new->dedupe_key, old_key)))
+	{
+		types[0] = TEXTOID;
+		types[1] = TEXTOID;
+		args[0] = new->queue;
+		args[1] = new->dedupe_key;
+		if (execute(&sync_key_scheduled_plan, sync_key_scheduled_sql, 2, types, args, NULL,
+					true) != SPI_OK_SELECT)
+			elog(ERROR, "could not look up a dedupe key");
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("duplicate key value violates unique constraint \"%s\"",
+							"mail_dedupe"),
+					 errdetail("A scheduled mail of queue %s holds dedupe key %s.",
+							   TextDatumGetCString(new->queue),
+							   TextDatumGetCString(new->dedupe_key)),
+					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_dedupe")));
+		sync_key_take(new, false);
+	}
+	if (old_key != (Datum) 0 &&
+		!(text_equal(new->queue, old_queue) && text_equal(new->dedupe_key, old_key)))
+	{
+		types[0] = TEXTOID;
+		types[1] = TEXTOID;
+		types[2] = INT8OID;
+		args[0] = old_queue;
+		args[1] = old_key;
+		args[2] = Int64GetDatum(new->id);
+		if (execute(&sync_key_release_plan, sync_key_release_sql, 3, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not give a dedupe key up");
+	}
+
+	/* the record as the mail is now */
+	values[queue_att - 1] = new->queue;
+	values[priority_att - 1] = Int32GetDatum(new->priority);
+	values[key_att - 1] = new->dedupe_key;
+	recnulls[key_att - 1] = (new->dedupe_key == (Datum) 0);
+	if (send_at_changed)
+		values[send_at_att - 1] = TimestampTzGetDatum(new->send_at);
+	record = HeapTupleGetDatum(heap_form_tuple(desc, values, recnulls));
+
+	/* the plans taking a record: afresh after the extension was made again */
+	if (record_plans_type != record_type)
+	{
+		SPIPlanPtr *plans[] = {&sync_claim_rewrite_plan, &sync_claim_alone_plan};
+
+		for (i = 0; i < (int) lengthof(plans); i++)
+		{
+			if (*plans[i] != NULL)
+				SPI_freeplan(*plans[i]);
+			*plans[i] = NULL;
+		}
+		record_plans_type = record_type;
+	}
+
+	if (text_equal(new->queue, batch_queue) || open == 1)
+	{
+		/* the batch moves with its one open mail */
+		types[0] = INT8OID;
+		types[1] = TEXTOID;
+		types[2] = INT4OID;
+		types[3] = record_type;
+		args[0] = Int64GetDatum(batch);
+		args[1] = new->queue;
+		args[2] = Int32GetDatum(ARR_LBOUND(mails)[0] + pos);
+		args[3] = record;
+		if (execute(&sync_claim_rewrite_plan, sync_claim_rewrite_sql, 4, types, args, NULL,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not rewrite a claimed mail's record");
+		return true;
+	}
+
+	types[0] = INT8OID;
+	args[0] = Int64GetDatum(batch);
+	if (open <= 1)
+	{
+		if (execute(&sync_claim_drop_plan, sync_claim_drop_sql, 1, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not delete a batch of claimed mail");
+	}
+	else
+	{
+		types[1] = INT8OID;
+		args[1] = Int64GetDatum(new->id);
+		if (execute(&sync_claim_leave_plan, sync_claim_leave_sql, 2, types, args, NULL,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not take a claimed mail out of its batch");
+	}
+	types[0] = TEXTOID;
+	types[1] = TEXTOID;
+	types[2] = TIMESTAMPTZOID;
+	types[3] = INT8OID;
+	types[4] = record_type;
+	args[0] = new->queue;
+	args[1] = worker;
+	nulls[1] = no_worker ? 'n' : ' ';
+	args[2] = lease_until;
+	args[3] = Int64GetDatum(new->id);
+	args[4] = record;
+	if (execute(&sync_claim_alone_plan, sync_claim_alone_sql, 5, types, args, nulls,
+				false) != SPI_OK_INSERT)
+		elog(ERROR, "could not write a batch of claimed mail");
+	return true;
+}
+
+/*
+ * After an UPDATE of a mail's queue, priority, send_at or dedupe key (by
+ * its owner): the change reaches its live row, the record of the batch it
+ * is claimed in, or its outcome.  A scheduled mail's new dedupe key is
+ * refused by mail_dedupe when another scheduled mail holds it, and by
+ * mail_key when a claimed mail, or one finished within its queue's
+ * dedupe_window, holds it; the mail takes the key's row, so that it holds
+ * the key once claimed and finished too.
+ */
+static void
+sync_update(TriggerData *trigdata)
+{
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	SyncedMail	old;
+	SyncedMail	new;
+	bool		send_at_changed;
+	Oid			types[5] = {INT8OID, TEXTOID, INT4OID, TEXTOID, TIMESTAMPTZOID};
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+	synced_mail(desc, trigdata->tg_trigtuple, &old);
+	synced_mail(desc, trigdata->tg_newtuple, &new);
+	send_at_changed = (old.send_at != new.send_at);
+
+	args[0] = Int64GetDatum(new.id);
+	args[1] = new.queue;
+	args[2] = Int32GetDatum(new.priority);
+	args[3] = new.dedupe_key;
+	nulls[3] = new.dedupe_key == (Datum) 0 ? 'n' : ' ';
+	args[4] = TimestampTzGetDatum(new.send_at);
+	nulls[4] = send_at_changed ? ' ' : 'n';
+	if (execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not update a mail's live row");
+	if (SPI_processed == 0)
+	{
+		/* claimed, or it left its batch while this waited: its live row */
+		if (!sync_claimed(&new, send_at_changed) &&
+			execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not update a mail's live row");
+	}
+	else if (new.dedupe_key != (Datum) 0 &&
+			 !(text_equal(new.queue, old.queue) && text_equal(new.dedupe_key, old.dedupe_key)))
+	{
+		sync_key_take(&new, true);
+		if (old.dedupe_key != (Datum) 0)
+		{
+			Oid			ktypes[3] = {TEXTOID, TEXTOID, INT8OID};
+			Datum		kargs[3];
+
+			kargs[0] = old.queue;
+			kargs[1] = old.dedupe_key;
+			kargs[2] = Int64GetDatum(new.id);
+			if (execute(&sync_key_release_plan, sync_key_release_sql, 3, ktypes, kargs, NULL,
+						false) != SPI_OK_DELETE)
+				elog(ERROR, "could not give a dedupe key up");
+		}
+	}
+
+	types[0] = INT8OID;
+	types[1] = TEXTOID;
+	types[2] = TEXTOID;
+	types[3] = INT2OID;
+	args[0] = Int64GetDatum(new.id);
+	args[1] = new.queue;
+	args[2] = new.dedupe_key;
+	nulls[1] = ' ';
+	nulls[2] = new.dedupe_key == (Datum) 0 ? 'n' : ' ';
+	nulls[3] = ' ';
+	args[3] = Int16GetDatum(new.segment);
+	if (execute(&sync_done_plan, sync_done_sql, 4, types, args, nulls,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not update a mail's outcome");
+}
+
+/*
+ * _mail_sync() RETURNS trigger
+ *		An application's UPDATE (per row) or DELETE (per statement, with
+ *		the old rows as old_mail) of gatekeeper.mail, carried into
+ *		mail_live, mail_claim, mail_key and mail_done.
+ */
+Datum
+gatekeeper_mail_sync(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event))
+		elog(ERROR, "gatekeeper._mail_sync must be an AFTER trigger");
+	gatekeeper_require_schema();
+
+	SPI_connect();
+	if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event) &&
+		TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event))
+		sync_delete(trigdata);
+	else if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) &&
+			 TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		sync_update(trigdata);
+	else
+		elog(ERROR, "gatekeeper._mail_sync fires after a DELETE statement or an UPDATE of a row");
+	SPI_finish();
+
+	return PointerGetDatum(NULL);
 }
