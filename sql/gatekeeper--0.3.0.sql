@@ -2100,96 +2100,13 @@ $$;
  * segment, empty it by TRUNCATE and make it current.  Gives up, to try
  * again on a later purge, when the next segment's mail is too recent or
  * its tables stay locked by others for a second.  Returns the finished
- * mails removed.
+ * mails removed.  In C, as purge is: src/mail_state_sweep.c.
  */
 CREATE FUNCTION gatekeeper._rotate(retention interval)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	s gatekeeper.segment;
-	nxt smallint;
-	removed bigint;
-	timeout text := current_setting('lock_timeout');
-BEGIN
-	SELECT * INTO s FROM gatekeeper.segment FOR UPDATE SKIP LOCKED;
-	IF NOT FOUND OR now() - s.rotated_at < retention / 2 THEN
-		RETURN 0;
-	END IF;
-	nxt := (s.current + 1) % 4;
-	IF EXISTS (SELECT FROM gatekeeper.mail_done d
-				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
-		RETURN 0;
-	END IF;
-	BEGIN
-		PERFORM set_config('lock_timeout', '1s', true);
-		-- a finished mail of the segment that still holds its dedupe key
-		-- (its queue's window is longer than retention) leaves its finish
-		-- time in the key's row, which goes on holding the key; under the
-		-- row's lock, which an insert of the key takes before it tests the
-		-- holder (src/mail.c, write_keys)
-		UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at
-		  FROM gatekeeper.mail_done d
-		  JOIN gatekeeper.queue q ON q.name = d.queue
-		 WHERE d.segment = nxt AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled'
-		   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window
-		   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id;
-		-- and mail_claim: the records of claimed mail in the segment are
-		-- rewritten below, and an ack reads them before it locks a batch
-		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
-					   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
-		PERFORM set_config('lock_timeout', timeout, true);
-	EXCEPTION WHEN lock_not_available THEN
-		PERFORM set_config('lock_timeout', timeout, true);
-		RETURN 0;
-	END;
-	-- under the locks, nothing enters the segment: look again
-	IF EXISTS (SELECT FROM gatekeeper.mail_done d
-				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
-		RETURN 0;
-	END IF;
-	EXECUTE format(
-		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
-									dedupe_key, priority, send_at, send_by, created_at, segment,
-									recipient_name, metadata, timezone)
-		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
-				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
-				m.recipient_name, m.metadata, m.timezone
-		   FROM gatekeeper.%I m
-		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
-						 UNION ALL
-						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
-						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
-		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
-	-- the events of the mail that moves go along with it
-	UPDATE gatekeeper.event_log e SET segment = s.current
-	 WHERE e.segment = nxt
-	   AND e.mail_id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = nxt
-						 UNION ALL
-						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
-						  WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
-	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
-	-- claimed mail still open in its batch: its record names the new segment
-	UPDATE gatekeeper.mail_claim c
-	   SET mails = ARRAY(
-			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
-						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
-								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
-								 (c.mails[i]).uncharged, (c.mails[i]).worker,
-								 (c.mails[i]).message_id, (c.mails[i]).last_error,
-								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
-						ELSE c.mails[i] END
-			  FROM generate_subscripts(c.mails, 1) AS i
-			 ORDER BY i)
-	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
-	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
-	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I',
-				   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
-	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
-	RETURN removed;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_rotate';
 
 /*
  * Delete the stale rows of mail_key (their mail no longer holds the key,
@@ -2292,38 +2209,10 @@ $$;
 -- passes out of shared memory
 CREATE FUNCTION gatekeeper.purge(batch int DEFAULT 10000)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	retention interval;
-	n bigint;
-	p bigint;
-BEGIN
-	IF batch IS NULL THEN
-		RAISE EXCEPTION 'batch must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF batch < 1 THEN
-		RAISE EXCEPTION 'batch must be positive' USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	retention := coalesce(nullif(current_setting('gatekeeper.retention', true), '')::interval,
-						  interval '7 days');
-	n := gatekeeper._rotate(retention);
-	DELETE FROM gatekeeper.gate_log g
-	 WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e
-							   WHERE e.expires < now() LIMIT batch
-								 FOR UPDATE SKIP LOCKED))
-	   AND g.expires < now();
-	GET DIAGNOSTICS p = ROW_COUNT;
-	PERFORM gatekeeper._gate_sweep();
-	-- not counted: a stale key is no mail
-	PERFORM gatekeeper._mail_key_prune(batch);
-	-- a drained mail_claim's dead batches
-	PERFORM gatekeeper._mail_claim_shrink();
-	RETURN n + p;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_purge';
 
 COMMENT ON FUNCTION gatekeeper.purge(int) IS
 	'remove finished mail older than gatekeeper.retention by rotating the retention segments, and a batch of expired gate log rows; the rows removed';

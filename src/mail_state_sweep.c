@@ -20,10 +20,13 @@
 #include "postgres.h"
 
 #include "gate.h"
+#include "gate_log.h"
+#include "gate_store.h"
 #include "gatekeeper.h"
 #include "mail_state.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -33,7 +36,10 @@
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 
@@ -42,6 +48,11 @@ PG_FUNCTION_INFO_V1(gatekeeper_cancel_key);
 PG_FUNCTION_INFO_V1(gatekeeper_cancel_queue);
 PG_FUNCTION_INFO_V1(gatekeeper_reap);
 PG_FUNCTION_INFO_V1(gatekeeper_mail_sync);
+PG_FUNCTION_INFO_V1(gatekeeper_rotate);
+PG_FUNCTION_INFO_V1(gatekeeper_purge);
+
+/* the retention segments: gatekeeper.mail_0 .. mail_3 and their kin */
+#define NUM_SEGMENTS 4
 
 /*
  * The scheduled mail a cancel takes out of mail_live, into mail_done as
@@ -227,6 +238,110 @@ static const char sync_done_sql[] =
 " WHERE d.id = $1 AND d.segment = $4 "
 "   AND (d.queue, d.dedupe_key) IS DISTINCT FROM ($2, $3)";
 
+/*
+ * _rotate: the segment row, locked without waiting, and whether the
+ * current segment is younger than half of retention ($1).
+ */
+static const char rotate_segment_sql[] =
+"SELECT s.current, now() - s.rotated_at < $1 / 2 "
+"  FROM gatekeeper.segment s FOR UPDATE SKIP LOCKED";
+
+/* whether segment $1 holds mail that finished within retention ($2) */
+static const char rotate_recent_sql[] =
+"SELECT FROM gatekeeper.mail_done d "
+" WHERE d.segment = $1 AND d.finished_at >= now() - $2 LIMIT 1";
+
+/*
+ * A finished mail of segment $1 that still holds its dedupe key (its
+ * queue's window is longer than retention) leaves its finish time in the
+ * key's row, which goes on holding the key; under the row's lock, which
+ * an insert of the key takes before it tests the holder (src/mail.c,
+ * write_keys).
+ */
+static const char rotate_keep_keys_sql[] =
+"UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at "
+"  FROM gatekeeper.mail_done d "
+"  JOIN gatekeeper.queue q ON q.name = d.queue "
+" WHERE d.segment = $1 AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled' "
+"   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window "
+"   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id";
+
+/*
+ * The segment's tables, and mail_claim: the records of claimed mail in
+ * the segment are rewritten below, and an ack reads them before it locks
+ * a batch.  Per segment (%d: the next one).
+ */
+static const char rotate_lock_sql[] =
+"LOCK TABLE gatekeeper.mail_%d, gatekeeper.mail_done_%d, gatekeeper.event_log_%d, "
+"           gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE";
+
+/*
+ * The unfinished mail of the next segment (%2$d) moves to the current one
+ * (%1$d): its content, its events, its live row and its claim records.
+ */
+static const char rotate_move_mail_sql[] =
+"INSERT INTO gatekeeper.mail_%1$d (id, queue, recipient, sender, subject, body, html, headers, "
+"                                  dedupe_key, priority, send_at, send_by, created_at, segment, "
+"                                  recipient_name, metadata, timezone) "
+"SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers, "
+"       m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, %1$d, "
+"       m.recipient_name, m.metadata, m.timezone "
+"  FROM gatekeeper.mail_%2$d m "
+" WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = %2$d "
+"                UNION ALL "
+"                SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r "
+"                 WHERE r.segment = %2$d AND NOT r.id = ANY (c.gone))";
+
+static const char rotate_move_events_sql[] =
+"UPDATE gatekeeper.event_log e SET segment = $1 "
+" WHERE e.segment = $2 "
+"   AND e.mail_id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2 "
+"                     UNION ALL "
+"                     SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r "
+"                      WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))";
+
+static const char rotate_move_live_sql[] =
+"UPDATE gatekeeper.mail_live l SET segment = $1 WHERE l.segment = $2";
+
+/* claimed mail still open in its batch: its record names the new segment */
+static const char rotate_move_claims_sql[] =
+"UPDATE gatekeeper.mail_claim c "
+"   SET mails = ARRAY( "
+"        SELECT CASE WHEN (c.mails[i]).segment = $2 AND NOT (c.mails[i]).id = ANY (c.gone) "
+"                    THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority, "
+"                             (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt, "
+"                             (c.mails[i]).uncharged, (c.mails[i]).worker, "
+"                             (c.mails[i]).message_id, (c.mails[i]).last_error, "
+"                             (c.mails[i]).dedupe_key, $1)::gatekeeper.mail_live "
+"                    ELSE c.mails[i] END "
+"          FROM generate_subscripts(c.mails, 1) AS i "
+"         ORDER BY i) "
+" WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))";
+
+static const char rotate_count_sql[] =
+"SELECT count(*) FROM gatekeeper.mail_done d WHERE d.segment = $1";
+
+static const char rotate_truncate_sql[] =
+"TRUNCATE gatekeeper.mail_%d, gatekeeper.mail_done_%d, gatekeeper.event_log_%d";
+
+static const char rotate_advance_sql[] =
+"UPDATE gatekeeper.segment SET current = $1, rotated_at = now()";
+
+/* purge: a batch ($1) of expired gate log rows, locked without waiting */
+static const char purge_gate_log_sql[] =
+"DELETE FROM gatekeeper.gate_log g "
+" WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e "
+"                           WHERE e.expires < now() LIMIT $1 "
+"                             FOR UPDATE SKIP LOCKED)) "
+"   AND g.expires < now()";
+
+/* the PL/pgSQL helpers purge runs after (not mail state: mail_key, mail_claim's space) */
+static const char purge_key_prune_sql[] =
+"SELECT gatekeeper._mail_key_prune($1)";
+
+static const char purge_claim_shrink_sql[] =
+"SELECT gatekeeper._mail_claim_shrink()";
+
 static SPIPlanPtr cancel_plan = NULL;
 static SPIPlanPtr cancel_queue_plan = NULL;
 static SPIPlanPtr scheduled_by_key_plan = NULL;
@@ -251,6 +366,20 @@ static SPIPlanPtr sync_claim_drop_plan = NULL;
 static SPIPlanPtr sync_claim_leave_plan = NULL;
 static SPIPlanPtr sync_claim_alone_plan = NULL;
 static SPIPlanPtr sync_done_plan = NULL;
+static SPIPlanPtr rotate_segment_plan = NULL;
+static SPIPlanPtr rotate_recent_plan = NULL;
+static SPIPlanPtr rotate_keep_keys_plan = NULL;
+static SPIPlanPtr rotate_lock_plan[NUM_SEGMENTS];
+static SPIPlanPtr rotate_move_mail_plan[NUM_SEGMENTS];
+static SPIPlanPtr rotate_move_events_plan = NULL;
+static SPIPlanPtr rotate_move_live_plan = NULL;
+static SPIPlanPtr rotate_move_claims_plan = NULL;
+static SPIPlanPtr rotate_count_plan = NULL;
+static SPIPlanPtr rotate_truncate_plan[NUM_SEGMENTS];
+static SPIPlanPtr rotate_advance_plan = NULL;
+static SPIPlanPtr purge_gate_log_plan = NULL;
+static SPIPlanPtr purge_key_prune_plan = NULL;
+static SPIPlanPtr purge_claim_shrink_plan = NULL;
 
 /* the mail_live row type the plans taking a record were prepared for */
 static Oid	record_plans_type = InvalidOid;
@@ -275,6 +404,10 @@ static void sync_delete(TriggerData *trigdata);
 static void sync_update(TriggerData *trigdata);
 static bool sync_claimed(SyncedMail *new, bool send_at_changed);
 static void sync_key_take(SyncedMail *new, bool scheduled);
+static bool rotate_recent(int16 segment, Datum retention, bool no_retention);
+static bool rotate_lock(int16 next);
+static int64 rotate(Datum retention, bool no_retention);
+static Interval *retention_setting(void);
 static int	execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
 					Datum *args, const char *nulls, bool read_only);
 
@@ -1040,4 +1173,249 @@ gatekeeper_mail_sync(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	return PointerGetDatum(NULL);
+}
+
+/*
+ * Whether the retention segment holds mail that finished within retention
+ * (NULL: it does not).  Runs inside SPI.
+ */
+static bool
+rotate_recent(int16 segment, Datum retention, bool no_retention)
+{
+	Oid			types[2] = {INT2OID, INTERVALOID};
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+
+	args[0] = Int16GetDatum(segment);
+	args[1] = retention;
+	nulls[1] = no_retention ? 'n' : ' ';
+	if (execute(&rotate_recent_plan, rotate_recent_sql, 2, types, args, nulls,
+				true) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gatekeeper.mail_done");
+	return SPI_processed > 0;
+}
+
+/*
+ * Keep the dedupe keys the next segment's finished mail still holds, and
+ * lock its tables (and mail_claim), waiting at most a second for others
+ * to let go; false, with nothing done, when they did not.  As PL/pgSQL's
+ * exception block does: in a subtransaction, whose rollback gives back
+ * whatever it had taken.  Runs inside SPI.
+ */
+static bool
+rotate_lock(int16 next)
+{
+	MemoryContext context = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool locked = true;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(context);
+	PG_TRY();
+	{
+		int			nestlevel = NewGUCNestLevel();
+		Oid			type = INT2OID;
+		Datum		arg = Int16GetDatum(next);
+
+		(void) set_config_option("lock_timeout", "1s", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+		if (execute(&rotate_keep_keys_plan, rotate_keep_keys_sql, 1, &type, &arg, NULL,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not keep the dedupe keys of a retention segment");
+		if (rotate_lock_plan[next] == NULL)
+			gatekeeper_plan(&rotate_lock_plan[next],
+							psprintf(rotate_lock_sql, next, next, next), 0, NULL);
+		if (SPI_execute_plan(rotate_lock_plan[next], NULL, NULL, false, 0) != SPI_OK_UTILITY)
+			elog(ERROR, "could not lock a retention segment");
+		AtEOXact_GUC(true, nestlevel);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(context);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *error;
+
+		MemoryContextSwitchTo(context);
+		error = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(context);
+		CurrentResourceOwner = owner;
+		if (error->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(error);
+		FreeErrorData(error);
+		locked = false;
+	}
+	PG_END_TRY();
+	return locked;
+}
+
+/*
+ * Rotate the retention segments (see gatekeeper.mail): when the current
+ * segment is half of retention old and the next one holds no mail that
+ * finished within retention, move the next one's unfinished mail to the
+ * current segment, empty it by TRUNCATE and make it current.  Gives up, to
+ * try again on a later purge, when the next segment's mail is too recent
+ * or its tables stay locked by others for a second.  Returns the finished
+ * mails removed.  Runs inside SPI.
+ */
+static int64
+rotate(Datum retention, bool no_retention)
+{
+	Oid			types[2] = {INTERVALOID, INT2OID};
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+	bool		isnull;
+	bool		young;
+	int16		current;
+	int16		next;
+	int64		removed;
+
+	args[0] = retention;
+	nulls[0] = no_retention ? 'n' : ' ';
+	if (execute(&rotate_segment_plan, rotate_segment_sql, 1, types, args, nulls,
+				false) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gatekeeper.segment");
+	if (SPI_processed == 0)
+		return 0;
+	current = DatumGetInt16(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+										  &isnull));
+	young = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+									   &isnull));
+	if (!isnull && young)
+		return 0;
+	if (current < 0 || current >= NUM_SEGMENTS)
+		elog(ERROR, "gatekeeper.segment names segment %d", current);
+	next = (current + 1) % NUM_SEGMENTS;
+	if (rotate_recent(next, retention, no_retention))
+		return 0;
+	if (!rotate_lock(next))
+		return 0;
+	/* under the locks, nothing enters the segment: look again */
+	if (rotate_recent(next, retention, no_retention))
+		return 0;
+
+	if (rotate_move_mail_plan[next] == NULL)
+		gatekeeper_plan(&rotate_move_mail_plan[next],
+						psprintf(rotate_move_mail_sql, current, next), 0, NULL);
+	if (SPI_execute_plan(rotate_move_mail_plan[next], NULL, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not move unfinished mail out of a retention segment");
+
+	/* the events, live rows and claim records of the mail that moved */
+	types[0] = INT2OID;
+	types[1] = INT2OID;
+	args[0] = Int16GetDatum(current);
+	args[1] = Int16GetDatum(next);
+	if (execute(&rotate_move_events_plan, rotate_move_events_sql, 2, types, args, NULL,
+				false) != SPI_OK_UPDATE ||
+		execute(&rotate_move_live_plan, rotate_move_live_sql, 2, types, args, NULL,
+				false) != SPI_OK_UPDATE ||
+		execute(&rotate_move_claims_plan, rotate_move_claims_sql, 2, types, args, NULL,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not move unfinished mail out of a retention segment");
+
+	if (execute(&rotate_count_plan, rotate_count_sql, 1, &types[1], &args[1], NULL,
+				true) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not count the finished mail of a retention segment");
+	removed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+										  &isnull));
+
+	if (rotate_truncate_plan[next] == NULL)
+		gatekeeper_plan(&rotate_truncate_plan[next],
+						psprintf(rotate_truncate_sql, next, next, next), 0, NULL);
+	if (SPI_execute_plan(rotate_truncate_plan[next], NULL, NULL, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "could not empty a retention segment");
+	if (execute(&rotate_advance_plan, rotate_advance_sql, 1, &types[1], &args[1], NULL,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not advance gatekeeper.segment");
+	return removed;
+}
+
+/*
+ * _rotate(retention interval) RETURNS bigint
+ *		rotate() for SQL: purge runs it, and tests that need a rotation.
+ */
+Datum
+gatekeeper_rotate(PG_FUNCTION_ARGS)
+{
+	int64		removed;
+
+	gatekeeper_require_schema();
+	SPI_connect();
+	removed = rotate(PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0), PG_ARGISNULL(0));
+	SPI_finish();
+	PG_RETURN_INT64(removed);
+}
+
+/*
+ * gatekeeper.retention as an interval, spelled as the setting shows it
+ * (and current_setting() gave it to purge): whole days as days, anything
+ * else as a time.
+ */
+static Interval *
+retention_setting(void)
+{
+	Interval   *retention = palloc0(sizeof(Interval));
+
+	if (gatekeeper_retention % SECS_PER_DAY == 0)
+		retention->day = gatekeeper_retention / SECS_PER_DAY;
+	else
+		retention->time = (int64) gatekeeper_retention * USECS_PER_SEC;
+	return retention;
+}
+
+/*
+ * gatekeeper_mail_purge
+ *		Remove finished mail older than gatekeeper.retention, by rotating
+ *		the retention segments, and a batch of expired gate log rows; sweep
+ *		expired passes out of shared memory, prune stale dedupe keys and
+ *		give a drained mail_claim's space back.  Returns the rows removed
+ *		(stale keys are no mail, and not counted).  Runs inside SPI.
+ */
+int64
+gatekeeper_mail_purge(int32 batch)
+{
+	Datum		arg = Int32GetDatum(batch);
+	Oid			type = INT4OID;
+	int64		removed;
+
+	removed = rotate(IntervalPGetDatum(retention_setting()), false);
+	if (execute(&purge_gate_log_plan, purge_gate_log_sql, 1, &type, &arg, NULL,
+				false) != SPI_OK_DELETE)
+		elog(ERROR, "could not delete expired gate log rows");
+	removed += SPI_processed;
+	/* at most once a minute across the cluster: it visits every entry */
+	if (gate_store_sweep_due())
+		(void) gate_store_sweep(true, gate_log_nonce());
+	if (execute(&purge_key_prune_plan, purge_key_prune_sql, 1, &type, &arg, NULL,
+				false) != SPI_OK_SELECT ||
+		execute(&purge_claim_shrink_plan, purge_claim_shrink_sql, 0, NULL, NULL, NULL,
+				false) != SPI_OK_SELECT)
+		elog(ERROR, "could not prune mail_key and mail_claim");
+	return removed;
+}
+
+/*
+ * purge(batch int DEFAULT 10000) RETURNS bigint
+ *		gatekeeper_mail_purge for SQL, and the worker.
+ */
+Datum
+gatekeeper_purge(PG_FUNCTION_ARGS)
+{
+	int64		removed;
+
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("batch must not be null")));
+	if (PG_GETARG_INT32(0) < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch must be positive")));
+	SPI_connect();
+	removed = gatekeeper_mail_purge(PG_GETARG_INT32(0));
+	SPI_finish();
+	PG_RETURN_INT64(removed);
 }
