@@ -56,8 +56,8 @@ PG_FUNCTION_INFO_V1(gatekeeper_purge);
 
 /*
  * The scheduled mail a cancel takes out of mail_live, into mail_done as
- * cancelled, in one statement: a claim that took the mail first (or holds
- * its row's lock) leaves it unchanged here.
+ * cancelled, in one statement.  A cancel that meets a claim in progress
+ * waits for it and finds nothing if the claim commits (specs/claim_cancel).
  */
 #define CANCEL_SQL(where) \
 "WITH f AS ( " \
