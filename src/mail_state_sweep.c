@@ -155,12 +155,17 @@ static const char sync_delete_live_sql[] =
 static const char sync_any_claim_sql[] =
 "SELECT FROM gatekeeper.mail_claim";
 
+/*
+ * The open claims of the batches whose id range meets the deleted ids'
+ * ($1 .. $2); which of them name a deleted mail is asked in C, by a
+ * binary search of the sorted ids (an = ANY of the ids per record would
+ * cost their product).
+ */
 static const char sync_deleted_claims_sql[] =
-"SELECT array_agg(x.id), array_agg(x.attempt) "
+"SELECT x.id, x.attempt "
 "  FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x "
-" WHERE int8range(c.lo, c.hi, '[]') && int8range($2, $3, '[]') "
-"   AND NOT x.id = ANY (c.gone) "
-"   AND x.id = ANY ($1)";
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]') "
+"   AND NOT x.id = ANY (c.gone)";
 
 static const char sync_delete_done_sql[] =
 "DELETE FROM gatekeeper.mail_done d "
@@ -399,6 +404,7 @@ static bool cancel_scheduled(int64 id);
 static void require_queue(text *queue);
 static void announce_due(Datum queues, Datum dues);
 static bool text_equal(Datum a, Datum b);
+static int	int64_cmp(const void *a, const void *b);
 static void synced_mail(TupleDesc desc, HeapTuple tuple, SyncedMail *m);
 static void sync_delete(TriggerData *trigdata);
 static void sync_update(TriggerData *trigdata);
@@ -687,6 +693,16 @@ execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
 	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
 }
 
+/* int64s in ascending order, for qsort and bsearch */
+static int
+int64_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return (x > y) - (x < y);
+}
+
 /* Two texts, either 0 for NULL, are the same (NOT IS DISTINCT FROM) */
 static bool
 text_equal(Datum a, Datum b)
@@ -780,25 +796,41 @@ sync_delete(TriggerData *trigdata)
 		elog(ERROR, "could not read gatekeeper.mail_claim");
 	if (SPI_processed > 0)
 	{
-		bool		isnull;
-		Datum		claim_ids;
-		Datum		claim_attempts;
+		int64	   *sorted = palloc(n * sizeof(int64));
+		Oid			range_types[2] = {INT8OID, INT8OID};
+		Datum		range[2];
+		Datum	   *claim_ids;
+		Datum	   *claim_attempts;
+		int			nclaims = 0;
+		uint64		r;
+		int			i;
 
-		types[1] = INT8OID;
-		types[2] = INT8OID;
-		args[1] = Int64GetDatum(lo);
-		args[2] = Int64GetDatum(hi);
-		if (execute(&sync_deleted_claims_plan, sync_deleted_claims_sql, 3, types, args, NULL,
-					true) != SPI_OK_SELECT || SPI_processed != 1)
+		for (i = 0; i < n; i++)
+			sorted[i] = DatumGetInt64(ids[i]);
+		qsort(sorted, n, sizeof(int64), int64_cmp);
+		range[0] = Int64GetDatum(lo);
+		range[1] = Int64GetDatum(hi);
+		if (execute(&sync_deleted_claims_plan, sync_deleted_claims_sql, 2, range_types, range,
+					NULL, true) != SPI_OK_SELECT)
 			elog(ERROR, "could not read the claims of deleted mail");
-		claim_ids = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		if (!isnull)
+		claim_ids = palloc(Max(SPI_processed, 1) * sizeof(Datum));
+		claim_attempts = palloc(Max(SPI_processed, 1) * sizeof(Datum));
+		for (r = 0; r < SPI_processed; r++)
 		{
-			claim_attempts = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
-										   &isnull);
-			(void) gatekeeper_mail_take_claimed(DatumGetArrayTypeP(claim_ids),
-												DatumGetArrayTypeP(claim_attempts));
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[r],
+														 SPI_tuptable->tupdesc, 1, &isnull));
+
+			if (bsearch(&id, sorted, n, sizeof(int64), int64_cmp) == NULL)
+				continue;
+			claim_ids[nclaims] = Int64GetDatum(id);
+			claim_attempts[nclaims++] = SPI_getbinval(SPI_tuptable->vals[r],
+													  SPI_tuptable->tupdesc, 2, &isnull);
 		}
+		if (nclaims > 0)
+			(void) gatekeeper_mail_take_claimed(
+				DatumGetArrayTypeP(gatekeeper_array(claim_ids, NULL, nclaims, INT8OID)),
+				DatumGetArrayTypeP(gatekeeper_array(claim_attempts, NULL, nclaims, INT4OID)));
 	}
 
 	types[1] = INT2ARRAYOID;
