@@ -39,6 +39,7 @@ OBJS = \
 	src/stats.o \
 	src/live_count.o \
 	src/maintenance.o \
+	src/mail_state_sweep.o \
 	src/report_parse.o \
 	src/report.o
 

@@ -711,141 +711,9 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 -- written into mail_key (23505 if an unfinished mail holds it), as a
 -- scheduled mail's is held by mail_dedupe.
 CREATE FUNCTION gatekeeper._mail_sync() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	ids bigint[];
-	attempts int[];
-	b gatekeeper.mail_claim;
-	r gatekeeper.mail_live;
-	pos int;
-BEGIN
-	IF TG_OP = 'DELETE' THEN
-		DELETE FROM gatekeeper.mail_live l WHERE l.id IN (SELECT o.id FROM old_mail o);
-		-- claimed mail: each open claim of a deleted mail, taken out of
-		-- its batch as an ack takes it (_take_claimed locks the batches
-		-- and skips what left them since this read); before the outcomes,
-		-- so that an ack this waited for has its outcome deleted too
-		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
-			SELECT array_agg(x.id), array_agg(x.attempt) INTO ids, attempts
-			  FROM (SELECT min(o.id) AS lo, max(o.id) AS hi FROM old_mail o) s,
-				   gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x
-			 WHERE s.lo IS NOT NULL AND int8range(c.lo, c.hi, '[]') && int8range(s.lo, s.hi, '[]')
-			   AND NOT x.id = ANY (c.gone)
-			   AND x.id IN (SELECT o.id FROM old_mail o);
-			IF ids IS NOT NULL THEN
-				PERFORM FROM gatekeeper._take_claimed(ids, attempts);
-			END IF;
-		END IF;
-		DELETE FROM gatekeeper.mail_done d
-		 WHERE (d.id, d.segment) IN (SELECT o.id, o.segment FROM old_mail o);
-		RETURN NULL;
-	END IF;
-	UPDATE gatekeeper.mail_live l
-	   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
-		   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
-						  ELSE l.send_at END
-	 WHERE l.id = NEW.id;
-	IF NOT FOUND THEN
-		-- claimed: the batch the mail is open in, locked, and its record
-		SELECT c.* INTO b FROM gatekeeper.mail_claim c
-		 WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x
-						   WHERE int8range(k.lo, k.hi, '[]') @> NEW.id AND x.id = NEW.id
-							 AND NOT NEW.id = ANY (k.gone)
-						   LIMIT 1)
-		   FOR UPDATE;
-		IF FOUND AND NOT NEW.id = ANY (b.gone) THEN
-			SELECT i INTO pos FROM generate_subscripts(b.mails, 1) i
-			 WHERE (b.mails[i]).id = NEW.id;
-			r := b.mails[pos];
-			IF NEW.dedupe_key IS NOT NULL
-			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
-				IF EXISTS (SELECT FROM gatekeeper.mail_live l
-							WHERE l.queue = NEW.queue AND l.dedupe_key = NEW.dedupe_key) THEN
-					RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_dedupe"'
-						USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_dedupe',
-							  DETAIL = format('A scheduled mail of queue %s holds dedupe key %s.',
-											  NEW.queue, NEW.dedupe_key);
-				END IF;
-				-- a stale row of the key is taken over (locked first, then
-				-- tested, as src/mail.c does); a held one fails the insert
-				PERFORM FROM gatekeeper.mail_key k
-				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
-				DELETE FROM gatekeeper.mail_key k
-				 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
-				   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-				INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
-				VALUES (NEW.queue, NEW.dedupe_key, NEW.id);
-			END IF;
-			IF r.dedupe_key IS NOT NULL
-			   AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (r.queue, r.dedupe_key) THEN
-				DELETE FROM gatekeeper.mail_key k
-				 WHERE k.queue = r.queue AND k.dedupe_key = r.dedupe_key AND k.id = NEW.id;
-			END IF;
-			r.queue := NEW.queue;
-			r.priority := NEW.priority;
-			r.dedupe_key := NEW.dedupe_key;
-			IF NEW.send_at IS DISTINCT FROM OLD.send_at THEN
-				r.send_at := NEW.send_at;
-			END IF;
-			IF NEW.queue = b.queue OR b.open = 1 THEN
-				-- the batch moves with its one open mail
-				UPDATE gatekeeper.mail_claim c SET queue = NEW.queue, mails[pos] = r
-				 WHERE c.batch = b.batch;
-			ELSE
-				IF b.open <= 1 THEN
-					DELETE FROM gatekeeper.mail_claim c WHERE c.batch = b.batch;
-				ELSE
-					UPDATE gatekeeper.mail_claim c
-					   SET open = c.open - 1, gone = c.gone || NEW.id
-					 WHERE c.batch = b.batch;
-				END IF;
-				INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
-				VALUES (NEW.queue, b.worker, b.lease_until, NEW.id, NEW.id, 1, ARRAY[r]);
-			END IF;
-		ELSE
-			-- it left the batch (handed back into mail_live, or finished)
-			-- while this waited for the batch's lock
-			UPDATE gatekeeper.mail_live l
-			   SET queue = NEW.queue, priority = NEW.priority, dedupe_key = NEW.dedupe_key,
-				   send_at = CASE WHEN NEW.send_at IS DISTINCT FROM OLD.send_at THEN NEW.send_at
-								  ELSE l.send_at END
-			 WHERE l.id = NEW.id;
-		END IF;
-	ELSIF NEW.dedupe_key IS NOT NULL
-		  AND (NEW.queue, NEW.dedupe_key) IS DISTINCT FROM (OLD.queue, OLD.dedupe_key) THEN
-		-- scheduled: mail_dedupe refuses a key another scheduled mail
-		-- holds; a claimed mail, or one finished within its queue's
-		-- dedupe_window, holds its key in mail_key.  The mail takes the
-		-- key's row (locked first, then tested, as src/mail.c does), so
-		-- that it holds the key once claimed and finished too.
-		PERFORM FROM gatekeeper.mail_key k
-		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key FOR UPDATE;
-		DELETE FROM gatekeeper.mail_key k
-		 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key AND k.id <> NEW.id
-		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-		IF EXISTS (SELECT FROM gatekeeper.mail_key k
-					WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key
-					  AND k.id <> NEW.id) THEN
-			RAISE EXCEPTION 'duplicate key value violates unique constraint "mail_key_pkey"'
-				USING ERRCODE = 'unique_violation', CONSTRAINT = 'mail_key_pkey',
-					  DETAIL = format('A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.',
-									  NEW.queue, NEW.dedupe_key);
-		END IF;
-		INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id)
-		VALUES (NEW.queue, NEW.dedupe_key, NEW.id)
-		ON CONFLICT (queue, dedupe_key) DO NOTHING;
-		DELETE FROM gatekeeper.mail_key k
-		 WHERE k.queue = OLD.queue AND k.dedupe_key = OLD.dedupe_key AND k.id = NEW.id;
-	END IF;
-	UPDATE gatekeeper.mail_done d
-	   SET queue = NEW.queue, dedupe_key = NEW.dedupe_key
-	 WHERE d.id = NEW.id AND d.segment = NEW.segment
-	   AND (d.queue, d.dedupe_key) IS DISTINCT FROM (NEW.queue, NEW.dedupe_key);
-	RETURN NULL;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_sync';
 
 CREATE TRIGGER mail_sync_update AFTER UPDATE OF queue, priority, send_at, dedupe_key
 	ON gatekeeper.mail
@@ -1365,29 +1233,13 @@ $$;
 COMMENT ON FUNCTION gatekeeper.resume(text) IS
 	'let claims take a paused queue''s mail again';
 
+-- src/mail_state_sweep.c
 CREATE FUNCTION gatekeeper.cancel(id bigint)
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF cancel.id IS NULL THEN
-		RAISE EXCEPTION 'id must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	WITH f AS (
-		DELETE FROM gatekeeper.mail_live l
-		 WHERE l.id = cancel.id AND l.state = 'scheduled'
-		RETURNING l.*
-	)
-	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-									  message_id, last_error, dedupe_key, finished_at, segment)
-	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
-		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM f;
-	RETURN FOUND;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_cancel';
 
 COMMENT ON FUNCTION gatekeeper.cancel(bigint) IS
 	'cancel a scheduled mail by id; true when it was cancelled, false when it is not scheduled (claimed, finished, or no such mail)';
@@ -1396,53 +1248,20 @@ COMMENT ON FUNCTION gatekeeper.cancel(bigint) IS
 -- application's own key for it); false when there is none
 CREATE FUNCTION gatekeeper.cancel(queue text, dedupe_key text)
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	found_id bigint;
-BEGIN
-	IF cancel.queue IS NULL OR cancel.dedupe_key IS NULL THEN
-		RAISE EXCEPTION 'queue and dedupe_key must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	PERFORM gatekeeper._queue(cancel.queue);
-	SELECT l.id INTO found_id FROM gatekeeper.mail_live l
-	 WHERE l.queue = cancel.queue AND l.dedupe_key = cancel.dedupe_key AND l.state = 'scheduled';
-	IF NOT FOUND THEN
-		RETURN false;
-	END IF;
-	RETURN gatekeeper.cancel(found_id);
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_cancel_key';
 
 COMMENT ON FUNCTION gatekeeper.cancel(text, text) IS
 	'cancel the scheduled mail with this dedupe key in this queue; true when one was cancelled, false when no scheduled mail has it';
 
 CREATE FUNCTION gatekeeper.cancel_queue(queue text)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n bigint;
-BEGIN
-	PERFORM gatekeeper._queue(cancel_queue.queue);
-	WITH f AS (
-		DELETE FROM gatekeeper.mail_live l
-		 WHERE l.queue = cancel_queue.queue AND l.state = 'scheduled'
-		RETURNING l.*
-	)
-	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-									  message_id, last_error, dedupe_key, finished_at, segment)
-	SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker,
-		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM f;
-	GET DIAGNOSTICS n = ROW_COUNT;
-	RETURN n;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_cancel_queue';
 
 COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
 	'cancel every scheduled mail of a queue; the number cancelled';
@@ -2170,98 +1989,15 @@ LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_incarnation_sql';
 
+-- settle lapsed claims (src/mail_state_sweep.c): scheduled again, unknown
+-- or failed; the claims of another server incarnation's background
+-- workers at once, whatever their lease
 CREATE FUNCTION gatekeeper.reap()
 RETURNS int
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n int;
-	release_recipients text[];
-	release_holders bigint[];
-	back_queues text[];
-	back_due timestamptz[];
-	-- this server's incarnation; NULL when no background worker can run
-	here text := gatekeeper._incarnation();
-BEGIN
-	/*
-	 * at_most_once: the mail may have gone, so it is never sent again.
-	 * at_least_once: back to scheduled, unless its attempts are spent;
-	 * it keeps its gate passes, which its next claim re-passes.  Mail that
-	 * failed gives its passes back, all in one sorted release.  Claimed
-	 * mail is in batches (gatekeeper.mail_claim): a lapsed batch is
-	 * deleted and the mails still open in it are judged; a mail whose
-	 * queue is gone goes back to scheduled rather than nowhere.
-	 *
-	 * A batch a background worker of another server incarnation claimed
-	 * (its worker is 'bgworker:<pid>@<incarnation>', or 0.2.0's
-	 * 'bgworker:<pid>') is taken back at once, whatever its lease: that
-	 * worker is gone (this is a promoted standby, or the server
-	 * restarted) and could only ever have recorded its outcomes on the
-	 * server it ran on.  Its mails go back uncharged.  External claimers'
-	 * claims are never taken back early: they outlive any one server, and
-	 * may ack on this one after a failover.
-	 */
-	WITH lapsed AS (
-		DELETE FROM gatekeeper.mail_claim c
-		 WHERE c.batch = ANY (ARRAY(
-				SELECT l.batch FROM gatekeeper.mail_claim l
-				 WHERE l.lease_until < now()
-				   FOR UPDATE SKIP LOCKED)
-			 || ARRAY(
-				SELECT l.batch FROM gatekeeper.mail_claim l
-				 WHERE here IS NOT NULL AND l.lease_until >= now()
-				   AND l.worker LIKE 'bgworker:%' AND l.worker NOT LIKE '%@' || here
-				   FOR UPDATE SKIP LOCKED))
-		RETURNING c.gone, c.mails, c.lease_until >= now() AS orphaned
-	), judged AS (
-		SELECT r.*, r.uncharged + e.orphaned::int AS free,
-			   CASE WHEN e.orphaned THEN 'claimed by a server that is gone'
-					ELSE 'lease expired' END AS why,
-			   CASE WHEN q.delivery = 'at_most_once' THEN 'unknown'
-					WHEN r.attempt - r.uncharged - e.orphaned::int >= q.max_attempts THEN 'failed'
-					ELSE 'scheduled' END AS outcome
-		  FROM lapsed e
-		 CROSS JOIN LATERAL unnest(e.mails) r
-		  LEFT JOIN gatekeeper.queue q ON q.name = r.queue
-		 WHERE NOT r.id = ANY (e.gone)
-	), back AS (
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  worker, message_id, last_error, dedupe_key, segment)
-		SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.free,
-			   NULL, j.message_id, j.why, j.dedupe_key, j.segment
-		  FROM judged j
-		 WHERE j.outcome = 'scheduled'
-		RETURNING mail_live.id, mail_live.queue, mail_live.send_at
-	), gone AS (
-		SELECT j.* FROM judged j WHERE j.outcome <> 'scheduled'
-	), done AS (
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		SELECT g.id, g.queue, g.outcome::gatekeeper.state, g.attempt, g.free, g.send_at, NULL,
-			   g.message_id, g.why, g.dedupe_key, now(), g.segment
-		  FROM gone g
-		RETURNING mail_done.id, mail_done.state, mail_done.segment
-	)
-	SELECT (SELECT count(*) FROM back) + count(d.id),
-		   array_agg(m.recipient) FILTER (WHERE d.state = 'failed'),
-		   array_agg(d.id) FILTER (WHERE d.state = 'failed'),
-		   (SELECT array_agg(b.queue) FROM back b), (SELECT array_agg(b.send_at) FROM back b)
-	  INTO n, release_recipients, release_holders, back_queues, back_due
-	  FROM done d
-	  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment;
-	IF release_recipients IS NOT NULL THEN
-		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
-	END IF;
-	-- mail back to scheduled is due again: external senders of a notify queue hear of it
-	PERFORM gatekeeper._announce(b.queue, min(b.due))
-	   FROM unnest(back_queues, back_due) AS b(queue, due)
-	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
-	  GROUP BY b.queue;
-	RETURN n;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_reap';
 
 COMMENT ON FUNCTION gatekeeper.reap() IS
 	'settle the claimed mail whose lease ran out (or whose server is gone): scheduled again, unknown (at-most-once mail) or failed (attempts spent); the number of mails settled';
@@ -2365,96 +2101,13 @@ $$;
  * segment, empty it by TRUNCATE and make it current.  Gives up, to try
  * again on a later purge, when the next segment's mail is too recent or
  * its tables stay locked by others for a second.  Returns the finished
- * mails removed.
+ * mails removed.  In C, as purge is: src/mail_state_sweep.c.
  */
 CREATE FUNCTION gatekeeper._rotate(retention interval)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	s gatekeeper.segment;
-	nxt smallint;
-	removed bigint;
-	timeout text := current_setting('lock_timeout');
-BEGIN
-	SELECT * INTO s FROM gatekeeper.segment FOR UPDATE SKIP LOCKED;
-	IF NOT FOUND OR now() - s.rotated_at < retention / 2 THEN
-		RETURN 0;
-	END IF;
-	nxt := (s.current + 1) % 4;
-	IF EXISTS (SELECT FROM gatekeeper.mail_done d
-				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
-		RETURN 0;
-	END IF;
-	BEGIN
-		PERFORM set_config('lock_timeout', '1s', true);
-		-- a finished mail of the segment that still holds its dedupe key
-		-- (its queue's window is longer than retention) leaves its finish
-		-- time in the key's row, which goes on holding the key; under the
-		-- row's lock, which an insert of the key takes before it tests the
-		-- holder (src/mail.c, write_keys)
-		UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at
-		  FROM gatekeeper.mail_done d
-		  JOIN gatekeeper.queue q ON q.name = d.queue
-		 WHERE d.segment = nxt AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled'
-		   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window
-		   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id;
-		-- and mail_claim: the records of claimed mail in the segment are
-		-- rewritten below, and an ack reads them before it locks a batch
-		EXECUTE format('LOCK TABLE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I, gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE',
-					   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
-		PERFORM set_config('lock_timeout', timeout, true);
-	EXCEPTION WHEN lock_not_available THEN
-		PERFORM set_config('lock_timeout', timeout, true);
-		RETURN 0;
-	END;
-	-- under the locks, nothing enters the segment: look again
-	IF EXISTS (SELECT FROM gatekeeper.mail_done d
-				WHERE d.segment = nxt AND d.finished_at >= now() - retention) THEN
-		RETURN 0;
-	END IF;
-	EXECUTE format(
-		'INSERT INTO gatekeeper.%I (id, queue, recipient, sender, subject, body, html, headers,
-									dedupe_key, priority, send_at, send_by, created_at, segment,
-									recipient_name, metadata, timezone)
-		 SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
-				m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, $1,
-				m.recipient_name, m.metadata, m.timezone
-		   FROM gatekeeper.%I m
-		  WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2
-						 UNION ALL
-						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
-						  WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))',
-		'mail_' || s.current, 'mail_' || nxt) USING s.current, nxt;
-	-- the events of the mail that moves go along with it
-	UPDATE gatekeeper.event_log e SET segment = s.current
-	 WHERE e.segment = nxt
-	   AND e.mail_id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = nxt
-						 UNION ALL
-						 SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r
-						  WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
-	UPDATE gatekeeper.mail_live l SET segment = s.current WHERE l.segment = nxt;
-	-- claimed mail still open in its batch: its record names the new segment
-	UPDATE gatekeeper.mail_claim c
-	   SET mails = ARRAY(
-			SELECT CASE WHEN (c.mails[i]).segment = nxt AND NOT (c.mails[i]).id = ANY (c.gone)
-						THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority,
-								 (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt,
-								 (c.mails[i]).uncharged, (c.mails[i]).worker,
-								 (c.mails[i]).message_id, (c.mails[i]).last_error,
-								 (c.mails[i]).dedupe_key, s.current)::gatekeeper.mail_live
-						ELSE c.mails[i] END
-			  FROM generate_subscripts(c.mails, 1) AS i
-			 ORDER BY i)
-	 WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = nxt AND NOT r.id = ANY (c.gone));
-	SELECT count(*) INTO removed FROM gatekeeper.mail_done d WHERE d.segment = nxt;
-	EXECUTE format('TRUNCATE gatekeeper.%I, gatekeeper.%I, gatekeeper.%I',
-				   'mail_' || nxt, 'mail_done_' || nxt, 'event_log_' || nxt);
-	UPDATE gatekeeper.segment SET current = nxt, rotated_at = now();
-	RETURN removed;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_rotate';
 
 /*
  * Delete the stale rows of mail_key (their mail no longer holds the key,
@@ -2557,38 +2210,10 @@ $$;
 -- passes out of shared memory
 CREATE FUNCTION gatekeeper.purge(batch int DEFAULT 10000)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	retention interval;
-	n bigint;
-	p bigint;
-BEGIN
-	IF batch IS NULL THEN
-		RAISE EXCEPTION 'batch must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF batch < 1 THEN
-		RAISE EXCEPTION 'batch must be positive' USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	retention := coalesce(nullif(current_setting('gatekeeper.retention', true), '')::interval,
-						  interval '7 days');
-	n := gatekeeper._rotate(retention);
-	DELETE FROM gatekeeper.gate_log g
-	 WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e
-							   WHERE e.expires < now() LIMIT batch
-								 FOR UPDATE SKIP LOCKED))
-	   AND g.expires < now();
-	GET DIAGNOSTICS p = ROW_COUNT;
-	PERFORM gatekeeper._gate_sweep();
-	-- not counted: a stale key is no mail
-	PERFORM gatekeeper._mail_key_prune(batch);
-	-- a drained mail_claim's dead batches
-	PERFORM gatekeeper._mail_claim_shrink();
-	RETURN n + p;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_purge';
 
 COMMENT ON FUNCTION gatekeeper.purge(int) IS
 	'remove finished mail older than gatekeeper.retention by rotating the retention segments, and a batch of expired gate log rows; the rows removed';

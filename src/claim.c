@@ -53,6 +53,7 @@
 
 #include "due_floor.h"
 #include "gate.h"
+#include "mail_state.h"
 #include "suppression.h"
 #include "unsubscribe.h"
 #include "window.h"
@@ -2220,4 +2221,21 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_INT32((int32) ntaken);
+}
+
+/*
+ * gatekeeper_mail_take_claimed
+ *		take_claimed for a caller that records nothing of the claims it
+ *		takes (mail_state_sweep.c: a deleted mail's claims leave their
+ *		batches); returns how many were still open.  Runs with SPI
+ *		connected.
+ */
+int
+gatekeeper_mail_take_claimed(ArrayType *ids, ArrayType *attempts)
+{
+	LiveRecord	lr;
+	int			ntaken;
+
+	(void) take_claimed(ids, attempts, &ntaken, &lr, CurrentMemoryContext);
+	return ntaken;
 }

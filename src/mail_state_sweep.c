@@ -1,0 +1,1456 @@
+/*-------------------------------------------------------------------------
+ *
+ * mail_state_sweep.c
+ *		The changes of a mail's state that are not a claimer's own (issue
+ *		26, item 1): cancel (by id, by dedupe key, a whole queue), reap
+ *		(claims whose lease ran out, or whose server is gone), the sync of
+ *		an application's UPDATE or DELETE of gatekeeper.mail into the state
+ *		tables, the rotation of the retention segments, and purge.
+ *
+ * The claim and the claimer's transitions (ack, nack, unclaim, extend) are
+ * in claim.c and mail_state.c; this file holds the rest of the family.
+ * Each statement is a kept plan named for it (gatekeeper_plan), its SQL
+ * text a static const char beside it, the tables' columns spelled by the
+ * lists in mail_state.h.  The statements are the ones the PL/pgSQL
+ * functions ran before, so the locks they take, and the races the specs
+ * in specs/ pin, are the same.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog.h"
+#include "gate.h"
+#include "gate_log.h"
+#include "gate_store.h"
+#include "gatekeeper.h"
+#include "mail_state.h"
+#include "wake.h"
+#include "worker_slots.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#include "utils/timestamp.h"
+#include "utils/typcache.h"
+
+PG_FUNCTION_INFO_V1(gatekeeper_cancel);
+PG_FUNCTION_INFO_V1(gatekeeper_cancel_key);
+PG_FUNCTION_INFO_V1(gatekeeper_cancel_queue);
+PG_FUNCTION_INFO_V1(gatekeeper_reap);
+PG_FUNCTION_INFO_V1(gatekeeper_mail_sync);
+PG_FUNCTION_INFO_V1(gatekeeper_rotate);
+PG_FUNCTION_INFO_V1(gatekeeper_purge);
+
+/* the retention segments: gatekeeper.mail_0 .. mail_3 and their kin */
+#define NUM_SEGMENTS 4
+
+/*
+ * The scheduled mail a cancel takes out of mail_live, into mail_done as
+ * cancelled, in one statement.  A cancel that meets a claim in progress
+ * waits for it and finds nothing if the claim commits (specs/claim_cancel).
+ */
+#define CANCEL_SQL(where) \
+"WITH f AS ( " \
+"    DELETE FROM gatekeeper.mail_live l " \
+"     WHERE " where " AND l.state = 'scheduled' " \
+"    RETURNING l.* " \
+") " \
+"INSERT INTO gatekeeper.mail_done (" MAIL_DONE_COLUMNS ") " \
+"SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker, " \
+"       f.message_id, f.last_error, f.dedupe_key, now(), f.segment " \
+"  FROM f"
+
+static const char cancel_sql[] = CANCEL_SQL("l.id = $1");
+
+static const char cancel_queue_sql[] = CANCEL_SQL("l.queue = $1");
+
+/* the scheduled mail of a queue that has a dedupe key */
+static const char scheduled_by_key_sql[] =
+"SELECT l.id FROM gatekeeper.mail_live l "
+" WHERE l.queue = $1 AND l.dedupe_key = $2 AND l.state = 'scheduled'";
+
+static const char queue_exists_sql[] =
+"SELECT FROM gatekeeper.queue q WHERE q.name = $1";
+
+/*
+ * reap: the batches whose lease ran out, or whose background worker was
+ * of another server incarnation ($1, NULL when none can run here), locked
+ * without waiting and deleted; their open mails judged and written to
+ * mail_live (scheduled again) or mail_done (unknown or failed).  Returns
+ * the mails settled, the recipients and ids of those that failed (their
+ * gate passes are given back), and the notify queues with mail scheduled
+ * again and the earliest of it.
+ */
+static const char reap_sql[] =
+"WITH lapsed AS ( "
+"    DELETE FROM gatekeeper.mail_claim c "
+"     WHERE c.batch = ANY (ARRAY( "
+"            SELECT l.batch FROM gatekeeper.mail_claim l "
+"             WHERE l.lease_until < now() "
+"               FOR UPDATE SKIP LOCKED) "
+"         || ARRAY( "
+"            SELECT l.batch FROM gatekeeper.mail_claim l "
+"             WHERE $1::text IS NOT NULL AND l.lease_until >= now() "
+"               AND l.worker LIKE 'bgworker:%' AND l.worker NOT LIKE '%@' || $1::text "
+"               FOR UPDATE SKIP LOCKED)) "
+"    RETURNING c.gone, c.mails, c.lease_until >= now() AS orphaned "
+"), judged AS ( "
+"    SELECT r.*, r.uncharged + e.orphaned::int AS free, "
+"           CASE WHEN e.orphaned THEN 'claimed by a server that is gone' "
+"                ELSE 'lease expired' END AS why, "
+"           CASE WHEN q.delivery = 'at_most_once' THEN 'unknown' "
+"                WHEN r.attempt - r.uncharged - e.orphaned::int >= q.max_attempts THEN 'failed' "
+"                ELSE 'scheduled' END AS outcome "
+"      FROM lapsed e "
+"     CROSS JOIN LATERAL unnest(e.mails) r "
+"      LEFT JOIN gatekeeper.queue q ON q.name = r.queue "
+"     WHERE NOT r.id = ANY (e.gone) "
+"), back AS ( "
+"    INSERT INTO gatekeeper.mail_live (" MAIL_LIVE_COLUMNS ") "
+"    SELECT j.id, j.queue, j.priority, j.send_at, 'scheduled', j.attempt, j.free, "
+"           NULL, j.message_id, j.why, j.dedupe_key, j.segment "
+"      FROM judged j "
+"     WHERE j.outcome = 'scheduled' "
+"    RETURNING mail_live.id, mail_live.queue, mail_live.send_at "
+"), done AS ( "
+"    INSERT INTO gatekeeper.mail_done (" MAIL_DONE_COLUMNS ") "
+"    SELECT j.id, j.queue, j.outcome::gatekeeper.state, j.attempt, j.free, j.send_at, NULL, "
+"           j.message_id, j.why, j.dedupe_key, now(), j.segment "
+"      FROM judged j "
+"     WHERE j.outcome <> 'scheduled' "
+"    RETURNING mail_done.id, mail_done.state, mail_done.segment "
+"), announced AS ( "
+"    SELECT b.queue, min(b.send_at) AS due "
+"      FROM back b "
+"      JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify "
+"     GROUP BY b.queue "
+") "
+"SELECT (SELECT count(*) FROM back) + count(d.id), "
+"       array_agg(m.recipient) FILTER (WHERE d.state = 'failed'), "
+"       array_agg(d.id) FILTER (WHERE d.state = 'failed'), "
+"       (SELECT array_agg(a.queue ORDER BY a.queue) FROM announced a), "
+"       (SELECT array_agg(a.due ORDER BY a.queue) FROM announced a) "
+"  FROM done d "
+"  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment";
+
+/*
+ * _mail_sync, after a DELETE of gatekeeper.mail: the deleted mails' live
+ * rows, the open claims of them ($1 the ids, between $2 and $3: taken out
+ * of their batches as an ack takes them), and their outcomes ($4 the
+ * segments).
+ */
+static const char sync_delete_live_sql[] =
+"DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY ($1)";
+
+static const char sync_any_claim_sql[] =
+"SELECT FROM gatekeeper.mail_claim";
+
+/*
+ * The open claims of the batches whose id range meets the deleted ids'
+ * ($1 .. $2); which of them name a deleted mail is asked in C, by a
+ * binary search of the sorted ids (an = ANY of the ids per record would
+ * cost their product).
+ */
+static const char sync_deleted_claims_sql[] =
+"SELECT x.id, x.attempt "
+"  FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) x "
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]') "
+"   AND NOT x.id = ANY (c.gone)";
+
+static const char sync_delete_done_sql[] =
+"DELETE FROM gatekeeper.mail_done d "
+" USING unnest($1::bigint[], $2::smallint[]) AS o(id, segment) "
+" WHERE d.id = o.id AND d.segment = o.segment";
+
+/*
+ * _mail_sync, after an UPDATE of a mail's queue ($2), priority ($3),
+ * dedupe key ($4) or send_at ($5, NULL when it did not change).
+ */
+static const char sync_live_sql[] =
+"UPDATE gatekeeper.mail_live l "
+"   SET queue = $2, priority = $3, dedupe_key = $4, send_at = coalesce($5, l.send_at) "
+" WHERE l.id = $1";
+
+/* the batch the claimed mail $1 is open in, locked */
+static const char sync_claim_batch_sql[] =
+"SELECT c.batch, c.queue, c.worker, c.lease_until, c.open, c.gone, c.mails "
+"  FROM gatekeeper.mail_claim c "
+" WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x "
+"                   WHERE int8range(k.lo, k.hi, '[]') @> $1 AND x.id = $1 "
+"                     AND NOT $1 = ANY (k.gone) "
+"                   LIMIT 1) "
+"   FOR UPDATE";
+
+static const char sync_key_scheduled_sql[] =
+"SELECT FROM gatekeeper.mail_live l WHERE l.queue = $1 AND l.dedupe_key = $2";
+
+/*
+ * A key's row is locked first, then tested (as src/mail.c does): a stale
+ * row is taken over, a held one fails the insert.
+ */
+static const char sync_key_lock_sql[] =
+"SELECT FROM gatekeeper.mail_key k WHERE k.queue = $1 AND k.dedupe_key = $2 FOR UPDATE";
+
+static const char sync_key_drop_stale_sql[] =
+"DELETE FROM gatekeeper.mail_key k "
+" WHERE k.queue = $1 AND k.dedupe_key = $2 AND k.id <> $3 "
+"   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)";
+
+static const char sync_key_drop_unheld_sql[] =
+"DELETE FROM gatekeeper.mail_key k "
+" WHERE k.queue = $1 AND k.dedupe_key = $2 "
+"   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)";
+
+static const char sync_key_held_sql[] =
+"SELECT FROM gatekeeper.mail_key k WHERE k.queue = $1 AND k.dedupe_key = $2 AND k.id <> $3";
+
+static const char sync_key_insert_sql[] =
+"INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ($1, $2, $3)";
+
+static const char sync_key_take_sql[] =
+"INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ($1, $2, $3) "
+"ON CONFLICT (queue, dedupe_key) DO NOTHING";
+
+static const char sync_key_release_sql[] =
+"DELETE FROM gatekeeper.mail_key k WHERE k.queue = $1 AND k.dedupe_key = $2 AND k.id = $3";
+
+/* the claimed mail's record ($4, at $3) rewritten in its batch, which may move */
+static const char sync_claim_rewrite_sql[] =
+"UPDATE gatekeeper.mail_claim c SET queue = $2, mails[$3] = $4 WHERE c.batch = $1";
+
+static const char sync_claim_drop_sql[] =
+"DELETE FROM gatekeeper.mail_claim c WHERE c.batch = $1";
+
+static const char sync_claim_leave_sql[] =
+"UPDATE gatekeeper.mail_claim c SET open = c.open - 1, gone = c.gone || $2 WHERE c.batch = $1";
+
+static const char sync_claim_alone_sql[] =
+"INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails) "
+"VALUES ($1, $2, $3, $4, $4, 1, ARRAY[$5])";
+
+static const char sync_done_sql[] =
+"UPDATE gatekeeper.mail_done d SET queue = $2, dedupe_key = $3 "
+" WHERE d.id = $1 AND d.segment = $4 "
+"   AND (d.queue, d.dedupe_key) IS DISTINCT FROM ($2, $3)";
+
+/*
+ * _rotate: the segment row, locked without waiting, and whether the
+ * current segment is younger than half of retention ($1).
+ */
+static const char rotate_segment_sql[] =
+"SELECT s.current, now() - s.rotated_at < $1 / 2 "
+"  FROM gatekeeper.segment s FOR UPDATE SKIP LOCKED";
+
+/* whether segment $1 holds mail that finished within retention ($2) */
+static const char rotate_recent_sql[] =
+"SELECT FROM gatekeeper.mail_done d "
+" WHERE d.segment = $1 AND d.finished_at >= now() - $2 LIMIT 1";
+
+/*
+ * A finished mail of segment $1 that still holds its dedupe key (its
+ * queue's window is longer than retention) leaves its finish time in the
+ * key's row, which goes on holding the key; under the row's lock, which
+ * an insert of the key takes before it tests the holder (src/mail.c,
+ * write_keys).
+ */
+static const char rotate_keep_keys_sql[] =
+"UPDATE gatekeeper.mail_key k SET finished_at = d.finished_at "
+"  FROM gatekeeper.mail_done d "
+"  JOIN gatekeeper.queue q ON q.name = d.queue "
+" WHERE d.segment = $1 AND d.dedupe_key IS NOT NULL AND d.state <> 'cancelled' "
+"   AND q.dedupe_window > interval '0' AND d.finished_at > now() - q.dedupe_window "
+"   AND k.queue = d.queue AND k.dedupe_key = d.dedupe_key AND k.id = d.id";
+
+/*
+ * The segment's tables, and mail_claim: the records of claimed mail in
+ * the segment are rewritten below, and an ack reads them before it locks
+ * a batch.  Per segment (%d: the next one).
+ */
+static const char rotate_lock_sql[] =
+"LOCK TABLE gatekeeper.mail_%d, gatekeeper.mail_done_%d, gatekeeper.event_log_%d, "
+"           gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE";
+
+/*
+ * The unfinished mail of the next segment (%2$d) moves to the current one
+ * (%1$d): its content, its events, its live row and its claim records.
+ */
+static const char rotate_move_mail_sql[] =
+"INSERT INTO gatekeeper.mail_%1$d (id, queue, recipient, sender, subject, body, html, headers, "
+"                                  dedupe_key, priority, send_at, send_by, created_at, segment, "
+"                                  recipient_name, metadata, timezone) "
+"SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers, "
+"       m.dedupe_key, m.priority, m.send_at, m.send_by, m.created_at, %1$d, "
+"       m.recipient_name, m.metadata, m.timezone "
+"  FROM gatekeeper.mail_%2$d m "
+" WHERE m.id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = %2$d "
+"                UNION ALL "
+"                SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r "
+"                 WHERE r.segment = %2$d AND NOT r.id = ANY (c.gone))";
+
+static const char rotate_move_events_sql[] =
+"UPDATE gatekeeper.event_log e SET segment = $1 "
+" WHERE e.segment = $2 "
+"   AND e.mail_id IN (SELECT l.id FROM gatekeeper.mail_live l WHERE l.segment = $2 "
+"                     UNION ALL "
+"                     SELECT r.id FROM gatekeeper.mail_claim c CROSS JOIN LATERAL unnest(c.mails) r "
+"                      WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))";
+
+static const char rotate_move_live_sql[] =
+"UPDATE gatekeeper.mail_live l SET segment = $1 WHERE l.segment = $2";
+
+/* claimed mail still open in its batch: its record names the new segment */
+static const char rotate_move_claims_sql[] =
+"UPDATE gatekeeper.mail_claim c "
+"   SET mails = ARRAY( "
+"        SELECT CASE WHEN (c.mails[i]).segment = $2 AND NOT (c.mails[i]).id = ANY (c.gone) "
+"                    THEN ROW((c.mails[i]).id, (c.mails[i]).queue, (c.mails[i]).priority, "
+"                             (c.mails[i]).send_at, (c.mails[i]).state, (c.mails[i]).attempt, "
+"                             (c.mails[i]).uncharged, (c.mails[i]).worker, "
+"                             (c.mails[i]).message_id, (c.mails[i]).last_error, "
+"                             (c.mails[i]).dedupe_key, $1)::gatekeeper.mail_live "
+"                    ELSE c.mails[i] END "
+"          FROM generate_subscripts(c.mails, 1) AS i "
+"         ORDER BY i) "
+" WHERE EXISTS (SELECT FROM unnest(c.mails) r WHERE r.segment = $2 AND NOT r.id = ANY (c.gone))";
+
+static const char rotate_count_sql[] =
+"SELECT count(*) FROM gatekeeper.mail_done d WHERE d.segment = $1";
+
+static const char rotate_truncate_sql[] =
+"TRUNCATE gatekeeper.mail_%d, gatekeeper.mail_done_%d, gatekeeper.event_log_%d";
+
+static const char rotate_advance_sql[] =
+"UPDATE gatekeeper.segment SET current = $1, rotated_at = now()";
+
+/* purge: a batch ($1) of expired gate log rows, locked without waiting */
+static const char purge_gate_log_sql[] =
+"DELETE FROM gatekeeper.gate_log g "
+" WHERE g.ctid = ANY (ARRAY(SELECT e.ctid FROM gatekeeper.gate_log e "
+"                           WHERE e.expires < now() LIMIT $1 "
+"                             FOR UPDATE SKIP LOCKED)) "
+"   AND g.expires < now()";
+
+/* the PL/pgSQL helpers purge runs after (not mail state: mail_key, mail_claim's space) */
+static const char purge_key_prune_sql[] =
+"SELECT gatekeeper._mail_key_prune($1)";
+
+static const char purge_claim_shrink_sql[] =
+"SELECT gatekeeper._mail_claim_shrink()";
+
+static SPIPlanPtr cancel_plan = NULL;
+static SPIPlanPtr cancel_queue_plan = NULL;
+static SPIPlanPtr scheduled_by_key_plan = NULL;
+static SPIPlanPtr queue_exists_plan = NULL;
+static SPIPlanPtr reap_plan = NULL;
+static SPIPlanPtr sync_delete_live_plan = NULL;
+static SPIPlanPtr sync_any_claim_plan = NULL;
+static SPIPlanPtr sync_deleted_claims_plan = NULL;
+static SPIPlanPtr sync_delete_done_plan = NULL;
+static SPIPlanPtr sync_live_plan = NULL;
+static SPIPlanPtr sync_claim_batch_plan = NULL;
+static SPIPlanPtr sync_key_scheduled_plan = NULL;
+static SPIPlanPtr sync_key_lock_plan = NULL;
+static SPIPlanPtr sync_key_drop_stale_plan = NULL;
+static SPIPlanPtr sync_key_drop_unheld_plan = NULL;
+static SPIPlanPtr sync_key_held_plan = NULL;
+static SPIPlanPtr sync_key_insert_plan = NULL;
+static SPIPlanPtr sync_key_take_plan = NULL;
+static SPIPlanPtr sync_key_release_plan = NULL;
+static SPIPlanPtr sync_claim_rewrite_plan = NULL;
+static SPIPlanPtr sync_claim_drop_plan = NULL;
+static SPIPlanPtr sync_claim_leave_plan = NULL;
+static SPIPlanPtr sync_claim_alone_plan = NULL;
+static SPIPlanPtr sync_done_plan = NULL;
+static SPIPlanPtr rotate_segment_plan = NULL;
+static SPIPlanPtr rotate_recent_plan = NULL;
+static SPIPlanPtr rotate_keep_keys_plan = NULL;
+static SPIPlanPtr rotate_lock_plan[NUM_SEGMENTS];
+static SPIPlanPtr rotate_move_mail_plan[NUM_SEGMENTS];
+static SPIPlanPtr rotate_move_events_plan = NULL;
+static SPIPlanPtr rotate_move_live_plan = NULL;
+static SPIPlanPtr rotate_move_claims_plan = NULL;
+static SPIPlanPtr rotate_count_plan = NULL;
+static SPIPlanPtr rotate_truncate_plan[NUM_SEGMENTS];
+static SPIPlanPtr rotate_advance_plan = NULL;
+static SPIPlanPtr purge_gate_log_plan = NULL;
+static SPIPlanPtr purge_key_prune_plan = NULL;
+static SPIPlanPtr purge_claim_shrink_plan = NULL;
+
+/* the mail_live row type the plans taking a record were prepared for */
+static Oid	record_plans_type = InvalidOid;
+
+/* A mail's columns that _mail_sync carries into its state rows. */
+typedef struct SyncedMail
+{
+	int64		id;
+	int16		segment;
+	Datum		queue;			/* text */
+	int32		priority;
+	Datum		dedupe_key;		/* text, or 0 for NULL */
+	TimestampTz send_at;
+} SyncedMail;
+
+static bool cancel_scheduled(int64 id);
+static void require_queue(text *queue);
+static void announce_due(Datum queues, Datum dues);
+static bool text_equal(Datum a, Datum b);
+static int	int64_cmp(const void *a, const void *b);
+static void synced_mail(TupleDesc desc, HeapTuple tuple, SyncedMail *m);
+static void sync_delete(TriggerData *trigdata);
+static void sync_update(TriggerData *trigdata);
+static bool sync_claimed(SyncedMail *new, bool send_at_changed);
+static void sync_key_take(SyncedMail *new, bool scheduled);
+static bool rotate_recent(int16 segment, Datum retention, bool no_retention);
+static bool rotate_lock(int16 next);
+static int64 rotate(Datum retention, bool no_retention);
+static Interval *retention_setting(void);
+static int	execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+					Datum *args, const char *nulls, bool read_only);
+
+/*
+ * Cancel the scheduled mail id: true when it was cancelled, false when it
+ * is not scheduled (claimed, finished, or no such mail).  Runs inside SPI.
+ */
+static bool
+cancel_scheduled(int64 id)
+{
+	Oid			type = INT8OID;
+	Datum		arg = Int64GetDatum(id);
+
+	gatekeeper_plan(&cancel_plan, cancel_sql, 1, &type);
+	if (gatekeeper_execute_by_key(cancel_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not cancel mail " INT64_FORMAT, id);
+	return SPI_processed > 0;
+}
+
+/*
+ * Refuse a queue that is NULL or does not exist, as gatekeeper._queue()
+ * does.  Runs inside SPI.
+ */
+static void
+require_queue(text *queue)
+{
+	Oid			type = TEXTOID;
+	Datum		arg;
+
+	if (queue == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("queue must not be null")));
+	arg = PointerGetDatum(queue);
+	gatekeeper_plan(&queue_exists_plan, queue_exists_sql, 1, &type);
+	if (gatekeeper_execute_by_key(queue_exists_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not look up a queue");
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("queue \"%s\" does not exist", text_to_cstring(queue)),
+				 errhint("Create it with gatekeeper.create_queue().")));
+}
+
+/*
+ * cancel(id bigint) RETURNS boolean
+ *		Cancel a scheduled mail by id.
+ */
+Datum
+gatekeeper_cancel(PG_FUNCTION_ARGS)
+{
+	bool		cancelled;
+
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("id must not be null")));
+
+	SPI_connect();
+	cancelled = cancel_scheduled(PG_GETARG_INT64(0));
+	SPI_finish();
+
+	PG_RETURN_BOOL(cancelled);
+}
+
+/*
+ * cancel(queue text, dedupe_key text) RETURNS boolean
+ *		Cancel the scheduled mail of a queue that has this dedupe key (the
+ *		application's own key for it); false when there is none.
+ */
+Datum
+gatekeeper_cancel_key(PG_FUNCTION_ARGS)
+{
+	Oid			types[2] = {TEXTOID, TEXTOID};
+	Datum		args[2];
+	bool		cancelled = false;
+
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("queue and dedupe_key must not be null")));
+	args[0] = PointerGetDatum(PG_GETARG_TEXT_PP(0));
+	args[1] = PointerGetDatum(PG_GETARG_TEXT_PP(1));
+
+	SPI_connect();
+	require_queue(DatumGetTextPP(args[0]));
+	gatekeeper_plan(&scheduled_by_key_plan, scheduled_by_key_sql, 2, types);
+	if (gatekeeper_execute_by_key(scheduled_by_key_plan, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not look up mail by dedupe key");
+	if (SPI_processed > 0)
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+
+		cancelled = cancel_scheduled(id);
+	}
+	SPI_finish();
+
+	PG_RETURN_BOOL(cancelled);
+}
+
+/*
+ * cancel_queue(queue text) RETURNS bigint
+ *		Cancel every scheduled mail of a queue; the number cancelled.
+ */
+Datum
+gatekeeper_cancel_queue(PG_FUNCTION_ARGS)
+{
+	Oid			type = TEXTOID;
+	Datum		arg;
+	uint64		n;
+
+	gatekeeper_require_schema();
+
+	SPI_connect();
+	require_queue(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0));
+	arg = PointerGetDatum(PG_GETARG_TEXT_PP(0));
+	gatekeeper_plan(&cancel_queue_plan, cancel_queue_sql, 1, &type);
+	if (gatekeeper_execute_by_key(cancel_queue_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not cancel the mail of a queue");
+	n = SPI_processed;
+	SPI_finish();
+
+	PG_RETURN_INT64((int64) n);
+}
+
+/*
+ * Announce each notify queue's mail made due again (queues[i] at dues[i]):
+ * at commit when it is due by now, else by the worker when it comes due.
+ */
+static void
+announce_due(Datum queues, Datum dues)
+{
+	Datum	   *qv;
+	Datum	   *dv;
+	int			nq;
+	int			nd;
+	int			i;
+	TimestampTz now = GetCurrentTimestamp();
+
+	deconstruct_array(DatumGetArrayTypeP(queues), TEXTOID, -1, false, TYPALIGN_INT,
+					  &qv, NULL, &nq);
+	deconstruct_array(DatumGetArrayTypeP(dues), TIMESTAMPTZOID, 8, FLOAT8PASSBYVAL,
+					  TYPALIGN_DOUBLE, &dv, NULL, &nd);
+	if (nq != nd)
+		elog(ERROR, "reap returned %d queues and %d due times", nq, nd);
+	for (i = 0; i < nq; i++)
+	{
+		TimestampTz due = DatumGetTimestampTz(dv[i]);
+
+		if (due <= now)
+			gatekeeper_notify_queue(TextDatumGetCString(qv[i]));
+		else
+			gatekeeper_announce_later(due);
+	}
+}
+
+/*
+ * gatekeeper_mail_reap
+ *		Settle the claimed mail whose lease ran out, or whose server is
+ *		gone: scheduled again, unknown (at-most-once mail) or failed
+ *		(attempts spent).  Returns the number of mails settled.  Runs
+ *		inside SPI.
+ *
+ * at_most_once: the mail may have gone, so it is never sent again.
+ * at_least_once: back to scheduled, unless its attempts are spent; it
+ * keeps its gate passes, which its next claim re-passes.  Mail that
+ * failed gives its passes back, all in one sorted release.  A lapsed
+ * batch is deleted and the mails still open in it are judged; a mail
+ * whose queue is gone goes back to scheduled rather than nowhere.
+ *
+ * A batch a background worker of another server incarnation claimed (its
+ * worker is 'bgworker:<pid>@<incarnation>', or 0.2.0's 'bgworker:<pid>')
+ * is taken back at once, whatever its lease: that worker is gone (this is
+ * a promoted standby, or the server restarted) and could only ever have
+ * recorded its outcomes on the server it ran on.  Its mails go back
+ * uncharged.  External claimers' claims are never taken back early: they
+ * outlive any one server, and may ack on this one after a failover.
+ */
+int32
+gatekeeper_mail_reap(void)
+{
+	const char *here = gatekeeper_incarnation();
+	Oid			type = TEXTOID;
+	Datum		arg;
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+	int64		n;
+	Datum		recipients;
+	Datum		holders;
+	bool		no_failed;
+	Datum		queues;
+	bool		no_announced;
+	Datum		dues;
+
+	arg = here != NULL ? CStringGetTextDatum(here) : (Datum) 0;
+	gatekeeper_plan(&reap_plan, reap_sql, 1, &type);
+	if (gatekeeper_execute_by_key(reap_plan, &arg, here != NULL ? NULL : "n",
+								  false, 0) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not reap claimed mail");
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	n = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	recipients = SPI_getbinval(tuple, desc, 2, &no_failed);
+	holders = SPI_getbinval(tuple, desc, 3, &isnull);
+	queues = SPI_getbinval(tuple, desc, 4, &no_announced);
+	dues = SPI_getbinval(tuple, desc, 5, &isnull);
+
+	if (!no_failed)
+	{
+		Datum	   *rv;
+		Datum	   *hv;
+		bool	   *rn;
+		int			nr;
+		int			nh;
+		char	  **names;
+		int64	   *ids;
+		int			i;
+		int			j;
+
+		deconstruct_array(DatumGetArrayTypeP(recipients), TEXTOID, -1, false, TYPALIGN_INT,
+						  &rv, &rn, &nr);
+		deconstruct_array(DatumGetArrayTypeP(holders), INT8OID, 8, FLOAT8PASSBYVAL,
+						  TYPALIGN_DOUBLE, &hv, NULL, &nh);
+		if (nr != nh)
+			elog(ERROR, "reap returned %d recipients and %d mails", nr, nh);
+		names = palloc(nr * sizeof(char *));
+		ids = palloc(nr * sizeof(int64));
+		for (i = 0, j = 0; i < nr; i++)
+		{
+			/* a mail deleted meanwhile has no recipient, and no passes left */
+			if (rn[i])
+				continue;
+			names[j] = TextDatumGetCString(rv[i]);
+			ids[j++] = DatumGetInt64(hv[i]);
+		}
+		if (j > 0)
+			gatekeeper_release_passes(names, ids, j);
+	}
+	/* mail back to scheduled is due again: external senders of a notify queue hear of it */
+	if (!no_announced)
+		announce_due(queues, dues);
+
+	return (int32) n;
+}
+
+/*
+ * reap() RETURNS int
+ *		gatekeeper_mail_reap for SQL.
+ */
+Datum
+gatekeeper_reap(PG_FUNCTION_ARGS)
+{
+	int32		n;
+
+	gatekeeper_require_schema();
+	SPI_connect();
+	n = gatekeeper_mail_reap();
+	SPI_finish();
+	PG_RETURN_INT32(n);
+}
+
+/*
+ * A statement of this file, kept in *plan, run with args (nulls as
+ * SPI_execute_plan takes them); returns SPI's result code.
+ */
+static int
+execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+		Datum *args, const char *nulls, bool read_only)
+{
+	gatekeeper_plan(plan, sql, nargs, types);
+	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
+}
+
+/* int64s in ascending order, for qsort and bsearch */
+static int
+int64_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return (x > y) - (x < y);
+}
+
+/* Two texts, either 0 for NULL, are the same (NOT IS DISTINCT FROM) */
+static bool
+text_equal(Datum a, Datum b)
+{
+	if (a == (Datum) 0 || b == (Datum) 0)
+		return a == b;
+	return DatumGetBool(DirectFunctionCall2Coll(texteq, DEFAULT_COLLATION_OID, a, b));
+}
+
+/* The columns of a row of gatekeeper.mail that _mail_sync carries. */
+static void
+synced_mail(TupleDesc desc, HeapTuple tuple, SyncedMail *m)
+{
+	bool		isnull;
+
+	m->id = DatumGetInt64(heap_getattr(tuple, SPI_fnumber(desc, "id"), desc, &isnull));
+	m->segment = DatumGetInt16(heap_getattr(tuple, SPI_fnumber(desc, "segment"), desc, &isnull));
+	m->queue = heap_getattr(tuple, SPI_fnumber(desc, "queue"), desc, &isnull);
+	m->priority = DatumGetInt32(heap_getattr(tuple, SPI_fnumber(desc, "priority"), desc, &isnull));
+	m->dedupe_key = heap_getattr(tuple, SPI_fnumber(desc, "dedupe_key"), desc, &isnull);
+	if (isnull)
+		m->dedupe_key = (Datum) 0;
+	else
+		m->dedupe_key = PointerGetDatum(PG_DETOAST_DATUM_PACKED(m->dedupe_key));
+	m->queue = PointerGetDatum(PG_DETOAST_DATUM_PACKED(m->queue));
+	m->send_at = DatumGetTimestampTz(heap_getattr(tuple, SPI_fnumber(desc, "send_at"),
+												  desc, &isnull));
+}
+
+/*
+ * After a DELETE of gatekeeper.mail: the mails' live rows go; each open
+ * claim of a deleted mail is taken out of its batch as an ack takes it
+ * (take_claimed locks the batches and skips what left them since this
+ * read), before the outcomes, so that an ack this waited for has its
+ * outcome deleted too; then the outcomes go.
+ */
+static void
+sync_delete(TriggerData *trigdata)
+{
+	Tuplestorestate *rows = trigdata->tg_oldtable;
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	int			id_att = SPI_fnumber(desc, "id");
+	int			segment_att = SPI_fnumber(desc, "segment");
+	TupleTableSlot *slot;
+	Datum	   *ids;
+	Datum	   *segments;
+	int			n = 0;
+	int			size = 64;
+	int64		lo = PG_INT64_MAX;
+	int64		hi = PG_INT64_MIN;
+	Oid			types[4];
+	Datum		args[4];
+
+	if (rows == NULL)
+		elog(ERROR, "gatekeeper._mail_sync needs the DELETE's transition table");
+	if (id_att <= 0 || segment_att <= 0)
+		elog(ERROR, "gatekeeper._mail_sync fired on a table without id and segment");
+	ids = palloc(size * sizeof(Datum));
+	segments = palloc(size * sizeof(Datum));
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	tuplestore_rescan(rows);
+	while (tuplestore_gettupleslot(rows, true, false, slot))
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(slot_getattr(slot, id_att, &isnull));
+
+		if (n == size)
+		{
+			size *= 2;
+			ids = repalloc_huge(ids, size * sizeof(Datum));
+			segments = repalloc_huge(segments, size * sizeof(Datum));
+		}
+		ids[n] = Int64GetDatum(id);
+		segments[n] = slot_getattr(slot, segment_att, &isnull);
+		n++;
+		lo = Min(lo, id);
+		hi = Max(hi, id);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	if (n == 0)
+		return;
+
+	types[0] = INT8ARRAYOID;
+	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
+	if (execute(&sync_delete_live_plan, sync_delete_live_sql, 1, types, args, NULL,
+				false) != SPI_OK_DELETE)
+		elog(ERROR, "could not delete the live rows of deleted mail");
+
+	if (execute(&sync_any_claim_plan, sync_any_claim_sql, 0, NULL, NULL, NULL,
+				true) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gatekeeper.mail_claim");
+	if (SPI_processed > 0)
+	{
+		int64	   *sorted = palloc(n * sizeof(int64));
+		Oid			range_types[2] = {INT8OID, INT8OID};
+		Datum		range[2];
+		Datum	   *claim_ids;
+		Datum	   *claim_attempts;
+		int			nclaims = 0;
+		uint64		r;
+		int			i;
+
+		for (i = 0; i < n; i++)
+			sorted[i] = DatumGetInt64(ids[i]);
+		qsort(sorted, n, sizeof(int64), int64_cmp);
+		range[0] = Int64GetDatum(lo);
+		range[1] = Int64GetDatum(hi);
+		if (execute(&sync_deleted_claims_plan, sync_deleted_claims_sql, 2, range_types, range,
+					NULL, true) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the claims of deleted mail");
+		claim_ids = palloc(Max(SPI_processed, 1) * sizeof(Datum));
+		claim_attempts = palloc(Max(SPI_processed, 1) * sizeof(Datum));
+		for (r = 0; r < SPI_processed; r++)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[r],
+														 SPI_tuptable->tupdesc, 1, &isnull));
+
+			if (bsearch(&id, sorted, n, sizeof(int64), int64_cmp) == NULL)
+				continue;
+			claim_ids[nclaims] = Int64GetDatum(id);
+			claim_attempts[nclaims++] = SPI_getbinval(SPI_tuptable->vals[r],
+													  SPI_tuptable->tupdesc, 2, &isnull);
+		}
+		if (nclaims > 0)
+			(void) gatekeeper_mail_take_claimed(
+				DatumGetArrayTypeP(gatekeeper_array(claim_ids, NULL, nclaims, INT8OID)),
+				DatumGetArrayTypeP(gatekeeper_array(claim_attempts, NULL, nclaims, INT4OID)));
+	}
+
+	types[1] = INT2ARRAYOID;
+	args[1] = gatekeeper_array(segments, NULL, n, INT2OID);
+	if (execute(&sync_delete_done_plan, sync_delete_done_sql, 2, types, args, NULL,
+				false) != SPI_OK_DELETE)
+		elog(ERROR, "could not delete the outcomes of deleted mail");
+}
+
+/*
+ * The dedupe key new->dedupe_key for mail new, which holds it no more
+ * than it did: its row of mail_key, locked first and tested then (as
+ * src/mail.c does).  A claimed mail (!scheduled) takes a stale row over
+ * and fails on a held one as the key's insert would; a scheduled mail
+ * fails when a mail other than itself holds it, and keeps a row it holds.
+ */
+static void
+sync_key_take(SyncedMail *new, bool scheduled)
+{
+	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+	Datum		args[3];
+
+	args[0] = new->queue;
+	args[1] = new->dedupe_key;
+	args[2] = Int64GetDatum(new->id);
+	if (execute(&sync_key_lock_plan, sync_key_lock_sql, 2, types, args, NULL,
+				false) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock a dedupe key");
+	if (scheduled)
+	{
+		if (execute(&sync_key_drop_stale_plan, sync_key_drop_stale_sql, 3, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not take over a dedupe key");
+		if (execute(&sync_key_held_plan, sync_key_held_sql, 3, types, args, NULL,
+					true) != SPI_OK_SELECT)
+			elog(ERROR, "could not look up a dedupe key");
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("duplicate key value violates unique constraint \"%s\"",
+							"mail_key_pkey"),
+					 errdetail("A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.",
+							   TextDatumGetCString(new->queue),
+							   TextDatumGetCString(new->dedupe_key)),
+					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_key_pkey")));
+		if (execute(&sync_key_take_plan, sync_key_take_sql, 3, types, args, NULL,
+					false) != SPI_OK_INSERT)
+			elog(ERROR, "could not write a dedupe key");
+	}
+	else
+	{
+		/* mail_key_pkey refuses the insert if a mail that holds it has the row */
+		if (execute(&sync_key_drop_unheld_plan, sync_key_drop_unheld_sql, 2, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not take over a dedupe key");
+		if (execute(&sync_key_insert_plan, sync_key_insert_sql, 3, types, args, NULL,
+					false) != SPI_OK_INSERT)
+			elog(ERROR, "could not write a dedupe key");
+	}
+}
+
+/*
+ * The claimed mail new (its send_at moved if send_at_changed): its record
+ * rewritten in the batch it is open in, under the batch's lock; one moved
+ * to another queue leaves its batch for a batch of its own in the new
+ * queue, with the same lease and worker (unless it is the batch's one
+ * open mail: the batch moves), so that the batches' queues stay the ones
+ * queue_stats and drop_queue count.  A new dedupe key is written into
+ * mail_key (23505 if an unfinished mail holds it).  Returns false when
+ * the mail is open in no batch (it left while this waited for the lock).
+ */
+static bool
+sync_claimed(SyncedMail *new, bool send_at_changed)
+{
+	Oid			types[5];
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	HeapTuple	row;
+	TupleDesc	rowdesc;
+	bool		isnull;
+	int64		batch;
+	Datum		batch_queue;
+	Datum		worker;
+	bool		no_worker;
+	Datum		lease_until;
+	int32		open;
+	ArrayType  *gone;
+	ArrayType  *mails;
+	Oid			record_type;
+	TupleDesc	desc;
+	Datum	   *gone_ids;
+	int			ngone;
+	Datum	   *records;
+	int			nrecords;
+	int			pos = -1;
+	int			i;
+	int			id_att;
+	int			queue_att;
+	int			priority_att;
+	int			send_at_att;
+	int			key_att;
+	HeapTupleData rec;
+	Datum	   *values;
+	bool	   *recnulls;
+	Datum		old_key;
+	Datum		old_queue;
+	Datum		record;
+
+	types[0] = INT8OID;
+	args[0] = Int64GetDatum(new->id);
+	if (execute(&sync_claim_batch_plan, sync_claim_batch_sql, 1, types, args, NULL,
+				false) != SPI_OK_SELECT ||
+		SPI_processed > 1)
+		elog(ERROR, "could not lock the batch of a claimed mail");
+	if (SPI_processed == 0)
+		return false;
+	row = SPI_tuptable->vals[0];
+	rowdesc = SPI_tuptable->tupdesc;
+	batch = DatumGetInt64(SPI_getbinval(row, rowdesc, 1, &isnull));
+	batch_queue = SPI_getbinval(row, rowdesc, 2, &isnull);
+	worker = SPI_getbinval(row, rowdesc, 3, &no_worker);
+	lease_until = SPI_getbinval(row, rowdesc, 4, &isnull);
+	open = DatumGetInt32(SPI_getbinval(row, rowdesc, 5, &isnull));
+	gone = DatumGetArrayTypeP(SPI_getbinval(row, rowdesc, 6, &isnull));
+	mails = DatumGetArrayTypeP(SPI_getbinval(row, rowdesc, 7, &isnull));
+
+	/* the lock read the batch's latest version: is the mail still open in it? */
+	deconstruct_array(gone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &gone_ids, NULL, &ngone);
+	for (i = 0; i < ngone; i++)
+		if (DatumGetInt64(gone_ids[i]) == new->id)
+			return false;
+
+	record_type = ARR_ELEMTYPE(mails);
+	desc = lookup_rowtype_tupdesc_copy(record_type, -1);
+	id_att = SPI_fnumber(desc, "id");
+	queue_att = SPI_fnumber(desc, "queue");
+	priority_att = SPI_fnumber(desc, "priority");
+	send_at_att = SPI_fnumber(desc, "send_at");
+	key_att = SPI_fnumber(desc, "dedupe_key");
+	if (id_att <= 0 || queue_att <= 0 || priority_att <= 0 || send_at_att <= 0 || key_att <= 0)
+		elog(ERROR, "type gatekeeper.mail_live lacks a column of a claim");
+	deconstruct_array(mails, record_type, -1, false, TYPALIGN_DOUBLE,
+					  &records, NULL, &nrecords);
+	values = palloc(desc->natts * sizeof(Datum));
+	recnulls = palloc(desc->natts * sizeof(bool));
+	for (i = 0; i < nrecords && pos < 0; i++)
+	{
+		rec.t_data = DatumGetHeapTupleHeader(records[i]);
+		rec.t_len = HeapTupleHeaderGetDatumLength(rec.t_data);
+		ItemPointerSetInvalid(&rec.t_self);
+		rec.t_tableOid = InvalidOid;
+		if (DatumGetInt64(heap_getattr(&rec, id_att, desc, &isnull)) == new->id)
+		{
+			pos = i;
+			heap_deform_tuple(&rec, desc, values, recnulls);
+		}
+	}
+	if (pos < 0)
+		return false;
+	old_queue = values[queue_att - 1];
+	old_key = recnulls[key_att - 1] ? (Datum) 0 : values[key_att - 1];
+
+	if (new->dedupe_key != (Datum) 0 &&
+		!(text_equal(new->queue, old_queue) && text_equal(new->dedupe_key, old_key)))
+	{
+		types[0] = TEXTOID;
+		types[1] = TEXTOID;
+		args[0] = new->queue;
+		args[1] = new->dedupe_key;
+		if (execute(&sync_key_scheduled_plan, sync_key_scheduled_sql, 2, types, args, NULL,
+					true) != SPI_OK_SELECT)
+			elog(ERROR, "could not look up a dedupe key");
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("duplicate key value violates unique constraint \"%s\"",
+							"mail_dedupe"),
+					 errdetail("A scheduled mail of queue %s holds dedupe key %s.",
+							   TextDatumGetCString(new->queue),
+							   TextDatumGetCString(new->dedupe_key)),
+					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_dedupe")));
+		sync_key_take(new, false);
+	}
+	if (old_key != (Datum) 0 &&
+		!(text_equal(new->queue, old_queue) && text_equal(new->dedupe_key, old_key)))
+	{
+		types[0] = TEXTOID;
+		types[1] = TEXTOID;
+		types[2] = INT8OID;
+		args[0] = old_queue;
+		args[1] = old_key;
+		args[2] = Int64GetDatum(new->id);
+		if (execute(&sync_key_release_plan, sync_key_release_sql, 3, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not give a dedupe key up");
+	}
+
+	/* the record as the mail is now */
+	values[queue_att - 1] = new->queue;
+	values[priority_att - 1] = Int32GetDatum(new->priority);
+	values[key_att - 1] = new->dedupe_key;
+	recnulls[key_att - 1] = (new->dedupe_key == (Datum) 0);
+	if (send_at_changed)
+		values[send_at_att - 1] = TimestampTzGetDatum(new->send_at);
+	record = HeapTupleGetDatum(heap_form_tuple(desc, values, recnulls));
+
+	/* the plans taking a record: afresh after the extension was made again */
+	if (record_plans_type != record_type)
+	{
+		SPIPlanPtr *plans[] = {&sync_claim_rewrite_plan, &sync_claim_alone_plan};
+
+		for (i = 0; i < (int) lengthof(plans); i++)
+		{
+			if (*plans[i] != NULL)
+				SPI_freeplan(*plans[i]);
+			*plans[i] = NULL;
+		}
+		record_plans_type = record_type;
+	}
+
+	if (text_equal(new->queue, batch_queue) || open == 1)
+	{
+		/* the batch moves with its one open mail */
+		types[0] = INT8OID;
+		types[1] = TEXTOID;
+		types[2] = INT4OID;
+		types[3] = record_type;
+		args[0] = Int64GetDatum(batch);
+		args[1] = new->queue;
+		args[2] = Int32GetDatum(ARR_LBOUND(mails)[0] + pos);
+		args[3] = record;
+		if (execute(&sync_claim_rewrite_plan, sync_claim_rewrite_sql, 4, types, args, NULL,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not rewrite a claimed mail's record");
+		return true;
+	}
+
+	types[0] = INT8OID;
+	args[0] = Int64GetDatum(batch);
+	if (open <= 1)
+	{
+		if (execute(&sync_claim_drop_plan, sync_claim_drop_sql, 1, types, args, NULL,
+					false) != SPI_OK_DELETE)
+			elog(ERROR, "could not delete a batch of claimed mail");
+	}
+	else
+	{
+		types[1] = INT8OID;
+		args[1] = Int64GetDatum(new->id);
+		if (execute(&sync_claim_leave_plan, sync_claim_leave_sql, 2, types, args, NULL,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not take a claimed mail out of its batch");
+	}
+	types[0] = TEXTOID;
+	types[1] = TEXTOID;
+	types[2] = TIMESTAMPTZOID;
+	types[3] = INT8OID;
+	types[4] = record_type;
+	args[0] = new->queue;
+	args[1] = worker;
+	nulls[1] = no_worker ? 'n' : ' ';
+	args[2] = lease_until;
+	args[3] = Int64GetDatum(new->id);
+	args[4] = record;
+	if (execute(&sync_claim_alone_plan, sync_claim_alone_sql, 5, types, args, nulls,
+				false) != SPI_OK_INSERT)
+		elog(ERROR, "could not write a batch of claimed mail");
+	return true;
+}
+
+/*
+ * After an UPDATE of a mail's queue, priority, send_at or dedupe key (by
+ * its owner): the change reaches its live row, the record of the batch it
+ * is claimed in, or its outcome.  A scheduled mail's new dedupe key is
+ * refused by mail_dedupe when another scheduled mail holds it, and by
+ * mail_key when a claimed mail, or one finished within its queue's
+ * dedupe_window, holds it; the mail takes the key's row, so that it holds
+ * the key once claimed and finished too.
+ */
+static void
+sync_update(TriggerData *trigdata)
+{
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	SyncedMail	old;
+	SyncedMail	new;
+	bool		send_at_changed;
+	Oid			types[5] = {INT8OID, TEXTOID, INT4OID, TEXTOID, TIMESTAMPTZOID};
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+	synced_mail(desc, trigdata->tg_trigtuple, &old);
+	synced_mail(desc, trigdata->tg_newtuple, &new);
+	send_at_changed = (old.send_at != new.send_at);
+
+	args[0] = Int64GetDatum(new.id);
+	args[1] = new.queue;
+	args[2] = Int32GetDatum(new.priority);
+	args[3] = new.dedupe_key;
+	nulls[3] = new.dedupe_key == (Datum) 0 ? 'n' : ' ';
+	args[4] = TimestampTzGetDatum(new.send_at);
+	nulls[4] = send_at_changed ? ' ' : 'n';
+	if (execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not update a mail's live row");
+	if (SPI_processed == 0)
+	{
+		/* claimed, or it left its batch while this waited: its live row */
+		if (!sync_claimed(&new, send_at_changed) &&
+			execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not update a mail's live row");
+	}
+	else if (new.dedupe_key != (Datum) 0 &&
+			 !(text_equal(new.queue, old.queue) && text_equal(new.dedupe_key, old.dedupe_key)))
+	{
+		sync_key_take(&new, true);
+		if (old.dedupe_key != (Datum) 0)
+		{
+			Oid			ktypes[3] = {TEXTOID, TEXTOID, INT8OID};
+			Datum		kargs[3];
+
+			kargs[0] = old.queue;
+			kargs[1] = old.dedupe_key;
+			kargs[2] = Int64GetDatum(new.id);
+			if (execute(&sync_key_release_plan, sync_key_release_sql, 3, ktypes, kargs, NULL,
+						false) != SPI_OK_DELETE)
+				elog(ERROR, "could not give a dedupe key up");
+		}
+	}
+
+	types[0] = INT8OID;
+	types[1] = TEXTOID;
+	types[2] = TEXTOID;
+	types[3] = INT2OID;
+	args[0] = Int64GetDatum(new.id);
+	args[1] = new.queue;
+	args[2] = new.dedupe_key;
+	nulls[1] = ' ';
+	nulls[2] = new.dedupe_key == (Datum) 0 ? 'n' : ' ';
+	nulls[3] = ' ';
+	args[3] = Int16GetDatum(new.segment);
+	if (execute(&sync_done_plan, sync_done_sql, 4, types, args, nulls,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not update a mail's outcome");
+}
+
+/*
+ * _mail_sync() RETURNS trigger
+ *		An application's UPDATE (per row) or DELETE (per statement, with
+ *		the old rows as old_mail) of gatekeeper.mail, carried into
+ *		mail_live, mail_claim, mail_key and mail_done.
+ */
+Datum
+gatekeeper_mail_sync(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event))
+		elog(ERROR, "gatekeeper._mail_sync must be an AFTER trigger");
+	gatekeeper_require_schema();
+
+	SPI_connect();
+	if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event) &&
+		TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event))
+		sync_delete(trigdata);
+	else if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) &&
+			 TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		sync_update(trigdata);
+	else
+		elog(ERROR, "gatekeeper._mail_sync fires after a DELETE statement or an UPDATE of a row");
+	SPI_finish();
+
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * Whether the retention segment holds mail that finished within retention
+ * (NULL: it does not).  Runs inside SPI.
+ */
+static bool
+rotate_recent(int16 segment, Datum retention, bool no_retention)
+{
+	Oid			types[2] = {INT2OID, INTERVALOID};
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+
+	args[0] = Int16GetDatum(segment);
+	args[1] = retention;
+	nulls[1] = no_retention ? 'n' : ' ';
+	if (execute(&rotate_recent_plan, rotate_recent_sql, 2, types, args, nulls,
+				true) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gatekeeper.mail_done");
+	return SPI_processed > 0;
+}
+
+/*
+ * Keep the dedupe keys the next segment's finished mail still holds, and
+ * lock its tables (and mail_claim), waiting at most a second for others
+ * to let go; false, with nothing done, when they did not.  As PL/pgSQL's
+ * exception block does: in a subtransaction, whose rollback gives back
+ * whatever it had taken.  Runs inside SPI.
+ */
+static bool
+rotate_lock(int16 next)
+{
+	MemoryContext context = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool locked = true;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(context);
+	PG_TRY();
+	{
+		int			nestlevel = NewGUCNestLevel();
+		Oid			type = INT2OID;
+		Datum		arg = Int16GetDatum(next);
+
+		(void) set_config_option("lock_timeout", "1s", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+		if (execute(&rotate_keep_keys_plan, rotate_keep_keys_sql, 1, &type, &arg, NULL,
+					false) != SPI_OK_UPDATE)
+			elog(ERROR, "could not keep the dedupe keys of a retention segment");
+		if (rotate_lock_plan[next] == NULL)
+			gatekeeper_plan(&rotate_lock_plan[next],
+							psprintf(rotate_lock_sql, next, next, next), 0, NULL);
+		if (SPI_execute_plan(rotate_lock_plan[next], NULL, NULL, false, 0) != SPI_OK_UTILITY)
+			elog(ERROR, "could not lock a retention segment");
+		AtEOXact_GUC(true, nestlevel);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(context);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *error;
+
+		MemoryContextSwitchTo(context);
+		error = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(context);
+		CurrentResourceOwner = owner;
+		if (error->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(error);
+		FreeErrorData(error);
+		locked = false;
+	}
+	PG_END_TRY();
+	return locked;
+}
+
+/*
+ * Rotate the retention segments (see gatekeeper.mail): when the current
+ * segment is half of retention old and the next one holds no mail that
+ * finished within retention, move the next one's unfinished mail to the
+ * current segment, empty it by TRUNCATE and make it current.  Gives up, to
+ * try again on a later purge, when the next segment's mail is too recent
+ * or its tables stay locked by others for a second.  Returns the finished
+ * mails removed.  Runs inside SPI.
+ */
+static int64
+rotate(Datum retention, bool no_retention)
+{
+	Oid			types[2] = {INTERVALOID, INT2OID};
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+	bool		isnull;
+	bool		young;
+	int16		current;
+	int16		next;
+	int64		removed;
+
+	args[0] = retention;
+	nulls[0] = no_retention ? 'n' : ' ';
+	if (execute(&rotate_segment_plan, rotate_segment_sql, 1, types, args, nulls,
+				false) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gatekeeper.segment");
+	if (SPI_processed == 0)
+		return 0;
+	current = DatumGetInt16(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+										  &isnull));
+	young = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+									   &isnull));
+	if (!isnull && young)
+		return 0;
+	if (current < 0 || current >= NUM_SEGMENTS)
+		elog(ERROR, "gatekeeper.segment names segment %d", current);
+	next = (current + 1) % NUM_SEGMENTS;
+	if (rotate_recent(next, retention, no_retention))
+		return 0;
+	if (!rotate_lock(next))
+		return 0;
+	/* under the locks, nothing enters the segment: look again */
+	if (rotate_recent(next, retention, no_retention))
+		return 0;
+
+	if (rotate_move_mail_plan[next] == NULL)
+		gatekeeper_plan(&rotate_move_mail_plan[next],
+						psprintf(rotate_move_mail_sql, current, next), 0, NULL);
+	if (SPI_execute_plan(rotate_move_mail_plan[next], NULL, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not move unfinished mail out of a retention segment");
+
+	/* the events, live rows and claim records of the mail that moved */
+	types[0] = INT2OID;
+	types[1] = INT2OID;
+	args[0] = Int16GetDatum(current);
+	args[1] = Int16GetDatum(next);
+	if (execute(&rotate_move_events_plan, rotate_move_events_sql, 2, types, args, NULL,
+				false) != SPI_OK_UPDATE ||
+		execute(&rotate_move_live_plan, rotate_move_live_sql, 2, types, args, NULL,
+				false) != SPI_OK_UPDATE ||
+		execute(&rotate_move_claims_plan, rotate_move_claims_sql, 2, types, args, NULL,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not move unfinished mail out of a retention segment");
+
+	if (execute(&rotate_count_plan, rotate_count_sql, 1, &types[1], &args[1], NULL,
+				true) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not count the finished mail of a retention segment");
+	removed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+										  &isnull));
+
+	if (rotate_truncate_plan[next] == NULL)
+		gatekeeper_plan(&rotate_truncate_plan[next],
+						psprintf(rotate_truncate_sql, next, next, next), 0, NULL);
+	if (SPI_execute_plan(rotate_truncate_plan[next], NULL, NULL, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "could not empty a retention segment");
+	if (execute(&rotate_advance_plan, rotate_advance_sql, 1, &types[1], &args[1], NULL,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not advance gatekeeper.segment");
+	return removed;
+}
+
+/*
+ * _rotate(retention interval) RETURNS bigint
+ *		rotate() for SQL: purge runs it, and tests that need a rotation.
+ */
+Datum
+gatekeeper_rotate(PG_FUNCTION_ARGS)
+{
+	int64		removed;
+
+	gatekeeper_require_schema();
+	SPI_connect();
+	removed = rotate(PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0), PG_ARGISNULL(0));
+	SPI_finish();
+	PG_RETURN_INT64(removed);
+}
+
+/*
+ * gatekeeper.retention as an interval, spelled as the setting shows it
+ * (and current_setting() gave it to purge): whole days as days, anything
+ * else as a time.
+ */
+static Interval *
+retention_setting(void)
+{
+	Interval   *retention = palloc0(sizeof(Interval));
+
+	if (gatekeeper_retention % SECS_PER_DAY == 0)
+		retention->day = gatekeeper_retention / SECS_PER_DAY;
+	else
+		retention->time = (int64) gatekeeper_retention * USECS_PER_SEC;
+	return retention;
+}
+
+/*
+ * gatekeeper_mail_purge
+ *		Remove finished mail older than gatekeeper.retention, by rotating
+ *		the retention segments, and a batch of expired gate log rows; sweep
+ *		expired passes out of shared memory, prune stale dedupe keys and
+ *		give a drained mail_claim's space back.  Returns the rows removed
+ *		(stale keys are no mail, and not counted).  Runs inside SPI.
+ */
+int64
+gatekeeper_mail_purge(int32 batch)
+{
+	Datum		arg = Int32GetDatum(batch);
+	Oid			type = INT4OID;
+	int64		removed;
+
+	removed = rotate(IntervalPGetDatum(retention_setting()), false);
+	if (execute(&purge_gate_log_plan, purge_gate_log_sql, 1, &type, &arg, NULL,
+				false) != SPI_OK_DELETE)
+		elog(ERROR, "could not delete expired gate log rows");
+	removed += SPI_processed;
+	/* at most once a minute across the cluster: it visits every entry */
+	if (gate_store_sweep_due())
+		(void) gate_store_sweep(true, gate_log_nonce());
+	if (execute(&purge_key_prune_plan, purge_key_prune_sql, 1, &type, &arg, NULL,
+				false) != SPI_OK_SELECT ||
+		execute(&purge_claim_shrink_plan, purge_claim_shrink_sql, 0, NULL, NULL, NULL,
+				false) != SPI_OK_SELECT)
+		elog(ERROR, "could not prune mail_key and mail_claim");
+	return removed;
+}
+
+/*
+ * purge(batch int DEFAULT 10000) RETURNS bigint
+ *		gatekeeper_mail_purge for SQL, and the worker.
+ */
+Datum
+gatekeeper_purge(PG_FUNCTION_ARGS)
+{
+	int64		removed;
+
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("batch must not be null")));
+	if (PG_GETARG_INT32(0) < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch must be positive")));
+	SPI_connect();
+	removed = gatekeeper_mail_purge(PG_GETARG_INT32(0));
+	SPI_finish();
+	PG_RETURN_INT64(removed);
+}
