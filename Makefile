@@ -12,6 +12,7 @@ OBJS = \
 	src/gatekeeper.o \
 	src/worker.o \
 	src/claim.o \
+	src/mail_state.o \
 	src/due_floor.o \
 	src/gate_store.o \
 	src/gate_log.o \

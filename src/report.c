@@ -123,7 +123,6 @@ static bool token_in(const char *text, int64 *id);
 static bool message_id_mail(const char *message_id, int64 *id);
 static bool same_address(const char *a, const char *b);
 static bool hard_bounce_status(const char *status);
-static void record_bounce(const char *key, const char *status, const char *detail, int64 id);
 static int	report_rows(int64 id, const char *message_id, const char *recipient1,
 						const char *recipient2, const char *event, const char *status,
 						const char *detail, const char *source, Tuplestorestate *out,
@@ -362,8 +361,8 @@ hard_bounce_status(const char *status)
  * event is written already).  In C with kept plans, not a PL/pgSQL call
  * per report (bench/notes.md, "Reports, profiled").
  */
-static void
-record_bounce(const char *key, const char *status, const char *detail, int64 id)
+void
+report_bounce(const char *key, const char *status, const char *detail, int64 id)
 {
 	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
 	Datum		args[3];
@@ -479,7 +478,7 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	for (p = key; *p; p++)
 		*p = pg_ascii_tolower((unsigned char) *p);
 	if (strcmp(event, "bounced") == 0)
-		record_bounce(key, status, detail, id);
+		report_bounce(key, status, detail, id);
 	else if (strcmp(event, "complained") == 0)
 	{
 		Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};

@@ -21,4 +21,15 @@
  */
 extern char *gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token);
 
+/*
+ * What a bounce of mail mail_id to address_key does to the suppression
+ * list: a hard one (the RFC 3463 classes of the synchronous path)
+ * suppresses the address everywhere; others do once soft_bounce_limit
+ * mails to it bounced within 30 days.  status is a relay's reply or a
+ * DSN's code.  Call it after the bounce's event is written, with SPI
+ * connected.
+ */
+extern void report_bounce(const char *address_key, const char *status, const char *detail,
+						  int64 mail_id);
+
 #endif							/* GATEKEEPER_REPORT_H */

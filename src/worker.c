@@ -22,9 +22,11 @@
  *				wire, while the SMTP client (src/smtp_client.c) has room and
  *				gatekeeper.max_in_flight bytes allow;
  *	record		take the outcomes the relay's replies decided and record
- *				them (ack, nack, unclaim) in small transactions, every few
+ *				them (ack, nack, unclaim: src/mail_state.c, called directly,
+ *				each once per round) in small transactions, every few
  *				milliseconds or few hundred outcomes;
- *	extend		extend the lease of mail still in flight before it runs out;
+ *	extend		extend the leases of mail still in flight before they run
+ *				out, each batch row of its claims once;
  *
  * then sleeps in the client's wait set (its sockets, the latch a commit of
  * due mail sets, postmaster death) for as long as nap() says.
@@ -63,7 +65,7 @@
  * refused) goes to the next relay at once, within the same claim,
  * uncharged; mail whose outcome is unknown (RETRY) is never sent to
  * another relay.  Only while every relay's breaker is open does the mail
- * go back uncharged (gatekeeper.unclaim) and the worker back off.
+ * go back uncharged (unclaim) and the worker back off.
  *
  * A worker that hits an error exits and is restarted by the postmaster
  * after bgw_restart_time; it does not try to carry on.  Every wait goes
@@ -83,6 +85,7 @@
 #include "address.h"
 #include "dkim.h"
 #include "mail.h"
+#include "mail_state.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -172,10 +175,6 @@ static char outdated_version[NAMEDATALEN];
  * name once the extension is back.
  */
 static const char claim_sql[] = "SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
-static const char ack_sql[] = "SELECT gatekeeper.ack_batch($1::bigint[], $2::int[])";
-static const char nack_sql[] = "SELECT gatekeeper.nack($1::bigint, $2::int, $3::text, $4::boolean)";
-static const char unclaim_sql[] = "SELECT gatekeeper.unclaim($1::bigint[], $2::int[], $3::text, $4::interval)";
-static const char extend_sql[] = "SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)";
 static const char reap_sql[] = "SELECT gatekeeper.reap()";
 static const char purge_sql[] = "SELECT gatekeeper.purge()";
 /* the queues the background workers serve */
@@ -185,10 +184,6 @@ static const char announce_due_sql[] =
 "SELECT queue, next_due FROM gatekeeper._announce_due($1::text[], $2::timestamptz, $3::timestamptz)";
 
 static SPIPlanPtr claim_plan = NULL;
-static SPIPlanPtr ack_plan = NULL;
-static SPIPlanPtr nack_plan = NULL;
-static SPIPlanPtr unclaim_plan = NULL;
-static SPIPlanPtr extend_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr next_due_plan = NULL;
@@ -728,9 +723,10 @@ record(void)
 
 /*
  * extend: extend the leases of mail still in flight when less than a
- * third of the lease is left.  "live" is in lease order: only its head
- * needs looking at.  A mail the claim no longer holds (its lease ran out,
- * and it was reaped) and that is not on the wire yet is dropped.
+ * third of the lease is left, in one call for all of them: each batch row
+ * of their claims is extended once (src/mail_state.c).  "live" is in
+ * lease order: only its head needs looking at.  A mail the claim no longer
+ * holds (its lease ran out, and it was reaped) is said so in the log.
  */
 static void
 extend(void)
@@ -739,6 +735,13 @@ extend(void)
 	int64		margin = (int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR;
 	Oid			extension;
 	dlist_head	done_extending;
+	dlist_iter	iter;
+	GatekeeperDelivery **mails;
+	int64	   *ids;
+	int32	   *attempts;
+	bool	   *held;
+	int			n = 0;
+	int			i;
 
 	if (dlist_is_empty(&live))
 		return;
@@ -751,38 +754,37 @@ extend(void)
 		end_work();
 		return;
 	}
-	dlist_init(&done_extending);
-	while (!dlist_is_empty(&live))
+	mails = palloc(nlive * sizeof(GatekeeperDelivery *));
+	dlist_foreach(iter, &live)
 	{
-		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, live_node,
-												dlist_head_node(&live));
-		Oid			argtypes[3] = {INT8OID, INT4OID, INTERVALOID};
-		Datum		values[3];
-		Interval   *lease;
-		bool		isnull;
-		bool		held = false;
-		int			ret;
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, live_node, iter.cur);
 
-		if (d->lease_until > TimestampTzPlusMilliseconds(now, margin))
+		if (d->lease_until > TimestampTzPlusMilliseconds(now, margin) || n == nlive)
 			break;
-		lease = (Interval *) palloc0(sizeof(Interval));
-		lease->time = (int64) gatekeeper_lease * 1000;
-		values[0] = Int64GetDatum(d->mail.id);
-		values[1] = Int32GetDatum(d->mail.attempt);
-		values[2] = IntervalPGetDatum(lease);
-		ret = SPI_execute_plan(gatekeeper_plan(&extend_plan, extend_sql, 3, argtypes),
-							   values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.extend() failed: %s", SPI_result_code_string(ret));
-		if (SPI_processed == 1)
-			held = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 1, &isnull)) && !isnull;
-		SPI_freetuptable(SPI_tuptable);
+		mails[n++] = d;
+	}
+	ids = palloc(n * sizeof(int64));
+	attempts = palloc(n * sizeof(int32));
+	held = palloc(n * sizeof(bool));
+	for (i = 0; i < n; i++)
+	{
+		ids[i] = mails[i]->mail.id;
+		attempts[i] = mails[i]->mail.attempt;
+	}
+	(void) mail_state_extend(ids, attempts, n,
+							 TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
+														 gatekeeper_lease),
+							 held);
+
+	dlist_init(&done_extending);
+	for (i = 0; i < n; i++)
+	{
+		GatekeeperDelivery *d = mails[i];
 
 		dlist_delete(&d->live_node);
 		dlist_push_tail(&done_extending, &d->live_node);
 		d->lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
-		if (!held)
+		if (!held[i])
 			ereport(LOG,
 					(errmsg("gatekeeper worker no longer holds mail %lld: its lease ran out",
 							(long long) d->mail.id),
@@ -1845,33 +1847,13 @@ relay_reached(int relay)
 	breakers[relay].backoff_until = 0;
 }
 
-/* A mail to nack, with the key its gate rows are locked under. */
-typedef struct FailedItem
-{
-	GatekeeperDelivery *d;
-	char	   *key;
-} FailedItem;
-
 /*
- * qsort order of FailedItems: recipient key, then mail id.
- */
-static int
-failed_item_cmp(const void *a, const void *b)
-{
-	const FailedItem *x = (const FailedItem *) a;
-	const FailedItem *y = (const FailedItem *) b;
-	int			c = strcmp(x->key, y->key);
-
-	if (c != 0)
-		return c;
-	return (x->d->mail.id > y->d->mail.id) - (x->d->mail.id < y->d->mail.id);
-}
-
-/*
- * Record the outcomes waiting, in a transaction of their own: sent mail
- * is acked in one call, retries and failures are nacked, and mail the
- * relay would not take a session for is handed back uncharged.  Then the
- * deliveries are forgotten.
+ * Record the outcomes waiting, in a transaction of their own, one call of
+ * src/mail_state.c per kind: sent mail is acked, retries and failures are
+ * nacked (the module gives the failures' gate passes back in the one
+ * order every transaction locks them in), and mail the relay would not
+ * take a session for is handed back uncharged.  Then the deliveries are
+ * forgotten.
  */
 static void
 record_outcomes(void)
@@ -1879,17 +1861,15 @@ record_outcomes(void)
 	Oid			extension;
 	int			n = noutcomes;
 	GatekeeperDelivery **items;
-	Datum	   *ids;
-	Datum	   *attempts;
+	int64	   *ids;
+	int32	   *attempts;
+	MailNack   *nacks;
 	int			nsent = 0;
+	int			nnacks = 0;
 	int			nunreachable = 0;
 	const char *unreachable_error = NULL;
-	FailedItem *failed;
-	int			nfailed = 0;
-	int			ret;
 	int			i;
 	dlist_iter	iter;
-	SPIPlanPtr	plan;
 
 	if (!begin_work("recording outcomes", &extension))
 	{
@@ -1906,44 +1886,28 @@ record_outcomes(void)
 	dlist_foreach(iter, &outcomes)
 		items[i++] = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
 
-	ids = palloc(sizeof(Datum) * n);
-	attempts = palloc(sizeof(Datum) * n);
+	ids = palloc(sizeof(int64) * n);
+	attempts = palloc(sizeof(int32) * n);
 
 	/* sent */
 	for (i = 0; i < n; i++)
 	{
 		if (items[i]->outcome != GATEKEEPER_SENT)
 			continue;
-		ids[nsent] = Int64GetDatum(items[i]->mail.id);
-		attempts[nsent] = Int32GetDatum(items[i]->mail.attempt);
+		ids[nsent] = items[i]->mail.id;
+		attempts[nsent] = items[i]->mail.attempt;
 		nsent++;
 	}
 	if (nsent > 0)
 	{
-		Oid			argtypes[2] = {INT8ARRAYOID, INT4ARRAYOID};
-		Datum		values[2];
+		int			acked = mail_state_ack(ids, attempts, nsent);
 
-		values[0] = gatekeeper_array(ids, NULL, nsent, INT8OID);
-		values[1] = gatekeeper_array(attempts, NULL, nsent, INT4OID);
-		plan = gatekeeper_plan(&ack_plan, ack_sql, 2, argtypes);
-		ret = SPI_execute_plan(plan, values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.ack_batch() failed: %s",
-				 SPI_result_code_string(ret));
-		if (SPI_processed == 1)
-		{
-			bool		isnull;
-			Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 1, &isnull);
-
-			if (!isnull && DatumGetInt32(d) < nsent)
-				ereport(LOG,
-						(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
-								nsent - DatumGetInt32(d), nsent),
-						 errdetail("Their leases ran out during delivery, so they may be sent again."),
-						 errhint("Consider raising gatekeeper.lease.")));
-		}
-		SPI_freetuptable(SPI_tuptable);
+		if (acked < nsent)
+			ereport(LOG,
+					(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
+							nsent - acked, nsent),
+					 errdetail("Their leases ran out during delivery, so they may be sent again."),
+					 errhint("Consider raising gatekeeper.lease.")));
 		for (i = 0; i < n; i++)
 		{
 			if (items[i]->outcome != GATEKEEPER_SENT)
@@ -1953,79 +1917,46 @@ record_outcomes(void)
 		}
 	}
 
-	/*
-	 * Retries and failures.  A failure gives back its gate passes, so they
-	 * are reported in the order every transaction locks gate rows in (see
-	 * gate.c): by recipient key.  In claim order, two workers failing mail
-	 * for the same recipients could deadlock.
-	 */
-	failed = palloc(sizeof(FailedItem) * n);
+	/* retries and failures */
+	nacks = palloc(sizeof(MailNack) * n);
 	for (i = 0; i < n; i++)
 	{
-		if (items[i]->outcome != GATEKEEPER_RETRY && items[i]->outcome != GATEKEEPER_FAIL)
-			continue;
-		failed[nfailed].d = items[i];
-		failed[nfailed].key = gatekeeper_recipient_key(items[i]->mail.recipient);
-		nfailed++;
-	}
-	qsort(failed, nfailed, sizeof(FailedItem), failed_item_cmp);
-	for (i = 0; i < nfailed; i++)
-	{
-		Oid			argtypes[4] = {INT8OID, INT4OID, TEXTOID, BOOLOID};
-		Datum		values[4];
-		GatekeeperDelivery *d = failed[i].d;
+		GatekeeperDelivery *d = items[i];
 
+		if (d->outcome != GATEKEEPER_RETRY && d->outcome != GATEKEEPER_FAIL)
+			continue;
 		if (d->error[0] == '\0')
 			snprintf(d->error, sizeof(d->error), "relay replied %d", d->reply_code);
-
-		values[0] = Int64GetDatum(d->mail.id);
-		values[1] = Int32GetDatum(d->mail.attempt);
-		values[2] = CStringGetTextDatum(d->error);
-		values[3] = BoolGetDatum(d->outcome == GATEKEEPER_FAIL);
+		nacks[nnacks].id = d->mail.id;
+		nacks[nnacks].attempt = d->mail.attempt;
+		nacks[nnacks].error = d->error;
+		nacks[nnacks].permanent = d->outcome == GATEKEEPER_FAIL;
+		nnacks++;
 		if (d->outcome == GATEKEEPER_FAIL)
 			relay_status(d->relay)->failed_total++;
 		else
 			relay_status(d->relay)->deferred_total++;
-
-		plan = gatekeeper_plan(&nack_plan, nack_sql, 4, argtypes);
-		ret = SPI_execute_plan(plan, values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.nack() failed: %s",
-				 SPI_result_code_string(ret));
-		SPI_freetuptable(SPI_tuptable);
 	}
+	if (nnacks > 0)
+		(void) mail_state_nack(nacks, nnacks);
 
 	/* unreachable: hand back, uncharged */
 	for (i = 0; i < n; i++)
 	{
 		if (items[i]->outcome != GATEKEEPER_UNREACHABLE)
 			continue;
-		ids[nunreachable] = Int64GetDatum(items[i]->mail.id);
-		attempts[nunreachable] = Int32GetDatum(items[i]->mail.attempt);
+		ids[nunreachable] = items[i]->mail.id;
+		attempts[nunreachable] = items[i]->mail.attempt;
 		if (unreachable_error == NULL && items[i]->error[0] != '\0')
 			unreachable_error = items[i]->error;
 		nunreachable++;
 	}
+	/* the worker backs off; the mail itself is due again at once */
 	if (nunreachable > 0)
-	{
-		Oid			argtypes[4] = {INT8ARRAYOID, INT4ARRAYOID, TEXTOID, INTERVALOID};
-		Datum		values[4];
-		Interval   *delay = (Interval *) palloc0(sizeof(Interval));
-
-		values[0] = gatekeeper_array(ids, NULL, nunreachable, INT8OID);
-		values[1] = gatekeeper_array(attempts, NULL, nunreachable, INT4OID);
-		values[2] = CStringGetTextDatum(unreachable_error ? unreachable_error :
-										"no SMTP relay could be reached");
-		/* the worker backs off; the mail itself is due again at once */
-		values[3] = IntervalPGetDatum(delay);
-
-		plan = gatekeeper_plan(&unclaim_plan, unclaim_sql, 4, argtypes);
-		ret = SPI_execute_plan(plan, values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.unclaim() failed: %s",
-				 SPI_result_code_string(ret));
-		SPI_freetuptable(SPI_tuptable);
-	}
+		(void) mail_state_unclaim(ids, attempts, nunreachable,
+								  unreachable_error ? unreachable_error :
+								  "no SMTP relay could be reached",
+								  GetCurrentTransactionStartTimestamp());
 
 	end_work();
 

@@ -1,0 +1,87 @@
+/*-------------------------------------------------------------------------
+ *
+ * mail_state.h
+ *		The transitions of a claimed mail (src/mail_state.c): what the
+ *		claim, the SQL functions and the background worker use of it.
+ *
+ * Every function here runs with SPI connected, inside a transaction.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GATEKEEPER_MAIL_STATE_H
+#define GATEKEEPER_MAIL_STATE_H
+
+#include "access/attnum.h"
+#include "access/tupdesc.h"
+#include "datatype/timestamp.h"
+
+/*
+ * The column lists of the tables a mail's state lives in, each written
+ * once: every INSERT into them (this module's and the claim's) names its
+ * columns by these.  MAIL_LIVE_COLUMNS is also the order of the row type
+ * gatekeeper.mail_live, which the claim's records and mail_claim's
+ * batches hold; MAIL_DONE_COLUMNS are mail_done's but finished_at, each
+ * of them a mail_live column too, so a record's values fill them.
+ */
+#define MAIL_LIVE_COLUMNS \
+	"id, queue, priority, send_at, state, attempt, uncharged, worker, " \
+	"message_id, last_error, dedupe_key, segment"
+#define MAIL_DONE_COLUMNS \
+	"id, queue, state, attempt, uncharged, send_at, worker, " \
+	"message_id, last_error, dedupe_key, segment"
+#define MAIL_CLAIM_COLUMNS \
+	"queue, worker, lease_until, lo, hi, open, mails"
+
+/*
+ * gatekeeper.mail_live's row type, as the claim's records and the
+ * batches' arrays hold it: its descriptor, the attributes changed here
+ * found by name, and the states a transition writes.
+ */
+typedef struct LiveRecord
+{
+	Oid			type;
+	Oid			arraytype;
+	TupleDesc	desc;
+	AttrNumber	id;
+	AttrNumber	queue;
+	AttrNumber	send_at;
+	AttrNumber	state;
+	AttrNumber	attempt;
+	AttrNumber	uncharged;
+	AttrNumber	worker;
+	AttrNumber	last_error;
+	AttrNumber	segment;
+	Oid			state_type;
+	Datum		scheduled;		/* the enum values of gatekeeper.state */
+	Datum		sent;
+	Datum		failed;
+} LiveRecord;
+
+/* A nack: a claim (id, attempt), what went wrong, and what became of it. */
+typedef struct MailNack
+{
+	int64		id;
+	int32		attempt;
+	const char *error;			/* the relay's reply; NULL allowed */
+	bool		permanent;		/* fail at once (a 5xx) */
+	const char *state;			/* out: "failed", "scheduled", or NULL: not
+								 * the caller's claim */
+} MailNack;
+
+extern void mail_state_record_init(LiveRecord *lr, Oid type);
+extern void mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls);
+extern Datum mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum);
+extern void mail_state_insert_live(LiveRecord *lr, Datum *records, int n);
+extern void mail_state_insert_done(LiveRecord *lr, Datum *records, int n);
+
+extern Datum *mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n,
+									  int *ntaken, LiveRecord *lr, MemoryContext keep);
+extern int	mail_state_ack(const int64 *ids, const int32 *attempts, int n);
+extern int	mail_state_nack(MailNack *nacks, int n);
+extern int	mail_state_unclaim(const int64 *ids, const int32 *attempts, int n,
+							   const char *error, TimestampTz due);
+extern bool mail_state_extend_one(int64 id, int32 attempt, TimestampTz lease_end);
+extern int	mail_state_extend(const int64 *ids, const int32 *attempts, int n,
+							  TimestampTz lease_end, bool *held);
+
+#endif							/* GATEKEEPER_MAIL_STATE_H */
