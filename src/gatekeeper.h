@@ -11,7 +11,9 @@
  * src/gatekeeper.c		module initialization, settings, shared state,
  *						wake-on-commit
  * src/worker.c			the background worker's loop
- * src/claim.c			claim, ack, nack, extend, reap, purge
+ * src/claim.c			claim
+ * src/mail_state.c		a claimed mail's transitions: ack, nack, unclaim,
+ *						extend
  * src/gate.c			gate decisions: lock, pass, release, write back
  * src/gate_store.c		the gates' shared-memory store: keys, entries,
  *						visibility, locking, gatekeeper.gate_memory
