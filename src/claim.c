@@ -52,6 +52,7 @@
  */
 #include "postgres.h"
 
+#include "claim.h"
 #include "due_floor.h"
 #include "gate.h"
 #include "mail.h"
@@ -130,6 +131,12 @@ enum
 	COL_RECORD					/* the claim state as a mail_live record */
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
+
+StaticAssertDecl((int) NUM_OUTPUT_COLUMNS == (int) GATEKEEPER_CLAIM_COLUMNS &&
+				 (int) COL_ID == (int) GATEKEEPER_CLAIM_ID + 1 &&
+				 (int) COL_HEADERS == (int) GATEKEEPER_CLAIM_HEADERS + 1 &&
+				 (int) COL_MESSAGE_ID == (int) GATEKEEPER_CLAIM_MESSAGE_ID + 1,
+				 "claim.h's columns are the claim statement's");
 
 /* A gate as a queue applies it. */
 typedef struct QueueGate
@@ -299,22 +306,6 @@ static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr claim_batch_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
-
-/*
- * The mails the background worker's last claim returned, in its order,
- * with when each became due: the worker (src/worker.c) reads them in the
- * claim's own transaction, for its delivery latency.  claim's result is
- * the SQL API, which has no such column.
- */
-typedef struct ClaimedDue
-{
-	int64		id;
-	TimestampTz due;
-} ClaimedDue;
-
-static ClaimedDue *claimed_due = NULL;
-static uint64 nclaimed_due = 0;
-static LocalTransactionId claimed_due_lxid = InvalidLocalTransactionId;
 
 static uint32 claim_rotation = 0;
 
@@ -1407,18 +1398,13 @@ spend_tokens(ClaimQueue *queues, int nqueues)
 	}
 }
 
-/*
- * gatekeeper_claimed_due
- *		When mail id, row n of the background worker's claim in this
- *		transaction, became due; 0 when that claim did not return it there.
- */
-TimestampTz
-gatekeeper_claimed_due(uint64 n, int64 id)
+/* claim()'s receiver: a row of its result */
+static void
+put_claimed(void *arg, Datum *values, bool *nulls, TimestampTz due)
 {
-	if (claimed_due_lxid != MyProc->lxid || n >= nclaimed_due ||
-		claimed_due[n].id != id)
-		return 0;
-	return claimed_due[n].due;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
+
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
 /*
@@ -1432,17 +1418,10 @@ Datum
 gatekeeper_claim(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	MemoryContext keep = CurrentMemoryContext;
 	text	   *worker;
 	int			batch;
 	Interval   *lease;
 	ArrayType  *filter = NULL;
-	ClaimQueue *queues;
-	int			nqueues;
-	Claimed    *claimed;
-	int			nclaimed;
-	int			i;
 
 	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -1485,10 +1464,36 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 				 errdetail("A background worker's claims are taken back as soon as its server is gone; an external worker's keep their lease.")));
 
 	InitMaterializedSRF(fcinfo, 0);
+	(void) gatekeeper_claim_mails(worker, batch, lease, filter, put_claimed, rsinfo);
+
+	return (Datum) 0;
+}
+
+/*
+ * gatekeeper_claim_mails
+ *		Claim up to batch due mails for worker, with lease, from the queues
+ *		of filter (NULL: every unpaused queue; a background worker's, those
+ *		it serves), and hand each that goes to receive, in claim order,
+ *		with its columns as claim returns them and when it became due.
+ *		Returns how many it handed.  The arguments are claim()'s, checked.
+ *		SPI may be connected or not; receive runs after this function's
+ *		own SPI connection is finished, in the caller's memory context.
+ */
+int
+gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filter,
+					   gatekeeper_claim_receiver receive, void *arg)
+{
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	MemoryContext keep = CurrentMemoryContext;
+	ClaimQueue *queues;
+	int			nqueues;
+	Claimed    *claimed;
+	int			nclaimed;
+	int			ngoing = 0;
+	int			i;
 
 	SPI_connect();
 	queues = load_queues(filter, &nqueues);
-
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
 	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
 
@@ -1512,27 +1517,15 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 	SPI_finish();
 
-	if (gatekeeper_background_claim)
-	{
-		claimed_due = MemoryContextAlloc(TopTransactionContext,
-										 sizeof(ClaimedDue) * Max(nclaimed, 1));
-		nclaimed_due = 0;
-		claimed_due_lxid = MyProc->lxid;
-	}
 	for (i = 0; i < nclaimed; i++)
 	{
 		Claimed    *c = &claimed[i];
 
 		if (c->expired || c->lost)
 			continue;
-		if (gatekeeper_background_claim)
-		{
-			claimed_due[nclaimed_due].id = c->id;
-			claimed_due[nclaimed_due].due = c->due;
-			nclaimed_due++;
-		}
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
+		receive(arg, c->values, c->nulls, c->due);
+		ngoing++;
 	}
 
-	return (Datum) 0;
+	return ngoing;
 }

@@ -107,8 +107,6 @@ extern TimestampTz gatekeeper_announce_posted(void);
 
 /* true in the background workers: their claims leave background = false queues alone */
 extern bool gatekeeper_background_claim;
-/* src/claim.c: when row n (mail id) of the background worker's claim became due */
-extern TimestampTz gatekeeper_claimed_due(uint64 n, int64 id);
 extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes);
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,

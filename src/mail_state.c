@@ -11,16 +11,17 @@
  * record out of its batch, fenced by (id, attempt) (take_claimed), and
  * writing the record where the mail now belongs:
  *
- *		mail_live (scheduled)
- *		   |   ^  ^
- *	 claim |   |  +---------------- nack, not out of attempts: scheduled
- *		   v   |                    after a backoff, charged
- *		mail_claim (claimed) ---- unclaim: scheduled, uncharged
- *		   |  |  \
- *		   |  |   +-- extend: the batch's lease, or the mail's alone
- *	   ack |  | nack, permanent or out of attempts
- *		   v  v
- *		mail_done (sent, failed)
+ *     mail_live (scheduled) <--------------------------------+
+ *         |                                                  |
+ *         | claim                      nack, a retry: due    |
+ *         v                            after a backoff;      |
+ *     mail_claim (claimed) ----------- unclaim, uncharged ---+
+ *         |      \
+ *         |       +-- extend: a later lease for its batch row
+ *         |           (or for the mail alone, in a row of its own)
+ *         | ack; nack, permanent or out of attempts
+ *         v
+ *     mail_done (sent, failed)
  *
  * The SQL functions ack, ack_batch, nack, nack_batch, unclaim, extend and
  * _take_claimed are thin entry points into the functions here; the
@@ -29,7 +30,8 @@
  * plan named for it; the tables' column lists are mail_state.h's.
  * A failure gives back its gate passes (gate.c) in one sorted release; a
  * permanent one is a bounce (report.c's rule, report_bounce).  Reaping,
- * cancelling and rotation are src/mail_state_sweep.c's.
+ * cancelling, rotation and the owner's changes to a claimed mail are not
+ * here (src/mail_state_sweep.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -251,6 +253,7 @@ claim_cmp(int64 id1, int32 attempt1, int64 id2, int32 attempt2)
 	return (attempt1 > attempt2) - (attempt1 < attempt2);
 }
 
+/* requests in claim order */
 static int
 take_request_cmp(const void *a, const void *b)
 {
@@ -273,6 +276,7 @@ batch_entry_cmp(const void *a, const void *b)
 	return (x->batch > y->batch) - (x->batch < y->batch);
 }
 
+/* int64s in order */
 static int
 int64_cmp(const void *a, const void *b)
 {
@@ -282,6 +286,7 @@ int64_cmp(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* batches by their id */
 static int
 take_batch_cmp(const void *a, const void *b)
 {
@@ -311,6 +316,7 @@ nack_claim_cmp(const void *a, const void *b)
 	return claim_cmp(x->id, x->attempt, y->id, y->attempt);
 }
 
+/* taken mails by id */
 static int
 nack_taken_cmp(const void *a, const void *b)
 {
@@ -330,6 +336,7 @@ bounce_cmp(const void *a, const void *b)
 	return int64_cmp(&x->id, &y->id);
 }
 
+/* queue policies by name, in byte order */
 static int
 policy_cmp(const void *a, const void *b)
 {

@@ -16,8 +16,8 @@
  *	announce	(the first worker only) NOTIFY gatekeeper, '<queue>' for the
  *				notify queues' mail that comes due after its commit, when it
  *				comes due, before claiming it itself;
- *	claim		when the mail in flight runs low, claim more with
- *				gatekeeper.claim, in a short transaction of its own;
+ *	claim		when the mail in flight runs low, claim more (src/claim.c,
+ *				called directly), in a short transaction of its own;
  *	send		build each claimed mail's message just before it goes on the
  *				wire, while the SMTP client (src/smtp_client.c) has room and
  *				gatekeeper.max_in_flight bytes allow;
@@ -83,6 +83,7 @@
  */
 #include "gatekeeper.h"
 #include "address.h"
+#include "claim.h"
 #include "dkim.h"
 #include "mail.h"
 #include "mail_state.h"
@@ -174,7 +175,6 @@ static char outdated_version[NAMEDATALEN];
  * use.  A kept plan outlives DROP EXTENSION: the plan cache re-plans it by
  * name once the extension is back.
  */
-static const char claim_sql[] = "SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
 static const char reap_sql[] = "SELECT gatekeeper.reap()";
 static const char purge_sql[] = "SELECT gatekeeper.purge()";
 /* the queues the background workers serve */
@@ -183,7 +183,6 @@ static const char next_due_sql[] =
 static const char announce_due_sql[] =
 "SELECT queue, next_due FROM gatekeeper._announce_due($1::text[], $2::timestamptz, $3::timestamptz)";
 
-static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr next_due_plan = NULL;
@@ -304,8 +303,8 @@ static void end_work(void);
 static void housekeeping(void);
 static int	claim_window(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
-static GatekeeperDelivery *copy_mail(HeapTuple tuple, TupleDesc desc);
-static char *copy_text(HeapTuple tuple, TupleDesc desc, int column);
+static void take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due);
+static char *copy_text(Datum *values, bool *nulls, int column, bool json);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
 static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
@@ -1308,6 +1307,13 @@ housekeeping(void)
 	end_work();
 }
 
+/* What claim_mail's receiver fills in. */
+typedef struct ClaimTaken
+{
+	TimestampTz lease_until;
+	int64		bytes;
+} ClaimTaken;
+
 /*
  * Claim up to want due mails, in a transaction of their own, and put them
  * on "pending".  Returns how many were claimed; when fewer than want,
@@ -1316,16 +1322,12 @@ housekeeping(void)
 static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
-	Oid			argtypes[3] = {TEXTOID, INT4OID, INTERVALOID};
-	Datum		values[3];
 	Interval   *lease;
 	Oid			extension;
 	SPIPlanPtr	plan;
 	int			ret;
 	int			n;
-	uint64		i;
-	TimestampTz lease_until;
-	int64		bytes = 0;
+	ClaimTaken	taken;
 
 	*have_next_due = false;
 	if (!begin_work("claiming", &extension))
@@ -1336,37 +1338,13 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 
 	lease = (Interval *) palloc0(sizeof(Interval));
 	lease->time = (int64) gatekeeper_lease * 1000;
-
-	values[0] = CStringGetTextDatum(worker_name);
-	values[1] = Int32GetDatum(want);
-	values[2] = IntervalPGetDatum(lease);
-
-	lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
-	plan = gatekeeper_plan(&claim_plan, claim_sql, 3, argtypes);
-	ret = SPI_execute_plan(plan, values, NULL, false, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "gatekeeper.claim() failed: %s",
-			 SPI_result_code_string(ret));
-
-	/* copy the claimed mail into memory that outlives the transaction */
-	n = (int) SPI_processed;
-	for (i = 0; i < SPI_processed; i++)
-	{
-		GatekeeperDelivery *d = copy_mail(SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
-
-		d->lease_until = lease_until;
-		d->mail.due = gatekeeper_claimed_due(i, d->mail.id);
-		dlist_push_tail(&live, &d->live_node);
-		nlive++;
-		live_bytes += d->bytes;
-		bytes += d->bytes;
-		dlist_push_tail(&pending, &d->queue_node);
-		npending++;
-	}
-	SPI_freetuptable(SPI_tuptable);
+	taken.lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
+	taken.bytes = 0;
+	n = gatekeeper_claim_mails(cstring_to_text(worker_name), want, lease, NULL,
+							   take_mail, &taken);
 	if (n > 0)
-		mail_bytes_mean = mail_bytes_mean == 0 ? (double) bytes / n :
-			0.5 * mail_bytes_mean + 0.5 * (double) bytes / n;
+		mail_bytes_mean = mail_bytes_mean == 0 ? (double) taken.bytes / n :
+			0.5 * mail_bytes_mean + 0.5 * (double) taken.bytes / n;
 
 	/* when the claim was not full, find when the next mail is due */
 	if (n < want)
@@ -1398,41 +1376,37 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 }
 
 /*
- * One row of gatekeeper.claim's result as a new delivery, in a memory
- * context of its own (freed once its outcome is recorded).
+ * take_mail: the claim's receiver.  A claimed mail becomes a new delivery,
+ * its content copied once, in a memory context of its own (freed once its
+ * outcome is recorded), on "live" and "pending".
  */
-static GatekeeperDelivery *
-copy_mail(HeapTuple tuple, TupleDesc desc)
+static void
+take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due)
 {
+	ClaimTaken *taken = (ClaimTaken *) arg;
 	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "gatekeeper mail",
 											  ALLOCSET_SMALL_SIZES);
 	GatekeeperDelivery *d = MemoryContextAllocZero(cxt, sizeof(GatekeeperDelivery));
 	GatekeeperMail *mail = &d->mail;
-	bool		isnull;
-	Datum		v;
 	MemoryContext old;
 
 	d->cxt = cxt;
-	v = SPI_getbinval(tuple, desc, 1, &isnull);
-	if (isnull)
-		elog(ERROR, "gatekeeper.claim() returned a null id");
-	mail->id = DatumGetInt64(v);
-
-	v = SPI_getbinval(tuple, desc, 2, &isnull);
-	if (isnull)
-		elog(ERROR, "gatekeeper.claim() returned a null attempt");
-	mail->attempt = DatumGetInt32(v);
+	if (nulls[GATEKEEPER_CLAIM_ID] || nulls[GATEKEEPER_CLAIM_ATTEMPT])
+		elog(ERROR, "the claim returned a mail without id or attempt");
+	mail->id = DatumGetInt64(values[GATEKEEPER_CLAIM_ID]);
+	mail->attempt = DatumGetInt32(values[GATEKEEPER_CLAIM_ATTEMPT]);
+	mail->due = due;
 
 	old = MemoryContextSwitchTo(cxt);
-	mail->queue = copy_text(tuple, desc, SPI_fnumber(desc, "queue"));
-	mail->recipient = copy_text(tuple, desc, SPI_fnumber(desc, "recipient"));
-	mail->recipient_name = copy_text(tuple, desc, SPI_fnumber(desc, "recipient_name"));
-	mail->sender = copy_text(tuple, desc, SPI_fnumber(desc, "sender"));
-	mail->subject = copy_text(tuple, desc, SPI_fnumber(desc, "subject"));
-	mail->body = copy_text(tuple, desc, SPI_fnumber(desc, "body"));
-	mail->html = copy_text(tuple, desc, SPI_fnumber(desc, "html"));
-	mail->headers_json = copy_text(tuple, desc, SPI_fnumber(desc, "headers"));
-	mail->message_id = copy_text(tuple, desc, SPI_fnumber(desc, "message_id"));
+	mail->queue = copy_text(values, nulls, GATEKEEPER_CLAIM_QUEUE, false);
+	mail->recipient = copy_text(values, nulls, GATEKEEPER_CLAIM_RECIPIENT, false);
+	mail->recipient_name = copy_text(values, nulls, GATEKEEPER_CLAIM_RECIPIENT_NAME, false);
+	mail->sender = copy_text(values, nulls, GATEKEEPER_CLAIM_SENDER, false);
+	mail->subject = copy_text(values, nulls, GATEKEEPER_CLAIM_SUBJECT, false);
+	mail->body = copy_text(values, nulls, GATEKEEPER_CLAIM_BODY, false);
+	mail->html = copy_text(values, nulls, GATEKEEPER_CLAIM_HTML, false);
+	mail->headers_json = copy_text(values, nulls, GATEKEEPER_CLAIM_HEADERS, true);
+	mail->message_id = copy_text(values, nulls, GATEKEEPER_CLAIM_MESSAGE_ID, false);
 	MemoryContextSwitchTo(old);
 
 	d->bytes = sizeof(GatekeeperDelivery) +
@@ -1440,32 +1414,32 @@ copy_mail(HeapTuple tuple, TupleDesc desc)
 		(mail->html ? strlen(mail->html) : 0) +
 		(mail->subject ? strlen(mail->subject) : 0) +
 		(mail->headers_json ? strlen(mail->headers_json) : 0);
-	return d;
+
+	d->lease_until = taken->lease_until;
+	dlist_push_tail(&live, &d->live_node);
+	nlive++;
+	live_bytes += d->bytes;
+	taken->bytes += d->bytes;
+	dlist_push_tail(&pending, &d->queue_node);
+	npending++;
 }
 
 /*
- * A text or jsonb column of a claimed row as a C string in the current
- * memory context, or NULL (also when the row has no such column).
- * Detoasts inside the transaction.
+ * A text (or, when json, jsonb) column of a claimed mail as a C string in
+ * the current memory context, or NULL.  Detoasts inside the transaction.
  */
 static char *
-copy_text(HeapTuple tuple, TupleDesc desc, int column)
+copy_text(Datum *values, bool *nulls, int column, bool json)
 {
-	bool		isnull;
-	Datum		v;
-
-	if (column <= 0)
+	if (nulls[column])
 		return NULL;
-	v = SPI_getbinval(tuple, desc, column, &isnull);
-	if (isnull)
-		return NULL;
-	if (SPI_gettypeid(desc, column) == JSONBOID)
+	if (json)
 	{
-		Jsonb	   *jb = DatumGetJsonbP(v);
+		Jsonb	   *jb = DatumGetJsonbP(values[column]);
 
 		return JsonbToCString(NULL, &jb->root, VARSIZE(jb));
 	}
-	return TextDatumGetCString(v);
+	return TextDatumGetCString(values[column]);
 }
 
 /*

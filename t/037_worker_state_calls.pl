@@ -1,10 +1,10 @@
 # Copyright: gatekeeper contributors
 
-# The background worker records what became of its mail through the
-# mail-state module in C (src/mail_state.c), not through the SQL functions
-# it offers external workers: with track_functions = all, none of
-# gatekeeper.ack, ack_batch, nack, nack_batch, extend or unclaim is ever
-# called, while the outcomes are what users rely on:
+# The background worker claims its mail and records what became of it
+# through the modules in C (src/claim.c, src/mail_state.c), not through
+# the SQL functions they offer external workers: with track_functions =
+# all, none of gatekeeper.claim, ack, ack_batch, nack, nack_batch, extend
+# or unclaim is ever called, while the outcomes are what users rely on:
 #
 #  1. A relay (t/relay.py) that accepts some recipients, refuses some with
 #     a 5xx (550 5.1.1) and defers others with a 4xx, and answers each
@@ -17,8 +17,9 @@
 #  2. The relay down: the mail is handed back uncharged, and sent once the
 #     relay is back.
 #  3. The worker's function statistics, flushed after the last outcome
-#     was recorded (its count of gatekeeper.claim calls moved on), show no
-#     call of the six SQL functions.
+#     was recorded (its count of gatekeeper.purge calls, which only its
+#     housekeeping makes, moved on), show no call of the seven SQL
+#     functions.
 
 use strict;
 use warnings;
@@ -160,11 +161,11 @@ is(scalar(grep { ($_->{message_id} // '') eq $later_mid } GatekeeperTest::relay_
 # Every outcome is recorded by now (the states above are committed); a
 # count that moves on after this was flushed after them, with whatever
 # the worker had pending.
-my $claims = calls('claim');
-ok( GatekeeperTest::wait_for(sub { calls('claim') > $claims }, 60, 'a later flush of the worker statistics'),
+my $purges = calls('purge');
+ok( GatekeeperTest::wait_for(sub { calls('purge') > $purges }, 60, 'a later flush of the worker statistics'),
 	"the worker's function statistics were flushed after its last outcome");
-cmp_ok(calls('claim'), '>', 0, 'the statistics count the worker calls it still makes in SQL');
-foreach my $f (qw(ack ack_batch nack nack_batch extend unclaim))
+cmp_ok(calls('purge'), '>', 0, 'the statistics count the calls the worker still makes in SQL');
+foreach my $f (qw(claim ack ack_batch nack nack_batch extend unclaim))
 {
 	is(calls($f), '0', "the worker never called gatekeeper.$f() through SQL");
 }
