@@ -921,6 +921,7 @@ find_policy(QueuePolicy *policies, int n, const char *name)
 {
 	QueuePolicy key;
 
+	memset(&key, 0, sizeof(key));
 	key.name = (char *) name;
 	return bsearch(&key, policies, n, sizeof(QueuePolicy), policy_cmp);
 }
