@@ -14,6 +14,7 @@
  * src/claim.c			claim
  * src/mail_state.c		a claimed mail's transitions: ack, nack, unclaim,
  *						extend
+ * src/mail_state_funcs.c	their SQL functions
  * src/gate.c			gate decisions: lock, pass, release, write back
  * src/gate_store.c		the gates' shared-memory store: keys, entries,
  *						visibility, locking, gatekeeper.gate_memory
