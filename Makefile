@@ -16,6 +16,8 @@ OBJS = \
 	src/wake.o \
 	src/worker.o \
 	src/claim.o \
+	src/mail_state.o \
+	src/mail_state_funcs.o \
 	src/due_floor.o \
 	src/gate_store.o \
 	src/gate_log.o \

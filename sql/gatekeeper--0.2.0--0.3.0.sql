@@ -812,194 +812,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper.ack(id bigint, attempt int)
-RETURNS boolean
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF ack.id IS NULL OR ack.attempt IS NULL THEN
-		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	WITH done AS (
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
-			   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-		  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f
-		RETURNING mail_done.id, mail_done.queue, mail_done.segment)
-	INSERT INTO gatekeeper.event_log (mail_id, queue, event, source, segment)
-	SELECT d.id, d.queue, 'sent', 'relay', d.segment FROM done d;
-	RETURN FOUND;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
-RETURNS text
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	m gatekeeper.mail_live;
-	recipient text;
-	q gatekeeper.queue;
-	tries int;
-	delay interval;
-	base interval;
-BEGIN
-	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
-		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	-- the claim, taken out of its batch if it is still open there
-	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
-	IF NOT FOUND THEN
-		RETURN NULL;			-- not this claim's to report: it changes nothing
-	END IF;
-	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
-	tries := m.attempt - m.uncharged;
-
-	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
-				m.message_id, error, m.dedupe_key, now(), m.segment);
-		SELECT c.recipient INTO recipient FROM gatekeeper.mail c
-		 WHERE c.id = m.id AND c.segment = m.segment;
-		INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-		VALUES (m.id, m.queue, recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
-				gatekeeper._reply_status(error), error, 'relay', m.segment);
-		-- the relay said the mailbox does not exist: never mail it again
-		-- (and a bounce of another kind counts toward soft_bounce_limit)
-		IF permanent THEN
-			PERFORM gatekeeper._bounced(gatekeeper._address_key(recipient), error, error, m.id);
-		END IF;
-		-- by what the mail holds, whatever its queue's gates are now
-		PERFORM gatekeeper._release_mail(recipient, m.id);
-		RETURN 'failed';
-	END IF;
-
-	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
-	base := gatekeeper._retry_delay();
-	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
-	delay := delay / 2 + delay / 2 * random();
-	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-									  lease_until, worker, message_id, last_error, dedupe_key, segment)
-	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
-			NULL, m.worker, m.message_id, error, m.dedupe_key, m.segment);
-	INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
-	VALUES (m.id, m.queue, 'deferred', gatekeeper._reply_status(error), error, 'relay', m.segment);
-	IF q.notify THEN
-		PERFORM gatekeeper._announce(m.queue, now() + delay);
-	END IF;
-	RETURN 'scheduled';
-END
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
-	permanent boolean DEFAULT false)
-RETURNS int
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	e record;
-	q gatekeeper.queue;
-	tries int;
-	delay interval;
-	base interval;
-	n int := 0;
-	bounce_keys text[] := '{}';
-	bounce_errors text[] := '{}';
-	bounce_ids bigint[] := '{}';
-	release_recipients text[] := '{}';
-	release_holders bigint[] := '{}';
-BEGIN
-	IF ids IS NULL OR attempts IS NULL OR errors IS NULL OR permanent IS NULL THEN
-		RAISE EXCEPTION 'ids, attempts, errors and permanent must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR array_ndims(errors) > 1
-	   OR cardinality(ids) <> cardinality(attempts) OR cardinality(ids) <> cardinality(errors) THEN
-		RAISE EXCEPTION 'ids, attempts and errors must be one-dimensional arrays of the same length'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL
-	   OR array_position(errors, NULL) IS NOT NULL THEN
-		RAISE EXCEPTION 'ids, attempts and errors must not contain nulls'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-
-	base := gatekeeper._retry_delay();
-	/*
-	 * The claims still open, all taken out of their batches at once (the
-	 * function scan reads them all before the first row comes back), each
-	 * with the error of its first element.
-	 */
-	FOR e IN SELECT t AS m, u.error, c.recipient
-			   FROM gatekeeper._take_claimed(ids, attempts) t
-			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
-					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
-					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
-			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
-			  ORDER BY t.id
-	LOOP
-		n := n + 1;
-		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
-		tries := (e.m).attempt - (e.m).uncharged;
-
-		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-											  message_id, last_error, dedupe_key, finished_at, segment)
-			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
-					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
-			INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-			VALUES ((e.m).id, (e.m).queue, e.recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
-					gatekeeper._reply_status(e.error), e.error, 'relay', (e.m).segment);
-			-- the relay said the mailbox does not exist: never mail it again
-			-- (and a bounce of another kind counts toward soft_bounce_limit)
-			IF permanent THEN
-				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
-				bounce_errors := bounce_errors || e.error;
-				bounce_ids := bounce_ids || (e.m).id;
-			END IF;
-			release_recipients := release_recipients || e.recipient;
-			release_holders := release_holders || (e.m).id;
-			CONTINUE;
-		END IF;
-
-		-- exponential backoff with equal jitter, as nack()'s
-		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
-		delay := delay / 2 + delay / 2 * random();
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  lease_until, worker, message_id, last_error, dedupe_key, segment)
-		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
-				(e.m).uncharged, NULL, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
-				(e.m).segment);
-		INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
-		VALUES ((e.m).id, (e.m).queue, 'deferred', gatekeeper._reply_status(e.error), e.error, 'relay',
-				(e.m).segment);
-		IF q.notify THEN
-			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
-		END IF;
-	END LOOP;
-
-	FOR e IN SELECT b.key, b.error, b.id
-			   FROM unnest(bounce_keys, bounce_errors, bounce_ids) AS b(key, error, id)
-			  ORDER BY b.key, b.id
-	LOOP
-		PERFORM gatekeeper._bounced(e.key, e.error, e.error, e.id);
-	END LOOP;
-	-- by what the mail holds, whatever its queue's gates are now
-	IF cardinality(release_recipients) > 0 THEN
-		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
-	END IF;
-	RETURN n;
-END
-$$;
-
 -- _rotate() is made once, in its final form (C), in issue 26, item 1's
 -- section below
 
@@ -1417,213 +1229,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
-RETURNS text
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	m gatekeeper.mail_live;
-	recipient text;
-	q gatekeeper.queue;
-	tries int;
-	delay interval;
-	base interval;
-BEGIN
-	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
-		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	-- the claim, taken out of its batch if it is still open there
-	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
-	IF NOT FOUND THEN
-		RETURN NULL;			-- not this claim's to report: it changes nothing
-	END IF;
-	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
-	tries := m.attempt - m.uncharged;
-
-	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
-				m.message_id, error, m.dedupe_key, now(), m.segment);
-		SELECT c.recipient INTO recipient FROM gatekeeper.mail c
-		 WHERE c.id = m.id AND c.segment = m.segment;
-		INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-		VALUES (m.id, m.queue, recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
-				gatekeeper._reply_status(error), error, 'relay', m.segment);
-		-- the relay said the mailbox does not exist: never mail it again
-		-- (and a bounce of another kind counts toward soft_bounce_limit)
-		IF permanent THEN
-			PERFORM gatekeeper._bounced(gatekeeper._address_key(recipient), error, error, m.id);
-		END IF;
-		-- by what the mail holds, whatever its queue's gates are now
-		PERFORM gatekeeper._release_mail(recipient, m.id);
-		RETURN 'failed';
-	END IF;
-
-	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
-	base := gatekeeper._retry_delay();
-	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
-	delay := delay / 2 + delay / 2 * random();
-	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-									  worker, message_id, last_error, dedupe_key, segment)
-	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
-			m.worker, m.message_id, error, m.dedupe_key, m.segment);
-	INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
-	VALUES (m.id, m.queue, 'deferred', gatekeeper._reply_status(error), error, 'relay', m.segment);
-	IF q.notify THEN
-		PERFORM gatekeeper._announce(m.queue, now() + delay);
-	END IF;
-	RETURN 'scheduled';
-END
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
-	permanent boolean DEFAULT false)
-RETURNS int
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	e record;
-	q gatekeeper.queue;
-	tries int;
-	delay interval;
-	base interval;
-	n int := 0;
-	bounce_keys text[] := '{}';
-	bounce_errors text[] := '{}';
-	bounce_ids bigint[] := '{}';
-	release_recipients text[] := '{}';
-	release_holders bigint[] := '{}';
-BEGIN
-	IF ids IS NULL OR attempts IS NULL OR errors IS NULL OR permanent IS NULL THEN
-		RAISE EXCEPTION 'ids, attempts, errors and permanent must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR array_ndims(errors) > 1
-	   OR cardinality(ids) <> cardinality(attempts) OR cardinality(ids) <> cardinality(errors) THEN
-		RAISE EXCEPTION 'ids, attempts and errors must be one-dimensional arrays of the same length'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL
-	   OR array_position(errors, NULL) IS NOT NULL THEN
-		RAISE EXCEPTION 'ids, attempts and errors must not contain nulls'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-
-	base := gatekeeper._retry_delay();
-	/*
-	 * The claims still open, all taken out of their batches at once (the
-	 * function scan reads them all before the first row comes back), each
-	 * with the error of its first element.
-	 */
-	FOR e IN SELECT t AS m, u.error, c.recipient
-			   FROM gatekeeper._take_claimed(ids, attempts) t
-			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
-					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
-					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
-			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
-			  ORDER BY t.id
-	LOOP
-		n := n + 1;
-		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
-		tries := (e.m).attempt - (e.m).uncharged;
-
-		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-											  message_id, last_error, dedupe_key, finished_at, segment)
-			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
-					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
-			INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-			VALUES ((e.m).id, (e.m).queue, e.recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
-					gatekeeper._reply_status(e.error), e.error, 'relay', (e.m).segment);
-			-- the relay said the mailbox does not exist: never mail it again
-			-- (and a bounce of another kind counts toward soft_bounce_limit)
-			IF permanent THEN
-				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
-				bounce_errors := bounce_errors || e.error;
-				bounce_ids := bounce_ids || (e.m).id;
-			END IF;
-			release_recipients := release_recipients || e.recipient;
-			release_holders := release_holders || (e.m).id;
-			CONTINUE;
-		END IF;
-
-		-- exponential backoff with equal jitter, as nack()'s
-		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
-		delay := delay / 2 + delay / 2 * random();
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  worker, message_id, last_error, dedupe_key, segment)
-		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
-				(e.m).uncharged, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
-				(e.m).segment);
-		INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
-		VALUES ((e.m).id, (e.m).queue, 'deferred', gatekeeper._reply_status(e.error), e.error, 'relay',
-				(e.m).segment);
-		IF q.notify THEN
-			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
-		END IF;
-	END LOOP;
-
-	FOR e IN SELECT b.key, b.error, b.id
-			   FROM unnest(bounce_keys, bounce_errors, bounce_ids) AS b(key, error, id)
-			  ORDER BY b.key, b.id
-	LOOP
-		PERFORM gatekeeper._bounced(e.key, e.error, e.error, e.id);
-	END LOOP;
-	-- by what the mail holds, whatever its queue's gates are now
-	IF cardinality(release_recipients) > 0 THEN
-		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
-	END IF;
-	RETURN n;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
-RETURNS int
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n int;
-	due timestamptz;
-	back_queues text[];
-	back_due timestamptz[];
-BEGIN
-	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
-		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR cardinality(ids) <> cardinality(attempts) THEN
-		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL THEN
-		RAISE EXCEPTION 'ids and attempts must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	due := now() + gatekeeper._duration(delay, 'delay');
-	-- the claims still open, out of their batches and back into mail_live
-	WITH back AS (
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  worker, message_id, last_error, dedupe_key, segment)
-		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
-			   t.uncharged + 1, t.worker, t.message_id, error, t.dedupe_key, t.segment
-		  FROM gatekeeper._take_claimed(ids, attempts) t
-		RETURNING mail_live.queue, mail_live.send_at
-	)
-	SELECT count(*), array_agg(b.queue), array_agg(b.send_at) INTO n, back_queues, back_due FROM back b;
-	-- external senders listening for a notify queue hear of it
-	PERFORM gatekeeper._announce(b.queue, min(b.due))
-	   FROM unnest(back_queues, back_due) AS b(queue, due)
-	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
-	  GROUP BY b.queue;
-	RETURN n;
-END
-$$;
-
 -- reap() writes the other columns only: made once, in its final form (C),
 -- in issue 26, item 1's section below
 
@@ -1638,28 +1243,9 @@ ALTER TABLE gatekeeper.mail_live DROP COLUMN lease_until;
  * held nothing the mail's mail_done row does not, and cost every ack a
  * second insert and a trigger: bench/notes.md); gatekeeper.events reads
  * sent events from mail_done, with a NULL id.  event_log no longer takes
- * 'sent'.
+ * 'sent'.  (ack itself: issue 26, item 1, below.)
  * ---------------------------------------------------------------------------
  */
-CREATE OR REPLACE FUNCTION gatekeeper.ack(id bigint, attempt int)
-RETURNS boolean
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF ack.id IS NULL OR ack.attempt IS NULL THEN
-		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	-- the mail_done row is the 'sent' event too (gatekeeper.events)
-	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-									  message_id, last_error, dedupe_key, finished_at, segment)
-	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
-		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
-	RETURN FOUND;
-END
-$$;
 
 -- recipient, what happened, the status code and detail, who told, when:
 -- the rows of event_log, and a 'sent' event for each sent mail, read from
@@ -1963,6 +1549,59 @@ LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_reap';
+
+/* ---------------------------------------------------------------------------
+ * Issue 26, item 1: the transitions of a claimed mail in C
+ * (src/mail_state.c).  ack, nack, nack_batch, unclaim and extend become
+ * entry points into the library, with their signatures, results and
+ * errors; each is defined here only, in its final form (0.2.0's PL/pgSQL
+ * bodies are replaced).  The background worker calls the module itself.
+ * ---------------------------------------------------------------------------
+ */
+-- the claim's mail_done row is its 'sent' event too (gatekeeper.events)
+CREATE OR REPLACE FUNCTION gatekeeper.ack(id bigint, attempt int)
+RETURNS boolean
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_ack';
+
+-- retried with exponential backoff and equal jitter ([d/2, d], d =
+-- retry_delay * 2^(tries - 1), at most 6 hours), or failed when permanent
+-- or out of attempts: its passes given back, a permanent failure a bounce
+-- of its address (src/mail_state.c)
+CREATE OR REPLACE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
+RETURNS text
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_nack';
+
+-- nack for many claims at once, each element as nack() would do it (a
+-- claim named twice with the error of its first element); returns how
+-- many were still the caller's.  The claims' batches are locked in batch
+-- order (as ack_batch locks them), hard bounces suppressed in address
+-- order and the passes of the mail that failed given back in one sorted
+-- release, so that concurrent batches do not deadlock.
+CREATE OR REPLACE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
+	permanent boolean DEFAULT false)
+RETURNS int
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_nack_batch';
+
+-- the lease is per batch row (up to 128 mails of one claim): see
+-- docs/reference.md, "A lease is held by a batch"
+CREATE OR REPLACE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
+RETURNS boolean
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_extend';
+
+-- hand claimed mail back unsent and uncharged: no relay could be reached
+CREATE OR REPLACE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
+RETURNS int
+LANGUAGE c SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_unclaim';
 
 /*
  * Last, always: give the remembered roles what their uses need of the

@@ -1649,7 +1649,7 @@ COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS
 /*
  * Take claimed mails out of their batches in mail_claim, each only if its
  * claim (id, attempt) is still open there; returns their records.  The
- * caller writes what became of them (src/claim.c).
+ * caller writes what became of them (src/mail_state.c).
  */
 CREATE FUNCTION gatekeeper._take_claimed(ids bigint[], attempts int[])
 RETURNS SETOF gatekeeper.mail_live
@@ -1657,25 +1657,12 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_take_claimed';
 
+-- the claim's mail_done row is its 'sent' event too (gatekeeper.events)
 CREATE FUNCTION gatekeeper.ack(id bigint, attempt int)
 RETURNS boolean
-LANGUAGE plpgsql
-SECURITY DEFINER
+LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF ack.id IS NULL OR ack.attempt IS NULL THEN
-		RAISE EXCEPTION 'id and attempt must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	-- the mail_done row is the 'sent' event too (gatekeeper.events)
-	INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-									  message_id, last_error, dedupe_key, finished_at, segment)
-	SELECT f.id, f.queue, 'sent', f.attempt, f.uncharged, f.send_at, f.worker,
-		   f.message_id, f.last_error, f.dedupe_key, now(), f.segment
-	  FROM gatekeeper._take_claimed(ARRAY[ack.id], ARRAY[ack.attempt]) f;
-	RETURN FOUND;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_ack';
 
 COMMENT ON FUNCTION gatekeeper.ack(bigint, int) IS
 	'report a claimed mail sent; true when (id, attempt) was still the caller''s claim, false, changing nothing, when it was not';
@@ -1714,179 +1701,31 @@ AS $$
 	END
 $$;
 
+-- retried with exponential backoff and equal jitter ([d/2, d], d =
+-- retry_delay * 2^(tries - 1), at most 6 hours), or failed when permanent
+-- or out of attempts: its passes given back, a permanent failure a bounce
+-- of its address (src/mail_state.c)
 CREATE FUNCTION gatekeeper.nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
 RETURNS text
-LANGUAGE plpgsql
-SECURITY DEFINER
+LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	m gatekeeper.mail_live;
-	recipient text;
-	q gatekeeper.queue;
-	tries int;
-	delay interval;
-	base interval;
-BEGIN
-	IF nack.id IS NULL OR nack.attempt IS NULL OR permanent IS NULL THEN
-		RAISE EXCEPTION 'id, attempt and permanent must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	-- the claim, taken out of its batch if it is still open there
-	SELECT * INTO m FROM gatekeeper._take_claimed(ARRAY[nack.id], ARRAY[nack.attempt]);
-	IF NOT FOUND THEN
-		RETURN NULL;			-- not this claim's to report: it changes nothing
-	END IF;
-	SELECT * INTO q FROM gatekeeper.queue WHERE name = m.queue;
-	tries := m.attempt - m.uncharged;
-
-	IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-		INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-										  message_id, last_error, dedupe_key, finished_at, segment)
-		VALUES (m.id, m.queue, 'failed', m.attempt, m.uncharged, m.send_at, m.worker,
-				m.message_id, error, m.dedupe_key, now(), m.segment);
-		SELECT c.recipient INTO recipient FROM gatekeeper.mail c
-		 WHERE c.id = m.id AND c.segment = m.segment;
-		INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-		VALUES (m.id, m.queue, recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
-				gatekeeper._reply_status(error), error, 'relay', m.segment);
-		-- the relay said the mailbox does not exist: never mail it again
-		-- (and a bounce of another kind counts toward soft_bounce_limit)
-		IF permanent THEN
-			PERFORM gatekeeper._bounced(gatekeeper._address_key(recipient), error, error, m.id);
-		END IF;
-		-- by what the mail holds, whatever its queue's gates are now
-		PERFORM gatekeeper._release_mail(recipient, m.id);
-		RETURN 'failed';
-	END IF;
-
-	-- exponential backoff with equal jitter: [d/2, d], d = base * 2^(tries-1), at most 6 hours
-	base := gatekeeper._retry_delay();
-	delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
-	delay := delay / 2 + delay / 2 * random();
-	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-									  worker, message_id, last_error, dedupe_key, segment)
-	VALUES (m.id, m.queue, m.priority, now() + delay, 'scheduled', m.attempt, m.uncharged,
-			m.worker, m.message_id, error, m.dedupe_key, m.segment);
-	INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
-	VALUES (m.id, m.queue, 'deferred', gatekeeper._reply_status(error), error, 'relay', m.segment);
-	IF q.notify THEN
-		PERFORM gatekeeper._announce(m.queue, now() + delay);
-	END IF;
-	RETURN 'scheduled';
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_nack';
 
 COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
 	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not the caller''s';
 
--- nack for many claims at once, each element as nack() would do it; returns
--- how many were still the caller's.  The claims' batches are locked in
--- batch order (_take_claimed, as ack_batch locks them), hard bounces
--- suppressed in address order and the passes of the mail that failed given
--- back in one sorted release, so that concurrent batches do not deadlock.
--- A retried mail goes back into mail_live, a failed one into mail_done.
+-- nack for many claims at once, each element as nack() would do it (a
+-- claim named twice with the error of its first element); returns how
+-- many were still the caller's.  The claims' batches are locked in batch
+-- order (as ack_batch locks them), hard bounces suppressed in address
+-- order and the passes of the mail that failed given back in one sorted
+-- release, so that concurrent batches do not deadlock.
 CREATE FUNCTION gatekeeper.nack_batch(ids bigint[], attempts int[], errors text[],
 	permanent boolean DEFAULT false)
 RETURNS int
-LANGUAGE plpgsql
-SECURITY DEFINER
+LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	e record;
-	q gatekeeper.queue;
-	tries int;
-	delay interval;
-	base interval;
-	n int := 0;
-	bounce_keys text[] := '{}';
-	bounce_errors text[] := '{}';
-	bounce_ids bigint[] := '{}';
-	release_recipients text[] := '{}';
-	release_holders bigint[] := '{}';
-BEGIN
-	IF ids IS NULL OR attempts IS NULL OR errors IS NULL OR permanent IS NULL THEN
-		RAISE EXCEPTION 'ids, attempts, errors and permanent must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR array_ndims(errors) > 1
-	   OR cardinality(ids) <> cardinality(attempts) OR cardinality(ids) <> cardinality(errors) THEN
-		RAISE EXCEPTION 'ids, attempts and errors must be one-dimensional arrays of the same length'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL
-	   OR array_position(errors, NULL) IS NOT NULL THEN
-		RAISE EXCEPTION 'ids, attempts and errors must not contain nulls'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-
-	base := gatekeeper._retry_delay();
-	/*
-	 * The claims still open, all taken out of their batches at once (the
-	 * function scan reads them all before the first row comes back), each
-	 * with the error of its first element.
-	 */
-	FOR e IN SELECT t AS m, u.error, c.recipient
-			   FROM gatekeeper._take_claimed(ids, attempts) t
-			   JOIN (SELECT DISTINCT ON (u.id, u.attempt) u.id, u.attempt, u.error
-					   FROM unnest(ids, attempts, errors) WITH ORDINALITY AS u(id, attempt, error, i)
-					  ORDER BY u.id, u.attempt, u.i) u ON u.id = t.id AND u.attempt = t.attempt
-			   LEFT JOIN gatekeeper.mail c ON c.id = t.id AND c.segment = t.segment
-			  ORDER BY t.id
-	LOOP
-		n := n + 1;
-		SELECT * INTO q FROM gatekeeper.queue WHERE name = (e.m).queue;
-		tries := (e.m).attempt - (e.m).uncharged;
-
-		IF permanent OR tries >= coalesce(q.max_attempts, 1) THEN
-			INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker,
-											  message_id, last_error, dedupe_key, finished_at, segment)
-			VALUES ((e.m).id, (e.m).queue, 'failed', (e.m).attempt, (e.m).uncharged, (e.m).send_at,
-					(e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key, now(), (e.m).segment);
-			INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment)
-			VALUES ((e.m).id, (e.m).queue, e.recipient, CASE WHEN permanent THEN 'bounced' ELSE 'deferred' END,
-					gatekeeper._reply_status(e.error), e.error, 'relay', (e.m).segment);
-			-- the relay said the mailbox does not exist: never mail it again
-			-- (and a bounce of another kind counts toward soft_bounce_limit)
-			IF permanent THEN
-				bounce_keys := bounce_keys || gatekeeper._address_key(e.recipient);
-				bounce_errors := bounce_errors || e.error;
-				bounce_ids := bounce_ids || (e.m).id;
-			END IF;
-			release_recipients := release_recipients || e.recipient;
-			release_holders := release_holders || (e.m).id;
-			CONTINUE;
-		END IF;
-
-		-- exponential backoff with equal jitter, as nack()'s
-		delay := least(base * power(2, least(tries - 1, 30)), interval '6 hours');
-		delay := delay / 2 + delay / 2 * random();
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  worker, message_id, last_error, dedupe_key, segment)
-		VALUES ((e.m).id, (e.m).queue, (e.m).priority, now() + delay, 'scheduled', (e.m).attempt,
-				(e.m).uncharged, (e.m).worker, (e.m).message_id, e.error, (e.m).dedupe_key,
-				(e.m).segment);
-		INSERT INTO gatekeeper.event_log (mail_id, queue, event, status, detail, source, segment)
-		VALUES ((e.m).id, (e.m).queue, 'deferred', gatekeeper._reply_status(e.error), e.error, 'relay',
-				(e.m).segment);
-		IF q.notify THEN
-			PERFORM gatekeeper._announce((e.m).queue, now() + delay);
-		END IF;
-	END LOOP;
-
-	FOR e IN SELECT b.key, b.error, b.id
-			   FROM unnest(bounce_keys, bounce_errors, bounce_ids) AS b(key, error, id)
-			  ORDER BY b.key, b.id
-	LOOP
-		PERFORM gatekeeper._bounced(e.key, e.error, e.error, e.id);
-	END LOOP;
-	-- by what the mail holds, whatever its queue's gates are now
-	IF cardinality(release_recipients) > 0 THEN
-		PERFORM gatekeeper._release_mails(release_recipients, release_holders);
-	END IF;
-	RETURN n;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_nack_batch';
 
 COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
 	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
@@ -1895,42 +1734,9 @@ COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
 -- docs/reference.md, "A lease is held by a batch"
 CREATE FUNCTION gatekeeper.extend(id bigint, attempt int, lease interval)
 RETURNS boolean
-LANGUAGE plpgsql
-SECURITY DEFINER
+LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	lease_end timestamptz;
-	held gatekeeper.mail_claim;
-BEGIN
-	IF extend.id IS NULL OR extend.attempt IS NULL OR lease IS NULL THEN
-		RAISE EXCEPTION 'id, attempt and lease must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	lease_end := now() + gatekeeper._duration(lease, 'lease');
-	-- the batch row the claim is still open in, locked (the lock rechecks
-	-- the row it waited for)
-	SELECT c.* INTO held FROM gatekeeper.mail_claim c
-	 WHERE int8range(c.lo, c.hi, '[]') @> extend.id AND NOT extend.id = ANY (c.gone)
-	   AND EXISTS (SELECT FROM unnest(c.mails) r
-					WHERE r.id = extend.id AND r.attempt = extend.attempt)
-	   FOR UPDATE OF c;
-	IF NOT FOUND THEN
-		RETURN false;
-	END IF;
-	-- a lease is the batch row's: a longer one is given to the row, whose
-	-- mails the same worker claimed together and extends together; a
-	-- shorter one is this mail's alone, in a row of its own
-	IF lease_end >= held.lease_until OR held.open = 1 THEN
-		UPDATE gatekeeper.mail_claim c SET lease_until = lease_end
-		 WHERE c.batch = held.batch;
-	ELSE
-		INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails)
-		SELECT t.queue, held.worker, lease_end, t.id, t.id, 1, ARRAY[t]
-		  FROM gatekeeper._take_claimed(ARRAY[extend.id], ARRAY[extend.attempt]) t;
-	END IF;
-	RETURN true;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_extend';
 
 COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
 	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
@@ -1938,45 +1744,9 @@ COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
 -- hand claimed mail back unsent and uncharged: no relay could be reached
 CREATE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
 RETURNS int
-LANGUAGE plpgsql
-SECURITY DEFINER
+LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n int;
-	due timestamptz;
-	back_queues text[];
-	back_due timestamptz[];
-BEGIN
-	IF ids IS NULL OR attempts IS NULL OR delay IS NULL THEN
-		RAISE EXCEPTION 'ids, attempts and delay must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF array_ndims(ids) > 1 OR array_ndims(attempts) > 1 OR cardinality(ids) <> cardinality(attempts) THEN
-		RAISE EXCEPTION 'ids and attempts must be one-dimensional arrays of the same length'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF array_position(ids, NULL) IS NOT NULL OR array_position(attempts, NULL) IS NOT NULL THEN
-		RAISE EXCEPTION 'ids and attempts must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	due := now() + gatekeeper._duration(delay, 'delay');
-	-- the claims still open, out of their batches and back into mail_live
-	WITH back AS (
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged,
-										  worker, message_id, last_error, dedupe_key, segment)
-		SELECT t.id, t.queue, t.priority, greatest(t.send_at, due), 'scheduled', t.attempt,
-			   t.uncharged + 1, t.worker, t.message_id, error, t.dedupe_key, t.segment
-		  FROM gatekeeper._take_claimed(ids, attempts) t
-		RETURNING mail_live.queue, mail_live.send_at
-	)
-	SELECT count(*), array_agg(b.queue), array_agg(b.send_at) INTO n, back_queues, back_due FROM back b;
-	-- external senders listening for a notify queue hear of it
-	PERFORM gatekeeper._announce(b.queue, min(b.due))
-	   FROM unnest(back_queues, back_due) AS b(queue, due)
-	   JOIN gatekeeper.queue q ON q.name = b.queue AND q.notify
-	  GROUP BY b.queue;
-	RETURN n;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_unclaim';
 
 COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
 	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';

@@ -2,7 +2,7 @@
  *
  * claim.c
  *		gatekeeper.claim: hand due mail to one worker, fairly, through the
- *		gates; and the batch ack that reports it sent.
+ *		gates.
  *
  * A claim takes up to `batch` due mails from the unpaused queues (or those
  * named; a background worker's, from those with background set), shared
@@ -44,13 +44,15 @@
  * not go goes to mail_done in the same transaction; deferred mail goes
  * back into mail_live.
  *
- * The ack (ack_batch, and ack() through _take_claimed) takes claims out of
- * their batches, fenced by (id, attempt): see take_claimed.
+ * What becomes of a claimed mail afterwards (ack, nack, unclaim, extend)
+ * is src/mail_state.c's, which also writes this claim's records into
+ * mail_live and mail_done.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "claim.h"
 #include "due_floor.h"
 #include "gate.h"
 #include "mail_state.h"
@@ -90,8 +92,6 @@
 #include "utils/typcache.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_claim);
-PG_FUNCTION_INFO_V1(gatekeeper_ack_batch);
-PG_FUNCTION_INFO_V1(gatekeeper_take_claimed);
 
 #define MAX_BATCH 10000
 
@@ -135,6 +135,12 @@ enum
 	COL_RECORD					/* the claim state as a mail_live record */
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
+
+StaticAssertDecl((int) NUM_OUTPUT_COLUMNS == (int) GATEKEEPER_CLAIM_COLUMNS &&
+				 (int) COL_ID == (int) GATEKEEPER_CLAIM_ID + 1 &&
+				 (int) COL_HEADERS == (int) GATEKEEPER_CLAIM_HEADERS + 1 &&
+				 (int) COL_MESSAGE_ID == (int) GATEKEEPER_CLAIM_MESSAGE_ID + 1,
+				 "claim.h's columns are the claim statement's");
 
 /* A gate as a queue applies it. */
 typedef struct QueueGate
@@ -289,68 +295,13 @@ static const char claim_sql[] =
  * id, $6 where each row's mails start in $7 (and, last, one past the end).
  */
 static const char claim_batch_sql[] =
-"INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails) "
+"INSERT INTO gatekeeper.mail_claim (" MAIL_CLAIM_COLUMNS ") "
 "SELECT $1, $2, now() + $3, $4[i], $5[i], $6[i + 1] - $6[i], $7[$6[i]:$6[i + 1] - 1] "
 "  FROM generate_series(1, cardinality($4)) i";
-
-/* Claimed mail a gate, window or full gate memory deferred: live again. */
-static const char defer_sql[] =
-"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, state, attempt, uncharged, "
-"                                  worker, message_id, last_error, dedupe_key, segment) "
-"SELECT u.id, u.queue, u.priority, u.send_at, u.state, u.attempt, u.uncharged, "
-"       u.worker, u.message_id, u.last_error, u.dedupe_key, u.segment "
-"  FROM unnest($1) u";
-
-/*
- * Claimed mail that will not go (suppressed, or expired), into mail_done
- * as its record says (settle_claimed sets the outcome).
- */
-static const char finish_sql[] =
-"INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
-"                                  message_id, last_error, dedupe_key, finished_at, segment) "
-"SELECT u.id, u.queue, u.state, u.attempt, u.uncharged, u.send_at, u.worker, "
-"       u.message_id, u.last_error, u.dedupe_key, now(), u.segment "
-"  FROM unnest($1) u";
 
 static const char spend_tokens_sql[] =
 "UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
 " WHERE name = $1";
-
-/*
- * Claims taken out of their batches (take_claimed), reported sent.  Their
- * mail_done rows are their 'sent' events too: gatekeeper.events reads
- * them from there, so the ack writes no event_log row.
- */
-static const char ack_batch_sql[] =
-"INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, uncharged, send_at, worker, "
-"                                  message_id, last_error, dedupe_key, finished_at, segment) "
-"SELECT u.id, u.queue, 'sent', u.attempt, u.uncharged, u.send_at, u.worker, "
-"       u.message_id, u.last_error, u.dedupe_key, now(), u.segment "
-"  FROM unnest($1) u";
-
-/*
- * take_claimed's statements.  The batches that may hold the ids are read
- * unlocked, then only those that do are locked, in batch order: batches
- * of other claims whose id ranges overlap are left alone, so acks of
- * different claims never wait for each other.
- */
-static const char claim_candidates_sql[] =
-"SELECT c.batch, c.ctid, c.xmin, c.mails FROM gatekeeper.mail_claim c "
-" WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]')";
-
-static const char claim_lock_sql[] =
-"SELECT c.batch, c.open, c.gone, c.ctid, c.xmin FROM gatekeeper.mail_claim c "
-" WHERE c.batch = ANY ($1) "
-" ORDER BY c.batch "
-"   FOR UPDATE";
-
-static const char claim_drop_sql[] =
-"DELETE FROM gatekeeper.mail_claim WHERE batch = ANY ($1)";
-
-/* mails is left as it is: its TOASTed value is not written again */
-static const char claim_shrink_sql[] =
-"UPDATE gatekeeper.mail_claim SET open = open - $2, gone = gone || $3 "
-" WHERE batch = $1";
 
 static SPIPlanPtr queues_plan = NULL;
 static SPIPlanPtr queues_background_plan = NULL;
@@ -358,53 +309,12 @@ static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr claim_batch_plan = NULL;
-static SPIPlanPtr defer_plan = NULL;
-static SPIPlanPtr finish_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
-static SPIPlanPtr ack_batch_plan = NULL;
-static SPIPlanPtr claim_candidates_plan = NULL;
-static SPIPlanPtr claim_lock_plan = NULL;
-static SPIPlanPtr claim_drop_plan = NULL;
-static SPIPlanPtr claim_shrink_plan = NULL;
-/*
- * The mails the background worker's last claim returned, in its order,
- * with when each became due: the worker (src/worker.c) reads them in the
- * claim's own transaction, for its delivery latency.  claim's result is
- * the SQL API, which has no such column.
- */
-typedef struct ClaimedDue
-{
-	int64		id;
-	TimestampTz due;
-} ClaimedDue;
-
-static ClaimedDue *claimed_due = NULL;
-static uint64 nclaimed_due = 0;
-static LocalTransactionId claimed_due_lxid = InvalidLocalTransactionId;
 
 static uint32 claim_rotation = 0;
 
-/* the mail_live[] type the plans taking records were prepared for */
-static Oid	record_plans_type = InvalidOid;
-
-/*
- * gatekeeper.mail_live's row type, as the claim's records and the
- * batches' arrays hold it: the attributes settle_claimed and take_claimed
- * read or change, found by name.
- */
-typedef struct LiveRecord
-{
-	Oid			type;
-	Oid			arraytype;
-	TupleDesc	desc;
-	AttrNumber	id;
-	AttrNumber	send_at;
-	AttrNumber	state;
-	AttrNumber	attempt;
-	AttrNumber	worker;
-	AttrNumber	last_error;
-	Oid			state_type;
-} LiveRecord;
+/* the mail_live[] type claim_batch_plan was prepared for */
+static Oid	claim_batch_type = InvalidOid;
 
 /* A claimed mail that goes, as settle_claimed sorts them into batch rows. */
 typedef struct GoingMail
@@ -413,89 +323,13 @@ typedef struct GoingMail
 	Datum		record;
 } GoingMail;
 
-/* A claim (id, attempt) asked to be taken out of its batch. */
-typedef struct TakeRequest
-{
-	int64		id;
-	int32		attempt;
-	bool		retry;			/* read in a batch that changed before the lock */
-	bool		done;			/* taken */
-} TakeRequest;
-
-/* A record of a batch that may be taken. */
-typedef struct BatchEntry
-{
-	int64		id;
-	int32		attempt;
-	int			batch;			/* index into the batches read */
-	int			req;			/* index of the request naming it */
-	Datum		record;
-} BatchEntry;
-
-/* A batch holding some of the claims asked for. */
-typedef struct TakeBatch
-{
-	int64		batch;
-	ItemPointerData ctid;		/* the row version read unlocked */
-	TransactionId xmin;
-	bool		locked;			/* locked, and still that version */
-	int32		open;
-	int64	   *gone;			/* sorted */
-	int			ngone;
-	Datum	   *taken;			/* ids taken now */
-	int			ntaken;
-} TakeBatch;
-
-/* claims in (id, attempt) order */
-static inline int
-claim_cmp(int64 id1, int32 attempt1, int64 id2, int32 attempt2)
-{
-	if (id1 != id2)
-		return id1 < id2 ? -1 : 1;
-	return (attempt1 > attempt2) - (attempt1 < attempt2);
-}
-
-static int
-take_request_cmp(const void *a, const void *b)
-{
-	const TakeRequest *x = a;
-	const TakeRequest *y = b;
-
-	return claim_cmp(x->id, x->attempt, y->id, y->attempt);
-}
-
-/* records of the same claim in batch order */
-static int
-batch_entry_cmp(const void *a, const void *b)
-{
-	const BatchEntry *x = a;
-	const BatchEntry *y = b;
-	int			c = claim_cmp(x->id, x->attempt, y->id, y->attempt);
-
-	if (c != 0)
-		return c;
-	return (x->batch > y->batch) - (x->batch < y->batch);
-}
-
-static int
-int64_cmp(const void *a, const void *b)
-{
-	int64		x = *(const int64 *) a;
-	int64		y = *(const int64 *) b;
-
-	return (x > y) - (x < y);
-}
-
 static int
 going_mail_cmp(const void *a, const void *b)
 {
-	return int64_cmp(&((const GoingMail *) a)->id, &((const GoingMail *) b)->id);
-}
+	int64		x = ((const GoingMail *) a)->id;
+	int64		y = ((const GoingMail *) b)->id;
 
-static int
-take_batch_cmp(const void *a, const void *b)
-{
-	return int64_cmp(&((const TakeBatch *) a)->batch, &((const TakeBatch *) b)->batch);
+	return (x > y) - (x < y);
 }
 
 /*
@@ -1369,100 +1203,6 @@ loser_outcome(Claimed *c, TimestampTz now, char **error)
 }
 
 /*
- * Look up gatekeeper.mail_live's row type (that of the records the claim
- * statement returns, or a batch holds) and the attributes used here.
- */
-static void
-live_record_init(LiveRecord *lr, Oid type)
-{
-	int			i;
-
-	memset(lr, 0, sizeof(*lr));
-	lr->type = type;
-	lr->arraytype = get_array_type(type);
-	lr->desc = lookup_rowtype_tupdesc_copy(type, -1);
-	for (i = 0; i < lr->desc->natts; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(lr->desc, i);
-		const char *name = NameStr(att->attname);
-
-		if (att->attisdropped)
-			continue;
-		if (strcmp(name, "id") == 0)
-			lr->id = att->attnum;
-		else if (strcmp(name, "send_at") == 0)
-			lr->send_at = att->attnum;
-		else if (strcmp(name, "state") == 0)
-		{
-			lr->state = att->attnum;
-			lr->state_type = att->atttypid;
-		}
-		else if (strcmp(name, "attempt") == 0)
-			lr->attempt = att->attnum;
-		else if (strcmp(name, "worker") == 0)
-			lr->worker = att->attnum;
-		else if (strcmp(name, "last_error") == 0)
-			lr->last_error = att->attnum;
-	}
-	if (lr->id == 0 || lr->send_at == 0 || lr->state == 0 || lr->attempt == 0 ||
-		lr->worker == 0 || lr->last_error == 0 ||
-		!OidIsValid(lr->arraytype))
-		elog(ERROR, "type gatekeeper.mail_live lacks a column of a claim");
-
-	/*
-	 * The plans that take an array of records were prepared for the type
-	 * of their time: after the extension was dropped and made again in
-	 * this backend, prepare them afresh.
-	 */
-	if (record_plans_type != lr->arraytype)
-	{
-		SPIPlanPtr *plans[] = {&claim_batch_plan, &defer_plan, &finish_plan, &ack_batch_plan};
-
-		for (i = 0; i < (int) lengthof(plans); i++)
-		{
-			if (*plans[i] != NULL)
-				SPI_freeplan(*plans[i]);
-			*plans[i] = NULL;
-		}
-		record_plans_type = lr->arraytype;
-	}
-}
-
-/* A record's values and nulls; values point into the record. */
-static void
-live_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls)
-{
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
-	HeapTupleData tuple;
-
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
-	heap_deform_tuple(&tuple, lr->desc, values, nulls);
-}
-
-/* One attribute of a record (not null where used here). */
-static Datum
-live_record_get(LiveRecord *lr, Datum record, AttrNumber attnum)
-{
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
-	HeapTupleData tuple;
-	bool		isnull;
-	Datum		d;
-
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
-	d = heap_getattr(&tuple, attnum, lr->desc, &isnull);
-	if (isnull)
-		elog(ERROR, "claimed mail record has a null %s",
-			 NameStr(TupleDescAttr(lr->desc, attnum - 1)->attname));
-	return d;
-}
-
-/*
  * A claimed mail's record as a claim that did not happen leaves it: in
  * state (scheduled, suppressed or expired), with the error, the attempt
  * as before the claim, no worker and no lease; send_at moved for mail
@@ -1476,7 +1216,7 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
 	Datum	   *values = palloc(natts * sizeof(Datum));
 	bool	   *nulls = palloc(natts * sizeof(bool));
 
-	live_record_deform(lr, record, values, nulls);
+	mail_state_record_deform(lr, record, values, nulls);
 	values[lr->state - 1] = DirectFunctionCall2(enum_in, CStringGetDatum(state),
 												ObjectIdGetDatum(lr->state_type));
 	values[lr->attempt - 1] = Int32GetDatum(DatumGetInt32(values[lr->attempt - 1]) - 1);
@@ -1485,20 +1225,6 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
 	nulls[lr->last_error - 1] = false;
 	nulls[lr->worker - 1] = true;
 	return HeapTupleGetDatum(heap_form_tuple(lr->desc, values, nulls));
-}
-
-/* Run a statement whose only argument is an array of mail_live records. */
-static void
-execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
-					 Datum *records, int n, int expect, const char *what)
-{
-	Datum		arg;
-
-	gatekeeper_plan(plan, sql, 1, &lr->arraytype);
-	arg = gatekeeper_array(records, NULL, n, lr->type);
-	if (gatekeeper_execute_by_key(*plan, &arg, NULL, false, 0) != expect ||
-		SPI_processed != (uint64) n)
-		elog(ERROR, "could not record %s", what);
 }
 
 /*
@@ -1529,7 +1255,7 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 
 	if (nclaimed == 0)
 		return;
-	live_record_init(&lr, HeapTupleHeaderGetTypeId(DatumGetHeapTupleHeader(claimed[0].record)));
+	mail_state_record_init(&lr, HeapTupleHeaderGetTypeId(DatumGetHeapTupleHeader(claimed[0].record)));
 
 	going = palloc(nclaimed * sizeof(GoingMail));
 	records = palloc(nclaimed * sizeof(Datum));
@@ -1607,12 +1333,19 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 		for (i = 0; i < ngoing; i++)
 			records[i] = going[i].record;
 
+		if (claim_batch_plan != NULL && claim_batch_type != lr.arraytype)
+		{
+			/* the extension was made again in this backend */
+			SPI_freeplan(claim_batch_plan);
+			claim_batch_plan = NULL;
+		}
 		if (claim_batch_plan == NULL)
 		{
 			Oid			types[7] = {TEXTOID, TEXTOID, INTERVALOID, INT8ARRAYOID,
 			INT8ARRAYOID, INT4ARRAYOID, lr.arraytype};
 
 			gatekeeper_plan(&claim_batch_plan, claim_batch_sql, 7, types);
+			claim_batch_type = lr.arraytype;
 		}
 		args[0] = CStringGetTextDatum(q->name);
 		args[1] = PointerGetDatum(worker);
@@ -1626,12 +1359,9 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 			elog(ERROR, "could not record the claim of queue \"%s\"", q->name);
 	}
 
-	if (ndeferred > 0)
-		execute_with_records(&defer_plan, defer_sql, &lr, deferred, ndeferred,
-							 SPI_OK_INSERT, "deferred mail");
-	if (ndone > 0)
-		execute_with_records(&finish_plan, finish_sql, &lr, done, ndone,
-							 SPI_OK_INSERT, "mail that will not go");
+	/* deferred mail is live again; mail that will not go, done */
+	mail_state_insert_live(&lr, deferred, ndeferred);
+	mail_state_insert_done(&lr, done, ndone);
 }
 
 /*
@@ -1662,18 +1392,13 @@ spend_tokens(ClaimQueue *queues, int nqueues)
 	}
 }
 
-/*
- * gatekeeper_claimed_due
- *		When mail id, row n of the background worker's claim in this
- *		transaction, became due; 0 when that claim did not return it there.
- */
-TimestampTz
-gatekeeper_claimed_due(uint64 n, int64 id)
+/* claim()'s receiver: a row of its result */
+static void
+put_claimed(void *arg, Datum *values, bool *nulls, TimestampTz due)
 {
-	if (claimed_due_lxid != MyProc->lxid || n >= nclaimed_due ||
-		claimed_due[n].id != id)
-		return 0;
-	return claimed_due[n].due;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
+
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
 /*
@@ -1687,17 +1412,10 @@ Datum
 gatekeeper_claim(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	MemoryContext keep = CurrentMemoryContext;
 	text	   *worker;
 	int			batch;
 	Interval   *lease;
 	ArrayType  *filter = NULL;
-	ClaimQueue *queues;
-	int			nqueues;
-	Claimed    *claimed;
-	int			nclaimed;
-	int			i;
 
 	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
@@ -1740,10 +1458,36 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 				 errdetail("A background worker's claims are taken back as soon as its server is gone; an external worker's keep their lease.")));
 
 	InitMaterializedSRF(fcinfo, 0);
+	(void) gatekeeper_claim_mails(worker, batch, lease, filter, put_claimed, rsinfo);
+
+	return (Datum) 0;
+}
+
+/*
+ * gatekeeper_claim_mails
+ *		Claim up to batch due mails for worker, with lease, from the queues
+ *		of filter (NULL: every unpaused queue; a background worker's, those
+ *		it serves), and hand each that goes to receive, in claim order,
+ *		with its columns as claim returns them and when it became due.
+ *		Returns how many it handed.  The arguments are claim()'s, checked.
+ *		SPI may be connected or not; receive runs after this function's
+ *		own SPI connection is finished, in the caller's memory context.
+ */
+int
+gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filter,
+					   gatekeeper_claim_receiver receive, void *arg)
+{
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	MemoryContext keep = CurrentMemoryContext;
+	ClaimQueue *queues;
+	int			nqueues;
+	Claimed    *claimed;
+	int			nclaimed;
+	int			ngoing = 0;
+	int			i;
 
 	SPI_connect();
 	queues = load_queues(filter, &nqueues);
-
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
 	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
 
@@ -1767,475 +1511,15 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 
 	SPI_finish();
 
-	if (gatekeeper_background_claim)
-	{
-		claimed_due = MemoryContextAlloc(TopTransactionContext,
-										 sizeof(ClaimedDue) * Max(nclaimed, 1));
-		nclaimed_due = 0;
-		claimed_due_lxid = MyProc->lxid;
-	}
 	for (i = 0; i < nclaimed; i++)
 	{
 		Claimed    *c = &claimed[i];
 
 		if (c->expired || c->lost)
 			continue;
-		if (gatekeeper_background_claim)
-		{
-			claimed_due[nclaimed_due].id = c->id;
-			claimed_due[nclaimed_due].due = c->due;
-			nclaimed_due++;
-		}
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, c->values, c->nulls);
+		receive(arg, c->values, c->nulls, c->due);
+		ngoing++;
 	}
 
-	return (Datum) 0;
-}
-
-/*
- * take_round
- *		One round of take_claimed over the claims reqs[0 .. nreqs - 1]
- *		(sorted, distinct): take those still open in batches that are as
- *		they were read, appending their records to taken (made in keep);
- *		mark them done, and mark retry those seen in a batch that changed
- *		or went between the read and the lock.
- */
-static void
-take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
-		   LiveRecord *lr, MemoryContext keep)
-{
-	BatchEntry *entries = NULL;
-	int			nentries = 0;
-	int			maxentries = 0;
-	TakeBatch  *batches;
-	int			nbatches;
-	int			nlocked = 0;
-	int			ntaken_before = *ntaken;
-	Datum	   *drop;
-	int			ndrop = 0;
-	Datum		args[3];
-	MemoryContext old;
-	uint64		row;
-	int			i;
-	int			j;
-
-	/* the batches that may hold them, and their records in that range */
-	if (claim_candidates_plan == NULL)
-	{
-		Oid			types[2] = {INT8OID, INT8OID};
-
-		gatekeeper_plan(&claim_candidates_plan, claim_candidates_sql, 2, types);
-	}
-	args[0] = Int64GetDatum(reqs[0].id);
-	args[1] = Int64GetDatum(reqs[nreqs - 1].id);
-	if (gatekeeper_execute_by_key(claim_candidates_plan, args, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not read claimed mail");
-	nbatches = (int) SPI_processed;
-	if (nbatches == 0)
-		return;
-	batches = palloc0(nbatches * sizeof(TakeBatch));
-	for (row = 0; row < SPI_processed; row++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[row];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		ArrayType  *mails;
-		Datum	   *records;
-		int			nrecords;
-		int16		typlen;
-		bool		typbyval;
-		char		typalign;
-
-		batches[row].batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		batches[row].ctid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 2, &isnull));
-		batches[row].xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 3, &isnull));
-		mails = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 4, &isnull));
-		if (!OidIsValid(lr->type))
-			live_record_init(lr, ARR_ELEMTYPE(mails));
-		get_typlenbyvalalign(ARR_ELEMTYPE(mails), &typlen, &typbyval, &typalign);
-		deconstruct_array(mails, ARR_ELEMTYPE(mails), typlen, typbyval, typalign,
-						  &records, NULL, &nrecords);
-		for (i = 0; i < nrecords; i++)
-		{
-			int64		id = DatumGetInt64(live_record_get(lr, records[i], lr->id));
-
-			if (id < reqs[0].id || id > reqs[nreqs - 1].id)
-				continue;
-			if (nentries == maxentries)
-			{
-				maxentries = Max(maxentries * 2, 1024);
-				entries = entries ? repalloc_huge(entries, maxentries * sizeof(BatchEntry))
-					: palloc(maxentries * sizeof(BatchEntry));
-			}
-			entries[nentries].id = id;
-			entries[nentries].attempt = DatumGetInt32(live_record_get(lr, records[i], lr->attempt));
-			entries[nentries].batch = (int) row;
-			entries[nentries].record = records[i];
-			nentries++;
-		}
-	}
-	if (nentries == 0)
-		return;
-	qsort(entries, nentries, sizeof(BatchEntry), batch_entry_cmp);
-
-	/*
-	 * Merge: keep the entries some request names, marking their batches;
-	 * the rest are dropped from entries.
-	 */
-	for (i = 0, j = 0; i < nentries; i++)
-	{
-		TakeRequest want;
-		TakeRequest *hit;
-
-		want.id = entries[i].id;
-		want.attempt = entries[i].attempt;
-		hit = bsearch(&want, reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
-		if (hit == NULL)
-			continue;
-		entries[i].req = (int) (hit - reqs);
-		batches[entries[i].batch].ntaken++;	/* a candidate, for now */
-		entries[j++] = entries[i];
-	}
-	nentries = j;
-	if (nentries == 0)
-		return;
-
-	/* lock the batches holding candidates, in batch order */
-	drop = palloc(nbatches * sizeof(Datum));
-	for (i = 0; i < nbatches; i++)
-		if (batches[i].ntaken > 0)
-			drop[ndrop++] = Int64GetDatum(batches[i].batch);
-	if (claim_lock_plan == NULL)
-	{
-		Oid			type = INT8ARRAYOID;
-
-		gatekeeper_plan(&claim_lock_plan, claim_lock_sql, 1, &type);
-	}
-	args[0] = gatekeeper_array(drop, NULL, ndrop, INT8OID);
-	if (gatekeeper_execute_by_key(claim_lock_plan, args, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not lock claimed mail");
-
-	/*
-	 * Index the batches by id to find the locked ones; entries refer to
-	 * them by position, so remember each one's new place.
-	 */
-	{
-		int		   *place = palloc(nbatches * sizeof(int));
-		TakeBatch  *sorted = palloc(nbatches * sizeof(TakeBatch));
-
-		memcpy(sorted, batches, nbatches * sizeof(TakeBatch));
-		qsort(sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
-		for (i = 0; i < nbatches; i++)
-		{
-			TakeBatch  *b = bsearch(&batches[i], sorted, nbatches, sizeof(TakeBatch),
-									take_batch_cmp);
-
-			place[i] = (int) (b - sorted);
-		}
-		for (i = 0; i < nentries; i++)
-			entries[i].batch = place[entries[i].batch];
-		batches = sorted;
-	}
-
-	/*
-	 * A batch locked as another version than the one read changed in
-	 * between (committed: we waited for it): its records may not be those
-	 * read, and a claim read in it may have moved to another batch, one
-	 * this round's read may not have seen.  It is left for the next round.
-	 */
-	for (row = 0; row < SPI_processed; row++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[row];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		TakeBatch	key;
-		TakeBatch  *b;
-		Datum	   *gone;
-
-		key.batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		b = bsearch(&key, batches, nbatches, sizeof(TakeBatch), take_batch_cmp);
-		if (b == NULL)
-			elog(ERROR, "locked a batch of claimed mail not asked for");
-		if (!ItemPointerEquals(&b->ctid,
-							   (ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 4, &isnull))) ||
-			!TransactionIdEquals(b->xmin,
-								 DatumGetTransactionId(SPI_getbinval(tup, desc, 5, &isnull))))
-			continue;
-		b->locked = true;
-		b->open = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
-		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 3, &isnull)),
-						  INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-						  &gone, NULL, &b->ngone);
-		b->gone = palloc(Max(b->ngone, 1) * sizeof(int64));
-		for (i = 0; i < b->ngone; i++)
-			b->gone[i] = DatumGetInt64(gone[i]);
-		qsort(b->gone, b->ngone, sizeof(int64), int64_cmp);
-		b->taken = palloc(b->ntaken * sizeof(Datum));
-		b->ntaken = 0;
-		nlocked++;
-	}
-
-	/*
-	 * Take each claim from the first batch, as read and locked, it is still
-	 * open in (entries are in claim, then batch order; a mail is open in
-	 * one batch at most).  A claim read in a batch that changed or went is
-	 * looked for again, unless it was taken here.
-	 */
-	for (i = 0; i < nentries; i++)
-	{
-		BatchEntry *e = &entries[i];
-		TakeBatch  *b = &batches[e->batch];
-		TakeRequest *r = &reqs[e->req];
-
-		if (r->done)
-			continue;			/* taken from an earlier batch */
-		if (!b->locked)
-		{
-			r->retry = true;
-			continue;
-		}
-		if (bsearch(&e->id, b->gone, b->ngone, sizeof(int64), int64_cmp) != NULL)
-			continue;
-		b->taken[b->ntaken++] = Int64GetDatum(e->id);
-		old = MemoryContextSwitchTo(keep);
-		taken[(*ntaken)++] = datumCopy(e->record, false, -1);
-		MemoryContextSwitchTo(old);
-		r->done = true;
-	}
-	if (nlocked == 0 || *ntaken == ntaken_before)
-		return;
-
-	/* the batches left with no open mail go; the others shrink */
-	ndrop = 0;
-	for (i = 0; i < nbatches; i++)
-	{
-		TakeBatch  *b = &batches[i];
-
-		if (!b->locked || b->ntaken == 0)
-			continue;
-		if (b->open - b->ntaken <= 0)
-		{
-			drop[ndrop++] = Int64GetDatum(b->batch);
-			continue;
-		}
-		if (claim_shrink_plan == NULL)
-		{
-			Oid			types[3] = {INT8OID, INT4OID, INT8ARRAYOID};
-
-			gatekeeper_plan(&claim_shrink_plan, claim_shrink_sql, 3, types);
-		}
-		args[0] = Int64GetDatum(b->batch);
-		args[1] = Int32GetDatum(b->ntaken);
-		args[2] = gatekeeper_array(b->taken, NULL, b->ntaken, INT8OID);
-		if (gatekeeper_execute_by_key(claim_shrink_plan, args, NULL, false, 0) != SPI_OK_UPDATE ||
-			SPI_processed != 1)
-			elog(ERROR, "could not take claimed mail out of its batch");
-	}
-	if (ndrop > 0)
-	{
-		if (claim_drop_plan == NULL)
-		{
-			Oid			type = INT8ARRAYOID;
-
-			gatekeeper_plan(&claim_drop_plan, claim_drop_sql, 1, &type);
-		}
-		args[0] = gatekeeper_array(drop, NULL, ndrop, INT8OID);
-		if (gatekeeper_execute_by_key(claim_drop_plan, args, NULL, false, 0) != SPI_OK_DELETE ||
-			SPI_processed != (uint64) ndrop)
-			elog(ERROR, "could not delete a batch of claimed mail");
-	}
-}
-
-/*
- * take_claimed
- *		Take the claims (ids[i], attempts[i]) still open out of their
- *		batches in gatekeeper.mail_claim; return their records, made in
- *		keep, and set *lr to their type.  Runs with SPI connected.
- *
- * The batches whose id range meets that of the ids are read unlocked and
- * matched against the claims asked for by sorting both (an ack of 1,000
- * claims against 1,000 records is 1,000 steps of a merge, where a join
- * of two unnests would be a nested loop of a million, hash joins being
- * off in gatekeeper_execute_by_key).  Then only the batches holding some
- * of them are locked, in batch order, and their gone lists, read under
- * the lock, say which records are still open.  The unlocked read of a
- * batch's records holds if the lock finds the row version that was read
- * (its ctid and xmin): the records change only with the row.  A batch
- * that changed in between (an owner's update of a claimed mail, a claim
- * moved to a batch of its own by extend or a change of queue, a
- * rotation, another ack) is left alone, and the claims read in it are
- * looked for again in another round, whose statements see the change
- * (under READ COMMITTED; at higher levels the lock itself fails with a
- * serialization error).  A round is repeated only after a concurrent
- * commit changed a batch of ours.
- *
- * A batch that no open mail stays in is deleted; otherwise the taken ids
- * join gone and open falls, and the array of records is not written
- * again.  A claim asked for twice is taken once.
- */
-static Datum *
-take_claimed(ArrayType *ids, ArrayType *attempts, int *ntaken, LiveRecord *lr,
-			 MemoryContext keep)
-{
-	Datum	   *id_values;
-	Datum	   *attempt_values;
-	TakeRequest *reqs;
-	int			nreqs;
-	Datum	   *taken;
-	int			i;
-	int			j;
-
-	*ntaken = 0;
-	lr->type = InvalidOid;
-	deconstruct_array(ids, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-					  &id_values, NULL, &nreqs);
-	deconstruct_array(attempts, INT4OID, 4, true, TYPALIGN_INT,
-					  &attempt_values, NULL, &i);
-	if (nreqs == 0)
-		return NULL;
-	reqs = palloc(nreqs * sizeof(TakeRequest));
-	for (i = 0; i < nreqs; i++)
-	{
-		reqs[i].id = DatumGetInt64(id_values[i]);
-		reqs[i].attempt = DatumGetInt32(attempt_values[i]);
-		reqs[i].retry = false;
-		reqs[i].done = false;
-	}
-	qsort(reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
-	for (i = 1, j = 1; i < nreqs; i++)
-		if (take_request_cmp(&reqs[i], &reqs[j - 1]) != 0)
-			reqs[j++] = reqs[i];
-	nreqs = j;
-
-	taken = MemoryContextAlloc(keep, nreqs * sizeof(Datum));
-	while (nreqs > 0)
-	{
-		CHECK_FOR_INTERRUPTS();
-		take_round(reqs, nreqs, taken, ntaken, lr, keep);
-		/* the claims read in a batch that changed, not taken: again */
-		for (i = 0, j = 0; i < nreqs; i++)
-		{
-			if (!reqs[i].retry || reqs[i].done)
-				continue;
-			reqs[j] = reqs[i];
-			reqs[j].retry = false;
-			j++;
-		}
-		nreqs = j;
-	}
-	return taken;
-}
-
-/* ids and attempts as ack_batch and _take_claimed take them */
-static void
-check_claim_arrays(ArrayType *ids, ArrayType *attempts)
-{
-	if (ARR_NDIM(ids) > 1 || ARR_NDIM(attempts) > 1 ||
-		ArrayGetNItems(ARR_NDIM(ids), ARR_DIMS(ids)) !=
-		ArrayGetNItems(ARR_NDIM(attempts), ARR_DIMS(attempts)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("ids and attempts must be one-dimensional arrays of the same length")));
-	if (array_contains_nulls(ids) || array_contains_nulls(attempts))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("ids and attempts must not contain nulls")));
-}
-
-/*
- * _take_claimed(ids bigint[], attempts int[]) RETURNS SETOF mail_live
- *		The claims still open, taken out of their batches (take_claimed);
- *		the caller records what became of them.
- */
-Datum
-gatekeeper_take_claimed(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	MemoryContext keep = CurrentMemoryContext;
-	ArrayType  *ids;
-	ArrayType  *attempts;
-	LiveRecord	lr;
-	Datum	   *taken;
-	int			ntaken;
-	Datum	   *values;
-	bool	   *nulls;
-	int			i;
-
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("ids and attempts must not be null")));
-	ids = PG_GETARG_ARRAYTYPE_P(0);
-	attempts = PG_GETARG_ARRAYTYPE_P(1);
-	check_claim_arrays(ids, attempts);
-
-	InitMaterializedSRF(fcinfo, 0);
-	SPI_connect();
-	taken = take_claimed(ids, attempts, &ntaken, &lr, keep);
-	if (ntaken > 0)
-	{
-		/* lr's descriptor is SPI's: before SPI_finish */
-		values = palloc(lr.desc->natts * sizeof(Datum));
-		nulls = palloc(lr.desc->natts * sizeof(bool));
-		for (i = 0; i < ntaken; i++)
-		{
-			live_record_deform(&lr, taken[i], values, nulls);
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		}
-	}
-	SPI_finish();
-
-	return (Datum) 0;
-}
-
-/*
- * ack_batch(ids bigint[], attempts int[]) RETURNS int
- *		Report a batch of claims sent; returns how many were still theirs.
- *		An element repeated counts once; a NULL element is refused, as a
- *		NULL is by ack().
- */
-Datum
-gatekeeper_ack_batch(PG_FUNCTION_ARGS)
-{
-	ArrayType  *ids;
-	ArrayType  *attempts;
-	LiveRecord	lr;
-	Datum	   *taken;
-	int			ntaken;
-
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("ids and attempts must not be null")));
-	ids = PG_GETARG_ARRAYTYPE_P(0);
-	attempts = PG_GETARG_ARRAYTYPE_P(1);
-	check_claim_arrays(ids, attempts);
-
-	SPI_connect();
-	taken = take_claimed(ids, attempts, &ntaken, &lr, CurrentMemoryContext);
-	if (ntaken > 0)
-		execute_with_records(&ack_batch_plan, ack_batch_sql, &lr, taken, ntaken,
-							 SPI_OK_INSERT, "sent mail");
-	SPI_finish();
-
-	PG_RETURN_INT32((int32) ntaken);
-}
-
-/*
- * gatekeeper_mail_take_claimed
- *		take_claimed for a caller that records nothing of the claims it
- *		takes (mail_state_sweep.c: a deleted mail's claims leave their
- *		batches); returns how many were still open.  Runs with SPI
- *		connected.
- */
-int
-gatekeeper_mail_take_claimed(ArrayType *ids, ArrayType *attempts)
-{
-	LiveRecord	lr;
-	int			ntaken;
-
-	(void) take_claimed(ids, attempts, &ntaken, &lr, CurrentMemoryContext);
-	return ntaken;
+	return ngoing;
 }

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * claim.h
- *		What the rest of gatekeeper uses of claim.c.
+ *		The claim (src/claim.c) as the background worker calls it: without
+ *		SQL between, the claimed mails handed to the worker one by one.
  *
  *-------------------------------------------------------------------------
  */
@@ -9,8 +10,34 @@
 #define GATEKEEPER_CLAIM_H
 
 #include "datatype/timestamp.h"
+#include "utils/array.h"
 
-/* when row n (mail id) of the background worker's claim became due */
-extern TimestampTz gatekeeper_claimed_due(uint64 n, int64 id);
+/* A claimed mail's columns, in the order gatekeeper.claim returns them. */
+enum
+{
+	GATEKEEPER_CLAIM_ID,
+	GATEKEEPER_CLAIM_ATTEMPT,
+	GATEKEEPER_CLAIM_QUEUE,
+	GATEKEEPER_CLAIM_RECIPIENT,
+	GATEKEEPER_CLAIM_RECIPIENT_NAME,
+	GATEKEEPER_CLAIM_SENDER,
+	GATEKEEPER_CLAIM_SUBJECT,
+	GATEKEEPER_CLAIM_BODY,
+	GATEKEEPER_CLAIM_HTML,
+	GATEKEEPER_CLAIM_HEADERS,	/* jsonb */
+	GATEKEEPER_CLAIM_MESSAGE_ID,
+	GATEKEEPER_CLAIM_METADATA,	/* jsonb */
+	GATEKEEPER_CLAIM_COLUMNS
+};
+
+/*
+ * Takes one claimed mail: its columns (values may be TOASTed: detoast
+ * before the transaction ends) and when it became due.
+ */
+typedef void (*gatekeeper_claim_receiver) (void *arg, Datum *values, bool *nulls,
+										   TimestampTz due);
+
+extern int	gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filter,
+								   gatekeeper_claim_receiver receive, void *arg);
 
 #endif							/* GATEKEEPER_CLAIM_H */

@@ -19,8 +19,11 @@
  *						gatekeeper.worker_status and delivery_latency
  * src/wake.c			wake-on-commit and notify queues' announcements
  * src/worker.c			the background worker's loop
- * src/claim.c			claim (fair shares, rate limits, gates), batch ack,
- *						_take_claimed (claimed mail out of its batch)
+ * src/claim.c			claim (fair shares, rate limits, gates)
+ * src/mail_state.c		a claimed mail's transitions: out of its batch,
+ *						ack, nack, unclaim, extend
+ * src/mail_state_funcs.c	their SQL functions
+ * src/mail_state_sweep.c	reap, cancel, the sync trigger, rotation, purge
  * src/due_floor.c		each queue's earliest due time, in shared memory
  * src/maintenance.c	vacuuming mail_live after a burst
  * src/gate.c			gate decisions: lock, pass, release, write back

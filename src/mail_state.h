@@ -1,33 +1,92 @@
 /*-------------------------------------------------------------------------
  *
  * mail_state.h
- *		The changes of a mail's state (issue 26, item 1): the column lists
- *		of the state tables, and what the worker may call of the module
- *		(mail_state_sweep.c: reap, cancel, sync, rotate, purge).
+ *		The changes of a mail's state: a claimed mail's transitions
+ *		(src/mail_state.c), and reap, cancel, sync, rotate and purge
+ *		(src/mail_state_sweep.c); what the claim, the SQL functions and the
+ *		background worker use of them.
+ *
+ * Every function here runs with SPI connected, inside a transaction.
  *
  *-------------------------------------------------------------------------
  */
 #ifndef GATEKEEPER_MAIL_STATE_H
 #define GATEKEEPER_MAIL_STATE_H
 
-#include "postgres.h"
+#include "access/attnum.h"
+#include "access/tupdesc.h"
+#include "datatype/timestamp.h"
 
-#include "utils/array.h"
-
-/* gatekeeper.mail_live's columns, in the table's order */
+/*
+ * The column lists of the tables a mail's state lives in, each written
+ * once: every INSERT into them (this module's and the claim's) names its
+ * columns by these.  MAIL_LIVE_COLUMNS is also the order of the row type
+ * gatekeeper.mail_live, which the claim's records and mail_claim's
+ * batches hold; MAIL_DONE_COLUMNS are mail_done's but finished_at, each
+ * of them a mail_live column too, so a record's values fill them.
+ */
 #define MAIL_LIVE_COLUMNS \
 	"id, queue, priority, send_at, state, attempt, uncharged, worker, " \
 	"message_id, last_error, dedupe_key, segment"
-
-/* gatekeeper.mail_done's columns, in the table's order */
 #define MAIL_DONE_COLUMNS \
 	"id, queue, state, attempt, uncharged, send_at, worker, " \
-	"message_id, last_error, dedupe_key, finished_at, segment"
+	"message_id, last_error, dedupe_key, segment"
+#define MAIL_CLAIM_COLUMNS \
+	"queue, worker, lease_until, lo, hi, open, mails"
 
-/* src/claim.c: take claims out of their batches, recording nothing */
-extern int	gatekeeper_mail_take_claimed(ArrayType *ids, ArrayType *attempts);
+/*
+ * gatekeeper.mail_live's row type, as the claim's records and the
+ * batches' arrays hold it: its descriptor, the attributes changed here
+ * found by name, and the states a transition writes.
+ */
+typedef struct LiveRecord
+{
+	Oid			type;
+	Oid			arraytype;
+	TupleDesc	desc;
+	AttrNumber	id;
+	AttrNumber	queue;
+	AttrNumber	send_at;
+	AttrNumber	state;
+	AttrNumber	attempt;
+	AttrNumber	uncharged;
+	AttrNumber	worker;
+	AttrNumber	last_error;
+	AttrNumber	segment;
+	Oid			state_type;
+	Datum		scheduled;		/* the enum values of gatekeeper.state */
+	Datum		sent;
+	Datum		failed;
+} LiveRecord;
 
-/* src/mail_state_sweep.c; each runs with SPI connected */
+/* A nack: a claim (id, attempt), what went wrong, and what became of it. */
+typedef struct MailNack
+{
+	int64		id;
+	int32		attempt;
+	const char *error;			/* the relay's reply; NULL allowed */
+	bool		permanent;		/* fail at once (a 5xx) */
+	const char *state;			/* out: "failed", "scheduled", or NULL: not
+								 * the caller's claim */
+} MailNack;
+
+extern void mail_state_record_init(LiveRecord *lr, Oid type);
+extern void mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls);
+extern Datum mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum);
+extern void mail_state_insert_live(LiveRecord *lr, Datum *records, int n);
+extern void mail_state_insert_done(LiveRecord *lr, Datum *records, int n);
+
+extern Datum *mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n,
+									  int *ntaken, LiveRecord *lr, MemoryContext keep);
+extern int	mail_state_ack(const int64 *ids, const int32 *attempts, int n);
+extern int	mail_state_nack(MailNack *nacks, int n);
+extern int	mail_state_unclaim(const int64 *ids, const int32 *attempts, int n,
+							   const char *error, TimestampTz due);
+extern bool mail_state_extend_one(int64 id, int32 attempt, TimestampTz lease_end);
+extern int	mail_state_extend(const int64 *ids, const int32 *attempts, int n,
+							  TimestampTz lease_end, bool *held);
+
+/* src/mail_state_sweep.c */
 extern int32 gatekeeper_mail_reap(void);
 extern int64 gatekeeper_mail_purge(int32 batch);
 

@@ -68,9 +68,9 @@ PG_FUNCTION_INFO_V1(gatekeeper_purge);
 "     WHERE " where " AND l.state = 'scheduled' " \
 "    RETURNING l.* " \
 ") " \
-"INSERT INTO gatekeeper.mail_done (" MAIL_DONE_COLUMNS ") " \
+"INSERT INTO gatekeeper.mail_done (" MAIL_DONE_COLUMNS ", finished_at) " \
 "SELECT f.id, f.queue, 'cancelled', f.attempt, f.uncharged, f.send_at, f.worker, " \
-"       f.message_id, f.last_error, f.dedupe_key, now(), f.segment " \
+"       f.message_id, f.last_error, f.dedupe_key, f.segment, now() " \
 "  FROM f"
 
 static const char cancel_sql[] = CANCEL_SQL("l.id = $1");
@@ -126,9 +126,9 @@ static const char reap_sql[] =
 "     WHERE j.outcome = 'scheduled' "
 "    RETURNING mail_live.id, mail_live.queue, mail_live.send_at "
 "), done AS ( "
-"    INSERT INTO gatekeeper.mail_done (" MAIL_DONE_COLUMNS ") "
+"    INSERT INTO gatekeeper.mail_done (" MAIL_DONE_COLUMNS ", finished_at) "
 "    SELECT j.id, j.queue, j.outcome::gatekeeper.state, j.attempt, j.free, j.send_at, NULL, "
-"           j.message_id, j.why, j.dedupe_key, now(), j.segment "
+"           j.message_id, j.why, j.dedupe_key, j.segment, now() "
 "      FROM judged j "
 "     WHERE j.outcome <> 'scheduled' "
 "    RETURNING mail_done.id, mail_done.state, mail_done.segment "
@@ -558,7 +558,6 @@ announce_due(Datum queues, Datum dues)
 	int			nq;
 	int			nd;
 	int			i;
-	TimestampTz now = GetCurrentTimestamp();
 
 	deconstruct_array(DatumGetArrayTypeP(queues), TEXTOID, -1, false, TYPALIGN_INT,
 					  &qv, NULL, &nq);
@@ -567,14 +566,7 @@ announce_due(Datum queues, Datum dues)
 	if (nq != nd)
 		elog(ERROR, "reap returned %d queues and %d due times", nq, nd);
 	for (i = 0; i < nq; i++)
-	{
-		TimestampTz due = DatumGetTimestampTz(dv[i]);
-
-		if (due <= now)
-			gatekeeper_notify_queue(TextDatumGetCString(qv[i]));
-		else
-			gatekeeper_announce_later(due);
-	}
+		gatekeeper_announce_due(TextDatumGetCString(qv[i]), DatumGetTimestampTz(dv[i]));
 }
 
 /*
@@ -802,8 +794,8 @@ sync_delete(TriggerData *trigdata)
 		int64	   *sorted = palloc(n * sizeof(int64));
 		Oid			range_types[2] = {INT8OID, INT8OID};
 		Datum		range[2];
-		Datum	   *claim_ids;
-		Datum	   *claim_attempts;
+		int64	   *claim_ids;
+		int32	   *claim_attempts;
 		int			nclaims = 0;
 		uint64		r;
 		int			i;
@@ -816,8 +808,8 @@ sync_delete(TriggerData *trigdata)
 		if (execute(&sync_deleted_claims_plan, sync_deleted_claims_sql, 2, range_types, range,
 					NULL, true) != SPI_OK_SELECT)
 			elog(ERROR, "could not read the claims of deleted mail");
-		claim_ids = palloc(Max(SPI_processed, 1) * sizeof(Datum));
-		claim_attempts = palloc(Max(SPI_processed, 1) * sizeof(Datum));
+		claim_ids = palloc(Max(SPI_processed, 1) * sizeof(int64));
+		claim_attempts = palloc(Max(SPI_processed, 1) * sizeof(int32));
 		for (r = 0; r < SPI_processed; r++)
 		{
 			bool		isnull;
@@ -826,14 +818,20 @@ sync_delete(TriggerData *trigdata)
 
 			if (bsearch(&id, sorted, n, sizeof(int64), int64_cmp) == NULL)
 				continue;
-			claim_ids[nclaims] = Int64GetDatum(id);
-			claim_attempts[nclaims++] = SPI_getbinval(SPI_tuptable->vals[r],
-													  SPI_tuptable->tupdesc, 2, &isnull);
+			claim_ids[nclaims] = id;
+			claim_attempts[nclaims++] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r],
+																	SPI_tuptable->tupdesc, 2,
+																	&isnull));
 		}
 		if (nclaims > 0)
-			(void) gatekeeper_mail_take_claimed(
-				DatumGetArrayTypeP(gatekeeper_array(claim_ids, NULL, nclaims, INT8OID)),
-				DatumGetArrayTypeP(gatekeeper_array(claim_attempts, NULL, nclaims, INT4OID)));
+		{
+			LiveRecord	lr;
+			int			ntaken;
+
+			memset(&lr, 0, sizeof(lr));
+			(void) mail_state_take_claimed(claim_ids, claim_attempts, nclaims,
+										   &ntaken, &lr, CurrentMemoryContext);
+		}
 	}
 
 	types[1] = INT2ARRAYOID;

@@ -85,20 +85,27 @@ gatekeeper_announce_later(TimestampTz due)
 }
 
 /*
- * gatekeeper._announce(queue, due): announce a notify queue's mail made due
- * at "due" by a function (unclaim, reap, nack): at commit when it is due by
- * now, else by the worker when it comes due.
+ * Announce a notify queue's mail made due at "due" by a transition
+ * (unclaim, reap, nack): at commit when it is due by now, else by the
+ * worker when it comes due.
  */
-Datum
-gatekeeper_announce(PG_FUNCTION_ARGS)
+void
+gatekeeper_announce_due(const char *queue, TimestampTz due)
 {
-	char	   *queue = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	TimestampTz due = PG_GETARG_TIMESTAMPTZ(1);
-
 	if (due <= GetCurrentTimestamp())
 		gatekeeper_notify_queue(queue);
 	else
 		gatekeeper_announce_later(due);
+}
+
+/*
+ * gatekeeper._announce(queue, due): gatekeeper_announce_due, for SQL.
+ */
+Datum
+gatekeeper_announce(PG_FUNCTION_ARGS)
+{
+	gatekeeper_announce_due(text_to_cstring(PG_GETARG_TEXT_PP(0)),
+							PG_GETARG_TIMESTAMPTZ(1));
 	PG_RETURN_VOID();
 }
 

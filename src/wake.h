@@ -21,6 +21,7 @@
 extern void gatekeeper_wake_at_commit(void);
 extern void gatekeeper_notify_queue(const char *queue);
 extern void gatekeeper_announce_later(TimestampTz due);
+extern void gatekeeper_announce_due(const char *queue, TimestampTz due);
 
 /* src/xact.c's hook */
 extern void gatekeeper_wake_at_xact_end(XactEvent event);

@@ -16,15 +16,17 @@
  *	announce	(the first worker only) NOTIFY gatekeeper, '<queue>' for the
  *				notify queues' mail that comes due after its commit, when it
  *				comes due, before claiming it itself;
- *	claim		when the mail in flight runs low, claim more with
- *				gatekeeper.claim, in a short transaction of its own;
+ *	claim		when the mail in flight runs low, claim more (src/claim.c,
+ *				called directly), in a short transaction of its own;
  *	send		build each claimed mail's message just before it goes on the
  *				wire, while the SMTP client (src/smtp_client.c) has room and
  *				gatekeeper.max_in_flight bytes allow;
  *	record		take the outcomes the relay's replies decided and record
- *				them (ack, nack, unclaim) in small transactions, every few
+ *				them (ack, nack, unclaim: src/mail_state.c, called directly,
+ *				each once per round) in small transactions, every few
  *				milliseconds or few hundred outcomes;
- *	extend		extend the lease of mail still in flight before it runs out;
+ *	extend		extend the leases of mail still in flight before they run
+ *				out, each batch row of its claims once;
  *
  * then sleeps in the client's wait set (its sockets, the latch a commit of
  * due mail sets, postmaster death) for as long as nap() says.
@@ -63,7 +65,7 @@
  * refused) goes to the next relay at once, within the same claim,
  * uncharged; mail whose outcome is unknown (RETRY) is never sent to
  * another relay.  Only while every relay's breaker is open does the mail
- * go back uncharged (gatekeeper.unclaim) and the worker back off.
+ * go back uncharged (unclaim) and the worker back off.
  *
  * A worker that hits an error exits and is restarted by the postmaster
  * after bgw_restart_time; it does not try to carry on.  Every wait goes
@@ -86,6 +88,7 @@
 #include "catalog.h"
 #include "claim.h"
 #include "dkim.h"
+#include "mail_state.h"
 #include "message.h"
 #include "wake.h"
 #include "worker.h"
@@ -133,6 +136,8 @@
 
 /* how often expired leases are reaped and old mail is purged */
 #define HOUSEKEEPING_INTERVAL_MS	5000
+/* mails purge() removes in a pass, as its SQL default */
+#define PURGE_BATCH					10000
 
 /* backoff while the relay refuses the session */
 #define BACKOFF_MIN_MS				1000
@@ -178,26 +183,12 @@ static char outdated_version[NAMEDATALEN];
  * use.  A kept plan outlives DROP EXTENSION: the plan cache re-plans it by
  * name once the extension is back.
  */
-static const char claim_sql[] = "SELECT * FROM gatekeeper.claim($1::text, $2::int, $3::interval)";
-static const char ack_sql[] = "SELECT gatekeeper.ack_batch($1::bigint[], $2::int[])";
-static const char nack_sql[] = "SELECT gatekeeper.nack($1::bigint, $2::int, $3::text, $4::boolean)";
-static const char unclaim_sql[] = "SELECT gatekeeper.unclaim($1::bigint[], $2::int[], $3::text, $4::interval)";
-static const char extend_sql[] = "SELECT gatekeeper.extend($1::bigint, $2::int, $3::interval)";
-static const char reap_sql[] = "SELECT gatekeeper.reap()";
-static const char purge_sql[] = "SELECT gatekeeper.purge()";
 /* the queues the background workers serve */
 static const char next_due_sql[] =
 "SELECT gatekeeper.next_due(ARRAY(SELECT q.name FROM gatekeeper.queue q WHERE q.background))";
 static const char announce_due_sql[] =
 "SELECT queue, next_due FROM gatekeeper._announce_due($1::text[], $2::timestamptz, $3::timestamptz)";
 
-static SPIPlanPtr claim_plan = NULL;
-static SPIPlanPtr ack_plan = NULL;
-static SPIPlanPtr nack_plan = NULL;
-static SPIPlanPtr unclaim_plan = NULL;
-static SPIPlanPtr extend_plan = NULL;
-static SPIPlanPtr reap_plan = NULL;
-static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr next_due_plan = NULL;
 static SPIPlanPtr announce_due_plan = NULL;
 
@@ -316,8 +307,8 @@ static void end_work(void);
 static void housekeeping(void);
 static int	claim_window(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
-static GatekeeperDelivery *copy_mail(HeapTuple tuple, TupleDesc desc);
-static char *copy_text(HeapTuple tuple, TupleDesc desc, int column);
+static void take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due);
+static char *copy_text(Datum *values, bool *nulls, int column, bool json);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
 static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
@@ -735,9 +726,10 @@ record(void)
 
 /*
  * extend: extend the leases of mail still in flight when less than a
- * third of the lease is left.  "live" is in lease order: only its head
- * needs looking at.  A mail the claim no longer holds (its lease ran out,
- * and it was reaped) and that is not on the wire yet is dropped.
+ * third of the lease is left, in one call for all of them: each batch row
+ * of their claims is extended once (src/mail_state.c).  "live" is in
+ * lease order: only its head needs looking at.  A mail the claim no longer
+ * holds (its lease ran out, and it was reaped) is said so in the log.
  */
 static void
 extend(void)
@@ -746,6 +738,13 @@ extend(void)
 	int64		margin = (int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR;
 	Oid			extension;
 	dlist_head	done_extending;
+	dlist_iter	iter;
+	GatekeeperDelivery **mails;
+	int64	   *ids;
+	int32	   *attempts;
+	bool	   *held;
+	int			n = 0;
+	int			i;
 
 	if (dlist_is_empty(&live))
 		return;
@@ -758,38 +757,37 @@ extend(void)
 		end_work();
 		return;
 	}
-	dlist_init(&done_extending);
-	while (!dlist_is_empty(&live))
+	mails = palloc(nlive * sizeof(GatekeeperDelivery *));
+	dlist_foreach(iter, &live)
 	{
-		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, live_node,
-												dlist_head_node(&live));
-		Oid			argtypes[3] = {INT8OID, INT4OID, INTERVALOID};
-		Datum		values[3];
-		Interval   *lease;
-		bool		isnull;
-		bool		held = false;
-		int			ret;
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, live_node, iter.cur);
 
-		if (d->lease_until > TimestampTzPlusMilliseconds(now, margin))
+		if (d->lease_until > TimestampTzPlusMilliseconds(now, margin) || n == nlive)
 			break;
-		lease = (Interval *) palloc0(sizeof(Interval));
-		lease->time = (int64) gatekeeper_lease * 1000;
-		values[0] = Int64GetDatum(d->mail.id);
-		values[1] = Int32GetDatum(d->mail.attempt);
-		values[2] = IntervalPGetDatum(lease);
-		ret = SPI_execute_plan(gatekeeper_plan(&extend_plan, extend_sql, 3, argtypes),
-							   values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.extend() failed: %s", SPI_result_code_string(ret));
-		if (SPI_processed == 1)
-			held = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 1, &isnull)) && !isnull;
-		SPI_freetuptable(SPI_tuptable);
+		mails[n++] = d;
+	}
+	ids = palloc(n * sizeof(int64));
+	attempts = palloc(n * sizeof(int32));
+	held = palloc(n * sizeof(bool));
+	for (i = 0; i < n; i++)
+	{
+		ids[i] = mails[i]->mail.id;
+		attempts[i] = mails[i]->mail.attempt;
+	}
+	(void) mail_state_extend(ids, attempts, n,
+							 TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
+														 gatekeeper_lease),
+							 held);
+
+	dlist_init(&done_extending);
+	for (i = 0; i < n; i++)
+	{
+		GatekeeperDelivery *d = mails[i];
 
 		dlist_delete(&d->live_node);
 		dlist_push_tail(&done_extending, &d->live_node);
 		d->lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
-		if (!held)
+		if (!held[i])
 			ereport(LOG,
 					(errmsg("gatekeeper worker no longer holds mail %lld: its lease ran out",
 							(long long) d->mail.id),
@@ -1268,30 +1266,11 @@ housekeeping(void)
 
 	if (begin_work("housekeeping", &extension))
 	{
-		SPIPlanPtr	plan;
-		int			ret;
-		bool		isnull;
-		int64		purged = 0;
+		int64		purged;
 
-		plan = gatekeeper_plan(&reap_plan, reap_sql, 0, NULL);
-		ret = SPI_execute_plan(plan, NULL, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.reap() failed: %s",
-				 SPI_result_code_string(ret));
-
-		plan = gatekeeper_plan(&purge_plan, purge_sql, 0, NULL);
-		ret = SPI_execute_plan(plan, NULL, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.purge() failed: %s",
-				 SPI_result_code_string(ret));
-		if (SPI_processed == 1)
-		{
-			Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 1, &isnull);
-
-			if (!isnull)
-				purged = DatumGetInt64(d);
-		}
+		/* src/mail_state_sweep.c, as reap() and purge() run it */
+		(void) gatekeeper_mail_reap();
+		purged = gatekeeper_mail_purge(PURGE_BATCH);
 
 		/* the first worker has mail_live vacuumed after a burst */
 		if (worker_slot == 0)
@@ -1313,6 +1292,13 @@ housekeeping(void)
 	end_work();
 }
 
+/* What claim_mail's receiver fills in. */
+typedef struct ClaimTaken
+{
+	TimestampTz lease_until;
+	int64		bytes;
+} ClaimTaken;
+
 /*
  * Claim up to want due mails, in a transaction of their own, and put them
  * on "pending".  Returns how many were claimed; when fewer than want,
@@ -1321,16 +1307,12 @@ housekeeping(void)
 static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
-	Oid			argtypes[3] = {TEXTOID, INT4OID, INTERVALOID};
-	Datum		values[3];
 	Interval   *lease;
 	Oid			extension;
 	SPIPlanPtr	plan;
 	int			ret;
 	int			n;
-	uint64		i;
-	TimestampTz lease_until;
-	int64		bytes = 0;
+	ClaimTaken	taken;
 
 	*have_next_due = false;
 	if (!begin_work("claiming", &extension))
@@ -1341,37 +1323,13 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 
 	lease = (Interval *) palloc0(sizeof(Interval));
 	lease->time = (int64) gatekeeper_lease * 1000;
-
-	values[0] = CStringGetTextDatum(worker_name);
-	values[1] = Int32GetDatum(want);
-	values[2] = IntervalPGetDatum(lease);
-
-	lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
-	plan = gatekeeper_plan(&claim_plan, claim_sql, 3, argtypes);
-	ret = SPI_execute_plan(plan, values, NULL, false, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "gatekeeper.claim() failed: %s",
-			 SPI_result_code_string(ret));
-
-	/* copy the claimed mail into memory that outlives the transaction */
-	n = (int) SPI_processed;
-	for (i = 0; i < SPI_processed; i++)
-	{
-		GatekeeperDelivery *d = copy_mail(SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
-
-		d->lease_until = lease_until;
-		d->mail.due = gatekeeper_claimed_due(i, d->mail.id);
-		dlist_push_tail(&live, &d->live_node);
-		nlive++;
-		live_bytes += d->bytes;
-		bytes += d->bytes;
-		dlist_push_tail(&pending, &d->queue_node);
-		npending++;
-	}
-	SPI_freetuptable(SPI_tuptable);
+	taken.lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
+	taken.bytes = 0;
+	n = gatekeeper_claim_mails(cstring_to_text(worker_name), want, lease, NULL,
+							   take_mail, &taken);
 	if (n > 0)
-		mail_bytes_mean = mail_bytes_mean == 0 ? (double) bytes / n :
-			0.5 * mail_bytes_mean + 0.5 * (double) bytes / n;
+		mail_bytes_mean = mail_bytes_mean == 0 ? (double) taken.bytes / n :
+			0.5 * mail_bytes_mean + 0.5 * (double) taken.bytes / n;
 
 	/* when the claim was not full, find when the next mail is due */
 	if (n < want)
@@ -1403,41 +1361,37 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 }
 
 /*
- * One row of gatekeeper.claim's result as a new delivery, in a memory
- * context of its own (freed once its outcome is recorded).
+ * take_mail: the claim's receiver.  A claimed mail becomes a new delivery,
+ * its content copied once, in a memory context of its own (freed once its
+ * outcome is recorded), on "live" and "pending".
  */
-static GatekeeperDelivery *
-copy_mail(HeapTuple tuple, TupleDesc desc)
+static void
+take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due)
 {
+	ClaimTaken *taken = (ClaimTaken *) arg;
 	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "gatekeeper mail",
 											  ALLOCSET_SMALL_SIZES);
 	GatekeeperDelivery *d = MemoryContextAllocZero(cxt, sizeof(GatekeeperDelivery));
 	GatekeeperMail *mail = &d->mail;
-	bool		isnull;
-	Datum		v;
 	MemoryContext old;
 
 	d->cxt = cxt;
-	v = SPI_getbinval(tuple, desc, 1, &isnull);
-	if (isnull)
-		elog(ERROR, "gatekeeper.claim() returned a null id");
-	mail->id = DatumGetInt64(v);
-
-	v = SPI_getbinval(tuple, desc, 2, &isnull);
-	if (isnull)
-		elog(ERROR, "gatekeeper.claim() returned a null attempt");
-	mail->attempt = DatumGetInt32(v);
+	if (nulls[GATEKEEPER_CLAIM_ID] || nulls[GATEKEEPER_CLAIM_ATTEMPT])
+		elog(ERROR, "the claim returned a mail without id or attempt");
+	mail->id = DatumGetInt64(values[GATEKEEPER_CLAIM_ID]);
+	mail->attempt = DatumGetInt32(values[GATEKEEPER_CLAIM_ATTEMPT]);
+	mail->due = due;
 
 	old = MemoryContextSwitchTo(cxt);
-	mail->queue = copy_text(tuple, desc, SPI_fnumber(desc, "queue"));
-	mail->recipient = copy_text(tuple, desc, SPI_fnumber(desc, "recipient"));
-	mail->recipient_name = copy_text(tuple, desc, SPI_fnumber(desc, "recipient_name"));
-	mail->sender = copy_text(tuple, desc, SPI_fnumber(desc, "sender"));
-	mail->subject = copy_text(tuple, desc, SPI_fnumber(desc, "subject"));
-	mail->body = copy_text(tuple, desc, SPI_fnumber(desc, "body"));
-	mail->html = copy_text(tuple, desc, SPI_fnumber(desc, "html"));
-	mail->headers_json = copy_text(tuple, desc, SPI_fnumber(desc, "headers"));
-	mail->message_id = copy_text(tuple, desc, SPI_fnumber(desc, "message_id"));
+	mail->queue = copy_text(values, nulls, GATEKEEPER_CLAIM_QUEUE, false);
+	mail->recipient = copy_text(values, nulls, GATEKEEPER_CLAIM_RECIPIENT, false);
+	mail->recipient_name = copy_text(values, nulls, GATEKEEPER_CLAIM_RECIPIENT_NAME, false);
+	mail->sender = copy_text(values, nulls, GATEKEEPER_CLAIM_SENDER, false);
+	mail->subject = copy_text(values, nulls, GATEKEEPER_CLAIM_SUBJECT, false);
+	mail->body = copy_text(values, nulls, GATEKEEPER_CLAIM_BODY, false);
+	mail->html = copy_text(values, nulls, GATEKEEPER_CLAIM_HTML, false);
+	mail->headers_json = copy_text(values, nulls, GATEKEEPER_CLAIM_HEADERS, true);
+	mail->message_id = copy_text(values, nulls, GATEKEEPER_CLAIM_MESSAGE_ID, false);
 	MemoryContextSwitchTo(old);
 
 	d->bytes = sizeof(GatekeeperDelivery) +
@@ -1445,32 +1399,32 @@ copy_mail(HeapTuple tuple, TupleDesc desc)
 		(mail->html ? strlen(mail->html) : 0) +
 		(mail->subject ? strlen(mail->subject) : 0) +
 		(mail->headers_json ? strlen(mail->headers_json) : 0);
-	return d;
+
+	d->lease_until = taken->lease_until;
+	dlist_push_tail(&live, &d->live_node);
+	nlive++;
+	live_bytes += d->bytes;
+	taken->bytes += d->bytes;
+	dlist_push_tail(&pending, &d->queue_node);
+	npending++;
 }
 
 /*
- * A text or jsonb column of a claimed row as a C string in the current
- * memory context, or NULL (also when the row has no such column).
- * Detoasts inside the transaction.
+ * A text (or, when json, jsonb) column of a claimed mail as a C string in
+ * the current memory context, or NULL.  Detoasts inside the transaction.
  */
 static char *
-copy_text(HeapTuple tuple, TupleDesc desc, int column)
+copy_text(Datum *values, bool *nulls, int column, bool json)
 {
-	bool		isnull;
-	Datum		v;
-
-	if (column <= 0)
+	if (nulls[column])
 		return NULL;
-	v = SPI_getbinval(tuple, desc, column, &isnull);
-	if (isnull)
-		return NULL;
-	if (SPI_gettypeid(desc, column) == JSONBOID)
+	if (json)
 	{
-		Jsonb	   *jb = DatumGetJsonbP(v);
+		Jsonb	   *jb = DatumGetJsonbP(values[column]);
 
 		return JsonbToCString(NULL, &jb->root, VARSIZE(jb));
 	}
-	return TextDatumGetCString(v);
+	return TextDatumGetCString(values[column]);
 }
 
 /*
@@ -1852,33 +1806,13 @@ relay_reached(int relay)
 	breakers[relay].backoff_until = 0;
 }
 
-/* A mail to nack, with the key its gate rows are locked under. */
-typedef struct FailedItem
-{
-	GatekeeperDelivery *d;
-	char	   *key;
-} FailedItem;
-
 /*
- * qsort order of FailedItems: recipient key, then mail id.
- */
-static int
-failed_item_cmp(const void *a, const void *b)
-{
-	const FailedItem *x = (const FailedItem *) a;
-	const FailedItem *y = (const FailedItem *) b;
-	int			c = strcmp(x->key, y->key);
-
-	if (c != 0)
-		return c;
-	return (x->d->mail.id > y->d->mail.id) - (x->d->mail.id < y->d->mail.id);
-}
-
-/*
- * Record the outcomes waiting, in a transaction of their own: sent mail
- * is acked in one call, retries and failures are nacked, and mail the
- * relay would not take a session for is handed back uncharged.  Then the
- * deliveries are forgotten.
+ * Record the outcomes waiting, in a transaction of their own, one call of
+ * src/mail_state.c per kind: sent mail is acked, retries and failures are
+ * nacked (the module gives the failures' gate passes back in the one
+ * order every transaction locks them in), and mail the relay would not
+ * take a session for is handed back uncharged.  Then the deliveries are
+ * forgotten.
  */
 static void
 record_outcomes(void)
@@ -1886,17 +1820,15 @@ record_outcomes(void)
 	Oid			extension;
 	int			n = noutcomes;
 	GatekeeperDelivery **items;
-	Datum	   *ids;
-	Datum	   *attempts;
+	int64	   *ids;
+	int32	   *attempts;
+	MailNack   *nacks;
 	int			nsent = 0;
+	int			nnacks = 0;
 	int			nunreachable = 0;
 	const char *unreachable_error = NULL;
-	FailedItem *failed;
-	int			nfailed = 0;
-	int			ret;
 	int			i;
 	dlist_iter	iter;
-	SPIPlanPtr	plan;
 
 	if (!begin_work("recording outcomes", &extension))
 	{
@@ -1913,44 +1845,28 @@ record_outcomes(void)
 	dlist_foreach(iter, &outcomes)
 		items[i++] = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
 
-	ids = palloc(sizeof(Datum) * n);
-	attempts = palloc(sizeof(Datum) * n);
+	ids = palloc(sizeof(int64) * n);
+	attempts = palloc(sizeof(int32) * n);
 
 	/* sent */
 	for (i = 0; i < n; i++)
 	{
 		if (items[i]->outcome != GATEKEEPER_SENT)
 			continue;
-		ids[nsent] = Int64GetDatum(items[i]->mail.id);
-		attempts[nsent] = Int32GetDatum(items[i]->mail.attempt);
+		ids[nsent] = items[i]->mail.id;
+		attempts[nsent] = items[i]->mail.attempt;
 		nsent++;
 	}
 	if (nsent > 0)
 	{
-		Oid			argtypes[2] = {INT8ARRAYOID, INT4ARRAYOID};
-		Datum		values[2];
+		int			acked = mail_state_ack(ids, attempts, nsent);
 
-		values[0] = gatekeeper_array(ids, NULL, nsent, INT8OID);
-		values[1] = gatekeeper_array(attempts, NULL, nsent, INT4OID);
-		plan = gatekeeper_plan(&ack_plan, ack_sql, 2, argtypes);
-		ret = SPI_execute_plan(plan, values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.ack_batch() failed: %s",
-				 SPI_result_code_string(ret));
-		if (SPI_processed == 1)
-		{
-			bool		isnull;
-			Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 1, &isnull);
-
-			if (!isnull && DatumGetInt32(d) < nsent)
-				ereport(LOG,
-						(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
-								nsent - DatumGetInt32(d), nsent),
-						 errdetail("Their leases ran out during delivery, so they may be sent again."),
-						 errhint("Consider raising gatekeeper.lease.")));
-		}
-		SPI_freetuptable(SPI_tuptable);
+		if (acked < nsent)
+			ereport(LOG,
+					(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
+							nsent - acked, nsent),
+					 errdetail("Their leases ran out during delivery, so they may be sent again."),
+					 errhint("Consider raising gatekeeper.lease.")));
 		for (i = 0; i < n; i++)
 		{
 			if (items[i]->outcome != GATEKEEPER_SENT)
@@ -1960,79 +1876,46 @@ record_outcomes(void)
 		}
 	}
 
-	/*
-	 * Retries and failures.  A failure gives back its gate passes, so they
-	 * are reported in the order every transaction locks gate rows in (see
-	 * gate.c): by recipient key.  In claim order, two workers failing mail
-	 * for the same recipients could deadlock.
-	 */
-	failed = palloc(sizeof(FailedItem) * n);
+	/* retries and failures */
+	nacks = palloc(sizeof(MailNack) * n);
 	for (i = 0; i < n; i++)
 	{
-		if (items[i]->outcome != GATEKEEPER_RETRY && items[i]->outcome != GATEKEEPER_FAIL)
-			continue;
-		failed[nfailed].d = items[i];
-		failed[nfailed].key = gatekeeper_recipient_key(items[i]->mail.recipient);
-		nfailed++;
-	}
-	qsort(failed, nfailed, sizeof(FailedItem), failed_item_cmp);
-	for (i = 0; i < nfailed; i++)
-	{
-		Oid			argtypes[4] = {INT8OID, INT4OID, TEXTOID, BOOLOID};
-		Datum		values[4];
-		GatekeeperDelivery *d = failed[i].d;
+		GatekeeperDelivery *d = items[i];
 
+		if (d->outcome != GATEKEEPER_RETRY && d->outcome != GATEKEEPER_FAIL)
+			continue;
 		if (d->error[0] == '\0')
 			snprintf(d->error, sizeof(d->error), "relay replied %d", d->reply_code);
-
-		values[0] = Int64GetDatum(d->mail.id);
-		values[1] = Int32GetDatum(d->mail.attempt);
-		values[2] = CStringGetTextDatum(d->error);
-		values[3] = BoolGetDatum(d->outcome == GATEKEEPER_FAIL);
+		nacks[nnacks].id = d->mail.id;
+		nacks[nnacks].attempt = d->mail.attempt;
+		nacks[nnacks].error = d->error;
+		nacks[nnacks].permanent = d->outcome == GATEKEEPER_FAIL;
+		nnacks++;
 		if (d->outcome == GATEKEEPER_FAIL)
 			relay_status(d->relay)->failed_total++;
 		else
 			relay_status(d->relay)->deferred_total++;
-
-		plan = gatekeeper_plan(&nack_plan, nack_sql, 4, argtypes);
-		ret = SPI_execute_plan(plan, values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.nack() failed: %s",
-				 SPI_result_code_string(ret));
-		SPI_freetuptable(SPI_tuptable);
 	}
+	if (nnacks > 0)
+		(void) mail_state_nack(nacks, nnacks);
 
 	/* unreachable: hand back, uncharged */
 	for (i = 0; i < n; i++)
 	{
 		if (items[i]->outcome != GATEKEEPER_UNREACHABLE)
 			continue;
-		ids[nunreachable] = Int64GetDatum(items[i]->mail.id);
-		attempts[nunreachable] = Int32GetDatum(items[i]->mail.attempt);
+		ids[nunreachable] = items[i]->mail.id;
+		attempts[nunreachable] = items[i]->mail.attempt;
 		if (unreachable_error == NULL && items[i]->error[0] != '\0')
 			unreachable_error = items[i]->error;
 		nunreachable++;
 	}
+	/* the worker backs off; the mail itself is due again at once */
 	if (nunreachable > 0)
-	{
-		Oid			argtypes[4] = {INT8ARRAYOID, INT4ARRAYOID, TEXTOID, INTERVALOID};
-		Datum		values[4];
-		Interval   *delay = (Interval *) palloc0(sizeof(Interval));
-
-		values[0] = gatekeeper_array(ids, NULL, nunreachable, INT8OID);
-		values[1] = gatekeeper_array(attempts, NULL, nunreachable, INT4OID);
-		values[2] = CStringGetTextDatum(unreachable_error ? unreachable_error :
-										"no SMTP relay could be reached");
-		/* the worker backs off; the mail itself is due again at once */
-		values[3] = IntervalPGetDatum(delay);
-
-		plan = gatekeeper_plan(&unclaim_plan, unclaim_sql, 4, argtypes);
-		ret = SPI_execute_plan(plan, values, NULL, false, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "gatekeeper.unclaim() failed: %s",
-				 SPI_result_code_string(ret));
-		SPI_freetuptable(SPI_tuptable);
-	}
+		(void) mail_state_unclaim(ids, attempts, nunreachable,
+								  unreachable_error ? unreachable_error :
+								  "no SMTP relay could be reached",
+								  GetCurrentTransactionStartTimestamp());
 
 	end_work();
 

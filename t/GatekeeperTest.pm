@@ -1070,7 +1070,10 @@ port (or opts{port}).  Options: name, port, mode ('accept', 'reject-mail':
 greeted and then never answered), tls (a hash ref with cert and key, e.g.
 from make_test_ca: offers STARTTLS), require_tls (refuses MAIL before
 STARTTLS), auth ([user, password_file]: offers AUTH PLAIN and LOGIN,
-required for MAIL; only over TLS when TLS is offered).  Returns a hash
+required for MAIL; only over TLS when TLS is offered), rcpt_replies
+(RCPT TO a local part beginning "hard" gets 550 5.1.1, "soft" 451
+4.3.0), data_delay (seconds before each message's data is answered).
+Returns a hash
 ref: name, port, url, dir (messages/: one file per message received),
 events (its JSON-lines log, see relay_events), log (its stderr), pid.
 
@@ -1095,6 +1098,8 @@ sub start_relay
 	  if $opts{tls};
 	push @cmd, '--require-tls' if $opts{require_tls};
 	push @cmd, '--auth', join(':', @{ $opts{auth} }) if $opts{auth};
+	push @cmd, '--rcpt-replies' if $opts{rcpt_replies};
+	push @cmd, '--data-delay', $opts{data_delay} if $opts{data_delay};
 	my $pid = start_helper("relay $name", \@cmd, $log);
 	my $relay = {
 		name => $name,

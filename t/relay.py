@@ -31,6 +31,11 @@ Modes (--mode):
   hang-first    the first connection gets the greeting and then nothing,
                 ever; the others are served normally
 
+--rcpt-replies answers RCPT TO by the recipient's local part: one that
+begins with "hard" gets 550 5.1.1 (no such mailbox), "soft" 451 4.3.0;
+the others 250.  --data-delay SECONDS waits that long before answering
+the end of each message's data (a slow relay, for leases to run low).
+
 Bounded: exits after --lifetime seconds or when its parent goes away, and
 refuses connections beyond --max-connections at once.  The password is
 read from a file and never written anywhere.
@@ -58,6 +63,8 @@ ap.add_argument('--require-tls', action='store_true')
 ap.add_argument('--auth', help='USER:FILE holding the password')
 ap.add_argument('--hostname', default='relay.test.example')
 ap.add_argument('--max-connections', type=int, default=64)
+ap.add_argument('--rcpt-replies', action='store_true')
+ap.add_argument('--data-delay', type=float, default=0)
 ap.add_argument('--lifetime', type=int, default=600)
 args = ap.parse_args()
 
@@ -110,11 +117,18 @@ class Handler:
         return '250 2.1.0 OK'
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        local = address.split('@', 1)[0].lower()
+        if args.rcpt_replies and local.startswith('hard'):
+            return '550 5.1.1 <%s>: Recipient address rejected: User unknown' % address
+        if args.rcpt_replies and local.startswith('soft'):
+            return '451 4.3.0 <%s>: Temporary failure, try again later' % address
         envelope.rcpt_tos.append(address)
         envelope.rcpt_options.extend(rcpt_options)
         return '250 2.1.5 OK'
 
     async def handle_DATA(self, server, session, envelope):
+        if args.data_delay > 0:
+            await asyncio.sleep(args.data_delay)
         state['messages'] += 1
         path = os.path.join(args.dir, 'msg-%06d.eml' % state['messages'])
         data = envelope.original_content or envelope.content

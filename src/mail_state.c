@@ -1,0 +1,1382 @@
+/*-------------------------------------------------------------------------
+ *
+ * mail_state.c
+ *		The transitions of a claimed mail: taken out of its batch, and
+ *		acked (sent), nacked (retried or failed), handed back uncharged
+ *		(unclaim), or its lease extended.
+ *
+ * A claim (src/claim.c) moves the mails it hands out from mail_live into
+ * batch rows of gatekeeper.mail_claim, as mail_live records; everything
+ * that becomes of a claimed mail afterwards starts here, by taking its
+ * record out of its batch, fenced by (id, attempt) (take_claimed), and
+ * writing the record where the mail now belongs:
+ *
+ *     mail_live (scheduled) <--------------------------------+
+ *         |                                                  |
+ *         | claim                      nack, a retry: due    |
+ *         v                            after a backoff;      |
+ *     mail_claim (claimed) ----------- unclaim, uncharged ---+
+ *         |      \
+ *         |       +-- extend: a later lease for its batch row
+ *         |           (or for the mail alone, in a row of its own)
+ *         | ack; nack, permanent or out of attempts
+ *         v
+ *     mail_done (sent, failed)
+ *
+ * The SQL functions ack, ack_batch, nack, nack_batch, unclaim, extend and
+ * _take_claimed are thin entry points into the functions here
+ * (src/mail_state_funcs.c); the
+ * background worker (src/worker.c) calls the functions themselves, with
+ * a round's outcomes in one call each.  Each statement is kept as one
+ * plan named for it; the tables' column lists are mail_state.h's.
+ * A failure gives back its gate passes (gate.c) in one sorted release; a
+ * permanent one is a bounce (report.c's rule, report_bounce).  Reaping,
+ * cancelling, rotation and the owner's changes to a claimed mail are not
+ * here (src/mail_state_sweep.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/htup_details.h"
+#include "access/transam.h"
+#include "catalog/pg_type.h"
+#include "common/pg_prng.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/itemptr.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgrprotos.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "utils/typcache.h"
+
+#include "address.h"
+#include "catalog.h"
+#include "gatekeeper.h"
+#include "gate.h"
+#include "mail_state.h"
+#include "report.h"
+#include "wake.h"
+
+/* the longest backoff of a retry */
+#define MAX_RETRY_DELAY_USECS	(INT64CONST(6) * USECS_PER_HOUR)
+
+/* Records, written where a transition puts them. */
+static const char live_insert_sql[] =
+"INSERT INTO gatekeeper.mail_live (" MAIL_LIVE_COLUMNS ") "
+"SELECT " MAIL_LIVE_COLUMNS " FROM unnest($1)";
+
+static const char done_insert_sql[] =
+"INSERT INTO gatekeeper.mail_done (" MAIL_DONE_COLUMNS ", finished_at) "
+"SELECT " MAIL_DONE_COLUMNS ", now() FROM unnest($1)";
+
+/*
+ * take_claimed's statements.  The batches that may hold the ids are read
+ * unlocked, then only those that do are locked, in batch order: batches
+ * of other claims whose id ranges overlap are left alone, so acks of
+ * different claims never wait for each other.
+ */
+static const char claim_candidates_sql[] =
+"SELECT c.batch, c.ctid, c.xmin, c.mails FROM gatekeeper.mail_claim c "
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]')";
+
+static const char claim_lock_sql[] =
+"SELECT c.batch, c.open, c.gone, c.ctid, c.xmin FROM gatekeeper.mail_claim c "
+" WHERE c.batch = ANY ($1) "
+" ORDER BY c.batch "
+"   FOR UPDATE";
+
+static const char claim_drop_sql[] =
+"DELETE FROM gatekeeper.mail_claim WHERE batch = ANY ($1)";
+
+/* mails is left as it is: its TOASTed value is not written again */
+static const char claim_shrink_sql[] =
+"UPDATE gatekeeper.mail_claim SET open = open - $2, gone = gone || $3 "
+" WHERE batch = $1";
+
+/* the policies of the queues a nack or an unclaim touches */
+static const char queue_policy_sql[] =
+"SELECT q.name, q.max_attempts, q.notify FROM gatekeeper.queue q "
+" WHERE q.name = ANY ($1)";
+
+/* the recipients of failed mail, by (id, segment): i is their place */
+static const char recipients_sql[] =
+"SELECT u.i, m.recipient "
+"  FROM unnest($1::bigint[], $2::smallint[]) WITH ORDINALITY AS u(id, segment, i) "
+"  JOIN gatekeeper.mail m ON m.id = u.id AND m.segment = u.segment";
+
+/* a nack's events, in mail order */
+static const char nack_events_sql[] =
+"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
+"SELECT u.mail_id, u.queue, u.recipient, u.event, gatekeeper._reply_status(u.detail), "
+"       u.detail, 'relay', u.segment "
+"  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::smallint[]) "
+"       AS u(mail_id, queue, recipient, event, detail, segment)";
+
+/* extend of one claim: the batch row it is still open in, locked */
+static const char extend_find_sql[] =
+"SELECT c.batch, c.lease_until, c.open, c.worker FROM gatekeeper.mail_claim c "
+" WHERE int8range(c.lo, c.hi, '[]') @> $1 AND NOT $1 = ANY (c.gone) "
+"   AND EXISTS (SELECT FROM unnest(c.mails) r WHERE r.id = $1 AND r.attempt = $2) "
+"   FOR UPDATE OF c";
+
+/*
+ * extend of many claims: the batch rows they are still open in, locked in
+ * batch order, with the ids of the claims each holds (for the recheck of
+ * a row changed meanwhile, the lock evaluates both on its new version).
+ */
+static const char extend_lock_sql[] =
+"SELECT c.batch, ARRAY(SELECT r.id FROM unnest(c.mails) r "
+"                       JOIN unnest($1::bigint[], $2::int[]) w(id, attempt) "
+"                         ON w.id = r.id AND w.attempt = r.attempt "
+"                      WHERE NOT r.id = ANY (c.gone)) "
+"  FROM gatekeeper.mail_claim c "
+" WHERE int8range(c.lo, c.hi, '[]') && int8range($3, $4, '[]') "
+"   AND EXISTS (SELECT FROM unnest(c.mails) r "
+"                 JOIN unnest($1::bigint[], $2::int[]) w(id, attempt) "
+"                   ON w.id = r.id AND w.attempt = r.attempt "
+"                WHERE NOT r.id = ANY (c.gone)) "
+" ORDER BY c.batch "
+"   FOR UPDATE OF c";
+
+/* a lease is the batch row's; a row never gets a shorter one this way */
+static const char extend_batches_sql[] =
+"UPDATE gatekeeper.mail_claim SET lease_until = greatest(lease_until, $2) "
+" WHERE batch = ANY ($1)";
+
+/* extend of one claim: the lease of its batch row, as asked */
+static const char extend_batch_sql[] =
+"UPDATE gatekeeper.mail_claim SET lease_until = $2 WHERE batch = $1";
+
+/* one claim given a shorter lease: moved to a batch row of its own */
+static const char extend_alone_sql[] =
+"INSERT INTO gatekeeper.mail_claim (" MAIL_CLAIM_COLUMNS ") "
+"VALUES ($1, $2, $3, $4, $4, 1, $5)";
+
+static SPIPlanPtr live_insert_plan = NULL;
+static SPIPlanPtr done_insert_plan = NULL;
+static SPIPlanPtr claim_candidates_plan = NULL;
+static SPIPlanPtr claim_lock_plan = NULL;
+static SPIPlanPtr claim_drop_plan = NULL;
+static SPIPlanPtr claim_shrink_plan = NULL;
+static SPIPlanPtr queue_policy_plan = NULL;
+static SPIPlanPtr recipients_plan = NULL;
+static SPIPlanPtr nack_events_plan = NULL;
+static SPIPlanPtr extend_find_plan = NULL;
+static SPIPlanPtr extend_lock_plan = NULL;
+static SPIPlanPtr extend_batch_plan = NULL;
+static SPIPlanPtr extend_batches_plan = NULL;
+static SPIPlanPtr extend_alone_plan = NULL;
+
+/* the mail_live[] type the plans taking records were prepared for */
+static Oid	record_plans_type = InvalidOid;
+
+/* A claim (id, attempt) asked to be taken out of its batch. */
+typedef struct TakeRequest
+{
+	int64		id;
+	int32		attempt;
+	bool		retry;			/* read in a batch that changed before the lock */
+	bool		done;			/* taken */
+} TakeRequest;
+
+/* A record of a batch that may be taken. */
+typedef struct BatchEntry
+{
+	int64		id;
+	int32		attempt;
+	int			batch;			/* index into the batches read */
+	int			req;			/* index of the request naming it */
+	Datum		record;
+} BatchEntry;
+
+/* A batch holding some of the claims asked for. */
+typedef struct TakeBatch
+{
+	int64		batch;
+	ItemPointerData ctid;		/* the row version read unlocked */
+	TransactionId xmin;
+	bool		locked;			/* locked, and still that version */
+	int32		open;
+	int64	   *gone;			/* sorted */
+	int			ngone;
+	Datum	   *taken;			/* ids taken now */
+	int			ntaken;
+} TakeBatch;
+
+/* A queue's policy, as a nack or an unclaim applies it. */
+typedef struct QueuePolicy
+{
+	char	   *name;
+	int32		max_attempts;	/* 1 when the queue is gone */
+	bool		notify;
+	TimestampTz due;			/* unclaim: the earliest mail handed back */
+} QueuePolicy;
+
+/* A claimed mail taken for a nack, with what the nack says of it. */
+typedef struct NackTaken
+{
+	int64		id;
+	Datum		record;
+	MailNack   *nack;
+	bool		failed;
+	char	   *recipient;		/* failed mail's, NULL if its content is gone */
+	char	   *key;			/* its suppression key, for a bounce */
+} NackTaken;
+
+static void take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
+					   LiveRecord *lr, MemoryContext keep);
+static void execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
+								 Datum *records, int n, int expect, const char *what);
+static QueuePolicy *load_policies(LiveRecord *lr, Datum *records, int n, int *npolicies);
+static QueuePolicy *find_policy(QueuePolicy *policies, int n, const char *name);
+
+/* claims in (id, attempt) order */
+static inline int
+claim_cmp(int64 id1, int32 attempt1, int64 id2, int32 attempt2)
+{
+	if (id1 != id2)
+		return id1 < id2 ? -1 : 1;
+	return (attempt1 > attempt2) - (attempt1 < attempt2);
+}
+
+/* requests in claim order */
+static int
+take_request_cmp(const void *a, const void *b)
+{
+	const TakeRequest *x = a;
+	const TakeRequest *y = b;
+
+	return claim_cmp(x->id, x->attempt, y->id, y->attempt);
+}
+
+/* records of the same claim in batch order */
+static int
+batch_entry_cmp(const void *a, const void *b)
+{
+	const BatchEntry *x = a;
+	const BatchEntry *y = b;
+	int			c = claim_cmp(x->id, x->attempt, y->id, y->attempt);
+
+	if (c != 0)
+		return c;
+	return (x->batch > y->batch) - (x->batch < y->batch);
+}
+
+/* int64s in order */
+static int
+int64_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return (x > y) - (x < y);
+}
+
+/* batches by their id */
+static int
+take_batch_cmp(const void *a, const void *b)
+{
+	return int64_cmp(&((const TakeBatch *) a)->batch, &((const TakeBatch *) b)->batch);
+}
+
+/* nacks in (id, attempt) order, the first given first */
+static int
+nack_ptr_cmp(const void *a, const void *b)
+{
+	const MailNack *x = *(MailNack *const *) a;
+	const MailNack *y = *(MailNack *const *) b;
+	int			c = claim_cmp(x->id, x->attempt, y->id, y->attempt);
+
+	if (c != 0)
+		return c;
+	return (x > y) - (x < y);
+}
+
+/* nacks in (id, attempt) order */
+static int
+nack_claim_cmp(const void *a, const void *b)
+{
+	const MailNack *x = *(MailNack *const *) a;
+	const MailNack *y = *(MailNack *const *) b;
+
+	return claim_cmp(x->id, x->attempt, y->id, y->attempt);
+}
+
+/* taken mails by id */
+static int
+nack_taken_cmp(const void *a, const void *b)
+{
+	return int64_cmp(&((const NackTaken *) a)->id, &((const NackTaken *) b)->id);
+}
+
+/* bounces in the order of their suppression keys, then mail ids */
+static int
+bounce_cmp(const void *a, const void *b)
+{
+	const NackTaken *x = *(NackTaken *const *) a;
+	const NackTaken *y = *(NackTaken *const *) b;
+	int			c = strcmp(x->key, y->key);
+
+	if (c != 0)
+		return c;
+	return int64_cmp(&x->id, &y->id);
+}
+
+/* queue policies by name, in byte order */
+static int
+policy_cmp(const void *a, const void *b)
+{
+	return strcmp(((const QueuePolicy *) a)->name, ((const QueuePolicy *) b)->name);
+}
+
+/*
+ * mail_state_record_init
+ *		Look up gatekeeper.mail_live's row type (that of the records the
+ *		claim statement returns, or a batch holds) and the attributes and
+ *		states the transitions use.
+ */
+void
+mail_state_record_init(LiveRecord *lr, Oid type)
+{
+	int			i;
+
+	memset(lr, 0, sizeof(*lr));
+	lr->type = type;
+	lr->arraytype = get_array_type(type);
+	lr->desc = lookup_rowtype_tupdesc_copy(type, -1);
+	for (i = 0; i < lr->desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(lr->desc, i);
+		const char *name = NameStr(att->attname);
+
+		if (att->attisdropped)
+			continue;
+		if (strcmp(name, "id") == 0)
+			lr->id = att->attnum;
+		else if (strcmp(name, "queue") == 0)
+			lr->queue = att->attnum;
+		else if (strcmp(name, "send_at") == 0)
+			lr->send_at = att->attnum;
+		else if (strcmp(name, "state") == 0)
+		{
+			lr->state = att->attnum;
+			lr->state_type = att->atttypid;
+		}
+		else if (strcmp(name, "attempt") == 0)
+			lr->attempt = att->attnum;
+		else if (strcmp(name, "uncharged") == 0)
+			lr->uncharged = att->attnum;
+		else if (strcmp(name, "worker") == 0)
+			lr->worker = att->attnum;
+		else if (strcmp(name, "last_error") == 0)
+			lr->last_error = att->attnum;
+		else if (strcmp(name, "segment") == 0)
+			lr->segment = att->attnum;
+	}
+	if (lr->id == 0 || lr->queue == 0 || lr->send_at == 0 || lr->state == 0 ||
+		lr->attempt == 0 || lr->uncharged == 0 || lr->worker == 0 ||
+		lr->last_error == 0 || lr->segment == 0 || !OidIsValid(lr->arraytype))
+		elog(ERROR, "type gatekeeper.mail_live lacks a column of a claim");
+	lr->scheduled = DirectFunctionCall2(enum_in, CStringGetDatum("scheduled"),
+										ObjectIdGetDatum(lr->state_type));
+	lr->sent = DirectFunctionCall2(enum_in, CStringGetDatum("sent"),
+								   ObjectIdGetDatum(lr->state_type));
+	lr->failed = DirectFunctionCall2(enum_in, CStringGetDatum("failed"),
+									 ObjectIdGetDatum(lr->state_type));
+
+	/*
+	 * The plans that take an array of records were prepared for the type
+	 * of their time: after the extension was dropped and made again in
+	 * this backend, prepare them afresh.
+	 */
+	if (record_plans_type != lr->arraytype)
+	{
+		SPIPlanPtr *plans[] = {&live_insert_plan, &done_insert_plan, &extend_alone_plan};
+
+		for (i = 0; i < (int) lengthof(plans); i++)
+		{
+			if (*plans[i] != NULL)
+				SPI_freeplan(*plans[i]);
+			*plans[i] = NULL;
+		}
+		record_plans_type = lr->arraytype;
+	}
+}
+
+/*
+ * mail_state_record_deform
+ *		A record's values and nulls; values point into the record.
+ */
+void
+mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	heap_deform_tuple(&tuple, lr->desc, values, nulls);
+}
+
+/*
+ * mail_state_record_get
+ *		One attribute of a record (not null where used here).
+ */
+Datum
+mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+	bool		isnull;
+	Datum		d;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	d = heap_getattr(&tuple, attnum, lr->desc, &isnull);
+	if (isnull)
+		elog(ERROR, "claimed mail record has a null %s",
+			 NameStr(TupleDescAttr(lr->desc, attnum - 1)->attname));
+	return d;
+}
+
+/*
+ * A record with the values a transition gives it: state; last_error
+ * (error, NULL allowed) when set_error; send_at when not 0; and one more
+ * uncharged claim when uncharged.
+ */
+static Datum
+record_moved(LiveRecord *lr, Datum record, Datum state, bool set_error, const char *error,
+			 TimestampTz send_at, bool uncharged)
+{
+	int			natts = lr->desc->natts;
+	Datum	   *values = palloc(natts * sizeof(Datum));
+	bool	   *nulls = palloc(natts * sizeof(bool));
+
+	mail_state_record_deform(lr, record, values, nulls);
+	values[lr->state - 1] = state;
+	if (set_error)
+	{
+		values[lr->last_error - 1] = error ? CStringGetTextDatum(error) : (Datum) 0;
+		nulls[lr->last_error - 1] = error == NULL;
+	}
+	if (send_at != 0)
+		values[lr->send_at - 1] = TimestampTzGetDatum(send_at);
+	if (uncharged)
+		values[lr->uncharged - 1] = Int32GetDatum(DatumGetInt32(values[lr->uncharged - 1]) + 1);
+	return HeapTupleGetDatum(heap_form_tuple(lr->desc, values, nulls));
+}
+
+/* Run a statement whose only argument is an array of mail_live records. */
+static void
+execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
+					 Datum *records, int n, int expect, const char *what)
+{
+	Datum		arg;
+
+	gatekeeper_plan(plan, sql, 1, &lr->arraytype);
+	arg = gatekeeper_array(records, NULL, n, lr->type);
+	if (gatekeeper_execute_by_key(*plan, &arg, NULL, false, 0) != expect ||
+		SPI_processed != (uint64) n)
+		elog(ERROR, "could not record %s", what);
+}
+
+/*
+ * mail_state_insert_live
+ *		Write n records into mail_live, as they are.
+ */
+void
+mail_state_insert_live(LiveRecord *lr, Datum *records, int n)
+{
+	if (n > 0)
+		execute_with_records(&live_insert_plan, live_insert_sql, lr, records, n,
+							 SPI_OK_INSERT, "mail due again");
+}
+
+/*
+ * mail_state_insert_done
+ *		Write n records into mail_done, in the state each holds, finished
+ *		now.
+ */
+void
+mail_state_insert_done(LiveRecord *lr, Datum *records, int n)
+{
+	if (n > 0)
+		execute_with_records(&done_insert_plan, done_insert_sql, lr, records, n,
+							 SPI_OK_INSERT, "finished mail");
+}
+
+/*
+ * take_round
+ *		One round of take_claimed over the claims reqs[0 .. nreqs - 1]
+ *		(sorted, distinct): take those still open in batches that are as
+ *		they were read, appending their records to taken (made in keep);
+ *		mark them done, and mark retry those seen in a batch that changed
+ *		or went between the read and the lock.
+ */
+static void
+take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
+		   LiveRecord *lr, MemoryContext keep)
+{
+	BatchEntry *entries = NULL;
+	int			nentries = 0;
+	int			maxentries = 0;
+	TakeBatch  *batches;
+	int			nbatches;
+	int			nlocked = 0;
+	int			ntaken_before = *ntaken;
+	Datum	   *drop;
+	int			ndrop = 0;
+	Datum		args[3];
+	MemoryContext old;
+	uint64		row;
+	int			i;
+	int			j;
+
+	/* the batches that may hold them, and their records in that range */
+	if (claim_candidates_plan == NULL)
+	{
+		Oid			types[2] = {INT8OID, INT8OID};
+
+		gatekeeper_plan(&claim_candidates_plan, claim_candidates_sql, 2, types);
+	}
+	args[0] = Int64GetDatum(reqs[0].id);
+	args[1] = Int64GetDatum(reqs[nreqs - 1].id);
+	if (gatekeeper_execute_by_key(claim_candidates_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read claimed mail");
+	nbatches = (int) SPI_processed;
+	if (nbatches == 0)
+		return;
+	batches = palloc0(nbatches * sizeof(TakeBatch));
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		ArrayType  *mails;
+		Datum	   *records;
+		int			nrecords;
+		int16		typlen;
+		bool		typbyval;
+		char		typalign;
+
+		batches[row].batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		batches[row].ctid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 2, &isnull));
+		batches[row].xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 3, &isnull));
+		mails = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 4, &isnull));
+		if (!OidIsValid(lr->type))
+			mail_state_record_init(lr, ARR_ELEMTYPE(mails));
+		get_typlenbyvalalign(ARR_ELEMTYPE(mails), &typlen, &typbyval, &typalign);
+		deconstruct_array(mails, ARR_ELEMTYPE(mails), typlen, typbyval, typalign,
+						  &records, NULL, &nrecords);
+		for (i = 0; i < nrecords; i++)
+		{
+			int64		id = DatumGetInt64(mail_state_record_get(lr, records[i], lr->id));
+
+			if (id < reqs[0].id || id > reqs[nreqs - 1].id)
+				continue;
+			if (nentries == maxentries)
+			{
+				maxentries = Max(maxentries * 2, 1024);
+				entries = entries ? repalloc_huge(entries, maxentries * sizeof(BatchEntry))
+					: palloc(maxentries * sizeof(BatchEntry));
+			}
+			entries[nentries].id = id;
+			entries[nentries].attempt =
+				DatumGetInt32(mail_state_record_get(lr, records[i], lr->attempt));
+			entries[nentries].batch = (int) row;
+			entries[nentries].record = records[i];
+			nentries++;
+		}
+	}
+	if (nentries == 0)
+		return;
+	qsort(entries, nentries, sizeof(BatchEntry), batch_entry_cmp);
+
+	/*
+	 * Merge: keep the entries some request names, marking their batches;
+	 * the rest are dropped from entries.
+	 */
+	for (i = 0, j = 0; i < nentries; i++)
+	{
+		TakeRequest want;
+		TakeRequest *hit;
+
+		want.id = entries[i].id;
+		want.attempt = entries[i].attempt;
+		hit = bsearch(&want, reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
+		if (hit == NULL)
+			continue;
+		entries[i].req = (int) (hit - reqs);
+		batches[entries[i].batch].ntaken++;	/* a candidate, for now */
+		entries[j++] = entries[i];
+	}
+	nentries = j;
+	if (nentries == 0)
+		return;
+
+	/* lock the batches holding candidates, in batch order */
+	drop = palloc(nbatches * sizeof(Datum));
+	for (i = 0; i < nbatches; i++)
+		if (batches[i].ntaken > 0)
+			drop[ndrop++] = Int64GetDatum(batches[i].batch);
+	if (claim_lock_plan == NULL)
+	{
+		Oid			type = INT8ARRAYOID;
+
+		gatekeeper_plan(&claim_lock_plan, claim_lock_sql, 1, &type);
+	}
+	args[0] = gatekeeper_array(drop, NULL, ndrop, INT8OID);
+	if (gatekeeper_execute_by_key(claim_lock_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock claimed mail");
+
+	/*
+	 * Index the batches by id to find the locked ones; entries refer to
+	 * them by position, so remember each one's new place.
+	 */
+	{
+		int		   *place = palloc(nbatches * sizeof(int));
+		TakeBatch  *sorted = palloc(nbatches * sizeof(TakeBatch));
+
+		memcpy(sorted, batches, nbatches * sizeof(TakeBatch));
+		qsort(sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
+		for (i = 0; i < nbatches; i++)
+		{
+			TakeBatch  *b = bsearch(&batches[i], sorted, nbatches, sizeof(TakeBatch),
+									take_batch_cmp);
+
+			place[i] = (int) (b - sorted);
+		}
+		for (i = 0; i < nentries; i++)
+			entries[i].batch = place[entries[i].batch];
+		batches = sorted;
+	}
+
+	/*
+	 * A batch locked as another version than the one read changed in
+	 * between (committed: we waited for it): its records may not be those
+	 * read, and a claim read in it may have moved to another batch, one
+	 * this round's read may not have seen.  It is left for the next round.
+	 */
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		TakeBatch	key;
+		TakeBatch  *b;
+		Datum	   *gone;
+
+		key.batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		b = bsearch(&key, batches, nbatches, sizeof(TakeBatch), take_batch_cmp);
+		if (b == NULL)
+			elog(ERROR, "locked a batch of claimed mail not asked for");
+		if (!ItemPointerEquals(&b->ctid,
+							   (ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 4, &isnull))) ||
+			!TransactionIdEquals(b->xmin,
+								 DatumGetTransactionId(SPI_getbinval(tup, desc, 5, &isnull))))
+			continue;
+		b->locked = true;
+		b->open = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 3, &isnull)),
+						  INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+						  &gone, NULL, &b->ngone);
+		b->gone = palloc(Max(b->ngone, 1) * sizeof(int64));
+		for (i = 0; i < b->ngone; i++)
+			b->gone[i] = DatumGetInt64(gone[i]);
+		qsort(b->gone, b->ngone, sizeof(int64), int64_cmp);
+		b->taken = palloc(b->ntaken * sizeof(Datum));
+		b->ntaken = 0;
+		nlocked++;
+	}
+
+	/*
+	 * Take each claim from the first batch, as read and locked, it is still
+	 * open in (entries are in claim, then batch order; a mail is open in
+	 * one batch at most).  A claim read in a batch that changed or went is
+	 * looked for again, unless it was taken here.
+	 */
+	for (i = 0; i < nentries; i++)
+	{
+		BatchEntry *e = &entries[i];
+		TakeBatch  *b = &batches[e->batch];
+		TakeRequest *r = &reqs[e->req];
+
+		if (r->done)
+			continue;			/* taken from an earlier batch */
+		if (!b->locked)
+		{
+			r->retry = true;
+			continue;
+		}
+		if (bsearch(&e->id, b->gone, b->ngone, sizeof(int64), int64_cmp) != NULL)
+			continue;
+		b->taken[b->ntaken++] = Int64GetDatum(e->id);
+		old = MemoryContextSwitchTo(keep);
+		taken[(*ntaken)++] = datumCopy(e->record, false, -1);
+		MemoryContextSwitchTo(old);
+		r->done = true;
+	}
+	if (nlocked == 0 || *ntaken == ntaken_before)
+		return;
+
+	/* the batches left with no open mail go; the others shrink */
+	ndrop = 0;
+	for (i = 0; i < nbatches; i++)
+	{
+		TakeBatch  *b = &batches[i];
+
+		if (!b->locked || b->ntaken == 0)
+			continue;
+		if (b->open - b->ntaken <= 0)
+		{
+			drop[ndrop++] = Int64GetDatum(b->batch);
+			continue;
+		}
+		if (claim_shrink_plan == NULL)
+		{
+			Oid			types[3] = {INT8OID, INT4OID, INT8ARRAYOID};
+
+			gatekeeper_plan(&claim_shrink_plan, claim_shrink_sql, 3, types);
+		}
+		args[0] = Int64GetDatum(b->batch);
+		args[1] = Int32GetDatum(b->ntaken);
+		args[2] = gatekeeper_array(b->taken, NULL, b->ntaken, INT8OID);
+		if (gatekeeper_execute_by_key(claim_shrink_plan, args, NULL, false, 0) != SPI_OK_UPDATE ||
+			SPI_processed != 1)
+			elog(ERROR, "could not take claimed mail out of its batch");
+	}
+	if (ndrop > 0)
+	{
+		if (claim_drop_plan == NULL)
+		{
+			Oid			type = INT8ARRAYOID;
+
+			gatekeeper_plan(&claim_drop_plan, claim_drop_sql, 1, &type);
+		}
+		args[0] = gatekeeper_array(drop, NULL, ndrop, INT8OID);
+		if (gatekeeper_execute_by_key(claim_drop_plan, args, NULL, false, 0) != SPI_OK_DELETE ||
+			SPI_processed != (uint64) ndrop)
+			elog(ERROR, "could not delete a batch of claimed mail");
+	}
+}
+
+/*
+ * mail_state_take_claimed
+ *		Take the claims (ids[i], attempts[i]) still open out of their
+ *		batches in gatekeeper.mail_claim; return their records, made in
+ *		keep, and set *lr to their type.
+ *
+ * The batches whose id range meets that of the ids are read unlocked and
+ * matched against the claims asked for by sorting both (an ack of 1,000
+ * claims against 1,000 records is 1,000 steps of a merge, where a join
+ * of two unnests would be a nested loop of a million, hash joins being
+ * off in gatekeeper_execute_by_key).  Then only the batches holding some
+ * of them are locked, in batch order, and their gone lists, read under
+ * the lock, say which records are still open.  The unlocked read of a
+ * batch's records holds if the lock finds the row version that was read
+ * (its ctid and xmin): the records change only with the row.  A batch
+ * that changed in between (an owner's update of a claimed mail, a claim
+ * moved to a batch of its own by extend or a change of queue, a
+ * rotation, another ack) is left alone, and the claims read in it are
+ * looked for again in another round, whose statements see the change
+ * (under READ COMMITTED; at higher levels the lock itself fails with a
+ * serialization error).  A round is repeated only after a concurrent
+ * commit changed a batch of ours.
+ *
+ * A batch that no open mail stays in is deleted; otherwise the taken ids
+ * join gone and open falls, and the array of records is not written
+ * again.  A claim asked for twice is taken once.
+ */
+Datum *
+mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n, int *ntaken,
+						LiveRecord *lr, MemoryContext keep)
+{
+	TakeRequest *reqs;
+	int			nreqs = n;
+	Datum	   *taken;
+	int			i;
+	int			j;
+
+	*ntaken = 0;
+	lr->type = InvalidOid;
+	if (nreqs == 0)
+		return NULL;
+	reqs = palloc(nreqs * sizeof(TakeRequest));
+	for (i = 0; i < nreqs; i++)
+	{
+		reqs[i].id = ids[i];
+		reqs[i].attempt = attempts[i];
+		reqs[i].retry = false;
+		reqs[i].done = false;
+	}
+	qsort(reqs, nreqs, sizeof(TakeRequest), take_request_cmp);
+	for (i = 1, j = 1; i < nreqs; i++)
+		if (take_request_cmp(&reqs[i], &reqs[j - 1]) != 0)
+			reqs[j++] = reqs[i];
+	nreqs = j;
+
+	taken = MemoryContextAlloc(keep, nreqs * sizeof(Datum));
+	while (nreqs > 0)
+	{
+		CHECK_FOR_INTERRUPTS();
+		take_round(reqs, nreqs, taken, ntaken, lr, keep);
+		/* the claims read in a batch that changed, not taken: again */
+		for (i = 0, j = 0; i < nreqs; i++)
+		{
+			if (!reqs[i].retry || reqs[i].done)
+				continue;
+			reqs[j] = reqs[i];
+			reqs[j].retry = false;
+			j++;
+		}
+		nreqs = j;
+	}
+	return taken;
+}
+
+/*
+ * mail_state_ack
+ *		Report the claims (ids[i], attempts[i]) sent: those still open go
+ *		to mail_done as sent (that row is their 'sent' event too:
+ *		gatekeeper.events reads them from there).  Returns how many were
+ *		still open.
+ */
+int
+mail_state_ack(const int64 *ids, const int32 *attempts, int n)
+{
+	LiveRecord	lr;
+	Datum	   *taken;
+	int			ntaken;
+	int			i;
+
+	taken = mail_state_take_claimed(ids, attempts, n, &ntaken, &lr, CurrentMemoryContext);
+	for (i = 0; i < ntaken; i++)
+		taken[i] = record_moved(&lr, taken[i], lr.sent, false, NULL, 0, false);
+	mail_state_insert_done(&lr, taken, ntaken);
+	return ntaken;
+}
+
+/*
+ * The policies of the queues of n records, sorted by name for
+ * find_policy.
+ */
+static QueuePolicy *
+load_policies(LiveRecord *lr, Datum *records, int n, int *npolicies)
+{
+	Datum	   *names = palloc(Max(n, 1) * sizeof(Datum));
+	QueuePolicy *policies;
+	Oid			type = TEXTARRAYOID;
+	Datum		arg;
+	uint64		row;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		names[i] = mail_state_record_get(lr, records[i], lr->queue);
+	gatekeeper_plan(&queue_policy_plan, queue_policy_sql, 1, &type);
+	arg = gatekeeper_array(names, NULL, n, TEXTOID);
+	if (SPI_execute_plan(queue_policy_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the policies of queues");
+	policies = palloc0(Max(SPI_processed, 1) * sizeof(QueuePolicy));
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		Datum		d;
+
+		policies[row].name = SPI_getvalue(tup, desc, 1);
+		d = SPI_getbinval(tup, desc, 2, &isnull);
+		policies[row].max_attempts = isnull ? 1 : DatumGetInt32(d);
+		d = SPI_getbinval(tup, desc, 3, &isnull);
+		policies[row].notify = !isnull && DatumGetBool(d);
+		policies[row].due = DT_NOEND;
+	}
+	*npolicies = (int) SPI_processed;
+	SPI_freetuptable(SPI_tuptable);
+	qsort(policies, *npolicies, sizeof(QueuePolicy), policy_cmp);
+	return policies;
+}
+
+/* A queue's policy, or NULL when the queue is gone. */
+static QueuePolicy *
+find_policy(QueuePolicy *policies, int n, const char *name)
+{
+	QueuePolicy key;
+
+	memset(&key, 0, sizeof(key));
+	key.name = (char *) name;
+	return bsearch(&key, policies, n, sizeof(QueuePolicy), policy_cmp);
+}
+
+/*
+ * The backoff of a retry after tries charged attempts: exponential with
+ * equal jitter, in [d/2, d] for d = retry_delay * 2^(tries - 1), at most
+ * six hours.
+ */
+static int64
+retry_delay_usecs(int32 tries)
+{
+	double		d = (double) gatekeeper_retry_delay * 1000.0 *
+		pow(2.0, (double) Min(tries - 1, 30));
+
+	d = Min(d, (double) MAX_RETRY_DELAY_USECS);
+	return (int64) rint(d / 2 + d / 2 * pg_prng_double(&pg_global_prng_state));
+}
+
+/*
+ * mail_state_nack
+ *		Report the claims nacks[i] not sent: each still open is retried
+ *		after a backoff (back into mail_live, scheduled, charged), or fails
+ *		(into mail_done) when permanent or out of its queue's attempts.
+ *		Sets each nack's state ("failed", "scheduled", or NULL when the
+ *		claim was not the caller's; a claim named twice takes the first
+ *		one's error, and the second gets NULL); returns how many were
+ *		still open.
+ *
+ * Each writes a 'deferred' event, or for a permanent failure a 'bounced'
+ * one; a permanent failure is a bounce of its address (report_bounce:
+ * a hard one suppresses it), taken in the order of the addresses; the
+ * failed mails' gate passes are given back in one sorted release, so
+ * that concurrent nacks do not deadlock.
+ */
+int
+mail_state_nack(MailNack *nacks, int n)
+{
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	MailNack  **order;
+	int64	   *ids;
+	int32	   *attempts;
+	LiveRecord	lr;
+	Datum	   *taken;
+	int			ntaken;
+	NackTaken  *mails;
+	QueuePolicy *policies;
+	int			npolicies;
+	Datum	   *live;
+	Datum	   *done;
+	NackTaken **bounces;
+	char	  **release_recipients;
+	int64	   *release_holders;
+	int			nlive = 0;
+	int			ndone = 0;
+	int			nbounces = 0;
+	int			nrelease = 0;
+	int			nfailed = 0;
+	int			i;
+	int			j;
+
+	for (i = 0; i < n; i++)
+		nacks[i].state = NULL;
+	if (n == 0)
+		return 0;
+
+	/* the claims, the first nack of each (the sort keeps the given order) */
+	order = palloc(n * sizeof(MailNack *));
+	for (i = 0; i < n; i++)
+		order[i] = &nacks[i];
+	qsort(order, n, sizeof(MailNack *), nack_ptr_cmp);
+	for (i = 1, j = 1; i < n; i++)
+		if (claim_cmp(order[i]->id, order[i]->attempt,
+					  order[j - 1]->id, order[j - 1]->attempt) != 0)
+			order[j++] = order[i];
+	ids = palloc(j * sizeof(int64));
+	attempts = palloc(j * sizeof(int32));
+	for (i = 0; i < j; i++)
+	{
+		ids[i] = order[i]->id;
+		attempts[i] = order[i]->attempt;
+	}
+
+	taken = mail_state_take_claimed(ids, attempts, j, &ntaken, &lr, CurrentMemoryContext);
+	if (ntaken == 0)
+		return 0;
+
+	/* each taken claim with its nack, in id order */
+	mails = palloc0(ntaken * sizeof(NackTaken));
+	for (i = 0; i < ntaken; i++)
+	{
+		MailNack	key;
+		MailNack   *keyp = &key;
+		MailNack  **hit;
+
+		key.id = DatumGetInt64(mail_state_record_get(&lr, taken[i], lr.id));
+		key.attempt = DatumGetInt32(mail_state_record_get(&lr, taken[i], lr.attempt));
+		hit = bsearch(&keyp, order, j, sizeof(MailNack *), nack_claim_cmp);
+		if (hit == NULL)
+			elog(ERROR, "took claimed mail %lld not asked for", (long long) key.id);
+		mails[i].id = key.id;
+		mails[i].record = taken[i];
+		mails[i].nack = *hit;
+	}
+	qsort(mails, ntaken, sizeof(NackTaken), nack_taken_cmp);
+
+	/* retried, or failed: permanent, or out of its queue's attempts */
+	policies = load_policies(&lr, taken, ntaken, &npolicies);
+	for (i = 0; i < ntaken; i++)
+	{
+		NackTaken  *m = &mails[i];
+		QueuePolicy *q = find_policy(policies, npolicies,
+									 TextDatumGetCString(mail_state_record_get(&lr, m->record, lr.queue)));
+		int32		tries = DatumGetInt32(mail_state_record_get(&lr, m->record, lr.attempt)) -
+			DatumGetInt32(mail_state_record_get(&lr, m->record, lr.uncharged));
+
+		m->failed = m->nack->permanent || tries >= (q ? q->max_attempts : 1);
+		if (m->failed)
+			nfailed++;
+	}
+
+	/* the failed mails' recipients, for their events, bounces and passes */
+	if (nfailed > 0)
+	{
+		Datum	   *fids = palloc(nfailed * sizeof(Datum));
+		Datum	   *fsegments = palloc(nfailed * sizeof(Datum));
+		NackTaken **of = palloc(nfailed * sizeof(NackTaken *));
+		Oid			types[2] = {INT8ARRAYOID, INT2ARRAYOID};
+		Datum		args[2];
+		uint64		row;
+		int			k = 0;
+
+		for (i = 0; i < ntaken; i++)
+		{
+			if (!mails[i].failed)
+				continue;
+			fids[k] = Int64GetDatum(mails[i].id);
+			fsegments[k] = mail_state_record_get(&lr, mails[i].record, lr.segment);
+			of[k++] = &mails[i];
+		}
+		gatekeeper_plan(&recipients_plan, recipients_sql, 2, types);
+		args[0] = gatekeeper_array(fids, NULL, nfailed, INT8OID);
+		args[1] = gatekeeper_array(fsegments, NULL, nfailed, INT2OID);
+		if (gatekeeper_execute_by_key(recipients_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the recipients of failed mail");
+		for (row = 0; row < SPI_processed; row++)
+		{
+			bool		isnull;
+			int64		place = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[row],
+															SPI_tuptable->tupdesc, 1, &isnull));
+
+			if (place < 1 || place > nfailed)
+				elog(ERROR, "recipient of failed mail out of place");
+			of[place - 1]->recipient = SPI_getvalue(SPI_tuptable->vals[row],
+													SPI_tuptable->tupdesc, 2);
+		}
+		SPI_freetuptable(SPI_tuptable);
+	}
+
+	/* the records where they now belong, and the events, in id order */
+	live = palloc(ntaken * sizeof(Datum));
+	done = palloc(ntaken * sizeof(Datum));
+	{
+		Datum	   *e_ids = palloc(ntaken * sizeof(Datum));
+		Datum	   *e_queues = palloc(ntaken * sizeof(Datum));
+		Datum	   *e_recipients = palloc(ntaken * sizeof(Datum));
+		bool	   *e_recipients_null = palloc(ntaken * sizeof(bool));
+		Datum	   *e_events = palloc(ntaken * sizeof(Datum));
+		Datum	   *e_details = palloc(ntaken * sizeof(Datum));
+		bool	   *e_details_null = palloc(ntaken * sizeof(bool));
+		Datum	   *e_segments = palloc(ntaken * sizeof(Datum));
+		Oid			types[6] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
+		TEXTARRAYOID, INT2ARRAYOID};
+		Datum		args[6];
+
+		for (i = 0; i < ntaken; i++)
+		{
+			NackTaken  *m = &mails[i];
+			const char *error = m->nack->error;
+
+			e_ids[i] = Int64GetDatum(m->id);
+			e_queues[i] = mail_state_record_get(&lr, m->record, lr.queue);
+			e_segments[i] = mail_state_record_get(&lr, m->record, lr.segment);
+			e_details[i] = error ? CStringGetTextDatum(error) : (Datum) 0;
+			e_details_null[i] = error == NULL;
+			e_recipients_null[i] = true;
+			e_recipients[i] = (Datum) 0;
+			if (m->failed)
+			{
+				m->nack->state = "failed";
+				done[ndone++] = record_moved(&lr, m->record, lr.failed, true, error, 0, false);
+				e_events[i] = CStringGetTextDatum(m->nack->permanent ? "bounced" : "deferred");
+				if (m->recipient != NULL)
+				{
+					e_recipients[i] = CStringGetTextDatum(m->recipient);
+					e_recipients_null[i] = false;
+				}
+			}
+			else
+			{
+				QueuePolicy *q = find_policy(policies, npolicies,
+											 TextDatumGetCString(e_queues[i]));
+				int32		tries = DatumGetInt32(mail_state_record_get(&lr, m->record, lr.attempt)) -
+					DatumGetInt32(mail_state_record_get(&lr, m->record, lr.uncharged));
+				TimestampTz due = now + retry_delay_usecs(tries);
+
+				m->nack->state = "scheduled";
+				live[nlive++] = record_moved(&lr, m->record, lr.scheduled, true, error, due, false);
+				e_events[i] = CStringGetTextDatum("deferred");
+				if (q != NULL && q->notify)
+					gatekeeper_announce_due(q->name, due);
+			}
+		}
+		mail_state_insert_done(&lr, done, ndone);
+		mail_state_insert_live(&lr, live, nlive);
+
+		gatekeeper_plan(&nack_events_plan, nack_events_sql, 6, types);
+		args[0] = gatekeeper_array(e_ids, NULL, ntaken, INT8OID);
+		args[1] = gatekeeper_array(e_queues, NULL, ntaken, TEXTOID);
+		args[2] = gatekeeper_array(e_recipients, e_recipients_null, ntaken, TEXTOID);
+		args[3] = gatekeeper_array(e_events, NULL, ntaken, TEXTOID);
+		args[4] = gatekeeper_array(e_details, e_details_null, ntaken, TEXTOID);
+		args[5] = gatekeeper_array(e_segments, NULL, ntaken, INT2OID);
+		if (SPI_execute_plan(nack_events_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
+			SPI_processed != (uint64) ntaken)
+			elog(ERROR, "could not record the events of nacked mail");
+	}
+
+	/*
+	 * The relay said the mailbox does not exist: never mail it again (and
+	 * a bounce of another kind counts toward soft_bounce_limit).  After the
+	 * events, which the count reads; in address order.
+	 */
+	bounces = palloc(Max(nfailed, 1) * sizeof(NackTaken *));
+	release_recipients = palloc(Max(nfailed, 1) * sizeof(char *));
+	release_holders = palloc(Max(nfailed, 1) * sizeof(int64));
+	for (i = 0; i < ntaken; i++)
+	{
+		NackTaken  *m = &mails[i];
+
+		if (!m->failed || m->recipient == NULL)
+			continue;
+		if (m->nack->permanent)
+		{
+			m->key = gatekeeper_recipient_key(m->recipient);
+			bounces[nbounces++] = m;
+		}
+		release_recipients[nrelease] = m->recipient;
+		release_holders[nrelease] = m->id;
+		nrelease++;
+	}
+	qsort(bounces, nbounces, sizeof(NackTaken *), bounce_cmp);
+	for (i = 0; i < nbounces; i++)
+		report_bounce(bounces[i]->key, bounces[i]->nack->error, bounces[i]->nack->error,
+					  bounces[i]->id);
+
+	/* by what the mail holds, whatever its queue's gates are now */
+	if (nrelease > 0)
+		(void) gatekeeper_release_passes(release_recipients, release_holders, nrelease);
+
+	return ntaken;
+}
+
+/*
+ * mail_state_unclaim
+ *		Hand the claims (ids[i], attempts[i]) still open back unsent and
+ *		uncharged (no relay could be reached): scheduled again, due at due
+ *		or their own send_at, whichever is later, with error (NULL
+ *		allowed).  External senders listening for a notify queue hear of
+ *		it.  Returns how many were handed back.
+ */
+int
+mail_state_unclaim(const int64 *ids, const int32 *attempts, int n, const char *error,
+				   TimestampTz due)
+{
+	LiveRecord	lr;
+	Datum	   *taken;
+	int			ntaken;
+	QueuePolicy *policies;
+	int			npolicies;
+	int			i;
+
+	taken = mail_state_take_claimed(ids, attempts, n, &ntaken, &lr, CurrentMemoryContext);
+	if (ntaken == 0)
+		return 0;
+	policies = load_policies(&lr, taken, ntaken, &npolicies);
+	for (i = 0; i < ntaken; i++)
+	{
+		TimestampTz send_at = DatumGetTimestampTz(mail_state_record_get(&lr, taken[i],
+																		lr.send_at));
+		QueuePolicy *q = find_policy(policies, npolicies,
+									 TextDatumGetCString(mail_state_record_get(&lr, taken[i],
+																			   lr.queue)));
+
+		send_at = Max(send_at, due);
+		taken[i] = record_moved(&lr, taken[i], lr.scheduled, true, error, send_at, true);
+		if (q != NULL)
+			q->due = Min(q->due, send_at);
+	}
+	mail_state_insert_live(&lr, taken, ntaken);
+	for (i = 0; i < npolicies; i++)
+		if (policies[i].notify && policies[i].due != DT_NOEND)
+			gatekeeper_announce_due(policies[i].name, policies[i].due);
+	return ntaken;
+}
+
+/*
+ * mail_state_extend_one
+ *		Extend the lease of the claim (id, attempt) to lease_end: for its
+ *		whole batch row when that ends later than the row's lease (the
+ *		row's mails were claimed together by one worker, which extends
+ *		them together), else for this mail alone, moved to a row of its
+ *		own.  Returns false when the claim is not open.
+ */
+bool
+mail_state_extend_one(int64 id, int32 attempt, TimestampTz lease_end)
+{
+	Oid			find_types[2] = {INT8OID, INT4OID};
+	Datum		args[5];
+	char		nulls[5] = "     ";
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	int64		batch;
+	TimestampTz lease_until;
+	int32		open;
+	Datum		worker;
+	bool		worker_null;
+
+	gatekeeper_plan(&extend_find_plan, extend_find_sql, 2, find_types);
+	args[0] = Int64GetDatum(id);
+	args[1] = Int32GetDatum(attempt);
+	if (SPI_execute_plan(extend_find_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not find a claim to extend");
+	if (SPI_processed == 0)
+		return false;
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+	open = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
+	worker = SPI_getbinval(tup, desc, 4, &worker_null);
+	if (!worker_null)
+		worker = PointerGetDatum(pg_detoast_datum_copy((struct varlena *) DatumGetPointer(worker)));
+
+	if (lease_end >= lease_until || open == 1)
+	{
+		Oid			types[2] = {INT8OID, TIMESTAMPTZOID};
+
+		gatekeeper_plan(&extend_batch_plan, extend_batch_sql, 2, types);
+		args[0] = Int64GetDatum(batch);
+		args[1] = TimestampTzGetDatum(lease_end);
+		if (SPI_execute_plan(extend_batch_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "could not extend a lease");
+	}
+	else
+	{
+		LiveRecord	lr;
+		Datum	   *taken;
+		int			ntaken;
+
+		taken = mail_state_take_claimed(&id, &attempt, 1, &ntaken, &lr, CurrentMemoryContext);
+		if (ntaken == 1)
+		{
+			Oid			types[5] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID, lr.arraytype};
+
+			gatekeeper_plan(&extend_alone_plan, extend_alone_sql, 5, types);
+			args[0] = mail_state_record_get(&lr, taken[0], lr.queue);
+			args[1] = worker;
+			nulls[1] = worker_null ? 'n' : ' ';
+			args[2] = TimestampTzGetDatum(lease_end);
+			args[3] = Int64GetDatum(id);
+			args[4] = gatekeeper_array(taken, NULL, 1, lr.type);
+			if (SPI_execute_plan(extend_alone_plan, args, nulls, false, 0) != SPI_OK_INSERT)
+				elog(ERROR, "could not give a claim a lease of its own");
+		}
+	}
+	return true;
+}
+
+/*
+ * mail_state_extend
+ *		Extend the leases of the claims (ids[i], attempts[i]) to lease_end
+ *		at least: each batch row holding some of them once, never to a
+ *		shorter lease (the background worker's extend: a lease is its
+ *		batch's).  Sets held[i] to whether claim i was still open; returns
+ *		how many were.
+ */
+int
+mail_state_extend(const int64 *ids, const int32 *attempts, int n, TimestampTz lease_end,
+				  bool *held)
+{
+	Oid			lock_types[4] = {INT8ARRAYOID, INT4ARRAYOID, INT8OID, INT8OID};
+	Oid			types[2] = {INT8ARRAYOID, TIMESTAMPTZOID};
+	Datum	   *id_values;
+	Datum	   *attempt_values;
+	Datum	   *batches;
+	int64	   *open_ids;
+	int			nopen = 0;
+	int			nbatches;
+	int64		lo;
+	int64		hi;
+	Datum		args[4];
+	uint64		row;
+	int			nheld = 0;
+	int			i;
+
+	if (n == 0)
+		return 0;
+	id_values = palloc(n * sizeof(Datum));
+	attempt_values = palloc(n * sizeof(Datum));
+	lo = hi = ids[0];
+	for (i = 0; i < n; i++)
+	{
+		id_values[i] = Int64GetDatum(ids[i]);
+		attempt_values[i] = Int32GetDatum(attempts[i]);
+		lo = Min(lo, ids[i]);
+		hi = Max(hi, ids[i]);
+	}
+	gatekeeper_plan(&extend_lock_plan, extend_lock_sql, 4, lock_types);
+	args[0] = gatekeeper_array(id_values, NULL, n, INT8OID);
+	args[1] = gatekeeper_array(attempt_values, NULL, n, INT4OID);
+	args[2] = Int64GetDatum(lo);
+	args[3] = Int64GetDatum(hi);
+	if (SPI_execute_plan(extend_lock_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock the batches of claims to extend");
+	nbatches = (int) SPI_processed;
+	batches = palloc(Max(nbatches, 1) * sizeof(Datum));
+	open_ids = palloc(n * sizeof(int64));
+	for (row = 0; row < SPI_processed; row++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[row];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		Datum	   *in;
+		int			nin;
+		int			k;
+
+		batches[row] = SPI_getbinval(tup, desc, 1, &isnull);
+		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)),
+						  INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &in, NULL, &nin);
+		for (k = 0; k < nin && nopen < n; k++)
+			open_ids[nopen++] = DatumGetInt64(in[k]);
+	}
+	SPI_freetuptable(SPI_tuptable);
+	qsort(open_ids, nopen, sizeof(int64), int64_cmp);
+
+	if (nbatches > 0)
+	{
+		gatekeeper_plan(&extend_batches_plan, extend_batches_sql, 2, types);
+		args[0] = gatekeeper_array(batches, NULL, nbatches, INT8OID);
+		args[1] = TimestampTzGetDatum(lease_end);
+		if (SPI_execute_plan(extend_batches_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "could not extend leases");
+	}
+	for (i = 0; i < n; i++)
+	{
+		held[i] = bsearch(&ids[i], open_ids, nopen, sizeof(int64), int64_cmp) != NULL;
+		if (held[i])
+			nheld++;
+	}
+	return nheld;
+}
