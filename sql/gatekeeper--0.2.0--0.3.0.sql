@@ -847,33 +847,6 @@ AS $$
 					substring(error FROM '^([245][0-9][0-9])([ -]|$)'))
 $$;
 
--- a bounce of the mail mail_id to the address key: a hard one (the
--- synchronous path's classes, _hard_bounce) suppresses the address
--- everywhere; others do once soft_bounce_limit mails to it bounced within
--- 30 days.  status is a relay's reply or a DSN's RFC 3463 code.  Call it
--- after the bounce's event is written.
-CREATE FUNCTION gatekeeper._bounced(address_key text, status text, detail text, mail_id bigint)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	lim int := coalesce(nullif(current_setting('gatekeeper.soft_bounce_limit', true), '')::int, 5);
-BEGIN
-	IF gatekeeper._hard_bounce(CASE WHEN status ~ '^[245]\.' THEN '550 ' || status ELSE status END) THEN
-		PERFORM gatekeeper._suppress(address_key, 'hard_bounce', NULL, detail, mail_id);
-	ELSIF (SELECT count(DISTINCT e.mail_id) FROM gatekeeper.event_log e
-			WHERE translate(e.recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')
-				  = address_key
-			  AND e.event = 'bounced' AND e.at > now() - interval '30 days') >= lim THEN
-		PERFORM gatekeeper._suppress(address_key, 'soft_bounce', NULL,
-									 pg_catalog.format('soft bounces within 30 days: %s; the last: %s',
-													   lim, detail),
-									 mail_id);
-	END IF;
-END
-$$;
-
 CREATE FUNCTION gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
 RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
 LANGUAGE c SECURITY DEFINER
@@ -965,7 +938,7 @@ COMMENT ON VIEW gatekeeper.report_stats IS
 	'reports (DSNs, ARF reports, webhook events) recorded and ignored since the server started';
 
 REVOKE ALL ON FUNCTION gatekeeper._check_return_path(text), gatekeeper._verp_token(bigint),
-	gatekeeper._reply_status(text), gatekeeper._bounced(text, text, text, bigint),
+	gatekeeper._reply_status(text),
 	gatekeeper.ingest_report(text, text), gatekeeper.record_event(text, text, text, text, text),
 	gatekeeper._count_events(), gatekeeper._queue_totals() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.event_log, gatekeeper.event_log_0, gatekeeper.event_log_1,
@@ -1477,17 +1450,6 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 	FOR EACH STATEMENT
 	WHEN (NOT gatekeeper._own_statement())
 	EXECUTE FUNCTION gatekeeper._mail_live_restore();
-
-/*
- * Issue 27, item 2 of the record_event follow-up (rec27): the soft-bounce
- * rule in one place.  _bounced becomes a wrapper of report_bounce() in
- * src/report.c, which ingest_report and record_event use too.
- */
-CREATE OR REPLACE FUNCTION gatekeeper._bounced(address_key text, status text, detail text, mail_id bigint)
-RETURNS void
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_bounced';
 
 /*
  * ---------------------------------------------------------------------------

@@ -2085,19 +2085,6 @@ AS $$
 					substring(error FROM '^([245][0-9][0-9])([ -]|$)'))
 $$;
 
--- a bounce of the mail mail_id to the address key: a hard one (the
--- synchronous path's classes, _hard_bounce) suppresses the address
--- everywhere; others do once soft_bounce_limit mails to it bounced within
--- 30 days.  status is a relay's reply or a DSN's RFC 3463 code.  Call it
--- after the bounce's event is written.  The rule lives once, in C
--- (report_bounce in src/report.c), for the nacks here and for
--- ingest_report and record_event.
-CREATE FUNCTION gatekeeper._bounced(address_key text, status text, detail text, mail_id bigint)
-RETURNS void
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_bounced';
-
 CREATE FUNCTION gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
 RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
 LANGUAGE c SECURITY DEFINER

@@ -25,7 +25,7 @@
  * a webhook's recipient), that mail's recipient: report_rows() checks
  * both and writes the event and the suppression it calls for
  * (report_bounce(), the one place of the soft-bounce rule, which the nacks
- * reach through gatekeeper._bounced; gatekeeper._suppress).  The mail is
+ * of src/mail_state.c call too; gatekeeper._suppress).  The mail is
  * read by key from its segment's partitions of mail_done and mail
  * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
@@ -73,7 +73,6 @@ PG_FUNCTION_INFO_V1(gatekeeper_verp_token);
 PG_FUNCTION_INFO_V1(gatekeeper_check_return_path);
 PG_FUNCTION_INFO_V1(gatekeeper_ingest_report);
 PG_FUNCTION_INFO_V1(gatekeeper_record_event);
-PG_FUNCTION_INFO_V1(gatekeeper_bounced);
 
 #define VERP_MAC_LEN		10
 #define VERP_RAW_LEN		(8 + VERP_MAC_LEN)
@@ -334,7 +333,7 @@ message_id_mail(const char *message_id, int64 *id)
  * Whether a bounce's status is a hard bounce: the synchronous path's
  * classes (gatekeeper._hard_bounce: 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10),
  * for an RFC 3463 code ("5.1.1") or a reply ("550 5.1.1 ...", or "550"
- * without an enhanced code), as gatekeeper._bounced() judged it in SQL.
+ * without an enhanced code).
  */
 static bool
 hard_bounce_status(const char *status)
@@ -397,7 +396,7 @@ hard_bounce_status(const char *status)
  * report_bounce
  *		What a bounce does to the suppression list: see report.h.  In C with
  *		kept plans, not a PL/pgSQL call per report (bench/notes.md, "Reports,
- *		profiled"); gatekeeper._bounced() is a wrapper of it, for the nacks.
+ *		profiled"); the nacks (src/mail_state.c) call it too.
  */
 void
 report_bounce(const char *address_key, const char *status, const char *detail, int64 mail_id)
@@ -660,7 +659,7 @@ find_sent_mail(int64 id, SentMail *mail)
  * event) about mail id: only when the mail was sent, its Message-ID is
  * message_id (when given) and its recipient is recipient1 or recipient2
  * (when either is given).  Writes the event, in the mail's retention
- * segment, and what it does to the suppression list (_bounced, or a
+ * segment, and what it does to the suppression list (report_bounce, or a
  * global complaint), and puts the row recorded into out (when not NULL).
  * The same event (event, source, status and detail) taken before for the
  * mail (a DSN or webhook delivered twice) writes nothing and is no row,
@@ -1126,26 +1125,4 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	if (!matched)
 		PG_RETURN_NULL();
 	PG_RETURN_INT64(id);
-}
-
-/*
- * gatekeeper._bounced(address_key text, status text, detail text,
- *					   mail_id bigint) RETURNS void
- *		What a bounce of mail mail_id to address_key does to the suppression
- *		list (report_bounce), for the nacks' SQL; call it after the
- *		bounce's event is written.  22004 for a NULL address_key or mail_id.
- */
-Datum
-gatekeeper_bounced(PG_FUNCTION_ARGS)
-{
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("address_key and mail_id must not be null")));
-	report_bounce(text_to_cstring(PG_GETARG_TEXT_PP(0)),
-				  PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1)),
-				  PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2)),
-				  PG_GETARG_INT64(3));
-	PG_RETURN_VOID();
 }

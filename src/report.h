@@ -29,8 +29,8 @@ extern char *gatekeeper_report_envelope(const char *queue, int64 mail_id, char *
  * everywhere; any other does once gatekeeper.soft_bounce_limit mails to it
  * bounced within 30 days.  Call it after the bounce's event is written, in
  * a transaction with an active snapshot; it connects to SPI itself.  The
- * one place of the rule: ingest_report, record_event and
- * gatekeeper._bounced (the nacks) all come here.
+ * one place of the rule: ingest_report, record_event and the nacks
+ * (src/mail_state.c) all come here.
  */
 extern void report_bounce(const char *address_key, const char *status, const char *detail,
 						  int64 mail_id);
