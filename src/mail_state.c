@@ -271,9 +271,13 @@ batch_entry_cmp(const void *a, const void *b)
 	return (x->batch > y->batch) - (x->batch < y->batch);
 }
 
-/* int64s in order */
-static int
-int64_cmp(const void *a, const void *b)
+/*
+ * mail_state_id_cmp
+ *		Mail ids (int64s) in ascending order, for qsort and bsearch here and
+ *		in src/mail_state_sweep.c.
+ */
+int
+mail_state_id_cmp(const void *a, const void *b)
 {
 	int64		x = *(const int64 *) a;
 	int64		y = *(const int64 *) b;
@@ -285,7 +289,7 @@ int64_cmp(const void *a, const void *b)
 static int
 take_batch_cmp(const void *a, const void *b)
 {
-	return int64_cmp(&((const TakeBatch *) a)->batch, &((const TakeBatch *) b)->batch);
+	return mail_state_id_cmp(&((const TakeBatch *) a)->batch, &((const TakeBatch *) b)->batch);
 }
 
 /* nacks in (id, attempt) order, the first given first */
@@ -315,7 +319,7 @@ nack_claim_cmp(const void *a, const void *b)
 static int
 nack_taken_cmp(const void *a, const void *b)
 {
-	return int64_cmp(&((const NackTaken *) a)->id, &((const NackTaken *) b)->id);
+	return mail_state_id_cmp(&((const NackTaken *) a)->id, &((const NackTaken *) b)->id);
 }
 
 /* bounces in the order of their suppression keys, then mail ids */
@@ -328,7 +332,7 @@ bounce_cmp(const void *a, const void *b)
 
 	if (c != 0)
 		return c;
-	return int64_cmp(&x->id, &y->id);
+	return mail_state_id_cmp(&x->id, &y->id);
 }
 
 /* queue policies by name, in byte order */
@@ -696,7 +700,7 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 		b->gone = palloc(Max(b->ngone, 1) * sizeof(int64));
 		for (i = 0; i < b->ngone; i++)
 			b->gone[i] = DatumGetInt64(gone[i]);
-		qsort(b->gone, b->ngone, sizeof(int64), int64_cmp);
+		qsort(b->gone, b->ngone, sizeof(int64), mail_state_id_cmp);
 		b->taken = palloc(b->ntaken * sizeof(Datum));
 		b->ntaken = 0;
 		nlocked++;
@@ -721,7 +725,7 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 			r->retry = true;
 			continue;
 		}
-		if (bsearch(&e->id, b->gone, b->ngone, sizeof(int64), int64_cmp) != NULL)
+		if (bsearch(&e->id, b->gone, b->ngone, sizeof(int64), mail_state_id_cmp) != NULL)
 			continue;
 		b->taken[b->ntaken++] = Int64GetDatum(e->id);
 		old = MemoryContextSwitchTo(keep);
@@ -1362,7 +1366,7 @@ mail_state_extend(const int64 *ids, const int32 *attempts, int n, TimestampTz le
 			open_ids[nopen++] = DatumGetInt64(in[k]);
 	}
 	SPI_freetuptable(SPI_tuptable);
-	qsort(open_ids, nopen, sizeof(int64), int64_cmp);
+	qsort(open_ids, nopen, sizeof(int64), mail_state_id_cmp);
 
 	if (nbatches > 0)
 	{
@@ -1374,7 +1378,7 @@ mail_state_extend(const int64 *ids, const int32 *attempts, int n, TimestampTz le
 	}
 	for (i = 0; i < n; i++)
 	{
-		held[i] = bsearch(&ids[i], open_ids, nopen, sizeof(int64), int64_cmp) != NULL;
+		held[i] = bsearch(&ids[i], open_ids, nopen, sizeof(int64), mail_state_id_cmp) != NULL;
 		if (held[i])
 			nheld++;
 	}

@@ -76,6 +76,7 @@ extern Datum mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attn
 extern void mail_state_insert_live(LiveRecord *lr, Datum *records, int n);
 extern void mail_state_insert_done(LiveRecord *lr, Datum *records, int n);
 
+extern int	mail_state_id_cmp(const void *a, const void *b);
 extern Datum *mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n,
 									  int *ntaken, LiveRecord *lr, MemoryContext keep);
 extern int	mail_state_ack(const int64 *ids, const int32 *attempts, int n);

@@ -407,7 +407,6 @@ static bool cancel_scheduled(int64 id);
 static void require_queue(text *queue);
 static void announce_due(Datum queues, Datum dues);
 static bool text_equal(Datum a, Datum b);
-static int	int64_cmp(const void *a, const void *b);
 static void synced_mail(TupleDesc desc, HeapTuple tuple, SyncedMail *m);
 static void sync_delete(TriggerData *trigdata);
 static void sync_update(TriggerData *trigdata);
@@ -688,16 +687,6 @@ execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
 	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
 }
 
-/* int64s in ascending order, for qsort and bsearch */
-static int
-int64_cmp(const void *a, const void *b)
-{
-	int64		x = *(const int64 *) a;
-	int64		y = *(const int64 *) b;
-
-	return (x > y) - (x < y);
-}
-
 /* Two texts, either 0 for NULL, are the same (NOT IS DISTINCT FROM) */
 static bool
 text_equal(Datum a, Datum b)
@@ -802,7 +791,7 @@ sync_delete(TriggerData *trigdata)
 
 		for (i = 0; i < n; i++)
 			sorted[i] = DatumGetInt64(ids[i]);
-		qsort(sorted, n, sizeof(int64), int64_cmp);
+		qsort(sorted, n, sizeof(int64), mail_state_id_cmp);
 		range[0] = Int64GetDatum(lo);
 		range[1] = Int64GetDatum(hi);
 		if (execute(&sync_deleted_claims_plan, sync_deleted_claims_sql, 2, range_types, range,
@@ -816,7 +805,7 @@ sync_delete(TriggerData *trigdata)
 			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[r],
 														 SPI_tuptable->tupdesc, 1, &isnull));
 
-			if (bsearch(&id, sorted, n, sizeof(int64), int64_cmp) == NULL)
+			if (bsearch(&id, sorted, n, sizeof(int64), mail_state_id_cmp) == NULL)
 				continue;
 			claim_ids[nclaims] = id;
 			claim_attempts[nclaims++] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r],
@@ -828,7 +817,6 @@ sync_delete(TriggerData *trigdata)
 			LiveRecord	lr;
 			int			ntaken;
 
-			memset(&lr, 0, sizeof(lr));
 			(void) mail_state_take_claimed(claim_ids, claim_attempts, nclaims,
 										   &ntaken, &lr, CurrentMemoryContext);
 		}
