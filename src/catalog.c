@@ -13,7 +13,10 @@
  * cache was reset); a table that is not there is looked up again at every
  * call, so CREATE EXTENSION needs no invalidation to be seen.  Each table's
  * entry counts its invalidations, so that a module that keeps something
- * read from a table (gate_log.c's nonce) knows when to read it again.  The
+ * read from a table (gate_log.c's nonce, report.c's indexes and column
+ * numbers of the segments' partitions) knows when to read it again; an
+ * index created or dropped invalidates its table, so the table's count
+ * covers what is derived from its indexes too.  The
  * columns asked about (whether mail_live_count has retrying, in the middle
  * of ALTER EXTENSION UPDATE) are kept the same way.
  *
@@ -58,7 +61,20 @@ static const char *const rel_names[GATEKEEPER_NUM_RELS] = {
 	[GATEKEEPER_REL_MAIL_DUE] = "mail_due",
 	[GATEKEEPER_REL_MAIL_LIVE_COUNT] = "mail_live_count",
 	[GATEKEEPER_REL_GATE_SPACE] = "gate_space",
+	[GATEKEEPER_REL_MAIL_0] = "mail_0",
+	[GATEKEEPER_REL_MAIL_1] = "mail_1",
+	[GATEKEEPER_REL_MAIL_2] = "mail_2",
+	[GATEKEEPER_REL_MAIL_3] = "mail_3",
+	[GATEKEEPER_REL_MAIL_DONE_0] = "mail_done_0",
+	[GATEKEEPER_REL_MAIL_DONE_1] = "mail_done_1",
+	[GATEKEEPER_REL_MAIL_DONE_2] = "mail_done_2",
+	[GATEKEEPER_REL_MAIL_DONE_3] = "mail_done_3",
 };
+
+StaticAssertDecl(GATEKEEPER_REL_MAIL_DONE_0 - GATEKEEPER_REL_MAIL_0 == GATEKEEPER_SEGMENTS,
+				 "one GatekeeperRel per segment's partition of gatekeeper.mail");
+StaticAssertDecl(GATEKEEPER_NUM_RELS - GATEKEEPER_REL_MAIL_DONE_0 == GATEKEEPER_SEGMENTS,
+				 "one GatekeeperRel per segment's partition of gatekeeper.mail_done");
 
 /* the columns asked about, by GatekeeperColumn */
 static const struct

@@ -23,8 +23,26 @@ typedef enum GatekeeperRel
 	GATEKEEPER_REL_MAIL_DUE,	/* mail_live's index by queue and due time */
 	GATEKEEPER_REL_MAIL_LIVE_COUNT,
 	GATEKEEPER_REL_GATE_SPACE,
+	/* the retention segments' partitions, by segment (GATEKEEPER_SEGMENTS) */
+	GATEKEEPER_REL_MAIL_0,
+	GATEKEEPER_REL_MAIL_1,
+	GATEKEEPER_REL_MAIL_2,
+	GATEKEEPER_REL_MAIL_3,
+	GATEKEEPER_REL_MAIL_DONE_0,
+	GATEKEEPER_REL_MAIL_DONE_1,
+	GATEKEEPER_REL_MAIL_DONE_2,
+	GATEKEEPER_REL_MAIL_DONE_3,
 	GATEKEEPER_NUM_RELS
 } GatekeeperRel;
+
+/* retention segments: gatekeeper.mail_0 .. mail_3, mail_done_0 .. mail_done_3 */
+#define GATEKEEPER_SEGMENTS			4
+
+/* segment's partition of gatekeeper.mail, and of gatekeeper.mail_done */
+#define GATEKEEPER_REL_MAIL_PART(segment) \
+	((GatekeeperRel) (GATEKEEPER_REL_MAIL_0 + (segment)))
+#define GATEKEEPER_REL_MAIL_DONE_PART(segment) \
+	((GatekeeperRel) (GATEKEEPER_REL_MAIL_DONE_0 + (segment)))
 
 /* the columns whose presence the library asks about */
 typedef enum GatekeeperColumn

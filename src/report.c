@@ -45,7 +45,6 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/tableam.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
@@ -54,7 +53,6 @@
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
-#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -91,8 +89,6 @@ static SPIPlanPtr return_path_plan = NULL;
 static const char return_path_sql[] =
 "SELECT q.return_path FROM gatekeeper.queue q WHERE q.name = $1";
 
-/* retention segments: mail_done_0 .. mail_done_3, mail_0 .. mail_3 */
-#define SEGMENTS			4
 
 /*
  * The sent mail a report names, and what is checked of it: its mail_done
@@ -111,28 +107,30 @@ typedef struct SentMail
 } SentMail;
 
 /*
- * What find_sent_mail reads, by segment: the partitions, their primary
- * keys (id, segment) and the columns' numbers.  Looked up once and kept
- * until a relcache invalidation of any of them (or of all relations):
- * ALTER, DROP EXTENSION and a TRUNCATE by rotation all send one.
+ * What find_sent_mail reads, by segment: the partitions (whose OIDs
+ * catalog.c keeps), their primary keys (id, segment) and the columns'
+ * numbers.  Derived once and kept while catalog.c's count of
+ * invalidations of each partition stays where it was when they were read
+ * (ALTER, DROP EXTENSION, an index created or dropped and a TRUNCATE by
+ * rotation all move it).
  */
 typedef struct SegmentRels
 {
 	Oid			done_relid;		/* mail_done_<n> */
+	uint32		done_generation;
 	Oid			done_index;
 	AttrNumber	done_queue;
 	AttrNumber	done_state;
 	AttrNumber	done_message_id;
 	Oid			mail_relid;		/* mail_<n> */
+	uint32		mail_generation;
 	Oid			mail_index;
 	AttrNumber	mail_recipient;
 } SegmentRels;
 
-static SegmentRels segment_rels[SEGMENTS];
+static SegmentRels segment_rels[GATEKEEPER_SEGMENTS];
 static Oid	sent_state = InvalidOid;	/* gatekeeper.state's 'sent' */
 static bool segment_rels_valid = false;
-static bool segment_rels_callback = false;
-static uint64 segment_rels_generation = 0;	/* invalidations seen */
 
 /* the event, in the mail's retention segment */
 static SPIPlanPtr insert_event_plan = NULL;
@@ -171,7 +169,7 @@ static bool verp_verify(const char *token, size_t len, int64 *id);
 static bool token_in(const char *text, int64 *id);
 static bool message_id_mail(const char *message_id, int64 *id);
 static bool hard_bounce_status(const char *status);
-static void segment_rels_invalidate(Datum arg, Oid relid);
+static bool segment_rels_current(void);
 static void segment_rels_load(void);
 static bool fetch_by_id(Oid relid, Oid indexid, int64 id, int16 segment, bool by_segment,
 						TupleTableSlot **slot, Relation *rel);
@@ -445,33 +443,25 @@ report_bounce(const char *address_key, const char *status, const char *detail, i
 }
 
 /*
- * Forget the relations find_sent_mail reads when one of them (or every
- * relation) is invalidated.
+ * Whether what find_sent_mail reads was derived from the partitions
+ * catalog.c knows now: none of them invalidated since.
  */
-static void
-segment_rels_invalidate(Datum arg, Oid relid)
+static bool
+segment_rels_current(void)
 {
 	int			i;
 
-	segment_rels_generation++;
 	if (!segment_rels_valid)
-		return;
-	if (!OidIsValid(relid))
-	{
-		segment_rels_valid = false;
-		return;
-	}
-	for (i = 0; i < SEGMENTS; i++)
+		return false;
+	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
 	{
 		SegmentRels *r = &segment_rels[i];
 
-		if (relid == r->done_relid || relid == r->done_index ||
-			relid == r->mail_relid || relid == r->mail_index)
-		{
-			segment_rels_valid = false;
-			return;
-		}
+		if (r->done_generation != gatekeeper_relid_generation(GATEKEEPER_REL_MAIL_DONE_PART(i)) ||
+			r->mail_generation != gatekeeper_relid_generation(GATEKEEPER_REL_MAIL_PART(i)))
+			return false;
 	}
+	return true;
 }
 
 /*
@@ -519,33 +509,26 @@ id_index_of(Relation rel)
 }
 
 /*
- * Look up the relations find_sent_mail reads, unless they are known.
+ * Derive what find_sent_mail reads of the partitions, unless it is
+ * current.
  */
 static void
 segment_rels_load(void)
 {
-	Oid			nsp;
-	uint64		generation = segment_rels_generation;
 	int			i;
 
-	if (segment_rels_valid)
+	if (segment_rels_current())
 		return;
-	if (!segment_rels_callback)
-	{
-		CacheRegisterRelcacheCallback(segment_rels_invalidate, (Datum) 0);
-		segment_rels_callback = true;
-	}
-	nsp = get_namespace_oid("gatekeeper", false);
-	for (i = 0; i < SEGMENTS; i++)
+	segment_rels_valid = false;
+	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
 	{
 		SegmentRels *r = &segment_rels[i];
-		char		name[NAMEDATALEN];
 		Relation	rel;
 
-		snprintf(name, sizeof(name), "mail_done_%d", i);
-		r->done_relid = get_relname_relid(name, nsp);
-		snprintf(name, sizeof(name), "mail_%d", i);
-		r->mail_relid = get_relname_relid(name, nsp);
+		r->done_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_DONE_PART(i), true);
+		r->done_generation = gatekeeper_relid_generation(GATEKEEPER_REL_MAIL_DONE_PART(i));
+		r->mail_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_PART(i), true);
+		r->mail_generation = gatekeeper_relid_generation(GATEKEEPER_REL_MAIL_PART(i));
 		if (!OidIsValid(r->done_relid) || !OidIsValid(r->mail_relid))
 			elog(ERROR, "the partitions of segment %d of gatekeeper.mail and gatekeeper.mail_done are missing", i);
 
@@ -565,8 +548,13 @@ segment_rels_load(void)
 		r->mail_recipient = column_of(rel, "recipient");
 		table_close(rel, AccessShareLock);
 	}
-	/* after an invalidation while loading, load again next time */
-	segment_rels_valid = (generation == segment_rels_generation);
+
+	/*
+	 * An invalidation while loading (opening a partition takes a lock, which
+	 * reads invalidations) moved a count: load again next time.
+	 */
+	segment_rels_valid = true;
+	segment_rels_valid = segment_rels_current();
 }
 
 /*
@@ -616,7 +604,7 @@ find_sent_mail(int64 id, SentMail *mail)
 	int			i;
 
 	segment_rels_load();
-	for (i = 0; i < SEGMENTS; i++)
+	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
 	{
 		SegmentRels r = segment_rels[i];	/* a copy: opening may invalidate */
 		TupleTableSlot *slot;
