@@ -42,6 +42,7 @@ OBJS = \
 	src/live_count.o \
 	src/maintenance.o \
 	src/mail_state_sweep.o \
+	src/mail_state_sync.o \
 	src/report_parse.o \
 	src/report.o
 

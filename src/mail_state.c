@@ -232,12 +232,32 @@ typedef struct NackTaken
 	char	   *key;			/* its suppression key, for a bounce */
 } NackTaken;
 
+static TakeBatch *read_candidates(TakeRequest *reqs, int nreqs, LiveRecord *lr,
+								  int *nbatches, BatchEntry **entries, int *nentries);
+static int	match_requests(BatchEntry *entries, int nentries, TakeRequest *reqs, int nreqs,
+						   TakeBatch *batches);
+static TakeBatch *lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries,
+							   int nentries, Datum *drop, int *nlocked);
+static void take_entries(BatchEntry *entries, int nentries, TakeRequest *reqs,
+						 TakeBatch *batches, Datum *taken, int *ntaken, MemoryContext keep);
+static void write_batches(TakeBatch *batches, int nbatches, Datum *drop);
 static void take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 					   LiveRecord *lr, MemoryContext keep);
 static void execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
 								 Datum *records, int n, int expect, const char *what);
 static QueuePolicy *load_policies(LiveRecord *lr, Datum *records, int n, int *npolicies);
 static QueuePolicy *find_policy(QueuePolicy *policies, int n, const char *name);
+static int64 retry_delay_usecs(int32 tries);
+static MailNack **nack_claims(MailNack *nacks, int n, int *nclaims);
+static NackTaken *nack_match(MailNack **order, int nclaims, LiveRecord *lr,
+							 Datum *taken, int ntaken);
+static int32 charged_tries(LiveRecord *lr, Datum record);
+static int	nack_decide(NackTaken *mails, int ntaken, LiveRecord *lr,
+						QueuePolicy *policies, int npolicies);
+static void nack_read_recipients(NackTaken *mails, int ntaken, int nfailed, LiveRecord *lr);
+static void nack_write(NackTaken *mails, int ntaken, LiveRecord *lr,
+					   QueuePolicy *policies, int npolicies, TimestampTz now);
+static void nack_bounce_and_release(NackTaken *mails, int ntaken, int nfailed);
 
 /* claims in (id, attempt) order */
 static inline int
@@ -523,33 +543,26 @@ mail_state_insert_done(LiveRecord *lr, Datum *records, int n)
 }
 
 /*
- * take_round
- *		One round of take_claimed over the claims reqs[0 .. nreqs - 1]
- *		(sorted, distinct): take those still open in batches that are as
- *		they were read, appending their records to taken (made in keep);
- *		mark them done, and mark retry those seen in a batch that changed
- *		or went between the read and the lock.
+ * The batches whose id range meets that of reqs[0 .. nreqs - 1], read
+ * unlocked, and their records in that range as entries (*entries,
+ * *nentries), in claim order.  Returns the batches (*nbatches of them),
+ * or NULL when none holds a record in the range.
  */
-static void
-take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
-		   LiveRecord *lr, MemoryContext keep)
+static TakeBatch *
+read_candidates(TakeRequest *reqs, int nreqs, LiveRecord *lr, int *nbatches,
+				BatchEntry **entries, int *nentries)
 {
-	BatchEntry *entries = NULL;
-	int			nentries = 0;
+	BatchEntry *e = NULL;
+	int			ne = 0;
 	int			maxentries = 0;
 	TakeBatch  *batches;
-	int			nbatches;
-	int			nlocked = 0;
-	int			ntaken_before = *ntaken;
-	Datum	   *drop;
-	int			ndrop = 0;
-	Datum		args[3];
-	MemoryContext old;
+	Datum		args[2];
 	uint64		row;
 	int			i;
-	int			j;
 
-	/* the batches that may hold them, and their records in that range */
+	*nbatches = 0;
+	*entries = NULL;
+	*nentries = 0;
 	if (claim_candidates_plan == NULL)
 	{
 		Oid			types[2] = {INT8OID, INT8OID};
@@ -560,10 +573,9 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 	args[1] = Int64GetDatum(reqs[nreqs - 1].id);
 	if (gatekeeper_execute_by_key(claim_candidates_plan, args, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read claimed mail");
-	nbatches = (int) SPI_processed;
-	if (nbatches == 0)
-		return;
-	batches = palloc0(nbatches * sizeof(TakeBatch));
+	if (SPI_processed == 0)
+		return NULL;
+	batches = palloc0(SPI_processed * sizeof(TakeBatch));
 	for (row = 0; row < SPI_processed; row++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[row];
@@ -591,28 +603,41 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 
 			if (id < reqs[0].id || id > reqs[nreqs - 1].id)
 				continue;
-			if (nentries == maxentries)
+			if (ne == maxentries)
 			{
 				maxentries = Max(maxentries * 2, 1024);
-				entries = entries ? repalloc_huge(entries, maxentries * sizeof(BatchEntry))
+				e = e ? repalloc_huge(e, maxentries * sizeof(BatchEntry))
 					: palloc(maxentries * sizeof(BatchEntry));
 			}
-			entries[nentries].id = id;
-			entries[nentries].attempt =
+			e[ne].id = id;
+			e[ne].attempt =
 				DatumGetInt32(mail_state_record_get(lr, records[i], lr->attempt));
-			entries[nentries].batch = (int) row;
-			entries[nentries].record = records[i];
-			nentries++;
+			e[ne].batch = (int) row;
+			e[ne].record = records[i];
+			ne++;
 		}
 	}
-	if (nentries == 0)
-		return;
-	qsort(entries, nentries, sizeof(BatchEntry), batch_entry_cmp);
+	*nbatches = (int) SPI_processed;
+	if (ne == 0)
+		return NULL;
+	qsort(e, ne, sizeof(BatchEntry), batch_entry_cmp);
+	*entries = e;
+	*nentries = ne;
+	return batches;
+}
 
-	/*
-	 * Merge: keep the entries some request names, marking their batches;
-	 * the rest are dropped from entries.
-	 */
+/*
+ * Merge the entries (in claim order) with the requests: keep those some
+ * request names, counting them as candidates of their batches, and drop
+ * the rest.  Returns how many are kept.
+ */
+static int
+match_requests(BatchEntry *entries, int nentries, TakeRequest *reqs, int nreqs,
+			   TakeBatch *batches)
+{
+	int			i;
+	int			j;
+
 	for (i = 0, j = 0; i < nentries; i++)
 	{
 		TakeRequest want;
@@ -627,12 +652,29 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 		batches[entries[i].batch].ntaken++;	/* a candidate, for now */
 		entries[j++] = entries[i];
 	}
-	nentries = j;
-	if (nentries == 0)
-		return;
+	return j;
+}
 
-	/* lock the batches holding candidates, in batch order */
-	drop = palloc(nbatches * sizeof(Datum));
+/*
+ * Lock the batches holding candidates, in batch order (drop, of room for
+ * every batch, is used for their numbers).  Returns the batches sorted by
+ * number, the entries pointing at their new places; those locked as the
+ * version that was read are marked locked, with their open count and
+ * sorted gone list read under the lock, and room for what is taken of
+ * them.  *nlocked is how many.
+ */
+static TakeBatch *
+lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries,
+			 Datum *drop, int *nlocked)
+{
+	int			ndrop = 0;
+	Datum		arg;
+	int		   *place;
+	TakeBatch  *sorted;
+	uint64		row;
+	int			i;
+
+	*nlocked = 0;
 	for (i = 0; i < nbatches; i++)
 		if (batches[i].ntaken > 0)
 			drop[ndrop++] = Int64GetDatum(batches[i].batch);
@@ -642,31 +684,27 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 
 		gatekeeper_plan(&claim_lock_plan, claim_lock_sql, 1, &type);
 	}
-	args[0] = gatekeeper_array(drop, NULL, ndrop, INT8OID);
-	if (gatekeeper_execute_by_key(claim_lock_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+	arg = gatekeeper_array(drop, NULL, ndrop, INT8OID);
+	if (gatekeeper_execute_by_key(claim_lock_plan, &arg, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not lock claimed mail");
 
 	/*
 	 * Index the batches by id to find the locked ones; entries refer to
 	 * them by position, so remember each one's new place.
 	 */
+	place = palloc(nbatches * sizeof(int));
+	sorted = palloc(nbatches * sizeof(TakeBatch));
+	memcpy(sorted, batches, nbatches * sizeof(TakeBatch));
+	qsort(sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
+	for (i = 0; i < nbatches; i++)
 	{
-		int		   *place = palloc(nbatches * sizeof(int));
-		TakeBatch  *sorted = palloc(nbatches * sizeof(TakeBatch));
+		TakeBatch  *b = bsearch(&batches[i], sorted, nbatches, sizeof(TakeBatch),
+								take_batch_cmp);
 
-		memcpy(sorted, batches, nbatches * sizeof(TakeBatch));
-		qsort(sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
-		for (i = 0; i < nbatches; i++)
-		{
-			TakeBatch  *b = bsearch(&batches[i], sorted, nbatches, sizeof(TakeBatch),
-									take_batch_cmp);
-
-			place[i] = (int) (b - sorted);
-		}
-		for (i = 0; i < nentries; i++)
-			entries[i].batch = place[entries[i].batch];
-		batches = sorted;
+		place[i] = (int) (b - sorted);
 	}
+	for (i = 0; i < nentries; i++)
+		entries[i].batch = place[entries[i].batch];
 
 	/*
 	 * A batch locked as another version than the one read changed in
@@ -684,7 +722,7 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 		Datum	   *gone;
 
 		key.batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		b = bsearch(&key, batches, nbatches, sizeof(TakeBatch), take_batch_cmp);
+		b = bsearch(&key, sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
 		if (b == NULL)
 			elog(ERROR, "locked a batch of claimed mail not asked for");
 		if (!ItemPointerEquals(&b->ctid,
@@ -703,20 +741,30 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 		qsort(b->gone, b->ngone, sizeof(int64), mail_state_id_cmp);
 		b->taken = palloc(b->ntaken * sizeof(Datum));
 		b->ntaken = 0;
-		nlocked++;
+		(*nlocked)++;
 	}
+	return sorted;
+}
 
-	/*
-	 * Take each claim from the first batch, as read and locked, it is still
-	 * open in (entries are in claim, then batch order; a mail is open in
-	 * one batch at most).  A claim read in a batch that changed or went is
-	 * looked for again, unless it was taken here.
-	 */
+/*
+ * Take each claim from the first batch, as read and locked, it is still
+ * open in (entries are in claim, then batch order; a mail is open in one
+ * batch at most), appending its record to taken (made in keep).  A claim
+ * read in a batch that changed or went is marked to be looked for again,
+ * unless it was taken here.
+ */
+static void
+take_entries(BatchEntry *entries, int nentries, TakeRequest *reqs, TakeBatch *batches,
+			 Datum *taken, int *ntaken, MemoryContext keep)
+{
+	int			i;
+
 	for (i = 0; i < nentries; i++)
 	{
 		BatchEntry *e = &entries[i];
 		TakeBatch  *b = &batches[e->batch];
 		TakeRequest *r = &reqs[e->req];
+		MemoryContext old;
 
 		if (r->done)
 			continue;			/* taken from an earlier batch */
@@ -733,11 +781,20 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 		MemoryContextSwitchTo(old);
 		r->done = true;
 	}
-	if (nlocked == 0 || *ntaken == ntaken_before)
-		return;
+}
 
-	/* the batches left with no open mail go; the others shrink */
-	ndrop = 0;
+/*
+ * Write what was taken of the locked batches: those left with no open
+ * mail are deleted (drop, of room for every batch, holds their numbers),
+ * the others shrink.
+ */
+static void
+write_batches(TakeBatch *batches, int nbatches, Datum *drop)
+{
+	int			ndrop = 0;
+	Datum		args[3];
+	int			i;
+
 	for (i = 0; i < nbatches; i++)
 	{
 		TakeBatch  *b = &batches[i];
@@ -775,6 +832,40 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 			SPI_processed != (uint64) ndrop)
 			elog(ERROR, "could not delete a batch of claimed mail");
 	}
+}
+
+/*
+ * take_round
+ *		One round of take_claimed over the claims reqs[0 .. nreqs - 1]
+ *		(sorted, distinct): take those still open in batches that are as
+ *		they were read, appending their records to taken (made in keep);
+ *		mark them done, and mark retry those seen in a batch that changed
+ *		or went between the read and the lock.
+ */
+static void
+take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
+		   LiveRecord *lr, MemoryContext keep)
+{
+	BatchEntry *entries;
+	int			nentries;
+	TakeBatch  *batches;
+	int			nbatches;
+	int			nlocked;
+	int			ntaken_before = *ntaken;
+	Datum	   *drop;
+
+	batches = read_candidates(reqs, nreqs, lr, &nbatches, &entries, &nentries);
+	if (batches == NULL)
+		return;
+	nentries = match_requests(entries, nentries, reqs, nreqs, batches);
+	if (nentries == 0)
+		return;
+	drop = palloc(nbatches * sizeof(Datum));
+	batches = lock_batches(batches, nbatches, entries, nentries, drop, &nlocked);
+	take_entries(entries, nentries, reqs, batches, taken, ntaken, keep);
+	if (nlocked == 0 || *ntaken == ntaken_before)
+		return;
+	write_batches(batches, nbatches, drop);
 }
 
 /*
@@ -941,54 +1032,17 @@ retry_delay_usecs(int32 tries)
 }
 
 /*
- * mail_state_nack
- *		Report the claims nacks[i] not sent: each still open is retried
- *		after a backoff (back into mail_live, scheduled, charged), or fails
- *		(into mail_done) when permanent or out of its queue's attempts.
- *		Sets each nack's state ("failed", "scheduled", or NULL when the
- *		claim was not the caller's; a claim named twice takes the first
- *		one's error, and the second gets NULL); returns how many were
- *		still open.
- *
- * Each writes a 'deferred' event, or for a permanent failure a 'bounced'
- * one; a permanent failure is a bounce of its address (report_bounce:
- * a hard one suppresses it), taken in the order of the addresses; the
- * failed mails' gate passes are given back in one sorted release, so
- * that concurrent nacks do not deadlock.
+ * The claims nacks[0 .. n - 1] name, each once, pointing at its first
+ * nack (the sort keeps the given order), in claim order; *nclaims is how
+ * many.
  */
-int
-mail_state_nack(MailNack *nacks, int n)
+static MailNack **
+nack_claims(MailNack *nacks, int n, int *nclaims)
 {
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	MailNack  **order;
-	int64	   *ids;
-	int32	   *attempts;
-	LiveRecord	lr;
-	Datum	   *taken;
-	int			ntaken;
-	NackTaken  *mails;
-	QueuePolicy *policies;
-	int			npolicies;
-	Datum	   *live;
-	Datum	   *done;
-	NackTaken **bounces;
-	char	  **release_recipients;
-	int64	   *release_holders;
-	int			nlive = 0;
-	int			ndone = 0;
-	int			nbounces = 0;
-	int			nrelease = 0;
-	int			nfailed = 0;
+	MailNack  **order = palloc(n * sizeof(MailNack *));
 	int			i;
 	int			j;
 
-	for (i = 0; i < n; i++)
-		nacks[i].state = NULL;
-	if (n == 0)
-		return 0;
-
-	/* the claims, the first nack of each (the sort keeps the given order) */
-	order = palloc(n * sizeof(MailNack *));
 	for (i = 0; i < n; i++)
 		order[i] = &nacks[i];
 	qsort(order, n, sizeof(MailNack *), nack_ptr_cmp);
@@ -996,29 +1050,29 @@ mail_state_nack(MailNack *nacks, int n)
 		if (claim_cmp(order[i]->id, order[i]->attempt,
 					  order[j - 1]->id, order[j - 1]->attempt) != 0)
 			order[j++] = order[i];
-	ids = palloc(j * sizeof(int64));
-	attempts = palloc(j * sizeof(int32));
-	for (i = 0; i < j; i++)
-	{
-		ids[i] = order[i]->id;
-		attempts[i] = order[i]->attempt;
-	}
+	*nclaims = j;
+	return order;
+}
 
-	taken = mail_state_take_claimed(ids, attempts, j, &ntaken, &lr, CurrentMemoryContext);
-	if (ntaken == 0)
-		return 0;
+/*
+ * Each of the ntaken records taken with the nack (of the nclaims in
+ * order) that names its claim, in id order.
+ */
+static NackTaken *
+nack_match(MailNack **order, int nclaims, LiveRecord *lr, Datum *taken, int ntaken)
+{
+	NackTaken  *mails = palloc0(ntaken * sizeof(NackTaken));
+	int			i;
 
-	/* each taken claim with its nack, in id order */
-	mails = palloc0(ntaken * sizeof(NackTaken));
 	for (i = 0; i < ntaken; i++)
 	{
 		MailNack	key;
 		MailNack   *keyp = &key;
 		MailNack  **hit;
 
-		key.id = DatumGetInt64(mail_state_record_get(&lr, taken[i], lr.id));
-		key.attempt = DatumGetInt32(mail_state_record_get(&lr, taken[i], lr.attempt));
-		hit = bsearch(&keyp, order, j, sizeof(MailNack *), nack_claim_cmp);
+		key.id = DatumGetInt64(mail_state_record_get(lr, taken[i], lr->id));
+		key.attempt = DatumGetInt32(mail_state_record_get(lr, taken[i], lr->attempt));
+		hit = bsearch(&keyp, order, nclaims, sizeof(MailNack *), nack_claim_cmp);
 		if (hit == NULL)
 			elog(ERROR, "took claimed mail %lld not asked for", (long long) key.id);
 		mails[i].id = key.id;
@@ -1026,137 +1080,182 @@ mail_state_nack(MailNack *nacks, int n)
 		mails[i].nack = *hit;
 	}
 	qsort(mails, ntaken, sizeof(NackTaken), nack_taken_cmp);
+	return mails;
+}
 
-	/* retried, or failed: permanent, or out of its queue's attempts */
-	policies = load_policies(&lr, taken, ntaken, &npolicies);
+/* The attempts a claimed mail's record has been charged. */
+static int32
+charged_tries(LiveRecord *lr, Datum record)
+{
+	return DatumGetInt32(mail_state_record_get(lr, record, lr->attempt)) -
+		DatumGetInt32(mail_state_record_get(lr, record, lr->uncharged));
+}
+
+/*
+ * Mark the nacked mails that fail: permanent, or out of their queue's
+ * attempts (the rest are retried).  Returns how many fail.
+ */
+static int
+nack_decide(NackTaken *mails, int ntaken, LiveRecord *lr,
+			QueuePolicy *policies, int npolicies)
+{
+	int			nfailed = 0;
+	int			i;
+
 	for (i = 0; i < ntaken; i++)
 	{
 		NackTaken  *m = &mails[i];
 		QueuePolicy *q = find_policy(policies, npolicies,
-									 TextDatumGetCString(mail_state_record_get(&lr, m->record, lr.queue)));
-		int32		tries = DatumGetInt32(mail_state_record_get(&lr, m->record, lr.attempt)) -
-			DatumGetInt32(mail_state_record_get(&lr, m->record, lr.uncharged));
+									 TextDatumGetCString(mail_state_record_get(lr, m->record, lr->queue)));
+		int32		tries = charged_tries(lr, m->record);
 
 		m->failed = m->nack->permanent || tries >= (q ? q->max_attempts : 1);
 		if (m->failed)
 			nfailed++;
 	}
+	return nfailed;
+}
 
-	/* the failed mails' recipients, for their events, bounces and passes */
-	if (nfailed > 0)
+/*
+ * Read the recipients of the nfailed failed mails, for their events,
+ * bounces and passes (NULL where the mail's content is gone).
+ */
+static void
+nack_read_recipients(NackTaken *mails, int ntaken, int nfailed, LiveRecord *lr)
+{
+	Datum	   *fids = palloc(nfailed * sizeof(Datum));
+	Datum	   *fsegments = palloc(nfailed * sizeof(Datum));
+	NackTaken **of = palloc(nfailed * sizeof(NackTaken *));
+	Oid			types[2] = {INT8ARRAYOID, INT2ARRAYOID};
+	Datum		args[2];
+	uint64		row;
+	int			k = 0;
+	int			i;
+
+	for (i = 0; i < ntaken; i++)
 	{
-		Datum	   *fids = palloc(nfailed * sizeof(Datum));
-		Datum	   *fsegments = palloc(nfailed * sizeof(Datum));
-		NackTaken **of = palloc(nfailed * sizeof(NackTaken *));
-		Oid			types[2] = {INT8ARRAYOID, INT2ARRAYOID};
-		Datum		args[2];
-		uint64		row;
-		int			k = 0;
-
-		for (i = 0; i < ntaken; i++)
-		{
-			if (!mails[i].failed)
-				continue;
-			fids[k] = Int64GetDatum(mails[i].id);
-			fsegments[k] = mail_state_record_get(&lr, mails[i].record, lr.segment);
-			of[k++] = &mails[i];
-		}
-		gatekeeper_plan(&recipients_plan, recipients_sql, 2, types);
-		args[0] = gatekeeper_array(fids, NULL, nfailed, INT8OID);
-		args[1] = gatekeeper_array(fsegments, NULL, nfailed, INT2OID);
-		if (gatekeeper_execute_by_key(recipients_plan, args, NULL, true, 0) != SPI_OK_SELECT)
-			elog(ERROR, "could not read the recipients of failed mail");
-		for (row = 0; row < SPI_processed; row++)
-		{
-			bool		isnull;
-			int64		place = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[row],
-															SPI_tuptable->tupdesc, 1, &isnull));
-
-			if (place < 1 || place > nfailed)
-				elog(ERROR, "recipient of failed mail out of place");
-			of[place - 1]->recipient = SPI_getvalue(SPI_tuptable->vals[row],
-													SPI_tuptable->tupdesc, 2);
-		}
-		SPI_freetuptable(SPI_tuptable);
+		if (!mails[i].failed)
+			continue;
+		fids[k] = Int64GetDatum(mails[i].id);
+		fsegments[k] = mail_state_record_get(lr, mails[i].record, lr->segment);
+		of[k++] = &mails[i];
 	}
-
-	/* the records where they now belong, and the events, in id order */
-	live = palloc(ntaken * sizeof(Datum));
-	done = palloc(ntaken * sizeof(Datum));
+	gatekeeper_plan(&recipients_plan, recipients_sql, 2, types);
+	args[0] = gatekeeper_array(fids, NULL, nfailed, INT8OID);
+	args[1] = gatekeeper_array(fsegments, NULL, nfailed, INT2OID);
+	if (gatekeeper_execute_by_key(recipients_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the recipients of failed mail");
+	for (row = 0; row < SPI_processed; row++)
 	{
-		Datum	   *e_ids = palloc(ntaken * sizeof(Datum));
-		Datum	   *e_queues = palloc(ntaken * sizeof(Datum));
-		Datum	   *e_recipients = palloc(ntaken * sizeof(Datum));
-		bool	   *e_recipients_null = palloc(ntaken * sizeof(bool));
-		Datum	   *e_events = palloc(ntaken * sizeof(Datum));
-		Datum	   *e_details = palloc(ntaken * sizeof(Datum));
-		bool	   *e_details_null = palloc(ntaken * sizeof(bool));
-		Datum	   *e_segments = palloc(ntaken * sizeof(Datum));
-		Oid			types[6] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
-		TEXTARRAYOID, INT2ARRAYOID};
-		Datum		args[6];
+		bool		isnull;
+		int64		place = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[row],
+														SPI_tuptable->tupdesc, 1, &isnull));
 
-		for (i = 0; i < ntaken; i++)
+		if (place < 1 || place > nfailed)
+			elog(ERROR, "recipient of failed mail out of place");
+		of[place - 1]->recipient = SPI_getvalue(SPI_tuptable->vals[row],
+												SPI_tuptable->tupdesc, 2);
+	}
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/*
+ * Write the nacked mails where they now belong (failed into mail_done;
+ * retried into mail_live, due after a backoff from now, heard of by the
+ * listeners of a notify queue), setting each nack's state, and their
+ * events, in id order.
+ */
+static void
+nack_write(NackTaken *mails, int ntaken, LiveRecord *lr,
+		   QueuePolicy *policies, int npolicies, TimestampTz now)
+{
+	Datum	   *live = palloc(ntaken * sizeof(Datum));
+	Datum	   *done = palloc(ntaken * sizeof(Datum));
+	int			nlive = 0;
+	int			ndone = 0;
+	Datum	   *e_ids = palloc(ntaken * sizeof(Datum));
+	Datum	   *e_queues = palloc(ntaken * sizeof(Datum));
+	Datum	   *e_recipients = palloc(ntaken * sizeof(Datum));
+	bool	   *e_recipients_null = palloc(ntaken * sizeof(bool));
+	Datum	   *e_events = palloc(ntaken * sizeof(Datum));
+	Datum	   *e_details = palloc(ntaken * sizeof(Datum));
+	bool	   *e_details_null = palloc(ntaken * sizeof(bool));
+	Datum	   *e_segments = palloc(ntaken * sizeof(Datum));
+	Oid			types[6] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
+	TEXTARRAYOID, INT2ARRAYOID};
+	Datum		args[6];
+	int			i;
+
+	for (i = 0; i < ntaken; i++)
+	{
+		NackTaken  *m = &mails[i];
+		const char *error = m->nack->error;
+
+		e_ids[i] = Int64GetDatum(m->id);
+		e_queues[i] = mail_state_record_get(lr, m->record, lr->queue);
+		e_segments[i] = mail_state_record_get(lr, m->record, lr->segment);
+		e_details[i] = error ? CStringGetTextDatum(error) : (Datum) 0;
+		e_details_null[i] = error == NULL;
+		e_recipients_null[i] = true;
+		e_recipients[i] = (Datum) 0;
+		if (m->failed)
 		{
-			NackTaken  *m = &mails[i];
-			const char *error = m->nack->error;
-
-			e_ids[i] = Int64GetDatum(m->id);
-			e_queues[i] = mail_state_record_get(&lr, m->record, lr.queue);
-			e_segments[i] = mail_state_record_get(&lr, m->record, lr.segment);
-			e_details[i] = error ? CStringGetTextDatum(error) : (Datum) 0;
-			e_details_null[i] = error == NULL;
-			e_recipients_null[i] = true;
-			e_recipients[i] = (Datum) 0;
-			if (m->failed)
+			m->nack->state = "failed";
+			done[ndone++] = record_moved(lr, m->record, lr->failed, true, error, 0, false);
+			e_events[i] = CStringGetTextDatum(m->nack->permanent ? "bounced" : "deferred");
+			if (m->recipient != NULL)
 			{
-				m->nack->state = "failed";
-				done[ndone++] = record_moved(&lr, m->record, lr.failed, true, error, 0, false);
-				e_events[i] = CStringGetTextDatum(m->nack->permanent ? "bounced" : "deferred");
-				if (m->recipient != NULL)
-				{
-					e_recipients[i] = CStringGetTextDatum(m->recipient);
-					e_recipients_null[i] = false;
-				}
-			}
-			else
-			{
-				QueuePolicy *q = find_policy(policies, npolicies,
-											 TextDatumGetCString(e_queues[i]));
-				int32		tries = DatumGetInt32(mail_state_record_get(&lr, m->record, lr.attempt)) -
-					DatumGetInt32(mail_state_record_get(&lr, m->record, lr.uncharged));
-				TimestampTz due = now + retry_delay_usecs(tries);
-
-				m->nack->state = "scheduled";
-				live[nlive++] = record_moved(&lr, m->record, lr.scheduled, true, error, due, false);
-				e_events[i] = CStringGetTextDatum("deferred");
-				if (q != NULL && q->notify)
-					gatekeeper_announce_due(q->name, due);
+				e_recipients[i] = CStringGetTextDatum(m->recipient);
+				e_recipients_null[i] = false;
 			}
 		}
-		mail_state_insert_done(&lr, done, ndone);
-		mail_state_insert_live(&lr, live, nlive);
+		else
+		{
+			QueuePolicy *q = find_policy(policies, npolicies,
+										 TextDatumGetCString(e_queues[i]));
+			TimestampTz due = now + retry_delay_usecs(charged_tries(lr, m->record));
 
-		gatekeeper_plan(&nack_events_plan, nack_events_sql, 6, types);
-		args[0] = gatekeeper_array(e_ids, NULL, ntaken, INT8OID);
-		args[1] = gatekeeper_array(e_queues, NULL, ntaken, TEXTOID);
-		args[2] = gatekeeper_array(e_recipients, e_recipients_null, ntaken, TEXTOID);
-		args[3] = gatekeeper_array(e_events, NULL, ntaken, TEXTOID);
-		args[4] = gatekeeper_array(e_details, e_details_null, ntaken, TEXTOID);
-		args[5] = gatekeeper_array(e_segments, NULL, ntaken, INT2OID);
-		if (SPI_execute_plan(nack_events_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
-			SPI_processed != (uint64) ntaken)
-			elog(ERROR, "could not record the events of nacked mail");
+			m->nack->state = "scheduled";
+			live[nlive++] = record_moved(lr, m->record, lr->scheduled, true, error, due, false);
+			e_events[i] = CStringGetTextDatum("deferred");
+			if (q != NULL && q->notify)
+				gatekeeper_announce_due(q->name, due);
+		}
 	}
+	mail_state_insert_done(lr, done, ndone);
+	mail_state_insert_live(lr, live, nlive);
 
-	/*
-	 * The relay said the mailbox does not exist: never mail it again (and
-	 * a bounce of another kind counts toward soft_bounce_limit).  After the
-	 * events, which the count reads; in address order.
-	 */
-	bounces = palloc(Max(nfailed, 1) * sizeof(NackTaken *));
-	release_recipients = palloc(Max(nfailed, 1) * sizeof(char *));
-	release_holders = palloc(Max(nfailed, 1) * sizeof(int64));
+	gatekeeper_plan(&nack_events_plan, nack_events_sql, 6, types);
+	args[0] = gatekeeper_array(e_ids, NULL, ntaken, INT8OID);
+	args[1] = gatekeeper_array(e_queues, NULL, ntaken, TEXTOID);
+	args[2] = gatekeeper_array(e_recipients, e_recipients_null, ntaken, TEXTOID);
+	args[3] = gatekeeper_array(e_events, NULL, ntaken, TEXTOID);
+	args[4] = gatekeeper_array(e_details, e_details_null, ntaken, TEXTOID);
+	args[5] = gatekeeper_array(e_segments, NULL, ntaken, INT2OID);
+	if (SPI_execute_plan(nack_events_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
+		SPI_processed != (uint64) ntaken)
+		elog(ERROR, "could not record the events of nacked mail");
+}
+
+/*
+ * What the nfailed failed mails do to their addresses, after their
+ * events (which the count of soft bounces reads): a permanent failure
+ * is a bounce (report_bounce: the relay said the mailbox does not exist,
+ * never mail it again; a bounce of another kind counts toward
+ * soft_bounce_limit), taken in address order; and their gate passes are
+ * given back in one sorted release, by what the mail holds, whatever its
+ * queue's gates are now.
+ */
+static void
+nack_bounce_and_release(NackTaken *mails, int ntaken, int nfailed)
+{
+	NackTaken **bounces = palloc(Max(nfailed, 1) * sizeof(NackTaken *));
+	char	  **release_recipients = palloc(Max(nfailed, 1) * sizeof(char *));
+	int64	   *release_holders = palloc(Max(nfailed, 1) * sizeof(int64));
+	int			nbounces = 0;
+	int			nrelease = 0;
+	int			i;
+
 	for (i = 0; i < ntaken; i++)
 	{
 		NackTaken  *m = &mails[i];
@@ -1177,10 +1276,67 @@ mail_state_nack(MailNack *nacks, int n)
 		report_bounce(bounces[i]->key, bounces[i]->nack->error, bounces[i]->nack->error,
 					  bounces[i]->id);
 
-	/* by what the mail holds, whatever its queue's gates are now */
 	if (nrelease > 0)
 		(void) gatekeeper_release_passes(release_recipients, release_holders, nrelease);
+}
 
+/*
+ * mail_state_nack
+ *		Report the claims nacks[i] not sent: each still open is retried
+ *		after a backoff (back into mail_live, scheduled, charged), or fails
+ *		(into mail_done) when permanent or out of its queue's attempts.
+ *		Sets each nack's state ("failed", "scheduled", or NULL when the
+ *		claim was not the caller's; a claim named twice takes the first
+ *		one's error, and the second gets NULL); returns how many were
+ *		still open.
+ *
+ * Each writes a 'deferred' event, or for a permanent failure a 'bounced'
+ * one; a permanent failure is a bounce of its address (report_bounce:
+ * a hard one suppresses it), taken in the order of the addresses; the
+ * failed mails' gate passes are given back in one sorted release, so
+ * that concurrent nacks do not deadlock.
+ */
+int
+mail_state_nack(MailNack *nacks, int n)
+{
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	MailNack  **order;
+	int			nclaims;
+	int64	   *ids;
+	int32	   *attempts;
+	LiveRecord	lr;
+	Datum	   *taken;
+	int			ntaken;
+	NackTaken  *mails;
+	QueuePolicy *policies;
+	int			npolicies;
+	int			nfailed;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		nacks[i].state = NULL;
+	if (n == 0)
+		return 0;
+
+	order = nack_claims(nacks, n, &nclaims);
+	ids = palloc(nclaims * sizeof(int64));
+	attempts = palloc(nclaims * sizeof(int32));
+	for (i = 0; i < nclaims; i++)
+	{
+		ids[i] = order[i]->id;
+		attempts[i] = order[i]->attempt;
+	}
+	taken = mail_state_take_claimed(ids, attempts, nclaims, &ntaken, &lr, CurrentMemoryContext);
+	if (ntaken == 0)
+		return 0;
+
+	mails = nack_match(order, nclaims, &lr, taken, ntaken);
+	policies = load_policies(&lr, taken, ntaken, &npolicies);
+	nfailed = nack_decide(mails, ntaken, &lr, policies, npolicies);
+	if (nfailed > 0)
+		nack_read_recipients(mails, ntaken, nfailed, &lr);
+	nack_write(mails, ntaken, &lr, policies, npolicies, now);
+	nack_bounce_and_release(mails, ntaken, nfailed);
 	return ntaken;
 }
 
