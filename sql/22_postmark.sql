@@ -54,38 +54,42 @@ SELECT gatekeeper.record_event(
 		OR ($1 ->> 'RecordType' = 'Bounce'
 			AND $1 ->> 'Type' IN ('HardBounce', 'BadEmailAddress', 'SoftBounce', 'DnsError', 'Transient')));
 
--- Postmark's documented payloads, with our mails' metadata
-CREATE TEMP TABLE pm_hard AS EXECUTE postmark(jsonb_build_object(
-	'RecordType', 'Bounce', 'MessageStream', 'outbound', 'ID', 4323372036854775807,
-	'Type', 'HardBounce', 'TypeCode', 1, 'Name', 'Hard bounce', 'Tag', 'receipt',
-	'MessageID', '883953f4-6105-42a2-a16a-77a8eac79483',
-	'Metadata', jsonb_build_object('gk-message-id', :'pm_hard'),
+-- Postmark's documented payloads, with our mails' metadata: Bounce and
+-- SpamComplaint webhooks share one shape
+CREATE FUNCTION pg_temp.pm_bounce(record_type text, id bigint, type text, type_code int, name text,
+								  message_id text, gk_message_id text, description text, details text,
+								  email text, bounced_at text, dump_available bool, inactive bool,
+								  can_activate bool) RETURNS jsonb
+LANGUAGE sql AS $$
+SELECT jsonb_build_object(
+	'RecordType', record_type, 'MessageStream', 'outbound', 'ID', id,
+	'Type', type, 'TypeCode', type_code, 'Name', name, 'Tag', 'receipt',
+	'MessageID', message_id,
+	'Metadata', jsonb_build_object('gk-message-id', gk_message_id),
 	'ServerID', 23,
-	'Description', 'The server was unable to deliver your message (ex: unknown user, mailbox not found).',
-	'Details', 'smtp;550 5.1.1 The email account that you tried to reach does not exist.',
-	'Email', 'pm-gone@isp.example', 'From', 'shop@shop.example',
-	'BouncedAt', '2026-11-25T16:33:54.9070259Z', 'DumpAvailable', true, 'Inactive', true,
-	'CanActivate', true, 'Subject', 'Your receipt'));
-CREATE TEMP TABLE pm_soft AS EXECUTE postmark(jsonb_build_object(
-	'RecordType', 'Bounce', 'MessageStream', 'outbound', 'ID', 4323372036854775808,
-	'Type', 'SoftBounce', 'TypeCode', 4096, 'Name', 'Soft bounce', 'Tag', 'receipt',
-	'MessageID', '9a4c6c1e-33b0-4f2e-8d8e-2f1f1bd4a001',
-	'Metadata', jsonb_build_object('gk-message-id', :'pm_soft'),
-	'ServerID', 23,
-	'Description', 'Unable to temporarily deliver this email.',
-	'Details', 'smtp;552 5.2.2 Mailbox full',
-	'Email', 'pm-full@isp.example', 'From', 'shop@shop.example',
-	'BouncedAt', '2026-11-25T16:40:00Z', 'DumpAvailable', false, 'Inactive', false,
-	'CanActivate', true, 'Subject', 'Your receipt'));
-CREATE TEMP TABLE pm_spam AS EXECUTE postmark(jsonb_build_object(
-	'RecordType', 'SpamComplaint', 'MessageStream', 'outbound', 'ID', 4323372036854775809,
-	'Type', 'SpamComplaint', 'TypeCode', 512, 'Name', 'Spam complaint', 'Tag', 'receipt',
-	'MessageID', '00000000-0000-0000-0000-000000000000',
-	'Metadata', jsonb_build_object('gk-message-id', :'pm_spam'),
-	'ServerID', 23, 'Description', '', 'Details', 'Test spam complaint details',
-	'Email', 'pm-angry@isp.example', 'From', 'shop@shop.example',
-	'BouncedAt', '2026-11-25T17:00:00Z', 'DumpAvailable', true, 'Inactive', true,
-	'CanActivate', false, 'Subject', 'Your receipt'));
+	'Description', description,
+	'Details', details,
+	'Email', email, 'From', 'shop@shop.example',
+	'BouncedAt', bounced_at, 'DumpAvailable', dump_available, 'Inactive', inactive,
+	'CanActivate', can_activate, 'Subject', 'Your receipt')
+$$;
+CREATE TEMP TABLE pm_hard AS EXECUTE postmark(pg_temp.pm_bounce(
+	'Bounce', 4323372036854775807, 'HardBounce', 1, 'Hard bounce',
+	'883953f4-6105-42a2-a16a-77a8eac79483', :'pm_hard',
+	'The server was unable to deliver your message (ex: unknown user, mailbox not found).',
+	'smtp;550 5.1.1 The email account that you tried to reach does not exist.',
+	'pm-gone@isp.example', '2026-11-25T16:33:54.9070259Z', true, true, true));
+CREATE TEMP TABLE pm_soft AS EXECUTE postmark(pg_temp.pm_bounce(
+	'Bounce', 4323372036854775808, 'SoftBounce', 4096, 'Soft bounce',
+	'9a4c6c1e-33b0-4f2e-8d8e-2f1f1bd4a001', :'pm_soft',
+	'Unable to temporarily deliver this email.',
+	'smtp;552 5.2.2 Mailbox full',
+	'pm-full@isp.example', '2026-11-25T16:40:00Z', false, false, true));
+CREATE TEMP TABLE pm_spam AS EXECUTE postmark(pg_temp.pm_bounce(
+	'SpamComplaint', 4323372036854775809, 'SpamComplaint', 512, 'Spam complaint',
+	'00000000-0000-0000-0000-000000000000', :'pm_spam',
+	'', 'Test spam complaint details',
+	'pm-angry@isp.example', '2026-11-25T17:00:00Z', true, true, false));
 CREATE TEMP TABLE pm_delivered AS EXECUTE postmark(jsonb_build_object(
 	'RecordType', 'Delivery', 'ServerID', 23, 'MessageStream', 'outbound',
 	'MessageID', '883953f4-6105-42a2-a16a-77a8eac79483',

@@ -60,9 +60,7 @@ sub refusals
 sub stored_for
 {
 	my ($rcpt) = @_;
-	return grep {
-		grep { lc($_) eq lc("<$rcpt>") } @{ $_->{rcpt} }
-	} GatekeeperTest::sink_messages($pf->{sink});
+	return GatekeeperTest::sink_messages_to($pf->{sink}, $rcpt);
 }
 
 #

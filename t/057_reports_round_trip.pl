@@ -56,9 +56,7 @@ SELECT gatekeeper.create_queue('news', gates => '{smart_sending}',
 sub stored_for
 {
 	my ($rcpt) = @_;
-	return grep {
-		grep { lc($_) eq lc("<$rcpt>") } @{ $_->{rcpt} }
-	} GatekeeperTest::sink_messages($pf->{sink});
+	return GatekeeperTest::sink_messages_to($pf->{sink}, $rcpt);
 }
 
 #
@@ -121,10 +119,7 @@ is( $node->safe_psql(
 		  . "FROM gatekeeper.suppression"),
 	"$dead|every queue|hard_bounce|true",
 	'the address is suppressed everywhere, by that mail');
-is( $node->safe_psql(
-		'postgres',
-		"SELECT string_agg(event || ':' || source || ':' || coalesce(status, ''), ',' ORDER BY at, id) "
-		  . "FROM gatekeeper.events WHERE mail_id = $dead_id"),
+is($node->safe_psql('postgres', GatekeeperTest::mail_events_sql($dead_id)),
 	'sent:relay:,bounced:dsn:5.1.1',
 	'the mail\'s events: sent by the relay, bounced by the DSN');
 is( $node->safe_psql(
@@ -140,17 +135,7 @@ is( $node->safe_psql('postgres', "SELECT gatekeeper.gate_open('smart_sending', '
 #
 # 4. The next campaign
 #
-$node->safe_psql('postgres', q{
-SELECT gatekeeper.create_queue('next', return_path => 'bounces+{token}@bounce.shop.example');
-});
-$node->safe_psql('postgres',
-	"SELECT gatekeeper.enqueue(r, 'Next week', 'Hello', 'next', sender => 'shop\@shop.example') "
-	  . "FROM unnest(ARRAY['$dead', '$alive']) r");
-ok( GatekeeperTest::poll_until(
-		$node, 'postgres',
-		"SELECT string_agg(recipient || ':' || state, ',' ORDER BY recipient) FROM gatekeeper.mail_status "
-		  . "WHERE queue = 'next'",
-		"$dead:suppressed,$alive:sent", 30),
+ok(GatekeeperTest::next_campaign($node, "$dead:suppressed,$alive:sent", $dead, $alive),
 	'the next mail to the bounced address is suppressed, the other is sent');
 ok(GatekeeperTest::wait_for(sub { stored_for($alive) == 2 }, 15), 'Postfix accepted the other');
 is(scalar(stored_for($dead)), 1, 'Postfix never saw the bounced address again');

@@ -193,9 +193,7 @@ sub queue_ids_for
 sub sunk_for
 {
 	my ($rcpt) = @_;
-	return grep {
-		grep { lc($_) eq lc("<$rcpt>") } @{ $_->{rcpt} }
-	} GatekeeperTest::sink_messages($sink);
+	return GatekeeperTest::sink_messages_to($sink, $rcpt);
 }
 
 #
@@ -219,8 +217,7 @@ ok(GatekeeperTest::wait_for(sub { sunk_for($alive) == 1 }, 20), 'Postfix deliver
 sub events_of
 {
 	my ($r) = @_;
-	return "SELECT coalesce(string_agg(event || ':' || source || ':' || coalesce(status, ''), ',' ORDER BY at, id), '') "
-	  . "FROM gatekeeper.events WHERE mail_id = $id{$r}";
+	return GatekeeperTest::mail_events_sql($id{$r});
 }
 ok( GatekeeperTest::poll_until($node, 'postgres', events_of($dead), 'sent:relay:,bounced:dsn:5.1.1', 30),
 	'the dead address: Postfix\'s 5.1.1 DSN came through the pipe as a bounced event')
@@ -283,17 +280,8 @@ is( $node->safe_psql('postgres', "SELECT recorded FROM gatekeeper.report_stats")
 #
 # 4. The next campaign never hands those addresses to Postfix
 #
-$node->safe_psql('postgres', q{
-SELECT gatekeeper.create_queue('next', return_path => 'bounces+{token}@bounce.shop.example');
-});
-$node->safe_psql('postgres',
-	"SELECT gatekeeper.enqueue(r, 'Next week', 'Hello', 'next', sender => 'shop\@shop.example') "
-	  . "FROM unnest(ARRAY['$dead', '$full', '$alive']) r");
-ok( GatekeeperTest::poll_until(
-		$node, 'postgres',
-		"SELECT string_agg(recipient || ':' || state, ',' ORDER BY recipient) FROM gatekeeper.mail_status "
-		  . "WHERE queue = 'next'",
-		"$full:suppressed,$dead:suppressed,$alive:sent", 30),
+ok( GatekeeperTest::next_campaign(
+		$node, "$full:suppressed,$dead:suppressed,$alive:sent", $dead, $full, $alive),
 	'the next mails to the bounced addresses are suppressed, the other is sent');
 ok(GatekeeperTest::wait_for(sub { sunk_for($alive) == 2 }, 20), 'Postfix delivered the other');
 is(queue_ids_for($dead), 1, 'Postfix never had the dead address again (one queue file in its log)');

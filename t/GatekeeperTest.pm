@@ -388,6 +388,23 @@ sub sink_messages
 
 =pod
 
+=head2 sink_messages_to($sink, $rcpt)
+
+The messages the sink received (see sink_messages) with $rcpt among
+their RCPT TO paths, compared without regard to case.
+
+=cut
+
+sub sink_messages_to
+{
+	my ($sink, $rcpt) = @_;
+	return grep {
+		grep { lc($_) eq lc("<$rcpt>") } @{ $_->{rcpt} }
+	} sink_messages($sink);
+}
+
+=pod
+
 =head2 parse_dump($file)
 
 Parse one smtp-sink dump file.  smtp-sink writes its own header lines
@@ -1458,6 +1475,51 @@ sub mail_states
 	return $node->safe_psql('postgres',
 		"SELECT coalesce(string_agg(state || ':' || n, ',' ORDER BY state), '') FROM (SELECT state::text AS state, count(*) AS n FROM gatekeeper.mail_status WHERE $where GROUP BY 1) s"
 	);
+}
+
+=pod
+
+=head2 mail_events_sql($id)
+
+A query of mail $id's events as "event:source:status" (status '' when
+NULL), in the order they happened, joined with commas; '' when none.
+
+=cut
+
+sub mail_events_sql
+{
+	my ($id) = @_;
+	return "SELECT coalesce(string_agg(event || ':' || source || ':' || coalesce(status, ''), ',' ORDER BY at, id), '') "
+	  . "FROM gatekeeper.events WHERE mail_id = $id";
+}
+
+=pod
+
+=head2 next_campaign($node, $expected, @recipients)
+
+The reports tests' second campaign: a queue 'next' with a VERP return
+path (bounces+{token}@bounce.shop.example), one mail 'Next week' from
+shop@shop.example to each recipient, then poll_until the queue's mail
+reads $expected ("recipient:state" by recipient, joined with commas;
+30 s at the most).  Returns poll_until's answer.
+
+=cut
+
+sub next_campaign
+{
+	my ($node, $expected, @recipients) = @_;
+	my $list = join(', ', map { sql_literal($_) } @recipients);
+
+	$node->safe_psql('postgres',
+		"SELECT gatekeeper.create_queue('next', return_path => 'bounces+{token}\@bounce.shop.example')");
+	$node->safe_psql('postgres',
+		"SELECT gatekeeper.enqueue(r, 'Next week', 'Hello', 'next', sender => 'shop\@shop.example') "
+		  . "FROM unnest(ARRAY[$list]) r");
+	return poll_until(
+		$node, 'postgres',
+		"SELECT string_agg(recipient || ':' || state, ',' ORDER BY recipient) FROM gatekeeper.mail_status "
+		  . "WHERE queue = 'next'",
+		$expected, 30);
 }
 
 sub note { Test::More::note(@_) }
