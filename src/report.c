@@ -444,15 +444,13 @@ report_bounce(const char *address_key, const char *status, const char *detail, i
 
 /*
  * Whether what find_sent_mail reads was derived from the partitions
- * catalog.c knows now: none of them invalidated since.
+ * catalog.c knows now: none of them invalidated since it was read.
  */
 static bool
 segment_rels_current(void)
 {
 	int			i;
 
-	if (!segment_rels_valid)
-		return false;
 	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
 	{
 		SegmentRels *r = &segment_rels[i];
@@ -517,7 +515,7 @@ segment_rels_load(void)
 {
 	int			i;
 
-	if (segment_rels_current())
+	if (segment_rels_valid && segment_rels_current())
 		return;
 	segment_rels_valid = false;
 	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
@@ -553,7 +551,6 @@ segment_rels_load(void)
 	 * An invalidation while loading (opening a partition takes a lock, which
 	 * reads invalidations) moved a count: load again next time.
 	 */
-	segment_rels_valid = true;
 	segment_rels_valid = segment_rels_current();
 }
 
