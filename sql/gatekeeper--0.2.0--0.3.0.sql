@@ -1482,7 +1482,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_cancel_queue';
 
 -- an application's UPDATE or DELETE of gatekeeper.mail, carried into the
--- state rows (src/mail_state_sweep.c)
+-- state rows (src/mail_state_sync.c)
 CREATE OR REPLACE FUNCTION gatekeeper._mail_sync() RETURNS trigger
 LANGUAGE c
 SET search_path = pg_catalog, pg_temp
