@@ -58,6 +58,8 @@ static const char *const rel_names[GATEKEEPER_NUM_RELS] = {
 	[GATEKEEPER_REL_MAIL_DUE] = "mail_due",
 	[GATEKEEPER_REL_MAIL_LIVE_COUNT] = "mail_live_count",
 	[GATEKEEPER_REL_GATE_SPACE] = "gate_space",
+	[GATEKEEPER_REL_MAIL_CLAIM] = "mail_claim",
+	[GATEKEEPER_REL_MAIL_KEY] = "mail_key",
 };
 
 /* the columns asked about, by GatekeeperColumn */

@@ -23,6 +23,8 @@ typedef enum GatekeeperRel
 	GATEKEEPER_REL_MAIL_DUE,	/* mail_live's index by queue and due time */
 	GATEKEEPER_REL_MAIL_LIVE_COUNT,
 	GATEKEEPER_REL_GATE_SPACE,
+	GATEKEEPER_REL_MAIL_CLAIM,
+	GATEKEEPER_REL_MAIL_KEY,
 	GATEKEEPER_NUM_RELS
 } GatekeeperRel;
 
