@@ -9,6 +9,7 @@
 -- mail_done too.
 SET client_min_messages = warning;
 \set VERBOSITY terse
+\i sql/error_of.inc
 
 SELECT p.oid::regprocedure AS function, l.lanname AS language, p.prosecdef AS definer,
 	   p.proconfig AS settings, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may_run
@@ -33,10 +34,8 @@ SELECT gatekeeper.enqueue('mu1@example.com', 's', 'b', 'mu_q', dedupe_key => 'k1
 INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ('mu_q', 'k1', :k1 + 1000);
 INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ('mu_q', 'k2', :k1 + 2000);
 SELECT dedupe_key, id - :k1 AS id FROM gatekeeper.mail_key WHERE queue = 'mu_q' ORDER BY 1;
-\set VERBOSITY default
-\set SHOW_CONTEXT never
-INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ('mu_q', NULL, :k1);
-\set VERBOSITY terse
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ('mu_q', NULL, 1)$$)
+	   AS no_key;
 SELECT count(*) AS keys FROM gatekeeper.mail_key WHERE queue = 'mu_q';
 -- the holder's row loaded again: enqueue() finds the holder by it
 INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ('mu_q', 'k1', :k1);
