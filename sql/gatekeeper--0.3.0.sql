@@ -635,7 +635,8 @@ AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
  * loaded (src/catalog.c, gatekeeper_writer) and makes no live
  * rows either.  Rows loaded through them otherwise (check_function_bodies
  * on) get fresh live rows: a restored live row replaces the fresh one,
- * and a restored outcome removes the live row of its mail.
+ * and a restored outcome removes the live row of its mail.  These
+ * restore triggers are C (src/mail_state_upkeep.c).
  */
 CREATE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
 LANGUAGE c
@@ -702,7 +703,7 @@ CREATE TRIGGER mail_sync_delete AFTER DELETE ON gatekeeper.mail
 -- RESTART IDENTITY, the ids of new mail.  A table the same TRUNCATE names
 -- is empty by now and left alone (truncating it again here would fail:
 -- the statement still holds it open).  Rotation truncates the partitions
--- themselves, which does not fire this.
+-- themselves, which does not fire this.  (src/mail_state_upkeep.c)
 CREATE FUNCTION gatekeeper._mail_truncate() RETURNS trigger
 LANGUAGE c
 SET search_path = pg_catalog, pg_temp
