@@ -18,6 +18,7 @@ OBJS = \
 	src/claim.o \
 	src/mail_state.o \
 	src/mail_state_funcs.o \
+	src/mail_state_upkeep.o \
 	src/due_floor.o \
 	src/gate_store.o \
 	src/gate_log.o \

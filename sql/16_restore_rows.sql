@@ -32,7 +32,7 @@ SELECT gatekeeper.cancel_queue('rr_q') AS cancelled;
 -- (claim, ack_batch), which move the live rows themselves: its function
 -- is called for an outcome inserted by a statement of the owner, not for
 -- an ack.
-SET track_functions = 'pl';
+SET track_functions = 'all';
 SELECT count(gatekeeper.enqueue('rr' || i || '@example.com', 's', 'b', 'rr_q')) AS enqueued
   FROM generate_series(4, 5) AS i;
 SELECT pg_stat_force_next_flush();

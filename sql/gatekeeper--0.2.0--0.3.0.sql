@@ -9,6 +9,28 @@
  */
 
 /*
+ * Issue 26, i-maint: the one loop that gives back the grants a section
+ * recorded before it dropped and made again what they were on (issue 25's
+ * create_queue and alter_queue, issue 27 item 6's worker_status, issue
+ * 28's queue_stats): the GRANT statements kept in the setting named, one
+ * each, apart by chr(31).  Dropped at the end of this script.
+ */
+CREATE FUNCTION gatekeeper._upgrade_grants_restore(setting text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	stmt text;
+BEGIN
+	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting(setting, true), ''), chr(31)), '{}')
+	LOOP
+		EXECUTE stmt;
+	END LOOP;
+END
+$$;
+
+/*
  * Issue 28: gatekeeper.grant(role, use), remembered in role_grant.
  */
 /*
@@ -433,17 +455,7 @@ REVOKE ALL ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int
 											  text, text, text, boolean, boolean, text, text) FROM PUBLIC;
 
 -- the grants recorded before create_queue and alter_queue were dropped, given back
-DO $$
-DECLARE
-	stmt text;
-BEGIN
-	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants_25_q', true), ''),
-												   chr(31)), '{}')
-	LOOP
-		EXECUTE stmt;
-	END LOOP;
-END
-$$;
+SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_25_q');
 
 CREATE OR REPLACE FUNCTION gatekeeper.drop_queue(name text)
 RETURNS void
@@ -695,17 +707,7 @@ REVOKE ALL ON FUNCTION gatekeeper._worker_status() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
 
 -- the grants recorded at the start of this section, given back
-DO $$
-DECLARE
-	stmt text;
-BEGIN
-	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants_27_6', true), ''),
-												   chr(31)), '{}')
-	LOOP
-		EXECUTE stmt;
-	END LOOP;
-END
-$$;
+SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_27_6');
 
 /*
  * Issue 27, items 1 to 5: VERP return path and DSN requests, ingest_report()
@@ -1180,27 +1182,8 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
-CREATE OR REPLACE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF TG_TABLE_NAME = 'mail_live' THEN
-		UPDATE gatekeeper.mail_live l
-		   SET queue = NEW.queue, priority = NEW.priority, send_at = NEW.send_at, state = NEW.state,
-			   attempt = NEW.attempt, uncharged = NEW.uncharged, worker = NEW.worker,
-			   message_id = NEW.message_id, last_error = NEW.last_error,
-			   dedupe_key = NEW.dedupe_key, segment = NEW.segment
-		 WHERE l.id = NEW.id;
-		IF FOUND THEN
-			RETURN NULL;
-		END IF;
-		RETURN NEW;
-	END IF;
-	DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY (ARRAY(SELECT n.id FROM new_done n));
-	RETURN NULL;
-END
-$$;
+-- _mail_live_restore(), which wrote lease_until, is made once, in its final
+-- form (C), in issue 26, i-maint's section below
 
 -- reap() writes the other columns only: made once, in its final form (C),
 -- in issue 26, item 1's section below
@@ -1395,17 +1378,7 @@ REVOKE ALL ON FUNCTION gatekeeper._live_pending(), gatekeeper._live_stats(),
 REVOKE ALL ON TABLE gatekeeper.queue_stats, gatekeeper.delivery_latency FROM PUBLIC;
 
 -- the grants recorded at the start of this section, given back
-DO $$
-DECLARE
-	stmt text;
-BEGIN
-	FOREACH stmt IN ARRAY coalesce(string_to_array(nullif(current_setting('gatekeeper_upgrade.grants_28_m', true), ''),
-												   chr(31)), '{}')
-	LOOP
-		EXECUTE stmt;
-	END LOOP;
-END
-$$;
+SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_28_m');
 
 /*
  * Issue 27, items 4 and 6 (rep27): a report taken twice is one event; no
@@ -1564,6 +1537,52 @@ RETURNS int
 LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_unclaim';
+
+/* ---------------------------------------------------------------------------
+ * issue 26, i-maint: the rest of a mail's state in C (item 1).  The TRUNCATE
+ * trigger of gatekeeper.mail, purge's passes over mail_key and mail_claim,
+ * and the restore triggers become LANGUAGE c entry points
+ * (src/mail_state_upkeep.c), running the statements the PL/pgSQL bodies
+ * ran; each is made here only, in its final form.  The SQL functions no
+ * SQL calls any more since their callers became C go: _retry_delay,
+ * _take_claimed, _release_mail and _release_mails (the library keeps their
+ * symbols, which 0.1.0's and 0.2.0's scripts name).  The helper that gave
+ * the sections' grants back goes too.
+ * ---------------------------------------------------------------------------
+ */
+CREATE OR REPLACE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_live_restore';
+
+CREATE OR REPLACE FUNCTION gatekeeper._mail_key_restore() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_key_restore';
+
+CREATE OR REPLACE FUNCTION gatekeeper._mail_truncate() RETURNS trigger
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_truncate';
+
+CREATE OR REPLACE FUNCTION gatekeeper._mail_key_prune(batch int)
+RETURNS bigint
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_key_prune';
+
+CREATE OR REPLACE FUNCTION gatekeeper._mail_claim_shrink()
+RETURNS boolean
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_claim_shrink';
+
+DROP FUNCTION gatekeeper._retry_delay();
+DROP FUNCTION gatekeeper._take_claimed(bigint[], int[]);
+DROP FUNCTION gatekeeper._release_mail(text, bigint);
+DROP FUNCTION gatekeeper._release_mails(text[], bigint[]);
+
+DROP FUNCTION gatekeeper._upgrade_grants_restore(text);
 
 /*
  * Last, always: give the remembered roles what their uses need of the

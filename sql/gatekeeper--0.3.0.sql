@@ -635,29 +635,13 @@ AS 'MODULE_PATHNAME', 'gatekeeper_own_statement';
  * loaded (src/catalog.c, gatekeeper_writer) and makes no live
  * rows either.  Rows loaded through them otherwise (check_function_bodies
  * on) get fresh live rows: a restored live row replaces the fresh one,
- * and a restored outcome removes the live row of its mail.
+ * and a restored outcome removes the live row of its mail.  These
+ * restore triggers are C (src/mail_state_upkeep.c).
  */
 CREATE FUNCTION gatekeeper._mail_live_restore() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF TG_TABLE_NAME = 'mail_live' THEN
-		UPDATE gatekeeper.mail_live l
-		   SET queue = NEW.queue, priority = NEW.priority, send_at = NEW.send_at, state = NEW.state,
-			   attempt = NEW.attempt, uncharged = NEW.uncharged, worker = NEW.worker,
-			   message_id = NEW.message_id, last_error = NEW.last_error,
-			   dedupe_key = NEW.dedupe_key, segment = NEW.segment
-		 WHERE l.id = NEW.id;
-		IF FOUND THEN
-			RETURN NULL;
-		END IF;
-		RETURN NEW;
-	END IF;
-	DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY (ARRAY(SELECT n.id FROM new_done n));
-	RETURN NULL;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_live_restore';
 
 CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
 	FOR EACH ROW WHEN (NOT gatekeeper._own_statement())
@@ -670,18 +654,9 @@ CREATE TRIGGER mail_live_restore BEFORE INSERT ON gatekeeper.mail_live
  * a dumped row then replaces the key's row instead of failing.
  */
 CREATE FUNCTION gatekeeper._mail_key_restore() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	UPDATE gatekeeper.mail_key k SET id = NEW.id
-	 WHERE k.queue = NEW.queue AND k.dedupe_key = NEW.dedupe_key;
-	IF FOUND THEN
-		RETURN NULL;
-	END IF;
-	RETURN NEW;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_key_restore';
 
 -- gatekeeper's own inserts run inside the trigger of gatekeeper.mail
 CREATE TRIGGER mail_key_restore BEFORE INSERT ON gatekeeper.mail_key
@@ -728,24 +703,11 @@ CREATE TRIGGER mail_sync_delete AFTER DELETE ON gatekeeper.mail
 -- RESTART IDENTITY, the ids of new mail.  A table the same TRUNCATE names
 -- is empty by now and left alone (truncating it again here would fail:
 -- the statement still holds it open).  Rotation truncates the partitions
--- themselves, which does not fire this.
+-- themselves, which does not fire this.  (src/mail_state_upkeep.c)
 CREATE FUNCTION gatekeeper._mail_truncate() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t text;
-	held boolean;
-BEGIN
-	FOREACH t IN ARRAY ARRAY['mail_live', 'mail_claim', 'mail_key', 'mail_done'] LOOP
-		EXECUTE format('SELECT EXISTS (SELECT FROM gatekeeper.%I)', t) INTO held;
-		IF held THEN
-			EXECUTE format('TRUNCATE gatekeeper.%I', t);
-		END IF;
-	END LOOP;
-	RETURN NULL;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_truncate';
 
 CREATE TRIGGER mail_truncate AFTER TRUNCATE ON gatekeeper.mail
 	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._mail_truncate();
@@ -1425,20 +1387,6 @@ AS 'MODULE_PATHNAME', 'gatekeeper_explain';
 COMMENT ON FUNCTION gatekeeper.explain(text) IS
 	'every gate''s view of one recipient, one row per gate: open or not, its next opening, the passes in its period and max_sends';
 
--- release every pass a mail holds (after a permanent failure)
-CREATE FUNCTION gatekeeper._release_mail(recipient text, holder bigint)
-RETURNS int
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_release_mail';
-
--- the same for many mails, locking gate rows in the one global order
-CREATE FUNCTION gatekeeper._release_mails(recipients text[], holders bigint[])
-RETURNS int
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_release_mails';
-
 -- drop expired passes from shared memory (purge calls it)
 CREATE FUNCTION gatekeeper._gate_sweep()
 RETURNS bigint
@@ -1646,17 +1594,6 @@ AS 'MODULE_PATHNAME', 'gatekeeper_claim';
 COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS
 	'lease up to batch due mails to one worker, fairly across unpaused queues (or those named) and through their gates and the suppression list; one row per mail to send, with its (id, attempt) and content';
 
-/*
- * Take claimed mails out of their batches in mail_claim, each only if its
- * claim (id, attempt) is still open there; returns their records.  The
- * caller writes what became of them (src/mail_state.c).
- */
-CREATE FUNCTION gatekeeper._take_claimed(ids bigint[], attempts int[])
-RETURNS SETOF gatekeeper.mail_live
-LANGUAGE c
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_take_claimed';
-
 -- the claim's mail_done row is its 'sent' event too (gatekeeper.events)
 CREATE FUNCTION gatekeeper.ack(id bigint, attempt int)
 RETURNS boolean
@@ -1676,13 +1613,6 @@ AS 'MODULE_PATHNAME', 'gatekeeper_ack_batch';
 
 COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
 	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still the caller''s';
-
--- gatekeeper.retry_delay as the setting means it (a bare number is milliseconds)
-CREATE FUNCTION gatekeeper._retry_delay()
-RETURNS interval
-LANGUAGE c STABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_retry_delay_interval';
 
 -- does a relay's reply (an error text that starts with it) say the mailbox
 -- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
@@ -1879,101 +1809,24 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_rotate';
 
-/*
- * Delete the stale rows of mail_key (their mail no longer holds the key,
- * and no insert of the key took them over since) in a window of its pages, so the table
- * stays about as large as the keyed unfinished mail.  purge() calls it
- * every few seconds, and mail scheduled far ahead can hold millions of
- * keys: one pass reads batch / 100 pages (about batch keys), a window
- * chosen at random, never the whole table, and so costs the same at any
- * size; a stale key is found after about as many passes as the table has
- * windows (a stale key is harmless meanwhile: every reader of mail_key
- * asks _mail_key_held, and the key's next insert takes the row over).
- * Keys live in mail_live are passed over by an index probe per key (a
- * scalar subquery, which the planner does not turn into a join that
- * would read all of mail_live); the others, claimed or stale, are asked
- * _mail_key_held.  Candidates are locked first and tested again in the
- * next statement, under its newer snapshot, for the reason the insert
- * trigger does (src/mail.c, write_keys).
- */
+-- delete the stale rows of mail_key in a window of batch / 100 of its
+-- pages chosen at random, so the table stays about as large as the keyed
+-- unfinished mail; the rows deleted (purge() runs it: src/
+-- mail_state_upkeep.c)
 CREATE FUNCTION gatekeeper._mail_key_prune(batch int)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	span bigint := greatest(batch / 100, 1);
-	pages bigint := pg_relation_size('gatekeeper.mail_key') / current_setting('block_size')::bigint;
-	first bigint := 0;
-	locked tid[];
-	n bigint;
-BEGIN
-	IF pages > span THEN
-		first := floor(random() * ((pages + span - 1) / span))::bigint * span;
-	END IF;
-	locked := ARRAY(
-		SELECT k.ctid FROM gatekeeper.mail_key k
-		 WHERE k.ctid = ANY (ARRAY(
-				SELECT w.ctid FROM gatekeeper.mail_key w
-				 WHERE w.ctid >= format('(%s,0)', first)::tid
-				   AND w.ctid < format('(%s,0)', first + span)::tid
-				   AND (SELECT l.id FROM gatekeeper.mail_live l
-						 WHERE l.id = w.id AND l.queue = w.queue
-						   AND l.dedupe_key = w.dedupe_key) IS NULL))
-		   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key)
-		   FOR UPDATE SKIP LOCKED);
-	DELETE FROM gatekeeper.mail_key k
-	 WHERE k.ctid = ANY (locked)
-	   AND NOT gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-	GET DIAGNOSTICS n = ROW_COUNT;
-	RETURN n;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_key_prune';
 
-/*
- * Give mail_claim's space back once it holds no batch.  Every single ack,
- * nack and hand-back writes a new version of its batch's row (with its
- * TOASTed gone array) and the batch's last one deletes it, so a drained
- * burst leaves the table, its TOAST and its indexes all dead, and nothing
- * but a vacuum makes that space usable again: autovacuum comes by once a
- * naptime, and until then every claim and ack goes on extending the
- * files.  A table with no batch left is emptied by TRUNCATE instead, at
- * once and whatever its size.  The lock is taken only if no one holds the
- * table (a claim, ack or reader in progress), so nothing ever waits
- * behind it; purge() tries again next time, as it does when a query of
- * its own transaction still reads the table.  Only under READ COMMITTED,
- * whose next statement sees every batch committed before the lock (a
- * REPEATABLE READ snapshot could miss a batch and truncate it away).
- * Returns whether it truncated.
- */
+-- give a drained mail_claim's space back by TRUNCATE, under READ
+-- COMMITTED and only if no one holds the table; whether it truncated
+-- (purge() runs it: src/mail_state_upkeep.c)
 CREATE FUNCTION gatekeeper._mail_claim_shrink()
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF pg_catalog.pg_relation_size('gatekeeper.mail_claim') = 0
-	   OR current_setting('transaction_isolation') <> 'read committed'
-	   OR EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
-		RETURN false;
-	END IF;
-	BEGIN
-		LOCK TABLE gatekeeper.mail_claim IN ACCESS EXCLUSIVE MODE NOWAIT;
-		-- under the lock no batch comes or goes: look again, and if one
-		-- came meanwhile give the lock back (the block's subtransaction
-		-- ends in error) rather than hold it to the caller's commit
-		IF EXISTS (SELECT FROM gatekeeper.mail_claim) THEN
-			RAISE EXCEPTION 'mail_claim holds a batch' USING ERRCODE = 'object_in_use';
-		END IF;
-		TRUNCATE gatekeeper.mail_claim;
-	EXCEPTION WHEN lock_not_available OR object_in_use THEN
-		-- held by others, a batch came, or a query of this very
-		-- transaction reads the table
-		RETURN false;
-	END;
-	RETURN true;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_mail_claim_shrink';
 
 -- remove finished mail older than gatekeeper.retention, by rotating the
 -- retention segments, and a batch of expired gate log rows; sweep expired

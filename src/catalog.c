@@ -69,6 +69,8 @@ static const char *const rel_names[GATEKEEPER_NUM_RELS] = {
 	[GATEKEEPER_REL_MAIL_DONE_1] = "mail_done_1",
 	[GATEKEEPER_REL_MAIL_DONE_2] = "mail_done_2",
 	[GATEKEEPER_REL_MAIL_DONE_3] = "mail_done_3",
+	[GATEKEEPER_REL_MAIL_CLAIM] = "mail_claim",
+	[GATEKEEPER_REL_MAIL_KEY] = "mail_key",
 };
 
 StaticAssertDecl(GATEKEEPER_REL_MAIL_DONE_0 - GATEKEEPER_REL_MAIL_0 == GATEKEEPER_SEGMENTS,

@@ -338,6 +338,12 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
  * _release_mail(recipient text, holder bigint) RETURNS int
  *		Give back every pass a mail holds, in every gate: after a permanent
  *		failure the mail never went, so it must not keep the window shut.
+ *
+ * 0.3.0 has no such SQL function, nor _release_mails (the nacks that called
+ * them are C and release passes through gate.c), but both symbols stay:
+ * 0.1.0's and 0.2.0's install scripts create the functions over them, and
+ * CREATE FUNCTION of a C function fails when the library lacks its symbol,
+ * so an older version could neither be installed nor updated to 0.3.0.
  */
 Datum
 gatekeeper_release_mail(PG_FUNCTION_ARGS)

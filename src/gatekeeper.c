@@ -1126,6 +1126,11 @@ gatekeeper_shmem_startup(void)
  * in a session that has not loaded the library yet returns a placeholder's
  * bare text: '30000' means 30000 ms to this setting, 30000 s to ::interval.
  * Calling this loads the library, which defines the setting.
+ *
+ * 0.3.0 has no such SQL function (nack's backoff is C: src/mail_state.c
+ * reads the setting itself), but the symbol stays: 0.1.0's update to 0.2.0
+ * and 0.2.0's install script create the function over it, and CREATE
+ * FUNCTION of a C function fails when the library lacks its symbol.
  */
 Datum
 gatekeeper_retry_delay_interval(PG_FUNCTION_ARGS)

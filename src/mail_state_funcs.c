@@ -2,8 +2,9 @@
  *
  * mail_state_funcs.c
  *		The SQL functions of a claimed mail's transitions: ack, ack_batch,
- *		nack, nack_batch, unclaim, extend and _take_claimed, each checking
- *		its arguments and calling src/mail_state.c.
+ *		nack, nack_batch, unclaim and extend, each checking its arguments
+ *		and calling src/mail_state.c; and _take_claimed, which 0.3.0 no
+ *		longer has (see gatekeeper_take_claimed).
  *
  *-------------------------------------------------------------------------
  */
@@ -71,6 +72,12 @@ claim_arrays(ArrayType *ids, ArrayType *attempts, int64 **idsp, int32 **attempts
  * _take_claimed(ids bigint[], attempts int[]) RETURNS SETOF mail_live
  *		The claims still open, taken out of their batches; the caller
  *		records what became of them.
+ *
+ * 0.3.0 has no such SQL function (nothing in SQL calls it since ack, nack,
+ * extend and unclaim are C), but the symbol stays: 0.1.0's update to 0.2.0
+ * and 0.2.0's install script create the function over it, and CREATE
+ * FUNCTION of a C function fails when the library lacks its symbol, so an
+ * older version could neither be installed nor updated to 0.3.0.
  */
 Datum
 gatekeeper_take_claimed(PG_FUNCTION_ARGS)

@@ -26,6 +26,7 @@
 #include "gate_store.h"
 #include "gatekeeper.h"
 #include "mail_state.h"
+#include "mail_state_upkeep.h"
 #include "wake.h"
 #include "worker_slots.h"
 
@@ -240,13 +241,6 @@ static const char purge_gate_log_sql[] =
 "                             FOR UPDATE SKIP LOCKED)) "
 "   AND g.expires < now()";
 
-/* the PL/pgSQL helpers purge runs after (not mail state: mail_key, mail_claim's space) */
-static const char purge_key_prune_sql[] =
-"SELECT gatekeeper._mail_key_prune($1)";
-
-static const char purge_claim_shrink_sql[] =
-"SELECT gatekeeper._mail_claim_shrink()";
-
 static SPIPlanPtr cancel_plan = NULL;
 static SPIPlanPtr cancel_queue_plan = NULL;
 static SPIPlanPtr scheduled_by_key_plan = NULL;
@@ -264,8 +258,6 @@ static SPIPlanPtr rotate_count_plan = NULL;
 static SPIPlanPtr rotate_truncate_plan[NUM_SEGMENTS];
 static SPIPlanPtr rotate_advance_plan = NULL;
 static SPIPlanPtr purge_gate_log_plan = NULL;
-static SPIPlanPtr purge_key_prune_plan = NULL;
-static SPIPlanPtr purge_claim_shrink_plan = NULL;
 
 static bool cancel_scheduled(int64 id);
 static void require_queue(text *queue);
@@ -758,11 +750,8 @@ gatekeeper_mail_purge(int32 batch)
 	/* at most once a minute across the cluster: it visits every entry */
 	if (gate_store_sweep_due())
 		(void) gate_store_sweep(true, gate_log_nonce());
-	if (execute(&purge_key_prune_plan, purge_key_prune_sql, 1, &type, &arg, NULL,
-				false) != SPI_OK_SELECT ||
-		execute(&purge_claim_shrink_plan, purge_claim_shrink_sql, 0, NULL, NULL, NULL,
-				false) != SPI_OK_SELECT)
-		elog(ERROR, "could not prune mail_key and mail_claim");
+	(void) mail_state_key_prune(batch);
+	(void) mail_state_claim_shrink();
 	return removed;
 }
 
