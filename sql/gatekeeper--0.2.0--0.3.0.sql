@@ -1565,6 +1565,12 @@ LANGUAGE c SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_unclaim';
 
+-- issue 26, i-bulk: bulk enqueue.  mail_due without deduplication: its
+-- keys end in the mail's id, never equal, so the pass looking for equal
+-- keys on every full page only cost inserts (bench/notes.md, "Bulk
+-- enqueue against pgmq")
+ALTER INDEX gatekeeper.mail_due SET (deduplicate_items = off);
+
 /*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
