@@ -53,6 +53,8 @@ if ($latency_median) {
 my %fig = (
 	'enqueue.copy_plain' => ['COPY into a plain table (same columns)', 'rows/s'],
 	'enqueue.copy_gk'    => ['COPY into gatekeeper.mail', 'rows/s'],
+	'enqueue.insert_gk'  => ['INSERT ... SELECT into gatekeeper.mail', 'rows/s'],
+	'enqueue.pgmq'       => ['pgmq.send_batch() of the same rows (BK_PGMQ_SQL)', 'rows/s'],
 	'enqueue.fn'         => ['enqueue() calls, all in one transaction', 'calls/s'],
 	'reports.ingest'     => ['ingest_report(), one 4 kB DSN a call, one backend', 'reports/s'],
 	'reports.record_event' => ['record_event(), one webhook event a call, one backend', 'events/s'],
@@ -119,6 +121,10 @@ my @sections = (
 	['enqueue', [
 		['enqueue.copy_plain'],
 		['enqueue.copy_gk', 'enqueue.copy_plain', ['>=', 0.8]],
+		['enqueue.insert_gk', 'enqueue.copy_plain'],
+		['enqueue.pgmq', 'enqueue.copy_plain'],
+		['enqueue.copy_gk', 'enqueue.pgmq', ['>=', 1.0]],
+		['enqueue.insert_gk', 'enqueue.pgmq', ['>=', 1.0]],
 		['enqueue.fn', 'enqueue.copy_plain'],
 	]],
 	['drain', []],
@@ -342,7 +348,7 @@ my @head = ('scenario', 'figure', 'median', 'min-max', 'reference', 'ref median'
 # ------------------------------------------------------------------ Markdown
 exit 0 unless $output;
 my %desc = (
-	enqueue => 'Enqueue: server-side COPY of the same CSV rows into gatekeeper.mail and into a plain table with the same columns and defaults (identity primary key, no other index, no trigger); and gatekeeper.enqueue() called once per row by one statement, all in one transaction.',
+	enqueue => 'Enqueue: 200,000 rows (a recipient, a 25-character subject, a 500-byte body), each way in turn in every run, from empty tables after a CHECKPOINT: server-side COPY of them (a CSV file) into gatekeeper.mail and into a plain table with the same columns and defaults (identity primary key, no other index, no trigger: the ceiling); one INSERT ... SELECT of them into gatekeeper.mail; with BK_PGMQ_SQL, one pgmq.send_batch() of the same rows as jsonb messages built in the same statement (issue 26: both gatekeeper ways >= 1.0x of it); and gatekeeper.enqueue() called once per row by one statement, all in one transaction.',
 	drain => 'Drain: N due mails preloaded and vacuumed, then drained by k pgbench clients (-M prepared), each looping claim(batch) in one transaction and ack(ids, attempts) in the next, until all are sent; rate = N / wall time. Raw UPDATE: the same rows copied into a table with the same columns, defaults and indexes (no gatekeeper code), marked sent by id range in batches of the same size by the same number of clients: one row write per row, the machine\'s row-write ceiling for this layout. PgQ: the same number of events (same payload) inserted by k producers in transactions of `batch` events with a tick after each, then consumed by one consumer (next_batch, get_batch_events, finish_batch per transaction); rate = N / (insert + consume). "Well ahead of PgQ" is taken as >= 1.5x.',
 	backlog => 'Backlog: latency of one claim(1000)+ack round (pgbench -M prepared, one client, per-transaction log; median per run) with 50,000 or 5,000,000 not-yet-due mails (due a day later) in the same queue, or 50,000 not-yet-due plus 5,000,000 sent mails retained. Each backlog is loaded, vacuumed and analyzed before it is measured.',
 	storage => 'Storage: 6 waves of 300,000 mails with 1 kB bodies, each enqueued by one INSERT ... SELECT and drained to completion by 4 claimers at batch 1000, finished mail retained, one gatekeeper worker in the database for housekeeping; the on-disk size of the mail tables against the same rows in a plain table; 3 runs (fewer if --runs is), each from empty tables.',

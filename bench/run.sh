@@ -30,7 +30,8 @@
 # does not package are switched on by environment variables; none of their
 # code is part of this repository:
 #   BK_PGMQ_SQL=/path/to/pgmq.sql   a local pgmq SQL install file: adds a
-#                                   pgmq send/read/delete line to drain.
+#                                   pgmq send/read/delete line to drain,
+#                                   and a pgmq send_batch line to enqueue.
 #
 # See bench/README.md for what each scenario measures.
 

@@ -83,28 +83,67 @@ bk_live_vacuums() {
 
 # ================================================================== enqueue
 #
-# COPY of ENQ_ROWS rows (a CSV file on the server) into gatekeeper.mail,
-# against the same COPY into bench_plain (same columns, identity primary
-# key, nothing else).  And ENQ_CALLS enqueue() calls in one transaction
-# (one statement over generate_series).
+# Bulk enqueue (issue 26): ENQ_ROWS rows of the issue's shape (a recipient,
+# a 25-character subject, a 500-byte body; queue bench, due now), loaded
+# into bench_bulk first (not timed).  Each run, in turn: a server-side COPY
+# of them (a CSV file) into bench_plain (same columns, identity primary key,
+# nothing else: the ceiling), the same COPY into gatekeeper.mail, one
+# INSERT ... SELECT from bench_bulk into gatekeeper.mail, and, when
+# BK_PGMQ_SQL loads pgmq (see pgmq_setup), one pgmq.send_batch() of the
+# same rows as jsonb messages, built in the same statement; then ENQ_CALLS
+# enqueue() calls in one transaction (one statement over generate_series).
+# Every measurement starts from empty tables after a CHECKPOINT.
 scenario_enqueue() {
 	local run t0 t1 csv=$BK_WORK/enqueue.csv
-	bk_sql "COPY (SELECT * FROM bench_rows($ENQ_ROWS, 'e', 'bench', interval '0')) TO '$csv' (FORMAT csv)"
+	bk_sql "CREATE TABLE bench_bulk AS
+			SELECT 'bench'::text AS queue, 'e' || i || '@example.com' AS recipient,
+				   rpad('Subject ' || i, 25, '.') AS subject, left(bench_body(i), 500) AS body
+			  FROM generate_series(1, $ENQ_ROWS) AS i" >/dev/null
+	bk_sql "VACUUM ANALYZE bench_bulk"
+	bk_sql "COPY bench_bulk TO '$csv' (FORMAT csv)"
+	pgmq_setup enqueue
+	if [ "$PGMQ" = 1 ]; then
+		bk_sql "SELECT pgmq.drop_queue(queue_name) FROM pgmq.list_queues() WHERE queue_name = 'bench_e';
+				SELECT pgmq.create('bench_e')" >/dev/null
+	fi
 	for run in $(seq 1 "$RUNS"); do
 		bk_reset_mail
 		bk_settle
 		t0=$(bk_now)
-		bk_sql "COPY bench_plain (queue, recipient, subject, body, send_at) FROM '$csv' (FORMAT csv)"
+		bk_sql "COPY bench_plain (queue, recipient, subject, body) FROM '$csv' (FORMAT csv)"
 		t1=$(bk_now)
 		bk_record enqueue.copy_plain "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
 
 		bk_reset_mail
 		bk_settle
 		t0=$(bk_now)
-		bk_sql "COPY gatekeeper.mail (queue, recipient, subject, body, send_at) FROM '$csv' (FORMAT csv)"
+		bk_sql "COPY gatekeeper.mail (queue, recipient, subject, body) FROM '$csv' (FORMAT csv)"
 		t1=$(bk_now)
-		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail")" = "$ENQ_ROWS" ] || gk_die "COPY lost rows"
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail_live")" = "$ENQ_ROWS" ] || gk_die "COPY lost rows"
 		bk_record enqueue.copy_gk "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
+
+		bk_reset_mail
+		bk_settle
+		t0=$(bk_now)
+		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+				SELECT queue, recipient, subject, body FROM bench_bulk"
+		t1=$(bk_now)
+		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail_live")" = "$ENQ_ROWS" ] || gk_die "INSERT lost rows"
+		bk_record enqueue.insert_gk "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
+
+		if [ "$PGMQ" = 1 ]; then
+			bk_reset_mail
+			bk_sql "TRUNCATE pgmq.q_bench_e" >/dev/null
+			bk_settle
+			t0=$(bk_now)
+			bk_sql "SELECT count(*) FROM pgmq.send_batch('bench_e', ARRAY(
+						SELECT jsonb_build_object('recipient', recipient, 'subject', subject, 'body', body)
+						  FROM bench_bulk))" >/dev/null
+			t1=$(bk_now)
+			[ "$(bk_sql "SELECT count(*) FROM pgmq.q_bench_e")" = "$ENQ_ROWS" ] || gk_die "pgmq lost rows"
+			bk_sql "TRUNCATE pgmq.q_bench_e" >/dev/null
+			bk_record enqueue.pgmq "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
+		fi
 
 		bk_reset_mail
 		bk_settle
@@ -115,6 +154,10 @@ scenario_enqueue() {
 		[ "$(bk_sql "SELECT count(*) FROM gatekeeper.mail")" = "$ENQ_CALLS" ] || gk_die "enqueue lost rows"
 		bk_record enqueue.fn "$run" "$(bk_rate "$ENQ_CALLS" "$t0" "$t1")"
 	done
+	if [ "$PGMQ" = 1 ]; then
+		bk_sql "SELECT pgmq.drop_queue('bench_e')" >/dev/null
+	fi
+	bk_sql "DROP TABLE bench_bulk" >/dev/null
 	rm -f "$csv"
 	bk_reset_mail
 }
@@ -229,22 +272,27 @@ drain_pgmq() {
 	bk_record "$fig" "$run" "$(bk_rate "$DRAIN_N" "$t0" "$t1")"
 }
 
-# pgmq_setup: load the user's pgmq SQL install file, if BK_PGMQ_SQL names
-# one.  Prints nothing and fails when there is none or it does not load.
+# pgmq_setup [SCENARIO]: load the user's pgmq SQL install file, if
+# BK_PGMQ_SQL names one and it is not loaded yet (notes go to SCENARIO,
+# default drain).  Prints nothing and fails when there is none or it does not load.
 PGMQ=0
 pgmq_setup() {
+	local sc=${1:-drain}
 	[ -n "${BK_PGMQ_SQL:-}" ] || return 0
+	if [ "$PGMQ" = 1 ]; then
+		return 0
+	fi
 	if [ ! -r "$BK_PGMQ_SQL" ]; then
-		bk_note drain "BK_PGMQ_SQL=$BK_PGMQ_SQL is not a readable file: pgmq not measured"
+		bk_note "$sc" "BK_PGMQ_SQL=$BK_PGMQ_SQL is not a readable file: pgmq not measured"
 		return 0
 	fi
 	if bk_sql "SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'" | grep -q 1 ||
 		sed -e '/^\\echo .*\\quit/d' -e 's/@extschema@/pgmq/g' "$BK_PGMQ_SQL" |
 		bk_psql -f - >"$BK_WORK/pgmq-install.log" 2>&1; then
 		PGMQ=1
-		bk_note drain "pgmq loaded from the user's $BK_PGMQ_SQL: $(bk_sql "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgmq'::regnamespace") functions"
+		bk_note "$sc" "pgmq loaded from the user's $BK_PGMQ_SQL: $(bk_sql "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgmq'::regnamespace") functions"
 	else
-		bk_note drain "BK_PGMQ_SQL=$BK_PGMQ_SQL did not load (see pgmq-install.log): pgmq not measured"
+		bk_note "$sc" "BK_PGMQ_SQL=$BK_PGMQ_SQL did not load (see pgmq-install.log): pgmq not measured"
 	fi
 }
 

@@ -318,7 +318,12 @@ ALTER TABLE gatekeeper.mail_live SET (
 	autovacuum_vacuum_cost_delay = 0
 );
 
+-- no deduplication: every key ends in the mail's id, so no two are equal,
+-- and the pass that looks for equal keys on every full page was about 2%
+-- of a bulk insert's work for nothing (bench/notes.md, "Bulk enqueue
+-- against pgmq")
 CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id)
+	WITH (deduplicate_items = off)
 	WHERE state = 'scheduled';
 CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
 	WHERE dedupe_key IS NOT NULL;

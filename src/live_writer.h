@@ -15,7 +15,7 @@
 typedef struct LiveWriter LiveWriter;
 
 extern LiveWriter *gatekeeper_live_writer_open(TupleDesc mail_desc);
-extern void gatekeeper_live_writer_add(LiveWriter *w, HeapTuple mail, TupleDesc mail_desc,
+extern void gatekeeper_live_writer_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull,
 									   int64 row);
 extern Oid	gatekeeper_live_writer_relid(LiveWriter *w);
 extern void gatekeeper_live_writer_close(LiveWriter *w);

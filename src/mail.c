@@ -366,27 +366,37 @@ announce_mail(int cached, TimestampTz send_at)
 }
 
 /*
+ * A mail's columns, deformed once: values and nulls by attribute number
+ * less one, as a slot or heap_deform_tuple gives them.  The checks read
+ * each column from here instead of walking the tuple per column (every
+ * column after the first text one has no cached offset).
+ */
+typedef struct MailRow
+{
+	Datum	   *values;
+	bool	   *isnull;
+} MailRow;
+
+/*
  * The text of a column, or NULL.
  */
 static char *
-column_text(HeapTuple tuple, TupleDesc desc, int attnum)
+column_text(const MailRow *mail, int attnum)
 {
-	bool		isnull;
-	Datum		d = heap_getattr(tuple, attnum, desc, &isnull);
-
-	return isnull ? NULL : TextDatumGetCString(d);
+	if (mail->isnull[attnum - 1])
+		return NULL;
+	return TextDatumGetCString(mail->values[attnum - 1]);
 }
 
 /*
  * The raw byte size of a column, 0 when NULL, without detoasting it.
  */
 static Size
-column_size(HeapTuple tuple, TupleDesc desc, int attnum)
+column_size(const MailRow *mail, int attnum)
 {
-	bool		isnull;
-	Datum		d = heap_getattr(tuple, attnum, desc, &isnull);
-
-	return isnull ? 0 : toast_raw_datum_size(d) - VARHDRSZ;
+	if (mail->isnull[attnum - 1])
+		return 0;
+	return toast_raw_datum_size(mail->values[attnum - 1]) - VARHDRSZ;
 }
 
 /*
@@ -395,17 +405,15 @@ column_size(HeapTuple tuple, TupleDesc desc, int attnum)
  * it is still to go.
  */
 static void
-check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
+check_mail(const MailRow *mail, bool inserting, bool scheduled)
 {
 	char	   *recipient;
 	char	   *sender;
 	char	   *subject;
 	char	   *queue;
-	bool		isnull;
 	bool		send_by_null;
 	Datum		send_at;
 	Datum		send_by;
-	Datum		d;
 	Size		size;
 	bool		to_go;
 
@@ -417,7 +425,7 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 	 */
 	to_go = scheduled || !inserting;
 
-	recipient = column_text(tuple, desc, columns.recipient);
+	recipient = column_text(mail, columns.recipient);
 	if (recipient == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -425,7 +433,7 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 	if (to_go)
 		gatekeeper_check_address(recipient, "recipient");
 
-	sender = column_text(tuple, desc, columns.sender);
+	sender = column_text(mail, columns.sender);
 	if (sender != NULL && to_go)
 	{
 		char	   *name;
@@ -435,20 +443,20 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 	}
 	if (to_go)
 	{
-		char	   *name = column_text(tuple, desc, columns.recipient_name);
+		char	   *name = column_text(mail, columns.recipient_name);
 
 		if (name != NULL)
 			gatekeeper_check_display_name(name, "recipient_name");
 	}
 	if (to_go)
 	{
-		char	   *zone = column_text(tuple, desc, columns.timezone);
+		char	   *zone = column_text(mail, columns.timezone);
 
 		if (zone != NULL)
 			(void) gatekeeper_check_timezone(zone, "timezone");
 	}
 
-	subject = column_text(tuple, desc, columns.subject);
+	subject = column_text(mail, columns.subject);
 	if (subject == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -456,20 +464,18 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 	if (to_go)
 		gatekeeper_check_header_value(subject, "subject");
 
-	(void) heap_getattr(tuple, columns.body, desc, &isnull);
-	if (isnull)
+	if (mail->isnull[columns.body - 1])
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("body must not be null")));
 
-	d = heap_getattr(tuple, columns.headers, desc, &isnull);
-	if (!isnull && to_go)
-		gatekeeper_check_headers(DatumGetJsonbP(d));
+	if (!mail->isnull[columns.headers - 1] && to_go)
+		gatekeeper_check_headers(DatumGetJsonbP(mail->values[columns.headers - 1]));
 
-	size = column_size(tuple, desc, columns.subject) +
-		column_size(tuple, desc, columns.body) +
-		column_size(tuple, desc, columns.html) +
-		column_size(tuple, desc, columns.headers);
+	size = column_size(mail, columns.subject) +
+		column_size(mail, columns.body) +
+		column_size(mail, columns.html) +
+		column_size(mail, columns.headers);
 	if (size > (Size) gatekeeper_max_message_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -477,12 +483,13 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 				 errdetail("Subject, body, html and headers hold %zu bytes; the limit is %d bytes.",
 						   size, gatekeeper_max_message_size)));
 
-	send_at = heap_getattr(tuple, columns.send_at, desc, &isnull);
-	if (isnull)
+	send_at = mail->values[columns.send_at - 1];
+	if (mail->isnull[columns.send_at - 1])
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("send_at must not be null")));
-	send_by = heap_getattr(tuple, columns.send_by, desc, &send_by_null);
+	send_by = mail->values[columns.send_by - 1];
+	send_by_null = mail->isnull[columns.send_by - 1];
 
 	/*
 	 * Checks that only make sense for mail that is still to go: a restore
@@ -504,7 +511,7 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 					 errmsg("send_by must not be before send_at")));
 	}
 
-	queue = column_text(tuple, desc, columns.queue);
+	queue = column_text(mail, columns.queue);
 	if (queue == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -523,9 +530,8 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 			Jsonb	   *headers = NULL;
 			Size		added;
 
-			d = heap_getattr(tuple, columns.headers, desc, &isnull);
-			if (!isnull)
-				headers = DatumGetJsonbP(d);
+			if (!mail->isnull[columns.headers - 1])
+				headers = DatumGetJsonbP(mail->values[columns.headers - 1]);
 			added = gatekeeper_unsubscribe_headers_size(url, recipient, queue, headers);
 			if (size + added > (Size) gatekeeper_max_message_size)
 				ereport(ERROR,
@@ -554,8 +560,7 @@ check_mail(HeapTuple tuple, TupleDesc desc, bool inserting, bool scheduled)
 typedef struct RowContext
 {
 	int64		row;
-	HeapTuple	tuple;
-	TupleDesc	desc;
+	const MailRow *mail;		/* NULL: no row being checked */
 } RowContext;
 
 static void
@@ -566,10 +571,10 @@ row_error_context(void *arg)
 	StringInfoData buf;
 	const char *p;
 
-	if (where->tuple == NULL)
+	if (where->mail == NULL)
 		return;
 	if (columns.recipient > 0)
-		recipient = column_text(where->tuple, where->desc, columns.recipient);
+		recipient = column_text(where->mail, columns.recipient);
 	if (recipient == NULL)
 	{
 		errcontext("row %lld of the statement, recipient NULL",
@@ -934,8 +939,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 	tally = gatekeeper_stats_tally_start();
 
 	where.row = 0;
-	where.tuple = NULL;
-	where.desc = desc;
+	where.mail = NULL;
 	errcallback.callback = row_error_context;
 	errcallback.arg = &where;
 	errcallback.previous = error_context_stack;
@@ -947,15 +951,17 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 	tuplestore_rescan(trigdata->tg_newtable);
 	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
 	{
-		bool		should_free;
-		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		MailRow		mail;
 		bool		finished = false;
 		bool		skip = false;
 
+		/* every column deformed once, read in place from the tuplestore */
+		slot_getallattrs(slot);
+		mail.values = slot->tts_values;
+		mail.isnull = slot->tts_isnull;
 		if (ndone > 0 || nskipped > 0)
 		{
-			bool		isnull;
-			int64		id = DatumGetInt64(heap_getattr(tuple, 1, desc, &isnull));
+			int64		id = DatumGetInt64(mail.values[0]);
 
 			if (ndone > 0)
 				finished = bsearch(&id, done, ndone, sizeof(int64), int64_cmp) != NULL;
@@ -963,36 +969,25 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 				skip = bsearch(&id, skipped, nskipped, sizeof(int64), int64_cmp) != NULL;
 		}
 		where.row++;
-		where.tuple = tuple;
+		where.mail = &mail;
 		error_context_stack = &errcallback;
-		check_mail(tuple, desc, true, !finished);
+		check_mail(&mail, true, !finished);
 		error_context_stack = errcallback.previous;
-		where.tuple = NULL;
+		where.mail = NULL;
 		if (!keyed)
-			keyed = !heap_attisnull(tuple, columns.dedupe_key, desc);
+			keyed = !mail.isnull[columns.dedupe_key - 1];
 		if (skip)
 		{
 			/* validated like the others, then left out */
 		}
 		else if (live != NULL)
 		{
-			bool		isnull;
-
-			gatekeeper_live_writer_add(live, tuple, desc, where.row);
+			gatekeeper_live_writer_add(live, mail.values, mail.isnull, where.row);
 			gatekeeper_live_count_add(gatekeeper_live_writer_relid(live),
-									  heap_getattr(tuple, columns.queue, desc, &isnull),
-									  1, 0);
+									  mail.values[columns.queue - 1], 1, 0);
 		}
-		if (tally != NULL && !skip)
-		{
-			bool		isnull;
-			Datum		queue = heap_getattr(tuple, columns.queue, desc, &isnull);
-
-			if (!isnull)
-				gatekeeper_stats_count_enqueued(tally, queue);
-		}
-		if (should_free)
-			heap_freetuple(tuple);
+		if (tally != NULL && !skip && !mail.isnull[columns.queue - 1])
+			gatekeeper_stats_count_enqueued(tally, mail.values[columns.queue - 1]);
 		/* a tuple read back from disk lives in per_row: let go of it first */
 		ExecClearTuple(slot);
 		MemoryContextReset(per_row);
@@ -1051,8 +1046,14 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
 	{
 		HeapTuple	tuple = trigdata->tg_newtuple;
+		MailRow		mail;
 
-		check_mail(tuple, desc, false, mail_is_live(tuple, desc));
+		mail.values = palloc(desc->natts * sizeof(Datum));
+		mail.isnull = palloc(desc->natts * sizeof(bool));
+		heap_deform_tuple(tuple, desc, mail.values, mail.isnull);
+		check_mail(&mail, false, mail_is_live(tuple, desc));
+		pfree(mail.values);
+		pfree(mail.isnull);
 		return PointerGetDatum(tuple);
 	}
 
