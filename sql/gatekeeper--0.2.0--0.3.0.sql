@@ -1583,6 +1583,7 @@ DROP FUNCTION gatekeeper._release_mail(text, bigint);
 DROP FUNCTION gatekeeper._release_mails(text[], bigint[]);
 
 DROP FUNCTION gatekeeper._upgrade_grants_restore(text);
+
 -- issue 26, i-bulk: bulk enqueue.  mail_due without deduplication: its
 -- keys end in the mail's id, never equal, so the pass looking for equal
 -- keys on every full page only cost inserts (bench/notes.md, "Bulk
