@@ -426,7 +426,14 @@ ok( GatekeeperTest::poll_until(
 		$standby, 'postgres',
 		"SELECT count(*) FROM gatekeeper.mail_status s JOIN gatekeeper.mail m USING (id) WHERE m.recipient LIKE 'restart%' AND s.state = 'claimed'",
 		'20', 30),
-	'restart: the worker holds 20 mails claimed for a relay that does not answer');
+	'restart: the worker holds 20 mails claimed for a relay that does not answer')
+  or diag("restart mails by state, attempt and error: "
+	  . $standby->safe_psql('postgres',
+		"SELECT string_agg(format('%s/%s/%s: %s', s.state, s.attempt, coalesce(s.last_error, '-'), n), '; ') FROM "
+		  . "(SELECT s.state, s.attempt, s.last_error, count(*) AS n FROM gatekeeper.mail_status s JOIN gatekeeper.mail m USING (id) "
+		  . "WHERE m.recipient LIKE 'restart%' GROUP BY 1, 2, 3) s")
+	  . "; the worker: "
+	  . $standby->safe_psql('postgres', 'SELECT row_to_json(w) FROM gatekeeper.worker_status w'));
 $standby->safe_psql('postgres', "ALTER SYSTEM SET gatekeeper.smtp_url = '$sink_b->{url}'");
 $standby->restart;
 my $restarted_at = time;
