@@ -492,7 +492,8 @@ $$;
 
 -- enqueue() is C (src/enqueue.c) that calls _enqueue and raises its errors
 -- again without the context of gatekeeper's own SQL and PL/pgSQL (issue
--- 28); made here once, in that form
+-- 28); made here once, in that form (issue 26's i-enq section below drops
+-- _enqueue: enqueue() does the work itself)
 CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
@@ -1589,6 +1590,26 @@ DROP FUNCTION gatekeeper._upgrade_grants_restore(text);
 -- keys on every full page only cost inserts (bench/notes.md, "Bulk
 -- enqueue against pgmq")
 ALTER INDEX gatekeeper.mail_due SET (deduplicate_items = off);
+
+-- issue 26, i-enq: the enqueue path and the suppression list's writer in
+-- C (item 1).  enqueue() (src/enqueue.c) does the enqueue itself, dedupe
+-- keys and all: the PL/pgSQL _enqueue it called is gone.  _suppress is
+-- the SQL face of gatekeeper_suppression_add (src/suppression.c), which
+-- the reports, the nacks and unsubscribe() call directly; suppress()
+-- calls it.
+DROP FUNCTION gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
+								  timestamptz, text, jsonb, text);
+
+-- add a suppression entry for an address key; true when new.  An entry
+-- that exists keeps its row, but takes the new reason when that stops more
+-- (hard_bounce or manual over soft_bounce, unsubscribe or complaint;
+-- soft_bounce over unsubscribe or complaint)
+CREATE OR REPLACE FUNCTION gatekeeper._suppress(address_key text, reason text, queue text,
+	detail text, mail_id bigint)
+RETURNS boolean
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_suppress';
 
 /*
  * Last, always: give the remembered roles what their uses need of the

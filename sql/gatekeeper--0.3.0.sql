@@ -1450,27 +1450,15 @@ AS 'MODULE_PATHNAME', 'gatekeeper_mailbox';
 -- add a suppression entry for an address key; true when new.  An entry
 -- that exists keeps its row, but takes the new reason when that stops more
 -- (hard_bounce or manual over soft_bounce, unsubscribe or complaint;
--- soft_bounce over unsubscribe or complaint)
+-- soft_bounce over unsubscribe or complaint): gatekeeper_suppression_add
+-- (src/suppression.c), which the reports, the nacks and unsubscribe() call
+-- directly
 CREATE FUNCTION gatekeeper._suppress(address_key text, reason text, queue text,
 	detail text, mail_id bigint)
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE c
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	inserted boolean;
-BEGIN
-	INSERT INTO gatekeeper.suppression_list AS s (address, queue, reason, detail, mail_id)
-	VALUES (address_key, _suppress.queue, _suppress.reason, _suppress.detail, _suppress.mail_id)
-	ON CONFLICT ON CONSTRAINT suppression_list_address_queue DO UPDATE
-	   SET reason = EXCLUDED.reason, detail = EXCLUDED.detail, mail_id = EXCLUDED.mail_id
-	 WHERE (s.reason IN ('unsubscribe', 'complaint', 'soft_bounce')
-			AND EXCLUDED.reason IN ('hard_bounce', 'manual'))
-		OR (s.reason IN ('unsubscribe', 'complaint') AND EXCLUDED.reason = 'soft_bounce')
-	RETURNING (xmax = 0) INTO inserted;
-	RETURN coalesce(inserted, false);
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_suppress';
 
 -- which of these mails (recipient i to queue i) the claim would suppress, and why
 CREATE FUNCTION gatekeeper._suppressed(recipients text[], queues text[])
@@ -1482,91 +1470,12 @@ AS 'MODULE_PATHNAME', 'gatekeeper_suppressed';
 /*
  * Enqueue
  */
--- the enqueue, for enqueue() (src/enqueue.c)
-CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
-	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
-	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
-	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
-	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
-	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
--- the insert below fails on a held key, and the loop returns the holder
--- (with 'skip' the trigger would take the new mail out again)
-SET gatekeeper.on_duplicate = 'error'
-AS $$
-#variable_conflict use_column
-DECLARE
-	new_id bigint;
-	q gatekeeper.queue;
-	violated text;
-BEGIN
-	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR queue IS NULL OR send_at IS NULL THEN
-		RAISE EXCEPTION 'recipient, subject, body, queue and send_at must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF priority IS NULL THEN
-		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF dedupe_key IS NULL THEN
-		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-									 headers, priority, send_by, recipient_name, metadata, timezone)
-		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
-				recipient_name, metadata, timezone)
-		RETURNING id INTO new_id;
-		RETURN new_id;
-	END IF;
-
-	q := gatekeeper._queue(_enqueue.queue);
-	/*
-	 * The mail that holds the key wins: scheduled, claimed, or finished
-	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
-	 * Otherwise insert: the trigger takes over the key's row if its mail
-	 * no longer holds it.  If a concurrent enqueue of the same key got
-	 * there first (its row holds the key in mail_key), or the holder was
-	 * seen before the transaction that changed it committed, the insert
-	 * fails on the key and the next round finds the holder.
-	 */
-	FOR round IN 1..10 LOOP
-		/*
-		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
-		 * moves its live row's key, not its mail_key row.
-		 */
-		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
-		 WHERE l.queue = _enqueue.queue AND l.dedupe_key = _enqueue.dedupe_key;
-		IF FOUND THEN
-			RETURN new_id;
-		END IF;
-		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
-		 WHERE k.queue = _enqueue.queue AND k.dedupe_key = _enqueue.dedupe_key
-		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-		IF FOUND THEN
-			RETURN new_id;
-		END IF;
-		BEGIN
-			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-										 headers, dedupe_key, priority, send_by, recipient_name,
-										 metadata, timezone)
-			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
-					priority, send_by, recipient_name, metadata, timezone)
-			RETURNING id INTO new_id;
-			RETURN new_id;
-		EXCEPTION WHEN unique_violation THEN
-			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
-				RAISE;
-			END IF;
-		END;
-	END LOOP;
-	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
-		USING ERRCODE = 'serialization_failure';
-END
-$$;
-
--- enqueue itself (src/enqueue.c): calls _enqueue and raises its errors
--- again, so that they reach the application without the context of
--- gatekeeper's own SQL and PL/pgSQL
+-- enqueue itself (src/enqueue.c): the insert into gatekeeper.mail, whose
+-- trigger validates the mail; with a dedupe key, the holder's id if the
+-- key is held (scheduled, claimed, or finished within the queue's
+-- dedupe_window), else the insert, retried when a concurrent enqueue of
+-- the key won.  Its errors reach the application without the context of
+-- gatekeeper's own statements
 CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,

@@ -36,11 +36,12 @@
  * src/live_writer.c	the insert trigger's direct writer of mail_live
  * src/live_count.c		the live mail's counts in mail_live_count
  * src/stats.c			the queues' totals in shared memory, for queue_stats
- * src/enqueue.c		enqueue()
+ * src/enqueue.c		enqueue(): the insert, and a dedupe key's holder
  * src/validate.c		header and duration validation
  * src/address.c		addresses: bare addresses checked, keyed, compared;
  *						display names, writing From and To
- * src/suppression.c	the suppression list and the claim's lookup in it
+ * src/suppression.c	the suppression list: the claim's lookup in it, and
+ *						entries added
  * src/unsubscribe.c	one-click unsubscribe tokens and URLs
  * src/window.c			sending windows in a time zone
  * src/message.c		RFC 5322 message building

@@ -25,7 +25,7 @@
  * a webhook's recipient), that mail's recipient: report_rows() checks
  * both and writes the event and the suppression it calls for
  * (report_bounce(), the one place of the soft-bounce rule, which the nacks
- * of src/mail_state.c call too; gatekeeper._suppress).  The mail is
+ * of src/mail_state.c call too; gatekeeper_suppression_add).  The mail is
  * read by key from its segment's partitions of mail_done and mail
  * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
@@ -63,6 +63,7 @@
 #include "report.h"
 #include "report_parse.h"
 #include "stats.h"
+#include "suppression.h"
 #include "unsubscribe.h"
 #include "address.h"
 #include "catalog.h"
@@ -138,21 +139,12 @@ static const char insert_event_sql[] =
 "INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
 
-/* what a bounce or a complaint does to the suppression list */
-static SPIPlanPtr hard_bounce_plan = NULL;
-static const char hard_bounce_sql[] =
-"SELECT gatekeeper._suppress($1, 'hard_bounce', NULL, $2, $3)";
+/* the bounces that count towards a soft_bounce entry */
 static SPIPlanPtr soft_bounces_plan = NULL;
 static const char soft_bounces_sql[] =
 "SELECT count(DISTINCT e.mail_id) FROM gatekeeper.event_log e "
 " WHERE translate(e.recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz') = $1 "
 "   AND e.event = 'bounced' AND e.at > now() - interval '30 days'";
-static SPIPlanPtr soft_bounce_plan = NULL;
-static const char soft_bounce_sql[] =
-"SELECT gatekeeper._suppress($1, 'soft_bounce', NULL, $2, $3)";
-static SPIPlanPtr complained_plan = NULL;
-static const char complained_sql[] =
-"SELECT gatekeeper._suppress($1, 'complaint', NULL, $2, $3)";
 
 /* the return paths this transaction looked up */
 static struct
@@ -399,23 +391,15 @@ hard_bounce_status(const char *status)
 void
 report_bounce(const char *address_key, const char *status, const char *detail, int64 mail_id)
 {
-	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
-	Datum		args[3];
-	char		nulls[3] = {' ', detail ? ' ' : 'n', ' '};
+	Oid			types[1] = {TEXTOID};
 	Datum		count_arg;
 	bool		isnull;
 	int64		mails;
 
 	SPI_connect();
-	count_arg = CStringGetTextDatum(address_key);
-	args[0] = count_arg;
-	args[1] = detail ? CStringGetTextDatum(detail) : (Datum) 0;
-	args[2] = Int64GetDatum(mail_id);
 	if (hard_bounce_status(status))
 	{
-		if (SPI_execute_plan(gatekeeper_plan(&hard_bounce_plan, hard_bounce_sql, 3, types),
-							 args, nulls, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "recording a hard bounce failed");
+		(void) gatekeeper_suppression_add(address_key, "hard_bounce", NULL, detail, mail_id);
 		SPI_finish();
 		return;
 	}
@@ -425,20 +409,18 @@ report_bounce(const char *address_key, const char *status, const char *detail, i
 	 * empty scanned all of it for every bounce, quadratic in a bounce storm
 	 * (a benchmark run of 20,000 DSNs took over ten minutes).
 	 */
+	count_arg = CStringGetTextDatum(address_key);
 	if (gatekeeper_execute_by_key(gatekeeper_plan(&soft_bounces_plan, soft_bounces_sql, 1, types),
 								  &count_arg, NULL, false, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "counting soft bounces failed");
 	mails = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_freetuptable(SPI_tuptable);
 	if (!isnull && mails >= gatekeeper_soft_bounce_limit)
-	{
-		args[1] = CStringGetTextDatum(psprintf("soft bounces within 30 days: %d; the last: %s",
-											   gatekeeper_soft_bounce_limit, detail ? detail : ""));
-		nulls[1] = ' ';
-		if (SPI_execute_plan(gatekeeper_plan(&soft_bounce_plan, soft_bounce_sql, 3, types),
-							 args, nulls, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "recording a soft bounce failed");
-	}
+		(void) gatekeeper_suppression_add(address_key, "soft_bounce", NULL,
+										  psprintf("soft bounces within 30 days: %d; the last: %s",
+												   gatekeeper_soft_bounce_limit,
+												   detail ? detail : ""),
+										  mail_id);
 	SPI_finish();
 }
 
@@ -709,18 +691,7 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	if (strcmp(event, "bounced") == 0)
 		report_bounce(key, status, detail, id);
 	else if (strcmp(event, "complained") == 0)
-	{
-		Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
-		Datum		cargs[3];
-		char		cnulls[3] = {' ', nulls[5], ' '};
-
-		cargs[0] = CStringGetTextDatum(key);
-		cargs[1] = args[5];
-		cargs[2] = Int64GetDatum(id);
-		if (SPI_execute_plan(gatekeeper_plan(&complained_plan, complained_sql, 3, types),
-							 cargs, cnulls, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "recording a complaint failed");
-	}
+		(void) gatekeeper_suppression_add(key, "complaint", NULL, detail, id);
 
 	if (out != NULL)
 	{

@@ -16,6 +16,10 @@
  *	- a global unsubscribe or complaint entry stops every queue but a
  *	  transactional one (a receipt or a password reset still goes).
  *
+ * Entries are added here too (gatekeeper_suppression_add), by the reports
+ * and the nacks (src/report.c), one-click unsubscribes (src/unsubscribe.c)
+ * and suppress(), through _suppress.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -52,6 +56,23 @@ static const char suppression_lookup_sql[] =
 static SPIPlanPtr queue_transactional_plan = NULL;
 static const char queue_transactional_sql[] =
 "SELECT q.name, q.transactional FROM gatekeeper.queue q WHERE q.name = ANY ($1)";
+
+/*
+ * Add an entry, or give the one there is the new reason when that stops
+ * more: hard_bounce or manual over soft_bounce, unsubscribe or complaint;
+ * soft_bounce over unsubscribe or complaint.  Returns whether the entry is
+ * new (an inserted row's xmax is 0).
+ */
+static SPIPlanPtr suppression_add_plan = NULL;
+static const char suppression_add_sql[] =
+"INSERT INTO gatekeeper.suppression_list AS s (address, queue, reason, detail, mail_id) "
+"VALUES ($1, $2, $3, $4, $5) "
+"ON CONFLICT ON CONSTRAINT suppression_list_address_queue DO UPDATE "
+"   SET reason = EXCLUDED.reason, detail = EXCLUDED.detail, mail_id = EXCLUDED.mail_id "
+" WHERE (s.reason IN ('unsubscribe', 'complaint', 'soft_bounce') "
+"        AND EXCLUDED.reason IN ('hard_bounce', 'manual')) "
+"    OR (s.reason IN ('unsubscribe', 'complaint') AND EXCLUDED.reason = 'soft_bounce') "
+"RETURNING (s.xmax = 0)";
 
 static int	cstring_cmp(const void *a, const void *b);
 static int	entry_cmp(const void *a, const void *b);
@@ -201,6 +222,81 @@ gatekeeper_suppression_check(GatekeeperSuppressionProbe *probes, int n)
 			}
 		}
 	}
+}
+
+/*
+ * gatekeeper_suppression_add
+ *		Put address_key (as gatekeeper_recipient_key makes it) on the list
+ *		for queue (NULL: every queue) with reason and detail (may be NULL),
+ *		naming the mail it came from (0: none); true when the entry is new.
+ *		An entry that exists keeps its row, but takes the new reason, detail
+ *		and mail when the reason stops more.  Call inside a transaction with
+ *		SPI connected.
+ */
+bool
+gatekeeper_suppression_add(const char *address_key, const char *reason, const char *queue,
+						   const char *detail, int64 mail_id)
+{
+	Oid			argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	bool		added;
+	int			ret;
+
+	args[0] = CStringGetTextDatum(address_key);
+	if (queue != NULL)
+		args[1] = CStringGetTextDatum(queue);
+	else
+		nulls[1] = 'n';
+	args[2] = CStringGetTextDatum(reason);
+	if (detail != NULL)
+		args[3] = CStringGetTextDatum(detail);
+	else
+		nulls[3] = 'n';
+	args[4] = Int64GetDatum(mail_id);
+	if (mail_id == 0)
+		nulls[4] = 'n';
+
+	ret = SPI_execute_plan(gatekeeper_plan(&suppression_add_plan, suppression_add_sql,
+										   5, argtypes),
+						   args, nulls, false, 0);
+	if (ret != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "adding a suppression entry failed: %s", SPI_result_code_string(ret));
+	/* no row: the entry there stops at least as much, and is kept */
+	if (SPI_processed == 0)
+		return false;
+	added = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	return !isnull && added;
+}
+
+PG_FUNCTION_INFO_V1(gatekeeper_suppress);
+
+/*
+ * gatekeeper._suppress(address_key text, reason text, queue text,
+ *		detail text, mail_id bigint) RETURNS boolean
+ *		gatekeeper_suppression_add for suppress(): true when the entry is
+ *		new.  The address is a key already; reason is checked by the table.
+ */
+Datum
+gatekeeper_suppress(PG_FUNCTION_ARGS)
+{
+	bool		added;
+
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("address_key and reason must not be null")));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	added = gatekeeper_suppression_add(text_to_cstring(PG_GETARG_TEXT_PP(0)),
+									   text_to_cstring(PG_GETARG_TEXT_PP(1)),
+									   PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2)),
+									   PG_ARGISNULL(3) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(3)),
+									   PG_ARGISNULL(4) ? 0 : PG_GETARG_INT64(4));
+	SPI_finish();
+	PG_RETURN_BOOL(added);
 }
 
 PG_FUNCTION_INFO_V1(gatekeeper_suppressed);

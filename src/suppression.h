@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * suppression.h
- *		The suppression list, as the claim consults it (src/suppression.c).
+ *		The suppression list, as the claim consults it and the reports,
+ *		the nacks and unsubscribes add to it (src/suppression.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -29,5 +30,14 @@ typedef struct GatekeeperSuppressionProbe
  * recipient.  Call inside a transaction with SPI connected.
  */
 extern void gatekeeper_suppression_check(GatekeeperSuppressionProbe *probes, int n);
+
+/*
+ * Add an entry for an address key (queue NULL: every queue; detail may be
+ * NULL; mail_id 0: no mail), or give the entry there the new reason when
+ * that stops more; true when the entry is new.  Call inside a transaction
+ * with SPI connected.
+ */
+extern bool gatekeeper_suppression_add(const char *address_key, const char *reason,
+									   const char *queue, const char *detail, int64 mail_id);
 
 #endif							/* GATEKEEPER_SUPPRESSION_H */

@@ -31,6 +31,7 @@
 #include "utils/memutils.h"
 
 #include "gatekeeper.h"
+#include "suppression.h"
 #include "unsubscribe.h"
 #include "address.h"
 #include "catalog.h"
@@ -482,9 +483,6 @@ PG_FUNCTION_INFO_V1(gatekeeper_unsubscribe);
 Datum
 gatekeeper_unsubscribe(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr suppress_plan = NULL;
-	static const char suppress_sql[] =
-	"SELECT gatekeeper._suppress($1, 'unsubscribe', $2, 'one-click unsubscribe', NULL)";
 	static SPIPlanPtr unsubscribed_plan = NULL;
 	static const char unsubscribed_sql[] =
 	"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, detail, source, segment) "
@@ -502,7 +500,6 @@ gatekeeper_unsubscribe(PG_FUNCTION_ARGS)
 	int			rlen;
 	uint8		mac[TOKEN_MAC_LEN];
 	bool		valid;
-	bool		isnull;
 	bool		result;
 	int			ret;
 
@@ -533,13 +530,8 @@ gatekeeper_unsubscribe(PG_FUNCTION_ARGS)
 	args[0] = PointerGetDatum(cstring_to_text_with_len((char *) raw + 2, rlen));
 	args[1] = PointerGetDatum(cstring_to_text_with_len((char *) raw + 2 + rlen,
 													   len - TOKEN_MAC_LEN - 2 - rlen));
-	ret = SPI_execute_plan(gatekeeper_plan(&suppress_plan, suppress_sql, 2, argtypes),
-						   args, NULL, false, 1);
-	if (ret != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "suppressing an unsubscribed recipient failed: %s",
-			 SPI_result_code_string(ret));
-	result = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-										1, &isnull));
+	result = gatekeeper_suppression_add(TextDatumGetCString(args[0]), "unsubscribe",
+										TextDatumGetCString(args[1]), "one-click unsubscribe", 0);
 
 	/*
 	 * The token names an address and a queue, not a mail: the event is the
@@ -552,5 +544,5 @@ gatekeeper_unsubscribe(PG_FUNCTION_ARGS)
 		elog(ERROR, "recording an unsubscribed event failed: %s",
 			 SPI_result_code_string(ret));
 	SPI_finish();
-	PG_RETURN_BOOL(!isnull && result);
+	PG_RETURN_BOOL(result);
 }
