@@ -1321,6 +1321,9 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 		return 0;
 	}
 
+	/* the envelopes of what is claimed now read the queues and key anew */
+	gatekeeper_report_envelope_refresh();
+
 	lease = (Interval *) palloc0(sizeof(Interval));
 	lease->time = (int64) gatekeeper_lease * 1000;
 	taken.lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
@@ -1479,8 +1482,9 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
 		/*
 		 * A queue's return_path, with the mail's VERP token, is the envelope
 		 * sender instead; the token is the DSN's ENVID either way
-		 * (src/report.c).  It reads the queue and the secret: an extension
-		 * dropped meanwhile fails the mail here, as a build error does.
+		 * (src/report.c).  The queue's return_path and the secret are read
+		 * once per claim (claim_mail refreshes them), not per mail; a read
+		 * that fails fails the mail here, as a build error does.
 		 */
 		{
 			char	   *token = NULL;
