@@ -306,6 +306,7 @@ static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
 static void housekeeping(void);
 static int	claim_window(void);
+static int	undecided(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
 static void take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due);
 static char *copy_text(Datum *values, bool *nulls, int column, bool json);
@@ -568,6 +569,16 @@ housekeep(bool woken)
 }
 
 /*
+ * The mails claimed whose outcome is not decided yet: those being built,
+ * on the wire, or held as suspects.
+ */
+static int
+undecided(void)
+{
+	return nlive - noutcomes;
+}
+
+/*
  * The number of mails the worker keeps claimed: enough to keep every
  * connection's queue (of every relay) full twice over, within
  * gatekeeper.batch_size.
@@ -581,7 +592,10 @@ claim_window(void)
 /*
  * claim: when half the window has drained, and mail may be due, claim up
  * to the rest of it, as many as gatekeeper.max_in_flight bytes allow by
- * the mean size of mail claimed so far.
+ * the mean size of mail claimed so far.  The window counts the mail whose
+ * outcome is not decided yet (undecided()): an outcome waiting for its
+ * recording round holds no place on the wire, and does not hold the next
+ * claim back; its bytes still count against max_in_flight.
  */
 static void
 claim(bool woken)
@@ -595,7 +609,7 @@ claim(bool woken)
 
 	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
 		return;
-	if (now < next_claim_at || nlive > window / 2)
+	if (now < next_claim_at || undecided() > window / 2)
 		return;
 	if (nlive > 0 && live_bytes >= gatekeeper_max_in_flight / 2)
 		return;
@@ -606,7 +620,7 @@ claim(bool woken)
 	 * result set, SPI's copy of it, and ours), so it takes a third of the
 	 * room left.
 	 */
-	want = window - nlive;
+	want = window - undecided();
 	{
 		double		mean = mail_bytes_mean > 0 ? mail_bytes_mean :
 			(double) gatekeeper_max_message_size;
@@ -912,7 +926,7 @@ nap(void)
 		wake = Min(wake, resumes);
 	else if (delivering)
 	{
-		if (nlive <= claim_window() / 2)
+		if (undecided() <= claim_window() / 2)
 			wake = Min(wake, next_claim_at);
 		if (npending_cleared > 0 && next_relay(now) >= 0 &&
 			(live_bytes <= gatekeeper_max_in_flight || smtp_client_busy() == 0))
