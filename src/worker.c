@@ -149,11 +149,10 @@
 /*
  * Outcomes are recorded when this many wait, or the oldest is this old (or
  * nothing else is on its way).  A round's transaction, its statements'
- * start and its commit cost the same for 10 mails as for 500: at a few
- * thousand mails a second, 25 ms rounds of about a hundred outcomes cost
- * the worker about a tenth less CPU per mail than 10 ms rounds
- * (bench/notes.md, issue 26), and a crash between send and record
- * resends at most this much more.
+ * start and its commit cost the same for 10 mails as for 500; 25 ms
+ * rounds measured about a tenth less worker CPU per mail than 10 ms ones
+ * (bench/notes.md, issue 26).  A crash between send and record resends
+ * at most this much more.
  */
 #define RECORD_BATCH				512
 #define RECORD_DELAY_MS				25
