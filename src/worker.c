@@ -599,10 +599,10 @@ claim_window(void)
 /*
  * claim: when half the window has drained, and mail may be due, claim up
  * to the rest of it, as many as gatekeeper.max_in_flight bytes allow by
- * the mean size of mail claimed so far.  The window counts the mail whose
- * outcome is not decided yet (undecided()): an outcome waiting for its
- * recording round holds no place on the wire, and does not hold the next
- * claim back; its bytes still count against max_in_flight.
+ * the mean size of mail claimed so far.  The window counts every mail
+ * claimed and not yet recorded, so that a crash sends at most a window's
+ * mail again (t/022); record() records at once when only the outcomes
+ * waiting to be recorded hold the next claim back.
  */
 static void
 claim(bool woken)
@@ -616,7 +616,7 @@ claim(bool woken)
 
 	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
 		return;
-	if (now < next_claim_at || undecided() > window / 2)
+	if (now < next_claim_at || nlive > window / 2)
 		return;
 	if (nlive > 0 && live_bytes >= gatekeeper_max_in_flight / 2)
 		return;
@@ -627,7 +627,7 @@ claim(bool woken)
 	 * result set, SPI's copy of it, and ours), so it takes a third of the
 	 * room left.
 	 */
-	want = window - undecided();
+	want = window - nlive;
 	{
 		double		mean = mail_bytes_mean > 0 ? mail_bytes_mean :
 			(double) gatekeeper_max_message_size;
@@ -729,17 +729,20 @@ collect(void)
 
 /*
  * record: record the outcomes when enough have come, the oldest has waited
- * long enough, or no other mail is on its way.
+ * long enough, no other mail is on its way, or they alone hold the next
+ * claim back (half the window is decided: see claim()).
  */
 static void
 record(void)
 {
 	TimestampTz now;
+	int			window = claim_window();
 
 	if (noutcomes == 0)
 		return;
 	now = GetCurrentTimestamp();
 	if (noutcomes < RECORD_BATCH && nlive > noutcomes + nsuspects &&
+		!(nlive > window / 2 && undecided() <= window / 2) &&
 		now < TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS))
 		return;
 	record_outcomes();
@@ -933,7 +936,7 @@ nap(void)
 		wake = Min(wake, resumes);
 	else if (delivering)
 	{
-		if (undecided() <= claim_window() / 2)
+		if (nlive <= claim_window() / 2)
 			wake = Min(wake, next_claim_at);
 		if (npending_cleared > 0 && next_relay(now) >= 0 &&
 			(live_bytes <= gatekeeper_max_in_flight || smtp_client_busy() == 0))
