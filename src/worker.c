@@ -151,8 +151,8 @@
  * nothing else is on its way).  A round's transaction, its statements'
  * start and its commit cost the same for 10 mails as for 500; 25 ms
  * rounds measured about a tenth less worker CPU per mail than 10 ms ones
- * (bench/notes.md, issue 26).  A crash between send and record resends
- * at most this much more.
+ * (bench/notes.md, issue 26).  What a crash sends again stays bounded by
+ * the window either way (claim()).
  */
 #define RECORD_BATCH				512
 #define RECORD_DELAY_MS				25
