@@ -59,6 +59,8 @@
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 
+#include <openssl/evp.h>
+
 #include "gatekeeper.h"
 #include "report.h"
 #include "report_parse.h"
@@ -80,8 +82,11 @@ PG_FUNCTION_INFO_V1(gatekeeper_record_event);
 /* the largest message ingest_report() reads (54000 beyond) */
 #define REPORT_MAX_MESSAGE	(64 * 1024 * 1024)
 
-/* return_path lookups remembered per transaction */
+/* return_path lookups remembered until gatekeeper_report_envelope_refresh */
 #define RETURN_PATH_CACHE	16
+
+/* SHA-256's block: HMAC's pads are this long */
+#define SHA256_BLOCK		64
 
 static const char base32_digits[] = "abcdefghijklmnopqrstuvwxyz234567";
 static const char verp_context[16] = "gatekeeper verp";
@@ -146,17 +151,28 @@ static const char soft_bounces_sql[] =
 " WHERE translate(e.recipient, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz') = $1 "
 "   AND e.event = 'bounced' AND e.at > now() - interval '30 days'";
 
-/* the return paths this transaction looked up */
+/*
+ * What the worker's envelopes read, kept until
+ * gatekeeper_report_envelope_refresh: the return paths looked up (in
+ * envelope_cxt) and the HMAC key, as SHA-256 states after its inner and
+ * outer pad, so that a token costs two short digests and no statement.
+ */
 static struct
 {
 	char		queue[NAMEDATALEN * 2];
-	char	   *return_path;	/* in TopTransactionContext, or NULL */
+	char	   *return_path;	/* in envelope_cxt, or NULL */
 }			return_paths[RETURN_PATH_CACHE];
 static int	nreturn_paths = 0;
-static LocalTransactionId return_paths_lxid = InvalidLocalTransactionId;
+static MemoryContext envelope_cxt = NULL;
+static EVP_MD_CTX *verp_inner = NULL;
+static EVP_MD_CTX *verp_outer = NULL;
+static EVP_MD_CTX *verp_work = NULL;
+static bool verp_keyed = false;
 
 static void verp_mac(int64 id, uint8 *mac);
-static char *verp_token(int64 id);
+static void verp_key(void);
+static void verp_mac_kept(int64 id, uint8 *mac);
+static char *verp_token(int64 id, bool kept);
 static bool verp_verify(const char *token, size_t len, int64 *id);
 static bool token_in(const char *text, int64 *id);
 static bool message_id_mail(const char *message_id, int64 *id);
@@ -189,10 +205,79 @@ verp_mac(int64 id, uint8 *mac)
 }
 
 /*
- * The VERP token of a mail id.  SPI must be connected.
+ * Derive the kept HMAC key (verp_inner, verp_outer) from the database's
+ * secret, unless it is: HMAC-SHA256 (RFC 2104) hashes the key's inner and
+ * outer pad ahead of every message, so both states are hashed once here
+ * and copied per token.  SPI must be connected.
+ */
+static void
+verp_key(void)
+{
+	uint8		key[GATEKEEPER_TOKEN_SECRET_MAX];
+	uint8		pad[SHA256_BLOCK];
+	int			len;
+	int			i;
+
+	if (verp_keyed)
+		return;
+	len = gatekeeper_token_secret(key);
+	Assert(len <= SHA256_BLOCK);
+	if (verp_inner == NULL)
+		verp_inner = EVP_MD_CTX_new();
+	if (verp_outer == NULL)
+		verp_outer = EVP_MD_CTX_new();
+	if (verp_work == NULL)
+		verp_work = EVP_MD_CTX_new();
+	if (verp_inner == NULL || verp_outer == NULL || verp_work == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("out of memory")));
+	for (i = 0; i < SHA256_BLOCK; i++)
+		pad[i] = (i < len ? key[i] : 0) ^ 0x36;
+	if (EVP_DigestInit_ex(verp_inner, EVP_sha256(), NULL) != 1 ||
+		EVP_DigestUpdate(verp_inner, pad, SHA256_BLOCK) != 1)
+		elog(ERROR, "could not compute HMAC-SHA256");
+	for (i = 0; i < SHA256_BLOCK; i++)
+		pad[i] = (i < len ? key[i] : 0) ^ 0x5c;
+	if (EVP_DigestInit_ex(verp_outer, EVP_sha256(), NULL) != 1 ||
+		EVP_DigestUpdate(verp_outer, pad, SHA256_BLOCK) != 1)
+		elog(ERROR, "could not compute HMAC-SHA256");
+	explicit_bzero(key, sizeof(key));
+	explicit_bzero(pad, sizeof(pad));
+	verp_keyed = true;
+}
+
+/*
+ * verp_mac under the kept key (verp_key): the same bytes.
+ */
+static void
+verp_mac_kept(int64 id, uint8 *mac)
+{
+	uint8		data[sizeof(verp_context) + 8];
+	uint8		inner[32];
+	uint8		full[32];
+	unsigned int len;
+	int			i;
+
+	memcpy(data, verp_context, sizeof(verp_context));
+	for (i = 0; i < 8; i++)
+		data[sizeof(verp_context) + i] = (uint8) (((uint64) id) >> (56 - 8 * i));
+	if (EVP_MD_CTX_copy_ex(verp_work, verp_inner) != 1 ||
+		EVP_DigestUpdate(verp_work, data, sizeof(data)) != 1 ||
+		EVP_DigestFinal_ex(verp_work, inner, &len) != 1 ||
+		EVP_MD_CTX_copy_ex(verp_work, verp_outer) != 1 ||
+		EVP_DigestUpdate(verp_work, inner, sizeof(inner)) != 1 ||
+		EVP_DigestFinal_ex(verp_work, full, &len) != 1)
+		elog(ERROR, "could not compute HMAC-SHA256");
+	memcpy(mac, full, VERP_MAC_LEN);
+}
+
+/*
+ * The VERP token of a mail id, signed under the kept key (verp_key) or
+ * the secret as this transaction reads it.  SPI must be connected.
  */
 static char *
-verp_token(int64 id)
+verp_token(int64 id, bool kept)
 {
 	uint8		raw[VERP_RAW_LEN];
 	char	   *out = palloc(GATEKEEPER_VERP_TOKEN_LEN + 1);
@@ -203,7 +288,10 @@ verp_token(int64 id)
 
 	for (i = 0; i < 8; i++)
 		raw[i] = (uint8) (((uint64) id) >> (56 - 8 * i));
-	verp_mac(id, raw + 8);
+	if (kept)
+		verp_mac_kept(id, raw + 8);
+	else
+		verp_mac(id, raw + 8);
 	for (i = 0; i < VERP_RAW_LEN; i++)
 	{
 		acc = (acc << 8) | raw[i];
@@ -709,8 +797,24 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 }
 
 /*
+ * gatekeeper_report_envelope_refresh
+ *		Forget the return paths and the key the envelopes read: see
+ *		report.h.
+ */
+void
+gatekeeper_report_envelope_refresh(void)
+{
+	nreturn_paths = 0;
+	verp_keyed = false;
+	if (envelope_cxt != NULL)
+		MemoryContextReset(envelope_cxt);
+}
+
+/*
  * gatekeeper_report_envelope
- *		The envelope sender and VERP token of a mail: see report.h.
+ *		The envelope sender and VERP token of a mail: see report.h.  Only a
+ *		queue not looked up since the last refresh, or a key not derived
+ *		since, takes a snapshot and SPI.
  */
 char *
 gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
@@ -719,7 +823,6 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 	char	   *template = NULL;
 	char	   *result = NULL;
 	bool		found = false;
-	bool		pushed = false;
 	int			i;
 
 	/* a dropped extension has no return paths (the caller's mail goes as is) */
@@ -727,18 +830,6 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 	{
 		*token = NULL;
 		return NULL;
-	}
-	/* the worker builds messages in a transaction with no snapshot yet */
-	if (!ActiveSnapshotSet())
-	{
-		PushActiveSnapshot(GetTransactionSnapshot());
-		pushed = true;
-	}
-	SPI_connect();
-	if (return_paths_lxid != MyProc->lxid)
-	{
-		nreturn_paths = 0;
-		return_paths_lxid = MyProc->lxid;
 	}
 	for (i = 0; i < nreturn_paths; i++)
 	{
@@ -749,53 +840,63 @@ gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token)
 			break;
 		}
 	}
-	if (!found)
+	if (!found || !verp_keyed)
 	{
-		Oid			argtype = TEXTOID;
-		Datum		arg = CStringGetTextDatum(queue);
-		bool		isnull = true;
-		Datum		v = (Datum) 0;
+		bool		pushed = false;
 
-		if (SPI_execute_plan(gatekeeper_plan(&return_path_plan, return_path_sql, 1, &argtype),
-							 &arg, NULL, true, 1) != SPI_OK_SELECT)
-			elog(ERROR, "reading the return_path of queue \"%s\" failed", queue);
-		if (SPI_processed == 1)
-			v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		if (!isnull)
-			template = MemoryContextStrdup(TopTransactionContext, TextDatumGetCString(v));
-		if (nreturn_paths < RETURN_PATH_CACHE && strlen(queue) < sizeof(return_paths[0].queue))
+		if (envelope_cxt == NULL)
+			envelope_cxt = AllocSetContextCreate(TopMemoryContext,
+												 "gatekeeper envelopes",
+												 ALLOCSET_SMALL_SIZES);
+		/* the worker builds messages in a transaction with no snapshot yet */
+		if (!ActiveSnapshotSet())
 		{
-			strlcpy(return_paths[nreturn_paths].queue, queue, sizeof(return_paths[0].queue));
-			return_paths[nreturn_paths].return_path = template;
-			nreturn_paths++;
+			PushActiveSnapshot(GetTransactionSnapshot());
+			pushed = true;
 		}
-	}
+		SPI_connect();
+		if (!found)
+		{
+			Oid			argtype = TEXTOID;
+			Datum		arg = CStringGetTextDatum(queue);
+			bool		isnull = true;
+			Datum		v = (Datum) 0;
 
+			if (SPI_execute_plan(gatekeeper_plan(&return_path_plan, return_path_sql, 1, &argtype),
+								 &arg, NULL, true, 1) != SPI_OK_SELECT)
+				elog(ERROR, "reading the return_path of queue \"%s\" failed", queue);
+			if (SPI_processed == 1)
+				v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+			if (!isnull)
+				template = MemoryContextStrdup(envelope_cxt, TextDatumGetCString(v));
+			if (nreturn_paths < RETURN_PATH_CACHE && strlen(queue) < sizeof(return_paths[0].queue))
+			{
+				strlcpy(return_paths[nreturn_paths].queue, queue, sizeof(return_paths[0].queue));
+				return_paths[nreturn_paths].return_path = template;
+				nreturn_paths++;
+			}
+		}
+		verp_key();
+		/* what is made below is the caller's, and outlives SPI_finish */
+		MemoryContextSwitchTo(caller);
+		*token = verp_token(mail_id, true);
+		SPI_finish();
+		if (pushed)
+			PopActiveSnapshot();
+	}
+	else
+		*token = verp_token(mail_id, true);
+
+	if (template != NULL)
 	{
-		/*
-		 * The token first: signing it may read the secret through SPI, which
-		 * leaves the SPI procedure's context current, and what is made here
-		 * must outlive SPI_finish.
-		 */
-		char	   *signed_token = verp_token(mail_id);
-		MemoryContext old = MemoryContextSwitchTo(caller);
-		const char *at;
+		const char *at = strstr(template, TOKEN_PLACEHOLDER);
 
-		*token = pstrdup(signed_token);
-		if (template != NULL)
-		{
-			at = strstr(template, TOKEN_PLACEHOLDER);
-			if (at == NULL)
-				result = pstrdup(template);
-			else
-				result = psprintf("%.*s%s%s", (int) (at - template), template, *token,
-								  at + strlen(TOKEN_PLACEHOLDER));
-		}
-		MemoryContextSwitchTo(old);
+		if (at == NULL)
+			result = pstrdup(template);
+		else
+			result = psprintf("%.*s%s%s", (int) (at - template), template, *token,
+							  at + strlen(TOKEN_PLACEHOLDER));
 	}
-	SPI_finish();
-	if (pushed)
-		PopActiveSnapshot();
 	return result;
 }
 
@@ -818,7 +919,7 @@ gatekeeper_verp_token(PG_FUNCTION_ARGS)
 	SPI_connect();
 	result = (text *) MemoryContextAlloc(caller, VARHDRSZ + GATEKEEPER_VERP_TOKEN_LEN);
 	SET_VARSIZE(result, VARHDRSZ + GATEKEEPER_VERP_TOKEN_LEN);
-	memcpy(VARDATA(result), verp_token(PG_GETARG_INT64(0)), GATEKEEPER_VERP_TOKEN_LEN);
+	memcpy(VARDATA(result), verp_token(PG_GETARG_INT64(0), false), GATEKEEPER_VERP_TOKEN_LEN);
 	SPI_finish();
 	PG_RETURN_TEXT_P(result);
 }

@@ -17,9 +17,17 @@
  * {token} replaced, or NULL when the queue has none (the From address is
  * the envelope sender then); *token is set to the mail's VERP token, for
  * the DSN's ENVID, either way.  palloc'd in the current memory context.
- * Call inside a transaction (SPI is connected and finished inside).
+ * Call inside a transaction (SPI is connected and finished inside, when
+ * something must be read).  The queues' return paths and the secret's
+ * HMAC key are read once and kept, across transactions, until
+ * gatekeeper_report_envelope_refresh: the worker refreshes them at each
+ * claim, so a mail goes with what its queue held when it was claimed or
+ * later, and no mail costs a statement of its own.
  */
 extern char *gatekeeper_report_envelope(const char *queue, int64 mail_id, char **token);
+
+/* forget what gatekeeper_report_envelope kept: the next one reads again */
+extern void gatekeeper_report_envelope_refresh(void);
 
 /*
  * What a bounce of mail mail_id to address_key (the address with its ASCII

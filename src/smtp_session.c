@@ -358,6 +358,8 @@ smtp_session_readable(SmtpConn *c)
 	for (;;)
 	{
 		ssize_t		n;
+		size_t		room;
+		bool		drained;
 
 		/* what was consumed makes room; a partial line stays */
 		if (c->in_pos > 0)
@@ -368,8 +370,8 @@ smtp_session_readable(SmtpConn *c)
 		}
 		Assert(c->in_len < SMTP_LINE_MAX);
 		err[0] = '\0';
-		n = smtp_io_read(c, c->in + c->in_len, SMTP_INPUT_SIZE - c->in_len, &eof,
-					  err, sizeof(err));
+		room = SMTP_INPUT_SIZE - c->in_len;
+		n = smtp_io_read(c, c->in + c->in_len, room, &eof, err, sizeof(err));
 		if (n < 0)
 		{
 			conn_lost(c, false, err);
@@ -377,12 +379,22 @@ smtp_session_readable(SmtpConn *c)
 		}
 		if (n == 0)
 			break;
+
+		/*
+		 * A plain socket that gave less than asked for is empty for now:
+		 * the wait reports it again when more (or the end) comes, so the
+		 * read that would only say EAGAIN is saved.  TLS reads a record at
+		 * a time, and its buffer may hold more: it reads on.
+		 */
+		drained = (size_t) n < room && !(c->ssl != NULL && c->tls);
 		c->in_len += n;
 		if (!conn_consume(c))
 			return;
 		/* after STARTTLS's 220 the socket belongs to the handshake */
 		if (c->state == CS_TLS)
 			return;
+		if (drained)
+			break;
 	}
 
 	if (eof)

@@ -258,6 +258,24 @@ gatekeeper_token_sign(const uint8 *data, int len, uint8 *mac)
 }
 
 /*
+ * gatekeeper_token_secret
+ *		A copy of the database's secret into key (room for
+ *		GATEKEEPER_TOKEN_SECRET_MAX bytes); returns its length.  For a
+ *		signer that keeps its HMAC key past the transaction (src/report.c's
+ *		VERP tokens in the worker) and so must say when it reads it again.
+ *		Call inside a transaction with SPI connected.
+ */
+int
+gatekeeper_token_secret(uint8 *key)
+{
+	StaticAssertStmt(SECRET_MAX_LEN <= GATEKEEPER_TOKEN_SECRET_MAX,
+					 "the secret fits the caller's room");
+	load_secret();
+	memcpy(key, secret, secret_len);
+	return secret_len;
+}
+
+/*
  * gatekeeper_check_unsubscribe_url
  *		Raise an error unless url is an https URL with {token} exactly once,
  *		of printable ASCII that may stand in angle brackets, short enough

@@ -44,4 +44,13 @@ extern Size gatekeeper_unsubscribe_headers_size(const char *url_template,
  */
 extern void gatekeeper_token_sign(const uint8 *data, int len, uint8 *mac);
 
+/* the most bytes gatekeeper_token_secret copies */
+#define GATEKEEPER_TOKEN_SECRET_MAX 64
+
+/*
+ * A copy of the secret itself, for a signer that keeps its key across
+ * transactions (src/report.c).  Inside a transaction with SPI connected.
+ */
+extern int	gatekeeper_token_secret(uint8 *key);
+
 #endif							/* GATEKEEPER_UNSUBSCRIBE_H */
