@@ -30,6 +30,7 @@
 
 #include "gatekeeper.h"
 #include "catalog.h"
+#include "xact.h"
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
@@ -133,49 +134,48 @@ find_holder(SPIPlanPtr *plan, const char *sql, Datum *key, int64 *id)
 	return true;
 }
 
+/* a keyed insert, for gatekeeper_subxact_try */
+typedef struct KeyedInsert
+{
+	Datum	   *values;
+	const char *nulls;
+	int64		id;
+} KeyedInsert;
+
+static bool
+keyed_insert_step(void *arg)
+{
+	KeyedInsert *insert = (KeyedInsert *) arg;
+
+	insert->id = insert_mail(insert->values, insert->nulls);
+	return true;
+}
+
+/* the insert failed on the key: 23505 on mail_key_pkey or mail_dedupe */
+static bool
+key_taken(ErrorData *error)
+{
+	return error->sqlerrcode == ERRCODE_UNIQUE_VIOLATION &&
+		error->constraint_name != NULL &&
+		(strcmp(error->constraint_name, "mail_key_pkey") == 0 ||
+		 strcmp(error->constraint_name, "mail_dedupe") == 0);
+}
+
 /*
  * Insert a keyed mail in a subtransaction: true, and its id in *id, when
- * it went in; false when the insert failed on the key (23505 on
- * mail_key_pkey or mail_dedupe), which another mail took meanwhile: the
- * subtransaction is rolled back and the caller looks again.  Any other
- * error is raised again.
+ * it went in; false when the insert failed on the key, which another mail
+ * took meanwhile: the subtransaction is rolled back and the caller looks
+ * again.  Any other error is raised again.
  */
 static bool
 insert_keyed_mail(Datum *values, const char *nulls, int64 *id)
 {
-	MemoryContext oldcontext = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	volatile bool inserted = false;
+	KeyedInsert insert = {values, nulls, 0};
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcontext);
-	PG_TRY();
-	{
-		*id = insert_mail(values, nulls);
-		inserted = true;
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcontext);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION ||
-			edata->constraint_name == NULL ||
-			(strcmp(edata->constraint_name, "mail_key_pkey") != 0 &&
-			 strcmp(edata->constraint_name, "mail_dedupe") != 0))
-			ReThrowError(edata);
-		FreeErrorData(edata);
-	}
-	PG_END_TRY();
-	return inserted;
+	if (!gatekeeper_subxact_try(keyed_insert_step, &insert, key_taken))
+		return false;
+	*id = insert.id;
+	return true;
 }
 
 /*

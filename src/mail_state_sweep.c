@@ -29,6 +29,7 @@
 #include "mail_state_upkeep.h"
 #include "wake.h"
 #include "worker_slots.h"
+#include "xact.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
@@ -557,6 +558,36 @@ rotate_recent(int16 segment, Datum retention, bool no_retention)
 	return SPI_processed > 0;
 }
 
+/* rotate_lock's work, in its subtransaction */
+static bool
+rotate_lock_step(void *arg)
+{
+	int16		next = *(int16 *) arg;
+	int			nestlevel = NewGUCNestLevel();
+	Oid			type = INT2OID;
+	Datum		value = Int16GetDatum(next);
+
+	(void) set_config_option("lock_timeout", "1s", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	if (execute(&rotate_keep_keys_plan, rotate_keep_keys_sql, 1, &type, &value, NULL,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not keep the dedupe keys of a retention segment");
+	if (rotate_lock_plan[next] == NULL)
+		gatekeeper_plan(&rotate_lock_plan[next],
+						psprintf(rotate_lock_sql, next, next, next), 0, NULL);
+	if (SPI_execute_plan(rotate_lock_plan[next], NULL, NULL, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "could not lock a retention segment");
+	AtEOXact_GUC(true, nestlevel);
+	return true;
+}
+
+/* others held the tables past lock_timeout */
+static bool
+lock_not_available(ErrorData *error)
+{
+	return error->sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE;
+}
+
 /*
  * Keep the dedupe keys the next segment's finished mail still holds, and
  * lock its tables (and mail_claim), waiting at most a second for others
@@ -567,50 +598,7 @@ rotate_recent(int16 segment, Datum retention, bool no_retention)
 static bool
 rotate_lock(int16 next)
 {
-	MemoryContext context = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile bool locked = true;
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(context);
-	PG_TRY();
-	{
-		int			nestlevel = NewGUCNestLevel();
-		Oid			type = INT2OID;
-		Datum		arg = Int16GetDatum(next);
-
-		(void) set_config_option("lock_timeout", "1s", PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_SAVE, true, 0, false);
-		if (execute(&rotate_keep_keys_plan, rotate_keep_keys_sql, 1, &type, &arg, NULL,
-					false) != SPI_OK_UPDATE)
-			elog(ERROR, "could not keep the dedupe keys of a retention segment");
-		if (rotate_lock_plan[next] == NULL)
-			gatekeeper_plan(&rotate_lock_plan[next],
-							psprintf(rotate_lock_sql, next, next, next), 0, NULL);
-		if (SPI_execute_plan(rotate_lock_plan[next], NULL, NULL, false, 0) != SPI_OK_UTILITY)
-			elog(ERROR, "could not lock a retention segment");
-		AtEOXact_GUC(true, nestlevel);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(context);
-		CurrentResourceOwner = owner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *error;
-
-		MemoryContextSwitchTo(context);
-		error = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(context);
-		CurrentResourceOwner = owner;
-		if (error->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			ReThrowError(error);
-		FreeErrorData(error);
-		locked = false;
-	}
-	PG_END_TRY();
-	return locked;
+	return gatekeeper_subxact_try(rotate_lock_step, &next, lock_not_available);
 }
 
 /*

@@ -28,6 +28,7 @@
 #include "catalog.h"
 #include "gatekeeper.h"
 #include "mail_state_upkeep.h"
+#include "xact.h"
 
 #include "access/relation.h"
 #include "access/xact.h"
@@ -320,6 +321,28 @@ gatekeeper_mail_key_prune(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(pruned);
 }
 
+/* mail_state_claim_shrink's lock and TRUNCATE, in its subtransaction */
+static bool
+claim_shrink_step(void *arg)
+{
+	Oid			relid = *(Oid *) arg;
+
+	/* under the lock no batch comes or goes: look again */
+	if (!ConditionalLockRelationOid(relid, AccessExclusiveLock) ||
+		table_held(STATE_TABLE_CLAIM))
+		return false;
+	table_truncate(STATE_TABLE_CLAIM);
+	return true;
+}
+
+/* held by others, or a query of this very transaction reads it */
+static bool
+claim_in_use(ErrorData *error)
+{
+	return error->sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE ||
+		error->sqlerrcode == ERRCODE_OBJECT_IN_USE;
+}
+
 /*
  * mail_state_claim_shrink
  *		Give mail_claim's space back once it holds no batch; whether it
@@ -348,51 +371,11 @@ bool
 mail_state_claim_shrink(void)
 {
 	Oid			relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_CLAIM, false);
-	MemoryContext context = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile bool truncated = false;
 
 	if (relation_pages(relid) == 0 || XactIsoLevel != XACT_READ_COMMITTED ||
 		table_held(STATE_TABLE_CLAIM))
 		return false;
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(context);
-	PG_TRY();
-	{
-		/* under the lock no batch comes or goes: look again */
-		if (ConditionalLockRelationOid(relid, AccessExclusiveLock) &&
-			!table_held(STATE_TABLE_CLAIM))
-		{
-			table_truncate(STATE_TABLE_CLAIM);
-			truncated = true;
-		}
-		if (truncated)
-			ReleaseCurrentSubTransaction();
-		else
-			RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(context);
-		CurrentResourceOwner = owner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *error;
-
-		MemoryContextSwitchTo(context);
-		error = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(context);
-		CurrentResourceOwner = owner;
-		/* held by others, or a query of this very transaction reads it */
-		if (error->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE &&
-			error->sqlerrcode != ERRCODE_OBJECT_IN_USE)
-			ReThrowError(error);
-		FreeErrorData(error);
-		truncated = false;
-	}
-	PG_END_TRY();
-	return truncated;
+	return gatekeeper_subxact_try(claim_shrink_step, &relid, claim_in_use);
 }
 
 /*

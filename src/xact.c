@@ -27,6 +27,9 @@
  * The callbacks are registered once per process, when the library is
  * loaded; each hook returns at once when it has nothing pending.
  *
+ * It also runs a step in a subtransaction of its own for the modules
+ * that must survive an expected error (gatekeeper_subxact_try).
+ *
  * IDENTIFICATION
  *		src/xact.c
  *
@@ -39,6 +42,10 @@
 #include "live_count.h"
 #include "stats.h"
 #include "wake.h"
+
+#include "utils/elog.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
 
 static bool xact_callbacks_registered = false;
 
@@ -87,4 +94,53 @@ gatekeeper_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	gate_store_at_subxact_end(event);
 	gatekeeper_live_count_at_subxact_end(event);
 	gatekeeper_stats_at_subxact_end(event);
+}
+
+/*
+ * gatekeeper_subxact_try: run step in a subtransaction of its own, as
+ * PL/pgSQL's exception block does.  When step returns true its work is
+ * kept and the result is true.  When it returns false, or raises an error
+ * that expected says is an outcome (a lock not available, a key taken
+ * meanwhile), the subtransaction is rolled back, giving back whatever it
+ * had taken, and the result is false.  Any other error is raised again
+ * after the rollback.  The caller's memory context and resource owner are
+ * the current ones again on return.
+ */
+bool
+gatekeeper_subxact_try(GatekeeperSubxactStep step, void *arg,
+					   GatekeeperSubxactExpected expected)
+{
+	MemoryContext context = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool kept = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(context);
+	PG_TRY();
+	{
+		kept = step(arg);
+		if (kept)
+			ReleaseCurrentSubTransaction();
+		else
+			RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(context);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *error;
+
+		MemoryContextSwitchTo(context);
+		error = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(context);
+		CurrentResourceOwner = owner;
+		if (!expected(error))
+			ReThrowError(error);
+		FreeErrorData(error);
+		kept = false;
+	}
+	PG_END_TRY();
+	return kept;
 }

@@ -16,4 +16,16 @@
 /* src/xact.c: register the callbacks, once per process (_PG_init) */
 extern void gatekeeper_xact_init(void);
 
+/*
+ * A step run in a subtransaction (gatekeeper_subxact_try): true to keep
+ * what it did, false to have it rolled back.
+ */
+typedef bool (*GatekeeperSubxactStep) (void *arg);
+
+/* whether an error of the step is an expected outcome, not a failure */
+typedef bool (*GatekeeperSubxactExpected) (ErrorData *error);
+
+extern bool gatekeeper_subxact_try(GatekeeperSubxactStep step, void *arg,
+								   GatekeeperSubxactExpected expected);
+
 #endif							/* GATEKEEPER_XACT_H */
