@@ -46,3 +46,16 @@ UPDATE gatekeeper.mail SET send_at = now() - interval '2 hours' WHERE id = :ahea
 SELECT id = :ahead AS ahead_claimed, count(*) OVER () AS claimed
   FROM gatekeeper.claim('w', 10, queues => ARRAY['df']);
 SELECT count(*) AS left_live FROM gatekeeper.mail_live WHERE queue = 'df';
+
+-- a claim that rolls back: the rows its transaction deleted come back, so
+-- a later claim in the same transaction must not walk the floor past them
+SELECT gatekeeper.create_queue('dfr');
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+SELECT 'dfr', 'dfr' || i || '@example.com', 'S' || i, 'b', now() - interval '1 minute'
+  FROM generate_series(1, 5) i;
+BEGIN;
+SELECT count(*) AS claimed FROM gatekeeper.claim('w', 3, queues => ARRAY['dfr']);
+SELECT count(*) AS claimed FROM gatekeeper.claim('w', 10, queues => ARRAY['dfr']);
+SELECT count(*) AS nothing_due FROM gatekeeper.claim('w', 10, queues => ARRAY['dfr']);
+ROLLBACK;
+SELECT count(*) AS claimed_after_rollback FROM gatekeeper.claim('w', 10, queues => ARRAY['dfr']);

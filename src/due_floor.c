@@ -16,14 +16,21 @@
  * vacuum").
  *
  * So each claim first walks mail_due itself, in C, from its queue's floor
- * to the first entry that is not dead to every transaction (the heap
- * says so: the whole HOT chain dead by GlobalVis; the entries found so
- * are marked LP_DEAD on the way, as any index scan marks them), raises the
- * floor to that entry, and starts its statement there.  Most claims walk
- * only the entries of the few claims committed since the last one.
+ * to the first entry whose row is not gone for good, raises the floor to
+ * that entry, and starts its statement there.  Gone for good: every
+ * version of the row (its HOT chain) was deleted by a committed
+ * transaction or inserted by an aborted one, which a dirty snapshot tells
+ * without waiting for the horizon: a row a claim deleted is passed as soon
+ * as that claim commits, even while an older snapshot can still see it.
+ * Such a snapshot loses nothing: a claim that saw the row would find it
+ * deleted under its lock and skip it (or, in REPEATABLE READ, fail with a
+ * serialization error).  The entries the walk finds dead to every
+ * transaction are marked LP_DEAD on the way, as any index scan marks
+ * them.  Most claims walk only the entries of the few claims committed
+ * since the last one.
  *
  * The floor is only correct while no live entry sits below it.  An entry
- * the walk passed was dead and stays dead; what can appear below the
+ * the walk passed is gone and stays gone; what can appear below the
  * floor is a new entry: a writer's insert, or an update that moves a row.
  * So every writer of mail_live lowers the floor of the queues it wrote to
  * the keys it wrote, after the index entries exist (the live counts'
@@ -35,12 +42,12 @@
  * passed its place) lowers after its insert, so after the walk began:
  * either before the raise, which the version then refuses, or after it,
  * below the raised floor.  An uncommitted insert, a row locked by another
- * claim, a row deleted by a claim not yet committed or one some snapshot
- * may still see are not dead: the walk stops there.  A writer the
- * triggers do not see (mail_live written with its triggers disabled, as
- * pg_restore --disable-triggers does) is covered by the safety net: a
- * floor older than FULL_WALK_MS is ignored and the walk starts from the
- * queue's first entry again, and recount_live() forgets every floor.
+ * claim, a row deleted by a claim not yet committed are not gone: the
+ * walk stops there.  A writer the triggers do not see (mail_live written
+ * with its triggers disabled, as pg_restore --disable-triggers does) is
+ * covered by the safety net: a floor older than FULL_WALK_MS is ignored
+ * and the walk starts from the queue's first entry again, and
+ * recount_live() forgets every floor.
  *
  * The floor covers the queue's highest priority levels down to the first
  * live entry; the claim's probes for lower priority levels still start at
@@ -60,15 +67,19 @@
 #include "catalog.h"
 
 #include "access/genam.h"
+#include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/itup.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/bufmgr.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "utils/builtins.h"
@@ -230,9 +241,49 @@ gatekeeper_due_floor_reset(void)
 }
 
 /*
- * Walk mail_due under the given scan keys, past the entries dead to every
- * transaction.  Returns true and the entry's key in *stop at the first one
- * that is not; else false, with the last entry passed in *passed
+ * Whether the row an entry of mail_due points at is gone for good: no
+ * version of it (its HOT chain from tid) is seen by a dirty snapshot, which
+ * sees every version not deleted by a committed transaction nor inserted
+ * by an aborted one, in-progress work included; and no version was deleted
+ * by this transaction, which may still roll back (the dirty snapshot does
+ * not see those either).  *all_dead: every version is dead to every
+ * transaction, so the entry may be marked LP_DEAD.
+ */
+static bool
+row_gone(Relation heap, ItemPointer tid, bool *all_dead)
+{
+	SnapshotData dirty;
+	HeapTupleData tuple;
+	ItemPointerData at = *tid;
+	Buffer		buffer;
+	bool		gone;
+	bool		first = true;
+
+	InitDirtySnapshot(dirty);
+	buffer = ReadBuffer(heap, ItemPointerGetBlockNumber(tid));
+	LockBuffer(buffer, BUFFER_LOCK_SHARE);
+	gone = !heap_hot_search_buffer(&at, heap, buffer, &dirty, &tuple, all_dead, true);
+	at = *tid;
+	while (gone &&
+		   heap_hot_search_buffer(&at, heap, buffer, SnapshotAny, &tuple, NULL, first))
+	{
+		HeapTupleHeader htup = tuple.t_data;
+
+		first = false;
+		if (!(htup->t_infomask & HEAP_XMAX_INVALID) &&
+			!HEAP_XMAX_IS_LOCKED_ONLY(htup->t_infomask) &&
+			TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetUpdateXid(htup)))
+			gone = false;
+	}
+	UnlockReleaseBuffer(buffer);
+	pgstat_count_heap_fetch(heap);
+	return gone;
+}
+
+/*
+ * Walk mail_due under the given scan keys, past the entries whose rows are
+ * gone for good.  Returns true and the entry's key in *stop at the first
+ * one that is not; else false, with the last entry passed in *passed
  * (*npassed counts them).
  */
 static bool
@@ -240,36 +291,37 @@ walk(Relation heap, Relation index, ScanKey keys, int nkeys,
 	 DueKey *stop, DueKey *passed, int64 *npassed)
 {
 	IndexScanDesc scan;
-	TupleTableSlot *slot = table_slot_create(heap, NULL);
+	SnapshotData dirty;
 	bool		stopped = false;
 
-	scan = index_beginscan(heap, index, GetActiveSnapshot(), nkeys, 0);
+	/* the index scan's snapshot: non-MVCC keeps its leaf page pinned */
+	InitDirtySnapshot(dirty);
+	scan = index_beginscan(heap, index, &dirty, nkeys, 0);
 	scan->xs_want_itup = true;
 	index_rescan(scan, keys, nkeys, NULL, 0);
 	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
 	{
-		bool		found;
+		bool		all_dead = false;
 		bool		isnull;
 		DueKey		k;
 
 		CHECK_FOR_INTERRUPTS();
-		found = index_fetch_heap(scan, slot);
-		ExecClearTuple(slot);
 		k.priority = DatumGetInt32(index_getattr(scan->xs_itup, 2, scan->xs_itupdesc, &isnull));
 		k.send_at = DatumGetTimestampTz(index_getattr(scan->xs_itup, 3, scan->xs_itupdesc, &isnull));
 		k.id = DatumGetInt64(index_getattr(scan->xs_itup, 4, scan->xs_itupdesc, &isnull));
-		/* kill_prior_tuple: the heap found the whole chain dead to all */
-		if (found || !scan->kill_prior_tuple)
+		if (!row_gone(heap, &scan->xs_heaptid, &all_dead))
 		{
 			*stop = k;
 			stopped = true;
 			break;
 		}
+		/* as index_fetch_heap does: the next call marks this entry dead */
+		if (!scan->xactStartedInRecovery)
+			scan->kill_prior_tuple = all_dead;
 		*passed = k;
 		(*npassed)++;
 	}
 	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
 	return stopped;
 }
 
