@@ -15,19 +15,24 @@
 # BUFFERS) of the claim statement (src/claim.c, claim_sql, rolled back),
 # mail_live's dead tuples and mail_due's size.  VACUUM=1 vacuums mail_live
 # after each wave, outside the timing; NOAUTOVAC=1 turns autovacuum off
-# for mail_live, so the waves show what the claims pay without it.  The cluster is stopped and removed
-# at exit unless KEEP=1.
+# for mail_live, so the waves show what the claims pay without it.
+# HOLD=1 keeps a REPEATABLE READ transaction open from before the first
+# wave to the end (what a long pg_dump or report query does): no row a
+# claim deletes is dead to every transaction while it runs.  The cluster
+# is stopped and removed at exit unless KEEP=1.
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${GK_PG_BIN:?GK_PG_BIN must name a PostgreSQL bin directory}
 WAVES=${WAVES:-6}; N=${N:-300000}; WORKERS=${WORKERS:-0}
-EXPLAIN=${EXPLAIN:-0}; VACUUM=${VACUUM:-0}; KEEP=${KEEP:-0}; NOAUTOVAC=${NOAUTOVAC:-0}
+EXPLAIN=${EXPLAIN:-0}; VACUUM=${VACUUM:-0}; KEEP=${KEEP:-0}; NOAUTOVAC=${NOAUTOVAC:-0}; HOLD=${HOLD:-0}
+HOLD_PID=
 DIR=${1:-$(mktemp -d /tmp/gkwaves.XXXXXX)}
 mkdir -p "$DIR"; chown postgres: "$DIR"
 PORT=$((20000 + RANDOM % 20000))
 as_pg() { runuser -u postgres -- env PATH="$BIN:$PATH" "$@"; }
 P() { as_pg psql -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PORT" -U postgres -d bench "$@"; }
 stop() {
+	[ -z "$HOLD_PID" ] || kill "$HOLD_PID" 2>/dev/null || true
 	as_pg pg_ctl -D "$DIR/data" -m fast -w stop >/dev/null 2>&1 || true
 	[ "$KEEP" = 1 ] || rm -rf "$DIR"
 }
@@ -62,6 +67,12 @@ claim=$(sed -n '/^static const char claim_sql\[\] =/,/;$/p' "$HERE/../../src/cla
 	sed 's/" CLAIM_EXPIRED "/m.send_by < now()/g' |
 	sed "s/\" CLAIM_MESSAGE_ID \"/coalesce(l.message_id, '<' || l.id || '@x>')/g" |
 	sed "s/\\\$1/'bench'/g; s/\\\$2/1000/g; s/\\\$4/'w'/g; s/\\\$[789]/NULL/g")
+if [ "$HOLD" = 1 ]; then
+	# one transaction, ended when the cluster stops (or after an hour)
+	P -c "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM gatekeeper.mail_live; SELECT pg_sleep(3600)" >/dev/null 2>&1 &
+	HOLD_PID=$!
+	sleep 1
+fi
 rates=
 for w in $(seq 1 "$WAVES"); do
 	P -c "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
