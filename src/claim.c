@@ -59,6 +59,7 @@
 #include "suppression.h"
 #include "unsubscribe.h"
 #include "window.h"
+#include "xact.h"
 
 #include "access/htup_details.h"
 #include "access/transam.h"
@@ -898,56 +899,54 @@ apply_gates(Claimed *claimed, int nclaimed, TimestampTz now)
  * claim is deferred a while, so that a full gate memory never fails the
  * claim, and never holds back mail that is not gated.
  */
+/* apply_gates' arguments, for gatekeeper_subxact_try */
+typedef struct GatesStep
+{
+	Claimed    *claimed;
+	int			nclaimed;
+	TimestampTz now;
+} GatesStep;
+
+static bool
+apply_gates_step(void *arg)
+{
+	GatesStep  *g = (GatesStep *) arg;
+
+	apply_gates(g->claimed, g->nclaimed, g->now);
+	return true;
+}
+
+/* gate memory too full for what the gates need */
+static bool
+out_of_gate_memory(ErrorData *error)
+{
+	return error->sqlerrcode == ERRCODE_OUT_OF_MEMORY;
+}
+
 static void
 apply_gates_or_defer(Claimed *claimed, int nclaimed, TimestampTz now)
 {
-	MemoryContext oldcontext = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
+	GatesStep	g = {claimed, nclaimed, now};
 	bool		any = false;
 	int			i;
 
 	for (i = 0; i < nclaimed && !any; i++)
 		any = claimed[i].expired ? claimed[i].attempt > 0 :
 			(!claimed[i].lost && claimed[i].queue->ngates > 0);
-	if (!any)
+	if (!any || gatekeeper_subxact_try(apply_gates_step, &g, out_of_gate_memory))
 		return;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcontext);
-	PG_TRY();
+	for (i = 0; i < nclaimed; i++)
 	{
-		apply_gates(claimed, nclaimed, now);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
+		Claimed    *c = &claimed[i];
+
+		if (c->expired || c->lost || c->queue->ngates == 0)
+			continue;
+		c->lost = true;
+		c->nomem = true;
+		c->closed_gate = NULL;
+		c->reopens = 0;
 	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcontext);
-		edata = CopyErrorData();
-		if (edata->sqlerrcode != ERRCODE_OUT_OF_MEMORY)
-			PG_RE_THROW();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-		FreeErrorData(edata);
-
-		for (i = 0; i < nclaimed; i++)
-		{
-			Claimed    *c = &claimed[i];
-
-			if (c->expired || c->lost || c->queue->ngates == 0)
-				continue;
-			c->lost = true;
-			c->nomem = true;
-			c->closed_gate = NULL;
-			c->reopens = 0;
-		}
-	}
-	PG_END_TRY();
 }
 
 /*
