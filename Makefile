@@ -16,6 +16,7 @@ OBJS = \
 	src/wake.o \
 	src/worker.o \
 	src/claim.o \
+	src/claim_take.o \
 	src/mail_state.o \
 	src/mail_state_funcs.o \
 	src/mail_state_upkeep.o \

@@ -53,6 +53,7 @@
 #include "postgres.h"
 
 #include "claim.h"
+#include "claim_take.h"
 #include "due_floor.h"
 #include "gate.h"
 #include "mail_state.h"
@@ -482,9 +483,10 @@ load_queues(ArrayType *filter, int *nqueues)
 }
 
 /*
- * The claim statement's rows, copied out of the executor's slots as they
- * come (SPI would form each into a tuple first: a copy of every mail's
- * content, 4% of a drain in perf).
+ * The claimed mails' rows, copied out as they come: from the executor's
+ * slots when the claim statement runs (SPI would form each into a tuple
+ * first: a copy of every mail's content, 4% of a drain in perf), or from
+ * src/claim_take.c's walk.
  */
 typedef struct ClaimReceiver
 {
@@ -495,29 +497,56 @@ typedef struct ClaimReceiver
 	MemoryContext keep;
 } ClaimReceiver;
 
-static bool
-claim_receive(TupleTableSlot *slot, DestReceiver *self)
+/* the columns' types, for copying: byval, length */
+static const struct
 {
-	ClaimReceiver *r = (ClaimReceiver *) self;
-	TupleDesc	desc = slot->tts_tupleDescriptor;
+	bool		byval;
+	int16		len;
+}			claim_column_types[COL_RECORD] = {
+	[COL_ID - 1] = {true, 8},
+	[COL_ATTEMPT - 1] = {true, 4},
+	[COL_EXPIRED - 1] = {true, 1},
+	[COL_PRIORITY - 1] = {true, 4},
+	[COL_SEND_AT - 1] = {true, 8},
+	[COL_SEND_BY - 1] = {true, 8},
+	[COL_DUE - 1] = {true, 8},
+	/* the others are text, jsonb or the record: varlena */
+	[COL_QUEUE - 1] = {false, -1},
+	[COL_RECIPIENT - 1] = {false, -1},
+	[COL_RECIPIENT_NAME - 1] = {false, -1},
+	[COL_SENDER - 1] = {false, -1},
+	[COL_SUBJECT - 1] = {false, -1},
+	[COL_BODY - 1] = {false, -1},
+	[COL_HTML - 1] = {false, -1},
+	[COL_HEADERS - 1] = {false, -1},
+	[COL_MESSAGE_ID - 1] = {false, -1},
+	[COL_METADATA - 1] = {false, -1},
+	[COL_TIMEZONE - 1] = {false, -1},
+	[COL_RECORD - 1] = {false, -1},
+};
+
+StaticAssertDecl((int) COL_RECORD == (int) CLAIM_TAKE_COLUMNS &&
+				 (int) COL_ID == (int) CT_ID + 1 &&
+				 (int) COL_METADATA == (int) CT_METADATA + 1 &&
+				 (int) COL_EXPIRED == (int) CT_EXPIRED + 1 &&
+				 (int) COL_DUE == (int) CT_DUE + 1 &&
+				 (int) COL_RECORD == (int) CT_RECORD + 1,
+				 "claim_take.h's columns are the claim statement's");
+
+static void
+keep_claimed(ClaimReceiver *r, Datum *v, bool *n)
+{
 	Claimed    *c = &r->claimed[(*r->nclaimed)++];
 	MemoryContext old;
-	Datum	   *v;
-	bool	   *n;
 	int			k;
-
-	slot_getallattrs(slot);
-	v = slot->tts_values;
-	n = slot->tts_isnull;
 
 	old = MemoryContextSwitchTo(r->keep);
 	memset(c, 0, sizeof(*c));
 	for (k = 0; k < NUM_OUTPUT_COLUMNS; k++)
 	{
-		Form_pg_attribute att = TupleDescAttr(desc, k);
-
 		c->nulls[k] = n[k];
-		c->values[k] = n[k] ? (Datum) 0 : datumCopy(v[k], att->attbyval, att->attlen);
+		c->values[k] = n[k] ? (Datum) 0 :
+			datumCopy(v[k], claim_column_types[k].byval, claim_column_types[k].len);
 	}
 	c->queue = r->queue;
 	c->id = DatumGetInt64(v[COL_ID - 1]);
@@ -532,15 +561,34 @@ claim_receive(TupleTableSlot *slot, DestReceiver *self)
 	if (r->queue->ngates > 0)
 		c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
 	MemoryContextSwitchTo(old);
+}
+
+static bool
+claim_receive(TupleTableSlot *slot, DestReceiver *self)
+{
+	slot_getallattrs(slot);
+	keep_claimed((ClaimReceiver *) self, slot->tts_values, slot->tts_isnull);
 	return true;
+}
+
+static void
+claim_take_receive(void *arg, Datum *values, bool *nulls)
+{
+	keep_claimed((ClaimReceiver *) arg, values, nulls);
 }
 
 static void
 claim_receiver_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
 {
+	int			k;
+
 	if (typeinfo->natts != COL_RECORD)
 		elog(ERROR, "claim statement returns %d columns, expected %d",
 			 typeinfo->natts, COL_RECORD);
+	for (k = 0; k < COL_RECORD; k++)
+		if (TupleDescAttr(typeinfo, k)->attbyval != claim_column_types[k].byval ||
+			TupleDescAttr(typeinfo, k)->attlen != claim_column_types[k].len)
+			elog(ERROR, "claim statement's column %d is not of the expected type", k + 1);
 }
 
 static void
@@ -549,7 +597,8 @@ claim_receiver_noop(DestReceiver *self)
 }
 
 /*
- * Run the claim statement for one queue's share; append what it claimed.
+ * Take one queue's share, by src/claim_take.c's walk or else by the claim
+ * statement; append what it claimed.
  */
 static int
 claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
@@ -563,11 +612,25 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	ClaimReceiver receiver;
 	int			before = *nclaimed;
 	DueKey		floor;
-
-	plan = gatekeeper_plan(&claim_plan, claim_sql, 9, types);
+	bool		have_floor;
 
 	/* start past the dead entries of mail claimed before (due_floor.c) */
-	if (gatekeeper_due_floor_raise(q->name, &floor))
+	have_floor = gatekeeper_due_floor_raise(q->name, &floor);
+
+	memset(&receiver, 0, sizeof(receiver));
+	receiver.queue = q;
+	receiver.claimed = claimed;
+	receiver.nclaimed = nclaimed;
+	receiver.keep = keep;
+
+	/* the walk that does the statement's work by hand, if it may */
+	if (gatekeeper_claim_take(q->name, share, have_floor ? &floor : NULL, worker,
+							  gatekeeper_message_id_domain, gatekeeper_default_sender,
+							  claim_take_receive, &receiver) >= 0)
+		return *nclaimed - before;
+
+	plan = gatekeeper_plan(&claim_plan, claim_sql, 9, types);
+	if (have_floor)
 	{
 		args[6] = Int32GetDatum(floor.priority);
 		args[7] = TimestampTzGetDatum(floor.send_at);
@@ -582,16 +645,11 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 	args[4] = CStringGetTextDatum(gatekeeper_message_id_domain ? gatekeeper_message_id_domain : "");
 	args[5] = CStringGetTextDatum(gatekeeper_default_sender ? gatekeeper_default_sender : "");
 
-	memset(&receiver, 0, sizeof(receiver));
 	receiver.pub.receiveSlot = claim_receive;
 	receiver.pub.rStartup = claim_receiver_startup;
 	receiver.pub.rShutdown = claim_receiver_noop;
 	receiver.pub.rDestroy = claim_receiver_noop;
 	receiver.pub.mydest = DestNone;
-	receiver.queue = q;
-	receiver.claimed = claimed;
-	receiver.nclaimed = nclaimed;
-	receiver.keep = keep;
 
 	if (gatekeeper_execute_by_key_into(plan, args, nulls, false, 0, &receiver.pub) !=
 		SPI_OK_DELETE_RETURNING)
