@@ -1,0 +1,83 @@
+-- A claim takes each queue's share by walking mail_due in C
+-- (src/claim_take.c), not by its DELETE ... RETURNING statement.  What it
+-- hands back must be what the statement's expressions gave: the generated
+-- Message-ID, the due mail in priority and due order, expired mail
+-- finished as the statement marked it; and where mail_live has a delete
+-- trigger of its own, the statement runs and the trigger fires.
+SET client_min_messages = warning;
+\set VERBOSITY terse
+SELECT gatekeeper.create_queue('ct');
+CREATE TEMP TABLE got (id bigint, attempt int, message_id text);
+
+-- the Message-ID's domain: the sender's, with a display name, none
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, sender) VALUES
+	('ct', 'm1@example.com', 's', 'b', 'x@sender.example'),
+	('ct', 'm2@example.com', 's', 'b', 'Named <y@named.example>'),
+	('ct', 'm3@example.com', 's', 'b', NULL);
+INSERT INTO got SELECT id, attempt, message_id FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+-- the default sender's, then gatekeeper.message_id_domain
+ALTER SYSTEM SET gatekeeper.default_sender = 'Shop <shop@default.example>';
+SELECT pg_reload_conf();
+SELECT pg_sleep(0.2);
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, sender) VALUES
+	('ct', 'm4@example.com', 's', 'b', NULL);
+INSERT INTO got SELECT id, attempt, message_id FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+ALTER SYSTEM SET gatekeeper.message_id_domain = 'mid.example';
+SELECT pg_reload_conf();
+SELECT pg_sleep(0.2);
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, sender) VALUES
+	('ct', 'm5@example.com', 's', 'b', 'x@sender.example');
+INSERT INTO got SELECT id, attempt, message_id FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+ALTER SYSTEM RESET gatekeeper.default_sender;
+ALTER SYSTEM RESET gatekeeper.message_id_domain;
+SELECT pg_reload_conf();
+
+SELECT m.recipient, g.attempt,
+       g.message_id = '<' || g.id || '.' ||
+           to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' ||
+           CASE m.recipient
+               WHEN 'm1@example.com' THEN 'sender.example'
+               WHEN 'm2@example.com' THEN 'named.example'
+               WHEN 'm3@example.com' THEN 'gatekeeper.invalid'
+               WHEN 'm4@example.com' THEN 'default.example'
+               WHEN 'm5@example.com' THEN 'mid.example' END || '>' AS message_id_as_before,
+       c.message_id = g.message_id AS kept_in_claim
+  FROM got g JOIN gatekeeper.mail m USING (id)
+  JOIN LATERAL (SELECT (r).message_id FROM gatekeeper.mail_claim b, unnest(b.mails) r
+                 WHERE (r).id = g.id) c ON true
+ ORDER BY m.recipient;
+SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked FROM got;
+TRUNCATE got;
+
+-- three priority levels, each with due mail and mail due tomorrow: one
+-- claim takes the due ones, highest priority first, then oldest first
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, priority, send_at)
+SELECT 'ct', 'p' || p || '_' || i || '@example.com', 's', 'b', p,
+       now() - interval '1 hour' + i * interval '1 minute' + CASE WHEN i > 3 THEN interval '1 day' ELSE interval '0' END
+  FROM generate_series(1, 5) i, unnest(ARRAY[-5, 0, 5]) p;
+SELECT recipient, attempt, row_number() OVER () AS claim_order
+  FROM gatekeeper.claim('w', 100, queues => ARRAY['ct']);
+SELECT count(*) AS not_yet_due FROM gatekeeper.mail_live WHERE queue = 'ct' AND state = 'scheduled';
+SELECT gatekeeper.cancel(id) FROM gatekeeper.mail_live WHERE queue = 'ct';
+
+-- mail past its send_by: finished as expired, its attempts not counted up
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at, send_by)
+VALUES ('ct', 'late@example.com', 's', 'b', now() - interval '2 hours', now() - interval '1 hour')
+RETURNING id AS late \gset
+SELECT count(*) AS claimed FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+SELECT state, attempt, last_error FROM gatekeeper.mail_done WHERE id = :late;
+
+-- a delete trigger of the user's own on mail_live: the statement runs,
+-- and the trigger sees every row the claim takes
+CREATE TABLE ct_deleted (id bigint);
+CREATE FUNCTION ct_note_delete() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN INSERT INTO public.ct_deleted VALUES (OLD.id); RETURN OLD; END$$;
+CREATE TRIGGER ct_note AFTER DELETE ON gatekeeper.mail_live
+	FOR EACH ROW EXECUTE FUNCTION ct_note_delete();
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+SELECT 'ct', 't' || i || '@example.com', 's', 'b' FROM generate_series(1, 4) i;
+SELECT count(*) AS claimed FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+SELECT count(*) AS trigger_saw FROM ct_deleted;
+DROP TRIGGER ct_note ON gatekeeper.mail_live;
+DROP FUNCTION ct_note_delete();
+DROP TABLE ct_deleted;
