@@ -81,3 +81,11 @@ SELECT count(*) AS trigger_saw FROM ct_deleted;
 DROP TRIGGER ct_note ON gatekeeper.mail_live;
 DROP FUNCTION ct_note_delete();
 DROP TABLE ct_deleted;
+
+-- a read-only transaction may not claim: the statement's error, 25006
+BEGIN TRANSACTION READ ONLY;
+\set VERBOSITY sqlstate
+\set SHOW_CONTEXT never
+SELECT count(*) FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+\set VERBOSITY terse
+ROLLBACK;

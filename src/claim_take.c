@@ -62,6 +62,7 @@
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/memutils.h"
@@ -469,6 +470,9 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	int32		level = 0;
 	int			i;
 
+	/* as the executor refuses the statement */
+	PreventCommandIfReadOnly("DELETE");
+
 	memset(&t, 0, sizeof(t));
 	t.live = table_open(live_relid, RowExclusiveLock);
 	if (!live_deletes_plainly(t.live))
@@ -488,6 +492,8 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	CommandCounterIncrement();
 	t.snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	t.cid = GetCurrentCommandId(true);
+	/* a copy: under REPEATABLE READ the transaction's, brought to this command */
+	t.snapshot->curcid = t.cid;
 	t.now = GetCurrentTransactionStartTimestamp();
 	t.scheduled = state_oid(t.live, t.att[L_STATE], "scheduled");
 	t.claimed = state_oid(t.live, t.att[L_STATE], "claimed");
