@@ -7,7 +7,10 @@
  * A claim takes up to `batch` due mails from the unpaused queues (or those
  * named; a background worker's, from those with background set), shared
  * by weight, each queue's share within its rate limit.
- * Each queue's share is taken by one statement of the form
+ * Each queue's share is taken by src/claim_take.c's walk of mail_due,
+ * which does by hand, without the executor, what this statement does
+ * (and this statement runs when mail_live has a delete trigger of the
+ * user's own, which the walk would not fire):
  *
  *		DELETE FROM mail_live USING mail
  *		 WHERE ctid = ANY (ARRAY(SELECT ctid ... FOR UPDATE SKIP LOCKED))
