@@ -13,14 +13,15 @@ SELECT gatekeeper.create_queue('ret');
 -- 12,000 mails at scattered priorities, claimed highest first 300 at a
 -- time and acked: mail_done holds them far out of id order, and no
 -- vacuum has marked its pages all-visible
-DO $$
+CREATE FUNCTION pg_temp.done_parts(change text) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
 	p regclass;
 BEGIN
 	FOR p IN SELECT relid FROM pg_partition_tree('gatekeeper.mail_done') WHERE isleaf LOOP
-		EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', p);
+		EXECUTE format('ALTER TABLE %s %s', p, change);
 	END LOOP;
 END $$;
+SELECT pg_temp.done_parts('SET (autovacuum_enabled = false)');
 INSERT INTO gatekeeper.mail (queue, recipient, subject, body, priority)
 SELECT 'ret', 'ret' || i || '@example.com', 's', 'b', (i * 7919) % 1000
   FROM generate_series(1, 12000) i;
@@ -60,11 +61,4 @@ SELECT sum(pg_stat_get_xact_numscans(relid)) AS done_scans,
 COMMIT;
 SELECT count(*) AS live FROM gatekeeper.mail_live WHERE queue = 'ret';
 
-DO $$
-DECLARE
-	p regclass;
-BEGIN
-	FOR p IN SELECT relid FROM pg_partition_tree('gatekeeper.mail_done') WHERE isleaf LOOP
-		EXECUTE format('ALTER TABLE %s RESET (autovacuum_enabled)', p);
-	END LOOP;
-END $$;
+SELECT pg_temp.done_parts('RESET (autovacuum_enabled)');

@@ -14,20 +14,17 @@ INSERT INTO gatekeeper.mail (queue, recipient, subject, body, sender) VALUES
 	('ct', 'm1@example.com', 's', 'b', 'x@sender.example'),
 	('ct', 'm2@example.com', 's', 'b', 'Named <y@named.example>'),
 	('ct', 'm3@example.com', 's', 'b', NULL);
-INSERT INTO got SELECT id, attempt, message_id FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+\set claim_into_got 'INSERT INTO got SELECT id, attempt, message_id FROM gatekeeper.claim(''w'', 10, queues => ARRAY[''ct''])'
+:claim_into_got;
 -- the default sender's, then gatekeeper.message_id_domain
 ALTER SYSTEM SET gatekeeper.default_sender = 'Shop <shop@default.example>';
-SELECT pg_reload_conf();
-SELECT pg_sleep(0.2);
-INSERT INTO gatekeeper.mail (queue, recipient, subject, body, sender) VALUES
-	('ct', 'm4@example.com', 's', 'b', NULL);
-INSERT INTO got SELECT id, attempt, message_id FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+SELECT pg_reload_conf(), pg_sleep(0.2);
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body) VALUES ('ct', 'm4@example.com', 's', 'b');
+:claim_into_got;
 ALTER SYSTEM SET gatekeeper.message_id_domain = 'mid.example';
-SELECT pg_reload_conf();
-SELECT pg_sleep(0.2);
-INSERT INTO gatekeeper.mail (queue, recipient, subject, body, sender) VALUES
-	('ct', 'm5@example.com', 's', 'b', 'x@sender.example');
-INSERT INTO got SELECT id, attempt, message_id FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+SELECT pg_reload_conf(), pg_sleep(0.2);
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, sender) VALUES ('ct', 'm5@example.com', 's', 'b', 'x@sender.example');
+:claim_into_got;
 ALTER SYSTEM RESET gatekeeper.default_sender;
 ALTER SYSTEM RESET gatekeeper.message_id_domain;
 SELECT pg_reload_conf();
