@@ -18,6 +18,7 @@ OBJS = \
 	src/claim.o \
 	src/claim_take.o \
 	src/mail_state.o \
+	src/done_writer.o \
 	src/mail_state_funcs.o \
 	src/mail_state_upkeep.o \
 	src/due_floor.o \

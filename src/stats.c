@@ -511,6 +511,38 @@ gatekeeper_stats_count_enqueued(StatsTally *tally, Datum queue)
 }
 
 /*
+ * gatekeeper_stats_count_done
+ *		Count one finished mail of queue (a text datum) in state (a value of
+ *		the enum state_type), as the count trigger of mail_done counts the
+ *		rows of a statement: for the writer of mail_done that writes past
+ *		the executor (src/done_writer.c).
+ */
+void
+gatekeeper_stats_count_done(StatsTally *tally, Datum queue, Oid state_type, Oid state)
+{
+	static Oid	values_type = InvalidOid;
+	static Oid	values[STAT_UNKNOWN - STAT_SENT + 1];
+	int			kind;
+
+	if (tally == NULL)
+		return;
+	if (values_type != state_type)
+	{
+		for (kind = 0; kind <= STAT_UNKNOWN - STAT_SENT; kind++)
+			values[kind] = DatumGetObjectId(DirectFunctionCall2(enum_in,
+																CStringGetDatum(finished_states[kind]),
+																ObjectIdGetDatum(state_type)));
+		values_type = state_type;
+	}
+	for (kind = STAT_SENT; kind <= STAT_UNKNOWN; kind++)
+		if (values[kind - STAT_SENT] == state)
+		{
+			tally_add(tally, queue, kind);
+			break;
+		}
+}
+
+/*
  * Note the tally's counts and free it.
  */
 void

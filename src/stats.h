@@ -24,6 +24,8 @@ typedef struct StatsTally StatsTally;
 
 extern StatsTally *gatekeeper_stats_tally_start(void);
 extern void gatekeeper_stats_count_enqueued(StatsTally *tally, Datum queue);
+extern void gatekeeper_stats_count_done(StatsTally *tally, Datum queue, Oid state_type,
+										Oid state);
 extern void gatekeeper_stats_tally_end(StatsTally *tally);
 extern void gatekeeper_stats_count_report(bool recorded);
 
