@@ -36,6 +36,8 @@
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_trigger.h"
+#include "commands/trigger.h"
 #include "commands/dbcommands.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -625,3 +627,59 @@ gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 											  elemtype, typlen, typbyval, typalign));
 }
 
+
+/*
+ * Whether a trigger fires in this session, as the executor decides it.
+ */
+static bool
+trigger_fires_now(const Trigger *t)
+{
+	switch (t->tgenabled)
+	{
+		case TRIGGER_FIRES_ALWAYS:
+			return true;
+		case TRIGGER_FIRES_ON_ORIGIN:
+			return SessionReplicationRole != SESSION_REPLICATION_ROLE_REPLICA;
+		case TRIGGER_FIRES_ON_REPLICA:
+			return SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA;
+		default:
+			return false;
+	}
+}
+
+/*
+ * gatekeeper_triggers_only
+ *		Whether every trigger of rel that would fire now for event
+ *		(TRIGGER_TYPE_INSERT or TRIGGER_TYPE_DELETE) is one of the nnames
+ *		named, gatekeeper's own; *found gets bit i set when names[i] is
+ *		among them.  A writer that works past the executor (src/live_writer.c,
+ *		claim_take.c, done_writer.c) asks this first: it may write only
+ *		when the statement it stands for would fire no trigger it does not
+ *		do the work of itself.
+ */
+bool
+gatekeeper_triggers_only(Relation rel, int event, const char *const *names, int nnames,
+						 uint32 *found)
+{
+	TriggerDesc *td = rel->trigdesc;
+	int			i;
+	int			k;
+
+	*found = 0;
+	if (td == NULL)
+		return true;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+
+		if ((t->tgtype & event) == 0 || !trigger_fires_now(t))
+			continue;
+		for (k = 0; k < nnames; k++)
+			if (strcmp(t->tgname, names[k]) == 0)
+				break;
+		if (k == nnames)
+			return false;
+		*found |= (uint32) 1 << k;
+	}
+	return true;
+}

@@ -74,5 +74,7 @@ typedef enum GatekeeperWriter
 } GatekeeperWriter;
 extern GatekeeperWriter gatekeeper_writer(void);
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
+extern bool gatekeeper_triggers_only(Relation rel, int event, const char *const *names,
+									 int nnames, uint32 *found);
 
 #endif							/* GATEKEEPER_CATALOG_H */

@@ -141,33 +141,18 @@ typedef enum WalkEnd
 
 /*
  * Whether mail_live is a heap whose delete fires no trigger but the live
- * counts' own, enabled: what the walk does by hand is then all the
+ * counts' own, and that one: what the walk does by hand is then all the
  * statement would do.
  */
 static bool
 live_deletes_plainly(Relation rel)
 {
-	TriggerDesc *td = rel->trigdesc;
-	bool		counted = false;
-	int			i;
+	static const char *const own[] = {"mail_live_count_delete"};
+	uint32		found;
 
-	if (rel->rd_rel->relam != HEAP_TABLE_AM_OID || td == NULL)
-		return false;
-	for (i = 0; i < td->numtriggers; i++)
-	{
-		Trigger    *t = &td->triggers[i];
-
-		if (!TRIGGER_FOR_DELETE(t->tgtype) || t->tgenabled == TRIGGER_DISABLED)
-			continue;
-		if (strcmp(t->tgname, "mail_live_count_delete") == 0 &&
-			t->tgenabled == TRIGGER_FIRES_ALWAYS && !TRIGGER_FOR_ROW(t->tgtype))
-		{
-			counted = true;
-			continue;
-		}
-		return false;
-	}
-	return counted;
+	return rel->rd_rel->relam == HEAP_TABLE_AM_OID &&
+		gatekeeper_triggers_only(rel, TRIGGER_TYPE_DELETE, own, lengthof(own), &found) &&
+		found == 1;
 }
 
 static Oid

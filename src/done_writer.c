@@ -70,39 +70,20 @@ typedef struct DonePart
 } DonePart;
 
 /*
- * Whether the partitioned mail_done's insert triggers are only its own
- * two, the count trigger enabled, so the direct path counts what the
- * statement would have counted and fires nothing it would have fired.
+ * Whether the partitioned mail_done's insert triggers that fire now are
+ * only its own two, the count trigger among them, so the direct path
+ * counts what the statement would have counted and fires nothing it would
+ * have fired.
  */
 static bool
 done_triggers_plain(Relation parent)
 {
-	TriggerDesc *td = parent->trigdesc;
-	bool		counted = false;
-	int			i;
+	/* the restore trigger fires only for writers other than gatekeeper's own */
+	static const char *const own[] = {"mail_done_restore", "mail_done_count"};
+	uint32		found;
 
-	if (td == NULL)
-		return false;
-	for (i = 0; i < td->numtriggers; i++)
-	{
-		Trigger    *t = &td->triggers[i];
-
-		if (!TRIGGER_FOR_INSERT(t->tgtype) || t->tgenabled == TRIGGER_DISABLED)
-			continue;
-		if (TRIGGER_FOR_ROW(t->tgtype))
-			return false;
-		/* fires only for writers other than gatekeeper's own statements */
-		if (strcmp(t->tgname, "mail_done_restore") == 0)
-			continue;
-		if (strcmp(t->tgname, "mail_done_count") == 0 &&
-			t->tgenabled == TRIGGER_FIRES_ON_ORIGIN)
-		{
-			counted = true;
-			continue;
-		}
-		return false;
-	}
-	return counted;
+	return gatekeeper_triggers_only(parent, TRIGGER_TYPE_INSERT, own, lengthof(own), &found) &&
+		(found & 2) != 0;
 }
 
 /*
@@ -114,13 +95,14 @@ open_part(DonePart *p, int segment, LiveRecord *lr)
 {
 	Oid			relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_DONE_PART(segment), false);
 	TupleDesc	desc;
+	uint32		found;
 	int			i;
 
 	p->rel = table_open(relid, RowExclusiveLock);
 	desc = RelationGetDescr(p->rel);
+	/* a row trigger of the partitioned table is each partition's */
 	if (p->rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
-		(p->rel->trigdesc != NULL && p->rel->trigdesc->trig_insert_after_row) ||
-		(p->rel->trigdesc != NULL && p->rel->trigdesc->trig_insert_before_row))
+		!gatekeeper_triggers_only(p->rel, TRIGGER_TYPE_INSERT, NULL, 0, &found))
 		return false;
 	p->source = palloc(desc->natts * sizeof(AttrNumber));
 	p->queue_att = p->state_att = -1;

@@ -137,25 +137,11 @@ live_error_context(void *arg)
 static bool
 live_has_triggers(Relation rel)
 {
-	TriggerDesc *td = rel->trigdesc;
-	int			i;
+	/* the live counts' trigger: the direct path counts for itself */
+	static const char *const own[] = {"mail_live_restore", "mail_live_count_insert"};
+	uint32		found;
 
-	if (td == NULL)
-		return false;
-	for (i = 0; i < td->numtriggers; i++)
-	{
-		Trigger    *t = &td->triggers[i];
-
-		if (!TRIGGER_FOR_INSERT(t->tgtype) || t->tgenabled == TRIGGER_DISABLED)
-			continue;
-		if (strcmp(t->tgname, "mail_live_restore") == 0)
-			continue;
-		/* the live counts' trigger: the direct path counts for itself */
-		if (strcmp(t->tgname, "mail_live_count_insert") == 0)
-			continue;
-		return true;
-	}
-	return false;
+	return !gatekeeper_triggers_only(rel, TRIGGER_TYPE_INSERT, own, lengthof(own), &found);
 }
 
 /*
