@@ -116,28 +116,31 @@ PG_FUNCTION_INFO_V1(gatekeeper_claim);
 /* Gated mail a full gate memory had no room for is retried this much later. */
 #define GATE_MEMORY_RETRY_MS	(10 * 1000)
 
-/* Columns of the per-queue claim statement's RETURNING list. */
+/*
+ * Columns of the per-queue claim statement's RETURNING list, counted from 1:
+ * claim_take.h's list, which the walk fills in the same order.
+ */
 enum
 {
-	COL_ID = 1,
-	COL_ATTEMPT,
-	COL_QUEUE,
-	COL_RECIPIENT,
-	COL_RECIPIENT_NAME,
-	COL_SENDER,
-	COL_SUBJECT,
-	COL_BODY,
-	COL_HTML,
-	COL_HEADERS,
-	COL_MESSAGE_ID,
-	COL_METADATA,				/* the last column claim returns */
-	COL_EXPIRED,
-	COL_PRIORITY,
-	COL_SEND_AT,
-	COL_SEND_BY,
-	COL_TIMEZONE,
-	COL_DUE,					/* since when it waits: send_at, or its enqueue */
-	COL_RECORD					/* the claim state as a mail_live record */
+	COL_ID = CT_ID + 1,
+	COL_ATTEMPT = CT_ATTEMPT + 1,
+	COL_QUEUE = CT_QUEUE + 1,
+	COL_RECIPIENT = CT_RECIPIENT + 1,
+	COL_RECIPIENT_NAME = CT_RECIPIENT_NAME + 1,
+	COL_SENDER = CT_SENDER + 1,
+	COL_SUBJECT = CT_SUBJECT + 1,
+	COL_BODY = CT_BODY + 1,
+	COL_HTML = CT_HTML + 1,
+	COL_HEADERS = CT_HEADERS + 1,
+	COL_MESSAGE_ID = CT_MESSAGE_ID + 1,
+	COL_METADATA = CT_METADATA + 1,
+	COL_EXPIRED = CT_EXPIRED + 1,
+	COL_PRIORITY = CT_PRIORITY + 1,
+	COL_SEND_AT = CT_SEND_AT + 1,
+	COL_SEND_BY = CT_SEND_BY + 1,
+	COL_TIMEZONE = CT_TIMEZONE + 1,
+	COL_DUE = CT_DUE + 1,
+	COL_RECORD = CT_RECORD + 1
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
 
@@ -528,13 +531,6 @@ static const struct
 	[COL_RECORD - 1] = {false, -1},
 };
 
-StaticAssertDecl((int) COL_RECORD == (int) CLAIM_TAKE_COLUMNS &&
-				 (int) COL_ID == (int) CT_ID + 1 &&
-				 (int) COL_METADATA == (int) CT_METADATA + 1 &&
-				 (int) COL_EXPIRED == (int) CT_EXPIRED + 1 &&
-				 (int) COL_DUE == (int) CT_DUE + 1 &&
-				 (int) COL_RECORD == (int) CT_RECORD + 1,
-				 "claim_take.h's columns are the claim statement's");
 
 static void
 keep_claimed(ClaimReceiver *r, Datum *v, bool *n)

@@ -25,14 +25,14 @@ enum
 	CT_HTML,
 	CT_HEADERS,
 	CT_MESSAGE_ID,
-	CT_METADATA,
+	CT_METADATA,				/* the last column claim returns */
 	CT_EXPIRED,
 	CT_PRIORITY,
 	CT_SEND_AT,
 	CT_SEND_BY,
 	CT_TIMEZONE,
-	CT_DUE,
-	CT_RECORD,
+	CT_DUE,					/* since when it waits: send_at, or its enqueue */
+	CT_RECORD,				/* the claim state as a mail_live record */
 	CLAIM_TAKE_COLUMNS
 };
 
