@@ -194,6 +194,8 @@ typedef struct SmtpConn
 	GatekeeperDelivery *data_wait;	/* waits for its 354 */
 
 	TimestampTz deadline;		/* the reply awaited is late after this */
+	bool		timer_restart;	/* progress since: deadline is the timeout
+								 * from the next look at the clock */
 	TimestampTz idle_since;
 } SmtpConn;
 

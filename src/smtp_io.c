@@ -365,7 +365,7 @@ smtp_io_push(SmtpConn *c, const char *data, size_t len, char *owned)
 	s->stuff = false;
 	c->nsegs++;
 	if (c->nexpect == 0 || c->state != CS_READY)
-		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+		smtp_io_progress(c);
 }
 
 /*
@@ -463,7 +463,7 @@ smtp_io_flush(SmtpConn *c)
 				break;
 			c->chunk_off += n;
 			if (c->nexpect > 0)
-				c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+				smtp_io_progress(c);
 			continue;
 		}
 		if (c->ssl != NULL && c->tls)
@@ -478,7 +478,7 @@ smtp_io_flush(SmtpConn *c)
 		if (n == 0 && s->len > c->segoff)
 			break;
 		if (c->nexpect > 0)
-			c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+			smtp_io_progress(c);
 		/* what was written may span several segments */
 		for (;;)
 		{
@@ -553,6 +553,45 @@ conn_write_plain(SmtpConn *c, char *err, size_t errlen)
 }
 
 /*
+ * smtp_io_progress
+ *		c moved on: a write, a reply, a command queued.  The reply it
+ *		awaits is late the relay's timeout after the next look at the clock
+ *		(smtp_io_settle_timer, once per wait) rather than after now: reading
+ *		the clock at every write and every reply was 2% of the worker's
+ *		time.  The wait looks at the clock before and after it waits, so
+ *		the deadline is at most one round of the worker's work later than
+ *		the progress.
+ */
+void
+smtp_io_progress(SmtpConn *c)
+{
+	c->timer_restart = true;
+}
+
+/*
+ * smtp_io_set_deadline
+ *		c's deadline, ms after now, in place of any progress noted.
+ */
+void
+smtp_io_set_deadline(SmtpConn *c, TimestampTz now, int ms)
+{
+	c->deadline = TimestampTzPlusMilliseconds(now, ms);
+	c->timer_restart = false;
+}
+
+/*
+ * smtp_io_settle_timer
+ *		The clock was read (now): progress noted since the last reading
+ *		restarts c's deadline from it.
+ */
+void
+smtp_io_settle_timer(SmtpConn *c, TimestampTz now)
+{
+	if (c->timer_restart)
+		smtp_io_set_deadline(c, now, c->relay->cfg.timeout);
+}
+
+/*
  * conn_output_lost
  *		A write to c failed: the relay has closed or reset the connection.
  *		Nothing more is written; the replies it sent before are still to be
@@ -566,7 +605,7 @@ conn_output_lost(SmtpConn *c, const char *error)
 	{
 		c->output_lost = true;
 		strlcpy(c->output_error, error, sizeof(c->output_error));
-		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), SMTP_QUIT_WAIT_MS);
+		smtp_io_set_deadline(c, GetCurrentTimestamp(), SMTP_QUIT_WAIT_MS);
 	}
 	smtp_io_update_events(c);
 }

@@ -30,6 +30,9 @@ extern void smtp_io_push_stuffed(SmtpConn *c, const char *data, size_t len);
 extern void smtp_io_flush(SmtpConn *c);
 extern void smtp_io_update_events(SmtpConn *c);
 extern void smtp_io_close(SmtpConn *c);
+extern void smtp_io_progress(SmtpConn *c);
+extern void smtp_io_set_deadline(SmtpConn *c, TimestampTz now, int ms);
+extern void smtp_io_settle_timer(SmtpConn *c, TimestampTz now);
 extern bool smtp_io_peer_loopback(SmtpConn *c);
 extern char *smtp_io_local_literal(SmtpConn *c);
 

@@ -328,7 +328,7 @@ conn_open(SmtpRelay *r)
 	dlist_push_tail(&r->conns, &c->node);
 	r->nconns++;
 	c->state = CS_CONNECTING;
-	c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), r->cfg.timeout);
+	smtp_io_set_deadline(c, GetCurrentTimestamp(), r->cfg.timeout);
 	if (!smtp_io_connect_next(c, error, sizeof(error)))
 	{
 		smtp_session_failed(c, "%s", error);

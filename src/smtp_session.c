@@ -99,7 +99,7 @@ smtp_session_connected(SmtpConn *c)
 
 	if (!io_done(c, smtp_io_connect_result(c, err, sizeof(err)), err))
 		return;
-	c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+	smtp_io_progress(c);
 	if (c->relay->cfg.smtps)
 		conn_tls_start(c);
 	else
@@ -137,7 +137,7 @@ conn_tls_start(SmtpConn *c)
 		return;
 	}
 	c->state = CS_TLS;
-	c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+	smtp_io_progress(c);
 	smtp_session_tls_progress(c);
 }
 
@@ -181,6 +181,7 @@ smtp_session_tls_progress(SmtpConn *c)
 TimestampTz
 smtp_session_deadline(SmtpConn *c, TimestampTz now)
 {
+	smtp_io_settle_timer(c, now);
 	if (c->nexpect > 0 || c->state != CS_READY || c->output_lost)
 		return c->deadline;
 	if (c->ntxns == 0)
@@ -200,6 +201,7 @@ smtp_session_check_time(SmtpConn *c, TimestampTz now)
 {
 	if (c->state == CS_CLOSED)
 		return;
+	smtp_io_settle_timer(c, now);
 	if (c->state == CS_QUIT)
 	{
 		if (now >= c->deadline)
@@ -215,7 +217,7 @@ smtp_session_check_time(SmtpConn *c, TimestampTz now)
 	{
 		conn_send(c, "QUIT\r\n");
 		c->state = CS_QUIT;
-		c->deadline = TimestampTzPlusMilliseconds(now, SMTP_QUIT_WAIT_MS);
+		smtp_io_set_deadline(c, now, SMTP_QUIT_WAIT_MS);
 		c->relay->nready--;
 		smtp_io_flush(c);
 	}
@@ -525,7 +527,7 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 	else
 		strlcpy(c->reply, line, sizeof(c->reply));
 	c->reply_lines = 0;
-	c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+	smtp_io_progress(c);
 
 	if (c->state == CS_READY)
 		conn_ready_reply(c, code);
@@ -812,7 +814,8 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		conn_expect(c, CMD_RSET, NULL);
 	}
 	c->need_rset = false;
-	appendStringInfo(&cmd, "MAIL FROM:%s", from);
+	appendStringInfoString(&cmd, "MAIL FROM:");
+	appendStringInfoString(&cmd, from);
 	if (c->size)
 		appendStringInfo(&cmd, " SIZE=%d", d->message.len);
 	if (d->needs_8bit)
@@ -820,14 +823,18 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	if (d->needs_utf8)
 		appendStringInfoString(&cmd, " SMTPUTF8");
 	if (c->dsn && d->envid != NULL)
-		appendStringInfo(&cmd, " RET=HDRS ENVID=%s", d->envid);
+	{
+		appendStringInfoString(&cmd, " RET=HDRS ENVID=");
+		appendStringInfoString(&cmd, d->envid);
+	}
 	appendStringInfoString(&cmd, "\r\n");
 	conn_expect(c, CMD_MAIL, d);
 	c->last_ok = false;
 
 	if (c->pipelining)
 	{
-		appendStringInfo(&cmd, "RCPT TO:%s", rcpt);
+		appendStringInfoString(&cmd, "RCPT TO:");
+		appendStringInfoString(&cmd, rcpt);
 		append_dsn_notify(&cmd, c, d);
 		appendStringInfoString(&cmd, "\r\n");
 		conn_expect(c, CMD_RCPT, d);
@@ -1071,7 +1078,7 @@ conn_send(SmtpConn *c, const char *fmt,...)
 	s = buf.data;
 	smtp_io_push(c, s, buf.len, s);
 	if (c->state != CS_READY)
-		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+		smtp_io_progress(c);
 }
 
 /*
@@ -1096,7 +1103,7 @@ conn_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d)
 		c->exphead = 0;
 	}
 	if (c->nexpect == 0)
-		c->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), c->relay->cfg.timeout);
+		smtp_io_progress(c);
 	c->expect[(c->exphead + c->nexpect) % c->expcap].command = command;
 	c->expect[(c->exphead + c->nexpect) % c->expcap].d = d;
 	c->nexpect++;
@@ -1128,7 +1135,16 @@ envelope_address(const char *address)
 		start++;
 	while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
 		end--;
-	return psprintf("<%.*s>", (int) (end - start), start);
+	{
+		size_t		len = end - start;
+		char	   *path = palloc(len + 3);
+
+		path[0] = '<';
+		memcpy(path + 1, start, len);
+		path[len + 1] = '>';
+		path[len + 2] = '\0';
+		return path;
+	}
 }
 
 /*
