@@ -236,11 +236,20 @@ gatekeeper_build_message(StringInfo buf, const GatekeeperMail *mail,
 static void
 append_date_header(StringInfo buf)
 {
+	/* the field of the last second asked for: a worker writes many a second */
+	static pg_time_t last_time = -1;
+	static pg_tz *last_zone = NULL;
+	static char last_field[64];
 	pg_time_t	now = timestamptz_to_time_t(GetCurrentTimestamp());
 	struct pg_tm *tm = NULL;
 	long		offset;
 	char		sign = '+';
 
+	if (now == last_time && session_timezone == last_zone)
+	{
+		appendStringInfoString(buf, last_field);
+		return;
+	}
 	if (session_timezone != NULL)
 		tm = pg_localtime(&now, session_timezone);
 	if (tm == NULL)
@@ -255,11 +264,15 @@ append_date_header(StringInfo buf)
 		offset = -offset;
 	}
 
-	appendStringInfo(buf, "Date: %s, %d %s %04d %02d:%02d:%02d %c%02ld%02ld\r\n",
-					 day_names[tm->tm_wday % 7], tm->tm_mday,
-					 month_names[tm->tm_mon % 12], tm->tm_year + 1900,
-					 tm->tm_hour, tm->tm_min, tm->tm_sec,
-					 sign, offset / 3600, (offset / 60) % 60);
+	snprintf(last_field, sizeof(last_field),
+			 "Date: %s, %d %s %04d %02d:%02d:%02d %c%02ld%02ld\r\n",
+			 day_names[tm->tm_wday % 7], tm->tm_mday,
+			 month_names[tm->tm_mon % 12], tm->tm_year + 1900,
+			 tm->tm_hour, tm->tm_min, tm->tm_sec,
+			 sign, offset / 3600, (offset / 60) % 60);
+	last_time = now;
+	last_zone = session_timezone;
+	appendStringInfoString(buf, last_field);
 }
 
 /*
@@ -285,7 +298,8 @@ append_mailbox_header(StringInfo buf, const char *name, const char *mailbox,
 	}
 	if (display_name != NULL && display_name[0] != '\0')
 		parsed_name = (char *) display_name;
-	appendStringInfo(buf, "%s: ", name);
+	appendStringInfoString(buf, name);
+	appendBinaryStringInfo(buf, ": ", 2);
 	gatekeeper_format_mailbox(buf, parsed_name, address, strlen(name) + 2);
 	appendStringInfoString(buf, "\r\n");
 }
@@ -318,7 +332,8 @@ append_header(StringInfo buf, const char *name, const char *value, bool address)
 			*p = ' ';
 	}
 
-	appendStringInfo(buf, "%s:", name);
+	appendStringInfoString(buf, name);
+	appendStringInfoChar(buf, ':');
 	hl.buf = buf;
 	hl.linelen = strlen(name) + 1;
 	hl.empty = true;
@@ -859,6 +874,15 @@ append_text_7bit(StringInfo buf, const char *text)
 	}
 }
 
+/* an octet quoted-printable writes as itself inside a line */
+static inline bool
+qp_literal(char ch)
+{
+	unsigned char c = (unsigned char) ch;
+
+	return (c >= 33 && c <= 126 && c != '=') || c == ' ' || c == '\t';
+}
+
 /*
  * append_text_qp
  *		Append text as quoted-printable (RFC 2045 6.7), line breaks as CRLF.
@@ -898,6 +922,28 @@ append_text_qp(StringInfo buf, const char *text)
 			bool		last = (i == n - 1);
 			bool		literal;
 			int			width;
+
+			/*
+			 * Inside a line, a run of octets that stand for themselves
+			 * (neither the line's last nor one that needs a soft break
+			 * before it) is copied at once.
+			 */
+			if (col > 0 && col < QP_WIDTH - 1)
+			{
+				size_t		run = 0;
+				size_t		room = (size_t) (QP_WIDTH - 1 - col);
+
+				while (run < room && i + run < n - 1 && qp_literal(p[i + run]))
+					run++;
+				if (run > 0)
+				{
+					memcpy(out, p + i, run);
+					out += run;
+					col += (int) run;
+					i += run - 1;
+					continue;
+				}
+			}
 
 			literal = (c >= 33 && c <= 126 && c != '=') ||
 				((c == ' ' || c == '\t') && !last);
