@@ -17,14 +17,16 @@
  *				notify queues' mail that comes due after its commit, when it
  *				comes due, before claiming it itself;
  *	claim		when the mail in flight runs low, claim more (src/claim.c,
- *				called directly), in a short transaction of its own;
+ *				called directly), in a short transaction that first records
+ *				the outcomes waiting (one commit for both);
  *	send		build each claimed mail's message just before it goes on the
  *				wire, while the SMTP client (src/smtp_client.c) has room and
  *				gatekeeper.max_in_flight bytes allow;
  *	record		take the outcomes the relay's replies decided and record
  *				them (ack, nack, unclaim: src/mail_state.c, called directly,
  *				each once per round) in small transactions, every few
- *				milliseconds or few hundred outcomes;
+ *				milliseconds or few hundred outcomes, or in the next
+ *				claim's;
  *	extend		extend the leases of mail still in flight before they run
  *				out, each batch row of its claims once;
  *
@@ -295,7 +297,7 @@ static void wait_for_database(void) pg_attribute_noreturn();
 static bool database_ready(const char *name);
 static void check_settings(void);
 static void housekeep(bool woken);
-static void claim(bool woken);
+static bool claim(bool woken);
 static void deliver(void);
 static void collect(void);
 static void record(void);
@@ -329,6 +331,11 @@ static void relay_reached(int relay);
 static void release_suspects(int relay, GatekeeperOutcome outcome);
 static GatekeeperRelayStatus *relay_status(int relay);
 static void record_outcomes(void);
+static void record_outcomes_here(void);
+static void forget_outcomes(void);
+static void outcomes_dropped(void);
+static int	claim_here(int want, TimestampTz *next_due, bool *have_next_due);
+static int64 outcome_bytes(void);
 static void forget_delivery(GatekeeperDelivery *d);
 
 /*
@@ -601,10 +608,11 @@ claim_window(void)
  * to the rest of it, as many as gatekeeper.max_in_flight bytes allow by
  * the mean size of mail claimed so far.  The window counts every mail
  * claimed and not yet recorded, so that a crash sends at most a window's
- * mail again (t/022); record() records at once when only the outcomes
- * waiting to be recorded hold the next claim back.
+ * mail again (t/022).  The outcomes waiting to be recorded are recorded in
+ * the claim's transaction, so they do not count; record() claims at once
+ * when only they hold the next claim back.  Returns whether it claimed.
  */
-static void
+static bool
 claim(bool woken)
 {
 	TimestampTz now = GetCurrentTimestamp();
@@ -613,13 +621,19 @@ claim(bool woken)
 	int			window = claim_window();
 	int			want;
 	int			n;
+	int			held;
+	int64		held_bytes;
 
 	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
-		return;
-	if (now < next_claim_at || nlive > window / 2)
-		return;
-	if (nlive > 0 && live_bytes >= gatekeeper_max_in_flight / 2)
-		return;
+		return false;
+
+	/* the outcomes waiting are recorded in the claim's transaction */
+	held = nlive - noutcomes;
+	held_bytes = live_bytes - outcome_bytes();
+	if (now < next_claim_at || held > window / 2)
+		return false;
+	if (held > 0 && held_bytes >= gatekeeper_max_in_flight / 2)
+		return false;
 
 	/*
 	 * Until sizes are known, take each mail to be as large as it may be.
@@ -627,11 +641,11 @@ claim(bool woken)
 	 * result set, SPI's copy of it, and ours), so it takes a third of the
 	 * room left.
 	 */
-	want = window - nlive;
+	want = window - held;
 	{
 		double		mean = mail_bytes_mean > 0 ? mail_bytes_mean :
 			(double) gatekeeper_max_message_size;
-		double		room = ((double) gatekeeper_max_in_flight - (double) live_bytes) / 3;
+		double		room = ((double) gatekeeper_max_in_flight - (double) held_bytes) / 3;
 
 		want = (int) Min((double) want, Max(room / mean, 1.0));
 	}
@@ -656,6 +670,7 @@ claim(bool woken)
 	else
 		next_claim_at = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
 	(void) woken;
+	return true;
 }
 
 /*
@@ -673,12 +688,14 @@ deliver(void)
 	const char *default_sender;
 	bool		in_xact = false;
 	int			relay;
+	TimestampTz now;
 
 	if (npending_cleared == 0)
 		return;
 	default_sender = gatekeeper_default_sender ? gatekeeper_default_sender : "";
 
-	while (npending_cleared > 0 && (relay = next_relay(GetCurrentTimestamp())) >= 0)
+	now = GetCurrentTimestamp();
+	while (npending_cleared > 0 && (relay = next_relay(now)) >= 0)
 	{
 		GatekeeperDelivery *d;
 
@@ -744,6 +761,9 @@ record(void)
 	if (noutcomes < RECORD_BATCH && nlive > noutcomes + nsuspects &&
 		!(nlive > window / 2 && undecided() <= window / 2) &&
 		now < TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS))
+		return;
+	/* a claim that may go now records them in its own transaction */
+	if (claim(false))
 		return;
 	record_outcomes();
 }
@@ -1324,26 +1344,81 @@ typedef struct ClaimTaken
 } ClaimTaken;
 
 /*
- * Claim up to want due mails, in a transaction of their own, and put them
- * on "pending".  Returns how many were claimed; when fewer than want,
- * *next_due receives the next scheduled send_at, if any.
+ * Claim up to want due mails and put them on "pending", in a transaction
+ * that first records the outcomes waiting, if any: one commit (and one
+ * WAL flush) instead of two.  Returns how many were claimed; when fewer
+ * than want, *next_due receives the next scheduled send_at, if any.
+ *
+ * The claim then runs in a subtransaction: a claim that fails must not
+ * take the outcomes with it (their mail went: undone, it would go
+ * again).  The outcomes are committed, and the claim's error ends the
+ * worker, as a failed claim always has; what it had taken was never sent.
  */
 static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
-	Interval   *lease;
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner;
 	Oid			extension;
+	bool		recorded = noutcomes > 0;
+	int			n = 0;
+
+	*have_next_due = false;
+	if (!begin_work(recorded ? "recording outcomes and claiming" : "claiming", &extension))
+	{
+		end_work();
+		if (recorded)
+			outcomes_dropped();
+		return 0;
+	}
+	if (!recorded)
+		n = claim_here(want, next_due, have_next_due);
+	else
+	{
+		record_outcomes_here();
+		forget_outcomes();
+
+		owner = CurrentResourceOwner;
+		BeginInternalSubTransaction(NULL);
+		PG_TRY();
+		{
+			n = claim_here(want, next_due, have_next_due);
+			ReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+		}
+		PG_CATCH();
+		{
+			ErrorData  *edata;
+
+			MemoryContextSwitchTo(TopMemoryContext);
+			edata = CopyErrorData();
+			FlushErrorState();
+			RollbackAndReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+			end_work();
+			ReThrowError(edata);
+		}
+		PG_END_TRY();
+	}
+	end_work();
+	if (n > 0)
+		hold_claim(n);
+	return n;
+}
+
+/*
+ * claim_here: claim_mail's claim, in the worker's transaction.
+ */
+static int
+claim_here(int want, TimestampTz *next_due, bool *have_next_due)
+{
+	Interval   *lease;
 	SPIPlanPtr	plan;
 	int			ret;
 	int			n;
 	ClaimTaken	taken;
-
-	*have_next_due = false;
-	if (!begin_work("claiming", &extension))
-	{
-		end_work();
-		return 0;
-	}
 
 	/* the envelopes of what is claimed now read the queues and key anew */
 	gatekeeper_report_envelope_refresh();
@@ -1380,10 +1455,6 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 		}
 		SPI_freetuptable(SPI_tuptable);
 	}
-
-	end_work();
-	if (n > 0)
-		hold_claim(n);
 	return n;
 }
 
@@ -1835,7 +1906,8 @@ relay_reached(int relay)
 }
 
 /*
- * Record the outcomes waiting, in a transaction of their own, one call of
+ * Record the outcomes waiting, in a transaction of their own (when no
+ * claim takes them into its own: claim_mail), one call of
  * src/mail_state.c per kind: sent mail is acked, retries and failures are
  * nacked (the module gives the failures' gate passes back in the one
  * order every transaction locks them in), and mail the relay would not
@@ -1846,6 +1918,38 @@ static void
 record_outcomes(void)
 {
 	Oid			extension;
+
+	if (!begin_work("recording outcomes", &extension))
+	{
+		end_work();
+		outcomes_dropped();
+		return;
+	}
+	record_outcomes_here();
+	end_work();
+	forget_outcomes();
+}
+
+/*
+ * The extension went, and with it the mail whose outcomes wait: nothing
+ * left to record.
+ */
+static void
+outcomes_dropped(void)
+{
+	ereport(LOG,
+			(errmsg("extension gatekeeper was dropped while %d mail%s being delivered; the outcomes are not recorded",
+					noutcomes, noutcomes == 1 ? " was" : "s were")));
+	forget_outcomes();
+}
+
+/*
+ * record_outcomes_here: record the outcomes waiting in the worker's
+ * transaction (sent: ack; retry or failure: nack; unreachable: unclaim).
+ */
+static void
+record_outcomes_here(void)
+{
 	int			n = noutcomes;
 	GatekeeperDelivery **items;
 	int64	   *ids;
@@ -1857,16 +1961,6 @@ record_outcomes(void)
 	const char *unreachable_error = NULL;
 	int			i;
 	dlist_iter	iter;
-
-	if (!begin_work("recording outcomes", &extension))
-	{
-		/* the mail went with the extension: nothing left to record */
-		ereport(LOG,
-				(errmsg("extension gatekeeper was dropped while %d mail%s being delivered; the outcomes are not recorded",
-						n, n == 1 ? " was" : "s were")));
-		end_work();
-		goto forget;
-	}
 
 	items = palloc(sizeof(GatekeeperDelivery *) * n);
 	i = 0;
@@ -1888,6 +1982,7 @@ record_outcomes(void)
 	if (nsent > 0)
 	{
 		int			acked = mail_state_ack(ids, attempts, nsent);
+		TimestampTz now = GetCurrentTimestamp();
 
 		if (acked < nsent)
 			ereport(LOG,
@@ -1900,7 +1995,7 @@ record_outcomes(void)
 			if (items[i]->outcome != GATEKEEPER_SENT)
 				continue;
 			relay_status(items[i]->relay)->sent_total++;
-			relay_status(items[i]->relay)->last_success = GetCurrentTimestamp();
+			relay_status(items[i]->relay)->last_success = now;
 		}
 	}
 
@@ -1944,14 +2039,31 @@ record_outcomes(void)
 								  unreachable_error ? unreachable_error :
 								  "no SMTP relay could be reached",
 								  GetCurrentTransactionStartTimestamp());
+}
 
-	end_work();
-
-forget:
+/*
+ * forget_outcomes: the outcomes waiting are recorded (or their extension
+ * is gone): forget their deliveries.
+ */
+static void
+forget_outcomes(void)
+{
 	while (!dlist_is_empty(&outcomes))
 		forget_delivery(dlist_container(GatekeeperDelivery, queue_node,
 										dlist_pop_head_node(&outcomes)));
 	noutcomes = 0;
+}
+
+/* the bytes held by the deliveries whose outcomes wait */
+static int64
+outcome_bytes(void)
+{
+	int64		bytes = 0;
+	dlist_iter	iter;
+
+	dlist_foreach(iter, &outcomes)
+		bytes += dlist_container(GatekeeperDelivery, queue_node, iter.cur)->bytes;
+	return bytes;
 }
 
 /*
