@@ -560,7 +560,7 @@ scenario_sustained() {
 # sample: the scenario runs three times (fewer if --runs is fewer), each
 # from empty tables, and reports medians like every other figure.
 scenario_storage() {
-	local run runs w t0 t1 rate vacuums cp0 cps waves
+	local run runs w t0 t1 rate vacuums cp0 cps fpi0 fpi waves
 	runs=$((RUNS < 3 ? RUNS : 3))
 	bk_own_senders_begin
 	vacuums=$(bk_live_vacuums)
@@ -569,21 +569,26 @@ scenario_storage() {
 		bk_settle
 		waves=
 		for w in $(seq 1 "$STORAGE_WAVES"); do
+			# a checkpoint the enqueue's WAL begins goes on through the drain
+			cp0=$(bk_checkpoints)
 			bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 					SELECT * FROM bench_rows($STORAGE_N, 's${w}_', 'bench', interval '0')"
-			cp0=$(bk_checkpoints)
+			fpi0=$(bk_sql "SELECT wal_fpi FROM pg_stat_wal")
 			t0=$(bk_now)
 			bk_pgbench "$BK_WORK/pgbench.storage.$run.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
 				-c 4 -j "$(bk_jobs 4)" -t $((STORAGE_N / 1000 / 4))
 			t1=$(bk_now)
 			cps=$(($(bk_checkpoints) - cp0))
+			fpi=$(($(bk_sql "SELECT wal_fpi FROM pg_stat_wal") - fpi0))
 			[ "$(bk_unfinished)" = 0 ] ||
 				gk_die "storage wave $w left mail unsent"
 			rate=$(bk_rate "$STORAGE_N" "$t0" "$t1")
 			gk_log "storage run $run wave $w: drain $rate/s"
 			[ "$w" -gt 1 ] || bk_record storage.first "$run" "$rate"
 			waves="$waves${waves:+, }$(printf '%.0f' "$rate")"
-			[ "$cps" = 0 ] || waves="$waves ($cps checkpoints began during it)"
+			waves="$waves ($fpi full-page images written during the drain"
+			[ "$cps" = 0 ] || waves="$waves, $cps checkpoints began during its enqueue or drain"
+			waves="$waves)"
 		done
 		bk_record storage.last "$run" "$rate"
 		bk_note storage "run $run: waves drained at $waves mails/s"
