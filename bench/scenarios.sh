@@ -586,7 +586,7 @@ scenario_storage() {
 			gk_log "storage run $run wave $w: drain $rate/s"
 			[ "$w" -gt 1 ] || bk_record storage.first "$run" "$rate"
 			waves="$waves${waves:+, }$(printf '%.0f' "$rate")"
-			waves="$waves ($fpi full-page images written during the drain"
+			waves="$waves (drain from $(date -u -d "@${t0%.*}" +%T) UTC, $fpi full-page images written during it"
 			[ "$cps" = 0 ] || waves="$waves, $cps checkpoints began during its enqueue or drain"
 			waves="$waves)"
 		done
