@@ -70,7 +70,14 @@
  * go back uncharged (unclaim) and the worker back off.
  *
  * A worker that hits an error exits and is restarted by the postmaster
- * after bgw_restart_time; it does not try to carry on.  Every wait goes
+ * after bgw_restart_time; it does not try to carry on, with one exception:
+ * a claim that fails.  The claim is the one step that may fail while mail
+ * the worker claimed before is on the wire, for reasons that are not the
+ * worker's (a trigger of the user's on mail_live, a lock, the disk), and
+ * exiting then would send that mail again once its lease ran out.  The
+ * claim runs in a subtransaction; when it fails, it is rolled back, the
+ * worker says why in the log and in worker_status, goes on delivering what
+ * it holds, and claims again after a backoff (claim_failed).  Every wait goes
  * through the process latch and SIGTERM is handled by die(), so shutdown
  * and DROP DATABASE ... WITH (FORCE) end a worker promptly.
  *
@@ -95,6 +102,7 @@
 #include "wake.h"
 #include "worker.h"
 #include "worker_slots.h"
+#include "xact.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -135,6 +143,9 @@
 #include "maintenance.h"
 #include "report.h"
 #include "smtp_client.h"
+
+/* the longest wait after claims that failed in a row (claim_failed) */
+#define CLAIM_BACKOFF_MAX_MS		60000
 
 /* how often expired leases are reaped and old mail is purged */
 #define HOUSEKEEPING_INTERVAL_MS	5000
@@ -273,6 +284,14 @@ static bool read_only = false;
 static TimestampTz next_claim_at = 0;
 static double mail_bytes_mean = 0;
 
+/*
+ * Claims that failed in a row, and until when the next one waits (a
+ * wake-up does not cut that wait short); what the last one said.
+ */
+static int	claim_failures = 0;
+static TimestampTz claim_retry_at = 0;
+static char claim_failed_why[64];
+
 /* a relay's breaker: the relay gets no mail until backoff_until */
 typedef struct Breaker
 {
@@ -317,6 +336,9 @@ static void housekeeping(void);
 static int	claim_window(void);
 static int	undecided(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
+static bool claim_step(void *arg);
+static void drop_taken(int n);
+static void claim_failed(ErrorData *error);
 static void take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due);
 static char *copy_text(Datum *values, bool *nulls, int column, bool json);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
@@ -610,7 +632,8 @@ claim_window(void)
  * claimed and not yet recorded, so that a crash sends at most a window's
  * mail again (t/022).  The outcomes waiting to be recorded are recorded in
  * the claim's transaction, so they do not count; record() claims at once
- * when only they hold the next claim back.  Returns whether it claimed.
+ * when only they hold the next claim back.  Returns whether it claimed
+ * (and so recorded the outcomes), even if the claim itself failed.
  */
 static bool
 claim(bool woken)
@@ -625,6 +648,8 @@ claim(bool woken)
 	int64		held_bytes;
 
 	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
+		return false;
+	if (now < claim_retry_at)
 		return false;
 
 	/* the outcomes waiting are recorded in the claim's transaction */
@@ -653,7 +678,9 @@ claim(bool woken)
 	n = claim_mail(want, &next_due, &have_next_due);
 
 	now = GetCurrentTimestamp();
-	if (n >= want)
+	if (n < 0)
+		next_claim_at = claim_retry_at;
+	else if (n >= want)
 		next_claim_at = now;
 	else if (have_next_due && next_due > now)
 		next_claim_at = Min(next_due, TimestampTzPlusMilliseconds(now, gatekeeper_naptime));
@@ -1005,6 +1032,8 @@ report(const char *state)
 			state = "backing off";
 		else if (!dlist_is_empty(&held_claims))
 			state = held_why;
+		else if (claim_failures > 0)
+			state = claim_failed_why;
 		else if (nlive > 0)
 			state = "delivering";
 		else
@@ -1336,6 +1365,15 @@ housekeeping(void)
 	end_work();
 }
 
+/* claim_mail's claim, run in a subtransaction (claim_step) */
+typedef struct ClaimStep
+{
+	int			want;
+	int			n;				/* how many it claimed */
+	TimestampTz *next_due;
+	bool	   *have_next_due;
+} ClaimStep;
+
 /* What claim_mail's receiver fills in. */
 typedef struct ClaimTaken
 {
@@ -1346,22 +1384,26 @@ typedef struct ClaimTaken
 /*
  * Claim up to want due mails and put them on "pending", in a transaction
  * that first records the outcomes waiting, if any: one commit (and one
- * WAL flush) instead of two.  Returns how many were claimed; when fewer
- * than want, *next_due receives the next scheduled send_at, if any.
+ * WAL flush) instead of two.  Returns how many were claimed, or -1 when
+ * the claim failed; when fewer than want, *next_due receives the next
+ * scheduled send_at, if any.
  *
- * The claim then runs in a subtransaction: a claim that fails must not
- * take the outcomes with it (their mail went: undone, it would go
- * again).  The outcomes are committed, and the claim's error ends the
- * worker, as a failed claim always has; what it had taken was never sent.
+ * The claim runs in a subtransaction, so that a claim that fails takes
+ * neither the outcomes with it (their mail went: undone, it would go
+ * again) nor the worker (the mail it has on the wire would go again once
+ * its lease ran out).  The subtransaction is rolled back, the deliveries
+ * the claim had handed over are dropped before any was built (none of
+ * their mail is claimed now), the outcomes are committed, and the worker
+ * says what failed and claims again after a backoff (claim_failed).
  */
 static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner;
 	Oid			extension;
 	bool		recorded = noutcomes > 0;
-	int			n = 0;
+	int			held;
+	ClaimStep	step;
+	ErrorData  *error;
 
 	*have_next_due = false;
 	if (!begin_work(recorded ? "recording outcomes and claiming" : "claiming", &extension))
@@ -1371,41 +1413,91 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 			outcomes_dropped();
 		return 0;
 	}
-	if (!recorded)
-		n = claim_here(want, next_due, have_next_due);
-	else
+	if (recorded)
 	{
 		record_outcomes_here();
 		forget_outcomes();
+	}
 
-		owner = CurrentResourceOwner;
-		BeginInternalSubTransaction(NULL);
-		PG_TRY();
-		{
-			n = claim_here(want, next_due, have_next_due);
-			ReleaseCurrentSubTransaction();
-			MemoryContextSwitchTo(cxt);
-			CurrentResourceOwner = owner;
-		}
-		PG_CATCH();
-		{
-			ErrorData  *edata;
-
-			MemoryContextSwitchTo(TopMemoryContext);
-			edata = CopyErrorData();
-			FlushErrorState();
-			RollbackAndReleaseCurrentSubTransaction();
-			MemoryContextSwitchTo(cxt);
-			CurrentResourceOwner = owner;
-			end_work();
-			ReThrowError(edata);
-		}
-		PG_END_TRY();
+	held = nlive;
+	step.want = want;
+	step.n = 0;
+	step.next_due = next_due;
+	step.have_next_due = have_next_due;
+	if (!gatekeeper_subxact_catch(claim_step, &step, &error))
+	{
+		drop_taken(nlive - held);
+		claim_failed(error);
+		end_work();
+		return -1;
 	}
 	end_work();
-	if (n > 0)
-		hold_claim(n);
-	return n;
+	claim_failures = 0;
+	if (step.n > 0)
+		hold_claim(step.n);
+	return step.n;
+}
+
+/* claim_mail's claim, for gatekeeper_subxact_catch */
+static bool
+claim_step(void *arg)
+{
+	ClaimStep  *step = (ClaimStep *) arg;
+
+	step->n = claim_here(step->want, step->next_due, step->have_next_due);
+	return true;
+}
+
+/*
+ * Drop the n deliveries a claim that failed had handed over: the last n
+ * on "pending" and on "live" (take_mail), none of them built yet.
+ */
+static void
+drop_taken(int n)
+{
+	while (n-- > 0)
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+												dlist_tail_node(&pending));
+
+		Assert(&d->live_node == dlist_tail_node(&live));
+		Assert(d->message.data == NULL);
+		dlist_delete(&d->queue_node);
+		npending--;
+		forget_delivery(d);
+	}
+}
+
+/*
+ * A claim failed, and was rolled back: say what it said, and claim again
+ * after gatekeeper.naptime, doubling with each failure in a row up to a
+ * minute.  A wake-up does not cut that wait short: a claim that fails at
+ * every commit of due mail would fill the log.
+ */
+static void
+claim_failed(ErrorData *error)
+{
+	int64		backoff_ms = gatekeeper_naptime;
+	int			i;
+
+	for (i = 0; i < claim_failures && backoff_ms < CLAIM_BACKOFF_MAX_MS; i++)
+		backoff_ms *= 2;
+	backoff_ms = Min(backoff_ms, CLAIM_BACKOFF_MAX_MS);
+	claim_failures++;
+	claim_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), backoff_ms);
+	snprintf(claim_failed_why, sizeof(claim_failed_why), "claim failed: %s",
+			 error->message ? error->message : "unknown error");
+
+	ereport(LOG,
+			(errcode(error->sqlerrcode),
+			 errmsg("gatekeeper worker could not claim mail: %s",
+					error->message ? error->message : "unknown error"),
+			 errdetail("The worker goes on delivering the %d mail%s it holds and claims again in " INT64_FORMAT " ms.%s%s",
+					   nlive, nlive == 1 ? "" : "s", backoff_ms,
+					   error->detail ? " " : "",
+					   error->detail ? error->detail : ""),
+			 error->hint ? errhint("%s", error->hint) : 0,
+			 error->context ? errcontext("%s", error->context) : 0));
 }
 
 /*

@@ -28,7 +28,9 @@
  * loaded; each hook returns at once when it has nothing pending.
  *
  * It also runs a step in a subtransaction of its own for the modules
- * that must survive an expected error (gatekeeper_subxact_try).
+ * that must survive an expected error (gatekeeper_subxact_try), and for
+ * the worker, whose claim may fail while mail it claimed before is on the
+ * wire (gatekeeper_subxact_catch).
  *
  * IDENTIFICATION
  *		src/xact.c
@@ -110,9 +112,33 @@ bool
 gatekeeper_subxact_try(GatekeeperSubxactStep step, void *arg,
 					   GatekeeperSubxactExpected expected)
 {
+	ErrorData  *error;
+
+	if (gatekeeper_subxact_catch(step, arg, &error))
+		return true;
+	if (error != NULL)
+	{
+		if (!expected(error))
+			ReThrowError(error);
+		FreeErrorData(error);
+	}
+	return false;
+}
+
+/*
+ * gatekeeper_subxact_catch: gatekeeper_subxact_try for a caller that must
+ * finish work of its own before it handles any error of step's: step's
+ * error, whatever it is, rolls its subtransaction back and is returned in
+ * *error, copied into the caller's memory context (NULL when step raised
+ * none).  The result is whether step's work was kept.
+ */
+bool
+gatekeeper_subxact_catch(GatekeeperSubxactStep step, void *arg, ErrorData **error)
+{
 	MemoryContext context = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
 	volatile bool kept = false;
+	ErrorData  *volatile caught = NULL;
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(context);
@@ -128,19 +154,15 @@ gatekeeper_subxact_try(GatekeeperSubxactStep step, void *arg,
 	}
 	PG_CATCH();
 	{
-		ErrorData  *error;
-
 		MemoryContextSwitchTo(context);
-		error = CopyErrorData();
+		caught = CopyErrorData();
 		FlushErrorState();
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(context);
 		CurrentResourceOwner = owner;
-		if (!expected(error))
-			ReThrowError(error);
-		FreeErrorData(error);
 		kept = false;
 	}
 	PG_END_TRY();
+	*error = caught;
 	return kept;
 }

@@ -27,5 +27,7 @@ typedef bool (*GatekeeperSubxactExpected) (ErrorData *error);
 
 extern bool gatekeeper_subxact_try(GatekeeperSubxactStep step, void *arg,
 								   GatekeeperSubxactExpected expected);
+extern bool gatekeeper_subxact_catch(GatekeeperSubxactStep step, void *arg,
+									 ErrorData **error);
 
 #endif							/* GATEKEEPER_XACT_H */
