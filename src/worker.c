@@ -392,6 +392,19 @@ gatekeeper_worker_main(Datum main_arg)
 	/* everything is schema-qualified; this only closes the door */
 	SetConfigOption("search_path", "pg_catalog, pg_temp",
 					PGC_USERSET, PGC_S_SESSION);
+
+	/*
+	 * The settings its promise rests on, over whatever ALTER DATABASE or
+	 * ALTER ROLE gave the session (as autovacuum pins its own): a lock
+	 * timeout or a serialization failure would end the worker with mail on
+	 * the wire, to go again once its lease ran out.  A lock held long is
+	 * waited for (pg_stat_activity shows the wait).  Functions that set
+	 * these for themselves still may.  synchronous_commit: check_settings.
+	 */
+	SetConfigOption("lock_timeout", "0", PGC_SUSET, PGC_S_SESSION);
+	SetConfigOption("statement_timeout", "0", PGC_SUSET, PGC_S_SESSION);
+	SetConfigOption("default_transaction_isolation", "read committed",
+					PGC_SUSET, PGC_S_SESSION);
 	/* its statements are planned without JIT: see gatekeeper_planner */
 	gatekeeper_own_session();
 
@@ -542,6 +555,16 @@ static void
 check_settings(void)
 {
 	const char *url = gatekeeper_smtp_url ? gatekeeper_smtp_url : "";
+
+	/*
+	 * A claim must be on disk before its mail goes on the wire: a claim
+	 * lost in a crash would send its mail again.  The worker's commits
+	 * wait at least for the local flush, whatever the server's, the
+	 * database's or the role's synchronous_commit; a setting that waits
+	 * for standbys too is kept.
+	 */
+	if (synchronous_commit == SYNCHRONOUS_COMMIT_OFF)
+		SetConfigOption("synchronous_commit", "local", PGC_SUSET, PGC_S_SESSION);
 
 	if (url[0] == '\0')
 		smtp_enabled = false;
