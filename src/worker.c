@@ -70,14 +70,18 @@
  * go back uncharged (unclaim) and the worker back off.
  *
  * A worker that hits an error exits and is restarted by the postmaster
- * after bgw_restart_time; it does not try to carry on, with one exception:
- * a claim that fails.  The claim is the one step that may fail while mail
- * the worker claimed before is on the wire, for reasons that are not the
- * worker's (a trigger of the user's on mail_live, a lock, the disk), and
- * exiting then would send that mail again once its lease ran out.  The
- * claim runs in a subtransaction; when it fails, it is rolled back, the
- * worker says why in the log and in worker_status, goes on delivering what
- * it holds, and claims again after a backoff (claim_failed).  Every wait goes
+ * after bgw_restart_time; it does not try to carry on, with two
+ * exceptions: a claim, and the recording of outcomes, that fail.  Both
+ * may fail while mail the worker claimed is on the wire or already went,
+ * for reasons that are not the worker's (a trigger of the user's, a
+ * deadlock with an application's transaction, the disk), and exiting then
+ * would send that mail again once its lease ran out.  Each runs in a
+ * subtransaction; when it fails, it is rolled back, the worker says why in
+ * the log and in worker_status, keeps what it holds (the mail on the wire,
+ * the outcomes not recorded, their leases extended) and tries again after
+ * a backoff (claim_failed, record_failed).  Its session settings are its
+ * own (no lock or statement timeout, READ COMMITTED, commits flushed), so
+ * the database's or role's cannot make it fail so.  Every wait goes
  * through the process latch and SIGTERM is handled by die(), so shutdown
  * and DROP DATABASE ... WITH (FORCE) end a worker promptly.
  *
@@ -144,8 +148,11 @@
 #include "report.h"
 #include "smtp_client.h"
 
-/* the longest wait after claims that failed in a row (claim_failed) */
-#define CLAIM_BACKOFF_MAX_MS		60000
+/*
+ * The longest wait after claims, or recordings of outcomes, that failed in
+ * a row (claim_failed, record_failed)
+ */
+#define FAILURE_BACKOFF_MAX_MS		60000
 
 /* how often expired leases are reaped and old mail is purged */
 #define HOUSEKEEPING_INTERVAL_MS	5000
@@ -292,6 +299,11 @@ static int	claim_failures = 0;
 static TimestampTz claim_retry_at = 0;
 static char claim_failed_why[64];
 
+/* the same for recording the outcomes (record_failed) */
+static int	record_failures = 0;
+static TimestampTz record_retry_at = 0;
+static char record_failed_why[64];
+
 /* a relay's breaker: the relay gets no mail until backoff_until */
 typedef struct Breaker
 {
@@ -353,7 +365,10 @@ static void relay_reached(int relay);
 static void release_suspects(int relay, GatekeeperOutcome outcome);
 static GatekeeperRelayStatus *relay_status(int relay);
 static void record_outcomes(void);
-static void record_outcomes_here(void);
+static bool record_outcomes_here(void);
+static bool record_step(void *arg);
+static void record_failed(ErrorData *error);
+static int64 backoff_after(int failures);
 static void forget_outcomes(void);
 static void outcomes_dropped(void);
 static int	claim_here(int want, TimestampTz *next_due, bool *have_next_due);
@@ -672,7 +687,7 @@ claim(bool woken)
 
 	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
 		return false;
-	if (now < claim_retry_at)
+	if (now < claim_retry_at || (noutcomes > 0 && now < record_retry_at))
 		return false;
 
 	/* the outcomes waiting are recorded in the claim's transaction */
@@ -702,7 +717,7 @@ claim(bool woken)
 
 	now = GetCurrentTimestamp();
 	if (n < 0)
-		next_claim_at = claim_retry_at;
+		next_claim_at = Max(claim_retry_at, record_retry_at);
 	else if (n >= want)
 		next_claim_at = now;
 	else if (have_next_due && next_due > now)
@@ -808,6 +823,8 @@ record(void)
 	if (noutcomes == 0)
 		return;
 	now = GetCurrentTimestamp();
+	if (now < record_retry_at)
+		return;
 	if (noutcomes < RECORD_BATCH && nlive > noutcomes + nsuspects &&
 		!(nlive > window / 2 && undecided() <= window / 2) &&
 		now < TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS))
@@ -1018,7 +1035,8 @@ nap(void)
 														 STANDBY_POLL_MS));
 	}
 	if (noutcomes > 0 && !read_only)
-		wake = Min(wake, TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS));
+		wake = Min(wake, Max(record_retry_at,
+							 TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS)));
 	if (worker_slot == 0 && OidIsValid(known_extension))
 		wake = Min(wake, next_announce);
 	/* a read-only spell ends with a reload, whose signal sets the latch */
@@ -1055,6 +1073,8 @@ report(const char *state)
 			state = "backing off";
 		else if (!dlist_is_empty(&held_claims))
 			state = held_why;
+		else if (record_failures > 0)
+			state = record_failed_why;
 		else if (claim_failures > 0)
 			state = claim_failed_why;
 		else if (nlive > 0)
@@ -1408,8 +1428,8 @@ typedef struct ClaimTaken
  * Claim up to want due mails and put them on "pending", in a transaction
  * that first records the outcomes waiting, if any: one commit (and one
  * WAL flush) instead of two.  Returns how many were claimed, or -1 when
- * the claim failed; when fewer than want, *next_due receives the next
- * scheduled send_at, if any.
+ * the claim, or the recording before it, failed; when fewer than want,
+ * *next_due receives the next scheduled send_at, if any.
  *
  * The claim runs in a subtransaction, so that a claim that fails takes
  * neither the outcomes with it (their mail went: undone, it would go
@@ -1436,10 +1456,11 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 			outcomes_dropped();
 		return 0;
 	}
-	if (recorded)
+	if (recorded && !record_outcomes_here())
 	{
-		record_outcomes_here();
-		forget_outcomes();
+		/* the outcomes are what hold the claim back: no claim either */
+		end_work();
+		return -1;
 	}
 
 	held = nlive;
@@ -1500,12 +1521,8 @@ drop_taken(int n)
 static void
 claim_failed(ErrorData *error)
 {
-	int64		backoff_ms = gatekeeper_naptime;
-	int			i;
+	int64		backoff_ms = backoff_after(claim_failures);
 
-	for (i = 0; i < claim_failures && backoff_ms < CLAIM_BACKOFF_MAX_MS; i++)
-		backoff_ms *= 2;
-	backoff_ms = Min(backoff_ms, CLAIM_BACKOFF_MAX_MS);
 	claim_failures++;
 	claim_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), backoff_ms);
 	snprintf(claim_failed_why, sizeof(claim_failed_why), "claim failed: %s",
@@ -2040,9 +2057,8 @@ record_outcomes(void)
 		outcomes_dropped();
 		return;
 	}
-	record_outcomes_here();
+	(void) record_outcomes_here();
 	end_work();
-	forget_outcomes();
 }
 
 /*
@@ -2058,29 +2074,92 @@ outcomes_dropped(void)
 	forget_outcomes();
 }
 
+/* record_step's work, and what it found */
+typedef struct RecordStep
+{
+	GatekeeperDelivery **items;
+	int			n;
+	int			nsent;
+	int			acked;			/* of the sent, how many were still claimed */
+} RecordStep;
+
 /*
  * record_outcomes_here: record the outcomes waiting in the worker's
- * transaction (sent: ack; retry or failure: nack; unreachable: unclaim).
+ * transaction (sent: ack; retry or failure: nack; unreachable: unclaim),
+ * in a subtransaction, and forget their deliveries.  Returns false when
+ * that failed: nothing was recorded, and the outcomes wait, their leases
+ * extended as any mail in flight (extend), to be recorded after a
+ * backoff (record_failed).  Exiting instead would send every mail among
+ * them that went again, once its lease ran out.
  */
-static void
+static bool
 record_outcomes_here(void)
 {
-	int			n = noutcomes;
-	GatekeeperDelivery **items;
+	RecordStep	step;
+	ErrorData  *error;
+	TimestampTz now;
+	dlist_iter	iter;
+	int			i;
+
+	step.n = noutcomes;
+	step.items = palloc(sizeof(GatekeeperDelivery *) * step.n);
+	i = 0;
+	dlist_foreach(iter, &outcomes)
+		step.items[i++] = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
+	step.nsent = 0;
+	step.acked = 0;
+
+	if (!gatekeeper_subxact_catch(record_step, &step, &error))
+	{
+		record_failed(error);
+		return false;
+	}
+	record_failures = 0;
+	record_retry_at = 0;
+
+	if (step.acked < step.nsent)
+		ereport(LOG,
+				(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
+						step.nsent - step.acked, step.nsent),
+				 errdetail("Their leases ran out during delivery, so they may be sent again."),
+				 errhint("Consider raising gatekeeper.lease.")));
+	now = GetCurrentTimestamp();
+	for (i = 0; i < step.n; i++)
+	{
+		GatekeeperDelivery *d = step.items[i];
+		GatekeeperRelayStatus *rs = relay_status(d->relay);
+
+		if (d->outcome == GATEKEEPER_SENT)
+		{
+			rs->sent_total++;
+			rs->last_success = now;
+		}
+		else if (d->outcome == GATEKEEPER_FAIL)
+			rs->failed_total++;
+		else if (d->outcome == GATEKEEPER_RETRY)
+			rs->deferred_total++;
+	}
+	forget_outcomes();
+	return true;
+}
+
+/*
+ * record_step: record_outcomes_here's work, for gatekeeper_subxact_catch:
+ * one call of src/mail_state.c per kind of outcome.
+ */
+static bool
+record_step(void *arg)
+{
+	RecordStep *step = (RecordStep *) arg;
+	GatekeeperDelivery **items = step->items;
+	int			n = step->n;
 	int64	   *ids;
 	int32	   *attempts;
 	MailNack   *nacks;
-	int			nsent = 0;
 	int			nnacks = 0;
 	int			nunreachable = 0;
 	const char *unreachable_error = NULL;
 	int			i;
-	dlist_iter	iter;
-
-	items = palloc(sizeof(GatekeeperDelivery *) * n);
-	i = 0;
-	dlist_foreach(iter, &outcomes)
-		items[i++] = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
 
 	ids = palloc(sizeof(int64) * n);
 	attempts = palloc(sizeof(int32) * n);
@@ -2090,29 +2169,12 @@ record_outcomes_here(void)
 	{
 		if (items[i]->outcome != GATEKEEPER_SENT)
 			continue;
-		ids[nsent] = items[i]->mail.id;
-		attempts[nsent] = items[i]->mail.attempt;
-		nsent++;
+		ids[step->nsent] = items[i]->mail.id;
+		attempts[step->nsent] = items[i]->mail.attempt;
+		step->nsent++;
 	}
-	if (nsent > 0)
-	{
-		int			acked = mail_state_ack(ids, attempts, nsent);
-		TimestampTz now = GetCurrentTimestamp();
-
-		if (acked < nsent)
-			ereport(LOG,
-					(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
-							nsent - acked, nsent),
-					 errdetail("Their leases ran out during delivery, so they may be sent again."),
-					 errhint("Consider raising gatekeeper.lease.")));
-		for (i = 0; i < n; i++)
-		{
-			if (items[i]->outcome != GATEKEEPER_SENT)
-				continue;
-			relay_status(items[i]->relay)->sent_total++;
-			relay_status(items[i]->relay)->last_success = now;
-		}
-	}
+	if (step->nsent > 0)
+		step->acked = mail_state_ack(ids, attempts, step->nsent);
 
 	/* retries and failures */
 	nacks = palloc(sizeof(MailNack) * n);
@@ -2129,10 +2191,6 @@ record_outcomes_here(void)
 		nacks[nnacks].error = d->error;
 		nacks[nnacks].permanent = d->outcome == GATEKEEPER_FAIL;
 		nnacks++;
-		if (d->outcome == GATEKEEPER_FAIL)
-			relay_status(d->relay)->failed_total++;
-		else
-			relay_status(d->relay)->deferred_total++;
 	}
 	if (nnacks > 0)
 		(void) mail_state_nack(nacks, nnacks);
@@ -2154,6 +2212,51 @@ record_outcomes_here(void)
 								  unreachable_error ? unreachable_error :
 								  "no SMTP relay could be reached",
 								  GetCurrentTransactionStartTimestamp());
+	return true;
+}
+
+/*
+ * Recording the outcomes failed, and was rolled back: say what it said,
+ * and try again after a backoff, as after a failed claim.  Until then the
+ * worker claims nothing: the outcomes waiting are what a claim would
+ * record first, and they must not pile up.
+ */
+static void
+record_failed(ErrorData *error)
+{
+	int64		backoff_ms = backoff_after(record_failures);
+
+	record_failures++;
+	record_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), backoff_ms);
+	snprintf(record_failed_why, sizeof(record_failed_why), "recording outcomes failed: %s",
+			 error->message ? error->message : "unknown error");
+
+	ereport(LOG,
+			(errcode(error->sqlerrcode),
+			 errmsg("gatekeeper worker could not record the outcomes of %d mail%s: %s",
+					noutcomes, noutcomes == 1 ? "" : "s",
+					error->message ? error->message : "unknown error"),
+			 errdetail("The worker holds them, and their claims, and records them again in " INT64_FORMAT " ms; it claims no mail until then.%s%s",
+					   backoff_ms,
+					   error->detail ? " " : "",
+					   error->detail ? error->detail : ""),
+			 error->hint ? errhint("%s", error->hint) : 0,
+			 error->context ? errcontext("%s", error->context) : 0));
+}
+
+/*
+ * The wait after the given number of failures in a row of a claim or a
+ * recording: gatekeeper.naptime, doubling with each, up to a minute.
+ */
+static int64
+backoff_after(int failures)
+{
+	int64		backoff_ms = Max(gatekeeper_naptime, 1);
+	int			i;
+
+	for (i = 0; i < failures && backoff_ms < FAILURE_BACKOFF_MAX_MS; i++)
+		backoff_ms *= 2;
+	return Min(backoff_ms, FAILURE_BACKOFF_MAX_MS);
 }
 
 /*
