@@ -262,6 +262,7 @@ static dlist_head pending = DLIST_STATIC_INIT(pending);
 static int	npending = 0;
 static dlist_head outcomes = DLIST_STATIC_INIT(outcomes);
 static int	noutcomes = 0;
+static int64 noutcome_bytes = 0;	/* their deliveries' bytes */
 static TimestampTz outcomes_since = 0;
 static dlist_head suspects = DLIST_STATIC_INIT(suspects);
 static int	nsuspects = 0;
@@ -372,7 +373,6 @@ static int64 backoff_after(int failures);
 static void forget_outcomes(void);
 static void outcomes_dropped(void);
 static int	claim_here(int want, TimestampTz *next_due, bool *have_next_due);
-static int64 outcome_bytes(void);
 static void forget_delivery(GatekeeperDelivery *d);
 
 /*
@@ -692,7 +692,7 @@ claim(bool woken)
 
 	/* the outcomes waiting are recorded in the claim's transaction */
 	held = nlive - noutcomes;
-	held_bytes = live_bytes - outcome_bytes();
+	held_bytes = live_bytes - noutcome_bytes;
 	if (now < next_claim_at || held > window / 2)
 		return false;
 	if (held > 0 && held_bytes >= gatekeeper_max_in_flight / 2)
@@ -1874,6 +1874,7 @@ decided(GatekeeperDelivery *d)
 		outcomes_since = GetCurrentTimestamp();
 	dlist_push_tail(&outcomes, &d->queue_node);
 	noutcomes++;
+	noutcome_bytes += d->bytes;
 }
 
 /*
@@ -2270,18 +2271,7 @@ forget_outcomes(void)
 		forget_delivery(dlist_container(GatekeeperDelivery, queue_node,
 										dlist_pop_head_node(&outcomes)));
 	noutcomes = 0;
-}
-
-/* the bytes held by the deliveries whose outcomes wait */
-static int64
-outcome_bytes(void)
-{
-	int64		bytes = 0;
-	dlist_iter	iter;
-
-	dlist_foreach(iter, &outcomes)
-		bytes += dlist_container(GatekeeperDelivery, queue_node, iter.cur)->bytes;
-	return bytes;
+	noutcome_bytes = 0;
 }
 
 /*
