@@ -300,6 +300,9 @@ static int	claim_failures = 0;
 static TimestampTz claim_retry_at = 0;
 static char claim_failed_why[64];
 
+/* housekeeping that failed in a row */
+static int	housekeeping_failures = 0;
+
 /* the same for recording the outcomes (record_failed) */
 static int	record_failures = 0;
 static TimestampTz record_retry_at = 0;
@@ -346,6 +349,7 @@ static XLogRecPtr standby_flush(int n, int *streaming);
 static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
 static void housekeeping(void);
+static bool housekeeping_step(void *arg);
 static int	claim_window(void);
 static int	undecided(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
@@ -1379,25 +1383,10 @@ static void
 housekeeping(void)
 {
 	Oid			extension;
+	ErrorData  *error;
+	int64		purged = 0;
 
-	if (begin_work("housekeeping", &extension))
-	{
-		int64		purged;
-
-		/* src/mail_state_sweep.c, as reap() and purge() run it */
-		(void) gatekeeper_mail_reap();
-		purged = gatekeeper_mail_purge(PURGE_BATCH);
-
-		/* the first worker has mail_live vacuumed after a burst */
-		if (worker_slot == 0)
-			gatekeeper_live_maintenance();
-
-		/* purge deletes in batches: with more to purge, go on next pass */
-		next_housekeeping = purged > 0 ? 0 :
-			TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-										HOUSEKEEPING_INTERVAL_MS);
-	}
-	else
+	if (!begin_work("housekeeping", &extension))
 	{
 		/* no extension, or not yet updated: idle, and look again after a nap */
 		next_housekeeping = 0;
@@ -1405,7 +1394,58 @@ housekeeping(void)
 		pgstat_report_activity(STATE_IDLE, waiting_for());
 		return;
 	}
+
+	/*
+	 * In a subtransaction: housekeeping that fails (a trigger of the
+	 * user's, the disk) must not end the worker, whose mail on the wire
+	 * would go again; it is tried again after a backoff.
+	 */
+	if (!gatekeeper_subxact_catch(housekeeping_step, &purged, &error))
+	{
+		int64		backoff_ms = backoff_after(housekeeping_failures);
+
+		housekeeping_failures++;
+		next_housekeeping = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														Max(backoff_ms, HOUSEKEEPING_INTERVAL_MS));
+		ereport(LOG,
+				(errcode(error->sqlerrcode),
+				 errmsg("gatekeeper worker's housekeeping failed: %s",
+						error->message ? error->message : "unknown error"),
+				 errdetail("The worker goes on delivering, and tries again in " INT64_FORMAT " ms.%s%s",
+						   Max(backoff_ms, HOUSEKEEPING_INTERVAL_MS),
+						   error->detail ? " " : "",
+						   error->detail ? error->detail : ""),
+				 error->hint ? errhint("%s", error->hint) : 0,
+				 error->context ? errcontext("%s", error->context) : 0));
+		end_work();
+		return;
+	}
+	housekeeping_failures = 0;
+
+	/* purge deletes in batches: with more to purge, go on next pass */
+	next_housekeeping = purged > 0 ? 0 :
+		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+									HOUSEKEEPING_INTERVAL_MS);
 	end_work();
+}
+
+/*
+ * housekeeping_step: housekeeping's work, for gatekeeper_subxact_catch;
+ * *arg receives how many finished mails were purged.
+ */
+static bool
+housekeeping_step(void *arg)
+{
+	int64	   *purged = (int64 *) arg;
+
+	/* src/mail_state_sweep.c, as reap() and purge() run it */
+	(void) gatekeeper_mail_reap();
+	*purged = gatekeeper_mail_purge(PURGE_BATCH);
+
+	/* the first worker has mail_live vacuumed after a burst */
+	if (worker_slot == 0)
+		gatekeeper_live_maintenance();
+	return true;
 }
 
 /* claim_mail's claim, run in a subtransaction (claim_step) */
