@@ -70,20 +70,21 @@
  * go back uncharged (unclaim) and the worker back off.
  *
  * A worker that hits an error exits and is restarted by the postmaster
- * after bgw_restart_time; it does not try to carry on, with two
- * exceptions: a claim, and the recording of outcomes, that fail.  Both
- * may fail while mail the worker claimed is on the wire or already went,
- * for reasons that are not the worker's (a trigger of the user's, a
- * deadlock with an application's transaction, the disk), and exiting then
- * would send that mail again once its lease ran out.  Each runs in a
- * subtransaction; when it fails, it is rolled back, the worker says why in
- * the log and in worker_status, keeps what it holds (the mail on the wire,
- * the outcomes not recorded, their leases extended) and tries again after
- * a backoff (claim_failed, record_failed).  Its session settings are its
- * own (no lock or statement timeout, READ COMMITTED, commits flushed), so
- * the database's or role's cannot make it fail so.  Every wait goes
- * through the process latch and SIGTERM is handled by die(), so shutdown
- * and DROP DATABASE ... WITH (FORCE) end a worker promptly.
+ * after bgw_restart_time; it does not try to carry on, except when a
+ * claim, the recording of outcomes, an extension of leases or its
+ * housekeeping fails.  Each may fail while mail the worker claimed is on
+ * the wire or already went, for reasons that are not the worker's (a
+ * trigger of the user's, a deadlock with an application's transaction,
+ * the disk), and exiting then would send that mail again once its lease
+ * ran out.  Each runs in a subtransaction; when it fails, it is rolled
+ * back, the worker says why in the log (and worker_status), keeps what it
+ * holds (the mail on the wire, the outcomes not recorded, their leases
+ * extended) and tries again after a backoff (claim_failed, record_failed,
+ * extend, housekeeping).  Its session settings are its own (no lock or
+ * statement timeout, READ COMMITTED, commits flushed), so the database's
+ * or role's cannot make it fail so.  Every wait goes through the process
+ * latch and SIGTERM is handled by die(), so shutdown and DROP DATABASE
+ * ... WITH (FORCE) end a worker promptly.
  *
  * When its database does not exist, a worker says so once, then waits
  * unconnected (its successors see the failed attempt in shared memory) and
@@ -303,6 +304,18 @@ static char claim_failed_why[64];
 /* housekeeping that failed in a row */
 static int	housekeeping_failures = 0;
 
+/* extensions of leases that failed in a row, and when to try again */
+static int	extend_failures = 0;
+static TimestampTz extend_retry_at = 0;
+
+/* extend's work, run in a subtransaction (extend_step) */
+typedef struct ExtendStep
+{
+	GatekeeperDelivery **mails;	/* the mails whose leases run out soon */
+	int			n;
+	bool	   *held;			/* whether each one's claim was still open */
+} ExtendStep;
+
 /* the same for recording the outcomes (record_failed) */
 static int	record_failures = 0;
 static TimestampTz record_retry_at = 0;
@@ -337,6 +350,7 @@ static void deliver(void);
 static void collect(void);
 static void record(void);
 static void extend(void);
+static bool extend_step(void *arg);
 static void announce(void);
 static long nap(void);
 static void report(const char *state);
@@ -854,14 +868,11 @@ extend(void)
 	Oid			extension;
 	dlist_head	done_extending;
 	dlist_iter	iter;
-	GatekeeperDelivery **mails;
-	int64	   *ids;
-	int32	   *attempts;
-	bool	   *held;
-	int			n = 0;
+	ExtendStep	step;
+	ErrorData  *error;
 	int			i;
 
-	if (dlist_is_empty(&live))
+	if (dlist_is_empty(&live) || now < extend_retry_at)
 		return;
 	if (dlist_container(GatekeeperDelivery, live_node, dlist_head_node(&live))->lease_until >
 		TimestampTzPlusMilliseconds(now, margin))
@@ -872,37 +883,55 @@ extend(void)
 		end_work();
 		return;
 	}
-	mails = palloc(nlive * sizeof(GatekeeperDelivery *));
+	step.mails = palloc(nlive * sizeof(GatekeeperDelivery *));
+	step.n = 0;
 	dlist_foreach(iter, &live)
 	{
 		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, live_node, iter.cur);
 
-		if (d->lease_until > TimestampTzPlusMilliseconds(now, margin) || n == nlive)
+		if (d->lease_until > TimestampTzPlusMilliseconds(now, margin) || step.n == nlive)
 			break;
-		mails[n++] = d;
+		step.mails[step.n++] = d;
 	}
-	ids = palloc(n * sizeof(int64));
-	attempts = palloc(n * sizeof(int32));
-	held = palloc(n * sizeof(bool));
-	for (i = 0; i < n; i++)
+	step.held = palloc(step.n * sizeof(bool));
+
+	/*
+	 * In a subtransaction: an extension that fails (a trigger of the
+	 * user's, the disk) must not end the worker, whose mail on the wire
+	 * would go again.  It is tried again soon, well within the margin
+	 * left, while the leases still run.
+	 */
+	if (!gatekeeper_subxact_catch(extend_step, &step, &error))
 	{
-		ids[i] = mails[i]->mail.id;
-		attempts[i] = mails[i]->mail.attempt;
+		int64		retry_ms = Min(backoff_after(extend_failures), Max(margin / 4, 1));
+
+		extend_failures++;
+		extend_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), retry_ms);
+		ereport(LOG,
+				(errcode(error->sqlerrcode),
+				 errmsg("gatekeeper worker could not extend the leases of %d mail%s: %s",
+						step.n, step.n == 1 ? "" : "s",
+						error->message ? error->message : "unknown error"),
+				 errdetail("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.%s%s",
+						   retry_ms,
+						   error->detail ? " " : "",
+						   error->detail ? error->detail : ""),
+				 error->hint ? errhint("%s", error->hint) : 0,
+				 error->context ? errcontext("%s", error->context) : 0));
+		end_work();
+		return;
 	}
-	(void) mail_state_extend(ids, attempts, n,
-							 TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
-														 gatekeeper_lease),
-							 held);
+	extend_failures = 0;
 
 	dlist_init(&done_extending);
-	for (i = 0; i < n; i++)
+	for (i = 0; i < step.n; i++)
 	{
-		GatekeeperDelivery *d = mails[i];
+		GatekeeperDelivery *d = step.mails[i];
 
 		dlist_delete(&d->live_node);
 		dlist_push_tail(&done_extending, &d->live_node);
 		d->lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
-		if (!held[i])
+		if (!step.held[i])
 			ereport(LOG,
 					(errmsg("gatekeeper worker no longer holds mail %lld: its lease ran out",
 							(long long) d->mail.id),
@@ -913,6 +942,30 @@ extend(void)
 	/* extended leases run out last */
 	while (!dlist_is_empty(&done_extending))
 		dlist_push_tail(&live, dlist_pop_head_node(&done_extending));
+}
+
+/*
+ * extend_step: extend's work, for gatekeeper_subxact_catch: one call of
+ * src/mail_state.c for every mail whose lease runs out soon.
+ */
+static bool
+extend_step(void *arg)
+{
+	ExtendStep *step = (ExtendStep *) arg;
+	int64	   *ids = palloc(step->n * sizeof(int64));
+	int32	   *attempts = palloc(step->n * sizeof(int32));
+	int			i;
+
+	for (i = 0; i < step->n; i++)
+	{
+		ids[i] = step->mails[i]->mail.id;
+		attempts[i] = step->mails[i]->mail.attempt;
+	}
+	(void) mail_state_extend(ids, attempts, step->n,
+							 TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
+														 gatekeeper_lease),
+							 step->held);
+	return true;
 }
 
 /*
@@ -1048,9 +1101,10 @@ nap(void)
 		wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
 	else if (!dlist_is_empty(&live))
 		wake = Min(wake,
-				   TimestampTzPlusMilliseconds(dlist_container(GatekeeperDelivery, live_node,
-															   dlist_head_node(&live))->lease_until,
-											   -(int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR));
+				   Max(extend_retry_at,
+					   TimestampTzPlusMilliseconds(dlist_container(GatekeeperDelivery, live_node,
+																   dlist_head_node(&live))->lease_until,
+												   -(int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR)));
 	if (wake <= now)
 		return 0;
 	return (long) TimestampDifferenceMilliseconds(now, wake);
