@@ -388,6 +388,7 @@ static bool record_outcomes_here(void);
 static bool record_step(void *arg);
 static void record_failed(ErrorData *error);
 static int64 backoff_after(int failures);
+static void log_survived(ErrorData *error, const char *what, const char *next);
 static void forget_outcomes(void);
 static void outcomes_dropped(void);
 static int	claim_here(int want, TimestampTz *next_due, bool *have_next_due);
@@ -907,17 +908,11 @@ extend(void)
 
 		extend_failures++;
 		extend_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), retry_ms);
-		ereport(LOG,
-				(errcode(error->sqlerrcode),
-				 errmsg("gatekeeper worker could not extend the leases of %d mail%s: %s",
-						step.n, step.n == 1 ? "" : "s",
-						error->message ? error->message : "unknown error"),
-				 errdetail("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.%s%s",
-						   retry_ms,
-						   error->detail ? " " : "",
-						   error->detail ? error->detail : ""),
-				 error->hint ? errhint("%s", error->hint) : 0,
-				 error->context ? errcontext("%s", error->context) : 0));
+		log_survived(error,
+					 psprintf(" could not extend the leases of %d mail%s",
+							  step.n, step.n == 1 ? "" : "s"),
+					 psprintf("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.",
+							  retry_ms));
 		end_work();
 		return;
 	}
@@ -1461,16 +1456,9 @@ housekeeping(void)
 		housekeeping_failures++;
 		next_housekeeping = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														Max(backoff_ms, HOUSEKEEPING_INTERVAL_MS));
-		ereport(LOG,
-				(errcode(error->sqlerrcode),
-				 errmsg("gatekeeper worker's housekeeping failed: %s",
-						error->message ? error->message : "unknown error"),
-				 errdetail("The worker goes on delivering, and tries again in " INT64_FORMAT " ms.%s%s",
-						   Max(backoff_ms, HOUSEKEEPING_INTERVAL_MS),
-						   error->detail ? " " : "",
-						   error->detail ? error->detail : ""),
-				 error->hint ? errhint("%s", error->hint) : 0,
-				 error->context ? errcontext("%s", error->context) : 0));
+		log_survived(error, "'s housekeeping failed",
+					 psprintf("The worker goes on delivering, and tries again in " INT64_FORMAT " ms.",
+							  Max(backoff_ms, HOUSEKEEPING_INTERVAL_MS)));
 		end_work();
 		return;
 	}
@@ -1622,16 +1610,9 @@ claim_failed(ErrorData *error)
 	snprintf(claim_failed_why, sizeof(claim_failed_why), "claim failed: %s",
 			 error->message ? error->message : "unknown error");
 
-	ereport(LOG,
-			(errcode(error->sqlerrcode),
-			 errmsg("gatekeeper worker could not claim mail: %s",
-					error->message ? error->message : "unknown error"),
-			 errdetail("The worker goes on delivering the %d mail%s it holds and claims again in " INT64_FORMAT " ms.%s%s",
-					   nlive, nlive == 1 ? "" : "s", backoff_ms,
-					   error->detail ? " " : "",
-					   error->detail ? error->detail : ""),
-			 error->hint ? errhint("%s", error->hint) : 0,
-			 error->context ? errcontext("%s", error->context) : 0));
+	log_survived(error, " could not claim mail",
+				 psprintf("The worker goes on delivering the %d mail%s it holds and claims again in " INT64_FORMAT " ms.",
+						  nlive, nlive == 1 ? "" : "s", backoff_ms));
 }
 
 /*
@@ -2326,13 +2307,27 @@ record_failed(ErrorData *error)
 	snprintf(record_failed_why, sizeof(record_failed_why), "recording outcomes failed: %s",
 			 error->message ? error->message : "unknown error");
 
+	log_survived(error,
+				 psprintf(" could not record the outcomes of %d mail%s",
+						  noutcomes, noutcomes == 1 ? "" : "s"),
+				 psprintf("The worker holds them, and their claims, and records them again in " INT64_FORMAT " ms; it claims no mail until then.",
+						  backoff_ms));
+}
+
+/*
+ * Log the error of a step the worker survives (claim_failed,
+ * record_failed, extend, housekeeping): "gatekeeper worker<what>: " and
+ * the error's message, then what the worker does next, then the error's
+ * own detail, hint and context.
+ */
+static void
+log_survived(ErrorData *error, const char *what, const char *next)
+{
 	ereport(LOG,
 			(errcode(error->sqlerrcode),
-			 errmsg("gatekeeper worker could not record the outcomes of %d mail%s: %s",
-					noutcomes, noutcomes == 1 ? "" : "s",
+			 errmsg("gatekeeper worker%s: %s", what,
 					error->message ? error->message : "unknown error"),
-			 errdetail("The worker holds them, and their claims, and records them again in " INT64_FORMAT " ms; it claims no mail until then.%s%s",
-					   backoff_ms,
+			 errdetail("%s%s%s", next,
 					   error->detail ? " " : "",
 					   error->detail ? error->detail : ""),
 			 error->hint ? errhint("%s", error->hint) : 0,
@@ -2340,8 +2335,8 @@ record_failed(ErrorData *error)
 }
 
 /*
- * The wait after the given number of failures in a row of a claim or a
- * recording: gatekeeper.naptime, doubling with each, up to a minute.
+ * The wait after the given number of failures in a row of a step the
+ * worker survives: gatekeeper.naptime, doubling with each, up to a minute.
  */
 static int64
 backoff_after(int failures)

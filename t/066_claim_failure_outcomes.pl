@@ -112,18 +112,9 @@ is($node->safe_psql('postgres', 'SELECT is_called FROM public.poison_failures'),
 my ($pid) = GatekeeperTest::worker_pids($node);
 is($pid // '', $first_pid, 'the worker went on after the failed claim: the same process');
 
-my %copies;
-$copies{ $_->{message_id} // '' }++ foreach GatekeeperTest::relay_messages($relay);
-foreach my $id (split /,/, $ids)
-{
-	my ($state, $attempt, $mid) = split /\|/,
-	  $node->safe_psql('postgres',
-		"SELECT state, attempt, message_id FROM gatekeeper.mail_status WHERE id = $id");
-	my $what = $id == $poison ? 'the poison mail' : "mail $id";
-	is("$state/$attempt", 'sent/1', "$what: sent on its first attempt");
-	is($copies{$mid} // 0, 1, "$what: the relay holds its Message-ID once");
-}
-is(scalar(keys %copies), 3, 'the relay holds three messages, no other');
+GatekeeperTest::sent_once($node, $relay, $_, $_ == $poison ? 'the poison mail' : "mail $_")
+  foreach split /,/, $ids;
+is(scalar(GatekeeperTest::relay_messages($relay)), 3, 'the relay holds three messages, no other');
 
 $node->stop;
 GatekeeperTest::stop_relay($relay);

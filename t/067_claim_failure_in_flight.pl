@@ -134,18 +134,9 @@ ok( GatekeeperTest::wait_for(
 	'the poison mail was claimed and sent once the trigger let it')
   or diag(GatekeeperTest::mail_states($node, "id IN ($a, $p)"));
 
-my %copies;
-$copies{ $_->{message_id} // '' }++ foreach GatekeeperTest::relay_messages($relay);
-foreach my $id ($a, $p)
-{
-	my ($state, $attempt, $mid) = split /\|/,
-	  $node->safe_psql('postgres',
-		"SELECT state, attempt, message_id FROM gatekeeper.mail_status WHERE id = $id");
-	my $what = $id == $p ? 'the poison mail' : 'mail A';
-	is("$state/$attempt", 'sent/1', "$what: sent on its first attempt");
-	is($copies{$mid} // 0, 1, "$what: the relay holds its Message-ID once");
-}
-is(scalar(keys %copies), 2, 'the relay holds two messages, no other');
+GatekeeperTest::sent_once($node, $relay, $a, 'mail A');
+GatekeeperTest::sent_once($node, $relay, $p, 'the poison mail');
+is(scalar(GatekeeperTest::relay_messages($relay)), 2, 'the relay holds two messages, no other');
 is($node->safe_psql('postgres', 'SELECT state FROM gatekeeper.worker_status LIMIT 1'),
 	'idle', 'worker_status is idle again after a claim that passed');
 

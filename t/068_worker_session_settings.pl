@@ -95,13 +95,8 @@ ok( GatekeeperTest::wait_for(
 		'the mail finished'),
 	'the mail finished once the lock was gone');
 
-my ($state, $attempt, $mid) = split /\|/,
-  $node->safe_psql('postgres',
-	"SELECT state, attempt, message_id FROM gatekeeper.mail_status WHERE id = $id");
-is("$state/$attempt", 'sent/1', 'sent on its first attempt');
-my @messages = GatekeeperTest::relay_messages($relay);
-is(scalar(grep { ($_->{message_id} // '') eq $mid } @messages), 1, 'the relay holds it once');
-is(scalar(@messages), 1, 'and nothing else');
+GatekeeperTest::sent_once($node, $relay, $id, 'the mail');
+is(scalar(GatekeeperTest::relay_messages($relay)), 1, 'the relay holds nothing else');
 
 my ($pid) = GatekeeperTest::worker_pids($node);
 is($pid // '', $first_pid, 'the worker went on: the same process');

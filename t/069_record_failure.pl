@@ -110,13 +110,8 @@ ok( GatekeeperTest::wait_for(
 	'the outcome was recorded once the trigger let it in')
   or diag(GatekeeperTest::mail_states($node, "id = $a"));
 
-my ($state, $attempt, $mid) = split /\|/,
-  $node->safe_psql('postgres',
-	"SELECT state, attempt, message_id FROM gatekeeper.mail_status WHERE id = $a");
-is("$state/$attempt", 'sent/1', 'sent on its first attempt');
-my @messages = GatekeeperTest::relay_messages($relay);
-is(scalar(grep { ($_->{message_id} // '') eq $mid } @messages), 1, 'the relay holds it once');
-is(scalar(@messages), 1, 'and nothing else');
+GatekeeperTest::sent_once($node, $relay, $a, 'mail A');
+is(scalar(GatekeeperTest::relay_messages($relay)), 1, 'the relay holds nothing else');
 my ($pid) = GatekeeperTest::worker_pids($node);
 is($pid // '', $first_pid, 'the worker went on: the same process');
 is($node->safe_psql('postgres', 'SELECT state, sent_total FROM gatekeeper.worker_status LIMIT 1'),

@@ -94,13 +94,8 @@ ok( GatekeeperTest::wait_for(
 	'mail B finished')
   or diag(GatekeeperTest::mail_states($node, "id IN ($b, $x)"));
 
-my ($state, $attempt, $mid) = split /\|/,
-  $node->safe_psql('postgres',
-	"SELECT state, attempt, message_id FROM gatekeeper.mail_status WHERE id = $b");
-is("$state/$attempt", 'sent/1', 'mail B: sent on its first attempt');
-my @messages = GatekeeperTest::relay_messages($relay);
-is(scalar(grep { ($_->{message_id} // '') eq $mid } @messages), 1, 'the relay holds it once');
-is(scalar(@messages), 1, 'and nothing else');
+GatekeeperTest::sent_once($node, $relay, $b, 'mail B');
+is(scalar(GatekeeperTest::relay_messages($relay)), 1, 'the relay holds nothing else');
 my ($pid) = GatekeeperTest::worker_pids($node);
 is($pid // '', $first_pid, 'the worker went on: the same process');
 like(

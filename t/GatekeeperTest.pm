@@ -1225,6 +1225,30 @@ sub relay_messages
 
 =pod
 
+=head2 sent_once($node, $relay, $id, $what)
+
+Two tests: mail $id is sent on its first attempt, and the relay (a
+start_relay one) holds its Message-ID exactly once.  $what names the
+mail in the tests' names.
+
+=cut
+
+sub sent_once
+{
+	my ($node, $relay, $id, $what) = @_;
+	my ($state, $attempt, $mid) = split /\|/,
+	  $node->safe_psql('postgres',
+		"SELECT state, attempt, message_id FROM gatekeeper.mail_status WHERE id = $id");
+	Test::More::is(($state // '') . '/' . ($attempt // ''),
+		'sent/1', "$what: sent on its first attempt");
+	my $copies =
+	  grep { defined $mid && ($_->{message_id} // '') eq $mid } relay_messages($relay);
+	Test::More::is($copies, 1, "$what: the relay holds its Message-ID once");
+	return;
+}
+
+=pod
+
 =head2 start_hostile_relay(%opts)
 
 t/hostile_relay.py on a free port (or opts{port}): a relay that ends its
