@@ -75,6 +75,30 @@ bk_checkpoints() {
 	bk_sql "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
 }
 
+# bk_background_work SINCE: the vacuums and analyzes of user tables that
+# ran between SINCE (bk_now) and now: finished since then, or running now
+# (one running since before SINCE that is still running is counted too).
+# A VACUUM's own TOAST table is not named for a manual one (gatekeeper's
+# vacuum worker's of mail_live); autovacuum's are.
+bk_background_work() {
+	bk_sql "SELECT coalesce(string_agg(DISTINCT w, ', '), '')
+			  FROM (SELECT relname || ' autovacuum' AS w FROM pg_stat_all_tables
+					 WHERE last_autovacuum >= to_timestamp($1)
+					   AND schemaname NOT IN ('pg_catalog', 'information_schema')
+					UNION ALL
+					SELECT relname || ' autoanalyze' FROM pg_stat_all_tables
+					 WHERE last_autoanalyze >= to_timestamp($1)
+					   AND schemaname NOT IN ('pg_catalog', 'information_schema')
+					UNION ALL
+					SELECT relname || ' vacuum' FROM pg_stat_all_tables
+					 WHERE last_vacuum >= to_timestamp($1)
+					   AND schemaname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+					UNION ALL
+					SELECT p.relid::regclass::text || ' vacuum running' FROM pg_stat_progress_vacuum p
+					UNION ALL
+					SELECT p.relid::regclass::text || ' analyze running' FROM pg_stat_progress_analyze p) s"
+}
+
 # bk_live_vacuums: how often mail_live has been vacuumed by anything but
 # autovacuum (gatekeeper's vacuum worker, in these scenarios).
 bk_live_vacuums() {
@@ -560,7 +584,7 @@ scenario_sustained() {
 # sample: the scenario runs three times (fewer if --runs is fewer), each
 # from empty tables, and reports medians like every other figure.
 scenario_storage() {
-	local run runs w t0 t1 rate vacuums cp0 cps fpi0 fpi waves
+	local run runs w t0 t1 rate vacuums cp0 cps fpi0 fpi waves background
 	runs=$((RUNS < 3 ? RUNS : 3))
 	bk_own_senders_begin
 	vacuums=$(bk_live_vacuums)
@@ -580,6 +604,7 @@ scenario_storage() {
 			t1=$(bk_now)
 			cps=$(($(bk_checkpoints) - cp0))
 			fpi=$(($(bk_sql "SELECT wal_fpi FROM pg_stat_wal") - fpi0))
+			background=$(bk_background_work "$t0")
 			[ "$(bk_unfinished)" = 0 ] ||
 				gk_die "storage wave $w left mail unsent"
 			rate=$(bk_rate "$STORAGE_N" "$t0" "$t1")
@@ -588,6 +613,7 @@ scenario_storage() {
 			waves="$waves${waves:+, }$(printf '%.0f' "$rate")"
 			waves="$waves (drain from $(date -u -d "@${t0%.*}" +%T) UTC, $fpi full-page images written during it"
 			[ "$cps" = 0 ] || waves="$waves, $cps checkpoints began during its enqueue or drain"
+			[ -z "$background" ] || waves="$waves; during it: $background"
 			waves="$waves)"
 		done
 		bk_record storage.last "$run" "$rate"
