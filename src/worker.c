@@ -150,8 +150,8 @@
 #include "smtp_client.h"
 
 /*
- * The longest wait after claims, or recordings of outcomes, that failed in
- * a row (claim_failed, record_failed)
+ * The longest wait after failures in a row of a step the worker survives
+ * (backoff_after)
  */
 #define FAILURE_BACKOFF_MAX_MS		60000
 
@@ -301,12 +301,17 @@ static int	claim_failures = 0;
 static TimestampTz claim_retry_at = 0;
 static char claim_failed_why[64];
 
-/* housekeeping that failed in a row */
-static int	housekeeping_failures = 0;
+/* the same for recording the outcomes (record_failed) */
+static int	record_failures = 0;
+static TimestampTz record_retry_at = 0;
+static char record_failed_why[64];
 
 /* extensions of leases that failed in a row, and when to try again */
 static int	extend_failures = 0;
 static TimestampTz extend_retry_at = 0;
+
+/* housekeeping that failed in a row */
+static int	housekeeping_failures = 0;
 
 /* extend's work, run in a subtransaction (extend_step) */
 typedef struct ExtendStep
@@ -315,11 +320,6 @@ typedef struct ExtendStep
 	int			n;
 	bool	   *held;			/* whether each one's claim was still open */
 } ExtendStep;
-
-/* the same for recording the outcomes (record_failed) */
-static int	record_failures = 0;
-static TimestampTz record_retry_at = 0;
-static char record_failed_why[64];
 
 /* a relay's breaker: the relay gets no mail until backoff_until */
 typedef struct Breaker
