@@ -9,8 +9,8 @@
 # serve) with a 1 s lease and is never heard of again; a trigger of the
 # user's on mail_live refuses X's way back while public.refuse_live holds
 # its id, so every reap fails.  Meanwhile the worker
-# sends mail B to a relay (t/relay.py) that answers its data after 8 s,
-# longer than the worker's housekeeping interval (5 s).
+# sends mail B to a relay (t/relay.py) that answers its data after 12 s,
+# well past the worker's housekeeping interval (5 s) and X's lease.
 #
 # What users rely on: B is sent on its first attempt and the relay holds
 # it once; the worker went on (the same process) and said in the log why
@@ -28,7 +28,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $relay = GatekeeperTest::start_relay(name => 'housekeeping_failure', data_delay => 8);
+my $relay = GatekeeperTest::start_relay(name => 'housekeeping_failure', data_delay => 12);
 
 my $node = GatekeeperTest::new_node(
 	'housekeeping_failure',

@@ -5,8 +5,9 @@
 # disk would do the same).  A worker that exited then would lose the
 # relay's reply, and the mail would go again once its lease ran out.
 #
-# Mail A goes to a relay (t/relay.py) that answers its data after 10 s;
-# the lease is 6 s, so the worker extends it after 4 s.  The trigger
+# Mail A goes to a relay (t/relay.py) that answers its data after 14 s;
+# the lease is 9 s, so the worker extends it after 6 s and tries again
+# within 0.75 s when that fails.  The trigger
 # refuses every change of a lease while a row of public.refuse_extend
 # exists; the test removes that row as soon as the first extension
 # failed, well before the lease runs out, and reaps all the while.
@@ -26,13 +27,13 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $relay = GatekeeperTest::start_relay(name => 'extend_failure', data_delay => 10);
+my $relay = GatekeeperTest::start_relay(name => 'extend_failure', data_delay => 14);
 
 my $node = GatekeeperTest::new_node(
 	'extend_failure',
 	smtp_url => $relay->{url},
 	naptime => '1s',
-	conf => "gatekeeper.lease = '6s'\n" . "gatekeeper.smtp_timeout = '30s'\n");
+	conf => "gatekeeper.lease = '9s'\n" . "gatekeeper.smtp_timeout = '30s'\n");
 $node->start;
 $node->safe_psql(
 	'postgres', q{
