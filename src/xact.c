@@ -29,8 +29,9 @@
  *
  * It also runs a step in a subtransaction of its own for the modules
  * that must survive an expected error (gatekeeper_subxact_try), and for
- * the worker, whose claim may fail while mail it claimed before is on the
- * wire (gatekeeper_subxact_catch).
+ * the worker, whose claim, recording of outcomes, extension of leases and
+ * housekeeping may fail while mail it claimed is on the wire
+ * (gatekeeper_subxact_catch).
  *
  * IDENTIFICATION
  *		src/xact.c
