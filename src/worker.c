@@ -79,10 +79,10 @@
  * ran out.  Each runs in a subtransaction; when it fails, it is rolled
  * back, the worker says why in the log (and worker_status), keeps what it
  * holds (the mail on the wire, the outcomes not recorded, their leases
- * extended) and tries again after a backoff (claim_failed, record_failed,
- * extend, housekeeping).  Its session settings are its own (no lock or
- * statement timeout, READ COMMITTED, commits flushed), so the database's
- * or role's cannot make it fail so.  Every wait goes through the process
+ * extended) and tries again after a backoff (StepTrouble).  Its
+ * session settings are its own (no lock or statement timeout, READ
+ * COMMITTED, commits flushed), so the database's or role's cannot make it
+ * fail so.  Every wait goes through the process
  * latch and SIGTERM is handled by die(), so shutdown and DROP DATABASE
  * ... WITH (FORCE) end a worker promptly.
  *
@@ -149,10 +149,7 @@
 #include "report.h"
 #include "smtp_client.h"
 
-/*
- * The longest wait after failures in a row of a step the worker survives
- * (backoff_after)
- */
+/* the longest wait after failures in a row of a step (step_failed) */
 #define FAILURE_BACKOFF_MAX_MS		60000
 
 /* how often expired leases are reaped and old mail is purged */
@@ -294,24 +291,25 @@ static TimestampTz next_claim_at = 0;
 static double mail_bytes_mean = 0;
 
 /*
- * Claims that failed in a row, and until when the next one waits (a
- * wake-up does not cut that wait short); what the last one said.
+ * A step of the loop that the worker survives when it fails (see the
+ * header): how many times in a row it failed, until when its next try
+ * waits (a wake-up does not cut that wait short: a claim that failed at
+ * every commit of due mail would fill the log), and what the last failure
+ * said, for worker_status.  step_failed and step_passed keep it.
  */
-static int	claim_failures = 0;
-static TimestampTz claim_retry_at = 0;
-static char claim_failed_why[64];
+typedef struct StepTrouble
+{
+	const char *what;			/* "claim", ...: worker_status says "<what>
+								 * failed: <error>" */
+	int			failures;		/* in a row; 0 once the step passed */
+	TimestampTz retry_at;		/* no try before this */
+	char		why[64];		/* worker_status's state while it fails */
+} StepTrouble;
 
-/* the same for recording the outcomes (record_failed) */
-static int	record_failures = 0;
-static TimestampTz record_retry_at = 0;
-static char record_failed_why[64];
-
-/* extensions of leases that failed in a row, and when to try again */
-static int	extend_failures = 0;
-static TimestampTz extend_retry_at = 0;
-
-/* housekeeping that failed in a row */
-static int	housekeeping_failures = 0;
+static StepTrouble claim_trouble = {.what = "claim"};
+static StepTrouble record_trouble = {.what = "recording outcomes"};
+static StepTrouble extend_trouble = {.what = "extending leases"};
+static StepTrouble housekeeping_trouble = {.what = "housekeeping"};
 
 /* extend's work, run in a subtransaction (extend_step) */
 typedef struct ExtendStep
@@ -387,7 +385,9 @@ static void record_outcomes(void);
 static bool record_outcomes_here(void);
 static bool record_step(void *arg);
 static void record_failed(ErrorData *error);
-static int64 backoff_after(int failures);
+static int64 step_failed(StepTrouble *trouble, ErrorData *error,
+						 int64 floor_ms, int64 ceiling_ms);
+static void step_passed(StepTrouble *trouble);
 static void log_survived(ErrorData *error, const char *what, const char *next);
 static void forget_outcomes(void);
 static void outcomes_dropped(void);
@@ -706,7 +706,8 @@ claim(bool woken)
 
 	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
 		return false;
-	if (now < claim_retry_at || (noutcomes > 0 && now < record_retry_at))
+	if (now < claim_trouble.retry_at ||
+		(noutcomes > 0 && now < record_trouble.retry_at))
 		return false;
 
 	/* the outcomes waiting are recorded in the claim's transaction */
@@ -736,7 +737,7 @@ claim(bool woken)
 
 	now = GetCurrentTimestamp();
 	if (n < 0)
-		next_claim_at = Max(claim_retry_at, record_retry_at);
+		next_claim_at = Max(claim_trouble.retry_at, record_trouble.retry_at);
 	else if (n >= want)
 		next_claim_at = now;
 	else if (have_next_due && next_due > now)
@@ -842,7 +843,7 @@ record(void)
 	if (noutcomes == 0)
 		return;
 	now = GetCurrentTimestamp();
-	if (now < record_retry_at)
+	if (now < record_trouble.retry_at)
 		return;
 	if (noutcomes < RECORD_BATCH && nlive > noutcomes + nsuspects &&
 		!(nlive > window / 2 && undecided() <= window / 2) &&
@@ -873,7 +874,7 @@ extend(void)
 	ErrorData  *error;
 	int			i;
 
-	if (dlist_is_empty(&live) || now < extend_retry_at)
+	if (dlist_is_empty(&live) || now < extend_trouble.retry_at)
 		return;
 	if (dlist_container(GatekeeperDelivery, live_node, dlist_head_node(&live))->lease_until >
 		TimestampTzPlusMilliseconds(now, margin))
@@ -904,10 +905,8 @@ extend(void)
 	 */
 	if (!gatekeeper_subxact_catch(extend_step, &step, &error))
 	{
-		int64		retry_ms = Min(backoff_after(extend_failures), Max(margin / 4, 1));
+		int64		retry_ms = step_failed(&extend_trouble, error, 1, Max(margin / 4, 1));
 
-		extend_failures++;
-		extend_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), retry_ms);
 		log_survived(error,
 					 psprintf(" could not extend the leases of %d mail%s",
 							  step.n, step.n == 1 ? "" : "s"),
@@ -916,7 +915,7 @@ extend(void)
 		end_work();
 		return;
 	}
-	extend_failures = 0;
+	step_passed(&extend_trouble);
 
 	dlist_init(&done_extending);
 	for (i = 0; i < step.n; i++)
@@ -1087,7 +1086,7 @@ nap(void)
 														 STANDBY_POLL_MS));
 	}
 	if (noutcomes > 0 && !read_only)
-		wake = Min(wake, Max(record_retry_at,
+		wake = Min(wake, Max(record_trouble.retry_at,
 							 TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS)));
 	if (worker_slot == 0 && OidIsValid(known_extension))
 		wake = Min(wake, next_announce);
@@ -1096,7 +1095,7 @@ nap(void)
 		wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
 	else if (!dlist_is_empty(&live))
 		wake = Min(wake,
-				   Max(extend_retry_at,
+				   Max(extend_trouble.retry_at,
 					   TimestampTzPlusMilliseconds(dlist_container(GatekeeperDelivery, live_node,
 																   dlist_head_node(&live))->lease_until,
 												   -(int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR)));
@@ -1126,10 +1125,14 @@ report(const char *state)
 			state = "backing off";
 		else if (!dlist_is_empty(&held_claims))
 			state = held_why;
-		else if (record_failures > 0)
-			state = record_failed_why;
-		else if (claim_failures > 0)
-			state = claim_failed_why;
+		else if (record_trouble.failures > 0)
+			state = record_trouble.why;
+		else if (claim_trouble.failures > 0)
+			state = claim_trouble.why;
+		else if (extend_trouble.failures > 0)
+			state = extend_trouble.why;
+		else if (housekeeping_trouble.failures > 0)
+			state = housekeeping_trouble.why;
 		else if (nlive > 0)
 			state = "delivering";
 		else
@@ -1451,18 +1454,18 @@ housekeeping(void)
 	 */
 	if (!gatekeeper_subxact_catch(housekeeping_step, &purged, &error))
 	{
-		int64		backoff_ms = backoff_after(housekeeping_failures);
+		int64		backoff_ms = step_failed(&housekeeping_trouble, error,
+												 HOUSEKEEPING_INTERVAL_MS,
+												 FAILURE_BACKOFF_MAX_MS);
 
-		housekeeping_failures++;
-		next_housekeeping = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														Max(backoff_ms, HOUSEKEEPING_INTERVAL_MS));
+		next_housekeeping = housekeeping_trouble.retry_at;
 		log_survived(error, "'s housekeeping failed",
 					 psprintf("The worker goes on delivering, and tries again in " INT64_FORMAT " ms.",
-							  Max(backoff_ms, HOUSEKEEPING_INTERVAL_MS)));
+							  backoff_ms));
 		end_work();
 		return;
 	}
-	housekeeping_failures = 0;
+	step_passed(&housekeeping_trouble);
 
 	/* purge deletes in batches: with more to purge, go on next pass */
 	next_housekeeping = purged > 0 ? 0 :
@@ -1558,7 +1561,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 		return -1;
 	}
 	end_work();
-	claim_failures = 0;
+	step_passed(&claim_trouble);
 	if (step.n > 0)
 		hold_claim(step.n);
 	return step.n;
@@ -1603,12 +1606,8 @@ drop_taken(int n)
 static void
 claim_failed(ErrorData *error)
 {
-	int64		backoff_ms = backoff_after(claim_failures);
-
-	claim_failures++;
-	claim_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), backoff_ms);
-	snprintf(claim_failed_why, sizeof(claim_failed_why), "claim failed: %s",
-			 error->message ? error->message : "unknown error");
+	int64		backoff_ms = step_failed(&claim_trouble, error, 0,
+											 FAILURE_BACKOFF_MAX_MS);
 
 	log_survived(error, " could not claim mail",
 				 psprintf("The worker goes on delivering the %d mail%s it holds and claims again in " INT64_FORMAT " ms.",
@@ -2190,8 +2189,7 @@ record_outcomes_here(void)
 		record_failed(error);
 		return false;
 	}
-	record_failures = 0;
-	record_retry_at = 0;
+	step_passed(&record_trouble);
 
 	if (step.acked < step.nsent)
 		ereport(LOG,
@@ -2300,12 +2298,8 @@ record_step(void *arg)
 static void
 record_failed(ErrorData *error)
 {
-	int64		backoff_ms = backoff_after(record_failures);
-
-	record_failures++;
-	record_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), backoff_ms);
-	snprintf(record_failed_why, sizeof(record_failed_why), "recording outcomes failed: %s",
-			 error->message ? error->message : "unknown error");
+	int64		backoff_ms = step_failed(&record_trouble, error, 0,
+											 FAILURE_BACKOFF_MAX_MS);
 
 	log_survived(error,
 				 psprintf(" could not record the outcomes of %d mail%s",
@@ -2335,18 +2329,38 @@ log_survived(ErrorData *error, const char *what, const char *next)
 }
 
 /*
- * The wait after the given number of failures in a row of a step the
- * worker survives: gatekeeper.naptime, doubling with each, up to a minute.
+ * step_failed: a step the worker survives failed, and was rolled back:
+ * count the failure and return the wait before the step's next try,
+ * gatekeeper.naptime doubling with each failure in a row up to a minute,
+ * within [floor_ms, ceiling_ms]; remember when that wait ends and what the
+ * error said.  The caller logs it (log_survived).
  */
 static int64
-backoff_after(int failures)
+step_failed(StepTrouble *trouble, ErrorData *error, int64 floor_ms, int64 ceiling_ms)
 {
-	int64		backoff_ms = Max(gatekeeper_naptime, 1);
+	int64		wait_ms = Max(gatekeeper_naptime, 1);
 	int			i;
 
-	for (i = 0; i < failures && backoff_ms < FAILURE_BACKOFF_MAX_MS; i++)
-		backoff_ms *= 2;
-	return Min(backoff_ms, FAILURE_BACKOFF_MAX_MS);
+	for (i = 0; i < trouble->failures && wait_ms < FAILURE_BACKOFF_MAX_MS; i++)
+		wait_ms *= 2;
+	wait_ms = Min(wait_ms, FAILURE_BACKOFF_MAX_MS);
+	wait_ms = Max(Min(wait_ms, ceiling_ms), floor_ms);
+
+	trouble->failures++;
+	trouble->retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+	snprintf(trouble->why, sizeof(trouble->why), "%s failed: %s", trouble->what,
+			 error->message ? error->message : "unknown error");
+	return wait_ms;
+}
+
+/*
+ * step_passed: the step passed; it may run whenever it is due.
+ */
+static void
+step_passed(StepTrouble *trouble)
+{
+	trouble->failures = 0;
+	trouble->retry_at = 0;
 }
 
 /*

@@ -79,6 +79,14 @@ ok( GatekeeperTest::wait_for(
 		30,
 		'a housekeeping pass failed'),
 	'the worker\'s housekeeping failed');
+ok( GatekeeperTest::wait_for(
+		sub {
+			$node->safe_psql('postgres', 'SELECT state FROM gatekeeper.worker_status LIMIT 1') =~
+			  /^housekeeping failed: mail_live refuses mail $x for now/;
+		},
+		10,
+		'worker_status naming the failed housekeeping'),
+	'worker_status says why');
 is( $node->safe_psql('postgres',
 		"SELECT state || '/' || attempt FROM gatekeeper.mail_status WHERE id = $b"),
 	'claimed/1',
@@ -113,6 +121,14 @@ ok( GatekeeperTest::wait_for(
 		'mail X reaped'),
 	'mail X was reaped by the worker once the trigger let it')
   or diag(GatekeeperTest::mail_states($node, "id = $x"));
+ok( GatekeeperTest::wait_for(
+		sub {
+			$node->safe_psql('postgres', 'SELECT state FROM gatekeeper.worker_status LIMIT 1') !~
+			  /failed/;
+		},
+		10,
+		'worker_status without the failure'),
+	'worker_status no longer says housekeeping failed');
 
 $node->stop;
 GatekeeperTest::stop_relay($relay);

@@ -71,6 +71,15 @@ ok( GatekeeperTest::wait_for(
 		30,
 		'an extension failed'),
 	'extending mail A\'s lease failed');
+ok( GatekeeperTest::wait_for(
+		sub {
+			$reap->();
+			$node->safe_psql('postgres', 'SELECT state FROM gatekeeper.worker_status LIMIT 1') =~
+			  /^extending leases failed: mail_claim refuses a longer lease/;
+		},
+		10,
+		'worker_status naming the failed extension'),
+	'worker_status says why');
 $node->safe_psql('postgres', 'DELETE FROM public.refuse_extend');
 
 ok( GatekeeperTest::wait_for(
@@ -94,6 +103,8 @@ like(
 	qr/LOG:  gatekeeper worker could not extend the leases of 1 mail: mail_claim refuses a longer lease for now\n.*DETAIL:  The worker tries again in \d+ ms;/,
 	'the log says why, and what the worker does');
 unlike($log, qr/no longer holds mail $a/, 'the lease never ran out');
+unlike($node->safe_psql('postgres', 'SELECT state FROM gatekeeper.worker_status LIMIT 1'),
+	qr/failed/, 'worker_status no longer says an extension failed');
 
 $node->stop;
 GatekeeperTest::stop_relay($relay);
