@@ -71,15 +71,19 @@
  *
  * A worker that hits an error exits and is restarted by the postmaster
  * after bgw_restart_time; it does not try to carry on, except when a
- * claim, the recording of outcomes, an extension of leases or its
- * housekeeping fails.  Each may fail while mail the worker claimed is on
- * the wire or already went, for reasons that are not the worker's (a
- * trigger of the user's, a deadlock with an application's transaction,
- * the disk), and exiting then would send that mail again once its lease
- * ran out.  Each runs in a subtransaction; when it fails, it is rolled
+ * claim, the recording of outcomes, an extension of leases, its
+ * housekeeping or an announcement fails.  Each may fail while mail the
+ * worker claimed is on the wire or already went, for reasons that are not
+ * the worker's (a trigger of the user's, a deadlock with an application's
+ * transaction, the disk, a full NOTIFY queue), and exiting then would send
+ * that mail again once its lease ran out.  Each runs in a subtransaction,
+ * and its transaction's commit is caught too (gatekeeper_commit_catch: a
+ * deferred trigger fails there); when either fails, the step is rolled
  * back, the worker says why in the log (and worker_status), keeps what it
  * holds (the mail on the wire, the outcomes not recorded, their leases
- * extended) and tries again after a backoff (StepTrouble).  Its
+ * extended) and tries again after a backoff (StepTrouble).  What a step
+ * did enters the worker's memory only once its commit passed
+ * (finish_work).  Its
  * session settings are its own (no lock or statement timeout, READ
  * COMMITTED, commits flushed), so the database's or role's cannot make it
  * fail so.  Every wait goes through the process
@@ -242,6 +246,20 @@ static AnnounceQueue *announce_queues = NULL;
 static int	nannounce_queues = 0;
 static TimestampTz announce_seen = 0;	/* 0: never looked */
 static TimestampTz next_announce = 0;
+/* the earliest due time posted and not yet announced, or DT_NOEND */
+static TimestampTz announce_posted = DT_NOEND;
+
+/* announce's work, run in a subtransaction (announce_step) */
+typedef struct AnnounceStep
+{
+	Datum	   *due;			/* the queues whose mail came due */
+	int			ndue;
+	bool		every;			/* every notify queue with mail due since */
+	TimestampTz since;
+	TimestampTz now;
+	AnnounceQueue *queues;		/* what is due later (TopMemoryContext) */
+	int			nqueues;
+} AnnounceStep;
 
 /* how often the first worker looks at notify queues' mail without a post */
 #define ANNOUNCE_INTERVAL_MS		5000
@@ -310,6 +328,7 @@ static StepTrouble claim_trouble = {.what = "claim"};
 static StepTrouble record_trouble = {.what = "recording outcomes"};
 static StepTrouble extend_trouble = {.what = "extending leases"};
 static StepTrouble housekeeping_trouble = {.what = "housekeeping"};
+static StepTrouble announce_trouble = {.what = "announcing due mail"};
 
 /* extend's work, run in a subtransaction (extend_step) */
 typedef struct ExtendStep
@@ -317,7 +336,17 @@ typedef struct ExtendStep
 	GatekeeperDelivery **mails;	/* the mails whose leases run out soon */
 	int			n;
 	bool	   *held;			/* whether each one's claim was still open */
+	TimestampTz until;			/* when their leases run out now */
 } ExtendStep;
+
+/* record_step's work, and what it found */
+typedef struct RecordStep
+{
+	GatekeeperDelivery **items;
+	int			n;
+	int			nsent;
+	int			acked;			/* of the sent, how many were still claimed */
+} RecordStep;
 
 /* a relay's breaker: the relay gets no mail until backoff_until */
 typedef struct Breaker
@@ -349,7 +378,10 @@ static void collect(void);
 static void record(void);
 static void extend(void);
 static bool extend_step(void *arg);
+static void extend_failed(ErrorData *error, int n, int64 margin_ms);
 static void announce(void);
+static bool announce_step(void *arg);
+static void announce_failed(ErrorData *error, AnnounceStep *step);
 static long nap(void);
 static void report(const char *state);
 static const char *waiting_for(void);
@@ -360,8 +392,10 @@ static void drop_held_claims(void);
 static XLogRecPtr standby_flush(int n, int *streaming);
 static bool begin_work(const char *activity, Oid *extension);
 static void end_work(void);
+static bool finish_work(ErrorData **error);
 static void housekeeping(void);
 static bool housekeeping_step(void *arg);
+static void housekeeping_failed(ErrorData *error);
 static int	claim_window(void);
 static int	undecided(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
@@ -382,7 +416,8 @@ static void relay_reached(int relay);
 static void release_suspects(int relay, GatekeeperOutcome outcome);
 static GatekeeperRelayStatus *relay_status(int relay);
 static void record_outcomes(void);
-static bool record_outcomes_here(void);
+static bool record_outcomes_here(RecordStep *step);
+static void outcomes_recorded(const RecordStep *step);
 static bool record_step(void *arg);
 static void record_failed(ErrorData *error);
 static int64 step_failed(StepTrouble *trouble, ErrorData *error,
@@ -885,7 +920,8 @@ extend(void)
 		end_work();
 		return;
 	}
-	step.mails = palloc(nlive * sizeof(GatekeeperDelivery *));
+	/* kept past the commit: the leases are moved on once it passed */
+	step.mails = MemoryContextAlloc(TopMemoryContext, nlive * sizeof(GatekeeperDelivery *));
 	step.n = 0;
 	dlist_foreach(iter, &live)
 	{
@@ -895,24 +931,29 @@ extend(void)
 			break;
 		step.mails[step.n++] = d;
 	}
-	step.held = palloc(step.n * sizeof(bool));
+	step.held = MemoryContextAlloc(TopMemoryContext, Max(step.n, 1) * sizeof(bool));
 
 	/*
 	 * In a subtransaction: an extension that fails (a trigger of the
-	 * user's, the disk) must not end the worker, whose mail on the wire
-	 * would go again.  It is tried again soon, well within the margin
-	 * left, while the leases still run.
+	 * user's, the disk), or whose commit fails, must not end the worker,
+	 * whose mail on the wire would go again.  It is tried again soon, well
+	 * within the margin left, while the leases still run; the leases the
+	 * worker knows of move on only once the extension is committed.
 	 */
 	if (!gatekeeper_subxact_catch(extend_step, &step, &error))
 	{
-		int64		retry_ms = step_failed(&extend_trouble, error, 1, Max(margin / 4, 1));
-
-		log_survived(error,
-					 psprintf(" could not extend the leases of %d mail%s",
-							  step.n, step.n == 1 ? "" : "s"),
-					 psprintf("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.",
-							  retry_ms));
+		extend_failed(error, step.n, margin);
 		end_work();
+		pfree(step.mails);
+		pfree(step.held);
+		return;
+	}
+	if (!finish_work(&error))
+	{
+		extend_failed(error, step.n, margin);
+		FreeErrorData(error);
+		pfree(step.mails);
+		pfree(step.held);
 		return;
 	}
 	step_passed(&extend_trouble);
@@ -924,14 +965,15 @@ extend(void)
 
 		dlist_delete(&d->live_node);
 		dlist_push_tail(&done_extending, &d->live_node);
-		d->lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
+		d->lease_until = step.until;
 		if (!step.held[i])
 			ereport(LOG,
 					(errmsg("gatekeeper worker no longer holds mail %lld: its lease ran out",
 							(long long) d->mail.id),
 					 errdetail("It may be sent again by another claim.")));
 	}
-	end_work();
+	pfree(step.mails);
+	pfree(step.held);
 
 	/* extended leases run out last */
 	while (!dlist_is_empty(&done_extending))
@@ -955,11 +997,25 @@ extend_step(void *arg)
 		ids[i] = step->mails[i]->mail.id;
 		attempts[i] = step->mails[i]->mail.attempt;
 	}
-	(void) mail_state_extend(ids, attempts, step->n,
-							 TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
-														 gatekeeper_lease),
-							 step->held);
+	step->until = TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
+											  gatekeeper_lease);
+	(void) mail_state_extend(ids, attempts, step->n, step->until, step->held);
 	return true;
+}
+
+/*
+ * An extension of leases failed, and was rolled back: say what it said,
+ * and try again within a quarter of the margin left (margin_ms).
+ */
+static void
+extend_failed(ErrorData *error, int n, int64 margin_ms)
+{
+	int64		retry_ms = step_failed(&extend_trouble, error, 1, Max(margin_ms / 4, 1));
+
+	log_survived(error,
+				 psprintf(" could not extend the leases of %d mail%s", n, n == 1 ? "" : "s"),
+				 psprintf("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.",
+						  retry_ms));
 }
 
 /*
@@ -974,22 +1030,18 @@ announce(void)
 {
 	TimestampTz now;
 	TimestampTz posted;
-	TimestampTz since;
-	Datum		values[3];
-	char		nulls[3] = {' ', ' ', ' '};
-	Oid			argtypes[3] = {TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum	   *due;
-	int			ndue = 0;
 	Oid			extension;
-	MemoryContext old;
-	uint64		i;
+	AnnounceStep step;
+	ErrorData  *error;
 	int			k;
 
 	if (worker_slot != 0 || !OidIsValid(known_extension))
 		return;
 	now = GetCurrentTimestamp();
-	posted = gatekeeper_announce_posted();
-	if (posted == DT_NOEND && now < next_announce)
+	/* what was posted is kept until an announcement covering it is committed */
+	posted = Min(gatekeeper_announce_posted(), announce_posted);
+	announce_posted = posted;
+	if ((posted == DT_NOEND && now < next_announce) || now < announce_trouble.retry_at)
 		return;
 
 	if (!begin_work("announcing due mail", &extension))
@@ -1003,53 +1055,131 @@ announce(void)
 	 * after a post of mail already due, or on the first look, every notify
 	 * queue with mail due since then.
 	 */
-	due = palloc(sizeof(Datum) * Max(nannounce_queues, 1));
+	step.due = palloc(sizeof(Datum) * Max(nannounce_queues, 1));
+	step.ndue = 0;
 	for (k = 0; k < nannounce_queues; k++)
 		if (announce_queues[k].next_due <= now)
-			due[ndue++] = CStringGetTextDatum(announce_queues[k].name);
-	since = announce_seen;
+			step.due[step.ndue++] = CStringGetTextDatum(announce_queues[k].name);
+	step.every = false;
+	step.since = announce_seen;
 	if (announce_seen == 0)
 	{
-		since = DT_NOBEGIN;
-		nulls[0] = 'n';
+		step.since = DT_NOBEGIN;
+		step.every = true;
 	}
 	else if (posted <= now)
 	{
-		since = Min(since, posted - 1);
-		nulls[0] = 'n';
+		step.since = Min(step.since, posted - 1);
+		step.every = true;
 	}
-	values[0] = nulls[0] == 'n' ? (Datum) 0 : gatekeeper_array(due, NULL, ndue, TEXTOID);
-	values[1] = TimestampTzGetDatum(since);
-	values[2] = TimestampTzGetDatum(now);
+	step.now = now;
+	step.queues = NULL;
+	step.nqueues = 0;
 
-	if (SPI_execute_plan(gatekeeper_plan(&announce_due_plan, announce_due_sql, 3, argtypes),
-						 values, nulls, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "gatekeeper._announce_due() failed");
+	/*
+	 * In a subtransaction, and committed with the failure caught: a NOTIFY
+	 * queue that is full fails the commit (a listener that stays in a
+	 * transaction holds the queue's tail), and a worker that exited then
+	 * would send its mail on the wire again.  What is due is announced
+	 * again after a backoff.
+	 */
+	if (!gatekeeper_subxact_catch(announce_step, &step, &error))
+	{
+		announce_failed(error, &step);
+		end_work();
+		return;
+	}
+	if (!finish_work(&error))
+	{
+		announce_failed(error, &step);
+		FreeErrorData(error);
+		return;
+	}
+	step_passed(&announce_trouble);
 
 	/* what is due later, as of now */
 	for (k = 0; k < nannounce_queues; k++)
 		pfree(announce_queues[k].name);
 	if (announce_queues != NULL)
 		pfree(announce_queues);
-	old = MemoryContextSwitchTo(TopMemoryContext);
-	nannounce_queues = (int) SPI_processed;
-	announce_queues = palloc(sizeof(AnnounceQueue) * Max(nannounce_queues, 1));
+	announce_queues = step.queues;
+	nannounce_queues = step.nqueues;
 	next_announce = TimestampTzPlusMilliseconds(now, nannounce_queues > 0 ?
 												Min(gatekeeper_naptime, ANNOUNCE_INTERVAL_MS) :
 												ANNOUNCE_INTERVAL_MS);
+	for (k = 0; k < nannounce_queues; k++)
+		next_announce = Min(next_announce, announce_queues[k].next_due);
+	announce_seen = now;
+	announce_posted = DT_NOEND;
+}
+
+/*
+ * announce_step: announce's work, for gatekeeper_subxact_catch: NOTIFY the
+ * queues due, and read what is due later into step->queues
+ * (TopMemoryContext, kept past the commit).
+ */
+static bool
+announce_step(void *arg)
+{
+	AnnounceStep *step = (AnnounceStep *) arg;
+	Datum		values[3];
+	char		nulls[3] = {' ', ' ', ' '};
+	Oid			argtypes[3] = {TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	MemoryContext old;
+	uint64		i;
+
+	if (step->every)
+	{
+		values[0] = (Datum) 0;
+		nulls[0] = 'n';
+	}
+	else
+		values[0] = gatekeeper_array(step->due, NULL, step->ndue, TEXTOID);
+	values[1] = TimestampTzGetDatum(step->since);
+	values[2] = TimestampTzGetDatum(step->now);
+
+	if (SPI_execute_plan(gatekeeper_plan(&announce_due_plan, announce_due_sql, 3, argtypes),
+						 values, nulls, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "gatekeeper._announce_due() failed");
+
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	step->queues = palloc(sizeof(AnnounceQueue) * Max(SPI_processed, 1));
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
 		Datum		d;
 
-		announce_queues[i].name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		step->queues[i].name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
 		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull);
-		announce_queues[i].next_due = isnull ? DT_NOEND : DatumGetTimestampTz(d);
-		next_announce = Min(next_announce, announce_queues[i].next_due);
+		step->queues[i].next_due = isnull ? DT_NOEND : DatumGetTimestampTz(d);
+		step->nqueues++;
 	}
 	MemoryContextSwitchTo(old);
-	announce_seen = now;
-	end_work();
+	return true;
+}
+
+/*
+ * The announcement failed, and was rolled back: say what it said, drop
+ * what it read, and announce again after a backoff; what was posted
+ * meanwhile waits in announce_posted.
+ */
+static void
+announce_failed(ErrorData *error, AnnounceStep *step)
+{
+	int64		backoff_ms = step_failed(&announce_trouble, error, 0,
+										 FAILURE_BACKOFF_MAX_MS);
+	int			k;
+
+	for (k = 0; k < step->nqueues; k++)
+		pfree(step->queues[k].name);
+	if (step->queues != NULL)
+		pfree(step->queues);
+	step->queues = NULL;
+	step->nqueues = 0;
+	next_announce = announce_trouble.retry_at;
+	log_survived(error, " could not announce due mail",
+				 psprintf("The worker goes on delivering, and announces again in " INT64_FORMAT " ms.",
+						  backoff_ms));
 }
 
 /*
@@ -1133,6 +1263,8 @@ report(const char *state)
 			state = extend_trouble.why;
 		else if (housekeeping_trouble.failures > 0)
 			state = housekeeping_trouble.why;
+		else if (announce_trouble.failures > 0)
+			state = announce_trouble.why;
 		else if (nlive > 0)
 			state = "delivering";
 		else
@@ -1415,16 +1547,41 @@ begin_work(const char *activity, Oid *extension)
 }
 
 /*
- * Commit the transaction begun by begin_work.
+ * Commit the transaction begun by begin_work, whose work needs nothing
+ * more of the worker once committed.  A commit that fails is said in the
+ * log, and the worker goes on.
  */
 static void
 end_work(void)
 {
+	ErrorData  *error;
+
+	if (!finish_work(&error))
+	{
+		log_survived(error, "'s transaction failed at its commit",
+					 "Nothing of it was kept; the worker goes on.");
+		FreeErrorData(error);
+	}
+}
+
+/*
+ * finish_work: commit the transaction begun by begin_work, for a step
+ * whose work is kept in the worker's memory only once it is in the
+ * database.  When the commit fails the transaction is aborted and the
+ * result is false, with the error in *error (for FreeErrorData): see
+ * gatekeeper_commit_catch.
+ */
+static bool
+finish_work(ErrorData **error)
+{
+	bool		committed;
+
 	SPI_finish();
 	PopActiveSnapshot();
-	CommitTransactionCommand();
+	committed = gatekeeper_commit_catch(error);
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
+	return committed;
 }
 
 /*
@@ -1449,20 +1606,20 @@ housekeeping(void)
 
 	/*
 	 * In a subtransaction: housekeeping that fails (a trigger of the
-	 * user's, the disk) must not end the worker, whose mail on the wire
-	 * would go again; it is tried again after a backoff.
+	 * user's, the disk), or whose commit fails, must not end the worker,
+	 * whose mail on the wire would go again; it is tried again after a
+	 * backoff.
 	 */
 	if (!gatekeeper_subxact_catch(housekeeping_step, &purged, &error))
 	{
-		int64		backoff_ms = step_failed(&housekeeping_trouble, error,
-												 HOUSEKEEPING_INTERVAL_MS,
-												 FAILURE_BACKOFF_MAX_MS);
-
-		next_housekeeping = housekeeping_trouble.retry_at;
-		log_survived(error, "'s housekeeping failed",
-					 psprintf("The worker goes on delivering, and tries again in " INT64_FORMAT " ms.",
-							  backoff_ms));
+		housekeeping_failed(error);
 		end_work();
+		return;
+	}
+	if (!finish_work(&error))
+	{
+		housekeeping_failed(error);
+		FreeErrorData(error);
 		return;
 	}
 	step_passed(&housekeeping_trouble);
@@ -1471,7 +1628,23 @@ housekeeping(void)
 	next_housekeeping = purged > 0 ? 0 :
 		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 									HOUSEKEEPING_INTERVAL_MS);
-	end_work();
+}
+
+/*
+ * Housekeeping failed, and was rolled back: say what it said, and try
+ * again after a backoff of at least its interval.
+ */
+static void
+housekeeping_failed(ErrorData *error)
+{
+	int64		backoff_ms = step_failed(&housekeeping_trouble, error,
+										 HOUSEKEEPING_INTERVAL_MS,
+										 FAILURE_BACKOFF_MAX_MS);
+
+	next_housekeeping = housekeeping_trouble.retry_at;
+	log_survived(error, "'s housekeeping failed",
+				 psprintf("The worker goes on delivering, and tries again in " INT64_FORMAT " ms.",
+						  backoff_ms));
 }
 
 /*
@@ -1528,20 +1701,22 @@ static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
 	Oid			extension;
-	bool		recorded = noutcomes > 0;
+	bool		recording = noutcomes > 0;
+	RecordStep	record_step;
 	int			held;
 	ClaimStep	step;
+	bool		claimed;
 	ErrorData  *error;
 
 	*have_next_due = false;
-	if (!begin_work(recorded ? "recording outcomes and claiming" : "claiming", &extension))
+	if (!begin_work(recording ? "recording outcomes and claiming" : "claiming", &extension))
 	{
 		end_work();
-		if (recorded)
+		if (recording)
 			outcomes_dropped();
 		return 0;
 	}
-	if (recorded && !record_outcomes_here())
+	if (recording && !record_outcomes_here(&record_step))
 	{
 		/* the outcomes are what hold the claim back: no claim either */
 		end_work();
@@ -1553,14 +1728,36 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	step.n = 0;
 	step.next_due = next_due;
 	step.have_next_due = have_next_due;
-	if (!gatekeeper_subxact_catch(claim_step, &step, &error))
+	claimed = gatekeeper_subxact_catch(claim_step, &step, &error);
+	if (!claimed)
 	{
 		drop_taken(nlive - held);
 		claim_failed(error);
-		end_work();
+	}
+
+	/*
+	 * A commit that fails takes the outcomes and the claim with it: the
+	 * outcomes wait, as after a failed recording, and what the claim had
+	 * handed over is dropped, none of it built yet.
+	 */
+	if (!finish_work(&error))
+	{
+		if (claimed)
+			drop_taken(nlive - held);
+		if (recording)
+			record_failed(error);
+		else if (claimed)
+			claim_failed(error);
+		else
+			log_survived(error, "'s transaction failed at its commit",
+						 "Nothing of it was kept; the worker goes on.");
+		FreeErrorData(error);
 		return -1;
 	}
-	end_work();
+	if (recording)
+		outcomes_recorded(&record_step);
+	if (!claimed)
+		return -1;
 	step_passed(&claim_trouble);
 	if (step.n > 0)
 		hold_claim(step.n);
@@ -2125,6 +2322,9 @@ static void
 record_outcomes(void)
 {
 	Oid			extension;
+	RecordStep	step;
+	bool		recorded;
+	ErrorData  *error;
 
 	if (!begin_work("recording outcomes", &extension))
 	{
@@ -2132,8 +2332,19 @@ record_outcomes(void)
 		outcomes_dropped();
 		return;
 	}
-	(void) record_outcomes_here();
-	end_work();
+	recorded = record_outcomes_here(&step);
+	if (!finish_work(&error))
+	{
+		if (recorded)
+			record_failed(error);
+		else
+			log_survived(error, "'s transaction failed at its commit",
+						 "Nothing of it was kept; the worker goes on.");
+		FreeErrorData(error);
+		return;
+	}
+	if (recorded)
+		outcomes_recorded(&step);
 }
 
 /*
@@ -2149,58 +2360,61 @@ outcomes_dropped(void)
 	forget_outcomes();
 }
 
-/* record_step's work, and what it found */
-typedef struct RecordStep
-{
-	GatekeeperDelivery **items;
-	int			n;
-	int			nsent;
-	int			acked;			/* of the sent, how many were still claimed */
-} RecordStep;
-
 /*
  * record_outcomes_here: record the outcomes waiting in the worker's
  * transaction (sent: ack; retry or failure: nack; unreachable: unclaim),
- * in a subtransaction, and forget their deliveries.  Returns false when
- * that failed: nothing was recorded, and the outcomes wait, their leases
- * extended as any mail in flight (extend), to be recorded after a
- * backoff (record_failed).  Exiting instead would send every mail among
- * them that went again, once its lease ran out.
+ * in a subtransaction, into *step.  Returns false when that failed:
+ * nothing was recorded, and the outcomes wait, their leases extended as
+ * any mail in flight (extend), to be recorded after a backoff
+ * (record_failed).  Exiting instead would send every mail among them that
+ * went again, once its lease ran out.  The worker forgets them only once
+ * the transaction is committed (outcomes_recorded): a commit that fails
+ * leaves them waiting just the same.
  */
 static bool
-record_outcomes_here(void)
+record_outcomes_here(RecordStep *step)
 {
-	RecordStep	step;
 	ErrorData  *error;
-	TimestampTz now;
 	dlist_iter	iter;
 	int			i;
 
-	step.n = noutcomes;
-	step.items = palloc(sizeof(GatekeeperDelivery *) * step.n);
+	step->n = noutcomes;
+	step->items = palloc(sizeof(GatekeeperDelivery *) * step->n);
 	i = 0;
 	dlist_foreach(iter, &outcomes)
-		step.items[i++] = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
-	step.nsent = 0;
-	step.acked = 0;
+		step->items[i++] = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
+	step->nsent = 0;
+	step->acked = 0;
 
-	if (!gatekeeper_subxact_catch(record_step, &step, &error))
+	if (!gatekeeper_subxact_catch(record_step, step, &error))
 	{
 		record_failed(error);
 		return false;
 	}
-	step_passed(&record_trouble);
+	return true;
+}
 
-	if (step.acked < step.nsent)
+/*
+ * outcomes_recorded: the transaction that recorded the outcomes waiting
+ * (record_outcomes_here) is committed: count them in the relays' totals
+ * and forget their deliveries.
+ */
+static void
+outcomes_recorded(const RecordStep *step)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	dlist_iter	iter;
+
+	step_passed(&record_trouble);
+	if (step->acked < step->nsent)
 		ereport(LOG,
 				(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
-						step.nsent - step.acked, step.nsent),
+						step->nsent - step->acked, step->nsent),
 				 errdetail("Their leases ran out during delivery, so they may be sent again."),
 				 errhint("Consider raising gatekeeper.lease.")));
-	now = GetCurrentTimestamp();
-	for (i = 0; i < step.n; i++)
+	dlist_foreach(iter, &outcomes)
 	{
-		GatekeeperDelivery *d = step.items[i];
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, iter.cur);
 		GatekeeperRelayStatus *rs = relay_status(d->relay);
 
 		if (d->outcome == GATEKEEPER_SENT)
@@ -2214,7 +2428,6 @@ record_outcomes_here(void)
 			rs->deferred_total++;
 	}
 	forget_outcomes();
-	return true;
 }
 
 /*

@@ -31,7 +31,9 @@
  * that must survive an expected error (gatekeeper_subxact_try), and for
  * the worker, whose claim, recording of outcomes, extension of leases and
  * housekeeping may fail while mail it claimed is on the wire
- * (gatekeeper_subxact_catch).
+ * (gatekeeper_subxact_catch); and commits the worker's transactions so
+ * that a commit that fails is survived the same way
+ * (gatekeeper_commit_catch).
  *
  * IDENTIFICATION
  *		src/xact.c
@@ -166,4 +168,40 @@ gatekeeper_subxact_catch(GatekeeperSubxactStep step, void *arg, ErrorData **erro
 	PG_END_TRY();
 	*error = caught;
 	return kept;
+}
+
+/*
+ * gatekeeper_commit_catch: commit the current transaction, as
+ * CommitTransactionCommand does; when the commit fails before it is
+ * recorded (a deferred trigger of the user's, the live counts' rows
+ * written just before it, a NOTIFY queue that is full), abort the
+ * transaction instead, as the top-level error recovery of a backend
+ * would, and return false with the error in *error, copied into
+ * TopMemoryContext (the caller frees it).  Nothing of the transaction is
+ * then kept.  An error once the commit is recorded cannot come here:
+ * PostgreSQL refuses to abort a committed transaction with a PANIC.
+ * Either way the current memory context is TopMemoryContext on return.
+ */
+bool
+gatekeeper_commit_catch(ErrorData **error)
+{
+	volatile bool committed = false;
+	ErrorData  *volatile caught = NULL;
+
+	PG_TRY();
+	{
+		CommitTransactionCommand();
+		committed = true;
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(TopMemoryContext);
+		caught = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(TopMemoryContext);
+	*error = caught;
+	return committed;
 }

@@ -29,5 +29,6 @@ extern bool gatekeeper_subxact_try(GatekeeperSubxactStep step, void *arg,
 								   GatekeeperSubxactExpected expected);
 extern bool gatekeeper_subxact_catch(GatekeeperSubxactStep step, void *arg,
 									 ErrorData **error);
+extern bool gatekeeper_commit_catch(ErrorData **error);
 
 #endif							/* GATEKEEPER_XACT_H */
