@@ -15,6 +15,10 @@ OBJS = \
 	src/worker_slots.o \
 	src/wake.o \
 	src/worker.o \
+	src/worker_step.o \
+	src/worker_announce.o \
+	src/worker_standbys.o \
+	src/worker_breakers.o \
 	src/claim.o \
 	src/claim_take.o \
 	src/mail_state.o \

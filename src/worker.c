@@ -15,7 +15,7 @@
  *				EXTENSION at any time);
  *	announce	(the first worker only) NOTIFY gatekeeper, '<queue>' for the
  *				notify queues' mail that comes due after its commit, when it
- *				comes due, before claiming it itself;
+ *				comes due, before claiming it itself (src/worker_announce.c);
  *	claim		when the mail in flight runs low, claim more (src/claim.c,
  *				called directly), in a short transaction that first records
  *				the outcomes waiting (one commit for both);
@@ -81,12 +81,11 @@
  * deferred trigger fails there); when either fails, the step is rolled
  * back, the worker says why in the log (and worker_status), keeps what it
  * holds (the mail on the wire, the outcomes not recorded, their leases
- * extended) and tries again after a backoff (StepTrouble).  What a step
- * did enters the worker's memory only once its commit passed
- * (finish_work).  Its
- * session settings are its own (no lock or statement timeout, READ
- * COMMITTED, commits flushed), so the database's or role's cannot make it
- * fail so.  Every wait goes through the process
+ * extended) and tries again after a backoff (src/worker_step.c).  What
+ * a step did enters the worker's memory only once its commit passed
+ * (worker_finish_step).  Its session settings are its own (no lock or
+ * statement timeout, READ COMMITTED, commits flushed), so the database's
+ * or role's cannot make it fail so.  Every wait goes through the process
  * latch and SIGTERM is handled by die(), so shutdown and DROP DATABASE
  * ... WITH (FORCE) end a worker promptly.
  *
@@ -110,7 +109,11 @@
 #include "message.h"
 #include "wake.h"
 #include "worker.h"
+#include "worker_announce.h"
+#include "worker_breakers.h"
 #include "worker_slots.h"
+#include "worker_standbys.h"
+#include "worker_step.h"
 #include "xact.h"
 
 #include "access/heapam.h"
@@ -121,23 +124,16 @@
 #include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_database.h"
-#include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
-#include "commands/extension.h"
 #include "executor/spi.h"
 #include "lib/ilist.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "replication/walsender.h"
-#include "replication/walsender_private.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
-#include "storage/lmgr.h"
 #include "storage/proc.h"
-#include "storage/procarray.h"
-#include "storage/spin.h"
 #include "tcop/tcopprot.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -153,20 +149,11 @@
 #include "report.h"
 #include "smtp_client.h"
 
-/* the longest wait after failures in a row of a step (step_failed) */
-#define FAILURE_BACKOFF_MAX_MS		60000
-
 /* how often expired leases are reaped and old mail is purged */
 #define HOUSEKEEPING_INTERVAL_MS	5000
 /* mails purge() removes in a pass, as its SQL default */
 #define PURGE_BATCH					10000
 
-/* backoff while the relay refuses the session */
-#define BACKOFF_MIN_MS				1000
-#define BACKOFF_MAX_MS				30000
-
-/* the same 5xx to MAIL FROM this many times in a row opens the breaker */
-#define MAIL_REFUSALS_TO_TRIP		3
 
 /*
  * Outcomes are recorded when this many wait, or the oldest is this old (or
@@ -185,27 +172,9 @@
 /* how often a worker without its database looks for it */
 #define DATABASE_POLL_MS			5000
 
-/*
- * How often held mail looks at the standbys' flush positions: often while
- * enough standbys stream (it waits for a round trip), seldom while they
- * do not (it waits for an operator).
- */
-#define STANDBY_POLL_MS				5
-#define STANDBY_MISSING_POLL_MS		200
-
 /* this worker's slot in shared memory, and its name in claims */
 static int	worker_slot;
 static char worker_name[64];
-
-/* the extension this worker last saw, to log its coming and going */
-static Oid	known_extension = InvalidOid;
-
-/*
- * An extension of another version than the library's, which this worker
- * waits to see updated (it said so once in the log), and that version.
- */
-static Oid	outdated_extension = InvalidOid;
-static char outdated_version[NAMEDATALEN];
 
 /*
  * The statements the worker runs, each kept by gatekeeper_plan() on first
@@ -215,54 +184,10 @@ static char outdated_version[NAMEDATALEN];
 /* the queues the background workers serve */
 static const char next_due_sql[] =
 "SELECT gatekeeper.next_due(ARRAY(SELECT q.name FROM gatekeeper.queue q WHERE q.background))";
-static const char announce_due_sql[] =
-"SELECT queue, next_due FROM gatekeeper._announce_due($1::text[], $2::timestamptz, $3::timestamptz)";
 
 static SPIPlanPtr next_due_plan = NULL;
-static SPIPlanPtr announce_due_plan = NULL;
 
 static TimestampTz next_housekeeping = 0;
-
-/*
- * Wake-ups (the first worker only).  A commit announces the mail of notify
- * queues that is due by then; mail it writes due later is this worker's to
- * announce, and so is mail that nack, unclaim or a claim's deferral makes
- * due later.  The worker looks at the notify queues' scheduled mail at
- * announce_seen: mail then due later, it announces when it comes due, and
- * only that.  A commit of mail due later posts its time and wakes the
- * worker, which looks at once; mail it finds already due had come due
- * between that commit and the look, and is announced then (nack and
- * unclaim post the same way).  The worker also looks every few seconds,
- * for mail a claim defers (a closed gate, a sending window), which posts
- * nothing.
- */
-typedef struct AnnounceQueue
-{
-	char	   *name;
-	TimestampTz next_due;		/* of mail seen at announce_seen, or DT_NOEND */
-} AnnounceQueue;
-
-static AnnounceQueue *announce_queues = NULL;
-static int	nannounce_queues = 0;
-static TimestampTz announce_seen = 0;	/* 0: never looked */
-static TimestampTz next_announce = 0;
-/* the earliest due time posted and not yet announced, or DT_NOEND */
-static TimestampTz announce_posted = DT_NOEND;
-
-/* announce's work, run in a subtransaction (announce_step) */
-typedef struct AnnounceStep
-{
-	Datum	   *due;			/* the queues whose mail came due */
-	int			ndue;
-	bool		every;			/* every notify queue with mail due since */
-	TimestampTz since;
-	TimestampTz now;
-	AnnounceQueue *queues;		/* what is due later (TopMemoryContext) */
-	int			nqueues;
-} AnnounceStep;
-
-/* how often the first worker looks at notify queues' mail without a post */
-#define ANNOUNCE_INTERVAL_MS		5000
 
 /*
  * The pipeline.  Every claimed mail not yet recorded is on "live", in the
@@ -283,23 +208,14 @@ static TimestampTz outcomes_since = 0;
 static dlist_head suspects = DLIST_STATIC_INIT(suspects);
 static int	nsuspects = 0;
 
-/*
- * gatekeeper.claim_standbys: the claims whose mail waits on "pending" for
- * the standbys, oldest first.  "pending" is in claim order, so its first
- * npending_cleared mails are those whose claims have reached the standbys
- * (all of them while claim_standbys is 0), the rest are held.
- */
-typedef struct HeldClaim
-{
-	dlist_node	node;
-	XLogRecPtr	lsn;			/* the end of the claim's commit record */
-	int			mails;			/* its mails still on "pending" */
-} HeldClaim;
 
-static dlist_head held_claims = DLIST_STATIC_INIT(held_claims);
+/*
+ * gatekeeper.claim_standbys: "pending" is in claim order, and its first
+ * npending_cleared mails are those whose claims the standbys have flushed
+ * (all of them while claim_standbys is 0); the rest are held
+ * (src/worker_standbys.c).
+ */
 static int	npending_cleared = 0;
-static char held_why[64];		/* what the held mail waits for */
-static bool standbys_missing = false;	/* fewer than claim_standbys stream */
 
 /* transactions are read-only (a failover manager switching), or not */
 static bool read_only = false;
@@ -308,27 +224,10 @@ static bool read_only = false;
 static TimestampTz next_claim_at = 0;
 static double mail_bytes_mean = 0;
 
-/*
- * A step of the loop that the worker survives when it fails (see the
- * header): how many times in a row it failed, until when its next try
- * waits (a wake-up does not cut that wait short: a claim that failed at
- * every commit of due mail would fill the log), and what the last failure
- * said, for worker_status.  step_failed and step_passed keep it.
- */
-typedef struct StepTrouble
-{
-	const char *what;			/* "claim", ...: worker_status says "<what>
-								 * failed: <error>" */
-	int			failures;		/* in a row; 0 once the step passed */
-	TimestampTz retry_at;		/* no try before this */
-	char		why[64];		/* worker_status's state while it fails */
-} StepTrouble;
-
-static StepTrouble claim_trouble = {.what = "claim"};
-static StepTrouble record_trouble = {.what = "recording outcomes"};
-static StepTrouble extend_trouble = {.what = "extending leases"};
-static StepTrouble housekeeping_trouble = {.what = "housekeeping"};
-static StepTrouble announce_trouble = {.what = "announcing due mail"};
+static WorkerTrouble claim_trouble = {.what = "claim"};
+static WorkerTrouble record_trouble = {.what = "recording outcomes"};
+static WorkerTrouble extend_trouble = {.what = "extending leases"};
+static WorkerTrouble housekeeping_trouble = {.what = "housekeeping"};
 
 /* extend's work, run in a subtransaction (extend_step) */
 typedef struct ExtendStep
@@ -348,17 +247,7 @@ typedef struct RecordStep
 	int			acked;			/* of the sent, how many were still claimed */
 } RecordStep;
 
-/* a relay's breaker: the relay gets no mail until backoff_until */
-typedef struct Breaker
-{
-	TimestampTz backoff_until;
-	int			backoff_ms;		/* 0: closed */
-	int			mail_refusals;	/* the same 5xx to MAIL FROM in a row */
-	int			mail_refusal_code;
-} Breaker;
-
 /* the relays of gatekeeper.smtp_url, by their number in the list */
-static Breaker breakers[GATEKEEPER_MAX_RELAYS];
 static int	nrelays = 1;
 
 /* whether gatekeeper.smtp_url is set and looks usable, and its value */
@@ -379,20 +268,9 @@ static void record(void);
 static void extend(void);
 static bool extend_step(void *arg);
 static void extend_failed(ErrorData *error, int n, int64 margin_ms);
-static void announce(void);
-static bool announce_step(void *arg);
-static void announce_failed(ErrorData *error, AnnounceStep *step);
 static long nap(void);
 static void report(const char *state);
-static const char *waiting_for(void);
 static bool watch_read_only(void);
-static void hold_claim(int mails);
-static void clear_claims(void);
-static void drop_held_claims(void);
-static XLogRecPtr standby_flush(int n, int *streaming);
-static bool begin_work(const char *activity, Oid *extension);
-static void end_work(void);
-static bool finish_work(ErrorData **error);
 static void housekeeping(void);
 static bool housekeeping_step(void *arg);
 static void housekeeping_failed(ErrorData *error);
@@ -408,11 +286,8 @@ static bool build_message(GatekeeperDelivery *d, const char *default_sender);
 static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
 static void observe_latency(GatekeeperDelivery *d);
-static int	next_relay(TimestampTz now);
-static TimestampTz delivery_resumes(void);
 static void reroute(GatekeeperDelivery *d);
 static void trip(int relay, const char *error, bool session);
-static void relay_reached(int relay);
 static void release_suspects(int relay, GatekeeperOutcome outcome);
 static GatekeeperRelayStatus *relay_status(int relay);
 static void record_outcomes(void);
@@ -420,10 +295,6 @@ static bool record_outcomes_here(RecordStep *step);
 static void outcomes_recorded(const RecordStep *step);
 static bool record_step(void *arg);
 static void record_failed(ErrorData *error);
-static int64 step_failed(StepTrouble *trouble, ErrorData *error,
-						 int64 floor_ms, int64 ceiling_ms);
-static void step_passed(StepTrouble *trouble);
-static void log_survived(ErrorData *error, const char *what, const char *next);
 static void forget_outcomes(void);
 static void outcomes_dropped(void);
 static int	claim_here(int want, TimestampTz *next_due, bool *have_next_due);
@@ -504,9 +375,10 @@ gatekeeper_worker_main(Datum main_arg)
 		if (watch_read_only())
 		{
 			housekeep(woken);
-			announce();
+			if (worker_slot == 0)
+				worker_announce();
 			claim(woken);
-			clear_claims();
+			npending_cleared += worker_standbys_clear();
 			deliver();
 			record();
 			extend();
@@ -663,7 +535,7 @@ check_settings(void)
 		if (smtp_url_seen != NULL)
 			pfree(smtp_url_seen);
 		smtp_url_seen = MemoryContextStrdup(TopMemoryContext, url);
-		memset(breakers, 0, sizeof(breakers));
+		worker_breakers_reset();
 
 		/* a relay's row stays with its URL, and starts again for a new one */
 		status.nrelays = url[0] != '\0' ? nrelays : 0;
@@ -690,7 +562,7 @@ housekeep(bool woken)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (now >= next_housekeeping || (woken && !OidIsValid(known_extension)))
+	if (now >= next_housekeeping || (woken && !worker_extension_ready()))
 		housekeeping();
 	if (woken)
 		next_claim_at = 0;
@@ -739,7 +611,7 @@ claim(bool woken)
 	int			held;
 	int64		held_bytes;
 
-	if (!smtp_enabled || !OidIsValid(known_extension) || delivery_resumes() > now)
+	if (!smtp_enabled || !worker_extension_ready() || worker_breakers_resume(nrelays) > now)
 		return false;
 	if (now < claim_trouble.retry_at ||
 		(noutcomes > 0 && now < record_trouble.retry_at))
@@ -796,8 +668,8 @@ claim(bool woken)
 /*
  * deliver: build the next claimed mails' messages and hand them to the SMTP
  * client, each for the first relay whose breaker is closed and that has
- * room (next_relay), while gatekeeper.max_in_flight bytes allow (one
- * message always may go).  A mail without a sender, or whose message
+ * room (worker_breakers_next), while gatekeeper.max_in_flight bytes allow
+ * (one message always may go).  A mail without a sender, or whose message
  * cannot be built, fails here.  Building happens in a transaction, one
  * per round, so that whatever it needs of the catalog is at hand; a mail
  * another relay did not take was built already.
@@ -815,7 +687,7 @@ deliver(void)
 	default_sender = gatekeeper_default_sender ? gatekeeper_default_sender : "";
 
 	now = GetCurrentTimestamp();
-	while (npending_cleared > 0 && (relay = next_relay(now)) >= 0)
+	while (npending_cleared > 0 && (relay = worker_breakers_next(now, nrelays)) >= 0)
 	{
 		GatekeeperDelivery *d;
 
@@ -902,7 +774,6 @@ extend(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	int64		margin = (int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR;
-	Oid			extension;
 	dlist_head	done_extending;
 	dlist_iter	iter;
 	ExtendStep	step;
@@ -915,9 +786,9 @@ extend(void)
 		TimestampTzPlusMilliseconds(now, margin))
 		return;
 
-	if (!begin_work("extending leases", &extension))
+	if (!worker_begin_step("extending leases"))
 	{
-		end_work();
+		worker_end_step();
 		return;
 	}
 	/* kept past the commit: the leases are moved on once it passed */
@@ -943,12 +814,12 @@ extend(void)
 	if (!gatekeeper_subxact_catch(extend_step, &step, &error))
 	{
 		extend_failed(error, step.n, margin);
-		end_work();
+		worker_end_step();
 		pfree(step.mails);
 		pfree(step.held);
 		return;
 	}
-	if (!finish_work(&error))
+	if (!worker_finish_step(&error))
 	{
 		extend_failed(error, step.n, margin);
 		FreeErrorData(error);
@@ -956,7 +827,7 @@ extend(void)
 		pfree(step.held);
 		return;
 	}
-	step_passed(&extend_trouble);
+	worker_step_passed(&extend_trouble);
 
 	dlist_init(&done_extending);
 	for (i = 0; i < step.n; i++)
@@ -1010,176 +881,12 @@ extend_step(void *arg)
 static void
 extend_failed(ErrorData *error, int n, int64 margin_ms)
 {
-	int64		retry_ms = step_failed(&extend_trouble, error, 1, Max(margin_ms / 4, 1));
+	int64		retry_ms = worker_step_failed(&extend_trouble, error, 1, Max(margin_ms / 4, 1));
 
-	log_survived(error,
+	worker_log_survived(error,
 				 psprintf(" could not extend the leases of %d mail%s", n, n == 1 ? "" : "s"),
 				 psprintf("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.",
 						  retry_ms));
-}
-
-/*
- * announce: (the first worker only) NOTIFY the notify queues whose mail,
- * seen earlier as due later, is due now; when a commit posted mail due
- * later, or every few seconds, look again at what is due later.  See
- * AnnounceQueue.  The first look after the worker starts announces every
- * notify queue with due mail: what came due while no worker ran.
- */
-static void
-announce(void)
-{
-	TimestampTz now;
-	TimestampTz posted;
-	Oid			extension;
-	AnnounceStep step;
-	ErrorData  *error;
-	int			k;
-
-	if (worker_slot != 0 || !OidIsValid(known_extension))
-		return;
-	now = GetCurrentTimestamp();
-	/* what was posted is kept until an announcement covering it is committed */
-	posted = Min(gatekeeper_announce_posted(), announce_posted);
-	announce_posted = posted;
-	if ((posted == DT_NOEND && now < next_announce) || now < announce_trouble.retry_at)
-		return;
-
-	if (!begin_work("announcing due mail", &extension))
-	{
-		end_work();
-		return;
-	}
-
-	/*
-	 * Which queues to announce: those whose mail seen due later is due now;
-	 * after a post of mail already due, or on the first look, every notify
-	 * queue with mail due since then.
-	 */
-	step.due = palloc(sizeof(Datum) * Max(nannounce_queues, 1));
-	step.ndue = 0;
-	for (k = 0; k < nannounce_queues; k++)
-		if (announce_queues[k].next_due <= now)
-			step.due[step.ndue++] = CStringGetTextDatum(announce_queues[k].name);
-	step.every = false;
-	step.since = announce_seen;
-	if (announce_seen == 0)
-	{
-		step.since = DT_NOBEGIN;
-		step.every = true;
-	}
-	else if (posted <= now)
-	{
-		step.since = Min(step.since, posted - 1);
-		step.every = true;
-	}
-	step.now = now;
-	step.queues = NULL;
-	step.nqueues = 0;
-
-	/*
-	 * In a subtransaction, and committed with the failure caught: a NOTIFY
-	 * queue that is full fails the commit (a listener that stays in a
-	 * transaction holds the queue's tail), and a worker that exited then
-	 * would send its mail on the wire again.  What is due is announced
-	 * again after a backoff.
-	 */
-	if (!gatekeeper_subxact_catch(announce_step, &step, &error))
-	{
-		announce_failed(error, &step);
-		end_work();
-		return;
-	}
-	if (!finish_work(&error))
-	{
-		announce_failed(error, &step);
-		FreeErrorData(error);
-		return;
-	}
-	step_passed(&announce_trouble);
-
-	/* what is due later, as of now */
-	for (k = 0; k < nannounce_queues; k++)
-		pfree(announce_queues[k].name);
-	if (announce_queues != NULL)
-		pfree(announce_queues);
-	announce_queues = step.queues;
-	nannounce_queues = step.nqueues;
-	next_announce = TimestampTzPlusMilliseconds(now, nannounce_queues > 0 ?
-												Min(gatekeeper_naptime, ANNOUNCE_INTERVAL_MS) :
-												ANNOUNCE_INTERVAL_MS);
-	for (k = 0; k < nannounce_queues; k++)
-		next_announce = Min(next_announce, announce_queues[k].next_due);
-	announce_seen = now;
-	announce_posted = DT_NOEND;
-}
-
-/*
- * announce_step: announce's work, for gatekeeper_subxact_catch: NOTIFY the
- * queues due, and read what is due later into step->queues
- * (TopMemoryContext, kept past the commit).
- */
-static bool
-announce_step(void *arg)
-{
-	AnnounceStep *step = (AnnounceStep *) arg;
-	Datum		values[3];
-	char		nulls[3] = {' ', ' ', ' '};
-	Oid			argtypes[3] = {TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-	MemoryContext old;
-	uint64		i;
-
-	if (step->every)
-	{
-		values[0] = (Datum) 0;
-		nulls[0] = 'n';
-	}
-	else
-		values[0] = gatekeeper_array(step->due, NULL, step->ndue, TEXTOID);
-	values[1] = TimestampTzGetDatum(step->since);
-	values[2] = TimestampTzGetDatum(step->now);
-
-	if (SPI_execute_plan(gatekeeper_plan(&announce_due_plan, announce_due_sql, 3, argtypes),
-						 values, nulls, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "gatekeeper._announce_due() failed");
-
-	old = MemoryContextSwitchTo(TopMemoryContext);
-	step->queues = palloc(sizeof(AnnounceQueue) * Max(SPI_processed, 1));
-	for (i = 0; i < SPI_processed; i++)
-	{
-		bool		isnull;
-		Datum		d;
-
-		step->queues[i].name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull);
-		step->queues[i].next_due = isnull ? DT_NOEND : DatumGetTimestampTz(d);
-		step->nqueues++;
-	}
-	MemoryContextSwitchTo(old);
-	return true;
-}
-
-/*
- * The announcement failed, and was rolled back: say what it said, drop
- * what it read, and announce again after a backoff; what was posted
- * meanwhile waits in announce_posted.
- */
-static void
-announce_failed(ErrorData *error, AnnounceStep *step)
-{
-	int64		backoff_ms = step_failed(&announce_trouble, error, 0,
-										 FAILURE_BACKOFF_MAX_MS);
-	int			k;
-
-	for (k = 0; k < step->nqueues; k++)
-		pfree(step->queues[k].name);
-	if (step->queues != NULL)
-		pfree(step->queues);
-	step->queues = NULL;
-	step->nqueues = 0;
-	next_announce = announce_trouble.retry_at;
-	log_survived(error, " could not announce due mail",
-				 psprintf("The worker goes on delivering, and announces again in " INT64_FORMAT " ms.",
-						  backoff_ms));
 }
 
 /*
@@ -1194,11 +901,11 @@ nap(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
-	TimestampTz resumes = delivery_resumes();
-	bool		delivering = smtp_enabled && OidIsValid(known_extension);
+	TimestampTz resumes = worker_breakers_resume(nrelays);
+	bool		delivering = smtp_enabled && worker_extension_ready();
 
 	/* without the extension, housekeeping looks for it once a nap */
-	if (OidIsValid(known_extension) || next_housekeeping > now)
+	if (worker_extension_ready() || next_housekeeping > now)
 		wake = Min(wake, next_housekeeping);
 	if (resumes > now)
 		wake = Min(wake, resumes);
@@ -1206,20 +913,18 @@ nap(void)
 	{
 		if (nlive <= claim_window() / 2)
 			wake = Min(wake, next_claim_at);
-		if (npending_cleared > 0 && next_relay(now) >= 0 &&
+		if (npending_cleared > 0 && worker_breakers_next(now, nrelays) >= 0 &&
 			(live_bytes <= gatekeeper_max_in_flight || smtp_client_busy() == 0))
 			wake = now;
 		/* the standbys' progress wakes nobody: look again shortly */
-		if (!dlist_is_empty(&held_claims))
-			wake = Min(wake, TimestampTzPlusMilliseconds(now, standbys_missing ?
-														 STANDBY_MISSING_POLL_MS :
-														 STANDBY_POLL_MS));
+		if (worker_standbys_holding())
+			wake = Min(wake, TimestampTzPlusMilliseconds(now, worker_standbys_poll_ms()));
 	}
 	if (noutcomes > 0 && !read_only)
 		wake = Min(wake, Max(record_trouble.retry_at,
 							 TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS)));
-	if (worker_slot == 0 && OidIsValid(known_extension))
-		wake = Min(wake, next_announce);
+	if (worker_slot == 0 && worker_extension_ready())
+		wake = Min(wake, worker_announce_next());
 	/* a read-only spell ends with a reload, whose signal sets the latch */
 	if (read_only)
 		wake = TimestampTzPlusMilliseconds(now, gatekeeper_naptime);
@@ -1247,14 +952,14 @@ report(const char *state)
 	{
 		if (read_only)
 			state = "read-only: default_transaction_read_only is on";
-		else if (!OidIsValid(known_extension))
-			state = OidIsValid(outdated_extension) ? waiting_for() : "waiting for extension";
+		else if (!worker_extension_ready())
+			state = worker_extension_outdated() ? worker_waiting_for() : "waiting for extension";
 		else if (!smtp_enabled)
 			state = "no relay";
-		else if (delivery_resumes() > now)
+		else if (worker_breakers_resume(nrelays) > now)
 			state = "backing off";
-		else if (!dlist_is_empty(&held_claims))
-			state = held_why;
+		else if (worker_standbys_holding())
+			state = worker_standbys_why();
 		else if (record_trouble.failures > 0)
 			state = record_trouble.why;
 		else if (claim_trouble.failures > 0)
@@ -1263,8 +968,8 @@ report(const char *state)
 			state = extend_trouble.why;
 		else if (housekeeping_trouble.failures > 0)
 			state = housekeeping_trouble.why;
-		else if (announce_trouble.failures > 0)
-			state = announce_trouble.why;
+		else if (worker_slot == 0 && worker_announce_trouble() != NULL)
+			state = worker_announce_trouble();
 		else if (nlive > 0)
 			state = "delivering";
 		else
@@ -1275,12 +980,7 @@ report(const char *state)
 	{
 		GatekeeperRelayStatus *rs = &status.relays[i];
 
-		if (breakers[i].backoff_until > now)
-			strlcpy(rs->breaker, "open", sizeof(rs->breaker));
-		else if (breakers[i].backoff_ms > 0)
-			strlcpy(rs->breaker, "half-open", sizeof(rs->breaker));
-		else
-			strlcpy(rs->breaker, "closed", sizeof(rs->breaker));
+		strlcpy(rs->breaker, worker_breaker_state(i, now), sizeof(rs->breaker));
 		rs->connections = smtp_client_connections(i);
 	}
 	status.in_flight = nlive;
@@ -1299,22 +999,10 @@ report(const char *state)
 				 nlive, nlive == 1 ? "" : "s");
 		pgstat_report_activity(STATE_RUNNING, activity);
 	}
-	else if (!OidIsValid(known_extension))
-		pgstat_report_activity(STATE_IDLE, waiting_for());
+	else if (!worker_extension_ready())
+		pgstat_report_activity(STATE_IDLE, worker_waiting_for());
 	else
 		pgstat_report_activity(STATE_IDLE, status.state);
-}
-
-/*
- * What a worker without a usable extension waits for, for worker_status
- * and pg_stat_activity.
- */
-static const char *
-waiting_for(void)
-{
-	return OidIsValid(outdated_extension) ?
-		"waiting for ALTER EXTENSION gatekeeper UPDATE" :
-		"waiting for CREATE EXTENSION gatekeeper";
 }
 
 /*
@@ -1340,267 +1028,21 @@ watch_read_only(void)
 }
 
 /*
- * The mails of the claim just committed (the last ones on "pending") wait
- * for the standbys; with claim_standbys 0 and nothing held before them
- * they may go at once.
- */
-static void
-hold_claim(int mails)
-{
-	HeldClaim  *h;
-
-	if (gatekeeper_claim_standbys <= 0 && dlist_is_empty(&held_claims))
-	{
-		npending_cleared += mails;
-		return;
-	}
-	h = MemoryContextAlloc(TopMemoryContext, sizeof(HeldClaim));
-	h->lsn = XactLastCommitEnd;
-	h->mails = mails;
-	dlist_push_tail(&held_claims, &h->node);
-	clear_claims();
-}
-
-/*
- * Clear the mail of every held claim that gatekeeper.claim_standbys
- * streaming standbys have flushed (all of it when the setting is 0), and
- * say what the rest waits for.
- */
-static void
-clear_claims(void)
-{
-	XLogRecPtr	flushed;
-	int			streaming = 0;
-	HeldClaim  *h;
-
-	if (dlist_is_empty(&held_claims))
-		return;
-	if (gatekeeper_claim_standbys <= 0)
-		flushed = PG_UINT64_MAX;
-	else
-		flushed = standby_flush(gatekeeper_claim_standbys, &streaming);
-
-	while (!dlist_is_empty(&held_claims))
-	{
-		h = dlist_container(HeldClaim, node, dlist_head_node(&held_claims));
-		if (h->lsn > flushed)
-			break;
-		npending_cleared += h->mails;
-		dlist_delete(&h->node);
-		pfree(h);
-	}
-	if (dlist_is_empty(&held_claims))
-		return;
-
-	h = dlist_container(HeldClaim, node, dlist_head_node(&held_claims));
-	standbys_missing = streaming < gatekeeper_claim_standbys;
-	if (standbys_missing)
-		snprintf(held_why, sizeof(held_why), "waiting for %d standby%s: %d streaming",
-				 gatekeeper_claim_standbys, gatekeeper_claim_standbys == 1 ? "" : "s",
-				 streaming);
-	else
-		snprintf(held_why, sizeof(held_why), "waiting for %d standby%s: " UINT64_FORMAT " bytes behind",
-				 gatekeeper_claim_standbys, gatekeeper_claim_standbys == 1 ? "" : "s",
-				 (uint64) (h->lsn - flushed));
-}
-
-/*
- * Forget the held claims: their mail left "pending" (the breaker handed it
- * back).
- */
-static void
-drop_held_claims(void)
-{
-	while (!dlist_is_empty(&held_claims))
-	{
-		HeldClaim  *h = dlist_container(HeldClaim, node,
-										dlist_pop_head_node(&held_claims));
-
-		pfree(h);
-	}
-}
-
-/*
- * The WAL position that n streaming physical standbys have flushed (the
- * n-th highest of their flush positions), or InvalidXLogRecPtr when fewer
- * than n stream; *streaming receives how many do.  Read from the
- * walsenders' shared memory, as pg_stat_replication is; a walsender with a
- * database is a logical one, which no standby stands behind.
- */
-static XLogRecPtr
-standby_flush(int n, int *streaming)
-{
-	XLogRecPtr *flush;
-	XLogRecPtr	result = InvalidXLogRecPtr;
-	int			count = 0;
-	int			i;
-
-	*streaming = 0;
-	if (WalSndCtl == NULL || max_wal_senders <= 0)
-		return InvalidXLogRecPtr;
-	flush = palloc(sizeof(XLogRecPtr) * max_wal_senders);
-	for (i = 0; i < max_wal_senders; i++)
-	{
-		WalSnd	   *walsnd = &WalSndCtl->walsnds[i];
-		pid_t		pid;
-		WalSndState state;
-		XLogRecPtr	position;
-		PGPROC	   *proc;
-
-		SpinLockAcquire(&walsnd->mutex);
-		pid = walsnd->pid;
-		state = walsnd->state;
-		position = walsnd->flush;
-		SpinLockRelease(&walsnd->mutex);
-
-		if (pid == 0 || state != WALSNDSTATE_STREAMING || XLogRecPtrIsInvalid(position))
-			continue;
-		proc = BackendPidGetProc(pid);
-		if (proc == NULL || OidIsValid(proc->databaseId))
-			continue;
-		flush[count++] = position;
-	}
-	*streaming = count;
-	if (count >= n)
-	{
-		/* the n-th highest: sort descending */
-		int			j;
-
-		for (i = 1; i < count; i++)
-		{
-			XLogRecPtr	v = flush[i];
-
-			for (j = i; j > 0 && flush[j - 1] < v; j--)
-				flush[j] = flush[j - 1];
-			flush[j] = v;
-		}
-		result = flush[n - 1];
-	}
-	pfree(flush);
-	return result;
-}
-
-/*
- * Start a transaction in worker_spi's order and check that the extension
- * exists, at the version the library serves.  Returns false, with the
- * transaction open, when it does not: an extension of another version
- * (older: ALTER EXTENSION gatekeeper UPDATE has not run yet) is left alone
- * as if it were missing, and the worker says once in the log what it
- * waits for.  While the transaction lasts the extension cannot be
- * dropped.
- */
-static bool
-begin_work(const char *activity, Oid *extension)
-{
-	Oid			ext;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	SPI_connect();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, activity);
-
-	ext = get_extension_oid("gatekeeper", true);
-	if (OidIsValid(ext))
-	{
-		/* DROP EXTENSION locks it; once we hold it, look again */
-		LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
-		if (get_extension_oid("gatekeeper", true) != ext)
-			ext = InvalidOid;
-	}
-	if (OidIsValid(ext))
-	{
-		const char *version;
-
-		if (gatekeeper_schema(&version) == GATEKEEPER_SCHEMA_CURRENT)
-			outdated_extension = InvalidOid;
-		else
-		{
-			if (ext != outdated_extension || strcmp(version, outdated_version) != 0)
-			{
-				gatekeeper_report_schema(LOG, version);
-				outdated_extension = ext;
-				strlcpy(outdated_version, version, sizeof(outdated_version));
-			}
-			ext = InvalidOid;
-		}
-	}
-	else
-		outdated_extension = InvalidOid;
-
-	if (ext != known_extension)
-	{
-		/* log the comings and goings of the extension, never its absence */
-		if (OidIsValid(ext))
-			ereport(LOG,
-					(errmsg("gatekeeper worker found extension gatekeeper in database \"%s\"",
-							gatekeeper_database)));
-		else
-			ereport(LOG,
-					(errmsg("extension gatekeeper was dropped from database \"%s\"; gatekeeper worker waits for it",
-							gatekeeper_database)));
-		known_extension = ext;
-	}
-
-	*extension = ext;
-	return OidIsValid(ext);
-}
-
-/*
- * Commit the transaction begun by begin_work, whose work needs nothing
- * more of the worker once committed.  A commit that fails is said in the
- * log, and the worker goes on.
- */
-static void
-end_work(void)
-{
-	ErrorData  *error;
-
-	if (!finish_work(&error))
-	{
-		log_survived(error, "'s transaction failed at its commit",
-					 "Nothing of it was kept; the worker goes on.");
-		FreeErrorData(error);
-	}
-}
-
-/*
- * finish_work: commit the transaction begun by begin_work, for a step
- * whose work is kept in the worker's memory only once it is in the
- * database.  When the commit fails the transaction is aborted and the
- * result is false, with the error in *error (for FreeErrorData): see
- * gatekeeper_commit_catch.
- */
-static bool
-finish_work(ErrorData **error)
-{
-	bool		committed;
-
-	SPI_finish();
-	PopActiveSnapshot();
-	committed = gatekeeper_commit_catch(error);
-	pgstat_report_stat(false);
-	pgstat_report_activity(STATE_IDLE, NULL);
-	return committed;
-}
-
-/*
  * Reap expired leases and purge a batch of old mail, in a transaction of
  * their own, when the extension exists.
  */
 static void
 housekeeping(void)
 {
-	Oid			extension;
 	ErrorData  *error;
 	int64		purged = 0;
 
-	if (!begin_work("housekeeping", &extension))
+	if (!worker_begin_step("housekeeping"))
 	{
 		/* no extension, or not yet updated: idle, and look again after a nap */
 		next_housekeeping = 0;
-		end_work();
-		pgstat_report_activity(STATE_IDLE, waiting_for());
+		worker_end_step();
+		pgstat_report_activity(STATE_IDLE, worker_waiting_for());
 		return;
 	}
 
@@ -1613,16 +1055,16 @@ housekeeping(void)
 	if (!gatekeeper_subxact_catch(housekeeping_step, &purged, &error))
 	{
 		housekeeping_failed(error);
-		end_work();
+		worker_end_step();
 		return;
 	}
-	if (!finish_work(&error))
+	if (!worker_finish_step(&error))
 	{
 		housekeeping_failed(error);
 		FreeErrorData(error);
 		return;
 	}
-	step_passed(&housekeeping_trouble);
+	worker_step_passed(&housekeeping_trouble);
 
 	/* purge deletes in batches: with more to purge, go on next pass */
 	next_housekeeping = purged > 0 ? 0 :
@@ -1637,12 +1079,12 @@ housekeeping(void)
 static void
 housekeeping_failed(ErrorData *error)
 {
-	int64		backoff_ms = step_failed(&housekeeping_trouble, error,
+	int64		backoff_ms = worker_step_failed(&housekeeping_trouble, error,
 										 HOUSEKEEPING_INTERVAL_MS,
-										 FAILURE_BACKOFF_MAX_MS);
+										 WORKER_BACKOFF_MAX_MS);
 
 	next_housekeeping = housekeeping_trouble.retry_at;
-	log_survived(error, "'s housekeeping failed",
+	worker_log_survived(error, "'s housekeeping failed",
 				 psprintf("The worker goes on delivering, and tries again in " INT64_FORMAT " ms.",
 						  backoff_ms));
 }
@@ -1700,7 +1142,6 @@ typedef struct ClaimTaken
 static int
 claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 {
-	Oid			extension;
 	bool		recording = noutcomes > 0;
 	RecordStep	record_step;
 	int			held;
@@ -1709,9 +1150,9 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	ErrorData  *error;
 
 	*have_next_due = false;
-	if (!begin_work(recording ? "recording outcomes and claiming" : "claiming", &extension))
+	if (!worker_begin_step(recording ? "recording outcomes and claiming" : "claiming"))
 	{
-		end_work();
+		worker_end_step();
 		if (recording)
 			outcomes_dropped();
 		return 0;
@@ -1719,7 +1160,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	if (recording && !record_outcomes_here(&record_step))
 	{
 		/* the outcomes are what hold the claim back: no claim either */
-		end_work();
+		worker_end_step();
 		return -1;
 	}
 
@@ -1740,7 +1181,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	 * outcomes wait, as after a failed recording, and what the claim had
 	 * handed over is dropped, none of it built yet.
 	 */
-	if (!finish_work(&error))
+	if (!worker_finish_step(&error))
 	{
 		if (claimed)
 			drop_taken(nlive - held);
@@ -1749,7 +1190,7 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 		else if (claimed)
 			claim_failed(error);
 		else
-			log_survived(error, "'s transaction failed at its commit",
+			worker_log_survived(error, "'s transaction failed at its commit",
 						 "Nothing of it was kept; the worker goes on.");
 		FreeErrorData(error);
 		return -1;
@@ -1758,9 +1199,9 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 		outcomes_recorded(&record_step);
 	if (!claimed)
 		return -1;
-	step_passed(&claim_trouble);
+	worker_step_passed(&claim_trouble);
 	if (step.n > 0)
-		hold_claim(step.n);
+		npending_cleared += worker_standbys_hold(step.n, XactLastCommitEnd);
 	return step.n;
 }
 
@@ -1803,10 +1244,10 @@ drop_taken(int n)
 static void
 claim_failed(ErrorData *error)
 {
-	int64		backoff_ms = step_failed(&claim_trouble, error, 0,
-											 FAILURE_BACKOFF_MAX_MS);
+	int64		backoff_ms = worker_step_failed(&claim_trouble, error, 0,
+											 WORKER_BACKOFF_MAX_MS);
 
-	log_survived(error, " could not claim mail",
+	worker_log_survived(error, " could not claim mail",
 				 psprintf("The worker goes on delivering the %d mail%s it holds and claims again in " INT64_FORMAT " ms.",
 						  nlive, nlive == 1 ? "" : "s", backoff_ms));
 }
@@ -2061,8 +1502,8 @@ static void
 judge(GatekeeperDelivery *d)
 {
 	int			relay = d->relay;
-	Breaker    *b = &breakers[relay];
-	bool		open = b->backoff_until > GetCurrentTimestamp();
+	bool		open = worker_breaker_open(relay, GetCurrentTimestamp());
+	int			in_a_row;
 
 	if (d->outcome == GATEKEEPER_UNREACHABLE)
 	{
@@ -2079,21 +1520,14 @@ judge(GatekeeperDelivery *d)
 			reroute(d);
 			return;
 		}
-		if (d->reply_code == b->mail_refusal_code)
-			b->mail_refusals++;
-		else
-		{
-			b->mail_refusals = 1;
-			b->mail_refusal_code = d->reply_code;
-		}
 		dlist_push_tail(&suspects, &d->queue_node);
 		nsuspects++;
-		if (b->mail_refusals >= MAIL_REFUSALS_TO_TRIP)
+		if (worker_breaker_mail_refused(relay, d->reply_code, &in_a_row))
 		{
 			char		error[300];
 
 			snprintf(error, sizeof(error), "%s (%d transactions in a row)",
-					 d->error, b->mail_refusals);
+					 d->error, in_a_row);
 			trip(relay, error, false);
 			release_suspects(relay, GATEKEEPER_UNREACHABLE);
 		}
@@ -2101,13 +1535,12 @@ judge(GatekeeperDelivery *d)
 	}
 
 	if (d->session_reached)
-		relay_reached(relay);
+		worker_breaker_close(relay);
 	if (d->outcome == GATEKEEPER_SENT)
 		observe_latency(d);
 	if (d->outcome == GATEKEEPER_SENT || d->outcome == GATEKEEPER_FAIL)
 	{
-		b->mail_refusals = 0;
-		b->mail_refusal_code = 0;
+		worker_breaker_mail_passed(relay);
 		release_suspects(relay, GATEKEEPER_FAIL);
 	}
 	decided(d);
@@ -2175,39 +1608,6 @@ release_suspects(int relay, GatekeeperOutcome outcome)
 }
 
 /*
- * The relay the next mail goes to: the first in gatekeeper.smtp_url's
- * order whose breaker is closed, or half-open (its backoff is over), and
- * that has room for it; -1 for none.
- */
-static int
-next_relay(TimestampTz now)
-{
-	int			i;
-
-	for (i = 0; i < nrelays; i++)
-	{
-		if (now >= breakers[i].backoff_until && smtp_client_room(i) > 0)
-			return i;
-	}
-	return -1;
-}
-
-/*
- * When delivery can go on: now or earlier while a relay's breaker is not
- * open, else when the first backoff ends.
- */
-static TimestampTz
-delivery_resumes(void)
-{
-	TimestampTz resumes = DT_NOEND;
-	int			i;
-
-	for (i = 0; i < nrelays; i++)
-		resumes = Min(resumes, breakers[i].backoff_until);
-	return resumes;
-}
-
-/*
  * d came back UNREACHABLE: its relay did not take it (the session failed
  * before the relay answered it, or refused its MAIL FROM).  While another
  * relay's breaker is not open, d goes to it, first of the mail cleared to
@@ -2218,7 +1618,7 @@ reroute(GatekeeperDelivery *d)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (delivery_resumes() > now)
+	if (worker_breakers_resume(nrelays) > now)
 	{
 		decided(d);
 		return;
@@ -2229,9 +1629,9 @@ reroute(GatekeeperDelivery *d)
 }
 
 /*
- * Open relay's breaker: the relay gets no mail for a backoff (1 s,
- * doubling to 30 s), what waits for its connections goes to the next
- * relay, and the log says once what the relay said.  While every relay's
+ * Open relay's breaker (src/worker_breakers.c): the relay gets no mail
+ * for a backoff, what waits for its connections goes to the next relay,
+ * and the log says once what the relay said.  While every relay's
  * breaker is open, the mail not yet on the wire is handed back uncharged
  * and the worker claims nothing.  session: no session could be opened,
  * rather than MAIL FROM being refused.
@@ -2240,30 +1640,13 @@ static void
 trip(int relay, const char *error, bool session)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	Breaker    *b = &breakers[relay];
 
-	if (b->backoff_ms == 0)
-	{
-		if (session)
-			ereport(LOG,
-					(errmsg("gatekeeper worker could not reach the SMTP relay: %s",
-							error[0] != '\0' ? error : "no reason given"),
-					 errdetail("Delivery is retried with backoff; the mail stays scheduled meanwhile.")));
-		else
-			ereport(LOG,
-					(errmsg("gatekeeper worker stops sending: the SMTP relay refuses its mail: %s",
-							error),
-					 errdetail("Delivery is retried with backoff; the mail stays scheduled, uncharged, meanwhile.")));
-	}
-	b->backoff_ms = b->backoff_ms == 0 ? BACKOFF_MIN_MS : Min(b->backoff_ms * 2, BACKOFF_MAX_MS);
-	b->backoff_until = TimestampTzPlusMilliseconds(now, b->backoff_ms);
-	b->mail_refusals = 0;
-	b->mail_refusal_code = 0;
+	worker_breaker_trip(relay, error, session, now);
 
 	strlcpy(relay_status(relay)->last_error, error, sizeof(relay_status(relay)->last_error));
 	relay_status(relay)->last_error_at = now;
 
-	if (delivery_resumes() > now)
+	if (worker_breakers_resume(nrelays) > now)
 	{
 		while (!dlist_is_empty(&pending))
 		{
@@ -2276,8 +1659,8 @@ trip(int relay, const char *error, bool session)
 			decided(d);
 		}
 		npending_cleared = 0;
-		drop_held_claims();
-		next_claim_at = delivery_resumes();
+		worker_standbys_forget();
+		next_claim_at = worker_breakers_resume(nrelays);
 	}
 	smtp_client_abort_unsent(relay, error);
 }
@@ -2297,19 +1680,6 @@ relay_status(int relay)
 }
 
 /*
- * A session with relay worked: close its breaker.
- */
-static void
-relay_reached(int relay)
-{
-	if (breakers[relay].backoff_ms > 0)
-		ereport(LOG,
-				(errmsg("gatekeeper worker reaches the SMTP relay again")));
-	breakers[relay].backoff_ms = 0;
-	breakers[relay].backoff_until = 0;
-}
-
-/*
  * Record the outcomes waiting, in a transaction of their own (when no
  * claim takes them into its own: claim_mail), one call of
  * src/mail_state.c per kind: sent mail is acked, retries and failures are
@@ -2321,24 +1691,23 @@ relay_reached(int relay)
 static void
 record_outcomes(void)
 {
-	Oid			extension;
 	RecordStep	step;
 	bool		recorded;
 	ErrorData  *error;
 
-	if (!begin_work("recording outcomes", &extension))
+	if (!worker_begin_step("recording outcomes"))
 	{
-		end_work();
+		worker_end_step();
 		outcomes_dropped();
 		return;
 	}
 	recorded = record_outcomes_here(&step);
-	if (!finish_work(&error))
+	if (!worker_finish_step(&error))
 	{
 		if (recorded)
 			record_failed(error);
 		else
-			log_survived(error, "'s transaction failed at its commit",
+			worker_log_survived(error, "'s transaction failed at its commit",
 						 "Nothing of it was kept; the worker goes on.");
 		FreeErrorData(error);
 		return;
@@ -2405,7 +1774,7 @@ outcomes_recorded(const RecordStep *step)
 	TimestampTz now = GetCurrentTimestamp();
 	dlist_iter	iter;
 
-	step_passed(&record_trouble);
+	worker_step_passed(&record_trouble);
 	if (step->acked < step->nsent)
 		ereport(LOG,
 				(errmsg("%d of %d mails delivered by gatekeeper worker were no longer claimed by it",
@@ -2511,69 +1880,14 @@ record_step(void *arg)
 static void
 record_failed(ErrorData *error)
 {
-	int64		backoff_ms = step_failed(&record_trouble, error, 0,
-											 FAILURE_BACKOFF_MAX_MS);
+	int64		backoff_ms = worker_step_failed(&record_trouble, error, 0,
+											 WORKER_BACKOFF_MAX_MS);
 
-	log_survived(error,
+	worker_log_survived(error,
 				 psprintf(" could not record the outcomes of %d mail%s",
 						  noutcomes, noutcomes == 1 ? "" : "s"),
 				 psprintf("The worker holds them, and their claims, and records them again in " INT64_FORMAT " ms; it claims no mail until then.",
 						  backoff_ms));
-}
-
-/*
- * Log the error of a step the worker survives (claim_failed,
- * record_failed, extend, housekeeping): "gatekeeper worker<what>: " and
- * the error's message, then what the worker does next, then the error's
- * own detail, hint and context.
- */
-static void
-log_survived(ErrorData *error, const char *what, const char *next)
-{
-	ereport(LOG,
-			(errcode(error->sqlerrcode),
-			 errmsg("gatekeeper worker%s: %s", what,
-					error->message ? error->message : "unknown error"),
-			 errdetail("%s%s%s", next,
-					   error->detail ? " " : "",
-					   error->detail ? error->detail : ""),
-			 error->hint ? errhint("%s", error->hint) : 0,
-			 error->context ? errcontext("%s", error->context) : 0));
-}
-
-/*
- * step_failed: a step the worker survives failed, and was rolled back:
- * count the failure and return the wait before the step's next try,
- * gatekeeper.naptime doubling with each failure in a row up to a minute,
- * within [floor_ms, ceiling_ms]; remember when that wait ends and what the
- * error said.  The caller logs it (log_survived).
- */
-static int64
-step_failed(StepTrouble *trouble, ErrorData *error, int64 floor_ms, int64 ceiling_ms)
-{
-	int64		wait_ms = Max(gatekeeper_naptime, 1);
-	int			i;
-
-	for (i = 0; i < trouble->failures && wait_ms < FAILURE_BACKOFF_MAX_MS; i++)
-		wait_ms *= 2;
-	wait_ms = Min(wait_ms, FAILURE_BACKOFF_MAX_MS);
-	wait_ms = Max(Min(wait_ms, ceiling_ms), floor_ms);
-
-	trouble->failures++;
-	trouble->retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
-	snprintf(trouble->why, sizeof(trouble->why), "%s failed: %s", trouble->what,
-			 error->message ? error->message : "unknown error");
-	return wait_ms;
-}
-
-/*
- * step_passed: the step passed; it may run whenever it is due.
- */
-static void
-step_passed(StepTrouble *trouble)
-{
-	trouble->failures = 0;
-	trouble->retry_at = 0;
 }
 
 /*
