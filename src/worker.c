@@ -154,7 +154,6 @@
 /* mails purge() removes in a pass, as its SQL default */
 #define PURGE_BATCH					10000
 
-
 /*
  * Outcomes are recorded when this many wait, or the oldest is this old (or
  * nothing else is on its way).  A round's transaction, its statements'
@@ -208,7 +207,6 @@ static TimestampTz outcomes_since = 0;
 static dlist_head suspects = DLIST_STATIC_INIT(suspects);
 static int	nsuspects = 0;
 
-
 /*
  * gatekeeper.claim_standbys: "pending" is in claim order, and its first
  * npending_cleared mails are those whose claims the standbys have flushed
@@ -224,6 +222,7 @@ static bool read_only = false;
 static TimestampTz next_claim_at = 0;
 static double mail_bytes_mean = 0;
 
+/* the steps the worker survives when they fail (src/worker_step.c) */
 static WorkerTrouble claim_trouble = {.what = "claim"};
 static WorkerTrouble record_trouble = {.what = "recording outcomes"};
 static WorkerTrouble extend_trouble = {.what = "extending leases"};
