@@ -1611,6 +1611,18 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_suppress';
 
+-- issue 26: a claimed batch's mails compress with lz4 where the server
+-- was built with it (PostgreSQL's default, pglz, was 3% of a claim at
+-- batch 100: bench/notes.md, "The drain at batch 100, one claimer, on
+-- this machine"); without lz4 they stay with pglz
+DO $$
+BEGIN
+	ALTER TABLE gatekeeper.mail_claim ALTER COLUMN mails SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN
+	NULL;
+END
+$$;
+
 /*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
