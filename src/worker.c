@@ -266,13 +266,13 @@ static void collect(void);
 static void record(void);
 static void extend(void);
 static bool extend_step(void *arg);
-static void extend_failed(ErrorData *error, int n, int64 margin_ms);
+static void extend_failed(ErrorData *error, void *arg);
 static long nap(void);
 static void report(const char *state);
 static bool watch_read_only(void);
 static void housekeeping(void);
 static bool housekeeping_step(void *arg);
-static void housekeeping_failed(ErrorData *error);
+static void housekeeping_failed(ErrorData *error, void *arg);
 static int	claim_window(void);
 static int	undecided(void);
 static int	claim_mail(int want, TimestampTz *next_due, bool *have_next_due);
@@ -776,7 +776,6 @@ extend(void)
 	dlist_head	done_extending;
 	dlist_iter	iter;
 	ExtendStep	step;
-	ErrorData  *error;
 	int			i;
 
 	if (dlist_is_empty(&live) || now < extend_trouble.retry_at)
@@ -810,48 +809,35 @@ extend(void)
 	 * within the margin left, while the leases still run; the leases the
 	 * worker knows of move on only once the extension is committed.
 	 */
-	if (!gatekeeper_subxact_catch(extend_step, &step, &error))
+	if (worker_run_step(extend_step, &step, extend_failed, &step))
 	{
-		extend_failed(error, step.n, margin);
-		worker_end_step();
-		pfree(step.mails);
-		pfree(step.held);
-		return;
-	}
-	if (!worker_finish_step(&error))
-	{
-		extend_failed(error, step.n, margin);
-		FreeErrorData(error);
-		pfree(step.mails);
-		pfree(step.held);
-		return;
-	}
-	worker_step_passed(&extend_trouble);
+		worker_step_passed(&extend_trouble);
 
-	dlist_init(&done_extending);
-	for (i = 0; i < step.n; i++)
-	{
-		GatekeeperDelivery *d = step.mails[i];
+		dlist_init(&done_extending);
+		for (i = 0; i < step.n; i++)
+		{
+			GatekeeperDelivery *d = step.mails[i];
 
-		dlist_delete(&d->live_node);
-		dlist_push_tail(&done_extending, &d->live_node);
-		d->lease_until = step.until;
-		if (!step.held[i])
-			ereport(LOG,
-					(errmsg("gatekeeper worker no longer holds mail %lld: its lease ran out",
-							(long long) d->mail.id),
-					 errdetail("It may be sent again by another claim.")));
+			dlist_delete(&d->live_node);
+			dlist_push_tail(&done_extending, &d->live_node);
+			d->lease_until = step.until;
+			if (!step.held[i])
+				ereport(LOG,
+						(errmsg("gatekeeper worker no longer holds mail %lld: its lease ran out",
+								(long long) d->mail.id),
+						 errdetail("It may be sent again by another claim.")));
+		}
+
+		/* extended leases run out last */
+		while (!dlist_is_empty(&done_extending))
+			dlist_push_tail(&live, dlist_pop_head_node(&done_extending));
 	}
 	pfree(step.mails);
 	pfree(step.held);
-
-	/* extended leases run out last */
-	while (!dlist_is_empty(&done_extending))
-		dlist_push_tail(&live, dlist_pop_head_node(&done_extending));
 }
 
 /*
- * extend_step: extend's work, for gatekeeper_subxact_catch: one call of
+ * extend_step: extend's work, for worker_run_step: one call of
  * src/mail_state.c for every mail whose lease runs out soon.
  */
 static bool
@@ -874,18 +860,21 @@ extend_step(void *arg)
 }
 
 /*
- * An extension of leases failed, and was rolled back: say what it said,
- * and try again within a quarter of the margin left (margin_ms).
+ * An extension of the leases of arg's mails (an ExtendStep) failed, and was
+ * rolled back: say what it said, and try again within a quarter of the
+ * margin a lease is extended at.
  */
 static void
-extend_failed(ErrorData *error, int n, int64 margin_ms)
+extend_failed(ErrorData *error, void *arg)
 {
+	int			n = ((ExtendStep *) arg)->n;
+	int64		margin_ms = (int64) gatekeeper_lease / LEASE_EXTEND_DIVISOR;
 	int64		retry_ms = worker_step_failed(&extend_trouble, error, 1, Max(margin_ms / 4, 1));
 
 	worker_log_survived(error,
-				 psprintf(" could not extend the leases of %d mail%s", n, n == 1 ? "" : "s"),
-				 psprintf("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.",
-						  retry_ms));
+						psprintf(" could not extend the leases of %d mail%s", n, n == 1 ? "" : "s"),
+						psprintf("The worker tries again in " INT64_FORMAT " ms; mail whose lease runs out meanwhile may be sent again by another claim.",
+								 retry_ms));
 }
 
 /*
@@ -945,6 +934,7 @@ static void
 report(const char *state)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	const char *announce_why;
 	int			i;
 
 	if (state == NULL)
@@ -967,8 +957,8 @@ report(const char *state)
 			state = extend_trouble.why;
 		else if (housekeeping_trouble.failures > 0)
 			state = housekeeping_trouble.why;
-		else if (worker_slot == 0 && worker_announce_trouble() != NULL)
-			state = worker_announce_trouble();
+		else if ((announce_why = worker_announce_trouble()) != NULL)
+			state = announce_why;
 		else if (nlive > 0)
 			state = "delivering";
 		else
@@ -1033,7 +1023,6 @@ watch_read_only(void)
 static void
 housekeeping(void)
 {
-	ErrorData  *error;
 	int64		purged = 0;
 
 	if (!worker_begin_step("housekeeping"))
@@ -1051,18 +1040,8 @@ housekeeping(void)
 	 * whose mail on the wire would go again; it is tried again after a
 	 * backoff.
 	 */
-	if (!gatekeeper_subxact_catch(housekeeping_step, &purged, &error))
-	{
-		housekeeping_failed(error);
-		worker_end_step();
+	if (!worker_run_step(housekeeping_step, &purged, housekeeping_failed, NULL))
 		return;
-	}
-	if (!worker_finish_step(&error))
-	{
-		housekeeping_failed(error);
-		FreeErrorData(error);
-		return;
-	}
 	worker_step_passed(&housekeeping_trouble);
 
 	/* purge deletes in batches: with more to purge, go on next pass */
@@ -1076,7 +1055,7 @@ housekeeping(void)
  * again after a backoff of at least its interval.
  */
 static void
-housekeeping_failed(ErrorData *error)
+housekeeping_failed(ErrorData *error, void *arg)
 {
 	int64		backoff_ms = worker_step_failed(&housekeeping_trouble, error,
 										 HOUSEKEEPING_INTERVAL_MS,
@@ -1089,7 +1068,7 @@ housekeeping_failed(ErrorData *error)
 }
 
 /*
- * housekeeping_step: housekeeping's work, for gatekeeper_subxact_catch;
+ * housekeeping_step: housekeeping's work, for worker_run_step;
  * *arg receives how many finished mails were purged.
  */
 static bool
@@ -1173,6 +1152,11 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 	{
 		drop_taken(nlive - held);
 		claim_failed(error);
+		if (!recording)
+		{
+			worker_end_step();
+			return -1;
+		}
 	}
 
 	/*
@@ -1186,11 +1170,8 @@ claim_mail(int want, TimestampTz *next_due, bool *have_next_due)
 			drop_taken(nlive - held);
 		if (recording)
 			record_failed(error);
-		else if (claimed)
-			claim_failed(error);
 		else
-			worker_log_survived(error, "'s transaction failed at its commit",
-						 "Nothing of it was kept; the worker goes on.");
+			claim_failed(error);
 		FreeErrorData(error);
 		return -1;
 	}
@@ -1691,7 +1672,6 @@ static void
 record_outcomes(void)
 {
 	RecordStep	step;
-	bool		recorded;
 	ErrorData  *error;
 
 	if (!worker_begin_step("recording outcomes"))
@@ -1700,19 +1680,18 @@ record_outcomes(void)
 		outcomes_dropped();
 		return;
 	}
-	recorded = record_outcomes_here(&step);
+	if (!record_outcomes_here(&step))
+	{
+		worker_end_step();
+		return;
+	}
 	if (!worker_finish_step(&error))
 	{
-		if (recorded)
-			record_failed(error);
-		else
-			worker_log_survived(error, "'s transaction failed at its commit",
-						 "Nothing of it was kept; the worker goes on.");
+		record_failed(error);
 		FreeErrorData(error);
 		return;
 	}
-	if (recorded)
-		outcomes_recorded(&step);
+	outcomes_recorded(&step);
 }
 
 /*

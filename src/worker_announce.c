@@ -34,7 +34,6 @@
 #include "catalog.h"
 #include "worker_slots.h"
 #include "worker_step.h"
-#include "xact.h"
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -79,7 +78,8 @@ typedef struct AnnounceStep
 static WorkerTrouble announce_trouble = {.what = "announcing due mail"};
 
 static bool announce_step(void *arg);
-static void announce_failed(ErrorData *error, AnnounceStep *step);
+static void announce_failed(ErrorData *error, void *arg);
+static void free_queues(AnnounceQueue *queues, int n);
 
 /*
  * worker_announce: (the first worker only) NOTIFY the notify queues whose
@@ -94,7 +94,6 @@ worker_announce(void)
 	TimestampTz now;
 	TimestampTz posted;
 	AnnounceStep step;
-	ErrorData  *error;
 	int			k;
 
 	if (!worker_extension_ready())
@@ -145,25 +144,15 @@ worker_announce(void)
 	 * would send its mail on the wire again.  What is due is announced
 	 * again after a backoff.
 	 */
-	if (!gatekeeper_subxact_catch(announce_step, &step, &error))
+	if (!worker_run_step(announce_step, &step, announce_failed, &step))
 	{
-		announce_failed(error, &step);
-		worker_end_step();
-		return;
-	}
-	if (!worker_finish_step(&error))
-	{
-		announce_failed(error, &step);
-		FreeErrorData(error);
+		free_queues(step.queues, step.nqueues);
 		return;
 	}
 	worker_step_passed(&announce_trouble);
 
 	/* what is due later, as of now */
-	for (k = 0; k < nannounce_queues; k++)
-		pfree(announce_queues[k].name);
-	if (announce_queues != NULL)
-		pfree(announce_queues);
+	free_queues(announce_queues, nannounce_queues);
 	announce_queues = step.queues;
 	nannounce_queues = step.nqueues;
 	next_announce = TimestampTzPlusMilliseconds(now, nannounce_queues > 0 ?
@@ -176,7 +165,7 @@ worker_announce(void)
 }
 
 /*
- * announce_step: announce's work, for gatekeeper_subxact_catch: NOTIFY the
+ * announce_step: announce's work, for worker_run_step: NOTIFY the
  * queues due, and read what is due later into step->queues
  * (TopMemoryContext, kept past the commit).
  */
@@ -221,27 +210,34 @@ announce_step(void *arg)
 }
 
 /*
- * The announcement failed, and was rolled back: say what it said, drop
- * what it read, and announce again after a backoff; what was posted
- * meanwhile waits in announce_posted.
+ * The announcement failed, and was rolled back: say what it said, and
+ * announce again after a backoff; what was posted meanwhile waits in
+ * announce_posted.
  */
 static void
-announce_failed(ErrorData *error, AnnounceStep *step)
+announce_failed(ErrorData *error, void *arg)
 {
 	int64		backoff_ms = worker_step_failed(&announce_trouble, error, 0,
-										 WORKER_BACKOFF_MAX_MS);
-	int			k;
+												WORKER_BACKOFF_MAX_MS);
 
-	for (k = 0; k < step->nqueues; k++)
-		pfree(step->queues[k].name);
-	if (step->queues != NULL)
-		pfree(step->queues);
-	step->queues = NULL;
-	step->nqueues = 0;
 	next_announce = announce_trouble.retry_at;
 	worker_log_survived(error, " could not announce due mail",
-				 psprintf("The worker goes on delivering, and announces again in " INT64_FORMAT " ms.",
-						  backoff_ms));
+						psprintf("The worker goes on delivering, and announces again in " INT64_FORMAT " ms.",
+								 backoff_ms));
+}
+
+/*
+ * Free a list of n notify queues (TopMemoryContext), NULL or not.
+ */
+static void
+free_queues(AnnounceQueue *queues, int n)
+{
+	int			k;
+
+	for (k = 0; k < n; k++)
+		pfree(queues[k].name);
+	if (queues != NULL)
+		pfree(queues);
 }
 
 /*

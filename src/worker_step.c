@@ -115,6 +115,35 @@ worker_begin_step(const char *activity)
 }
 
 /*
+ * worker_run_step: run step in a subtransaction of the transaction
+ * worker_begin_step began, and commit it.  When the step or the commit
+ * fails, everything is rolled back and failed is called with the error
+ * (and failed_arg) while the error is still at hand; the result says
+ * whether the step's work is committed.
+ */
+bool
+worker_run_step(GatekeeperSubxactStep step, void *arg,
+				WorkerStepFailed failed, void *failed_arg)
+{
+	ErrorData  *error;
+
+	if (!gatekeeper_subxact_catch(step, arg, &error))
+	{
+		if (error != NULL)
+			failed(error, failed_arg);
+		worker_end_step();
+		return false;
+	}
+	if (!worker_finish_step(&error))
+	{
+		failed(error, failed_arg);
+		FreeErrorData(error);
+		return false;
+	}
+	return true;
+}
+
+/*
  * worker_end_step: commit the transaction begun by worker_begin_step, whose work needs nothing
  * more of the worker once committed.  A commit that fails is said in the
  * log, and the worker goes on.

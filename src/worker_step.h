@@ -10,6 +10,8 @@
 #ifndef GATEKEEPER_WORKER_STEP_H
 #define GATEKEEPER_WORKER_STEP_H
 
+#include "xact.h"
+
 #include "datatype/timestamp.h"
 #include "utils/elog.h"
 
@@ -32,7 +34,12 @@ typedef struct WorkerTrouble
 	char		why[64];		/* worker_status's state while it fails */
 } WorkerTrouble;
 
+/* what a step does when its work or its commit failed (worker_run_step) */
+typedef void (*WorkerStepFailed) (ErrorData *error, void *arg);
+
 extern bool worker_begin_step(const char *activity);
+extern bool worker_run_step(GatekeeperSubxactStep step, void *arg,
+							WorkerStepFailed failed, void *failed_arg);
 extern void worker_end_step(void);
 extern bool worker_finish_step(ErrorData **error);
 extern bool worker_extension_ready(void);
