@@ -100,9 +100,17 @@ typedef struct ContentPart
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	AttrNumber	att[M_NUM];
-	AttrNumber	id_key;			/* the primary key's columns */
-	AttrNumber	segment_key;
+	bool		placed;			/* the scan stands on an entry, of id at */
+	int64		at;
 } ContentPart;
+
+/*
+ * How far a lookup of content steps along the primary key from the last
+ * entry it read before it descends from the root instead.  A claim takes
+ * mail in (send_at, id) order within a priority, so the next mail's id is
+ * mostly a few entries on, past other queues' mail and finished mail.
+ */
+#define CONTENT_STEPS 64
 
 /* One queue's take. */
 typedef struct Take
@@ -200,7 +208,9 @@ content_part(Take *t, int segment)
 		p->pkey->rd_index->indkey.values[0] != SPI_fnumber(desc, "id") ||
 		p->pkey->rd_index->indkey.values[1] != SPI_fnumber(desc, "segment"))
 		elog(ERROR, "gatekeeper.mail_%d's primary key is not (id, segment)", segment);
-	p->scan = index_beginscan(p->rel, p->pkey, t->snapshot, 2, 0);
+	p->scan = index_beginscan(p->rel, p->pkey, t->snapshot, 1, 0);
+	/* the entries' ids, to step from one to the next without the heap */
+	p->scan->xs_want_itup = true;
 	p->slot = table_slot_create(p->rel, NULL);
 	MemoryContextSwitchTo(old);
 	return p;
@@ -208,22 +218,72 @@ content_part(Take *t, int segment)
 
 /*
  * The content row of mail id in segment, in p's slot, or NULL.
+ *
+ * One descent of the partition's primary key per claimed mail was most of
+ * a claim's walk (bench/notes.md, "The claim's content lookups").  The
+ * scan is instead kept on the last entry it read, and a lookup of a
+ * greater id steps forward from there, reading each entry's id from the
+ * index tuple and fetching the heap only at the id sought; a smaller id,
+ * or one not reached within CONTENT_STEPS entries, starts a new scan at
+ * it.  Entries come in (id, segment) order, so an entry past id means the
+ * mail has no content row this snapshot sees; so does one whose heap
+ * tuple, or every one of whose versions, the snapshot does not see.
  */
+static void
+content_rescan(Take *t, ContentPart *p, int64 id)
+{
+	ScanKeyData key;
+	MemoryContext old = MemoryContextSwitchTo(t->outer);
+
+	/* btrescan keeps its workspace for index tuples in the current context */
+	ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(id));
+	index_rescan(p->scan, &key, 1, NULL, 0);
+	MemoryContextSwitchTo(old);
+	p->placed = true;
+}
+
 static ContentPart *
 fetch_content(Take *t, int64 id, int16 segment)
 {
 	ContentPart *p = content_part(t, segment);
-	ScanKeyData keys[2];
+	int			steps = 0;
 
 	if (p == NULL)
 		return NULL;
-	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
-	ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_INT2EQ, Int16GetDatum(segment));
-	index_rescan(p->scan, keys, 2, NULL, 0);
-	if (!index_getnext_slot(p->scan, ForwardScanDirection, p->slot))
-		return NULL;
-	slot_getallattrs(p->slot);
-	return p;
+	if (!p->placed || id <= p->at)
+		content_rescan(t, p, id);
+	for (;;)
+	{
+		ItemPointer tid = index_getnext_tid(p->scan, ForwardScanDirection);
+		int64		entry;
+		bool		isnull;
+
+		if (tid == NULL)
+		{
+			p->placed = false;
+			return NULL;
+		}
+		entry = DatumGetInt64(index_getattr(p->scan->xs_itup, 1,
+											p->scan->xs_itupdesc, &isnull));
+		p->at = entry;
+		if (entry < id)
+		{
+			/* too far behind: from the root (every entry after is >= id) */
+			if (++steps > CONTENT_STEPS)
+				content_rescan(t, p, id);
+			continue;
+		}
+		if (entry > id)
+			return NULL;
+		if (DatumGetInt16(index_getattr(p->scan->xs_itup, 2,
+										p->scan->xs_itupdesc, &isnull)) == segment &&
+			index_fetch_heap(p->scan, p->slot))
+		{
+			slot_getallattrs(p->slot);
+			return p;
+		}
+		/* a version this snapshot does not see: the id's next entry, if any */
+	}
 }
 
 /*
