@@ -64,6 +64,38 @@ RETURNING id AS late \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
 SELECT state, attempt, last_error FROM gatekeeper.mail_done WHERE id = :late;
 
+-- the content is looked up along its primary key from the last entry
+-- read (fetch_content): mail due in rising id order with another queue's
+-- mail between (one gap of more than 64 entries), then in falling id
+-- order, and mail whose recipient changed after it was enqueued (a second
+-- version of its content, a second entry under its id): each mail taken
+-- once, its content as it reads now
+SELECT gatekeeper.create_queue('ct_other');
+CREATE TEMP TABLE seq AS
+SELECT i, CASE WHEN i % 3 = 0 OR i BETWEEN 100 AND 200 THEN 'ct_other' ELSE 'ct' END AS queue
+  FROM generate_series(1, 300) i;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+SELECT queue, 'r' || i || '@example.com', 'r' || i, 'b', now() - interval '1 hour'
+  FROM seq ORDER BY i;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+SELECT queue, 'f' || i || '@example.com', 'f' || i, 'b', now() - interval '2 hours' + i * interval '1 second'
+  FROM seq ORDER BY i DESC;
+UPDATE gatekeeper.mail SET recipient = 'moved-' || recipient
+ WHERE queue = 'ct' AND subject IN ('r4', 'r50', 'r250', 'f4', 'f50', 'f250');
+CREATE TEMP TABLE took AS
+SELECT c.*, row_number() OVER () AS n FROM gatekeeper.claim('w', 1000, queues => ARRAY['ct']) c;
+SELECT count(*) AS claimed, count(DISTINCT id) AS distinct_mails,
+       bool_and(recipient = CASE WHEN subject IN ('r4', 'r50', 'r250', 'f4', 'f50', 'f250')
+                                 THEN 'moved-' ELSE '' END || subject || '@example.com') AS content_as_now,
+       array_agg(subject ORDER BY n) =
+           (SELECT array_agg('f' || i ORDER BY i) FROM seq WHERE queue = 'ct') ||
+           (SELECT array_agg('r' || i ORDER BY i) FROM seq WHERE queue = 'ct') AS due_order,
+       bool_and(id > lag_id) FILTER (WHERE subject LIKE 'r%') AS r_ids_rise,
+       bool_and(id < lag_id) FILTER (WHERE subject LIKE 'f%') AS f_ids_fall
+  FROM (SELECT *, lag(id) OVER (PARTITION BY left(subject, 1) ORDER BY n) AS lag_id FROM took) t;
+SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked FROM took;
+SELECT count(gatekeeper.cancel(id)) AS cancelled FROM gatekeeper.mail_live WHERE queue = 'ct_other';
+
 -- a delete trigger of the user's own on mail_live: the statement runs,
 -- and the trigger sees every row the claim takes
 CREATE TABLE ct_deleted (id bigint);
