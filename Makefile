@@ -21,6 +21,7 @@ OBJS = \
 	src/worker_breakers.o \
 	src/claim.o \
 	src/claim_take.o \
+	src/claim_writer.o \
 	src/mail_state.o \
 	src/done_writer.o \
 	src/mail_state_funcs.o \

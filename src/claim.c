@@ -57,6 +57,7 @@
 
 #include "claim.h"
 #include "claim_take.h"
+#include "claim_writer.h"
 #include "due_floor.h"
 #include "gate.h"
 #include "mail_state.h"
@@ -1284,6 +1285,56 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
 }
 
 /*
+ * The batch rows of a claim of queue q by the statement, when
+ * src/claim_writer.c may not write them: nrows rows, as there.
+ */
+static void
+insert_batches(ClaimQueue *q, text *worker, Interval *lease, int nrows,
+			   const int64 *lo, const int64 *hi, const int *start, Datum *records,
+			   LiveRecord *lr)
+{
+	Datum	   *los = palloc(nrows * sizeof(Datum));
+	Datum	   *his = palloc(nrows * sizeof(Datum));
+	Datum	   *starts = palloc((nrows + 1) * sizeof(Datum));
+	Datum		args[7];
+	int			i;
+
+	/* the statement's array positions count from 1 */
+	for (i = 0; i < nrows; i++)
+	{
+		los[i] = Int64GetDatum(lo[i]);
+		his[i] = Int64GetDatum(hi[i]);
+		starts[i] = Int32GetDatum(start[i] + 1);
+	}
+	starts[nrows] = Int32GetDatum(start[nrows] + 1);
+
+	if (claim_batch_plan != NULL && claim_batch_type != lr->arraytype)
+	{
+		/* the extension was made again in this backend */
+		SPI_freeplan(claim_batch_plan);
+		claim_batch_plan = NULL;
+	}
+	if (claim_batch_plan == NULL)
+	{
+		Oid			types[7] = {TEXTOID, TEXTOID, INTERVALOID, INT8ARRAYOID,
+		INT8ARRAYOID, INT4ARRAYOID, lr->arraytype};
+
+		gatekeeper_plan(&claim_batch_plan, claim_batch_sql, 7, types);
+		claim_batch_type = lr->arraytype;
+	}
+	args[0] = CStringGetTextDatum(q->name);
+	args[1] = PointerGetDatum(worker);
+	args[2] = IntervalPGetDatum(lease);
+	args[3] = gatekeeper_array(los, NULL, nrows, INT8OID);
+	args[4] = gatekeeper_array(his, NULL, nrows, INT8OID);
+	args[5] = gatekeeper_array(starts, NULL, nrows + 1, INT4OID);
+	args[6] = gatekeeper_array(records, NULL, start[nrows], lr->type);
+	if (SPI_execute_plan(claim_batch_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
+		SPI_processed != (uint64) nrows)
+		elog(ERROR, "could not record the claim of queue \"%s\"", q->name);
+}
+
+/*
  * Record what became of every mail the claim statements took out of
  * mail_live; each ends in exactly one place.  The mails that go become
  * batch rows in mail_claim, per queue and CLAIM_BATCH_MAILS at most, with
@@ -1306,6 +1357,7 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 	int			ndeferred = 0;
 	int			ndone = 0;
 	int			nomem = 0;
+	TimestampTz lease_until;
 	int			i;
 	int			k;
 
@@ -1347,17 +1399,20 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 
 	/*
 	 * The mails of each queue that go, in id order, in batch rows of at
-	 * most CLAIM_BATCH_MAILS: one statement per queue.
+	 * most CLAIM_BATCH_MAILS, leased from the transaction's start as
+	 * now() + lease.
 	 */
+	lease_until = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														  TimestampTzGetDatum(GetCurrentTransactionStartTimestamp()),
+														  IntervalPGetDatum(lease)));
 	for (k = 0; k < nqueues; k++)
 	{
 		ClaimQueue *q = &queues[k];
 		int			ngoing = 0;
 		int			nrows;
-		Datum	   *lo;
-		Datum	   *hi;
-		Datum	   *start;
-		Datum		args[7];
+		int64	   *lo;
+		int64	   *hi;
+		int		   *start;
 
 		for (i = 0; i < nclaimed; i++)
 		{
@@ -1373,46 +1428,25 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 			continue;
 		qsort(going, ngoing, sizeof(GoingMail), going_mail_cmp);
 		nrows = (ngoing + CLAIM_BATCH_MAILS - 1) / CLAIM_BATCH_MAILS;
-		lo = palloc(nrows * sizeof(Datum));
-		hi = palloc(nrows * sizeof(Datum));
-		start = palloc((nrows + 1) * sizeof(Datum));
+		lo = palloc(nrows * sizeof(int64));
+		hi = palloc(nrows * sizeof(int64));
+		start = palloc((nrows + 1) * sizeof(int));
 		for (i = 0; i < nrows; i++)
 		{
 			int			first = i * CLAIM_BATCH_MAILS;
 			int			last = Min(first + CLAIM_BATCH_MAILS, ngoing) - 1;
 
-			lo[i] = Int64GetDatum(going[first].id);
-			hi[i] = Int64GetDatum(going[last].id);
-			start[i] = Int32GetDatum(first + 1);
+			lo[i] = going[first].id;
+			hi[i] = going[last].id;
+			start[i] = first;
 		}
-		start[nrows] = Int32GetDatum(ngoing + 1);
+		start[nrows] = ngoing;
 		for (i = 0; i < ngoing; i++)
 			records[i] = going[i].record;
 
-		if (claim_batch_plan != NULL && claim_batch_type != lr.arraytype)
-		{
-			/* the extension was made again in this backend */
-			SPI_freeplan(claim_batch_plan);
-			claim_batch_plan = NULL;
-		}
-		if (claim_batch_plan == NULL)
-		{
-			Oid			types[7] = {TEXTOID, TEXTOID, INTERVALOID, INT8ARRAYOID,
-			INT8ARRAYOID, INT4ARRAYOID, lr.arraytype};
-
-			gatekeeper_plan(&claim_batch_plan, claim_batch_sql, 7, types);
-			claim_batch_type = lr.arraytype;
-		}
-		args[0] = CStringGetTextDatum(q->name);
-		args[1] = PointerGetDatum(worker);
-		args[2] = IntervalPGetDatum(lease);
-		args[3] = gatekeeper_array(lo, NULL, nrows, INT8OID);
-		args[4] = gatekeeper_array(hi, NULL, nrows, INT8OID);
-		args[5] = gatekeeper_array(start, NULL, nrows + 1, INT4OID);
-		args[6] = gatekeeper_array(records, NULL, ngoing, lr.type);
-		if (SPI_execute_plan(claim_batch_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
-			SPI_processed != (uint64) nrows)
-			elog(ERROR, "could not record the claim of queue \"%s\"", q->name);
+		if (!gatekeeper_claim_write(CStringGetTextDatum(q->name), worker, lease_until,
+									nrows, lo, hi, start, records, lr.type, lr.arraytype))
+			insert_batches(q, worker, lease, nrows, lo, hi, start, records, &lr);
 	}
 
 	/* deferred mail is live again; mail that will not go, done */
