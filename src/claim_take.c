@@ -230,15 +230,12 @@ content_part(Take *t, int segment)
  * tuple, or every one of whose versions, the snapshot does not see.
  */
 static void
-content_rescan(Take *t, ContentPart *p, int64 id)
+content_rescan(ContentPart *p, int64 id)
 {
 	ScanKeyData key;
-	MemoryContext old = MemoryContextSwitchTo(t->outer);
 
-	/* btrescan keeps its workspace for index tuples in the current context */
 	ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(id));
 	index_rescan(p->scan, &key, 1, NULL, 0);
-	MemoryContextSwitchTo(old);
 	p->placed = true;
 }
 
@@ -246,12 +243,22 @@ static ContentPart *
 fetch_content(Take *t, int64 id, int16 segment)
 {
 	ContentPart *p = content_part(t, segment);
+	ContentPart *found = NULL;
+	MemoryContext old;
 	int			steps = 0;
 
 	if (p == NULL)
 		return NULL;
+
+	/*
+	 * In the take's context, which lives as long as the scan: btree keeps
+	 * what it allocates in the one current at the time (its workspace for
+	 * index tuples, the items it will mark dead), and the walk resets its
+	 * per-mail context after every mail.
+	 */
+	old = MemoryContextSwitchTo(t->outer);
 	if (!p->placed || id <= p->at)
-		content_rescan(t, p, id);
+		content_rescan(p, id);
 	for (;;)
 	{
 		ItemPointer tid = index_getnext_tid(p->scan, ForwardScanDirection);
@@ -261,7 +268,7 @@ fetch_content(Take *t, int64 id, int16 segment)
 		if (tid == NULL)
 		{
 			p->placed = false;
-			return NULL;
+			break;
 		}
 		entry = DatumGetInt64(index_getattr(p->scan->xs_itup, 1,
 											p->scan->xs_itupdesc, &isnull));
@@ -270,20 +277,23 @@ fetch_content(Take *t, int64 id, int16 segment)
 		{
 			/* too far behind: from the root (every entry after is >= id) */
 			if (++steps > CONTENT_STEPS)
-				content_rescan(t, p, id);
+				content_rescan(p, id);
 			continue;
 		}
 		if (entry > id)
-			return NULL;
+			break;
 		if (DatumGetInt16(index_getattr(p->scan->xs_itup, 2,
 										p->scan->xs_itupdesc, &isnull)) == segment &&
 			index_fetch_heap(p->scan, p->slot))
 		{
 			slot_getallattrs(p->slot);
-			return p;
+			found = p;
+			break;
 		}
 		/* a version this snapshot does not see: the id's next entry, if any */
 	}
+	MemoryContextSwitchTo(old);
+	return found;
 }
 
 /*
