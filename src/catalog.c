@@ -58,6 +58,7 @@
 /* the tables' names, by GatekeeperRel */
 static const char *const rel_names[GATEKEEPER_NUM_RELS] = {
 	[GATEKEEPER_REL_QUEUE] = "queue",
+	[GATEKEEPER_REL_GATE] = "gate",
 	[GATEKEEPER_REL_SEGMENT] = "segment",
 	[GATEKEEPER_REL_MAIL_LIVE] = "mail_live",
 	[GATEKEEPER_REL_MAIL_DUE] = "mail_due",

@@ -18,6 +18,7 @@
 typedef enum GatekeeperRel
 {
 	GATEKEEPER_REL_QUEUE,
+	GATEKEEPER_REL_GATE,
 	GATEKEEPER_REL_SEGMENT,
 	GATEKEEPER_REL_MAIL_LIVE,
 	GATEKEEPER_REL_MAIL_DUE,	/* mail_live's index by queue and due time */

@@ -220,7 +220,7 @@ content_part(Take *t, int segment)
  * The content row of mail id in segment, in p's slot, or NULL.
  *
  * One descent of the partition's primary key per claimed mail was most of
- * a claim's walk (bench/notes.md, "The claim's content lookups").  The
+ * a claim's walk (bench/notes.md, "The claim at batch 100").  The
  * scan is instead kept on the last entry it read, and a lookup of a
  * greater id steps forward from there, reading each entry's id from the
  * index tuple and fetching the heap only at the id sought; a smaller id,
