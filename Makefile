@@ -20,6 +20,7 @@ OBJS = \
 	src/worker_standbys.o \
 	src/worker_breakers.o \
 	src/claim.o \
+	src/claim_queues.o \
 	src/claim_take.o \
 	src/claim_writer.o \
 	src/mail_state.o \

@@ -6,7 +6,8 @@
  *
  * A claim takes up to `batch` due mails from the unpaused queues (or those
  * named; a background worker's, from those with background set), shared
- * by weight, each queue's share within its rate limit.
+ * by weight, each queue's share within its rate limit; src/claim_queues.c
+ * reads the queues and their policies.
  * Each queue's share is taken by src/claim_take.c's walk of mail_due,
  * which does by hand, without the executor, what this statement does
  * (and this statement runs when mail_live has a delete trigger of the
@@ -30,7 +31,7 @@
  * mail_live record.  The mails that go are kept in gatekeeper.mail_claim,
  * in rows of up to CLAIM_BATCH_MAILS of one queue holding those records
  * (no live row version per mail at the claim, no probe at the ack;
- * bench/notes.md); those that do not go
+ * bench/notes.md), written by src/claim_writer.c; those that do not go
  * return to mail_live or go to mail_done, all in this transaction.
  * Inside a queue the sub-select walks the due index one priority level
  * at a time, so its cost grows with the batch, never with mail that is not
@@ -56,6 +57,7 @@
 #include "postgres.h"
 
 #include "claim.h"
+#include "claim_queues.h"
 #include "claim_take.h"
 #include "claim_writer.h"
 #include "due_floor.h"
@@ -66,10 +68,7 @@
 #include "window.h"
 #include "xact.h"
 
-#include "access/heapam.h"
 #include "access/htup_details.h"
-#include "access/table.h"
-#include "access/tableam.h"
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
@@ -85,7 +84,6 @@
 #include "gatekeeper.h"
 #include "validate.h"
 #include "storage/itemptr.h"
-#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -98,9 +96,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
-#include "utils/snapmgr.h"
 #include "utils/typcache.h"
-#include "utils/varlena.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_claim);
 
@@ -156,38 +152,6 @@ StaticAssertDecl((int) NUM_OUTPUT_COLUMNS == (int) GATEKEEPER_CLAIM_COLUMNS &&
 				 (int) COL_MESSAGE_ID == (int) GATEKEEPER_CLAIM_MESSAGE_ID + 1,
 				 "claim.h's columns are the claim statement's");
 
-/* A gate as a queue applies it. */
-typedef struct QueueGate
-{
-	char	   *name;
-	int32		id;
-	int32		max_sends;
-	TimestampTz expiry;			/* of a pass made now */
-} QueueGate;
-
-/* A queue taking part in this claim. */
-typedef struct ClaimQueue
-{
-	char	   *name;
-	int			weight;
-	bool		defer;			/* on_gate_closed = 'defer' */
-	int			ngates;
-	QueueGate  *gates;
-	bool		limited;		/* has a rate limit */
-	double		tokens;			/* rate limit budget for this claim */
-	int			cap;			/* most mails this claim may take from it */
-	int			got;			/* claimed so far (winners and losers) */
-	int			sent;			/* winners */
-	bool		more;			/* may hold more due mail */
-	bool		transactional;	/* global unsubscribes and complaints do not stop it */
-	char	   *unsubscribe_url;	/* NULL: no List-Unsubscribe */
-	char	   *feedback_id;	/* NULL: no Feedback-ID */
-	bool		has_window;		/* sends only within window */
-	GatekeeperWindow window;
-	char	   *send_window;	/* as given, for messages */
-	char	   *timezone;		/* for mail that names none */
-} ClaimQueue;
-
 /* One mail the claim statement returned. */
 typedef struct Claimed
 {
@@ -212,18 +176,6 @@ typedef struct Claimed
 	const char *window_zone;	/* the zone it was judged in */
 	Datum		record;			/* its gatekeeper.mail_live record */
 } Claimed;
-
-static const char unknown_sql[] =
-"SELECT u.name FROM unnest($1) AS u(name) "
-" WHERE u.name IS NULL "
-"    OR NOT EXISTS (SELECT FROM gatekeeper.queue q WHERE q.name = u.name) "
-" LIMIT 1";
-
-static const char bucket_sql[] =
-"SELECT least(q.rate_limit::float8, q.tokens + q.rate_limit * "
-"             extract(epoch FROM now() - coalesce(q.refilled_at, now() - interval '1 second'))) "
-"  FROM gatekeeper.queue q WHERE q.name = $1 "
-"   FOR UPDATE SKIP LOCKED";
 
 /*
  * The claim of one queue's share.  The mail's narrow live row leaves
@@ -291,15 +243,8 @@ static const char claim_batch_sql[] =
 "SELECT $1, $2, now() + $3, $4[i], $5[i], $6[i + 1] - $6[i], $7[$6[i]:$6[i + 1] - 1] "
 "  FROM generate_series(1, cardinality($4)) i";
 
-static const char spend_tokens_sql[] =
-"UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
-" WHERE name = $1";
-
-static SPIPlanPtr unknown_plan = NULL;
-static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr claim_batch_plan = NULL;
-static SPIPlanPtr spend_tokens_plan = NULL;
 
 static uint32 claim_rotation = 0;
 
@@ -320,351 +265,6 @@ going_mail_cmp(const void *a, const void *b)
 	int64		y = ((const GoingMail *) b)->id;
 
 	return (x > y) - (x < y);
-}
-
-/* A row of gatekeeper.queue or gatekeeper.gate, with its name. */
-typedef struct PolicyRow
-{
-	HeapTuple	tuple;
-	char	   *name;
-} PolicyRow;
-
-/* the collation of the name column being sorted by */
-static Oid	policy_collation;
-
-static int
-policy_row_cmp(const void *a, const void *b)
-{
-	const PolicyRow *x = a;
-	const PolicyRow *y = b;
-
-	return varstr_cmp(x->name, strlen(x->name), y->name, strlen(y->name), policy_collation);
-}
-
-/*
- * The rows of rel (gatekeeper.queue or gatekeeper.gate) that snapshot sees
- * and keep keeps, in the order ORDER BY name gives them (the column's
- * collation).  The tables are small and read once a claim: a scan and a
- * sort are cheaper than the statement that joined and aggregated them,
- * which was 3% of a batch-100 claimer's CPU (bench/notes.md,
- * "The claim at batch 100").
- */
-static PolicyRow *
-read_policy_rows(Relation rel, Snapshot snapshot,
-				 bool (*keep) (HeapTuple tuple, TupleDesc desc, void *arg), void *arg,
-				 int *n)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	AttrNumber	name_att = SPI_fnumber(desc, "name");
-	TableScanDesc scan;
-	HeapTuple	tuple;
-	PolicyRow  *rows;
-	int			size = 8;
-	int			count = 0;
-
-	if (name_att <= 0)
-		elog(ERROR, "table gatekeeper.%s has no column \"name\"", RelationGetRelationName(rel));
-	rows = palloc(size * sizeof(PolicyRow));
-	scan = table_beginscan(rel, snapshot, 0, NULL);
-	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
-	{
-		bool		isnull;
-		Datum		name;
-
-		if (keep != NULL && !keep(tuple, desc, arg))
-			continue;
-		name = heap_getattr(tuple, name_att, desc, &isnull);
-		if (isnull)
-			continue;
-		if (count == size)
-		{
-			size *= 2;
-			rows = repalloc(rows, size * sizeof(PolicyRow));
-		}
-		rows[count].tuple = heap_copytuple(tuple);
-		rows[count].name = TextDatumGetCString(name);
-		count++;
-	}
-	table_endscan(scan);
-	policy_collation = TupleDescAttr(desc, name_att - 1)->attcollation;
-	qsort(rows, count, sizeof(PolicyRow), policy_row_cmp);
-	*n = count;
-	return rows;
-}
-
-/* which queues a claim takes from: not paused, named in the filter if any */
-typedef struct QueueFilter
-{
-	AttrNumber	paused;
-	AttrNumber	background;
-	bool		background_only;
-	int			nnames;
-	char	  **names;			/* NULL: every queue */
-	AttrNumber	name;
-} QueueFilter;
-
-static bool
-keep_queue(HeapTuple tuple, TupleDesc desc, void *arg)
-{
-	QueueFilter *f = arg;
-	bool		isnull;
-	Datum		d;
-	char	   *name;
-	int			i;
-
-	d = heap_getattr(tuple, f->paused, desc, &isnull);
-	if (isnull || DatumGetBool(d))
-		return false;
-	if (f->background_only)
-	{
-		d = heap_getattr(tuple, f->background, desc, &isnull);
-		if (isnull || !DatumGetBool(d))
-			return false;
-	}
-	if (f->names == NULL)
-		return true;
-	d = heap_getattr(tuple, f->name, desc, &isnull);
-	if (isnull)
-		return false;
-	name = TextDatumGetCString(d);
-	for (i = 0; i < f->nnames; i++)
-		if (strcmp(f->names[i], name) == 0)
-			return true;
-	return false;
-}
-
-static AttrNumber
-policy_att(TupleDesc desc, const char *table, const char *column)
-{
-	AttrNumber	att = SPI_fnumber(desc, column);
-
-	if (att <= 0)
-		elog(ERROR, "table gatekeeper.%s has no column \"%s\"", table, column);
-	return att;
-}
-
-/*
- * The gates of queue q, as its gates array names them (each existing gate
- * once, in name order), from the gate rows read for this claim.
- */
-static void
-queue_gates(ClaimQueue *q, ArrayType *names, PolicyRow *gates, int ngates, TupleDesc desc)
-{
-	Datum	   *elems;
-	bool	   *nulls;
-	int			nelems;
-	AttrNumber	id_att = policy_att(desc, "gate", "id");
-	AttrNumber	max_att = policy_att(desc, "gate", "max_sends");
-	AttrNumber	period_att = policy_att(desc, "gate", "period");
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	int			i;
-	int			j;
-
-	deconstruct_array(names, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &nelems);
-	q->gates = palloc(Max(ngates, 1) * sizeof(QueueGate));
-	q->ngates = 0;
-	for (i = 0; i < ngates; i++)
-	{
-		QueueGate  *g;
-		bool		isnull;
-
-		for (j = 0; j < nelems; j++)
-			if (!nulls[j] && strcmp(TextDatumGetCString(elems[j]), gates[i].name) == 0)
-				break;
-		if (j == nelems)
-			continue;
-		g = &q->gates[q->ngates++];
-		g->name = gates[i].name;
-		g->id = DatumGetInt32(heap_getattr(gates[i].tuple, id_att, desc, &isnull));
-		g->max_sends = Min(DatumGetInt32(heap_getattr(gates[i].tuple, max_att, desc, &isnull)),
-						   10000);
-		g->expiry = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-															TimestampTzGetDatum(now),
-															heap_getattr(gates[i].tuple, period_att,
-																		 desc, &isnull)));
-	}
-	if (q->ngates == 0)
-		q->gates = NULL;
-}
-
-/*
- * Load the queues this claim may take from, in name order, with their
- * gates.  Rate-limited queues have their token bucket locked (SKIP LOCKED:
- * while another claimer holds a queue's bucket, this claim leaves the
- * queue alone rather than wait).  An unknown name in the filter is an
- * error, so a typo cannot silently claim nothing.
- */
-static ClaimQueue *
-load_queues(ArrayType *filter, int *nqueues)
-{
-	Datum		arg;
-	char		argnull = filter ? ' ' : 'n';
-	ClaimQueue *queues;
-	int			n;
-	int			i;
-	Oid			type = TEXTARRAYOID;
-	bool		background = gatekeeper_background_claim;
-	Relation	queue_rel;
-	Relation	gate_rel = NULL;
-	TupleDesc	desc;
-	Snapshot	snapshot;
-	QueueFilter f;
-	PolicyRow  *rows;
-	PolicyRow  *gates = NULL;
-	int			ngates = 0;
-	AttrNumber	weight_att;
-	AttrNumber	on_gate_closed_att;
-	AttrNumber	rate_limit_att;
-	AttrNumber	gates_att;
-	AttrNumber	transactional_att;
-	AttrNumber	unsubscribe_url_att;
-	AttrNumber	send_window_att;
-	AttrNumber	timezone_att;
-	AttrNumber	feedback_id_att;
-
-	gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
-	arg = PointerGetDatum(filter);
-	if (filter != NULL)
-	{
-		if (SPI_execute_plan(unknown_plan, &arg, &argnull, true, 1) != SPI_OK_SELECT)
-			elog(ERROR, "could not check queue names");
-		if (SPI_processed > 0)
-		{
-			char	   *name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-
-			if (name == NULL)
-				ereport(ERROR,
-						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-						 errmsg("queues must not contain nulls")));
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_OBJECT),
-					 errmsg("queue \"%s\" does not exist", name)));
-		}
-	}
-
-	/*
-	 * A background worker serves the queues with background set.  ROW SHARE
-	 * on gatekeeper.queue, taken before the queues are read with a snapshot
-	 * of their own, makes alter_queue(background => false), which takes
-	 * EXCLUSIVE, wait for this claim: once it commits no worker claim that
-	 * saw the queue as its own is still running, and the next one sees it
-	 * is not.  An application's claim reads them as its statement sees
-	 * the database.
-	 */
-	if (background)
-		LockRelationOid(gatekeeper_relid(GATEKEEPER_REL_QUEUE, false), RowShareLock);
-	queue_rel = table_open(gatekeeper_relid(GATEKEEPER_REL_QUEUE, false), AccessShareLock);
-	desc = RelationGetDescr(queue_rel);
-	if (background || !ActiveSnapshotSet())
-	{
-		CommandCounterIncrement();
-		snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	}
-	else
-		snapshot = RegisterSnapshot(GetActiveSnapshot());
-
-	memset(&f, 0, sizeof(f));
-	f.paused = policy_att(desc, "queue", "paused");
-	f.background = policy_att(desc, "queue", "background");
-	f.name = policy_att(desc, "queue", "name");
-	f.background_only = background;
-	if (filter != NULL)
-	{
-		Datum	   *elems;
-		int			k;
-
-		deconstruct_array(filter, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, &f.nnames);
-		f.names = palloc(Max(f.nnames, 1) * sizeof(char *));
-		for (k = 0; k < f.nnames; k++)
-			f.names[k] = TextDatumGetCString(elems[k]);
-	}
-	weight_att = policy_att(desc, "queue", "weight");
-	on_gate_closed_att = policy_att(desc, "queue", "on_gate_closed");
-	rate_limit_att = policy_att(desc, "queue", "rate_limit");
-	gates_att = policy_att(desc, "queue", "gates");
-	transactional_att = policy_att(desc, "queue", "transactional");
-	unsubscribe_url_att = policy_att(desc, "queue", "unsubscribe_url");
-	send_window_att = policy_att(desc, "queue", "send_window");
-	timezone_att = policy_att(desc, "queue", "timezone");
-	feedback_id_att = policy_att(desc, "queue", "feedback_id");
-
-	rows = read_policy_rows(queue_rel, snapshot, keep_queue, &f, &n);
-	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));
-	for (i = 0; i < n; i++)
-	{
-		HeapTuple	tup = rows[i].tuple;
-		ClaimQueue *q = &queues[i];
-		bool		isnull;
-		Datum		d;
-
-		q->name = rows[i].name;
-		q->weight = DatumGetInt32(heap_getattr(tup, weight_att, desc, &isnull));
-		q->defer = strcmp(SPI_getvalue(tup, desc, on_gate_closed_att), "defer") == 0;
-		d = heap_getattr(tup, rate_limit_att, desc, &isnull);
-		q->limited = !isnull;
-		q->tokens = isnull ? 0 : DatumGetInt32(d);	/* the rate, for now */
-		q->cap = INT_MAX;
-		q->more = true;
-		q->transactional = DatumGetBool(heap_getattr(tup, transactional_att, desc, &isnull));
-		q->unsubscribe_url = SPI_getvalue(tup, desc, unsubscribe_url_att);
-		q->send_window = SPI_getvalue(tup, desc, send_window_att);
-		q->timezone = SPI_getvalue(tup, desc, timezone_att);
-		q->feedback_id = SPI_getvalue(tup, desc, feedback_id_att);
-		if (q->send_window != NULL)
-		{
-			gatekeeper_parse_window(q->send_window, &q->window);
-			q->has_window = true;
-		}
-
-		d = heap_getattr(tup, gates_att, desc, &isnull);
-		if (!isnull && ArrayGetNItems(ARR_NDIM(DatumGetArrayTypeP(d)),
-									  ARR_DIMS(DatumGetArrayTypeP(d))) > 0)
-		{
-			/* the gates are read once, for the first queue that has any */
-			if (gate_rel == NULL)
-			{
-				gate_rel = table_open(gatekeeper_relid(GATEKEEPER_REL_GATE, false),
-									  AccessShareLock);
-				gates = read_policy_rows(gate_rel, snapshot, NULL, NULL, &ngates);
-			}
-			queue_gates(q, DatumGetArrayTypeP(d), gates, ngates, RelationGetDescr(gate_rel));
-		}
-	}
-	if (gate_rel != NULL)
-		table_close(gate_rel, NoLock);
-	UnregisterSnapshot(snapshot);
-	table_close(queue_rel, NoLock);
-
-	/* token buckets: refill for the time since the last claim, capped at one second's worth */
-	if (bucket_plan == NULL)
-	{
-		Oid			type = TEXTOID;
-
-		gatekeeper_plan(&bucket_plan, bucket_sql, 1, &type);
-	}
-	for (i = 0; i < n; i++)
-	{
-		ClaimQueue *q = &queues[i];
-		bool		isnull;
-
-		if (!q->limited)
-			continue;
-		arg = CStringGetTextDatum(q->name);
-		if (SPI_execute_plan(bucket_plan, &arg, NULL, false, 1) != SPI_OK_SELECT)
-			elog(ERROR, "could not lock rate limit of queue \"%s\"", q->name);
-		if (SPI_processed == 0)
-			q->tokens = 0;		/* another claimer holds the bucket */
-		else
-			q->tokens = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0],
-													 SPI_tuptable->tupdesc, 1, &isnull));
-		SPI_freetuptable(SPI_tuptable);
-		q->cap = q->tokens >= 1 ? (int) Min(q->tokens, (double) INT_MAX) : 0;
-		if (q->cap == 0)
-			q->more = false;
-	}
-
-	*nqueues = (int) n;
-	return queues;
 }
 
 /*
@@ -1632,34 +1232,6 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 	mail_state_insert_done(&lr, done, ndone);
 }
 
-/*
- * Spend the rate-limit tokens of the mails that will go.
- */
-static void
-spend_tokens(ClaimQueue *queues, int nqueues)
-{
-	int			i;
-
-	for (i = 0; i < nqueues; i++)
-	{
-		ClaimQueue *q = &queues[i];
-		Datum		args[2];
-
-		if (!q->limited || q->cap == 0)
-			continue;
-		if (spend_tokens_plan == NULL)
-		{
-			Oid			types[2] = {TEXTOID, FLOAT8OID};
-
-			gatekeeper_plan(&spend_tokens_plan, spend_tokens_sql, 2, types);
-		}
-		args[0] = CStringGetTextDatum(q->name);
-		args[1] = Float8GetDatum(Max(q->tokens - q->sent, 0.0));
-		if (SPI_execute_plan(spend_tokens_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "could not update rate limit of queue \"%s\"", q->name);
-	}
-}
-
 /* claim()'s receiver: a row of its result */
 static void
 put_claimed(void *arg, Datum *values, bool *nulls, TimestampTz due)
@@ -1755,7 +1327,7 @@ gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filt
 	int			i;
 
 	SPI_connect();
-	queues = load_queues(filter, &nqueues);
+	queues = claim_load_queues(filter, &nqueues);
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
 	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
 
@@ -1775,7 +1347,7 @@ gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filt
 	for (i = 0; i < nclaimed; i++)
 		if (!claimed[i].expired && !claimed[i].lost)
 			claimed[i].queue->sent++;
-	spend_tokens(queues, nqueues);
+	claim_spend_tokens(queues, nqueues);
 
 	SPI_finish();
 
