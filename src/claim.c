@@ -1181,7 +1181,7 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 	 * now() + lease.
 	 */
 	lease_until = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-														  TimestampTzGetDatum(GetCurrentTransactionStartTimestamp()),
+														  TimestampTzGetDatum(now),
 														  IntervalPGetDatum(lease)));
 	for (k = 0; k < nqueues; k++)
 	{

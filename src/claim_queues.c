@@ -11,7 +11,8 @@
  * false) wait for it).  The rows are read by a scan and sorted by name in
  * the column's collation, as pg_cron reads its job table: the statement
  * that joined and aggregated them started an executor for every claim
- * (bench/notes.md, "The claim at batch 100").  A rate-limited queue's
+ * (bench/notes.md, "The claim at batch 100").  The same scan finds the
+ * names in a claim's queues filter that name no queue.  A rate-limited queue's
  * token bucket is refilled and locked (SKIP LOCKED) by a statement, and
  * spent by another once the claim knows how many of its mails go.
  *
@@ -39,12 +40,6 @@
 #include "utils/snapmgr.h"
 #include "utils/varlena.h"
 
-static const char unknown_sql[] =
-"SELECT u.name FROM unnest($1) AS u(name) "
-" WHERE u.name IS NULL "
-"    OR NOT EXISTS (SELECT FROM gatekeeper.queue q WHERE q.name = u.name) "
-" LIMIT 1";
-
 static const char bucket_sql[] =
 "SELECT least(q.rate_limit::float8, q.tokens + q.rate_limit * "
 "             extract(epoch FROM now() - coalesce(q.refilled_at, now() - interval '1 second'))) "
@@ -55,7 +50,6 @@ static const char spend_tokens_sql[] =
 "UPDATE gatekeeper.queue SET tokens = $2, refilled_at = now() "
 " WHERE name = $1";
 
-static SPIPlanPtr unknown_plan = NULL;
 static SPIPlanPtr bucket_plan = NULL;
 static SPIPlanPtr spend_tokens_plan = NULL;
 
@@ -66,16 +60,14 @@ typedef struct PolicyRow
 	char	   *name;
 } PolicyRow;
 
-/* the collation of the name column being sorted by */
-static Oid	policy_collation;
-
+/* arg: the collation of the name column */
 static int
-policy_row_cmp(const void *a, const void *b)
+policy_row_cmp(const void *a, const void *b, void *arg)
 {
 	const PolicyRow *x = a;
 	const PolicyRow *y = b;
 
-	return varstr_cmp(x->name, strlen(x->name), y->name, strlen(y->name), policy_collation);
+	return varstr_cmp(x->name, strlen(x->name), y->name, strlen(y->name), *(Oid *) arg);
 }
 
 /*
@@ -123,20 +115,24 @@ read_policy_rows(Relation rel, Snapshot snapshot,
 		count++;
 	}
 	table_endscan(scan);
-	policy_collation = TupleDescAttr(desc, name_att - 1)->attcollation;
-	qsort(rows, count, sizeof(PolicyRow), policy_row_cmp);
+	qsort_arg(rows, count, sizeof(PolicyRow), policy_row_cmp,
+			  &TupleDescAttr(desc, name_att - 1)->attcollation);
 	*n = count;
 	return rows;
 }
 
-/* which queues a claim takes from: not paused, named in the filter if any */
+/*
+ * Which queues a claim takes from: not paused, named in the filter if any.
+ * The scan also notes which of the filter's names it met, paused or not.
+ */
 typedef struct QueueFilter
 {
 	AttrNumber	paused;
 	AttrNumber	background;
 	bool		background_only;
 	int			nnames;
-	char	  **names;			/* NULL: every queue */
+	char	  **names;			/* NULL: every queue; a NULL element: null */
+	bool	   *seen;			/* per name: a queue of that name exists */
 	AttrNumber	name;
 } QueueFilter;
 
@@ -146,9 +142,23 @@ keep_queue(HeapTuple tuple, TupleDesc desc, void *arg)
 	QueueFilter *f = arg;
 	bool		isnull;
 	Datum		d;
-	char	   *name;
+	bool		named = false;
 	int			i;
 
+	if (f->names != NULL)
+	{
+		char	   *name;
+
+		d = heap_getattr(tuple, f->name, desc, &isnull);
+		if (isnull)
+			return false;
+		name = TextDatumGetCString(d);
+		for (i = 0; i < f->nnames; i++)
+			if (f->names[i] != NULL && strcmp(f->names[i], name) == 0)
+				f->seen[i] = named = true;
+		if (!named)
+			return false;
+	}
 	d = heap_getattr(tuple, f->paused, desc, &isnull);
 	if (isnull || DatumGetBool(d))
 		return false;
@@ -158,16 +168,7 @@ keep_queue(HeapTuple tuple, TupleDesc desc, void *arg)
 		if (isnull || !DatumGetBool(d))
 			return false;
 	}
-	if (f->names == NULL)
-		return true;
-	d = heap_getattr(tuple, f->name, desc, &isnull);
-	if (isnull)
-		return false;
-	name = TextDatumGetCString(d);
-	for (i = 0; i < f->nnames; i++)
-		if (strcmp(f->names[i], name) == 0)
-			return true;
-	return false;
+	return true;
 }
 
 static AttrNumber
@@ -189,7 +190,8 @@ queue_gates(ClaimQueue *q, ArrayType *names, PolicyRow *gates, int ngates, Tuple
 {
 	Datum	   *elems;
 	bool	   *nulls;
-	int			nelems;
+	char	  **wanted;
+	int			nwanted;
 	AttrNumber	id_att = policy_att(desc, "gate", "id");
 	AttrNumber	max_att = policy_att(desc, "gate", "max_sends");
 	AttrNumber	period_att = policy_att(desc, "gate", "period");
@@ -197,7 +199,10 @@ queue_gates(ClaimQueue *q, ArrayType *names, PolicyRow *gates, int ngates, Tuple
 	int			i;
 	int			j;
 
-	deconstruct_array(names, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &nelems);
+	deconstruct_array(names, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &nwanted);
+	wanted = palloc(Max(nwanted, 1) * sizeof(char *));
+	for (j = 0; j < nwanted; j++)
+		wanted[j] = nulls[j] ? NULL : TextDatumGetCString(elems[j]);
 	q->gates = palloc(Max(ngates, 1) * sizeof(QueueGate));
 	q->ngates = 0;
 	for (i = 0; i < ngates; i++)
@@ -205,10 +210,10 @@ queue_gates(ClaimQueue *q, ArrayType *names, PolicyRow *gates, int ngates, Tuple
 		QueueGate  *g;
 		bool		isnull;
 
-		for (j = 0; j < nelems; j++)
-			if (!nulls[j] && strcmp(TextDatumGetCString(elems[j]), gates[i].name) == 0)
+		for (j = 0; j < nwanted; j++)
+			if (wanted[j] != NULL && strcmp(wanted[j], gates[i].name) == 0)
 				break;
-		if (j == nelems)
+		if (j == nwanted)
 			continue;
 		g = &q->gates[q->ngates++];
 		g->name = gates[i].name;
@@ -235,11 +240,9 @@ ClaimQueue *
 claim_load_queues(ArrayType *filter, int *nqueues)
 {
 	Datum		arg;
-	char		argnull = filter ? ' ' : 'n';
 	ClaimQueue *queues;
 	int			n;
 	int			i;
-	Oid			type = TEXTARRAYOID;
 	bool		background = gatekeeper_background_claim;
 	Relation	queue_rel;
 	Relation	gate_rel = NULL;
@@ -258,26 +261,6 @@ claim_load_queues(ArrayType *filter, int *nqueues)
 	AttrNumber	send_window_att;
 	AttrNumber	timezone_att;
 	AttrNumber	feedback_id_att;
-
-	gatekeeper_plan(&unknown_plan, unknown_sql, 1, &type);
-	arg = PointerGetDatum(filter);
-	if (filter != NULL)
-	{
-		if (SPI_execute_plan(unknown_plan, &arg, &argnull, true, 1) != SPI_OK_SELECT)
-			elog(ERROR, "could not check queue names");
-		if (SPI_processed > 0)
-		{
-			char	   *name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-
-			if (name == NULL)
-				ereport(ERROR,
-						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-						 errmsg("queues must not contain nulls")));
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_OBJECT),
-					 errmsg("queue \"%s\" does not exist", name)));
-		}
-	}
 
 	/*
 	 * A background worker serves the queues with background set.  ROW SHARE
@@ -308,12 +291,14 @@ claim_load_queues(ArrayType *filter, int *nqueues)
 	if (filter != NULL)
 	{
 		Datum	   *elems;
+		bool	   *nulls;
 		int			k;
 
-		deconstruct_array(filter, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, &f.nnames);
+		deconstruct_array(filter, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &f.nnames);
 		f.names = palloc(Max(f.nnames, 1) * sizeof(char *));
+		f.seen = palloc0(Max(f.nnames, 1) * sizeof(bool));
 		for (k = 0; k < f.nnames; k++)
-			f.names[k] = TextDatumGetCString(elems[k]);
+			f.names[k] = nulls[k] ? NULL : TextDatumGetCString(elems[k]);
 	}
 	weight_att = policy_att(desc, "queue", "weight");
 	on_gate_closed_att = policy_att(desc, "queue", "on_gate_closed");
@@ -326,6 +311,19 @@ claim_load_queues(ArrayType *filter, int *nqueues)
 	feedback_id_att = policy_att(desc, "queue", "feedback_id");
 
 	rows = read_policy_rows(queue_rel, snapshot, keep_queue, &f, &n);
+
+	/* the filter's first null or unknown name, in its order, is an error */
+	for (i = 0; i < f.nnames; i++)
+	{
+		if (f.names[i] == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("queues must not contain nulls")));
+		if (!f.seen[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("queue \"%s\" does not exist", f.names[i])));
+	}
 	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));
 	for (i = 0; i < n; i++)
 	{

@@ -100,8 +100,8 @@ typedef struct ContentPart
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	AttrNumber	att[M_NUM];
-	bool		placed;			/* the scan stands on an entry, of id at */
-	int64		at;
+	int64		at;				/* the id of the entry the scan stands on;
+								 * PG_INT64_MAX: on none */
 } ContentPart;
 
 /*
@@ -211,9 +211,19 @@ content_part(Take *t, int segment)
 	p->scan = index_beginscan(p->rel, p->pkey, t->snapshot, 1, 0);
 	/* the entries' ids, to step from one to the next without the heap */
 	p->scan->xs_want_itup = true;
+	p->at = PG_INT64_MAX;
 	p->slot = table_slot_create(p->rel, NULL);
 	MemoryContextSwitchTo(old);
 	return p;
+}
+
+static void
+content_rescan(ContentPart *p, int64 id)
+{
+	ScanKeyData key;
+
+	ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(id));
+	index_rescan(p->scan, &key, 1, NULL, 0);
 }
 
 /*
@@ -229,16 +239,6 @@ content_part(Take *t, int segment)
  * mail has no content row this snapshot sees; so does one whose heap
  * tuple, or every one of whose versions, the snapshot does not see.
  */
-static void
-content_rescan(ContentPart *p, int64 id)
-{
-	ScanKeyData key;
-
-	ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(id));
-	index_rescan(p->scan, &key, 1, NULL, 0);
-	p->placed = true;
-}
-
 static ContentPart *
 fetch_content(Take *t, int64 id, int16 segment)
 {
@@ -257,7 +257,7 @@ fetch_content(Take *t, int64 id, int16 segment)
 	 * per-mail context after every mail.
 	 */
 	old = MemoryContextSwitchTo(t->outer);
-	if (!p->placed || id <= p->at)
+	if (id <= p->at)
 		content_rescan(p, id);
 	for (;;)
 	{
@@ -267,7 +267,7 @@ fetch_content(Take *t, int64 id, int16 segment)
 
 		if (tid == NULL)
 		{
-			p->placed = false;
+			p->at = PG_INT64_MAX;
 			break;
 		}
 		entry = DatumGetInt64(index_getattr(p->scan->xs_itup, 1,

@@ -37,15 +37,19 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "catalog/pg_am.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "nodes/makefuncs.h"
+#include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 
 /* the columns the statement names, in its order */
@@ -58,48 +62,77 @@ enum
 };
 
 /*
- * Where each named column is in mail_claim (false if one is missing or not
- * of the type the statement gives it), and the expression of each other
- * column's default (NULL: none), prepared in estate.
+ * mail_claim's layout as the direct path writes it: where each named
+ * column is, and every other column's default, planned.  Read once and
+ * kept until the table changes (any invalidation of its relcache entry:
+ * an ALTER TABLE, a new trigger, the extension made again), so a claim
+ * reads no catalog and plans nothing.
  */
-static bool
-claim_columns(Relation rel, Oid records_type, EState *estate,
-			  AttrNumber *att, ExprState **defaults)
+typedef struct ClaimLayout
+{
+	bool		valid;
+	uint32		generation;		/* gatekeeper_relid_generation when read */
+	Oid			records_type;	/* the mails column's type it was read for */
+	bool		plain;			/* the columns are of the statement's types */
+	AttrNumber	att[C_NUM];
+	Expr	  **defaults;		/* per column; NULL: none, or named above */
+} ClaimLayout;
+
+static ClaimLayout layout;
+static MemoryContext layout_cxt = NULL;
+
+static ClaimLayout *
+claim_layout(Relation rel, Oid records_type)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	const Oid	types[C_NUM] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID,
 	INT4OID, records_type};
+	uint32		generation = gatekeeper_relid_generation(GATEKEEPER_REL_MAIL_CLAIM);
+	MemoryContext old;
 	int			i;
 
+	if (layout.valid && layout.generation == generation &&
+		layout.records_type == records_type)
+		return &layout;
+
+	if (layout_cxt == NULL)
+		layout_cxt = AllocSetContextCreate(TopMemoryContext, "gatekeeper claim writer",
+										   ALLOCSET_SMALL_SIZES);
+	MemoryContextReset(layout_cxt);
+	memset(&layout, 0, sizeof(layout));
+	old = MemoryContextSwitchTo(layout_cxt);
+	layout.plain = true;
 	for (i = 0; i < C_NUM; i++)
 	{
-		att[i] = SPI_fnumber(desc, claim_names[i]);
-		if (att[i] <= 0 || TupleDescAttr(desc, att[i] - 1)->atttypid != types[i])
-			return false;
+		layout.att[i] = SPI_fnumber(desc, claim_names[i]);
+		if (layout.att[i] <= 0 || TupleDescAttr(desc, layout.att[i] - 1)->atttypid != types[i])
+			layout.plain = false;
 	}
-	for (i = 0; i < desc->natts; i++)
+	layout.defaults = palloc0(desc->natts * sizeof(Expr *));
+	for (i = 0; layout.plain && i < desc->natts; i++)
 	{
 		Form_pg_attribute a = TupleDescAttr(desc, i);
 		Node	   *expr;
 		int			k;
 
-		defaults[i] = NULL;
+		if (a->attgenerated)
+			layout.plain = false;
 		if (a->attisdropped || a->attgenerated)
-		{
-			if (a->attgenerated)
-				return false;
 			continue;
-		}
-		for (k = 0; k < C_NUM && att[k] != i + 1; k++)
+		for (k = 0; k < C_NUM && layout.att[k] != i + 1; k++)
 			;
 		if (k < C_NUM)
 			continue;
 		/* the batch number from its identity sequence, gone '{}' */
 		expr = build_column_default(rel, i + 1);
 		if (expr != NULL)
-			defaults[i] = ExecPrepareExpr((Expr *) expr, estate);
+			layout.defaults[i] = expression_planner((Expr *) expr);
 	}
-	return true;
+	MemoryContextSwitchTo(old);
+	layout.generation = generation;
+	layout.records_type = records_type;
+	layout.valid = true;
+	return &layout;
 }
 
 /*
@@ -120,9 +153,10 @@ gatekeeper_claim_write(Datum queue, text *worker, TimestampTz lease_until, int n
 	ExprContext *econtext;
 	TupleTableSlot *slot;
 	TupleDesc	desc;
-	AttrNumber	att[C_NUM];
+	ClaimLayout *l;
 	ExprState **defaults;
 	CommandId	cid = GetCurrentCommandId(true);
+	uint32		found;
 	int16		typlen;
 	bool		typbyval;
 	char		typalign;
@@ -131,25 +165,19 @@ gatekeeper_claim_write(Datum queue, text *worker, TimestampTz lease_until, int n
 
 	rel = table_open(gatekeeper_relid(GATEKEEPER_REL_MAIL_CLAIM, false), RowExclusiveLock);
 	desc = RelationGetDescr(rel);
-	if (rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
-		(rel->trigdesc != NULL && (rel->trigdesc->trig_insert_before_row ||
-								   rel->trigdesc->trig_insert_after_row ||
-								   rel->trigdesc->trig_insert_instead_row ||
-								   rel->trigdesc->trig_insert_before_statement ||
-								   rel->trigdesc->trig_insert_after_statement)))
+	l = claim_layout(rel, records_type);
+	if (rel->rd_rel->relam != HEAP_TABLE_AM_OID || !l->plain ||
+		!gatekeeper_triggers_only(rel, TRIGGER_TYPE_INSERT, NULL, 0, &found))
 	{
 		table_close(rel, NoLock);
 		return false;
 	}
 	estate = CreateExecutorState();
 	estate->es_output_cid = cid;
-	defaults = palloc(desc->natts * sizeof(ExprState *));
-	if (!claim_columns(rel, records_type, estate, att, defaults))
-	{
-		FreeExecutorState(estate);
-		table_close(rel, NoLock);
-		return false;
-	}
+	defaults = palloc0(desc->natts * sizeof(ExprState *));
+	for (k = 0; k < desc->natts; k++)
+		if (l->defaults[k] != NULL)
+			defaults[k] = ExecInitExpr(l->defaults[k], NULL);
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 0, NULL, 0);
 	ExecOpenIndices(rri, false);
@@ -171,7 +199,7 @@ gatekeeper_claim_write(Datum queue, text *worker, TimestampTz lease_until, int n
 			if (defaults[k] != NULL)
 				v[k] = ExecEvalExprSwitchContext(defaults[k], econtext, &n[k]);
 		}
-#define SET(col, value) (v[att[col] - 1] = (value), n[att[col] - 1] = false)
+#define SET(col, value) (v[l->att[col] - 1] = (value), n[l->att[col] - 1] = false)
 		SET(C_QUEUE, queue);
 		SET(C_LEASE_UNTIL, TimestampTzGetDatum(lease_until));
 		SET(C_LO, Int64GetDatum(lo[i]));
@@ -181,8 +209,8 @@ gatekeeper_claim_write(Datum queue, text *worker, TimestampTz lease_until, int n
 													 start[i + 1] - start[i], record_type,
 													 typlen, typbyval, typalign)));
 #undef SET
-		v[att[C_WORKER] - 1] = PointerGetDatum(worker);
-		n[att[C_WORKER] - 1] = worker == NULL;
+		v[l->att[C_WORKER] - 1] = PointerGetDatum(worker);
+		n[l->att[C_WORKER] - 1] = worker == NULL;
 		ExecStoreVirtualTuple(slot);
 		if (desc->constr != NULL)
 			ExecConstraints(rri, slot, estate);
