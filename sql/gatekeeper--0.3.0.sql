@@ -327,6 +327,42 @@ CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id
 	WHERE state = 'scheduled';
 CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
 	WHERE dedupe_key IS NOT NULL;
+
+/*
+ * Runs (src/live_writer.c): the mails of one INSERT or COPY with
+ * consecutive ids, one queue, priority, send_at and segment and no dedupe
+ * key, as one row of mail_run for up to 128 of them (ids id .. last_id)
+ * instead of a row of mail_live each: their index entries were most of a
+ * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
+ * trigger's time goes").  A mail of a run is scheduled as if it had a
+ * mail_live row with the columns' defaults (never attempted, no
+ * Message-ID, no error).  A claim takes mails from the front of a run (id
+ * moves on; the last one deletes it), in the order of mail_due; whatever
+ * changes one mail of a run (cancel, an update or delete of the mail,
+ * rotation) first moves it out into mail_live (_run_split); readers of
+ * scheduled mail (mail_status, queue_stats, next_due) read runs too.
+ *
+ *   mail_run_due	runs by queue, priority, due time, as mail_due
+ */
+CREATE TABLE gatekeeper.mail_run (
+	id			bigint PRIMARY KEY,
+	last_id		bigint NOT NULL,
+	queue		text NOT NULL,
+	priority	int NOT NULL,
+	send_at		timestamptz NOT NULL,
+	segment		smallint NOT NULL,
+	CHECK (last_id >= id)
+);
+COMMENT ON TABLE gatekeeper.mail_run IS
+	'scheduled mail enqueued together and untouched since: one row for the mails id .. last_id, each as a mail_live row with its defaults would be';
+ALTER TABLE gatekeeper.mail_run SET (
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 1000,
+	autovacuum_analyze_scale_factor = 0.02,
+	autovacuum_vacuum_cost_delay = 0
+);
+CREATE INDEX mail_run_due ON gatekeeper.mail_run (queue, priority DESC, send_at, id)
+	WITH (deduplicate_items = off);
 CREATE INDEX mail_done_key ON gatekeeper.mail_done (queue, dedupe_key, finished_at)
 	WHERE dedupe_key IS NOT NULL;
 -- BRIN: outcomes arrive in finish order, and only rotation asks; a btree
@@ -738,6 +774,7 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_1', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_2', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_done_3', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_live', '');
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_run', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim_batch_seq', '');
@@ -1996,6 +2033,23 @@ ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_insert;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_update;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_delete;
 ALTER TABLE gatekeeper.mail_live ENABLE ALWAYS TRIGGER mail_live_count_truncate;
+
+-- a run counts as its mails (last_id - id + 1), never retrying
+CREATE TRIGGER mail_run_count_insert AFTER INSERT ON gatekeeper.mail_run
+	REFERENCING NEW TABLE AS new_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_run_count_update AFTER UPDATE ON gatekeeper.mail_run
+	REFERENCING OLD TABLE AS old_run NEW TABLE AS new_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_run_count_delete AFTER DELETE ON gatekeeper.mail_run
+	REFERENCING OLD TABLE AS old_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_run_count_truncate AFTER TRUNCATE ON gatekeeper.mail_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_insert;
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_update;
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_delete;
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_truncate;
 
 /*
  * Count mail_live afresh into mail_live_count, for counts that missed

@@ -26,6 +26,8 @@ typedef enum GatekeeperRel
 	GATEKEEPER_REL_GATE_SPACE,
 	GATEKEEPER_REL_MAIL_CLAIM,
 	GATEKEEPER_REL_MAIL_KEY,
+	GATEKEEPER_REL_MAIL_RUN,
+	GATEKEEPER_REL_MAIL_RUN_DUE,	/* mail_run's index by queue and due time */
 	/* the retention segments' partitions, by segment (GATEKEEPER_SEGMENTS) */
 	GATEKEEPER_REL_MAIL_0,
 	GATEKEEPER_REL_MAIL_1,

@@ -234,6 +234,26 @@ static const char claim_sql[] =
 "              l.dedupe_key, l.segment)::gatekeeper.mail_live";
 
 /*
+ * Before the statement: the queue's first due runs (mail_run), as many as
+ * the share could take mails from, moved into mail_live, whose rows the
+ * statement takes (src/claim_take.c takes from runs itself).  A run
+ * another claimer holds is skipped, as the statement skips its rows.
+ */
+static const char runs_to_live_sql[] =
+"WITH r AS ( "
+"  DELETE FROM gatekeeper.mail_run r "
+"   WHERE r.ctid = ANY (ARRAY( "
+"         SELECT d.ctid FROM gatekeeper.mail_run d "
+"          WHERE d.queue = $1 AND d.send_at <= now() "
+"          ORDER BY d.queue, d.priority DESC, d.send_at, d.id "
+"          LIMIT $2 "
+"            FOR UPDATE SKIP LOCKED)) "
+"  RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment) "
+"INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment) "
+"SELECT g.id, r.queue, r.priority, r.send_at, r.segment "
+"  FROM r, generate_series(r.id, r.last_id) AS g(id)";
+
+/*
  * The mails of one queue's share that go, in id order: one batch row per
  * CLAIM_BATCH_MAILS of them.  $4 and $5 are each row's lowest and highest
  * id, $6 where each row's mails start in $7 (and, last, one past the end).
@@ -244,6 +264,7 @@ static const char claim_batch_sql[] =
 "  FROM generate_series(1, cardinality($4)) i";
 
 static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr runs_to_live_plan = NULL;
 static SPIPlanPtr claim_batch_plan = NULL;
 
 static uint32 claim_rotation = 0;
@@ -407,6 +428,16 @@ claim_from_queue(ClaimQueue *q, int share, Interval *lease, text *worker,
 							  claim_take_receive, &receiver) >= 0)
 		return *nclaimed - before;
 
+	{
+		Datum		rargs[2] = {CStringGetTextDatum(q->name), Int32GetDatum(share)};
+		Oid			rtypes[2] = {TEXTOID, INT4OID};
+
+		plan = gatekeeper_plan(&runs_to_live_plan, runs_to_live_sql, 2, rtypes);
+		if (gatekeeper_execute_by_key(plan, rargs, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not move the runs of queue \"%s\" into mail_live", q->name);
+		/* their rows may lie below the floor */
+		have_floor = gatekeeper_due_floor_raise(q->name, &floor);
+	}
 	plan = gatekeeper_plan(&claim_plan, claim_sql, 9, types);
 	if (have_floor)
 	{

@@ -32,9 +32,22 @@
  * live counts directly (src/live_count.c), as the live writer counts what
  * it inserts.
  *
+ * Runs (mail_run, src/live_writer.c) are walked alongside, one priority
+ * level at a time: each level's live rows (mail_due) and runs
+ * (mail_run_due) are merged in (send_at, id) order, a run standing at its
+ * first mail.  A run is locked without waiting when its turn first comes
+ * (one another claimer holds is skipped, as a live row is), its mails are
+ * taken from the front, each with its content as a live row's, in
+ * between the live rows they sort among, and it is then moved on (id
+ * past the last mail taken) or, taken whole, deleted.  A mail of a run is
+ * handed over as the mail_live row it stands for: never attempted, no
+ * Message-ID.
+ *
  * The walk is taken only when it does what the statement would: mail_live
- * a heap with no delete trigger that would fire but the live counts' own.
- * Otherwise src/claim.c runs the statement.
+ * a heap with no delete trigger that would fire but the live counts' own,
+ * mail_run one with no update or delete trigger but theirs.  Otherwise
+ * src/claim.c runs the statement, after moving the runs it may need into
+ * mail_live.
  *
  * IDENTIFICATION
  *		src/claim_take.c
@@ -46,6 +59,8 @@
 #include "claim_take.h"
 #include "catalog.h"
 #include "live_count.h"
+
+#include "executor/executor.h"
 
 #include "access/genam.h"
 #include "access/heapam.h"
@@ -79,6 +94,15 @@ enum
 {
 	L_ID, L_QUEUE, L_PRIORITY, L_SEND_AT, L_STATE, L_ATTEMPT, L_UNCHARGED,
 	L_WORKER, L_MESSAGE_ID, L_LAST_ERROR, L_DEDUPE_KEY, L_SEGMENT, L_NUM
+};
+
+/* mail_run's columns */
+static const char *const run_names[] = {
+	"id", "last_id", "queue", "priority", "send_at", "segment"
+};
+enum
+{
+	R_ID, R_LAST_ID, R_QUEUE, R_PRIORITY, R_SEND_AT, R_SEGMENT, R_NUM
 };
 
 /* the content's columns the claim returns or reads */
@@ -129,6 +153,14 @@ typedef struct Take
 	const char *domain;			/* of generated Message-IDs, or NULL */
 	const char *default_sender;
 	ContentPart parts[GATEKEEPER_SEGMENTS];
+	/* runs */
+	Relation	run;
+	Relation	run_due;
+	AttrNumber	ratt[R_NUM];
+	EState	   *run_estate;
+	ResultRelInfo *run_rri;
+	TupleTableSlot *run_new;	/* a run's next version */
+	TupleTableSlot *synth;		/* the live row a run's mail stands for */
 	MemoryContext outer;		/* the take's own allocations */
 	MemoryContext per_mail;		/* one mail's, reset after it */
 	int			share;
@@ -138,14 +170,6 @@ typedef struct Take
 	claim_take_receiver receive;
 	void	   *arg;
 } Take;
-
-/* how a walk of one range of mail_due ended */
-typedef enum WalkEnd
-{
-	WALK_FULL,					/* the share is taken */
-	WALK_NOT_DUE,				/* at a mail not yet due: *level its priority */
-	WALK_END					/* the range holds no more */
-} WalkEnd;
 
 /*
  * Whether mail_live is a heap whose delete fires no trigger but the live
@@ -161,6 +185,22 @@ live_deletes_plainly(Relation rel)
 	return rel->rd_rel->relam == HEAP_TABLE_AM_OID &&
 		gatekeeper_triggers_only(rel, TRIGGER_TYPE_DELETE, own, lengthof(own), &found) &&
 		found == 1;
+}
+
+/*
+ * Whether mail_run is a heap whose updates and deletes fire no trigger but
+ * the live counts' own.
+ */
+static bool
+runs_change_plainly(Relation rel)
+{
+	static const char *const upd[] = {"mail_run_count_update"};
+	static const char *const del[] = {"mail_run_count_delete"};
+	uint32		found;
+
+	return rel->rd_rel->relam == HEAP_TABLE_AM_OID &&
+		gatekeeper_triggers_only(rel, TRIGGER_TYPE_UPDATE, upd, lengthof(upd), &found) &&
+		gatekeeper_triggers_only(rel, TRIGGER_TYPE_DELETE, del, lengthof(del), &found);
 }
 
 static Oid
@@ -428,81 +468,375 @@ hand_over(Take *t, TupleTableSlot *live, ContentPart *c)
 	t->receive(t->arg, v, n);
 }
 
-/*
- * Walk mail_due under keys, taking the due mails whose rows no one else
- * holds until the share is taken.
- */
-static WalkEnd
-walk(Take *t, ScanKey keys, int nkeys, int32 *level)
+/* the live rows of one level, in (send_at, id) order */
+typedef struct LiveStream
 {
 	IndexScanDesc scan;
-	TupleTableSlot *slot = table_slot_create(t->live, NULL);
-	WalkEnd		end = WALK_END;
+	TupleTableSlot *slot;
+	bool		valid;			/* slot holds the next row */
+	bool		done;
+	TimestampTz send_at;
+	int64		id;
+} LiveStream;
 
-	scan = index_beginscan(t->live, t->due, t->snapshot, nkeys, 0);
-	index_rescan(scan, keys, nkeys, NULL, 0);
-	while (t->taken < t->share &&
-		   index_getnext_slot(scan, ForwardScanDirection, slot))
+/* the runs of one level, in (send_at, id) order */
+typedef struct RunStream
+{
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	bool		valid;			/* the fields below are the next run */
+	bool		done;
+	bool		held;			/* locked by this take: its mails are ours */
+	ItemPointerData tid;
+	TimestampTz send_at;
+	int64		next;			/* its first mail not yet taken */
+	int64		last;
+	int16		segment;
+} RunStream;
+
+static void
+live_advance(Take *t, LiveStream *a, const DueKey *floor)
+{
+	while (index_getnext_slot(a->scan, ForwardScanDirection, a->slot))
 	{
 		Datum	   *v;
 		bool	   *nl;
-		ContentPart *c;
-		TM_FailureData tmfd;
-		TM_Result	result;
-		MemoryContext old;
 
-		CHECK_FOR_INTERRUPTS();
-		slot_getallattrs(slot);
-		v = slot->tts_values;
-		nl = slot->tts_isnull;
+		slot_getallattrs(a->slot);
+		v = a->slot->tts_values;
+		nl = a->slot->tts_isnull;
 		if (nl[t->att[L_STATE] - 1] ||
 			DatumGetObjectId(v[t->att[L_STATE] - 1]) != t->scheduled)
 			continue;
-		if (DatumGetTimestampTz(v[t->att[L_SEND_AT] - 1]) > t->now)
-		{
-			*level = DatumGetInt32(v[t->att[L_PRIORITY] - 1]);
-			end = WALK_NOT_DUE;
-			break;
-		}
-
-		old = MemoryContextSwitchTo(t->per_mail);
-		c = fetch_content(t, DatumGetInt64(v[t->att[L_ID] - 1]),
-						  DatumGetInt16(v[t->att[L_SEGMENT] - 1]));
-		if (c == NULL)
-		{
-			MemoryContextSwitchTo(old);
-			MemoryContextReset(t->per_mail);
+		a->send_at = DatumGetTimestampTz(v[t->att[L_SEND_AT] - 1]);
+		a->id = DatumGetInt64(v[t->att[L_ID] - 1]);
+		/* below the floor (its send_at, an id before its own) */
+		if (floor != NULL && a->send_at == floor->send_at && a->id < floor->id)
 			continue;
-		}
+		a->valid = true;
+		return;
+	}
+	a->valid = false;
+	a->done = true;
+}
 
-		result = table_tuple_delete(t->live, &slot->tts_tid, t->cid, t->snapshot,
+/*
+ * Write what the take did to the run it holds: moved on past the mails
+ * taken, or deleted when it has none left.
+ */
+static void
+run_finish(Take *t, RunStream *b)
+{
+	TM_FailureData tmfd;
+	TM_Result	result;
+
+	if (!b->held)
+		return;
+	b->held = false;
+	if (b->next > b->last)
+		result = table_tuple_delete(t->run, &b->tid, t->cid, t->snapshot, InvalidSnapshot,
+									true, &tmfd, false);
+	else
+	{
+		TupleTableSlot *n = t->run_new;
+		LockTupleMode lockmode;
+		bool		update_indexes;
+		int			i;
+
+		ExecClearTuple(n);
+		slot_getallattrs(b->slot);
+		for (i = 0; i < n->tts_tupleDescriptor->natts; i++)
+		{
+			n->tts_values[i] = b->slot->tts_values[i];
+			n->tts_isnull[i] = b->slot->tts_isnull[i];
+		}
+		n->tts_values[t->ratt[R_ID] - 1] = Int64GetDatum(b->next);
+		ExecStoreVirtualTuple(n);
+		result = table_tuple_update(t->run, &b->tid, n, t->cid, t->snapshot, InvalidSnapshot,
+									true, &tmfd, &lockmode, &update_indexes);
+		if (result == TM_Ok && update_indexes)
+		{
+			List	   *recheck;
+
+			ResetPerTupleExprContext(t->run_estate);
+			recheck = ExecInsertIndexTuples(t->run_rri, n, t->run_estate, true, false,
+											NULL, NIL);
+			list_free(recheck);
+		}
+		ExecClearTuple(n);
+	}
+	if (result != TM_Ok)
+		elog(ERROR, "could not move on a run of gatekeeper.mail_run the claim holds");
+}
+
+static void
+run_advance(Take *t, RunStream *b)
+{
+	run_finish(t, b);
+	while (index_getnext_slot(b->scan, ForwardScanDirection, b->slot))
+	{
+		Datum	   *v;
+
+		slot_getallattrs(b->slot);
+		v = b->slot->tts_values;
+		b->tid = b->slot->tts_tid;
+		b->send_at = DatumGetTimestampTz(v[t->ratt[R_SEND_AT] - 1]);
+		b->next = DatumGetInt64(v[t->ratt[R_ID] - 1]);
+		b->last = DatumGetInt64(v[t->ratt[R_LAST_ID] - 1]);
+		b->segment = DatumGetInt16(v[t->ratt[R_SEGMENT] - 1]);
+		b->valid = true;
+		return;
+	}
+	b->valid = false;
+	b->done = true;
+}
+
+/*
+ * Lock the run b stands on without waiting; false when another
+ * transaction holds it or changed it since the snapshot (under REPEATABLE
+ * READ or SERIALIZABLE a change is a serialization failure, as FOR UPDATE
+ * makes it).
+ */
+static bool
+run_lock(Take *t, RunStream *b)
+{
+	TM_FailureData tmfd;
+	TM_Result	result;
+
+	result = table_tuple_lock(t->run, &b->tid, t->snapshot, b->slot, t->cid,
+							  LockTupleExclusive, LockWaitSkip, 0, &tmfd);
+	if (result == TM_Ok)
+	{
+		b->held = true;
+		return true;
+	}
+	if (IsolationUsesXactSnapshot() && (result == TM_Updated || result == TM_Deleted))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent %s",
+						result == TM_Updated ? "update" : "delete")));
+	return false;
+}
+
+/*
+ * Take the live row a stands on, if its content is there and no one else
+ * holds it.
+ */
+static void
+take_live(Take *t, LiveStream *a)
+{
+	Datum	   *v = a->slot->tts_values;
+	ContentPart *c;
+	TM_FailureData tmfd;
+	TM_Result	result;
+	MemoryContext old;
+
+	old = MemoryContextSwitchTo(t->per_mail);
+	c = fetch_content(t, a->id, DatumGetInt16(v[t->att[L_SEGMENT] - 1]));
+	if (c != NULL)
+	{
+		result = table_tuple_delete(t->live, &a->slot->tts_tid, t->cid, t->snapshot,
 									InvalidSnapshot, false, &tmfd, false);
-		if (result != TM_Ok)
+		if (result == TM_Ok)
 		{
-			/* as FOR UPDATE SKIP LOCKED, in ExecLockRows */
-			if (IsolationUsesXactSnapshot() &&
-				(result == TM_Updated || result == TM_Deleted))
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent %s",
-								result == TM_Updated ? "update" : "delete")));
-			MemoryContextSwitchTo(old);
-			MemoryContextReset(t->per_mail);
-			continue;
+			t->taken++;
+			t->scheduled_off++;
+			if (DatumGetInt32(v[t->att[L_ATTEMPT] - 1]) > 0)
+				t->retrying_off++;
+			hand_over(t, a->slot, c);
 		}
+		else if (IsolationUsesXactSnapshot() &&
+				 (result == TM_Updated || result == TM_Deleted))
+			/* as FOR UPDATE SKIP LOCKED, in ExecLockRows */
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent %s",
+							result == TM_Updated ? "update" : "delete")));
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(t->per_mail);
+}
+
+/*
+ * Take the first mail of the run b holds: handed over as the live row it
+ * stands for.  A mail without content (its row deleted with gatekeeper's
+ * triggers disabled) leaves the run untaken.
+ */
+static void
+take_run_mail(Take *t, RunStream *b)
+{
+	TupleTableSlot *l = t->synth;
+	Datum	   *rv = b->slot->tts_values;
+	ContentPart *c;
+	MemoryContext old;
+	int64		id = b->next++;
+
+	old = MemoryContextSwitchTo(t->per_mail);
+	c = fetch_content(t, id, b->segment);
+	if (c != NULL)
+	{
+		ExecClearTuple(l);
+		memset(l->tts_isnull, true, l->tts_tupleDescriptor->natts * sizeof(bool));
+#define SET_LIVE(k, d) (l->tts_values[t->att[k] - 1] = (d), l->tts_isnull[t->att[k] - 1] = false)
+		SET_LIVE(L_ID, Int64GetDatum(id));
+		SET_LIVE(L_QUEUE, rv[t->ratt[R_QUEUE] - 1]);
+		SET_LIVE(L_PRIORITY, rv[t->ratt[R_PRIORITY] - 1]);
+		SET_LIVE(L_SEND_AT, rv[t->ratt[R_SEND_AT] - 1]);
+		SET_LIVE(L_STATE, ObjectIdGetDatum(t->scheduled));
+		SET_LIVE(L_ATTEMPT, Int32GetDatum(0));
+		SET_LIVE(L_UNCHARGED, Int32GetDatum(0));
+		SET_LIVE(L_SEGMENT, Int16GetDatum(b->segment));
+#undef SET_LIVE
+		ExecStoreVirtualTuple(l);
 		t->taken++;
 		t->scheduled_off++;
-		if (DatumGetInt32(v[t->att[L_ATTEMPT] - 1]) > 0)
-			t->retrying_off++;
-		hand_over(t, slot, c);
-		MemoryContextSwitchTo(old);
-		MemoryContextReset(t->per_mail);
+		hand_over(t, l, c);
 	}
-	if (t->taken >= t->share)
-		end = WALK_FULL;
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	return end;
+	else
+		t->scheduled_off++;
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(t->per_mail);
+}
+
+/*
+ * Take the due mail of one priority level, live rows and runs merged,
+ * until the share is taken (true) or the level has no more due mail.
+ * floor: where the level's live rows start, when the due floor is in it.
+ */
+static bool
+walk_level(Take *t, int32 level, const DueKey *floor)
+{
+	ScanKeyData akeys[3];
+	ScanKeyData bkeys[2];
+	LiveStream	a;
+	RunStream	b;
+	int			nakeys = 2;
+
+	memset(&a, 0, sizeof(a));
+	memset(&b, 0, sizeof(b));
+	ScanKeyEntryInitialize(&akeys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   t->due->rd_indcollation[0], F_TEXTEQ, t->queue);
+	ScanKeyInit(&akeys[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(level));
+	if (floor != NULL)
+		ScanKeyInit(&akeys[nakeys++], 3, BTGreaterEqualStrategyNumber, F_TIMESTAMPTZ_GE,
+					TimestampTzGetDatum(floor->send_at));
+	a.slot = table_slot_create(t->live, NULL);
+	a.scan = index_beginscan(t->live, t->due, t->snapshot, nakeys, 0);
+	index_rescan(a.scan, akeys, nakeys, NULL, 0);
+	live_advance(t, &a, floor);
+
+	if (t->run != NULL)
+	{
+		ScanKeyEntryInitialize(&bkeys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+							   t->run_due->rd_indcollation[0], F_TEXTEQ, t->queue);
+		ScanKeyInit(&bkeys[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(level));
+		b.slot = table_slot_create(t->run, NULL);
+		b.scan = index_beginscan(t->run, t->run_due, t->snapshot, 2, 0);
+		index_rescan(b.scan, bkeys, 2, NULL, 0);
+		run_advance(t, &b);
+	}
+	else
+		b.done = true;
+
+	while (t->taken < t->share && (a.valid || b.valid))
+	{
+		bool		live_first;
+
+		CHECK_FOR_INTERRUPTS();
+		live_first = a.valid &&
+			(!b.valid || a.send_at < b.send_at ||
+			 (a.send_at == b.send_at && a.id < b.next));
+		if ((live_first ? a.send_at : b.send_at) > t->now)
+			break;				/* the rest of the level is not due */
+		if (live_first)
+		{
+			take_live(t, &a);
+			live_advance(t, &a, floor);
+			continue;
+		}
+		if (!b.held && !run_lock(t, &b))
+		{
+			run_advance(t, &b);
+			continue;
+		}
+		take_run_mail(t, &b);
+		if (b.next > b.last)
+			run_advance(t, &b);
+	}
+	run_finish(t, &b);
+
+	index_endscan(a.scan);
+	ExecDropSingleTupleTableSlot(a.slot);
+	if (b.scan != NULL)
+	{
+		index_endscan(b.scan);
+		ExecDropSingleTupleTableSlot(b.slot);
+	}
+	return t->taken >= t->share;
+}
+
+/*
+ * The highest priority level below "below" (PG_INT32_MAX + 1: any) with a
+ * scheduled live row or a run of the queue, or false when there is none.
+ * A live row's level counts only from the floor on, when there is one.
+ */
+static bool
+next_level(Take *t, int64 below, const DueKey *floor, int32 *level)
+{
+	ScanKeyData keys[2];
+	bool		found = false;
+	int			nkeys;
+	int			r;
+
+	for (r = 0; r < 2; r++)
+	{
+		Relation	rel = r == 0 ? t->live : t->run;
+		Relation	idx = r == 0 ? t->due : t->run_due;
+		IndexScanDesc scan;
+		TupleTableSlot *slot;
+		AttrNumber	patt = r == 0 ? t->att[L_PRIORITY] : t->ratt[R_PRIORITY];
+
+		if (rel == NULL)
+			continue;
+		if (r == 0 && floor != NULL && below > floor->priority)
+		{
+			/* no live row above the floor's level is scheduled */
+			if (!found || floor->priority > *level)
+				*level = floor->priority;
+			found = true;
+			continue;
+		}
+		ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+							   idx->rd_indcollation[0], F_TEXTEQ, t->queue);
+		nkeys = 1;
+		if (below <= PG_INT32_MAX)
+			ScanKeyInit(&keys[nkeys++], 2, BTLessStrategyNumber, F_INT4LT,
+						Int32GetDatum((int32) below));
+		slot = table_slot_create(rel, NULL);
+		scan = index_beginscan(rel, idx, t->snapshot, nkeys, 0);
+		index_rescan(scan, keys, nkeys, NULL, 0);
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			int32		p;
+
+			if (r == 0)
+			{
+				Datum		st = slot_getattr(slot, t->att[L_STATE], &isnull);
+
+				if (isnull || DatumGetObjectId(st) != t->scheduled)
+					continue;
+			}
+			p = DatumGetInt32(slot_getattr(slot, patt, &isnull));
+			if (!found || p > *level)
+				*level = p;
+			found = true;
+			break;
+		}
+		index_endscan(scan);
+		ExecDropSingleTupleTableSlot(slot);
+	}
+	return found;
 }
 
 /*
@@ -520,8 +854,8 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	Take		t;
 	Oid			live_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, false);
 	Oid			due_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_DUE, false);
-	ScanKeyData keys[4];
-	WalkEnd		end;
+	Oid			run_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_RUN, true);
+	int64		below = (int64) PG_INT32_MAX + 1;
 	int32		level = 0;
 	int			i;
 
@@ -535,6 +869,29 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 		table_close(t.live, NoLock);
 		return -1;
 	}
+	if (OidIsValid(run_relid))
+	{
+		t.run = table_open(run_relid, RowExclusiveLock);
+		if (!runs_change_plainly(t.run))
+		{
+			table_close(t.run, NoLock);
+			table_close(t.live, NoLock);
+			return -1;
+		}
+		for (i = 0; i < R_NUM; i++)
+		{
+			t.ratt[i] = SPI_fnumber(RelationGetDescr(t.run), run_names[i]);
+			if (t.ratt[i] <= 0)
+				elog(ERROR, "gatekeeper.mail_run has no column \"%s\"", run_names[i]);
+		}
+		t.run_due = index_open(gatekeeper_relid(GATEKEEPER_REL_MAIL_RUN_DUE, false),
+							   AccessShareLock);
+		t.run_estate = CreateExecutorState();
+		t.run_rri = makeNode(ResultRelInfo);
+		InitResultRelInfo(t.run_rri, t.run, 0, NULL, 0);
+		ExecOpenIndices(t.run_rri, false);
+		t.run_new = table_slot_create(t.run, NULL);
+	}
 	for (i = 0; i < L_NUM; i++)
 	{
 		t.att[i] = SPI_fnumber(RelationGetDescr(t.live), live_names[i]);
@@ -542,6 +899,7 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 			elog(ERROR, "gatekeeper.mail_live has no column \"%s\"", live_names[i]);
 	}
 	t.due = index_open(due_relid, AccessShareLock);
+	t.synth = MakeSingleTupleTableSlot(RelationGetDescr(t.live), &TTSOpsVirtual);
 
 	/* as a statement starts: its own snapshot (READ COMMITTED), its own command */
 	CommandCounterIncrement();
@@ -549,6 +907,8 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	t.cid = GetCurrentCommandId(true);
 	/* a copy: under REPEATABLE READ the transaction's, brought to this command */
 	t.snapshot->curcid = t.cid;
+	if (t.run_estate != NULL)
+		t.run_estate->es_output_cid = t.cid;
 	t.now = GetCurrentTransactionStartTimestamp();
 	t.scheduled = state_oid(t.live, t.att[L_STATE], "scheduled");
 	t.claimed = state_oid(t.live, t.att[L_STATE], "claimed");
@@ -564,37 +924,11 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	t.per_mail = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper claim take",
 									   ALLOCSET_DEFAULT_SIZES);
 
-	ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   t.due->rd_indcollation[0], F_TEXTEQ, t.queue);
-	if (floor == NULL)
-		end = walk(&t, keys, 1, &level);
-	else
+	/* level by level, from the highest, each up to its first mail not yet due */
+	while (t.taken < t.share && next_level(&t, below, floor, &level))
 	{
-		/* the floor's level from the floor on, then the levels below it */
-		ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_INT4EQ,
-					Int32GetDatum(floor->priority));
-		ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
-					TimestampTzGetDatum(floor->send_at));
-		ScanKeyInit(&keys[3], 4, BTGreaterEqualStrategyNumber, F_INT8GE,
-					Int64GetDatum(floor->id));
-		end = walk(&t, keys, 4, &level);
-		if (end == WALK_END)
-		{
-			ScanKeyInit(&keys[2], 3, BTGreaterStrategyNumber, F_TIMESTAMPTZ_GT,
-						TimestampTzGetDatum(floor->send_at));
-			end = walk(&t, keys, 3, &level);
-		}
-		if (end != WALK_FULL)
-		{
-			level = floor->priority;
-			end = WALK_NOT_DUE;
-		}
-	}
-	/* each level below the last, up to its first mail not yet due */
-	while (end == WALK_NOT_DUE)
-	{
-		ScanKeyInit(&keys[1], 2, BTLessStrategyNumber, F_INT4LT, Int32GetDatum(level));
-		end = walk(&t, keys, 2, &level);
+		walk_level(&t, level, floor != NULL && level == floor->priority ? floor : NULL);
+		below = level;
 	}
 
 	if (t.scheduled_off > 0)
@@ -612,6 +946,15 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 		table_close(p->rel, NoLock);
 	}
 	UnregisterSnapshot(t.snapshot);
+	ExecDropSingleTupleTableSlot(t.synth);
+	if (t.run != NULL)
+	{
+		ExecDropSingleTupleTableSlot(t.run_new);
+		ExecCloseIndices(t.run_rri);
+		FreeExecutorState(t.run_estate);
+		index_close(t.run_due, NoLock);
+		table_close(t.run, NoLock);
+	}
 	index_close(t.due, NoLock);
 	table_close(t.live, NoLock);
 	MemoryContextDelete(t.per_mail);

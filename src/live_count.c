@@ -106,14 +106,21 @@ static const char forget_live_counts_sql[] =
 "DELETE FROM gatekeeper.mail_live_count";
 
 static const char lock_live_sql[] =
-"LOCK TABLE gatekeeper.mail_live IN SHARE ROW EXCLUSIVE MODE";
+"LOCK TABLE gatekeeper.mail_live, gatekeeper.mail_run IN SHARE ROW EXCLUSIVE MODE";
 
+/* the scheduled mail: rows of mail_live, and the mails of mail_run's runs */
 static const char recount_live_sql[] =
 "INSERT INTO gatekeeper.mail_live_count (queue, slot, scheduled, retrying) "
-"SELECT l.queue, 0, count(*), count(*) FILTER (WHERE l.attempt > 0) "
-"  FROM gatekeeper.mail_live l "
-" WHERE l.state = 'scheduled' "
-" GROUP BY l.queue "
+"SELECT s.queue, 0, sum(s.scheduled), sum(s.retrying) "
+"  FROM (SELECT l.queue, count(*), count(*) FILTER (WHERE l.attempt > 0) "
+"          FROM gatekeeper.mail_live l "
+"         WHERE l.state = 'scheduled' "
+"         GROUP BY l.queue "
+"        UNION ALL "
+"        SELECT r.queue, sum(r.last_id - r.id + 1), 0 "
+"          FROM gatekeeper.mail_run r "
+"         GROUP BY r.queue) s(queue, scheduled, retrying) "
+" GROUP BY s.queue "
 "RETURNING scheduled";
 
 static const char recount_live_020_sql[] =
@@ -541,6 +548,67 @@ count_rows(Oid relid, Tuplestorestate *rows, TupleDesc desc, int queue_att,
 }
 
 /*
+ * Add each run's mails (last_id - id + 1), times sign, to this
+ * transaction's changes: runs are never retrying.
+ */
+static void
+count_runs(Oid live_relid, Tuplestorestate *rows, TupleDesc desc, int sign)
+{
+	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	int			queue_att = SPI_fnumber(desc, "queue");
+	int			id_att = SPI_fnumber(desc, "id");
+	int			last_att = SPI_fnumber(desc, "last_id");
+
+	if (queue_att <= 0 || id_att <= 0 || last_att <= 0)
+		elog(ERROR, "gatekeeper_count_live fired on a table without queue, id and last_id");
+	tuplestore_rescan(rows);
+	while (tuplestore_gettupleslot(rows, true, false, slot))
+	{
+		bool		n1,
+					n2,
+					n3;
+		Datum		queue = slot_getattr(slot, queue_att, &n1);
+		int64		id = DatumGetInt64(slot_getattr(slot, id_att, &n2));
+		int64		last = DatumGetInt64(slot_getattr(slot, last_att, &n3));
+
+		if (!n1 && !n2 && !n3 && last >= id)
+			gatekeeper_live_count_add(live_relid, queue, sign * (last - id + 1), 0);
+		ExecClearTuple(slot);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
+ * Count mail_live and mail_run afresh into the (erased) counts, under the
+ * current snapshot: the mail that queue_stats' scheduled counts.  Inside
+ * SPI.
+ */
+static int64
+recount_tables(void)
+{
+	int64		total = 0;
+	uint64		i;
+	SPIPlanPtr	plan;
+
+	if (counts_retrying())
+		plan = gatekeeper_plan(&recount_live_plan, recount_live_sql, 0, NULL);
+	else
+		plan = gatekeeper_plan(&recount_live_020_plan, recount_live_020_sql, 0, NULL);
+	if (SPI_execute_plan(plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "could not count gatekeeper's live mail");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
+									  &isnull);
+
+		if (!isnull)
+			total += DatumGetInt64(d);
+	}
+	return total;
+}
+
+/*
  * Lower the due floors (due_floor.c) to the statement's new scheduled
  * rows: their index entries exist by now, and the floor must not pass them.
  */
@@ -604,9 +672,11 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 
 	if (TRIGGER_FIRED_BY_TRUNCATE(trigdata->tg_event))
 	{
+		/* what the other of mail_live and mail_run holds is still scheduled */
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		erase_counts(NULL);
+		recount_tables();
 		SPI_finish();
 		return PointerGetDatum(NULL);
 	}
@@ -614,6 +684,17 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 		elog(ERROR, "gatekeeper_count_live needs the statement's transition tables");
 
 	desc = RelationGetDescr(trigdata->tg_relation);
+	if (SPI_fnumber(desc, "last_id") > 0)
+	{
+		/* mail_run: counted against mail_live, whose counts they are */
+		Oid			live_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, false);
+
+		if (trigdata->tg_oldtable != NULL)
+			count_runs(live_relid, trigdata->tg_oldtable, desc, -1);
+		if (trigdata->tg_newtable != NULL)
+			count_runs(live_relid, trigdata->tg_newtable, desc, 1);
+		return PointerGetDatum(NULL);
+	}
 	queue_att = SPI_fnumber(desc, "queue");
 	state_att = SPI_fnumber(desc, "state");
 	attempt_att = SPI_fnumber(desc, "attempt");
@@ -655,9 +736,7 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 Datum
 gatekeeper_recount_live(PG_FUNCTION_ARGS)
 {
-	int64		total = 0;
-	uint64		i;
-	SPIPlanPtr	plan;
+	int64		total;
 
 	gatekeeper_require_schema();
 	if (IsolationUsesXactSnapshot())
@@ -672,21 +751,7 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 	if (SPI_execute_plan(lock_live_plan, NULL, NULL, false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "could not lock gatekeeper.mail_live");
 	erase_counts(NULL);
-	if (counts_retrying())
-		plan = gatekeeper_plan(&recount_live_plan, recount_live_sql, 0, NULL);
-	else
-		plan = gatekeeper_plan(&recount_live_020_plan, recount_live_020_sql, 0, NULL);
-	if (SPI_execute_plan(plan, NULL, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
-		elog(ERROR, "could not count gatekeeper's live mail");
-	for (i = 0; i < SPI_processed; i++)
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
-									  &isnull);
-
-		if (!isnull)
-			total += DatumGetInt64(d);
-	}
+	total = recount_tables();
 	SPI_finish();
 	/* writes the triggers did not see may sit below any floor */
 	gatekeeper_due_floor_reset();

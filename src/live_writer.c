@@ -20,6 +20,19 @@
  * each copied column of the same type in both tables; otherwise the SQL
  * path runs.
  *
+ * Runs.  Mails of the statement with consecutive ids, one queue, priority,
+ * send_at and segment and no dedupe key are written as one row of
+ * mail_run for up to RUN_MAX of them (ids id .. last_id) instead of a
+ * mail_live row each: a bulk enqueue's cost was mostly the two index
+ * entries of every live row (bench/notes.md, "Bulk enqueue: where the
+ * insert trigger's time goes").  A run of one is a live row.  Only ids
+ * above every id mail_live and mail_run hold (asked once, when the first
+ * run forms) go into runs, so a run never covers a mail that has a live
+ * row or another run: a mail given an id by hand that a scheduled mail
+ * has still meets mail_live's primary key.  Runs are written only while
+ * mail_run has no insert trigger but its live counts' (the caller counts
+ * every mail, run or not).
+ *
  * IDENTIFICATION
  *		src/live_writer.c
  *
@@ -31,6 +44,7 @@
 #include "catalog.h"
 #include "due_floor.h"
 
+#include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
@@ -48,9 +62,13 @@
 #include "utils/datum.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #define LIVE_BATCH 1000
+
+/* the most mails of one run: what one claimer locks at once */
+#define RUN_MAX 128
 
 static const char *const live_copied[] = {
 	"id", "queue", "priority", "send_at", "dedupe_key", "segment"
@@ -81,6 +99,33 @@ struct LiveWriter
 	int			nslots;
 	int			nmade;			/* slots created so far */
 	int			current;		/* the slot whose index entries are going in */
+
+	/* runs: mail_run, or NULL when the statement writes none */
+	Relation	run_rel;
+	ResultRelInfo *run_rri;
+	TupleTableSlot *run_slot;
+	AttrNumber	run_att[6];		/* id, last_id, queue, priority, send_at, segment */
+	AttrNumber	mail_att[6];	/* the mail's id, -, queue, priority, send_at, segment */
+	AttrNumber	mail_dedupe;
+	int			mail_natts;
+	bool		have_top;
+	int64		top;			/* the highest id of mail_live and mail_run */
+	/* the run being gathered: its first mail's columns, its last id */
+	bool		run_open;
+	int64		run_first;
+	int64		run_last;
+	int64		run_row;
+	Datum	   *run_values;		/* by the mail's attribute number less one */
+	bool	   *run_isnull;
+	MemoryContext run_cxt;		/* the run's copied queue */
+};
+
+enum
+{
+	RUN_ID, RUN_LAST_ID, RUN_QUEUE, RUN_PRIORITY, RUN_SEND_AT, RUN_SEGMENT
+};
+static const char *const run_names[] = {
+	"id", "last_id", "queue", "priority", "send_at", "segment"
 };
 
 /*
@@ -99,6 +144,9 @@ static bool live_has_triggers(Relation rel);
 static bool live_needs_check(TupleDesc desc, TupleDesc mail_desc, LiveWriter *w);
 static void live_floor_note(LiveWriter *w, TupleTableSlot *slot, FloorRun *run);
 static void live_flush(LiveWriter *w);
+static void live_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull, int64 row);
+static void run_open_rel(LiveWriter *w, TupleDesc mail_desc);
+static void run_end(LiveWriter *w);
 
 /*
  * The context of an error while a live row's index entries go in: a
@@ -265,6 +313,7 @@ gatekeeper_live_writer_open(TupleDesc mail_desc)
 	w->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
 										 "gatekeeper live rows",
 										 ALLOCSET_DEFAULT_SIZES);
+	run_open_rel(w, mail_desc);
 	return w;
 
 use_sql:
@@ -354,13 +403,239 @@ live_flush(LiveWriter *w)
 }
 
 /*
+ * Open mail_run for the statement's runs, unless an insert trigger of the
+ * user's would fire there (the direct path writes past it) or the tables
+ * lack a column a run needs.
+ */
+static void
+run_open_rel(LiveWriter *w, TupleDesc mail_desc)
+{
+	static const char *const own[] = {"mail_run_count_insert"};
+	static const char *const mail_names[] = {
+		"id", NULL, "queue", "priority", "send_at", "segment"
+	};
+	Oid			relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_RUN, true);
+	Relation	rel;
+	uint32		found;
+	MemoryContext old;
+	int			i;
+
+	if (!OidIsValid(relid))
+		return;
+	rel = table_open(relid, RowExclusiveLock);
+	if (!gatekeeper_triggers_only(rel, TRIGGER_TYPE_INSERT, own, lengthof(own), &found))
+	{
+		table_close(rel, NoLock);
+		return;
+	}
+	for (i = 0; i < (int) lengthof(run_names); i++)
+	{
+		w->run_att[i] = SPI_fnumber(RelationGetDescr(rel), run_names[i]);
+		w->mail_att[i] = mail_names[i] != NULL ? SPI_fnumber(mail_desc, mail_names[i]) : 0;
+		if (w->run_att[i] <= 0 || (mail_names[i] != NULL && w->mail_att[i] <= 0))
+		{
+			table_close(rel, NoLock);
+			return;
+		}
+	}
+	w->mail_dedupe = SPI_fnumber(mail_desc, "dedupe_key");
+	if (w->mail_dedupe <= 0)
+	{
+		table_close(rel, NoLock);
+		return;
+	}
+	old = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	w->run_rel = rel;
+	w->run_rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(w->run_rri, rel, 0, NULL, 0);
+	ExecOpenIndices(w->run_rri, false);
+	w->run_slot = table_slot_create(rel, NULL);
+	w->mail_natts = mail_desc->natts;
+	w->run_values = palloc0(mail_desc->natts * sizeof(Datum));
+	w->run_isnull = palloc(mail_desc->natts * sizeof(bool));
+	MemoryContextSwitchTo(old);
+	w->run_cxt = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper run",
+									   ALLOCSET_SMALL_SIZES);
+}
+
+/*
+ * The highest id that mail_live and mail_run hold, under the statement's
+ * snapshot: the end of each one's primary key.
+ */
+static int64
+run_top(LiveWriter *w)
+{
+	Relation	rels[2] = {w->rel, w->run_rel};
+	int64		top = PG_INT64_MIN;
+	int			r;
+
+	for (r = 0; r < 2; r++)
+	{
+		Relation	pkey = index_open(RelationGetPrimaryKeyIndex(rels[r]), AccessShareLock);
+		IndexScanDesc scan = index_beginscan(rels[r], pkey, GetActiveSnapshot(), 0, 0);
+		TupleTableSlot *slot = table_slot_create(rels[r], NULL);
+		const char *col = r == 0 ? "id" : "last_id";
+
+		index_rescan(scan, NULL, 0, NULL, 0);
+		if (index_getnext_slot(scan, BackwardScanDirection, slot))
+		{
+			bool		isnull;
+			Datum		d = slot_getattr(slot, SPI_fnumber(RelationGetDescr(rels[r]), col),
+										 &isnull);
+
+			if (!isnull)
+				top = Max(top, DatumGetInt64(d));
+		}
+		index_endscan(scan);
+		ExecDropSingleTupleTableSlot(slot);
+		index_close(pkey, NoLock);
+	}
+	return top;
+}
+
+/*
+ * Write the run being gathered: a row of mail_run, or for a run of one
+ * mail its live row.
+ */
+static void
+run_end(LiveWriter *w)
+{
+	TupleTableSlot *slot = w->run_slot;
+	Datum	   *v = w->run_values;
+	List	   *recheck;
+
+	if (!w->run_open)
+		return;
+	w->run_open = false;
+	if (w->run_last == w->run_first)
+	{
+		live_add(w, w->run_values, w->run_isnull, w->run_row);
+		MemoryContextReset(w->run_cxt);
+		return;
+	}
+	ExecClearTuple(slot);
+	memset(slot->tts_isnull, true, slot->tts_tupleDescriptor->natts * sizeof(bool));
+#define SET_RUN(k, d) (slot->tts_values[w->run_att[k] - 1] = (d), \
+					   slot->tts_isnull[w->run_att[k] - 1] = false)
+	SET_RUN(RUN_ID, Int64GetDatum(w->run_first));
+	SET_RUN(RUN_LAST_ID, Int64GetDatum(w->run_last));
+	SET_RUN(RUN_QUEUE, v[w->mail_att[RUN_QUEUE] - 1]);
+	SET_RUN(RUN_PRIORITY, v[w->mail_att[RUN_PRIORITY] - 1]);
+	SET_RUN(RUN_SEND_AT, v[w->mail_att[RUN_SEND_AT] - 1]);
+	SET_RUN(RUN_SEGMENT, v[w->mail_att[RUN_SEGMENT] - 1]);
+#undef SET_RUN
+	ExecStoreVirtualTuple(slot);
+	table_tuple_insert(w->run_rel, slot, w->cid, 0, NULL);
+	ResetPerTupleExprContext(w->estate);
+	recheck = ExecInsertIndexTuples(w->run_rri, slot, w->estate, false, false, NULL, NIL);
+	list_free(recheck);
+	ExecClearTuple(slot);
+	MemoryContextReset(w->run_cxt);
+}
+
+/*
+ * Whether the mail extends the run being gathered.
+ */
+static bool
+run_extends(LiveWriter *w, Datum *mv, bool *mn)
+{
+	Datum	   *rv = w->run_values;
+	text	   *a;
+	text	   *b;
+
+	if (DatumGetInt64(mv[w->mail_att[RUN_ID] - 1]) != w->run_last + 1 ||
+		w->run_last - w->run_first + 1 >= RUN_MAX)
+		return false;
+	if (DatumGetInt32(mv[w->mail_att[RUN_PRIORITY] - 1]) !=
+		DatumGetInt32(rv[w->mail_att[RUN_PRIORITY] - 1]) ||
+		DatumGetTimestampTz(mv[w->mail_att[RUN_SEND_AT] - 1]) !=
+		DatumGetTimestampTz(rv[w->mail_att[RUN_SEND_AT] - 1]) ||
+		DatumGetInt16(mv[w->mail_att[RUN_SEGMENT] - 1]) !=
+		DatumGetInt16(rv[w->mail_att[RUN_SEGMENT] - 1]))
+		return false;
+	a = DatumGetTextPP(mv[w->mail_att[RUN_QUEUE] - 1]);
+	b = DatumGetTextPP(rv[w->mail_att[RUN_QUEUE] - 1]);
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+/*
  * gatekeeper_live_writer_add
- *		Buffer the live row of one new mail, row "row" of the statement,
- *		given as its deformed columns (by attribute number less one, of
- *		the TupleDesc the writer was opened with).
+ *		Note one new mail, row "row" of the statement, given as its
+ *		deformed columns (by attribute number less one, of the TupleDesc
+ *		the writer was opened with): in the run being gathered, or as a
+ *		live row.
  */
 void
 gatekeeper_live_writer_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull, int64 row)
+{
+	int64		id;
+	int			k;
+
+	if (w->run_rel == NULL)
+	{
+		live_add(w, mail_values, mail_isnull, row);
+		return;
+	}
+	for (k = 0; k < (int) lengthof(run_names); k++)
+		if (w->mail_att[k] > 0 && mail_isnull[w->mail_att[k] - 1])
+			break;
+	if (k < (int) lengthof(run_names) || !mail_isnull[w->mail_dedupe - 1])
+	{
+		/* never in a run */
+		run_end(w);
+		live_add(w, mail_values, mail_isnull, row);
+		return;
+	}
+	id = DatumGetInt64(mail_values[w->mail_att[RUN_ID] - 1]);
+	if (w->run_open && run_extends(w, mail_values, mail_isnull))
+	{
+		if (!w->have_top)
+		{
+			w->top = run_top(w);
+			w->have_top = true;
+		}
+		if (w->run_first > w->top)
+		{
+			w->run_last = id;
+			return;
+		}
+	}
+	run_end(w);
+	if (w->have_top && id <= w->top)
+	{
+		live_add(w, mail_values, mail_isnull, row);
+		return;
+	}
+	/* a new run: the columns it needs, copied out of the caller's row */
+	w->run_open = true;
+	w->run_first = w->run_last = id;
+	w->run_row = row;
+	memset(w->run_isnull, true, w->mail_natts * sizeof(bool));
+	for (k = 0; k < (int) lengthof(run_names); k++)
+	{
+		AttrNumber	a = w->mail_att[k];
+
+		if (a <= 0)
+			continue;
+		w->run_isnull[a - 1] = false;
+		if (k == RUN_QUEUE)
+		{
+			MemoryContext old = MemoryContextSwitchTo(w->run_cxt);
+
+			w->run_values[a - 1] = datumCopy(mail_values[a - 1], false, -1);
+			MemoryContextSwitchTo(old);
+		}
+		else
+			w->run_values[a - 1] = mail_values[a - 1];
+	}
+}
+
+/*
+ * Buffer the live row of one new mail, row "row" of the statement.
+ */
+static void
+live_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull, int64 row)
 {
 	TupleTableSlot *slot;
 	int			i;
@@ -418,7 +693,15 @@ gatekeeper_live_writer_close(LiveWriter *w)
 {
 	int			i;
 
+	run_end(w);
 	live_flush(w);
+	if (w->run_rel != NULL)
+	{
+		ExecDropSingleTupleTableSlot(w->run_slot);
+		ExecCloseIndices(w->run_rri);
+		table_close(w->run_rel, NoLock);
+		MemoryContextDelete(w->run_cxt);
+	}
 	for (i = 0; i < w->nmade; i++)
 		ExecDropSingleTupleTableSlot(w->slots[i]);
 	FreeBulkInsertState(w->bistate);
