@@ -363,6 +363,55 @@ ALTER TABLE gatekeeper.mail_run SET (
 );
 CREATE INDEX mail_run_due ON gatekeeper.mail_run (queue, priority DESC, send_at, id)
 	WITH (deduplicate_items = off);
+
+-- move the runs holding any of ids into mail_live, a row per mail, before
+-- a change to one of those mails; a run a claim holds is waited for, and
+-- looked for again after it (the claim may have moved it on)
+CREATE FUNCTION gatekeeper._runs_to_live(ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	heads bigint[];
+BEGIN
+	LOOP
+		SELECT array_agg(DISTINCT r.id) INTO heads
+		  FROM unnest(_runs_to_live.ids) AS i(id),
+			   LATERAL (SELECT x.id, x.last_id FROM gatekeeper.mail_run x
+						 WHERE x.id <= i.id ORDER BY x.id DESC LIMIT 1) r
+		 WHERE r.last_id >= i.id;
+		EXIT WHEN heads IS NULL;
+		WITH r AS (
+			DELETE FROM gatekeeper.mail_run r WHERE r.id = ANY (heads)
+			RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
+		SELECT g.id, r.queue, r.priority, r.send_at, r.segment
+		  FROM r, generate_series(r.id, r.last_id) AS g(id);
+	END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper._runs_to_live(bigint[]) IS
+	'move the runs (mail_run) holding any of these mails into mail_live, a row per mail, before one of them changes';
+
+-- move the runs of a queue, or of a segment, into mail_live
+CREATE FUNCTION gatekeeper._runs_to_live(queue text, segment smallint)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH r AS (
+		DELETE FROM gatekeeper.mail_run r
+		 WHERE ($1 IS NULL OR r.queue = $1) AND ($2 IS NULL OR r.segment = $2)
+		RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
+	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
+	SELECT g.id, r.queue, r.priority, r.send_at, r.segment
+	  FROM r, generate_series(r.id, r.last_id) AS g(id)
+$$;
+
+COMMENT ON FUNCTION gatekeeper._runs_to_live(text, smallint) IS
+	'move the runs (mail_run) of a queue, or of a retention segment, into mail_live, a row per mail';
 CREATE INDEX mail_done_key ON gatekeeper.mail_done (queue, dedupe_key, finished_at)
 	WHERE dedupe_key IS NOT NULL;
 -- BRIN: outcomes arrive in finish order, and only rotation asks; a btree
@@ -902,6 +951,13 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 	  FROM gatekeeper.mail_claim c
 	 CROSS JOIN LATERAL unnest(c.mails) r
 	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	UNION ALL
+	-- a mail of a run: scheduled, as its live row with the defaults would say
+	SELECT m.id, r.send_at, 'scheduled'::gatekeeper.state, 0, 0, NULL::timestamptz,
+		   NULL::text, NULL::text, NULL::text
+	  FROM (SELECT x.last_id, x.send_at, x.segment FROM gatekeeper.mail_run x
+			 WHERE x.id <= m.id ORDER BY x.id DESC LIMIT 1) r
+	 WHERE r.last_id >= m.id AND r.segment = m.segment
 	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
@@ -1195,6 +1251,8 @@ BEGIN
 	-- scheduled mail, and claimed mail still open in its batches, under one
 	-- snapshot: a claim or a hand-back moves mail between them in one commit
 	SELECT (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name)
+		   + (SELECT coalesce(sum(r.last_id - r.id + 1), 0) FROM gatekeeper.mail_run r
+			   WHERE r.queue = drop_queue.name)
 		   + (SELECT coalesce(sum(c.open), 0) FROM gatekeeper.mail_claim c
 			   WHERE c.queue = drop_queue.name)
 	  INTO live;
@@ -1674,6 +1732,7 @@ LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+	SELECT least((
 	WITH RECURSIVE lv(queue, p) AS (
 		SELECT q.name,
 			   (SELECT m.priority FROM gatekeeper.mail_live m
@@ -1692,6 +1751,26 @@ AS $$
 				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority = lv.p
 				 ORDER BY m.send_at LIMIT 1))
 	  FROM lv WHERE lv.p IS NOT NULL
+	), (
+	WITH RECURSIVE lv(queue, p) AS (
+		SELECT q.name,
+			   (SELECT m.priority FROM gatekeeper.mail_run m
+				 WHERE m.queue = q.name
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM gatekeeper.queue q
+		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
+		UNION ALL
+		SELECT lv.queue,
+			   (SELECT m.priority FROM gatekeeper.mail_run m
+				 WHERE m.queue = lv.queue AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_run m
+				 WHERE m.queue = lv.queue AND m.priority = lv.p
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+	))
 $$;
 
 COMMENT ON FUNCTION gatekeeper.next_due(text[]) IS
@@ -1711,6 +1790,7 @@ RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+	SELECT least((
 	WITH RECURSIVE lv(p) AS (
 		(SELECT m.priority FROM gatekeeper.mail_live m
 		  WHERE m.queue = $1 AND m.state = 'scheduled'
@@ -1726,6 +1806,23 @@ AS $$
 				   AND m.send_at > $2
 				 ORDER BY m.send_at LIMIT 1))
 	  FROM lv WHERE lv.p IS NOT NULL
+	), (
+	WITH RECURSIVE lv(p) AS (
+		(SELECT m.priority FROM gatekeeper.mail_run m
+		  WHERE m.queue = $1
+		  ORDER BY m.priority DESC LIMIT 1)
+		UNION ALL
+		SELECT (SELECT m.priority FROM gatekeeper.mail_run m
+				 WHERE m.queue = $1 AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_run m
+				 WHERE m.queue = $1 AND m.priority = lv.p
+				   AND m.send_at > $2
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+	))
 $$;
 
 -- announce a notify queue's mail made due again (unclaim, reap): at commit
@@ -2091,9 +2188,41 @@ DECLARE
 	cut_off boolean;
 	later bigint;
 	later_cut_off boolean;
+	run_due bigint;
+	run_oldest timestamptz;
+	run_cut_off boolean;
+	run_later bigint;
+	run_later_cut_off boolean;
 	t timestamptz := now();
 BEGIN
 	LOOP
+		-- the same over the runs (mail_run), each counting as its mails
+		WITH RECURSIVE lv(p) AS (
+			(SELECT d.priority FROM gatekeeper.mail_run d
+			  WHERE d.queue = _live_due.queue
+			  ORDER BY d.priority DESC LIMIT 1)
+			UNION ALL
+			SELECT (SELECT d.priority FROM gatekeeper.mail_run d
+					 WHERE d.queue = _live_due.queue AND d.priority < lv.p
+					 ORDER BY d.priority DESC LIMIT 1)
+			  FROM lv WHERE lv.p IS NOT NULL)
+		SELECT min(a.first), coalesce(sum(a.n), 0), coalesce(bool_or(a.runs >= lim), false),
+			   coalesce(sum(b.n), 0), coalesce(bool_or(b.runs >= lim), false)
+		  INTO run_oldest, run_due, run_cut_off, run_later, run_later_cut_off
+		  FROM lv,
+			   LATERAL (
+				SELECT min(x.send_at) AS first, sum(x.n) AS n, count(*) AS runs
+				  FROM (SELECT d.send_at, d.last_id - d.id + 1 AS n FROM gatekeeper.mail_run d
+						 WHERE d.queue = _live_due.queue
+						   AND d.priority = lv.p AND d.send_at <= t
+						 ORDER BY d.send_at LIMIT lim) x) a,
+			   LATERAL (
+				SELECT sum(x.n) AS n, count(*) AS runs
+				  FROM (SELECT d.last_id - d.id + 1 AS n FROM gatekeeper.mail_run d
+						 WHERE d.queue = _live_due.queue
+						   AND d.priority = lv.p AND d.send_at > t
+						 LIMIT lim) x) b
+		 WHERE lv.p IS NOT NULL;
 		-- each priority's first lim entries due and first lim not yet due
 		WITH RECURSIVE lv(p) AS (
 			(SELECT d.priority FROM gatekeeper.mail_live d
@@ -2121,12 +2250,13 @@ BEGIN
 						   AND d.priority = lv.p AND d.send_at > t
 						 LIMIT lim) x) b
 		 WHERE lv.p IS NOT NULL;
-		IF NOT cut_off THEN
-			due := counted;
+		oldest_due := least(oldest_due, run_oldest);
+		IF NOT cut_off AND NOT run_cut_off THEN
+			due := counted + run_due;
 			RETURN;
 		END IF;
-		IF NOT later_cut_off THEN
-			due := _live_due.scheduled - later;
+		IF NOT later_cut_off AND NOT run_later_cut_off THEN
+			due := _live_due.scheduled - later - run_later;
 			RETURN;
 		END IF;
 		lim := lim * 8;
@@ -2185,6 +2315,11 @@ AS $$
 		  FROM gatekeeper.mail_live d
 		 WHERE d.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
 		   AND d.state = 'scheduled' AND d.send_at <= now()
+		UNION ALL
+		SELECT r.queue, 0, 0, r.last_id - r.id + 1, r.send_at, 0, 0
+		  FROM gatekeeper.mail_run r
+		 WHERE r.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
+		   AND r.send_at <= now()
 		UNION ALL
 		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0, 0
 		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b

@@ -140,7 +140,9 @@ static const char insert_live_restore_sql[] =
 " WHERE NOT EXISTS (SELECT FROM gatekeeper.mail_done d WHERE d.id = n.id)";
 
 static const char is_live_sql[] =
-"SELECT EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = $1)";
+"SELECT EXISTS (SELECT FROM gatekeeper.mail_live l WHERE l.id = $1) "
+"    OR coalesce((SELECT r.last_id >= $1 FROM gatekeeper.mail_run r "
+"                  WHERE r.id <= $1 ORDER BY r.id DESC LIMIT 1), false)";
 
 /*
  * The keys of the statement's keyed mails in gatekeeper.mail_key, in three

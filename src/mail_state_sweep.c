@@ -74,6 +74,16 @@ PG_FUNCTION_INFO_V1(gatekeeper_purge);
 
 static const char cancel_sql[] = CANCEL_SQL("l.id = $1");
 
+/* before a cancel: the run holding mail $1, or a queue's runs, into mail_live */
+static const char cancel_runs_sql[] =
+"SELECT gatekeeper._runs_to_live(ARRAY[$1])";
+static const char cancel_queue_runs_sql[] =
+"SELECT gatekeeper._runs_to_live($1, NULL)";
+
+/* before rotation moves a segment's unfinished mail: its runs, into mail_live */
+static const char rotate_runs_sql[] =
+"SELECT gatekeeper._runs_to_live(NULL, $1)";
+
 static const char cancel_queue_sql[] = CANCEL_SQL("l.queue = $1");
 
 /* the scheduled mail of a queue that has a dedupe key */
@@ -248,6 +258,9 @@ static SPIPlanPtr scheduled_by_key_plan = NULL;
 static SPIPlanPtr queue_exists_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr rotate_segment_plan = NULL;
+static SPIPlanPtr rotate_runs_plan = NULL;
+static SPIPlanPtr cancel_runs_plan = NULL;
+static SPIPlanPtr cancel_queue_runs_plan = NULL;
 static SPIPlanPtr rotate_recent_plan = NULL;
 static SPIPlanPtr rotate_keep_keys_plan = NULL;
 static SPIPlanPtr rotate_lock_plan[NUM_SEGMENTS];
@@ -280,6 +293,9 @@ cancel_scheduled(int64 id)
 	Oid			type = INT8OID;
 	Datum		arg = Int64GetDatum(id);
 
+	gatekeeper_plan(&cancel_runs_plan, cancel_runs_sql, 1, &type);
+	if (gatekeeper_execute_by_key(cancel_runs_plan, &arg, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not move the run of mail " INT64_FORMAT " into mail_live", id);
 	gatekeeper_plan(&cancel_plan, cancel_sql, 1, &type);
 	if (gatekeeper_execute_by_key(cancel_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not cancel mail " INT64_FORMAT, id);
@@ -387,6 +403,9 @@ gatekeeper_cancel_queue(PG_FUNCTION_ARGS)
 	SPI_connect();
 	require_queue(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0));
 	arg = PointerGetDatum(PG_GETARG_TEXT_PP(0));
+	gatekeeper_plan(&cancel_queue_runs_plan, cancel_queue_runs_sql, 1, &type);
+	if (gatekeeper_execute_by_key(cancel_queue_runs_plan, &arg, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not move the runs of a queue into mail_live");
 	gatekeeper_plan(&cancel_queue_plan, cancel_queue_sql, 1, &type);
 	if (gatekeeper_execute_by_key(cancel_queue_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not cancel the mail of a queue");
@@ -646,6 +665,14 @@ rotate(Datum retention, bool no_retention)
 	if (rotate_recent(next, retention, no_retention))
 		return 0;
 
+	{
+		Oid			type = INT2OID;
+		Datum		arg = Int16GetDatum(next);
+
+		if (execute(&rotate_runs_plan, rotate_runs_sql, 1, &type, &arg, NULL,
+					false) != SPI_OK_SELECT)
+			elog(ERROR, "could not move the runs of a retention segment into mail_live");
+	}
 	if (rotate_move_mail_plan[next] == NULL)
 		gatekeeper_plan(&rotate_move_mail_plan[next],
 						psprintf(rotate_move_mail_sql, current, next), 0, NULL);

@@ -52,6 +52,10 @@ PG_FUNCTION_INFO_V1(gatekeeper_mail_sync);
 static const char sync_delete_live_sql[] =
 "DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY ($1)";
 
+/* the runs (mail_run) holding any of the mails $1, moved into mail_live first */
+static const char sync_runs_sql[] =
+"SELECT gatekeeper._runs_to_live($1)";
+
 static const char sync_any_claim_sql[] =
 "SELECT FROM gatekeeper.mail_claim";
 
@@ -143,6 +147,7 @@ static const char sync_done_sql[] =
 " WHERE d.id = $1 AND d.segment = $4 "
 "   AND (d.queue, d.dedupe_key) IS DISTINCT FROM ($2, $3)";
 
+static SPIPlanPtr sync_runs_plan = NULL;
 static SPIPlanPtr sync_delete_live_plan = NULL;
 static SPIPlanPtr sync_any_claim_plan = NULL;
 static SPIPlanPtr sync_deleted_claims_plan = NULL;
@@ -383,6 +388,9 @@ sync_delete(TriggerData *trigdata)
 
 	types[0] = INT8ARRAYOID;
 	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
+	if (execute(&sync_runs_plan, sync_runs_sql, 1, types, args, NULL,
+				false) != SPI_OK_SELECT)
+		elog(ERROR, "could not move runs of deleted mail into mail_live");
 	if (execute(&sync_delete_live_plan, sync_delete_live_sql, 1, types, args, NULL,
 				false) != SPI_OK_DELETE)
 		elog(ERROR, "could not delete the live rows of deleted mail");
@@ -737,6 +745,15 @@ sync_update(TriggerData *trigdata)
 	nulls[3] = new.dedupe_key == (Datum) 0 ? 'n' : ' ';
 	args[4] = TimestampTzGetDatum(new.send_at);
 	nulls[4] = send_at_changed ? ' ' : 'n';
+	{
+		Datum		id = Int64GetDatum(new.id);
+		Oid			type = INT8ARRAYOID;
+		Datum		arg = gatekeeper_array(&id, NULL, 1, INT8OID);
+
+		if (execute(&sync_runs_plan, sync_runs_sql, 1, &type, &arg, NULL,
+					false) != SPI_OK_SELECT)
+			elog(ERROR, "could not move a run of the mail into mail_live");
+	}
 	if (execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
 				false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not update a mail's live row");

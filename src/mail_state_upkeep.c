@@ -58,6 +58,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_mail_key_restore);
 typedef enum StateTable
 {
 	STATE_TABLE_LIVE,
+	STATE_TABLE_RUN,
 	STATE_TABLE_CLAIM,
 	STATE_TABLE_KEY,
 	STATE_TABLE_DONE,
@@ -66,6 +67,7 @@ typedef enum StateTable
 
 static const char *const state_table_names[NUM_STATE_TABLES] = {
 	[STATE_TABLE_LIVE] = "mail_live",
+	[STATE_TABLE_RUN] = "mail_run",
 	[STATE_TABLE_CLAIM] = "mail_claim",
 	[STATE_TABLE_KEY] = "mail_key",
 	[STATE_TABLE_DONE] = "mail_done",
