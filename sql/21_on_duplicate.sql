@@ -91,7 +91,7 @@ SELECT subject, count(*) AS mails, count(DISTINCT dedupe_key) AS keys,
 SELECT recipient FROM gatekeeper.mail WHERE queue = 'od' AND subject = 'copy' ORDER BY recipient;
 SELECT recipient FROM gatekeeper.mail WHERE queue = 'od' AND dedupe_key IN ('key-36', 'key-40') ORDER BY recipient;
 -- each enqueued mail is live, with its key, and counted once
-SELECT count(*) AS live FROM gatekeeper.mail_live WHERE queue = 'od';
+SELECT count(*) AS live FROM gatekeeper.mail_status WHERE queue = 'od' AND state = 'scheduled';
 SELECT count(*) AS keys_held FROM gatekeeper.mail_key k
  WHERE k.queue = 'od' AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 SELECT enqueued - :enqueued_before AS enqueued_by_loads, scheduled FROM gatekeeper.queue_stats WHERE queue = 'od';

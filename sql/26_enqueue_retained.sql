@@ -59,6 +59,6 @@ SELECT sum(pg_stat_get_xact_numscans(relid)) AS done_scans,
        sum(pg_stat_get_xact_tuples_returned(relid) + pg_stat_get_xact_tuples_fetched(relid)) < 10 AS few_done_rows_read
   FROM pg_partition_tree('gatekeeper.mail_done') WHERE isleaf;
 COMMIT;
-SELECT count(*) AS live FROM gatekeeper.mail_live WHERE queue = 'ret';
+SELECT count(*) AS live FROM gatekeeper.mail_status WHERE queue = 'ret' AND state = 'scheduled';
 
 SELECT pg_temp.done_parts('RESET (autovacuum_enabled)');

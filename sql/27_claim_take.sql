@@ -54,8 +54,8 @@ SELECT 'ct', 'p' || p || '_' || i || '@example.com', 's', 'b', p,
   FROM generate_series(1, 5) i, unnest(ARRAY[-5, 0, 5]) p;
 SELECT recipient, attempt, row_number() OVER () AS claim_order
   FROM gatekeeper.claim('w', 100, queues => ARRAY['ct']);
-SELECT count(*) AS not_yet_due FROM gatekeeper.mail_live WHERE queue = 'ct' AND state = 'scheduled';
-SELECT gatekeeper.cancel(id) FROM gatekeeper.mail_live WHERE queue = 'ct';
+SELECT count(*) AS not_yet_due FROM gatekeeper.mail_status WHERE queue = 'ct' AND state = 'scheduled';
+SELECT gatekeeper.cancel(id) FROM gatekeeper.mail_status WHERE queue = 'ct' AND state = 'scheduled';
 
 -- mail past its send_by: finished as expired, its attempts not counted up
 INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at, send_by)
@@ -94,7 +94,7 @@ SELECT count(*) AS claimed, count(DISTINCT id) AS distinct_mails,
        bool_and(id < lag_id) FILTER (WHERE subject LIKE 'f%') AS f_ids_fall
   FROM (SELECT *, lag(id) OVER (PARTITION BY left(subject, 1) ORDER BY n) AS lag_id FROM took) t;
 SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked FROM took;
-SELECT count(gatekeeper.cancel(id)) AS cancelled FROM gatekeeper.mail_live WHERE queue = 'ct_other';
+SELECT count(gatekeeper.cancel(id)) AS cancelled FROM gatekeeper.mail_status WHERE queue = 'ct_other' AND state = 'scheduled';
 
 -- a delete trigger of the user's own on mail_live: the statement runs,
 -- and the trigger sees every row the claim takes
