@@ -56,17 +56,23 @@ SELECT count(*) AS claimed, count(DISTINCT rel) AS distinct_mails,
 SELECT scheduled, due, claimed FROM gatekeeper.queue_stats WHERE queue = 'rn';
 SELECT count(*) AS runs_left FROM gatekeeper.mail_run WHERE queue = 'rn';
 
+-- a statement of fewer than 256 mails writes live rows, not runs
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+SELECT 'rn', 'f' || i || '@example.com', 's', 'b' FROM generate_series(1, 255) i;
+SELECT count(*) AS runs FROM gatekeeper.mail_run WHERE queue = 'rn';
+SELECT gatekeeper.cancel_queue('rn') AS cancelled;
+
 -- ids given by hand at or below one a scheduled mail holds go to
 -- mail_live, never into a run: a duplicate still meets its primary key
 INSERT INTO gatekeeper.mail (id, queue, recipient, subject, body)
-SELECT 900000 + i, 'rn', 'h' || i || '@example.com', 's', 'b' FROM generate_series(1, 5) i;
+SELECT 900000 + i, 'rn', 'h' || i || '@example.com', 's', 'b' FROM generate_series(1, 300) i;
 SELECT count(*) AS runs FROM gatekeeper.mail_run WHERE queue = 'rn';
 INSERT INTO gatekeeper.mail (id, queue, recipient, subject, body)
-SELECT 800000 + i, 'rn', 'l' || i || '@example.com', 's', 'b' FROM generate_series(1, 5) i;
+SELECT 800000 + i, 'rn', 'l' || i || '@example.com', 's', 'b' FROM generate_series(1, 300) i;
 SELECT count(*) AS runs, count(*) FILTER (WHERE id > 850000) AS runs_of_the_first
   FROM gatekeeper.mail_run WHERE queue = 'rn';
 SELECT count(*) AS live_rows_of_the_second
-  FROM gatekeeper.mail_live WHERE queue = 'rn' AND id BETWEEN 800001 AND 800005;
+  FROM gatekeeper.mail_live WHERE queue = 'rn' AND id BETWEEN 800001 AND 800300;
 
 -- a queue with mail in runs is not dropped
 SELECT gatekeeper.cancel(:first_id + 20);

@@ -25,7 +25,8 @@
  * mail_run for up to RUN_MAX of them (ids id .. last_id) instead of a
  * mail_live row each: a bulk enqueue's cost was mostly the two index
  * entries of every live row (bench/notes.md, "Bulk enqueue: where the
- * insert trigger's time goes").  A run of one is a live row.  Only ids
+ * insert trigger's time goes"); only statements of RUN_MIN_ROWS mails or
+ * more write runs.  A run of one is a live row.  Only ids
  * above every id mail_live and mail_run hold (asked once, when the first
  * run forms) go into runs, so a run never covers a mail that has a live
  * row or another run: a mail given an id by hand that a scheduled mail
@@ -67,8 +68,16 @@
 
 #define LIVE_BATCH 1000
 
-/* the most mails of one run: what one claimer locks at once */
+/*
+ * The most mails of one run: what one claimer locks at once.  A claim
+ * that takes part of a run holds the rest of it until it commits (its
+ * new version is its own until then), where live rows it did not take
+ * stay free for other claimers; so runs are written only for statements
+ * of RUN_MIN_ROWS mails or more, a bulk enqueue, and a claimer of such
+ * mail leaves other claimers at most a run's worth of it held.
+ */
 #define RUN_MAX 128
+#define RUN_MIN_ROWS 256
 
 static const char *const live_copied[] = {
 	"id", "queue", "priority", "send_at", "dedupe_key", "segment"
@@ -231,7 +240,7 @@ live_needs_check(TupleDesc desc, TupleDesc mail_desc, LiveWriter *w)
  *		must write the rows instead.
  */
 LiveWriter *
-gatekeeper_live_writer_open(TupleDesc mail_desc)
+gatekeeper_live_writer_open(TupleDesc mail_desc, int64 nrows)
 {
 	Oid			relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, false);
 	Relation	rel;
@@ -313,7 +322,8 @@ gatekeeper_live_writer_open(TupleDesc mail_desc)
 	w->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
 										 "gatekeeper live rows",
 										 ALLOCSET_DEFAULT_SIZES);
-	run_open_rel(w, mail_desc);
+	if (nrows >= RUN_MIN_ROWS)
+		run_open_rel(w, mail_desc);
 	return w;
 
 use_sql:

@@ -14,7 +14,7 @@
 
 typedef struct LiveWriter LiveWriter;
 
-extern LiveWriter *gatekeeper_live_writer_open(TupleDesc mail_desc);
+extern LiveWriter *gatekeeper_live_writer_open(TupleDesc mail_desc, int64 nrows);
 extern void gatekeeper_live_writer_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull,
 									   int64 row);
 extern Oid	gatekeeper_live_writer_relid(LiveWriter *w);

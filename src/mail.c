@@ -942,7 +942,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 		skipped = skip_held_keys(trigdata, &nskipped);
 	}
 	if (ndone == 0)
-		live = gatekeeper_live_writer_open(desc);
+		live = gatekeeper_live_writer_open(desc, tuplestore_tuple_count(trigdata->tg_newtable));
 	tally = gatekeeper_stats_tally_start();
 
 	where.row = 0;
