@@ -1715,6 +1715,8 @@ $$;
 COMMENT ON FUNCTION gatekeeper._runs_to_live(text, smallint) IS
 	'move the runs (mail_run) of a queue, or of a retention segment, into mail_live, a row per mail';
 
+REVOKE ALL ON FUNCTION gatekeeper._runs_to_live(bigint[]),
+	gatekeeper._runs_to_live(text, smallint) FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_run', '');
 
 -- a run counts as its mails (last_id - id + 1), never retrying

@@ -183,12 +183,14 @@ CREATE TRIGGER unsubscribe_secret_insert BEFORE INSERT ON gatekeeper.unsubscribe
 INSERT INTO gatekeeper.unsubscribe_secret (secret) VALUES (gatekeeper._new_secret());
 
 /*
- * The mail lives in four tables (docs/storage.md):
+ * The mail lives in five tables (docs/storage.md):
  *
  *   mail		what the application enqueued (by enqueue, INSERT or COPY):
  *				written once, never rewritten by gatekeeper
  *   mail_live	one narrow row per scheduled mail: its state, due time,
  *				attempt, Message-ID and last error
+ *   mail_run	a bulk enqueue's scheduled mail, one row per run of up
+ *				to 128 mails with consecutive ids (below)
  *   mail_claim	claimed mail, in batch rows (below)
  *   mail_done	one narrow row per finished mail: its outcome
  *
