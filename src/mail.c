@@ -127,6 +127,17 @@ static const char any_done_sql[] =
 "SELECT coalesce((SELECT max(d.id) FROM gatekeeper.mail_done d) >= "
 "                (SELECT min(n.id) FROM new_mail n), false)";
 
+/*
+ * The highest id in mail_done: new mail above it cannot be finished, and
+ * only a row at or below it (a restore, ids given by hand) has the
+ * statement's finished ids looked up (finished_ids), then, once: asked as
+ * max(id) of mail_done alone, since the min(id) of the transition table
+ * was a second pass over all of it, a spilled COPY's rows read back from
+ * disk (3% of a bulk COPY: bench/notes.md, "Bulk enqueue in runs").
+ */
+static const char max_done_sql[] =
+"SELECT max(d.id) FROM gatekeeper.mail_done d";
+
 static const char done_ids_sql[] =
 "SELECT n.id FROM new_mail n JOIN gatekeeper.mail_done d ON d.id = n.id ORDER BY 1";
 
@@ -240,6 +251,7 @@ static SPIPlanPtr lock_keys_plan = NULL;
 static SPIPlanPtr clear_keys_plan = NULL;
 static SPIPlanPtr insert_keys_plan = NULL;
 static SPIPlanPtr any_done_plan = NULL;
+static SPIPlanPtr max_done_plan = NULL;
 static SPIPlanPtr done_ids_plan = NULL;
 static SPIPlanPtr insert_live_plan = NULL;
 static SPIPlanPtr insert_live_restore_plan = NULL;
@@ -669,6 +681,28 @@ finished_ids(TriggerData *trigdata, int *n)
 }
 
 /*
+ * The highest id of finished mail, or PG_INT64_MIN when there is none.
+ */
+static int64
+finished_max(void)
+{
+	bool		isnull;
+	Datum		d;
+	int64		max = PG_INT64_MIN;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	gatekeeper_plan(&max_done_plan, max_done_sql, 0, NULL);
+	if (SPI_execute_plan(max_done_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "finished mail lookup failed");
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		max = DatumGetInt64(d);
+	SPI_finish();
+	return max;
+}
+
+/*
  * Order of int64s, for bsearch.
  */
 static int
@@ -919,6 +953,8 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 	MemoryContext old;
 	int64	   *done = NULL;
 	int			ndone = 0;
+	bool		done_known = false;
+	int64		max_done = PG_INT64_MAX;
 	int64	   *skipped = NULL;
 	int			nskipped = 0;
 	bool		skipping = false;
@@ -934,13 +970,19 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 
 	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 
-	done = finished_ids(trigdata, &ndone);
-	/* a restore of finished mail loads as it is, never skipped */
-	if (ndone == 0 && gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP)
+	if (gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP)
 	{
-		skipping = true;
-		skipped = skip_held_keys(trigdata, &nskipped);
+		/* a restore of finished mail loads as it is, never skipped */
+		done = finished_ids(trigdata, &ndone);
+		done_known = true;
+		if (ndone == 0)
+		{
+			skipping = true;
+			skipped = skip_held_keys(trigdata, &nskipped);
+		}
 	}
+	else
+		max_done = finished_max();
 	if (ndone == 0)
 		live = gatekeeper_live_writer_open(desc, tuplestore_tuple_count(trigdata->tg_newtable));
 	tally = gatekeeper_stats_tally_start();
@@ -955,6 +997,8 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 									"gatekeeper mail check",
 									ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(per_row);
+	/* read pointer 0: lookups by SPI read the table with pointers of their own */
+	tuplestore_select_read_pointer(trigdata->tg_newtable, 0);
 	tuplestore_rescan(trigdata->tg_newtable);
 	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
 	{
@@ -966,6 +1010,21 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 		slot_getallattrs(slot);
 		mail.values = slot->tts_values;
 		mail.isnull = slot->tts_isnull;
+		if (!done_known && !mail.isnull[0] && DatumGetInt64(mail.values[0]) <= max_done)
+		{
+			/*
+			 * A row that may be finished: the statement's finished ids,
+			 * once.  Rows before it are above every finished id.  The
+			 * lookup reads the transition table with a read pointer of
+			 * its own; this loop's is pointer 0.
+			 */
+			MemoryContext here = MemoryContextSwitchTo(old);
+
+			done = finished_ids(trigdata, &ndone);
+			done_known = true;
+			MemoryContextSwitchTo(here);
+			tuplestore_select_read_pointer(trigdata->tg_newtable, 0);
+		}
 		if (ndone > 0 || nskipped > 0)
 		{
 			int64		id = DatumGetInt64(mail.values[0]);
@@ -987,7 +1046,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 		{
 			/* validated like the others, then left out */
 		}
-		else if (live != NULL)
+		else if (live != NULL && !finished)
 		{
 			gatekeeper_live_writer_add(live, mail.values, mail.isnull, where.row);
 			gatekeeper_live_count_add(gatekeeper_live_writer_relid(live),
