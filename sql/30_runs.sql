@@ -85,4 +85,23 @@ SELECT scheduled, due, claimed FROM gatekeeper.queue_stats WHERE queue = 'rn';
 SELECT gatekeeper.ack_batch(array_agg(c.id + :first_id - :first_id), array_agg(c.attempt)) IS NOT NULL AS settled
   FROM (SELECT rel + :first_id AS id, attempt FROM took) c;
 SELECT gatekeeper.drop_queue('rn');
+
+-- outcomes loaded before their content (a restore's order), met in the
+-- middle of a bulk statement: the rows above every finished id go into
+-- runs; the statement's finished ids are looked up at its first row at or
+-- below one, and those mails get no live row and no run
+SELECT gatekeeper.create_queue('rn2');
+INSERT INTO gatekeeper.mail_done (id, queue, state, attempt, send_at, finished_at, segment)
+SELECT 700100 + i, 'rn2', 'sent', 1, now(), now(), gatekeeper._segment()
+  FROM generate_series(1, 10) i;
+INSERT INTO gatekeeper.mail (id, queue, recipient, subject, body)
+SELECT 700000 + i, 'rn2', 'o' || i || '@example.com', 's', 'b'
+  FROM generate_series(1, 300) i ORDER BY i <= 199, i;
+SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'rn2' GROUP BY state ORDER BY state;
+SELECT count(*) AS runs_over_finished FROM gatekeeper.mail_run
+ WHERE queue = 'rn2' AND id <= 700110 AND last_id >= 700101;
+SELECT count(*) AS live_rows_of_finished FROM gatekeeper.mail_live WHERE id BETWEEN 700101 AND 700110;
+SELECT count(*) AS runs FROM gatekeeper.mail_run WHERE queue = 'rn2';
+SELECT scheduled FROM gatekeeper.queue_stats WHERE queue = 'rn2';
+SELECT gatekeeper.cancel_queue('rn2') AS cancelled;
 RESET client_min_messages;
