@@ -468,11 +468,20 @@ hand_over(Take *t, TupleTableSlot *live, ContentPart *c)
 	t->receive(t->arg, v, n);
 }
 
-/* the live rows of one level, in (send_at, id) order */
+/*
+ * The live rows of one level, in (send_at, id) order.  In the due floor's
+ * level the scan starts at the floor, (send_at, id) >= the floor's, as two
+ * ranges of mail_due: send_at = the floor's and id >= its id, then send_at
+ * beyond it (a key of send_at >= the floor's alone would start before the
+ * floor's id, among the dead entries the floor is there to skip).
+ */
 typedef struct LiveStream
 {
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
+	ScanKeyData keys[4];
+	int			nkeys;
+	bool		at_floor;		/* in the first of the floor's two ranges */
 	bool		valid;			/* slot holds the next row */
 	bool		done;
 	TimestampTz send_at;
@@ -497,24 +506,35 @@ typedef struct RunStream
 static void
 live_advance(Take *t, LiveStream *a, const DueKey *floor)
 {
-	while (index_getnext_slot(a->scan, ForwardScanDirection, a->slot))
+	for (;;)
 	{
-		Datum	   *v;
-		bool	   *nl;
+		while (index_getnext_slot(a->scan, ForwardScanDirection, a->slot))
+		{
+			Datum	   *v;
+			bool	   *nl;
 
-		slot_getallattrs(a->slot);
-		v = a->slot->tts_values;
-		nl = a->slot->tts_isnull;
-		if (nl[t->att[L_STATE] - 1] ||
-			DatumGetObjectId(v[t->att[L_STATE] - 1]) != t->scheduled)
-			continue;
-		a->send_at = DatumGetTimestampTz(v[t->att[L_SEND_AT] - 1]);
-		a->id = DatumGetInt64(v[t->att[L_ID] - 1]);
-		/* below the floor (its send_at, an id before its own) */
-		if (floor != NULL && a->send_at == floor->send_at && a->id < floor->id)
-			continue;
-		a->valid = true;
-		return;
+			slot_getallattrs(a->slot);
+			v = a->slot->tts_values;
+			nl = a->slot->tts_isnull;
+			if (nl[t->att[L_STATE] - 1] ||
+				DatumGetObjectId(v[t->att[L_STATE] - 1]) != t->scheduled)
+				continue;
+			a->send_at = DatumGetTimestampTz(v[t->att[L_SEND_AT] - 1]);
+			a->id = DatumGetInt64(v[t->att[L_ID] - 1]);
+			a->valid = true;
+			return;
+		}
+		if (!a->at_floor)
+			break;
+		/* the floor's send_at done: the level beyond it */
+		a->at_floor = false;
+		ScanKeyInit(&a->keys[2], 3, BTGreaterStrategyNumber, F_TIMESTAMPTZ_GT,
+					TimestampTzGetDatum(floor->send_at));
+		a->nkeys = 3;
+		/* a scan's number of keys is fixed when it begins */
+		index_endscan(a->scan);
+		a->scan = index_beginscan(t->live, t->due, t->snapshot, a->nkeys, 0);
+		index_rescan(a->scan, a->keys, a->nkeys, NULL, 0);
 	}
 	a->valid = false;
 	a->done = true;
@@ -538,11 +558,25 @@ run_finish(Take *t, RunStream *b)
 									true, &tmfd, false);
 	else
 	{
-		TupleTableSlot *n = t->run_new;
+		TupleTableSlot *n;
 		LockTupleMode lockmode;
 		bool		update_indexes;
 		int			i;
 
+		if (t->run_estate == NULL)
+		{
+			/* the first run this take moves on: its executor state, once */
+			MemoryContext old = MemoryContextSwitchTo(t->outer);
+
+			t->run_estate = CreateExecutorState();
+			t->run_estate->es_output_cid = t->cid;
+			t->run_rri = makeNode(ResultRelInfo);
+			InitResultRelInfo(t->run_rri, t->run, 0, NULL, 0);
+			ExecOpenIndices(t->run_rri, false);
+			t->run_new = table_slot_create(t->run, NULL);
+			MemoryContextSwitchTo(old);
+		}
+		n = t->run_new;
 		ExecClearTuple(n);
 		slot_getallattrs(b->slot);
 		for (i = 0; i < n->tts_tupleDescriptor->natts; i++)
@@ -706,23 +740,28 @@ take_run_mail(Take *t, RunStream *b)
 static bool
 walk_level(Take *t, int32 level, const DueKey *floor)
 {
-	ScanKeyData akeys[3];
 	ScanKeyData bkeys[2];
 	LiveStream	a;
 	RunStream	b;
-	int			nakeys = 2;
 
 	memset(&a, 0, sizeof(a));
 	memset(&b, 0, sizeof(b));
-	ScanKeyEntryInitialize(&akeys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+	ScanKeyEntryInitialize(&a.keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
 						   t->due->rd_indcollation[0], F_TEXTEQ, t->queue);
-	ScanKeyInit(&akeys[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(level));
+	ScanKeyInit(&a.keys[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(level));
+	a.nkeys = 2;
 	if (floor != NULL)
-		ScanKeyInit(&akeys[nakeys++], 3, BTGreaterEqualStrategyNumber, F_TIMESTAMPTZ_GE,
+	{
+		ScanKeyInit(&a.keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
 					TimestampTzGetDatum(floor->send_at));
+		ScanKeyInit(&a.keys[3], 4, BTGreaterEqualStrategyNumber, F_INT8GE,
+					Int64GetDatum(floor->id));
+		a.nkeys = 4;
+		a.at_floor = true;
+	}
 	a.slot = table_slot_create(t->live, NULL);
-	a.scan = index_beginscan(t->live, t->due, t->snapshot, nakeys, 0);
-	index_rescan(a.scan, akeys, nakeys, NULL, 0);
+	a.scan = index_beginscan(t->live, t->due, t->snapshot, a.nkeys, 0);
+	index_rescan(a.scan, a.keys, a.nkeys, NULL, 0);
 	live_advance(t, &a, floor);
 
 	if (t->run != NULL)
@@ -886,11 +925,6 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 		}
 		t.run_due = index_open(gatekeeper_relid(GATEKEEPER_REL_MAIL_RUN_DUE, false),
 							   AccessShareLock);
-		t.run_estate = CreateExecutorState();
-		t.run_rri = makeNode(ResultRelInfo);
-		InitResultRelInfo(t.run_rri, t.run, 0, NULL, 0);
-		ExecOpenIndices(t.run_rri, false);
-		t.run_new = table_slot_create(t.run, NULL);
 	}
 	for (i = 0; i < L_NUM; i++)
 	{
@@ -907,8 +941,6 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	t.cid = GetCurrentCommandId(true);
 	/* a copy: under REPEATABLE READ the transaction's, brought to this command */
 	t.snapshot->curcid = t.cid;
-	if (t.run_estate != NULL)
-		t.run_estate->es_output_cid = t.cid;
 	t.now = GetCurrentTransactionStartTimestamp();
 	t.scheduled = state_oid(t.live, t.att[L_STATE], "scheduled");
 	t.claimed = state_oid(t.live, t.att[L_STATE], "claimed");
@@ -949,9 +981,12 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	ExecDropSingleTupleTableSlot(t.synth);
 	if (t.run != NULL)
 	{
-		ExecDropSingleTupleTableSlot(t.run_new);
-		ExecCloseIndices(t.run_rri);
-		FreeExecutorState(t.run_estate);
+		if (t.run_estate != NULL)
+		{
+			ExecDropSingleTupleTableSlot(t.run_new);
+			ExecCloseIndices(t.run_rri);
+			FreeExecutorState(t.run_estate);
+		}
 		index_close(t.run_due, NoLock);
 		table_close(t.run, NoLock);
 	}
