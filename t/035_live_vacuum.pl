@@ -39,11 +39,26 @@ my $vacuums_sql = q{
 SELECT vacuum_count || '|' || autovacuum_count FROM pg_stat_user_tables
  WHERE relid = 'gatekeeper.mail_live'::regclass};
 
-$node->safe_psql(
-	'postgres', qq{
-INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
-SELECT 'burst', 'b' || i || '\@example.com', 'Burst', 'Body ' || i
-  FROM generate_series(1, $burst) AS i});
+# a burst of live rows, in statements of 200 mails: a statement of 256 or
+# more writes runs (mail_run) instead, and the rows this vacuum is for are
+# mail_live's
+sub burst
+{
+	my ($n, $prefix, $subject) = @_;
+	$node->safe_psql(
+		'postgres', qq{
+DO \$\$
+BEGIN
+	FOR s IN 0 .. $n - 1 BY 200 LOOP
+		INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+		SELECT 'burst', '$prefix' || i || '\@example.com', '$subject', 'Body ' || i
+		  FROM generate_series(s + 1, least(s + 200, $n)) AS i;
+	END LOOP;
+END
+\$\$});
+	return;
+}
+burst($burst, 'b', 'Burst');
 
 # claim and ack up to $n mails, 10,000 (claim's most) at a time
 sub drain
@@ -110,11 +125,7 @@ while (time < $settle_deadline)
 my $holder = $node->background_psql('postgres');
 $holder->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
 $holder->query_safe('SELECT count(*) FROM gatekeeper.queue');
-$node->safe_psql(
-	'postgres', qq{
-INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
-SELECT 'burst', 'h' || i || '\@example.com', 'Held', 'Body ' || i
-  FROM generate_series(1, 20000) AS i});
+burst(20000, 'h', 'Held');
 is(drain(20000), 20000, 'a second burst drained while an old snapshot is open');
 my $before = (split /\|/, $node->safe_psql('postgres', $vacuums_sql))[0];
 ok( GatekeeperTest::poll_until(

@@ -34,9 +34,16 @@ $node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
 $node->safe_psql(
 	'postgres', q{
 SELECT gatekeeper.create_queue('q');
-INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
-SELECT 'q', 'user' || i || '@example.com', 'mail ' || i, 'body', now() - interval '1 hour'
-  FROM generate_series(1, 3000) AS i;
+-- live rows: statements of 200 (one of 256 mails or more writes runs)
+DO $$
+BEGIN
+	FOR s IN 0 .. 2999 BY 200 LOOP
+		INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+		SELECT 'q', 'user' || i || '@example.com', 'mail ' || i, 'body', now() - interval '1 hour'
+		  FROM generate_series(s + 1, s + 200) AS i;
+	END LOOP;
+END
+$$;
 });
 
 # dead rows to vacuum: 1,000 mails claimed and acked (each leaves its
