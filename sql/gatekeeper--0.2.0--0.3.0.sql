@@ -457,6 +457,300 @@ REVOKE ALL ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int
 -- the grants recorded before create_queue and alter_queue were dropped, given back
 SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_25_q');
 
+/*
+ * Issue 26, bulk enqueue: runs.  An INSERT or COPY writes the mails it
+ * enqueues with consecutive ids, one queue, priority and send_at as one
+ * row of mail_run for up to 128 of them; the readers of scheduled mail
+ * read runs too (drop_queue, next_due, _first_due, _live_due, _live_stats,
+ * mail_status: replaced here, or where this script makes them).
+ */
+/*
+ * Runs (src/live_writer.c): the mails of one INSERT or COPY of 256 or
+ * more with consecutive ids, one queue, priority, send_at and segment and
+ * no dedupe key, as one row of mail_run for up to 128 of them (ids id ..
+ * last_id)
+ * instead of a row of mail_live each: their index entries were most of a
+ * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
+ * trigger's time goes").  A mail of a run is scheduled as if it had a
+ * mail_live row with the columns' defaults (never attempted, no
+ * Message-ID, no error).  A claim takes mails from the front of a run (id
+ * moves on; the last one deletes it), in the order of mail_due; whatever
+ * changes one mail of a run (cancel, an update or delete of the mail,
+ * rotation) first moves its run into mail_live (_runs_to_live); readers
+ * of scheduled mail (mail_status, queue_stats, next_due) read runs too.  A
+ * claim holds the rest of a run it took part of until it commits: another
+ * claimer skips it (at most 127 mails) and takes the next.
+ *
+ *   mail_run_due	runs by queue, priority, due time, as mail_due
+ */
+CREATE TABLE gatekeeper.mail_run (
+	id			bigint PRIMARY KEY,
+	last_id		bigint NOT NULL,
+	queue		text NOT NULL,
+	priority	int NOT NULL,
+	send_at		timestamptz NOT NULL,
+	segment		smallint NOT NULL,
+	CHECK (last_id >= id)
+);
+COMMENT ON TABLE gatekeeper.mail_run IS
+	'scheduled mail enqueued together and untouched since: one row for the mails id .. last_id, each as a mail_live row with its defaults would be';
+ALTER TABLE gatekeeper.mail_run SET (
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 1000,
+	autovacuum_analyze_scale_factor = 0.02,
+	autovacuum_vacuum_cost_delay = 0
+);
+CREATE INDEX mail_run_due ON gatekeeper.mail_run (queue, priority DESC, send_at, id)
+	WITH (deduplicate_items = off);
+
+-- move the runs holding any of ids into mail_live, a row per mail, before
+-- a change to one of those mails; a run a claim holds is waited for, and
+-- looked for again after it (the claim may have moved it on)
+CREATE FUNCTION gatekeeper._runs_to_live(ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	heads bigint[];
+BEGIN
+	LOOP
+		SELECT array_agg(DISTINCT r.id) INTO heads
+		  FROM unnest(_runs_to_live.ids) AS i(id),
+			   LATERAL (SELECT x.id, x.last_id FROM gatekeeper.mail_run x
+						 WHERE x.id <= i.id ORDER BY x.id DESC LIMIT 1) r
+		 WHERE r.last_id >= i.id;
+		EXIT WHEN heads IS NULL;
+		WITH r AS (
+			DELETE FROM gatekeeper.mail_run r WHERE r.id = ANY (heads)
+			RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
+		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
+		SELECT g.id, r.queue, r.priority, r.send_at, r.segment
+		  FROM r, generate_series(r.id, r.last_id) AS g(id);
+	END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper._runs_to_live(bigint[]) IS
+	'move the runs (mail_run) holding any of these mails into mail_live, a row per mail, before one of them changes';
+
+-- move the runs of a queue, or of a segment, into mail_live
+CREATE FUNCTION gatekeeper._runs_to_live(queue text, segment smallint)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH r AS (
+		DELETE FROM gatekeeper.mail_run r
+		 WHERE ($1 IS NULL OR r.queue = $1) AND ($2 IS NULL OR r.segment = $2)
+		RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
+	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
+	SELECT g.id, r.queue, r.priority, r.send_at, r.segment
+	  FROM r, generate_series(r.id, r.last_id) AS g(id)
+$$;
+
+COMMENT ON FUNCTION gatekeeper._runs_to_live(text, smallint) IS
+	'move the runs (mail_run) of a queue, or of a retention segment, into mail_live, a row per mail';
+
+REVOKE ALL ON FUNCTION gatekeeper._runs_to_live(bigint[]),
+	gatekeeper._runs_to_live(text, smallint) FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_run', '');
+
+-- a run counts as its mails (last_id - id + 1), never retrying
+CREATE TRIGGER mail_run_count_insert AFTER INSERT ON gatekeeper.mail_run
+	REFERENCING NEW TABLE AS new_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_run_count_update AFTER UPDATE ON gatekeeper.mail_run
+	REFERENCING OLD TABLE AS old_run NEW TABLE AS new_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_run_count_delete AFTER DELETE ON gatekeeper.mail_run
+	REFERENCING OLD TABLE AS old_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+CREATE TRIGGER mail_run_count_truncate AFTER TRUNCATE ON gatekeeper.mail_run
+	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_insert;
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_update;
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_delete;
+ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_truncate;
+
+CREATE OR REPLACE FUNCTION gatekeeper.next_due(queues text[] DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT least((
+	WITH RECURSIVE lv(queue, p) AS (
+		SELECT q.name,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = q.name AND m.state = 'scheduled'
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM gatekeeper.queue q
+		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
+		UNION ALL
+		SELECT lv.queue,
+			   (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
+				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority = lv.p
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+	), (
+	WITH RECURSIVE lv(queue, p) AS (
+		SELECT q.name,
+			   (SELECT m.priority FROM gatekeeper.mail_run m
+				 WHERE m.queue = q.name
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM gatekeeper.queue q
+		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
+		UNION ALL
+		SELECT lv.queue,
+			   (SELECT m.priority FROM gatekeeper.mail_run m
+				 WHERE m.queue = lv.queue AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_run m
+				 WHERE m.queue = lv.queue AND m.priority = lv.p
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+	))
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper._first_due(queue text, after timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT least((
+	WITH RECURSIVE lv(p) AS (
+		(SELECT m.priority FROM gatekeeper.mail_live m
+		  WHERE m.queue = $1 AND m.state = 'scheduled'
+		  ORDER BY m.priority DESC LIMIT 1)
+		UNION ALL
+		SELECT (SELECT m.priority FROM gatekeeper.mail_live m
+				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
+				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority = lv.p
+				   AND m.send_at > $2
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+	), (
+	WITH RECURSIVE lv(p) AS (
+		(SELECT m.priority FROM gatekeeper.mail_run m
+		  WHERE m.queue = $1
+		  ORDER BY m.priority DESC LIMIT 1)
+		UNION ALL
+		SELECT (SELECT m.priority FROM gatekeeper.mail_run m
+				 WHERE m.queue = $1 AND m.priority < lv.p
+				 ORDER BY m.priority DESC LIMIT 1)
+		  FROM lv WHERE lv.p IS NOT NULL
+	)
+	SELECT min((SELECT m.send_at FROM gatekeeper.mail_run m
+				 WHERE m.queue = $1 AND m.priority = lv.p
+				   AND m.send_at > $2
+				 ORDER BY m.send_at LIMIT 1))
+	  FROM lv WHERE lv.p IS NOT NULL
+	))
+$$;
+
+CREATE OR REPLACE FUNCTION gatekeeper._live_due(queue text, scheduled bigint,
+	OUT due bigint, OUT oldest_due timestamptz)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+	lim bigint := 1000;
+	counted bigint;
+	cut_off boolean;
+	later bigint;
+	later_cut_off boolean;
+	run_due bigint;
+	run_oldest timestamptz;
+	run_cut_off boolean;
+	run_later bigint;
+	run_later_cut_off boolean;
+	t timestamptz := now();
+BEGIN
+	LOOP
+		-- the same over the runs (mail_run), each counting as its mails
+		WITH RECURSIVE lv(p) AS (
+			(SELECT d.priority FROM gatekeeper.mail_run d
+			  WHERE d.queue = _live_due.queue
+			  ORDER BY d.priority DESC LIMIT 1)
+			UNION ALL
+			SELECT (SELECT d.priority FROM gatekeeper.mail_run d
+					 WHERE d.queue = _live_due.queue AND d.priority < lv.p
+					 ORDER BY d.priority DESC LIMIT 1)
+			  FROM lv WHERE lv.p IS NOT NULL)
+		SELECT min(a.first), coalesce(sum(a.n), 0), coalesce(bool_or(a.runs >= lim), false),
+			   coalesce(sum(b.n), 0), coalesce(bool_or(b.runs >= lim), false)
+		  INTO run_oldest, run_due, run_cut_off, run_later, run_later_cut_off
+		  FROM lv,
+			   LATERAL (
+				SELECT min(x.send_at) AS first, sum(x.n) AS n, count(*) AS runs
+				  FROM (SELECT d.send_at, d.last_id - d.id + 1 AS n FROM gatekeeper.mail_run d
+						 WHERE d.queue = _live_due.queue
+						   AND d.priority = lv.p AND d.send_at <= t
+						 ORDER BY d.send_at LIMIT lim) x) a,
+			   LATERAL (
+				SELECT sum(x.n) AS n, count(*) AS runs
+				  FROM (SELECT d.last_id - d.id + 1 AS n FROM gatekeeper.mail_run d
+						 WHERE d.queue = _live_due.queue
+						   AND d.priority = lv.p AND d.send_at > t
+						 LIMIT lim) x) b
+		 WHERE lv.p IS NOT NULL;
+		-- each priority's first lim entries due and first lim not yet due
+		WITH RECURSIVE lv(p) AS (
+			(SELECT d.priority FROM gatekeeper.mail_live d
+			  WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+			  ORDER BY d.priority DESC LIMIT 1)
+			UNION ALL
+			SELECT (SELECT d.priority FROM gatekeeper.mail_live d
+					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled' AND d.priority < lv.p
+					 ORDER BY d.priority DESC LIMIT 1)
+			  FROM lv WHERE lv.p IS NOT NULL)
+		SELECT min(a.first), coalesce(sum(a.n), 0), coalesce(bool_or(a.n >= lim), false),
+			   coalesce(sum(b.n), 0), coalesce(bool_or(b.n >= lim), false)
+		  INTO oldest_due, counted, cut_off, later, later_cut_off
+		  FROM lv,
+			   LATERAL (
+				SELECT min(x.send_at) AS first, count(*) AS n
+				  FROM (SELECT d.send_at FROM gatekeeper.mail_live d
+						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+						   AND d.priority = lv.p AND d.send_at <= t
+						 ORDER BY d.send_at LIMIT lim) x) a,
+			   LATERAL (
+				SELECT count(*) AS n
+				  FROM (SELECT FROM gatekeeper.mail_live d
+						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
+						   AND d.priority = lv.p AND d.send_at > t
+						 LIMIT lim) x) b
+		 WHERE lv.p IS NOT NULL;
+		oldest_due := least(oldest_due, run_oldest);
+		IF NOT cut_off AND NOT run_cut_off THEN
+			due := counted + run_due;
+			RETURN;
+		END IF;
+		IF NOT later_cut_off AND NOT run_later_cut_off THEN
+			due := _live_due.scheduled - later - run_later;
+			RETURN;
+		END IF;
+		lim := lim * 8;
+	END LOOP;
+END
+$$;
+
+
 CREATE OR REPLACE FUNCTION gatekeeper.drop_queue(name text)
 RETURNS void
 LANGUAGE plpgsql
@@ -475,6 +769,8 @@ BEGIN
 	-- scheduled mail, and claimed mail still open in its batches, under one
 	-- snapshot: a claim or a hand-back moves mail between them in one commit
 	SELECT (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name)
+		   + (SELECT coalesce(sum(r.last_id - r.id + 1), 0) FROM gatekeeper.mail_run r
+			   WHERE r.queue = drop_queue.name)
 		   + (SELECT coalesce(sum(c.open), 0) FROM gatekeeper.mail_claim c
 			   WHERE c.queue = drop_queue.name)
 	  INTO live;
@@ -1180,6 +1476,13 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 	  FROM gatekeeper.mail_claim c
 	 CROSS JOIN LATERAL unnest(c.mails) r
 	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	UNION ALL
+	-- a mail of a run: scheduled, as its live row with the defaults would say
+	SELECT m.id, r.send_at, 'scheduled'::gatekeeper.state, 0, 0, NULL::timestamptz,
+		   NULL::text, NULL::text, NULL::text
+	  FROM (SELECT x.last_id, x.send_at, x.segment FROM gatekeeper.mail_run x
+			 WHERE x.id <= m.id ORDER BY x.id DESC LIMIT 1) r
+	 WHERE r.last_id >= m.id AND r.segment = m.segment
 	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
@@ -1309,6 +1612,11 @@ AS $$
 		  FROM gatekeeper.mail_live d
 		 WHERE d.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
 		   AND d.state = 'scheduled' AND d.send_at <= now()
+		UNION ALL
+		SELECT r.queue, 0, 0, r.last_id - r.id + 1, r.send_at, 0, 0
+		  FROM gatekeeper.mail_run r
+		 WHERE r.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
+		   AND r.send_at <= now()
 		UNION ALL
 		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0, 0
 		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
@@ -1622,418 +1930,6 @@ EXCEPTION WHEN feature_not_supported THEN
 	NULL;
 END
 $$;
-
-/*
- * Issue 26, bulk enqueue: runs.  An INSERT or COPY writes the mails it
- * enqueues with consecutive ids, one queue, priority and send_at as one
- * row of mail_run for up to 128 of them; the readers of scheduled mail
- * read runs too (drop_queue, next_due, _first_due, _live_due, _live_stats,
- * mail_status).
- */
-/*
- * Runs (src/live_writer.c): the mails of one INSERT or COPY with
- * consecutive ids, one queue, priority, send_at and segment and no dedupe
- * key, as one row of mail_run for up to 128 of them (ids id .. last_id)
- * instead of a row of mail_live each: their index entries were most of a
- * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
- * trigger's time goes").  A mail of a run is scheduled as if it had a
- * mail_live row with the columns' defaults (never attempted, no
- * Message-ID, no error).  A claim takes mails from the front of a run (id
- * moves on; the last one deletes it), in the order of mail_due; whatever
- * changes one mail of a run (cancel, an update or delete of the mail,
- * rotation) first moves it out into mail_live (_run_split); readers of
- * scheduled mail (mail_status, queue_stats, next_due) read runs too.
- *
- *   mail_run_due	runs by queue, priority, due time, as mail_due
- */
-CREATE TABLE gatekeeper.mail_run (
-	id			bigint PRIMARY KEY,
-	last_id		bigint NOT NULL,
-	queue		text NOT NULL,
-	priority	int NOT NULL,
-	send_at		timestamptz NOT NULL,
-	segment		smallint NOT NULL,
-	CHECK (last_id >= id)
-);
-COMMENT ON TABLE gatekeeper.mail_run IS
-	'scheduled mail enqueued together and untouched since: one row for the mails id .. last_id, each as a mail_live row with its defaults would be';
-ALTER TABLE gatekeeper.mail_run SET (
-	autovacuum_vacuum_scale_factor = 0.01,
-	autovacuum_vacuum_threshold = 1000,
-	autovacuum_analyze_scale_factor = 0.02,
-	autovacuum_vacuum_cost_delay = 0
-);
-CREATE INDEX mail_run_due ON gatekeeper.mail_run (queue, priority DESC, send_at, id)
-	WITH (deduplicate_items = off);
-
--- move the runs holding any of ids into mail_live, a row per mail, before
--- a change to one of those mails; a run a claim holds is waited for, and
--- looked for again after it (the claim may have moved it on)
-CREATE FUNCTION gatekeeper._runs_to_live(ids bigint[])
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	heads bigint[];
-BEGIN
-	LOOP
-		SELECT array_agg(DISTINCT r.id) INTO heads
-		  FROM unnest(_runs_to_live.ids) AS i(id),
-			   LATERAL (SELECT x.id, x.last_id FROM gatekeeper.mail_run x
-						 WHERE x.id <= i.id ORDER BY x.id DESC LIMIT 1) r
-		 WHERE r.last_id >= i.id;
-		EXIT WHEN heads IS NULL;
-		WITH r AS (
-			DELETE FROM gatekeeper.mail_run r WHERE r.id = ANY (heads)
-			RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
-		SELECT g.id, r.queue, r.priority, r.send_at, r.segment
-		  FROM r, generate_series(r.id, r.last_id) AS g(id);
-	END LOOP;
-END
-$$;
-
-COMMENT ON FUNCTION gatekeeper._runs_to_live(bigint[]) IS
-	'move the runs (mail_run) holding any of these mails into mail_live, a row per mail, before one of them changes';
-
--- move the runs of a queue, or of a segment, into mail_live
-CREATE FUNCTION gatekeeper._runs_to_live(queue text, segment smallint)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$
-	WITH r AS (
-		DELETE FROM gatekeeper.mail_run r
-		 WHERE ($1 IS NULL OR r.queue = $1) AND ($2 IS NULL OR r.segment = $2)
-		RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
-	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
-	SELECT g.id, r.queue, r.priority, r.send_at, r.segment
-	  FROM r, generate_series(r.id, r.last_id) AS g(id)
-$$;
-
-COMMENT ON FUNCTION gatekeeper._runs_to_live(text, smallint) IS
-	'move the runs (mail_run) of a queue, or of a retention segment, into mail_live, a row per mail';
-
-REVOKE ALL ON FUNCTION gatekeeper._runs_to_live(bigint[]),
-	gatekeeper._runs_to_live(text, smallint) FROM PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_run', '');
-
--- a run counts as its mails (last_id - id + 1), never retrying
-CREATE TRIGGER mail_run_count_insert AFTER INSERT ON gatekeeper.mail_run
-	REFERENCING NEW TABLE AS new_run
-	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
-CREATE TRIGGER mail_run_count_update AFTER UPDATE ON gatekeeper.mail_run
-	REFERENCING OLD TABLE AS old_run NEW TABLE AS new_run
-	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
-CREATE TRIGGER mail_run_count_delete AFTER DELETE ON gatekeeper.mail_run
-	REFERENCING OLD TABLE AS old_run
-	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
-CREATE TRIGGER mail_run_count_truncate AFTER TRUNCATE ON gatekeeper.mail_run
-	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_live();
-ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_insert;
-ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_update;
-ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_delete;
-ALTER TABLE gatekeeper.mail_run ENABLE ALWAYS TRIGGER mail_run_count_truncate;
-
-CREATE OR REPLACE FUNCTION gatekeeper.drop_queue(name text)
-RETURNS void
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	live bigint;
-BEGIN
-	IF drop_queue.name = 'default' THEN
-		RAISE EXCEPTION 'the default queue cannot be dropped' USING ERRCODE = 'reserved_name';
-	END IF;
-	PERFORM gatekeeper._queue(drop_queue.name, true);
-	-- wait out writers that may be adding mail to this queue, and hold off new ones
-	LOCK TABLE gatekeeper.mail IN SHARE MODE;
-	-- scheduled mail, and claimed mail still open in its batches, under one
-	-- snapshot: a claim or a hand-back moves mail between them in one commit
-	SELECT (SELECT count(*) FROM gatekeeper.mail_live l WHERE l.queue = drop_queue.name)
-		   + (SELECT coalesce(sum(r.last_id - r.id + 1), 0) FROM gatekeeper.mail_run r
-			   WHERE r.queue = drop_queue.name)
-		   + (SELECT coalesce(sum(c.open), 0) FROM gatekeeper.mail_claim c
-			   WHERE c.queue = drop_queue.name)
-	  INTO live;
-	IF live > 0 THEN
-		RAISE EXCEPTION 'queue "%" still holds % live mail', drop_queue.name, live
-			USING ERRCODE = 'object_in_use',
-				  HINT = 'Cancel it with gatekeeper.cancel_queue() and wait for claimed mail to finish.';
-	END IF;
-	DELETE FROM gatekeeper.queue WHERE queue.name = drop_queue.name;
-	-- its finished mail holds no key: a new queue of the name starts free
-	DELETE FROM gatekeeper.mail_key k WHERE k.queue = drop_queue.name;
-	PERFORM gatekeeper._forget_live(drop_queue.name);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper.next_due(queues text[] DEFAULT NULL)
-RETURNS timestamptz
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT least((
-	WITH RECURSIVE lv(queue, p) AS (
-		SELECT q.name,
-			   (SELECT m.priority FROM gatekeeper.mail_live m
-				 WHERE m.queue = q.name AND m.state = 'scheduled'
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM gatekeeper.queue q
-		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
-		UNION ALL
-		SELECT lv.queue,
-			   (SELECT m.priority FROM gatekeeper.mail_live m
-				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority < lv.p
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM lv WHERE lv.p IS NOT NULL
-	)
-	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
-				 WHERE m.queue = lv.queue AND m.state = 'scheduled' AND m.priority = lv.p
-				 ORDER BY m.send_at LIMIT 1))
-	  FROM lv WHERE lv.p IS NOT NULL
-	), (
-	WITH RECURSIVE lv(queue, p) AS (
-		SELECT q.name,
-			   (SELECT m.priority FROM gatekeeper.mail_run m
-				 WHERE m.queue = q.name
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM gatekeeper.queue q
-		 WHERE NOT q.paused AND (next_due.queues IS NULL OR q.name = ANY (next_due.queues))
-		UNION ALL
-		SELECT lv.queue,
-			   (SELECT m.priority FROM gatekeeper.mail_run m
-				 WHERE m.queue = lv.queue AND m.priority < lv.p
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM lv WHERE lv.p IS NOT NULL
-	)
-	SELECT min((SELECT m.send_at FROM gatekeeper.mail_run m
-				 WHERE m.queue = lv.queue AND m.priority = lv.p
-				 ORDER BY m.send_at LIMIT 1))
-	  FROM lv WHERE lv.p IS NOT NULL
-	))
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper._first_due(queue text, after timestamptz)
-RETURNS timestamptz
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT least((
-	WITH RECURSIVE lv(p) AS (
-		(SELECT m.priority FROM gatekeeper.mail_live m
-		  WHERE m.queue = $1 AND m.state = 'scheduled'
-		  ORDER BY m.priority DESC LIMIT 1)
-		UNION ALL
-		SELECT (SELECT m.priority FROM gatekeeper.mail_live m
-				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority < lv.p
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM lv WHERE lv.p IS NOT NULL
-	)
-	SELECT min((SELECT m.send_at FROM gatekeeper.mail_live m
-				 WHERE m.queue = $1 AND m.state = 'scheduled' AND m.priority = lv.p
-				   AND m.send_at > $2
-				 ORDER BY m.send_at LIMIT 1))
-	  FROM lv WHERE lv.p IS NOT NULL
-	), (
-	WITH RECURSIVE lv(p) AS (
-		(SELECT m.priority FROM gatekeeper.mail_run m
-		  WHERE m.queue = $1
-		  ORDER BY m.priority DESC LIMIT 1)
-		UNION ALL
-		SELECT (SELECT m.priority FROM gatekeeper.mail_run m
-				 WHERE m.queue = $1 AND m.priority < lv.p
-				 ORDER BY m.priority DESC LIMIT 1)
-		  FROM lv WHERE lv.p IS NOT NULL
-	)
-	SELECT min((SELECT m.send_at FROM gatekeeper.mail_run m
-				 WHERE m.queue = $1 AND m.priority = lv.p
-				   AND m.send_at > $2
-				 ORDER BY m.send_at LIMIT 1))
-	  FROM lv WHERE lv.p IS NOT NULL
-	))
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper._live_due(queue text, scheduled bigint,
-	OUT due bigint, OUT oldest_due timestamptz)
-LANGUAGE plpgsql
-STABLE
-SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET jit = off
-AS $$
-DECLARE
-	lim bigint := 1000;
-	counted bigint;
-	cut_off boolean;
-	later bigint;
-	later_cut_off boolean;
-	run_due bigint;
-	run_oldest timestamptz;
-	run_cut_off boolean;
-	run_later bigint;
-	run_later_cut_off boolean;
-	t timestamptz := now();
-BEGIN
-	LOOP
-		-- the same over the runs (mail_run), each counting as its mails
-		WITH RECURSIVE lv(p) AS (
-			(SELECT d.priority FROM gatekeeper.mail_run d
-			  WHERE d.queue = _live_due.queue
-			  ORDER BY d.priority DESC LIMIT 1)
-			UNION ALL
-			SELECT (SELECT d.priority FROM gatekeeper.mail_run d
-					 WHERE d.queue = _live_due.queue AND d.priority < lv.p
-					 ORDER BY d.priority DESC LIMIT 1)
-			  FROM lv WHERE lv.p IS NOT NULL)
-		SELECT min(a.first), coalesce(sum(a.n), 0), coalesce(bool_or(a.runs >= lim), false),
-			   coalesce(sum(b.n), 0), coalesce(bool_or(b.runs >= lim), false)
-		  INTO run_oldest, run_due, run_cut_off, run_later, run_later_cut_off
-		  FROM lv,
-			   LATERAL (
-				SELECT min(x.send_at) AS first, sum(x.n) AS n, count(*) AS runs
-				  FROM (SELECT d.send_at, d.last_id - d.id + 1 AS n FROM gatekeeper.mail_run d
-						 WHERE d.queue = _live_due.queue
-						   AND d.priority = lv.p AND d.send_at <= t
-						 ORDER BY d.send_at LIMIT lim) x) a,
-			   LATERAL (
-				SELECT sum(x.n) AS n, count(*) AS runs
-				  FROM (SELECT d.last_id - d.id + 1 AS n FROM gatekeeper.mail_run d
-						 WHERE d.queue = _live_due.queue
-						   AND d.priority = lv.p AND d.send_at > t
-						 LIMIT lim) x) b
-		 WHERE lv.p IS NOT NULL;
-		-- each priority's first lim entries due and first lim not yet due
-		WITH RECURSIVE lv(p) AS (
-			(SELECT d.priority FROM gatekeeper.mail_live d
-			  WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
-			  ORDER BY d.priority DESC LIMIT 1)
-			UNION ALL
-			SELECT (SELECT d.priority FROM gatekeeper.mail_live d
-					 WHERE d.queue = _live_due.queue AND d.state = 'scheduled' AND d.priority < lv.p
-					 ORDER BY d.priority DESC LIMIT 1)
-			  FROM lv WHERE lv.p IS NOT NULL)
-		SELECT min(a.first), coalesce(sum(a.n), 0), coalesce(bool_or(a.n >= lim), false),
-			   coalesce(sum(b.n), 0), coalesce(bool_or(b.n >= lim), false)
-		  INTO oldest_due, counted, cut_off, later, later_cut_off
-		  FROM lv,
-			   LATERAL (
-				SELECT min(x.send_at) AS first, count(*) AS n
-				  FROM (SELECT d.send_at FROM gatekeeper.mail_live d
-						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
-						   AND d.priority = lv.p AND d.send_at <= t
-						 ORDER BY d.send_at LIMIT lim) x) a,
-			   LATERAL (
-				SELECT count(*) AS n
-				  FROM (SELECT FROM gatekeeper.mail_live d
-						 WHERE d.queue = _live_due.queue AND d.state = 'scheduled'
-						   AND d.priority = lv.p AND d.send_at > t
-						 LIMIT lim) x) b
-		 WHERE lv.p IS NOT NULL;
-		oldest_due := least(oldest_due, run_oldest);
-		IF NOT cut_off AND NOT run_cut_off THEN
-			due := counted + run_due;
-			RETURN;
-		END IF;
-		IF NOT later_cut_off AND NOT run_later_cut_off THEN
-			due := _live_due.scheduled - later - run_later;
-			RETURN;
-		END IF;
-		lim := lim * 8;
-	END LOOP;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION gatekeeper._live_stats(OUT queue text, OUT scheduled bigint,
-	OUT claimed bigint, OUT due bigint, OUT oldest_due timestamptz, OUT lease_expired bigint,
-	OUT retrying bigint)
-RETURNS SETOF record
-LANGUAGE sql
-STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET jit = off
-AS $$
-	WITH c AS MATERIALIZED (
-		SELECT n.queue, sum(n.scheduled)::bigint AS scheduled, sum(n.retrying)::bigint AS retrying
-		  FROM (SELECT w.queue, w.scheduled, w.retrying FROM gatekeeper.mail_live_count w
-				UNION ALL
-				SELECT p.queue, p.scheduled, p.retrying FROM gatekeeper._live_pending() p) n
-		 GROUP BY n.queue)
-	SELECT u.queue, sum(u.scheduled)::bigint, sum(u.claimed)::bigint, sum(u.due)::bigint,
-		   min(u.oldest_due), sum(u.lapsed)::bigint, sum(u.retrying)::bigint
-	  FROM (
-		SELECT c.queue, c.scheduled, 0::bigint AS claimed, 0::bigint AS due,
-			   NULL::timestamptz AS oldest_due, 0::bigint AS lapsed, c.retrying
-		  FROM c
-		UNION ALL
-		SELECT d.queue, 0, 0, 1, d.send_at, 0, 0
-		  FROM gatekeeper.mail_live d
-		 WHERE d.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
-		   AND d.state = 'scheduled' AND d.send_at <= now()
-		UNION ALL
-		SELECT r.queue, 0, 0, r.last_id - r.id + 1, r.send_at, 0, 0
-		  FROM gatekeeper.mail_run r
-		 WHERE r.queue = ANY (ARRAY(SELECT c.queue FROM c WHERE c.scheduled BETWEEN 1 AND 1000))
-		   AND r.send_at <= now()
-		UNION ALL
-		SELECT c.queue, 0, 0, b.due, b.oldest_due, 0, 0
-		  FROM c, LATERAL gatekeeper._live_due(c.queue, c.scheduled) b
-		 WHERE c.scheduled > 1000
-		UNION ALL
-		-- claimed mail: the open mails of the batches in flight, and of
-		-- those whose lease ran out
-		SELECT k.queue, 0, k.open, 0, NULL, CASE WHEN k.lease_until < now() THEN k.open ELSE 0 END, 0
-		  FROM gatekeeper.mail_claim k) u
-	 GROUP BY u.queue
-	HAVING sum(u.scheduled) + sum(u.claimed) > 0
-$$;
-
-CREATE OR REPLACE VIEW gatekeeper.mail_status AS
-SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
-	   m.dedupe_key, m.priority,
-	   CASE WHEN l.id IS NOT NULL THEN l.send_at ELSE coalesce(d.send_at, m.send_at) END AS send_at,
-	   m.send_by,
-	   CASE WHEN l.id IS NOT NULL THEN l.state ELSE d.state END AS state,
-	   CASE WHEN l.id IS NOT NULL THEN l.attempt ELSE coalesce(d.attempt, 0) END AS attempt,
-	   CASE WHEN l.id IS NOT NULL THEN l.uncharged ELSE coalesce(d.uncharged, 0) END AS uncharged,
-	   l.lease_until,
-	   CASE WHEN l.id IS NOT NULL THEN l.worker ELSE d.worker END AS worker,
-	   CASE WHEN l.id IS NOT NULL THEN l.message_id ELSE d.message_id END AS message_id,
-	   CASE WHEN l.id IS NOT NULL THEN l.last_error ELSE d.last_error END AS last_error,
-	   m.created_at,
-	   d.finished_at,
-	   m.recipient_name,
-	   m.metadata,
-	   m.timezone
-  FROM gatekeeper.mail m
-  -- the live row, or the record of the batch the mail is claimed in
-  -- (with the batch's lease)
-  LEFT JOIN LATERAL (
-	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, NULL::timestamptz AS lease_until,
-		   l.worker, l.message_id, l.last_error
-	  FROM gatekeeper.mail_live l
-	 WHERE l.id = m.id
-	UNION ALL
-	SELECT r.id, r.send_at, r.state, r.attempt, r.uncharged, c.lease_until, r.worker,
-		   r.message_id, r.last_error
-	  FROM gatekeeper.mail_claim c
-	 CROSS JOIN LATERAL unnest(c.mails) r
-	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
-	UNION ALL
-	-- a mail of a run: scheduled, as its live row with the defaults would say
-	SELECT m.id, r.send_at, 'scheduled'::gatekeeper.state, 0, 0, NULL::timestamptz,
-		   NULL::text, NULL::text, NULL::text
-	  FROM (SELECT x.last_id, x.send_at, x.segment FROM gatekeeper.mail_run x
-			 WHERE x.id <= m.id ORDER BY x.id DESC LIMIT 1) r
-	 WHERE r.last_id >= m.id AND r.segment = m.segment
-	 LIMIT 1) l ON true
-  LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
 /*
  * Last, always: give the remembered roles what their uses need of the

@@ -331,9 +331,10 @@ CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
 	WHERE dedupe_key IS NOT NULL;
 
 /*
- * Runs (src/live_writer.c): the mails of one INSERT or COPY with
- * consecutive ids, one queue, priority, send_at and segment and no dedupe
- * key, as one row of mail_run for up to 128 of them (ids id .. last_id)
+ * Runs (src/live_writer.c): the mails of one INSERT or COPY of 256 or
+ * more with consecutive ids, one queue, priority, send_at and segment and
+ * no dedupe key, as one row of mail_run for up to 128 of them (ids id ..
+ * last_id)
  * instead of a row of mail_live each: their index entries were most of a
  * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
  * trigger's time goes").  A mail of a run is scheduled as if it had a
@@ -341,8 +342,10 @@ CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
  * Message-ID, no error).  A claim takes mails from the front of a run (id
  * moves on; the last one deletes it), in the order of mail_due; whatever
  * changes one mail of a run (cancel, an update or delete of the mail,
- * rotation) first moves it out into mail_live (_run_split); readers of
- * scheduled mail (mail_status, queue_stats, next_due) read runs too.
+ * rotation) first moves its run into mail_live (_runs_to_live); readers
+ * of scheduled mail (mail_status, queue_stats, next_due) read runs too.  A
+ * claim holds the rest of a run it took part of until it commits: another
+ * claimer skips it (at most 127 mails) and takes the next.
  *
  *   mail_run_due	runs by queue, priority, due time, as mail_due
  */
