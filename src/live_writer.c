@@ -481,10 +481,18 @@ run_top(LiveWriter *w)
 
 	for (r = 0; r < 2; r++)
 	{
-		Relation	pkey = index_open(RelationGetPrimaryKeyIndex(rels[r]), AccessShareLock);
-		IndexScanDesc scan = index_beginscan(rels[r], pkey, GetActiveSnapshot(), 0, 0);
-		TupleTableSlot *slot = table_slot_create(rels[r], NULL);
+		Oid			pkey_oid = RelationGetPrimaryKeyIndex(rels[r]);
+		Relation	pkey;
+		IndexScanDesc scan;
+		TupleTableSlot *slot;
 		const char *col = r == 0 ? "id" : "last_id";
+
+		/* without its primary key (changed by hand) no id is known free */
+		if (!OidIsValid(pkey_oid))
+			return PG_INT64_MAX;
+		pkey = index_open(pkey_oid, AccessShareLock);
+		scan = index_beginscan(rels[r], pkey, GetActiveSnapshot(), 0, 0);
+		slot = table_slot_create(rels[r], NULL);
 
 		index_rescan(scan, NULL, 0, NULL, 0);
 		if (index_getnext_slot(scan, BackwardScanDirection, slot))
