@@ -419,6 +419,13 @@ my $hole = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1', LocalPo
 my $hole_port = $hole->sockport;
 $standby->safe_psql('postgres',
 	"ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://127.0.0.1:$hole_port'; SELECT pg_reload_conf();");
+# the worker reads the new setting at the top of its next round: mail it
+# claimed in the round the reload came in goes to the relay it had
+ok( GatekeeperTest::poll_until(
+		$standby, 'postgres',
+		"SELECT bool_and(relay_url = 'smtp://127.0.0.1:$hole_port') FROM gatekeeper.worker_status",
+		't', 30),
+	'restart: the worker took the new relay');
 $standby->safe_psql('postgres',
 	"SELECT gatekeeper.enqueue('restart' || i || '\@customer.example', 'Receipt', 'body', 'receipts') FROM generate_series(1, 20) i"
 );
