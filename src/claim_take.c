@@ -469,6 +469,24 @@ hand_over(Take *t, TupleTableSlot *live, ContentPart *c)
 }
 
 /*
+ * Keys of a scan of one of the due indexes (mail_due, mail_run_due: queue,
+ * priority, ...) for the queue, and, with a strategy, its priority against
+ * level; the number of keys.
+ */
+static int
+queue_keys(Take *t, Relation idx, ScanKey keys, StrategyNumber strategy, int32 level)
+{
+	ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   idx->rd_indcollation[0], F_TEXTEQ, t->queue);
+	if (strategy == InvalidStrategy)
+		return 1;
+	ScanKeyInit(&keys[1], 2, strategy,
+				strategy == BTEqualStrategyNumber ? F_INT4EQ : F_INT4LT,
+				Int32GetDatum(level));
+	return 2;
+}
+
+/*
  * The live rows of one level, in (send_at, id) order.  In the due floor's
  * level the scan starts at the floor, (send_at, id) >= the floor's, as two
  * ranges of mail_due: send_at = the floor's and id >= its id, then send_at
@@ -746,10 +764,7 @@ walk_level(Take *t, int32 level, const DueKey *floor)
 
 	memset(&a, 0, sizeof(a));
 	memset(&b, 0, sizeof(b));
-	ScanKeyEntryInitialize(&a.keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   t->due->rd_indcollation[0], F_TEXTEQ, t->queue);
-	ScanKeyInit(&a.keys[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(level));
-	a.nkeys = 2;
+	a.nkeys = queue_keys(t, t->due, a.keys, BTEqualStrategyNumber, level);
 	if (floor != NULL)
 	{
 		ScanKeyInit(&a.keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
@@ -766,9 +781,7 @@ walk_level(Take *t, int32 level, const DueKey *floor)
 
 	if (t->run != NULL)
 	{
-		ScanKeyEntryInitialize(&bkeys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-							   t->run_due->rd_indcollation[0], F_TEXTEQ, t->queue);
-		ScanKeyInit(&bkeys[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(level));
+		(void) queue_keys(t, t->run_due, bkeys, BTEqualStrategyNumber, level);
 		b.slot = table_slot_create(t->run, NULL);
 		b.scan = index_beginscan(t->run, t->run_due, t->snapshot, 2, 0);
 		index_rescan(b.scan, bkeys, 2, NULL, 0);
@@ -845,12 +858,9 @@ next_level(Take *t, int64 below, const DueKey *floor, int32 *level)
 			found = true;
 			continue;
 		}
-		ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-							   idx->rd_indcollation[0], F_TEXTEQ, t->queue);
-		nkeys = 1;
-		if (below <= PG_INT32_MAX)
-			ScanKeyInit(&keys[nkeys++], 2, BTLessStrategyNumber, F_INT4LT,
-						Int32GetDatum((int32) below));
+		nkeys = queue_keys(t, idx, keys,
+						   below <= PG_INT32_MAX ? BTLessStrategyNumber : InvalidStrategy,
+						   below <= PG_INT32_MAX ? (int32) below : 0);
 		slot = table_slot_create(rel, NULL);
 		scan = index_beginscan(rel, idx, t->snapshot, nkeys, 0);
 		index_rescan(scan, keys, nkeys, NULL, 0);

@@ -485,7 +485,7 @@ run_top(LiveWriter *w)
 		Relation	pkey;
 		IndexScanDesc scan;
 		TupleTableSlot *slot;
-		const char *col = r == 0 ? "id" : "last_id";
+		AttrNumber	att = r == 0 ? w->id_att : w->run_att[RUN_LAST_ID];
 
 		/* without its primary key (changed by hand) no id is known free */
 		if (!OidIsValid(pkey_oid))
@@ -498,8 +498,7 @@ run_top(LiveWriter *w)
 		if (index_getnext_slot(scan, BackwardScanDirection, slot))
 		{
 			bool		isnull;
-			Datum		d = slot_getattr(slot, SPI_fnumber(RelationGetDescr(rels[r]), col),
-										 &isnull);
+			Datum		d = slot_getattr(slot, att, &isnull);
 
 			if (!isnull)
 				top = Max(top, DatumGetInt64(d));
@@ -555,7 +554,7 @@ run_end(LiveWriter *w)
  * Whether the mail extends the run being gathered.
  */
 static bool
-run_extends(LiveWriter *w, Datum *mv, bool *mn)
+run_extends(LiveWriter *w, Datum *mv)
 {
 	Datum	   *rv = w->run_values;
 	text	   *a;
@@ -606,7 +605,7 @@ gatekeeper_live_writer_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull,
 		return;
 	}
 	id = DatumGetInt64(mail_values[w->mail_att[RUN_ID] - 1]);
-	if (w->run_open && run_extends(w, mail_values, mail_isnull))
+	if (w->run_open && run_extends(w, mail_values))
 	{
 		if (!w->have_top)
 		{
