@@ -35,6 +35,8 @@
 /* transactions queued on one connection, by what the relay offers */
 #define SMTP_DEPTH_CHUNKING		8
 #define SMTP_DEPTH_PIPELINING	2	/* one on the wire, one ready */
+#define SMTP_DEPTH_BEHIND_DOT	3	/* one's message on the wire, the next's
+									 * commands behind it, one ready */
 #define SMTP_DEPTH_LOCKSTEP		1
 
 /* after a session failure while other connections work, wait before the next */
@@ -94,6 +96,7 @@ typedef struct SmtpExpect
 {
 	SmtpCommand command;
 	GatekeeperDelivery *d;
+	bool		behind;			/* written behind a final "." still unanswered */
 } SmtpExpect;
 
 /* a piece of output: a command string (owned) or a message (borrowed: it
@@ -123,6 +126,8 @@ typedef struct SmtpRelay
 	dlist_head	done;
 	int			ntxns;			/* transactions on its connections */
 	TimestampTz connect_hold_until;
+	bool		misorders;		/* answered out of order behind a final ".":
+								 * nothing goes behind one any more */
 } SmtpRelay;
 
 typedef struct SmtpConn
@@ -155,6 +160,7 @@ typedef struct SmtpConn
 	bool		eightbit;
 	bool		smtputf8;
 	bool		dsn;			/* DSN (RFC 3461) is offered */
+	bool		enhanced;		/* ENHANCEDSTATUSCODES (RFC 2034) is offered */
 	bool		starttls;
 	bool		auth_plain;
 	bool		auth_login;
@@ -187,6 +193,20 @@ typedef struct SmtpConn
 	int			nexpect;
 	int			exphead;
 	int			expcap;
+	bool		writing_behind; /* what is expected now is behind a "." */
+
+	/*
+	 * Where the reply to sort_d's final "." was due, one came that may
+	 * answer a command behind it (smtp_session.c, conn_sort_reply): the
+	 * replies still due are gathered to find the "."'s.
+	 */
+	GatekeeperDelivery *sort_d;
+	bool		sort_in_order;	/* they read as answers in order */
+	int			sort_first_code;	/* the reply where the "."'s was due */
+	char		sort_first[SMTP_REPLY_MAX];
+	int			sort_found;		/* replies that can only be the "."'s */
+	int			sort_code;		/* the last of them */
+	char		sort_reply[SMTP_REPLY_MAX];
 
 	/* transactions on this connection, oldest first */
 	dlist_head	txns;

@@ -264,6 +264,8 @@ conn_depth(SmtpConn *c)
 {
 	if (c->pipelining && c->chunking)
 		return SMTP_DEPTH_CHUNKING;
+	if (smtp_session_behind_dot(c))
+		return SMTP_DEPTH_BEHIND_DOT;
 	if (c->pipelining)
 		return SMTP_DEPTH_PIPELINING;
 	return SMTP_DEPTH_LOCKSTEP;

@@ -14,12 +14,34 @@
  * "MAIL FROM, RCPT TO, BDAT <n> LAST, the message", and the next follows
  * without waiting for the replies of the one before; with PIPELINING only,
  * "MAIL, RCPT, DATA" is one write and the dot-stuffed message follows the
- * 354, and the next transaction the reply to its final "."; without
+ * 354, and the next transaction's "MAIL, RCPT, DATA" go in the same write,
+ * behind the final "." (RFC 2920 allows a message's content to begin a
+ * group), so that a mail costs one round trip, not two; without
  * PIPELINING, one command at a time.  A transaction that follows another
  * whose success is not known yet starts with RSET, so that whatever the
  * one before left open (a MAIL accepted before a refused RCPT, say) can
- * never lend its envelope to the next; in lock-step RSET follows only a
- * failed transaction.
+ * never lend its envelope to the next; behind a final "." there is nothing
+ * open (the "." ends the transaction, whatever its reply), and in
+ * lock-step RSET follows only a failed transaction.
+ *
+ * Behind a final ".": the reply to the "." is what decides a mail sent, so
+ * the client makes sure it reads the right one.  Commands go behind a "."
+ * only to a relay that offers ENHANCEDSTATUSCODES (RFC 2034), whose
+ * replies to MAIL FROM and RCPT TO carry an address status (X.1.Y, RFC
+ * 3463) and whose reply to DATA is 354.  RFC 2920 has replies come in the
+ * order of the commands; smtp-sink -W, for one, answers the "." after the
+ * commands behind it.  So where the "."'s reply is due, a 354 or a success
+ * with an address status is not taken for it: the replies still due are
+ * gathered first (conn_sort_reply).  When they read as answers in order
+ * (no 354 but to DATA, DATA's a 354 or a refusal), the first is the
+ * "."'s after all; else the one that can only be the "."'s (neither 354
+ * nor an address status) decides the mail, and when none or several can,
+ * the mail is RETRY.  Either way the connection is closed (the next
+ * transaction's message never went, so it goes again, uncharged), and
+ * nothing goes behind a "." to that relay again.  A 354 to MAIL or RCPT,
+ * or a success to DATA, behind a ".", is the same misorder found later: the
+ * relay is not trusted again, and the transaction goes again; so is a DATA
+ * behind a "." never answered.
  *
  * Outcomes: 2xx to the data is SENT; 5xx to MAIL FROM, RCPT TO, DATA or the
  * data is FAIL (mail_refused when it was MAIL FROM: the worker decides
@@ -83,6 +105,11 @@ static void conn_take(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_send(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
 static void conn_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d);
 static void txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what);
+static bool conn_may_follow_dot(SmtpConn *c);
+static int	reply_subject(SmtpConn *c);
+static void relay_misorders(SmtpConn *c, const char *what);
+static void conn_misordered(SmtpConn *c, GatekeeperDelivery *d);
+static void conn_sort_reply(SmtpConn *c, int code, bool first);
 static char *envelope_address(const char *address);
 static void append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d);
 static char *helo_for(SmtpConn *c);
@@ -161,6 +188,7 @@ smtp_session_tls_progress(SmtpConn *c)
 
 		/* after STARTTLS, what EHLO said before is forgotten */
 		c->pipelining = c->chunking = c->eightbit = c->smtputf8 = c->dsn = false;
+		c->enhanced = false;
 		c->starttls = c->auth_plain = c->auth_login = false;
 		c->size = false;
 		c->size_limit = 0;
@@ -242,6 +270,8 @@ conn_timed_out(SmtpConn *c)
 		smtp_session_failed(c, "%s", error);
 		return;
 	}
+	if (c->nexpect > 0 && c->expect[c->exphead].behind)
+		relay_misorders(c, "did not answer commands pipelined behind a final \".\"");
 	dlist_foreach_modify(miter, &c->txns)
 	{
 		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
@@ -481,6 +511,8 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 			c->pipelining = true;
 		else if (pg_strncasecmp(kw, "CHUNKING", 8) == 0)
 			c->chunking = true;
+		else if (pg_strncasecmp(kw, "ENHANCEDSTATUSCODES", 19) == 0)
+			c->enhanced = true;
 		else if (pg_strncasecmp(kw, "8BITMIME", 8) == 0)
 			c->eightbit = true;
 		else if (pg_strncasecmp(kw, "SMTPUTF8", 8) == 0)
@@ -748,13 +780,11 @@ smtp_session_start_txns(SmtpConn *c)
 		if (next == NULL)
 			break;
 		/*
-		 * Only BDAT lets a transaction follow one whose replies are still
-		 * due: in lock-step, and with DATA, the next waits for every reply
-		 * (RFC 2920 lets commands follow the final ".", but relays exist
-		 * that hold the 354 of a DATA pipelined behind it until more input
-		 * comes, and it never would).
+		 * With BDAT a transaction follows one whose replies are still due;
+		 * with DATA it follows only a final "." (conn_may_follow_dot); in
+		 * lock-step it waits for every reply.
 		 */
-		if (c->nexpect > 0 && !(c->pipelining && c->chunking))
+		if (c->nexpect > 0 && !(c->pipelining && c->chunking) && !conn_may_follow_dot(c))
 			break;
 		if (!c->pipelining && c->need_rset)
 		{
@@ -808,7 +838,9 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	old = MemoryContextSwitchTo(c->cxt);
 	initStringInfo(&cmd);
 	MemoryContextSwitchTo(old);
-	if (c->pipelining && !c->last_ok)
+	/* with DATA, what is still due is a final ".": this goes behind it */
+	c->writing_behind = c->nexpect > 0 && !c->chunking;
+	if (c->pipelining && !c->last_ok && !c->writing_behind)
 	{
 		appendStringInfoString(&cmd, "RSET\r\n");
 		conn_expect(c, CMD_RSET, NULL);
@@ -854,6 +886,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 			c->data_wait = d;
 			d->txn->stage = ST_DATA;
 		}
+		c->writing_behind = false;
 	}
 	else
 	{
@@ -916,6 +949,11 @@ conn_ready_reply(SmtpConn *c, int code)
 	GatekeeperDelivery *d;
 	bool		ok = code / 100 == 2;
 
+	if (c->sort_d != NULL)
+	{
+		conn_sort_reply(c, code, false);
+		return;
+	}
 	if (code == 421 || c->nexpect == 0)
 	{
 		char		error[SMTP_REPLY_MAX + 64];
@@ -931,6 +969,15 @@ conn_ready_reply(SmtpConn *c, int code)
 	d = e.d;
 	if (d != NULL)
 		d->txn->replies++;
+
+	/* what cannot answer the command it is due for: out of order */
+	if (e.behind &&
+		((code == 354 && e.command != CMD_DATA) || (ok && e.command == CMD_DATA)))
+	{
+		relay_misorders(c, "answered out of order behind a final \".\"");
+		conn_misordered(c, d);
+		return;
+	}
 
 	switch (e.command)
 	{
@@ -979,6 +1026,19 @@ conn_ready_reply(SmtpConn *c, int code)
 			}
 			break;
 		case CMD_DOT:
+			if (c->nexpect > 0 && c->expect[c->exphead].behind &&
+				(code == 354 || (ok && reply_subject(c) == 1)))
+			{
+				/* it may answer a command behind the ".": see them all */
+				c->sort_d = d;
+				c->sort_in_order = code != 354;
+				c->sort_first_code = code;
+				strlcpy(c->sort_first, c->reply, sizeof(c->sort_first));
+				c->sort_found = 0;
+				conn_sort_reply(c, code, true);
+				return;
+			}
+			/* FALLTHROUGH */
 		case CMD_BDAT:
 			if (!ok)
 				txn_fail(c, d, code, e.command == CMD_DOT ? "the message" : "BDAT");
@@ -1051,6 +1111,170 @@ txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what)
 }
 
 /*
+ * conn_may_follow_dot
+ *		Whether the next transaction may be written behind what c waits
+ *		for: a final "." and nothing after it, to a relay trusted with it.
+ */
+static bool
+conn_may_follow_dot(SmtpConn *c)
+{
+	return smtp_session_behind_dot(c) && c->sort_d == NULL && c->data_wait == NULL &&
+		c->nexpect > 0 &&
+		c->expect[(c->exphead + c->nexpect - 1) % c->expcap].command == CMD_DOT;
+}
+
+/*
+ * smtp_session_behind_dot
+ *		Whether c's relay gets transactions behind a final ".": it offers
+ *		PIPELINING and ENHANCEDSTATUSCODES and not CHUNKING (which needs no
+ *		"."), and never answered out of order.
+ */
+bool
+smtp_session_behind_dot(const SmtpConn *c)
+{
+	return c->pipelining && !c->chunking && c->enhanced && !c->relay->misorders;
+}
+
+/*
+ * reply_subject
+ *		The subject of the enhanced status code (RFC 3463) of c's last
+ *		reply, "2.1.5" -> 1, or -1 when it has none.
+ */
+static int
+reply_subject(SmtpConn *c)
+{
+	const char *p = c->reply + 4;
+	int			subject = 0;
+
+	if (!c->enhanced || strlen(c->reply) < 4 || !isdigit((unsigned char) p[0]) || p[1] != '.')
+		return -1;
+	p += 2;
+	if (!isdigit((unsigned char) *p))
+		return -1;
+	while (isdigit((unsigned char) *p) && subject < 1000)
+		subject = subject * 10 + (*p++ - '0');
+	if (*p != '.' || !isdigit((unsigned char) p[1]))
+		return -1;
+	return subject;
+}
+
+/*
+ * relay_misorders
+ *		c's relay did what (answered out of order, or not at all) with
+ *		commands behind a final ".": none go behind one to it again, in this
+ *		worker's life.
+ */
+static void
+relay_misorders(SmtpConn *c, const char *what)
+{
+	if (c->relay->misorders)
+		return;
+	c->relay->misorders = true;
+	ereport(LOG,
+			(errmsg("relay %s %s; transactions no longer follow one before its reply",
+					c->relay->cfg.peer, what)));
+}
+
+/*
+ * conn_misordered
+ *		A reply came that cannot answer the command of d, which was behind a
+ *		final ".": the relay answers out of order.  d's message never went,
+ *		so d goes again, uncharged, and c is given up.
+ */
+static void
+conn_misordered(SmtpConn *c, GatekeeperDelivery *d)
+{
+	d->outcome = GATEKEEPER_PENDING;
+	d->reply_code = 0;
+	d->mail_refused = false;
+	d->error[0] = '\0';
+	d->txn->replies = 0;
+	c->reused = true;
+	conn_lost(c, true, "the relay answered out of order");
+}
+
+/*
+ * conn_sort_reply
+ *		A reply while c gathers what is due behind the final "." of
+ *		sort_d's message; first for the reply that came where the "."'s was
+ *		due, already taken off the ring.  Once all are in: read in order,
+ *		the first is the "."'s; else the one reply that can only be the
+ *		"."'s (neither 354 nor an address status, X.1.Y) is; else sort_d is
+ *		RETRY.  Then c is given up: what was behind goes again, uncharged.
+ */
+static void
+conn_sort_reply(SmtpConn *c, int code, bool first)
+{
+	GatekeeperDelivery *d = c->sort_d;
+	const char *peer = c->relay->cfg.peer;
+	int			dot_code = 0;
+	const char *dot_reply = NULL;
+
+	if (!first && (code == 421 || c->nexpect == 0))
+	{
+		/* the end, or a reply nobody asked for: nothing to go by */
+		c->sort_in_order = false;
+		c->sort_found = 0;
+		c->nexpect = 0;
+	}
+	else
+	{
+		if (!first)
+		{
+			SmtpCommand command = c->expect[c->exphead].command;
+
+			c->exphead = (c->exphead + 1) % c->expcap;
+			c->nexpect--;
+			if (command == CMD_DATA ? (code != 354 && code < 400) : code == 354)
+				c->sort_in_order = false;
+		}
+		if (code != 354 && reply_subject(c) != 1)
+		{
+			c->sort_found++;
+			c->sort_code = code;
+			strlcpy(c->sort_reply, c->reply, sizeof(c->sort_reply));
+		}
+		if (c->nexpect > 0)
+			return;
+	}
+
+	c->sort_d = NULL;
+	if (c->sort_in_order)
+	{
+		relay_misorders(c, "answered a final \".\" as if it were MAIL FROM or RCPT TO");
+		dot_code = c->sort_first_code;
+		dot_reply = c->sort_first;
+	}
+	else
+	{
+		relay_misorders(c, "answered out of order behind a final \".\"");
+		if (c->sort_found == 1)
+		{
+			dot_code = c->sort_code;
+			dot_reply = c->sort_reply;
+		}
+	}
+	if (dot_reply != NULL)
+	{
+		if (dot_code / 100 != 2)
+		{
+			strlcpy(c->reply, dot_reply, sizeof(c->reply));
+			txn_fail(c, d, dot_code, "the message");
+		}
+		conn_txn_done(c, d);
+	}
+	else
+	{
+		conn_take(c, d);
+		smtp_relay_finish(c->relay, d, GATEKEEPER_RETRY, 0,
+						  "relay %s answered out of order behind the final \".\" of the message: "
+						  "its reply is not known", peer);
+	}
+	c->reused = true;
+	conn_lost(c, true, "the relay answered out of order");
+}
+
+/*
  * conn_send
  *		Queue a command on c.
  */
@@ -1106,6 +1330,7 @@ conn_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d)
 		smtp_io_progress(c);
 	c->expect[(c->exphead + c->nexpect) % c->expcap].command = command;
 	c->expect[(c->exphead + c->nexpect) % c->expcap].d = d;
+	c->expect[(c->exphead + c->nexpect) % c->expcap].behind = c->writing_behind;
 	c->nexpect++;
 }
 

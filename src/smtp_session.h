@@ -18,6 +18,7 @@ extern void smtp_session_connected(SmtpConn *c);
 extern void smtp_session_tls_progress(SmtpConn *c);
 extern void smtp_session_readable(SmtpConn *c);
 extern void smtp_session_start_txns(SmtpConn *c);
+extern bool smtp_session_behind_dot(const SmtpConn *c);
 extern void smtp_session_failed(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
 extern TimestampTz smtp_session_deadline(SmtpConn *c, TimestampTz now);
 extern void smtp_session_check_time(SmtpConn *c, TimestampTz now);

@@ -7,7 +7,9 @@
 # 250 and ends the session while the worker has already pipelined the next
 # transaction.  t/hostile_relay.py ends every session after 3 messages, by
 # a plain close, by "421" and a close, or by a reset (SO_LINGER 0); with
-# PIPELINING and CHUNKING, and once in lock-step without them.  For each,
+# PIPELINING and CHUNKING, with PIPELINING alone (DATA: the next
+# transaction is written behind the last message's final "."), and once in
+# lock-step without them.  For each,
 # 300 mails, with gatekeeper.retry_delay at 1 hour:
 #
 #  - the relay receives every mail exactly once, counted by Message-ID, and
@@ -51,18 +53,20 @@ $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
 
 foreach my $variant (
-	[ 'close', 'close', 0 ],
-	[ '421', '421', 0 ],
-	[ 'reset', 'reset', 0 ],
-	[ 'lockstep_close', 'close', 1 ])
+	[ 'close', 'close', 'chunking' ],
+	[ '421', '421', 'chunking' ],
+	[ 'reset', 'reset', 'chunking' ],
+	[ 'data_close', 'close', 'pipelining' ],
+	[ 'data_421', '421', 'pipelining' ],
+	[ 'lockstep_close', 'close', 'none' ])
 {
-	my ($name, $end, $lockstep) = @$variant;
+	my ($name, $end, $extensions) = @$variant;
 	my $relay = GatekeeperTest::start_hostile_relay(
 		name => "session_$name",
 		port => $port,
 		session_limit => 3,
 		end => $end,
-		no_pipelining => $lockstep);
+		extensions => $extensions);
 
 	my $t0 = time;
 	my $first = $node->safe_psql(

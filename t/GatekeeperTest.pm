@@ -1254,8 +1254,13 @@ sub sent_once
 t/hostile_relay.py on a free port (or opts{port}): a relay that ends its
 sessions after opts{session_limit} messages (opts{end}: 'close', '421'
 or 'reset'; opts{end_at_mail}: at the first MAIL FROM, unanswered),
-offers PIPELINING and CHUNKING unless opts{no_pipelining},
-or floods (opts{flood}: 'greeting', 'ehlo', 'mail-line', up to
+offers PIPELINING and CHUNKING unless opts{no_pipelining}
+(opts{extensions}: 'chunking', 'pipelining' or 'none'), answers each
+final "." opts{dot_delay} seconds late (with the enhanced status code
+opts{dot_status} when it takes the message), refuses the messages to
+recipients beginning with opts{refuse_prefix}, answers out of order
+behind a "." (opts{reorder}) or never answers a DATA behind one
+(opts{hold_data_behind}), or floods (opts{flood}: 'greeting', 'ehlo', 'mail-line', up to
 opts{flood_bytes} octets).  Returns a hash ref: name, port, url, events
 (its JSON-lines log, read with relay_events), log, pid.
 
@@ -1277,6 +1282,12 @@ sub start_hostile_relay
 	push @cmd, '--end-at-mail' if $opts{end_at_mail};
 	push @cmd, '--end', $opts{end} // 'close';
 	push @cmd, '--no-pipelining' if $opts{no_pipelining};
+	push @cmd, '--extensions', $opts{extensions} if $opts{extensions};
+	push @cmd, '--dot-delay', $opts{dot_delay} if $opts{dot_delay};
+	push @cmd, '--refuse-prefix', $opts{refuse_prefix} if $opts{refuse_prefix};
+	push @cmd, '--dot-status', $opts{dot_status} if $opts{dot_status};
+	push @cmd, '--reorder' if $opts{reorder};
+	push @cmd, '--hold-data-behind' if $opts{hold_data_behind};
 	push @cmd, '--flood', $opts{flood} if $opts{flood};
 	push @cmd, '--flood-bytes', $opts{flood_bytes} if $opts{flood_bytes};
 	my $pid = start_helper("hostile relay $name", \@cmd, $log);

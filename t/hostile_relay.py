@@ -6,11 +6,18 @@ Listens on 127.0.0.1:PORT and speaks just enough ESMTP (EHLO, HELO, MAIL,
 RCPT, DATA, BDAT, RSET, NOOP, QUIT) to take mail, one thread per
 connection, replies written as each command is read (a client that
 pipelines finds its later commands unread when the relay ends a session).
-Offers PIPELINING and CHUNKING unless --no-pipelining, plus SIZE, 8BITMIME
-and ENHANCEDSTATUSCODES.  Writes one JSON object a line to --log:
+Offers PIPELINING and CHUNKING (--extensions chunking, the default),
+PIPELINING alone (--extensions pipelining: DATA, and a client may write
+its next transaction behind a message's final "."), or neither
+(--extensions none, or --no-pipelining), plus SIZE, 8BITMIME and
+ENHANCEDSTATUSCODES.  Writes one JSON object a line to --log:
 
   {"event": "connect", "conn": N}
   {"event": "message", "conn": N, "message_id": "<...>", "size": N}
+  {"event": "refused", "conn": N, "message_id": "<...>"}
+  {"event": "dot", "conn": N, "ahead": BYTES}
+      (with --dot-delay: octets of the client's next commands that had
+      arrived when the "." was answered)
   {"event": "end", "conn": N, "how": "close" | "421" | "reset"}
   {"event": "flood", "conn": N, "sent": BYTES}
   {"event": "disconnect", "conn": N}
@@ -26,6 +33,16 @@ limit does, by --end:
 --end-at-mail ends every session (the same ways) when the first MAIL FROM
 arrives, before any transaction is answered: a relay that takes nothing.
 
+--dot-delay SECONDS answers each final "." that late, in order.
+--dot-status X.Y.Z is the enhanced status code of a message's 250
+(2.0.0; 2.1.5 is odd, an address status, but not out of order).
+--refuse-prefix P answers the "." of a message to a recipient whose
+address begins with P "554 5.6.0 message refused".
+--reorder answers out of order, as RFC 2920 forbids (and smtp-sink -W
+does): when the client wrote commands behind a ".", their replies go
+first, and the "."'s after the 354 to the DATA among them.
+--hold-data-behind never answers a DATA the client wrote behind a ".".
+
 --flood makes the relay hostile, up to --flood-bytes octets:
   greeting       "220 " and then octets without a line end
   ehlo           the reply to EHLO continues ("250-...") without end
@@ -37,6 +54,7 @@ Bounded: exits after --lifetime seconds or when its parent goes away.
 import argparse
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -50,6 +68,13 @@ ap.add_argument('--session-limit', type=int, default=0)
 ap.add_argument('--end', default='close', choices=['close', '421', 'reset'])
 ap.add_argument('--end-at-mail', action='store_true')
 ap.add_argument('--no-pipelining', action='store_true')
+ap.add_argument('--extensions', default='chunking',
+                choices=['chunking', 'pipelining', 'none'])
+ap.add_argument('--dot-delay', type=float, default=0)
+ap.add_argument('--refuse-prefix')
+ap.add_argument('--dot-status', default='2.0.0')
+ap.add_argument('--reorder', action='store_true')
+ap.add_argument('--hold-data-behind', action='store_true')
 ap.add_argument('--flood', choices=['greeting', 'ehlo', 'mail-line'])
 ap.add_argument('--flood-bytes', type=int, default=200 * 1024 * 1024)
 ap.add_argument('--lifetime', type=int, default=600)
@@ -88,14 +113,57 @@ def flood(sock, conn, prefix, piece, suffix=b''):
     log(event='flood', conn=conn, sent=sent)
 
 
+class Reader:
+    """Lines and octets from a socket, with what has arrived unread in
+    sight (a buffered file object hides it)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b''
+        self.eof = False
+
+    def fill(self, wait):
+        """Read what has arrived, waiting up to wait seconds for it; a
+        minute without a byte is the end."""
+        if self.eof:
+            return
+        if not select.select([self.sock], [], [], wait)[0]:
+            self.eof = wait >= 60
+            return
+        data = self.sock.recv(8192)
+        if not data:
+            self.eof = True
+        self.buf += data
+
+    def readline(self, limit):
+        while b'\n' not in self.buf[:limit] and len(self.buf) < limit and not self.eof:
+            self.fill(60)
+        n = self.buf.find(b'\n', 0, limit)
+        n = len(self.buf[:limit]) if n < 0 else n + 1
+        line, self.buf = self.buf[:n], self.buf[n:]
+        return line
+
+    def read(self, n):
+        while len(self.buf) < n and not self.eof:
+            self.fill(60)
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def close(self):
+        pass
+
+
 class Session:
     def __init__(self, sock, conn):
         self.sock = sock
         self.conn = conn
-        self.rfile = sock.makefile('rb')
+        self.rfile = Reader(sock)
         self.messages = 0
         self.mail_from = None
         self.rcpts = 0
+        self.rcpt = ''
+        self.deferred = None    # --reorder: the reply to a "." held back
+        self.behind = False     # commands were written behind the last "."
 
     def reply(self, text):
         self.sock.sendall(text.encode() + b'\r\n')
@@ -112,12 +180,28 @@ class Session:
         self.sock.close()
 
     def accepted(self, data):
-        self.messages += 1
-        log(event='message', conn=self.conn, message_id=message_id(data),
-            size=len(data))
-        self.reply('250 2.0.0 OK queued as %d.%d' % (self.conn, self.messages))
         self.mail_from = None
         self.rcpts = 0
+        if args.reorder or args.hold_data_behind:
+            # what the client wrote behind the "." (a moment for it to arrive)
+            self.rfile.fill(0.05)
+            self.behind = len(self.rfile.buf) > 0
+        if args.dot_delay:
+            time.sleep(args.dot_delay)
+            self.rfile.fill(0)
+            log(event='dot', conn=self.conn, ahead=len(self.rfile.buf))
+        if args.refuse_prefix and self.rcpt.startswith(args.refuse_prefix):
+            log(event='refused', conn=self.conn, message_id=message_id(data))
+            text = '554 5.6.0 message refused'
+        else:
+            self.messages += 1
+            log(event='message', conn=self.conn, message_id=message_id(data),
+                size=len(data))
+            text = '250 %s OK queued as %d.%d' % (args.dot_status, self.conn, self.messages)
+        if args.reorder and self.behind:
+            self.deferred = text
+            return True
+        self.reply(text)
         if args.session_limit and self.messages >= args.session_limit:
             self.end()
             return False
@@ -140,7 +224,11 @@ class Session:
                           b'250-' + b'X' * 60 + b'\r\n')
                     return
                 ext = ['SIZE 10240000', '8BITMIME', 'ENHANCEDSTATUSCODES']
-                if not args.no_pipelining:
+                if args.no_pipelining or args.extensions == 'none':
+                    pass
+                elif args.extensions == 'pipelining':
+                    ext = ['PIPELINING'] + ext
+                else:
                     ext = ['PIPELINING', 'CHUNKING'] + ext
                 lines = ['hostile.test.example'] + ext
                 for i, text in enumerate(lines):
@@ -159,9 +247,16 @@ class Session:
                 self.reply('250 2.1.0 OK')
             elif verb == 'RCPT':
                 self.rcpts += 1
+                self.rcpt = cmd[8:].strip().lstrip('<')
                 self.reply('250 2.1.5 OK')
             elif verb == 'DATA':
+                if args.hold_data_behind and self.behind:
+                    log(event='held', conn=self.conn)
+                    continue
                 self.reply('354 end with .')
+                if self.deferred is not None:
+                    self.reply(self.deferred)
+                    self.deferred = None
                 data = []
                 while True:
                     l = self.rfile.readline(65536)
@@ -192,6 +287,9 @@ class Session:
             elif verb == 'NOOP':
                 self.reply('250 2.0.0 OK')
             elif verb == 'QUIT':
+                if self.deferred is not None:
+                    self.reply(self.deferred)
+                    self.deferred = None
                 self.reply('221 2.0.0 bye')
                 return
             else:
