@@ -43,6 +43,7 @@ OBJS = \
 	src/smtp_io.o \
 	src/smtp_relay.o \
 	src/smtp_session.o \
+	src/smtp_txn.o \
 	src/suppression.o \
 	src/unsubscribe.o \
 	src/window.o \

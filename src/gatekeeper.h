@@ -53,6 +53,7 @@
  *						its API and its wait; in layers below it
  * src/smtp_relay.c		a relay's connections: opened, closed, freed here
  * src/smtp_session.c	the SMTP session machine, one per connection
+ * src/smtp_txn.c		a ready session's transactions, and their replies
  * src/smtp_io.c		a connection's socket, TLS, bounded buffers, stuffing
  * src/smtp_config.c	relay URL, password file, DNS
  *

@@ -15,9 +15,10 @@
  * The client is in layers, as Postfix's smtp client is: smtp_config.c
  * (the relay URL, the password file, DNS), smtp_io.c (a connection's
  * socket, TLS and bounded buffers), smtp_session.c (the session machine),
- * smtp_relay.c (a relay's connections, the one place one is opened and
- * freed) and smtp_client.c (this API, and the wait).  Their private types
- * are in smtp_conn.h, which the worker does not include.
+ * smtp_txn.c (a ready session's transactions), smtp_relay.c (a relay's
+ * connections, the one place one is opened and freed) and smtp_client.c
+ * (this API, and the wait).  Their private types are in smtp_conn.h,
+ * which the worker does not include.
  *
  * IDENTIFICATION
  *		src/smtp_client.h

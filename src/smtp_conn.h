@@ -5,8 +5,9 @@
  *		the client's own state of a transaction.
  *
  * Only the client's layers include this: smtp_io.c (bytes on a socket),
- * smtp_session.c (the session machine), smtp_relay.c (a relay's
- * connections) and smtp_client.c (the API the worker uses).  It declares
+ * smtp_session.c (the session machine), smtp_txn.c (its transactions),
+ * smtp_relay.c (a relay's connections) and smtp_client.c (the API the
+ * worker uses).  It declares
  * no functions; each layer's header declares its own.
  *
  * IDENTIFICATION
@@ -197,7 +198,7 @@ typedef struct SmtpConn
 
 	/*
 	 * Where the reply to sort_d's final "." was due, one came that may
-	 * answer a command behind it (smtp_session.c, conn_sort_reply): the
+	 * answer a command behind it (smtp_txn.c, conn_sort_reply): the
 	 * replies still due are gathered to find the "."'s.
 	 */
 	GatekeeperDelivery *sort_d;

@@ -32,6 +32,7 @@
 
 #include "smtp_io.h"
 #include "smtp_session.h"
+#include "smtp_txn.h"
 #include "utils/memutils.h"
 
 static int	conn_depth(SmtpConn *c);
@@ -221,7 +222,7 @@ smtp_relay_dispatch(SmtpRelay *r)
 			dlist_push_tail(&best->txns, &d->queue_node);
 			best->ntxns++;
 			r->ntxns++;
-			smtp_session_start_txns(best);
+			smtp_txn_start(best);
 		}
 	}
 	if (r->nbacklog == 0)
@@ -264,7 +265,7 @@ conn_depth(SmtpConn *c)
 {
 	if (c->pipelining && c->chunking)
 		return SMTP_DEPTH_CHUNKING;
-	if (smtp_session_behind_dot(c))
+	if (smtp_txn_behind_dot(c))
 		return SMTP_DEPTH_BEHIND_DOT;
 	if (c->pipelining)
 		return SMTP_DEPTH_PIPELINING;

@@ -17,9 +17,11 @@
 extern void smtp_session_connected(SmtpConn *c);
 extern void smtp_session_tls_progress(SmtpConn *c);
 extern void smtp_session_readable(SmtpConn *c);
-extern void smtp_session_start_txns(SmtpConn *c);
-extern bool smtp_session_behind_dot(const SmtpConn *c);
 extern void smtp_session_failed(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
+extern void smtp_session_lost(SmtpConn *c, bool relay_ended, const char *error);
+extern void smtp_session_send(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
+extern void smtp_session_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d);
+extern void smtp_session_take(SmtpConn *c, GatekeeperDelivery *d);
 extern TimestampTz smtp_session_deadline(SmtpConn *c, TimestampTz now);
 extern void smtp_session_check_time(SmtpConn *c, TimestampTz now);
 
