@@ -645,10 +645,12 @@ mail_is_live(HeapTuple tuple, TupleDesc desc)
 
 /*
  * The ids of the statement's mails that are finished (in mail_done), sorted,
- * or NULL when there are none: *n is set to their count.
+ * or NULL when there are none: *n is set to their count.  Unless the caller
+ * already saw a row at or below mail_done's highest id (may_be), whether
+ * any can be is asked first.
  */
 static int64 *
-finished_ids(TriggerData *trigdata, int *n)
+finished_ids(TriggerData *trigdata, bool may_be, int *n)
 {
 	bool		isnull;
 	int64	   *ids = NULL;
@@ -659,10 +661,14 @@ finished_ids(TriggerData *trigdata, int *n)
 		elog(ERROR, "SPI_connect failed");
 	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
 		elog(ERROR, "SPI_register_trigger_data failed");
-	gatekeeper_plan(&any_done_plan, any_done_sql, 0, NULL);
-	if (SPI_execute_plan(any_done_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "finished mail lookup failed");
-	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+	if (!may_be)
+	{
+		gatekeeper_plan(&any_done_plan, any_done_sql, 0, NULL);
+		if (SPI_execute_plan(any_done_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "finished mail lookup failed");
+		may_be = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	if (may_be)
 	{
 		gatekeeper_plan(&done_ids_plan, done_ids_sql, 0, NULL);
 		if (SPI_execute_plan(done_ids_plan, NULL, NULL, true, 0) != SPI_OK_SELECT)
@@ -973,7 +979,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 	if (gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP)
 	{
 		/* a restore of finished mail loads as it is, never skipped */
-		done = finished_ids(trigdata, &ndone);
+		done = finished_ids(trigdata, false, &ndone);
 		done_known = true;
 		if (ndone == 0)
 		{
@@ -1020,7 +1026,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 			 */
 			MemoryContext here = MemoryContextSwitchTo(old);
 
-			done = finished_ids(trigdata, &ndone);
+			done = finished_ids(trigdata, true, &ndone);
 			done_known = true;
 			MemoryContextSwitchTo(here);
 			tuplestore_select_read_pointer(trigdata->tg_newtable, 0);

@@ -194,7 +194,6 @@ typedef struct SmtpConn
 	int			nexpect;
 	int			exphead;
 	int			expcap;
-	bool		writing_behind; /* what is expected now is behind a "." */
 
 	/*
 	 * Where the reply to sort_d's final "." was due, one came that may

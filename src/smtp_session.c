@@ -748,6 +748,20 @@ smtp_session_send(SmtpConn *c, const char *fmt,...)
 void
 smtp_session_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d)
 {
+	SmtpExpect *e;
+	bool		behind = false;
+
+	/*
+	 * A transaction's command queued after a final "." still unanswered,
+	 * or after such a command: behind the "." (smtp_txn.c)
+	 */
+	if (c->nexpect > 0 &&
+		(command == CMD_MAIL || command == CMD_RCPT || command == CMD_DATA))
+	{
+		SmtpExpect *prev = &c->expect[(c->exphead + c->nexpect - 1) % c->expcap];
+
+		behind = prev->command == CMD_DOT || prev->behind;
+	}
 	if (c->nexpect == c->expcap)
 	{
 		int			cap = Max(16, c->expcap * 2);
@@ -764,9 +778,10 @@ smtp_session_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d)
 	}
 	if (c->nexpect == 0)
 		smtp_io_progress(c);
-	c->expect[(c->exphead + c->nexpect) % c->expcap].command = command;
-	c->expect[(c->exphead + c->nexpect) % c->expcap].d = d;
-	c->expect[(c->exphead + c->nexpect) % c->expcap].behind = c->writing_behind;
+	e = &c->expect[(c->exphead + c->nexpect) % c->expcap];
+	e->command = command;
+	e->d = d;
+	e->behind = behind;
 	c->nexpect++;
 }
 

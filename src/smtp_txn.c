@@ -160,9 +160,11 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	old = MemoryContextSwitchTo(c->cxt);
 	initStringInfo(&cmd);
 	MemoryContextSwitchTo(old);
-	/* with DATA, what is still due is a final ".": this goes behind it */
-	c->writing_behind = c->nexpect > 0 && !c->chunking;
-	if (c->pipelining && !c->last_ok && !c->writing_behind)
+	/*
+	 * With DATA, a reply still due is a final "."'s: this goes behind it,
+	 * and needs no RSET (the "." ended the transaction)
+	 */
+	if (c->pipelining && !c->last_ok && !(c->nexpect > 0 && !c->chunking))
 	{
 		appendStringInfoString(&cmd, "RSET\r\n");
 		smtp_session_expect(c, CMD_RSET, NULL);
@@ -208,7 +210,6 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 			c->data_wait = d;
 			d->txn->stage = ST_DATA;
 		}
-		c->writing_behind = false;
 	}
 	else
 	{
