@@ -33,6 +33,7 @@ OBJS = \
 	src/gate.o \
 	src/gate_funcs.o \
 	src/mail.o \
+	src/mail_copy.o \
 	src/live_writer.o \
 	src/enqueue.o \
 	src/validate.o \

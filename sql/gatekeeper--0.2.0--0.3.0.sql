@@ -79,6 +79,7 @@ BEGIN
 						('enqueue', 'table', 'mail',
 						 'INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key, '
 						 'priority, send_by, recipient_name, metadata, timezone)'),
+						('enqueue', 'sequence', 'mail_id_seq', 'USAGE'),
 						('worker', 'function', 'claim', NULL),
 						('worker', 'function', 'ack', NULL),
 						('worker', 'function', 'ack_batch', NULL),
@@ -108,6 +109,8 @@ BEGIN
 							AND p.proname = o.name ORDER BY p.oid LOOP
 					EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, g.role);
 				END LOOP;
+			ELSIF o.kind = 'sequence' THEN
+				EXECUTE pg_catalog.format('GRANT %s ON SEQUENCE gatekeeper.%I TO %s', o.privilege, o.name, g.role);
 			ELSE
 				EXECUTE pg_catalog.format('GRANT %s ON gatekeeper.%I TO %s', o.privilege, o.name, g.role);
 			END IF;
@@ -1930,6 +1933,33 @@ EXCEPTION WHEN feature_not_supported THEN
 	NULL;
 END
 $$;
+
+-- issue 26: COPY into the current segment's partition (src/mail_copy.c)
+/*
+ * The same trigger on each partition, and the partition's own defaults for
+ * the two columns whose default gatekeeper.mail gives by other means: a
+ * COPY into gatekeeper.mail that leaves segment to its default is written
+ * straight into the current segment's partition (src/mail_copy.c), where
+ * PostgreSQL batches its rows; into gatekeeper.mail, whose trigger has a
+ * transition table, it writes them one by one.  A partition has no
+ * identity in PostgreSQL 15: its id is nextval() of gatekeeper.mail's.
+ */
+CREATE TRIGGER mail_check_insert AFTER INSERT ON gatekeeper.mail_0
+	REFERENCING NEW TABLE AS new_mail FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
+CREATE TRIGGER mail_check_insert AFTER INSERT ON gatekeeper.mail_1
+	REFERENCING NEW TABLE AS new_mail FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
+CREATE TRIGGER mail_check_insert AFTER INSERT ON gatekeeper.mail_2
+	REFERENCING NEW TABLE AS new_mail FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
+CREATE TRIGGER mail_check_insert AFTER INSERT ON gatekeeper.mail_3
+	REFERENCING NEW TABLE AS new_mail FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
+ALTER TABLE gatekeeper.mail_0 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	ALTER COLUMN segment SET DEFAULT 0;
+ALTER TABLE gatekeeper.mail_1 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	ALTER COLUMN segment SET DEFAULT 1;
+ALTER TABLE gatekeeper.mail_2 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	ALTER COLUMN segment SET DEFAULT 2;
+ALTER TABLE gatekeeper.mail_3 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	ALTER COLUMN segment SET DEFAULT 3;
 
 /*
  * Last, always: give the remembered roles what their uses need of the

@@ -31,6 +31,7 @@
 #include "due_floor.h"
 #include "gate_store.h"
 #include "mail.h"
+#include "mail_copy.h"
 #include "smtp_config.h"
 #include "stats.h"
 #include "worker_slots.h"
@@ -155,6 +156,9 @@ _PG_init(void)
 
 	/* the planner policy, in every process: see gatekeeper_planner */
 	gatekeeper_planner_init();
+
+	/* COPY into gatekeeper.mail, batched: see src/mail_copy.c */
+	gatekeeper_mail_copy_init();
 
 	/*
 	 * Loaded on demand: the reloadable settings are all a backend needs.
