@@ -107,6 +107,9 @@ typedef struct QueueCache
 } QueueCache;
 
 static QueueCache queue_cache;
+
+/* the partition a COPY is being written into (gatekeeper_mail_copying_into) */
+static Oid	copying_into = InvalidOid;
 static SPIPlanPtr queue_notify_plan = NULL;
 
 /* The queue's unsubscribe_url and whether it announces its mail. */
@@ -1134,12 +1137,34 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 		TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) &&
 		trigdata->tg_newtable != NULL)
 	{
+		/*
+		 * On a partition: only a COPY into gatekeeper.mail that
+		 * src/mail_copy.c writes there.  Rotation moves mail that has its
+		 * live row already, and a restore loads the rows as they were.
+		 */
+		if (rel->rd_rel->relispartition && RelationGetRelid(rel) != copying_into)
+			return PointerGetDatum(NULL);
 		check_new_mail(trigdata, rel, desc);
 		return PointerGetDatum(NULL);
 	}
 
 	elog(ERROR, "gatekeeper_mail_check fired for an event it does not handle");
 	return PointerGetDatum(NULL);	/* keep compiler quiet */
+}
+
+/*
+ * gatekeeper_mail_copying_into
+ *		The partition of gatekeeper.mail that a COPY into gatekeeper.mail is
+ *		being written into now (src/mail_copy.c), InvalidOid once it ends:
+ *		the partition's insert trigger checks those rows as gatekeeper.mail's
+ *		would.  Any other insert into a partition is not mail being
+ *		enqueued: rotation moving mail that has its live row, a restore
+ *		loading a partition's rows.
+ */
+void
+gatekeeper_mail_copying_into(Oid relid)
+{
+	copying_into = relid;
 }
 
 /*

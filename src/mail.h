@@ -14,4 +14,11 @@
  */
 extern int16 gatekeeper_current_segment(bool missing_ok);
 
+/*
+ * The partition a COPY into gatekeeper.mail is being written into
+ * (src/mail_copy.c), InvalidOid when it ends: its insert trigger checks
+ * only those rows.
+ */
+extern void gatekeeper_mail_copying_into(Oid relid);
+
 #endif							/* GATEKEEPER_MAIL_H */

@@ -73,7 +73,7 @@ static void gatekeeper_process_utility(PlannedStmt *pstmt, const char *queryStri
 									   bool readOnlyTree, ProcessUtilityContext context,
 									   ParamListInfo params, QueryEnvironment *queryEnv,
 									   DestReceiver *dest, QueryCompletion *qc);
-static Relation copy_target(CopyStmt *stmt);
+static bool copy_target(CopyStmt *stmt, Relation *mail, Relation *part);
 static bool may_copy_into(Relation mail, CopyStmt *stmt, Relation part);
 static uint64 copy_into(Relation mail, Relation part, CopyStmt *stmt,
 						const char *queryString, QueryEnvironment *queryEnv);
@@ -107,15 +107,13 @@ gatekeeper_process_utility(PlannedStmt *pstmt, const char *queryString,
 	if (prev_process_utility == NULL && IsA(parsetree, CopyStmt))
 	{
 		CopyStmt   *stmt = (CopyStmt *) parsetree;
-		Relation	part = copy_target(stmt);
+		Relation	mail;
+		Relation	part;
 
-		if (part != NULL)
+		if (copy_target(stmt, &mail, &part))
 		{
-			Relation	mail = table_open(gatekeeper_relid(GATEKEEPER_REL_MAIL, true), NoLock);
-			uint64		processed;
+			uint64		processed = copy_into(mail, part, stmt, queryString, queryEnv);
 
-			check_stack_depth();
-			processed = copy_into(mail, part, stmt, queryString, queryEnv);
 			table_close(part, NoLock);
 			table_close(mail, NoLock);
 			if (qc)
@@ -133,48 +131,38 @@ gatekeeper_process_utility(PlannedStmt *pstmt, const char *queryString,
 }
 
 /*
- * The partition, opened and locked, that a COPY FROM into gatekeeper.mail
- * is to be written into, or NULL to leave the statement to PostgreSQL.
- * gatekeeper.mail is locked as the COPY would lock it, before it is
- * looked at, and stays locked either way.
+ * Whether a COPY FROM is one into gatekeeper.mail to be written into the
+ * current segment's partition; if so, *mail and *part are the two tables,
+ * opened and locked as the COPY locks them.  A table the statement names
+ * stays locked either way, as DoCopy would have locked it.
  */
-static Relation
-copy_target(CopyStmt *stmt)
+static bool
+copy_target(CopyStmt *stmt, Relation *mail, Relation *part)
 {
 	Oid			mail_relid;
-	Oid			relid;
-	Relation	mail;
-	Relation	part;
-	int16		segment;
+	Oid			part_relid;
 
-	if (!stmt->is_from || stmt->relation == NULL || stmt->query != NULL ||
-		stmt->whereClause != NULL ||
+	if (!stmt->is_from || stmt->relation == NULL || stmt->whereClause != NULL ||
 		strcmp(stmt->relation->relname, "mail") != 0 ||
-		!IsTransactionState() || IsBinaryUpgrade || RecoveryInProgress() ||
-		XactReadOnly || IsInParallelMode())
-		return NULL;
+		IsBinaryUpgrade || RecoveryInProgress() || XactReadOnly || IsInParallelMode())
+		return false;
 	mail_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL, true);
 	if (!OidIsValid(mail_relid) ||
-		gatekeeper_schema(NULL) != GATEKEEPER_SCHEMA_CURRENT)
-		return NULL;
-	relid = RangeVarGetRelid(stmt->relation, RowExclusiveLock, true);
-	if (relid != mail_relid)
-		return NULL;
+		gatekeeper_schema(NULL) != GATEKEEPER_SCHEMA_CURRENT ||
+		RangeVarGetRelid(stmt->relation, RowExclusiveLock, true) != mail_relid)
+		return false;
+	part_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_PART(gatekeeper_current_segment(false)),
+								  true);
+	if (!OidIsValid(part_relid))
+		return false;
 
-	segment = gatekeeper_current_segment(false);
-	relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_PART(segment), true);
-	if (!OidIsValid(relid))
-		return NULL;
-	mail = table_open(mail_relid, NoLock);
-	part = table_open(relid, RowExclusiveLock);
-	if (!may_copy_into(mail, stmt, part))
-	{
-		table_close(part, NoLock);
-		table_close(mail, NoLock);
-		return NULL;
-	}
-	table_close(mail, NoLock);
-	return part;
+	*mail = table_open(mail_relid, NoLock);
+	*part = table_open(part_relid, RowExclusiveLock);
+	if (may_copy_into(*mail, stmt, *part))
+		return true;
+	table_close(*part, NoLock);
+	table_close(*mail, NoLock);
+	return false;
 }
 
 /*
@@ -273,7 +261,7 @@ copy_into(Relation mail, Relation part, CopyStmt *stmt, const char *queryString,
 	ParseState *pstate = make_parsestate(NULL);
 	ParseNamespaceItem *nsitem;
 	CopyFromState cstate;
-	uint64		processed;
+	volatile uint64 processed = 0;
 
 	pstate->p_sourcetext = queryString;
 	pstate->p_queryEnv = queryEnv;
@@ -285,7 +273,16 @@ copy_into(Relation mail, Relation part, CopyStmt *stmt, const char *queryString,
 						   NULL, stmt->attlist, stmt->options);
 	/* the error context names the table the statement named */
 	cstate->cur_relname = RelationGetRelationName(mail);
-	processed = CopyFrom(cstate);
+	gatekeeper_mail_copying_into(RelationGetRelid(part));
+	PG_TRY();
+	{
+		processed = CopyFrom(cstate);
+	}
+	PG_FINALLY();
+	{
+		gatekeeper_mail_copying_into(InvalidOid);
+	}
+	PG_END_TRY();
 	EndCopyFrom(cstate);
 	free_parsestate(pstate);
 	return processed;

@@ -1,0 +1,177 @@
+-- COPY into gatekeeper.mail that leaves segment to its default is written
+-- straight into the current segment's partition, where PostgreSQL writes
+-- its rows with multi-row inserts (src/mail_copy.c): the WAL shows it.
+-- What it writes, what it refuses and who may run it are those of a COPY
+-- into gatekeeper.mail.  A COPY that names segment, has a WHERE clause or
+-- meets a trigger of the user's own is left to PostgreSQL, and still
+-- enqueues.  Other inserts into a partition (rotation, a restore) are not
+-- enqueued mail.
+SET client_min_messages = warning;
+\set VERBOSITY terse
+
+\i sql/error_of.inc
+
+CREATE EXTENSION IF NOT EXISTS pg_walinspect;
+SELECT gatekeeper.create_queue('cp_q');
+
+-- the heap records of the current segment's partition since lsn: single
+-- inserts, multi-row inserts
+CREATE FUNCTION pg_temp.heap_writes(lsn pg_lsn, OUT single bigint, OUT multi bigint)
+LANGUAGE sql AS $$
+SELECT count(*) FILTER (WHERE w.record_type LIKE 'INSERT%'),
+	   count(*) FILTER (WHERE w.record_type LIKE 'MULTI_INSERT%')
+  FROM pg_get_wal_records_info(lsn, pg_current_wal_flush_lsn()) w
+ WHERE w.resource_manager IN ('Heap', 'Heap2')
+   AND w.block_ref LIKE '%/' || pg_relation_filenode(format('gatekeeper.mail_%s',
+		   current_setting('gatekeeper.current_segment'))::regclass) || ' %'
+$$;
+
+-- a mail's state as the application sees it
+CREATE FUNCTION pg_temp.states(prefix text) RETURNS text
+LANGUAGE sql AS $$
+SELECT string_agg(s.recipient || ':' || s.state, ' ' ORDER BY s.recipient)
+  FROM gatekeeper.mail_status s WHERE s.recipient LIKE prefix || '%'
+$$;
+
+--
+-- the superuser's COPY: one multi-row insert, every mail scheduled, in
+-- the current segment
+--
+SELECT pg_current_wal_insert_lsn() AS lsn \gset
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM STDIN (FORMAT csv);
+a1@cp.example,s,b,cp_q
+a2@cp.example,s,b,cp_q
+a3@cp.example,s,b,cp_q
+a4@cp.example,s,b,cp_q
+\.
+SELECT * FROM pg_temp.heap_writes(:'lsn');
+SELECT pg_temp.states('a');
+SELECT count(*) AS in_current_segment, count(DISTINCT id) AS ids
+  FROM gatekeeper.mail
+ WHERE recipient LIKE 'a%@cp.example' AND segment = current_setting('gatekeeper.current_segment')::int;
+
+-- every row is still checked: a bad address fails the COPY, nothing written
+SELECT pg_temp.error_of($$COPY gatekeeper.mail (recipient, subject, body, queue)
+	FROM PROGRAM 'printf "b1@cp.example,s,b,cp_q\nnot an address,s,b,cp_q\n"' (FORMAT csv)$$) AS bad_address;
+SELECT pg_temp.error_of($$COPY gatekeeper.mail (recipient, subject, body, queue)
+	FROM PROGRAM 'printf "b2@cp.example,s,b,no_such_q\n"' (FORMAT csv)$$) AS unknown_queue;
+SELECT count(*) AS written FROM gatekeeper.mail WHERE recipient LIKE 'b%@cp.example';
+
+-- an error in the data names gatekeeper.mail, the table the COPY named
+\set VERBOSITY default
+COPY gatekeeper.mail (recipient, subject, body, queue, send_at) FROM STDIN (FORMAT csv);
+c1@cp.example,s,b,cp_q,2026-01-01 00:00+00
+c2@cp.example,s,b,cp_q,not a time
+\.
+\set VERBOSITY terse
+
+--
+-- an application role
+--
+CREATE ROLE regress_cp_app NOLOGIN;
+CREATE ROLE regress_cp_manual NOLOGIN;
+CREATE ROLE regress_cp_nobody NOLOGIN;
+SELECT gatekeeper.grant('regress_cp_app', 'enqueue');
+-- privileges given by hand, without the sequence: still a COPY that works
+GRANT USAGE ON SCHEMA gatekeeper TO regress_cp_manual, regress_cp_nobody;
+GRANT INSERT (recipient, subject, body, queue) ON gatekeeper.mail TO regress_cp_manual;
+GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO regress_cp_manual;
+
+SELECT pg_current_wal_insert_lsn() AS lsn \gset
+SET ROLE regress_cp_app;
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM STDIN (FORMAT csv);
+d1@cp.example,s,b,cp_q
+d2@cp.example,s,b,cp_q
+\.
+-- not the columns that are gatekeeper's, not by this way either
+COPY gatekeeper.mail (id, recipient, subject, body, queue) FROM STDIN (FORMAT csv);
+1,d3@cp.example,s,b,cp_q
+\.
+RESET ROLE;
+SELECT * FROM pg_temp.heap_writes(:'lsn');
+SELECT pg_temp.states('d');
+
+SELECT pg_current_wal_insert_lsn() AS lsn \gset
+SET ROLE regress_cp_manual;
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM STDIN (FORMAT csv);
+e1@cp.example,s,b,cp_q
+e2@cp.example,s,b,cp_q
+\.
+RESET ROLE;
+SELECT * FROM pg_temp.heap_writes(:'lsn');
+SELECT pg_temp.states('e');
+
+SET ROLE regress_cp_nobody;
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM STDIN (FORMAT csv);
+f1@cp.example,s,b,cp_q
+\.
+RESET ROLE;
+SELECT count(*) AS written FROM gatekeeper.mail WHERE recipient LIKE 'f%@cp.example';
+
+--
+-- left to PostgreSQL: a COPY naming segment, a COPY with WHERE, a trigger
+-- of the user's own; row by row, and every mail enqueued
+--
+SELECT pg_current_wal_insert_lsn() AS lsn \gset
+DO $$
+BEGIN
+	EXECUTE format($c$COPY gatekeeper.mail (recipient, subject, body, queue, segment)
+		FROM PROGRAM 'printf "g1@cp.example,s,b,cp_q,%1$s\ng2@cp.example,s,b,cp_q,%1$s\n"' (FORMAT csv)$c$,
+		current_setting('gatekeeper.current_segment'));
+END
+$$;
+SELECT * FROM pg_temp.heap_writes(:'lsn');
+SELECT pg_temp.states('g');
+
+SELECT pg_current_wal_insert_lsn() AS lsn \gset
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM STDIN (FORMAT csv) WHERE recipient <> 'h2@cp.example';
+h1@cp.example,s,b,cp_q
+h2@cp.example,s,b,cp_q
+h3@cp.example,s,b,cp_q
+\.
+SELECT * FROM pg_temp.heap_writes(:'lsn');
+SELECT pg_temp.states('h');
+
+CREATE TABLE cp_seen (n bigint);
+CREATE FUNCTION pg_temp.cp_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO cp_seen SELECT count(*) FROM new_rows;
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER cp_seen AFTER INSERT ON gatekeeper.mail REFERENCING NEW TABLE AS new_rows
+	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.cp_seen();
+SELECT pg_current_wal_insert_lsn() AS lsn \gset
+COPY gatekeeper.mail (recipient, subject, body, queue) FROM STDIN (FORMAT csv);
+i1@cp.example,s,b,cp_q
+i2@cp.example,s,b,cp_q
+\.
+DROP TRIGGER cp_seen ON gatekeeper.mail;
+SELECT * FROM pg_temp.heap_writes(:'lsn');
+SELECT pg_temp.states('i');
+SELECT n AS user_trigger_saw FROM cp_seen;
+
+--
+-- other inserts into a partition are not enqueued mail: the partition's
+-- trigger lets them be (rotation moves mail that has its live row)
+--
+DO $$
+BEGIN
+	EXECUTE format($i$INSERT INTO gatekeeper.mail_%s (id, recipient, subject, body, queue)
+		VALUES (nextval('gatekeeper.mail_id_seq'), 'j1@cp.example', 's', 'b', 'cp_q')$i$,
+		current_setting('gatekeeper.current_segment'));
+END
+$$;
+SELECT (SELECT count(*) FROM gatekeeper.mail WHERE recipient = 'j1@cp.example') AS content,
+	   pg_temp.states('j') AS states;
+
+-- nothing was left behind: live figures agree with the mail
+SELECT count(*) FILTER (WHERE state = 'scheduled') AS scheduled FROM gatekeeper.mail_status WHERE queue = 'cp_q';
+SELECT scheduled FROM gatekeeper.queue_stats WHERE queue = 'cp_q';
+
+DROP TABLE cp_seen;
+SELECT gatekeeper.cancel_queue('cp_q') >= 0 AS cancelled;
+DROP OWNED BY regress_cp_app, regress_cp_manual, regress_cp_nobody;
+DROP ROLE regress_cp_app, regress_cp_manual, regress_cp_nobody;
+DELETE FROM gatekeeper.role_grant;
+DROP EXTENSION pg_walinspect;
