@@ -30,7 +30,8 @@ $$;
 CREATE FUNCTION pg_temp.states(prefix text) RETURNS text
 LANGUAGE sql AS $$
 SELECT string_agg(s.recipient || ':' || s.state, ' ' ORDER BY s.recipient)
-  FROM gatekeeper.mail_status s WHERE s.recipient LIKE prefix || '%'
+  FROM gatekeeper.mail_status s
+ WHERE s.queue = 'cp_q' AND s.recipient LIKE prefix || '%@cp.example'
 $$;
 
 --

@@ -33,6 +33,8 @@
  * src/gate_funcs.c		the gates' SQL-callable functions
  * src/mail.c			the insert trigger that validates every new mail,
  *						and the key writer
+ * src/mail_copy.c		a COPY into gatekeeper.mail, written straight into
+ *						the current segment's partition
  * src/live_writer.c	the insert trigger's direct writer of mail_live
  * src/live_count.c		the live mail's counts in mail_live_count
  * src/stats.c			the queues' totals in shared memory, for queue_stats
