@@ -22,17 +22,17 @@
  *
  * The ProcessUtility hook takes a COPY FROM naming gatekeeper.mail only
  * when nothing it would run differs: no column list naming segment, no
- * WHERE clause, no trigger on either table but gatekeeper's, no row-level
- * security, and the checks PostgreSQL's DoCopy makes, made on
- * gatekeeper.mail, would pass (the privileges of the role on the table
- * and on the sequence the partition's id default draws from, the role
- * needed to read a server file or run a program, a transaction that may
- * write).  It then does what DoCopy does for COPY FROM, on the partition,
- * with gatekeeper.mail's name in the error context.  Anything else is left
- * to PostgreSQL, which refuses what it refuses with its own errors, and
- * when another library's ProcessUtility hook runs after this one (loaded
- * before gatekeeper) the COPY is left to it too, so that no other
- * library's hook (auditing, statistics) is bypassed.
+ * WHERE clause, no FREEZE, no trigger on either table but gatekeeper's,
+ * no row-level security, and the checks PostgreSQL's DoCopy makes, made
+ * on gatekeeper.mail, would pass (the role's privileges on the table and
+ * on the sequence the partition's id default draws from, the role needed
+ * to read a server file or run a program, a transaction that may write).
+ * It then does what DoCopy does for COPY FROM, on the partition, with
+ * gatekeeper.mail's name in the error context.  Anything else is left to
+ * PostgreSQL, which refuses what it refuses with its own errors.  When
+ * another library's ProcessUtility hook was installed before this one (it
+ * would run after it), every COPY is left to that hook, so that no other
+ * library's work on the statement (auditing, statistics) is passed over.
  *
  * IDENTIFICATION
  *		src/mail_copy.c
@@ -202,6 +202,18 @@ may_copy_into(Relation mail, CopyStmt *stmt, Relation part)
 								  lengthof(mail_insert_trigger), &found) ||
 		found == 0)
 		return false;
+
+	/*
+	 * FREEZE: refused for a partitioned table, but not for a partition
+	 * made in this transaction.
+	 */
+	foreach(lc, stmt->options)
+	{
+		DefElem    *option = lfirst_node(DefElem, lc);
+
+		if (strcmp(option->defname, "freeze") == 0)
+			return false;
+	}
 
 	/* the reading of a server file or program: DoCopy's roles */
 	if (stmt->filename != NULL &&
