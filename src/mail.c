@@ -85,6 +85,9 @@ typedef struct MailColumns
 
 static MailColumns columns;
 
+/* the partition a COPY is being written into (gatekeeper_mail_copying_into) */
+static Oid	copying_into = InvalidOid;
+
 /*
  * Queues known to exist in the current command, with their notify flag.  A
  * COPY of a million rows names a handful of queues; looking each up once
@@ -107,9 +110,6 @@ typedef struct QueueCache
 } QueueCache;
 
 static QueueCache queue_cache;
-
-/* the partition a COPY is being written into (gatekeeper_mail_copying_into) */
-static Oid	copying_into = InvalidOid;
 static SPIPlanPtr queue_notify_plan = NULL;
 
 /* The queue's unsubscribe_url and whether it announces its mail. */

@@ -50,7 +50,6 @@
 #include "access/xact.h"
 #include "catalog/dependency.h"
 #include "catalog/namespace.h"
-#include "catalog/partition.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_authid.h"
 #include "commands/copy.h"
@@ -183,12 +182,10 @@ may_copy_into(Relation mail, CopyStmt *stmt, Relation part)
 	Oid			seq;
 
 	/*
-	 * The partition is one of mail's, and has the defaults of its own that
-	 * rows routed through mail take from mail's: id and segment.
+	 * The partition has the defaults of its own that rows routed through
+	 * mail take from mail's: id and segment.
 	 */
-	if (!part->rd_rel->relispartition ||
-		get_partition_parent(RelationGetRelid(part), false) != RelationGetRelid(mail) ||
-		segment_att <= 0 || id_att <= 0 ||
+	if (segment_att <= 0 || id_att <= 0 ||
 		get_attnum(RelationGetRelid(part), "segment") != segment_att ||
 		get_attnum(RelationGetRelid(part), "id") != id_att ||
 		!TupleDescAttr(RelationGetDescr(part), segment_att - 1)->atthasdef ||

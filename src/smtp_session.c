@@ -786,6 +786,22 @@ smtp_session_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d)
 }
 
 /*
+ * smtp_session_expected
+ *		The reply c waited for longest, taken off its queue: what the reply
+ *		just read answers (c waits for one, nexpect > 0).
+ */
+SmtpExpect
+smtp_session_expected(SmtpConn *c)
+{
+	SmtpExpect	e = c->expect[c->exphead];
+
+	Assert(c->nexpect > 0);
+	c->exphead = (c->exphead + 1) % c->expcap;
+	c->nexpect--;
+	return e;
+}
+
+/*
  * helo_for
  *		The name c says in EHLO: gatekeeper.helo_name, else the host's FQDN,
  *		else (no dot in it) the address literal of c's own end.

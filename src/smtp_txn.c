@@ -286,9 +286,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		smtp_session_lost(c, true, error);
 		return;
 	}
-	e = c->expect[c->exphead];
-	c->exphead = (c->exphead + 1) % c->expcap;
-	c->nexpect--;
+	e = smtp_session_expected(c);
 	d = e.d;
 	if (d != NULL)
 		d->txn->replies++;
@@ -532,10 +530,8 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 	{
 		if (!first)
 		{
-			SmtpCommand command = c->expect[c->exphead].command;
+			SmtpCommand command = smtp_session_expected(c).command;
 
-			c->exphead = (c->exphead + 1) % c->expcap;
-			c->nexpect--;
 			if (command == CMD_DATA ? (code != 354 && code < 400) : code == 354)
 				c->sort_in_order = false;
 		}
