@@ -34,7 +34,8 @@ SELECT r AS role, f AS function, has_function_privilege(r, f, 'EXECUTE') AS may
 					'gatekeeper.status(bigint)', 'gatekeeper.cancel(text, text)',
 					'gatekeeper.claim(text, int, interval, text[])', 'gatekeeper.ack_batch(bigint[], int[])',
 					'gatekeeper.next_due(text[])', 'gatekeeper._worker_status()',
-					'gatekeeper.pause(text)',
+					'gatekeeper.pause(text)', 'gatekeeper.unsubscribe(text)',
+					'gatekeeper.suppress(text, text, text, text)', 'gatekeeper.unsuppress(text, text)',
 					'gatekeeper.grant(regrole, text)', 'gatekeeper.reset_stats()', 'gatekeeper.cancel_queue(text)']) AS f
  ORDER BY 1, 2;
 
@@ -43,10 +44,26 @@ SET ROLE regress_g_enqueue;
 SELECT gatekeeper.enqueue('g1@grant.example', 'Hello', 'b', 'g_app') AS g1 \gset
 INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('g2@grant.example', 'Hi', 'b', 'g_app');
 SELECT state FROM gatekeeper.status(:g1);
-SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
+SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.mail$$) AS select_mail;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
 SELECT pg_temp.error_of($$SELECT gatekeeper.grant('regress_g_enqueue', 'worker')$$) AS grant_itself;
 RESET ROLE;
+-- what an application's endpoints need (issue 44, item 7): INSERT ...
+-- RETURNING id (SELECT on the id column only: no content), the one-click
+-- unsubscribe of a token, and suppress(), which only ever stops mail;
+-- lifting a suppression stays the owner's
+SELECT gatekeeper._unsubscribe_token('u1@grant.example', 'g_app') AS g_token \gset
+SET ROLE regress_g_enqueue;
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue)
+VALUES ('g3@grant.example', 'Returned', 'b', 'g_app') RETURNING id AS g3 \gset
+SELECT state FROM gatekeeper.status(:g3);
+SELECT pg_temp.error_of($$SELECT subject FROM gatekeeper.mail$$) AS select_subject;
+SELECT gatekeeper.unsubscribe(:'g_token') AS unsubscribed;
+SELECT gatekeeper.suppress('g4@grant.example', 'manual', detail => 'account closed') AS suppressed;
+SELECT pg_temp.error_of($$SELECT gatekeeper.unsuppress('g4@grant.example')$$) AS unsuppress;
+RESET ROLE;
+SELECT address, reason, queue FROM gatekeeper.suppression
+ WHERE address IN ('u1@grant.example', 'g4@grant.example') ORDER BY address;
 SET ROLE regress_g_worker;
 CREATE TEMP TABLE gw AS SELECT id, attempt FROM gatekeeper.claim('w-grant', 10, queues => '{g_app}');
 SELECT count(*) AS claimed FROM gw;

@@ -96,6 +96,44 @@ SELECT count(*) AS keys_held FROM gatekeeper.mail_key k
  WHERE k.queue = 'od' AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
 SELECT enqueued - :enqueued_before AS enqueued_by_loads, scheduled FROM gatekeeper.queue_stats WHERE queue = 'od';
 
+-- RETURNING under 'skip' (issue 44, item 6): it would hand out the ids of
+-- skipped rows, which never become mail, so such an INSERT is refused
+-- before it runs (at the top or in a WITH; prepared under either
+-- setting) and writes nothing; without RETURNING the load goes on, and
+-- enqueue() returns real ids under 'skip' as under 'error'
+SELECT gatekeeper.create_queue('od_ret');
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+VALUES ('ret1@example.com', 'held', 'b', 'od_ret', 'ret-1');
+PREPARE od_insert_returning(text) AS
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+VALUES ('prepared@example.com', 'prepared', 'b', 'od_ret', $1) RETURNING id;
+SET gatekeeper.on_duplicate = skip;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+	SELECT 'ret' || i || '@example.com', 'load', 'b', 'od_ret', 'ret-' || i
+	  FROM generate_series(1, 3) AS i RETURNING id$$) AS returning_top;
+SELECT pg_temp.error_of($$WITH n AS (INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+	SELECT 'ret' || i || '@example.com', 'load', 'b', 'od_ret', 'ret-' || i
+	  FROM generate_series(1, 3) AS i RETURNING id) SELECT count(*) FROM n$$) AS returning_with;
+SELECT pg_temp.error_of($$EXECUTE od_insert_returning('ret-1')$$) AS returning_prepared;
+SELECT count(*) AS written_by_refused FROM gatekeeper.mail WHERE queue = 'od_ret' AND subject <> 'held';
+INSERT INTO gatekeeper.mail (recipient, subject, body, queue, dedupe_key)
+SELECT 'ret' || i || '@example.com', 'load', 'b', 'od_ret', 'ret-' || i FROM generate_series(1, 3) AS i;
+SELECT gatekeeper.enqueue('ret8@example.com', 'enqueued', 'b', queue => 'od_ret') AS e1,
+	   gatekeeper.enqueue('ret9@example.com', 'enqueued', 'b', queue => 'od_ret', dedupe_key => 'ret-9') AS e2,
+	   gatekeeper.enqueue('ret1@example.com', 'enqueued', 'b', queue => 'od_ret', dedupe_key => 'ret-1') AS e3 \gset
+SELECT count(*) AS statuses, count(*) FILTER (WHERE s.id = :e3 AND m.subject = 'held') AS holder
+  FROM unnest(ARRAY[:e1, :e2, :e3]::bigint[]) AS e(id)
+  JOIN LATERAL gatekeeper.status(e.id) AS s ON true
+  JOIN gatekeeper.mail m ON m.id = s.id;
+RESET gatekeeper.on_duplicate;
+EXECUTE od_insert_returning('ret-5') \gset prepared_
+SELECT count(*) AS prepared_is_mail FROM gatekeeper.status(:prepared_id);
+DEALLOCATE od_insert_returning;
+SELECT subject, count(*) AS mails, string_agg(dedupe_key, ',' ORDER BY dedupe_key) AS keys
+  FROM gatekeeper.mail WHERE queue = 'od_ret' GROUP BY subject ORDER BY subject;
+SELECT gatekeeper.cancel_queue('od_ret') > 0 AS cancelled;
+SELECT gatekeeper.drop_queue('od_ret');
+
 SELECT gatekeeper.cancel_queue('od') > 0 AS cancelled;
 SELECT gatekeeper.drop_queue('od');
 REVOKE ALL ON gatekeeper.mail FROM regress_od_app;

@@ -76,6 +76,9 @@ BEGIN
 						('enqueue', 'function', 'find', NULL),
 						('enqueue', 'function', 'history', NULL),
 						('enqueue', 'function', 'cancel', NULL),
+						('enqueue', 'function', 'unsubscribe', NULL),
+						('enqueue', 'function', 'suppress', NULL),
+						('enqueue', 'table', 'mail', 'SELECT (id)'),
 						('enqueue', 'table', 'mail',
 						 'INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key, '
 						 'priority, send_by, recipient_name, metadata, timezone)'),

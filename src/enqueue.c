@@ -216,18 +216,7 @@ enqueue_keyed(Datum *values, const char *nulls)
 			find_holder(&key_holder_plan, key_holder_sql, key, &id))
 			return id;
 
-		if (gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_ERROR)
-			inserted = insert_keyed_mail(values, nulls, &id);
-		else
-		{
-			int			nestlevel = NewGUCNestLevel();
-
-			(void) set_config_option("gatekeeper.on_duplicate", "error",
-									 PGC_USERSET, PGC_S_SESSION,
-									 GUC_ACTION_SAVE, true, 0, false);
-			inserted = insert_keyed_mail(values, nulls, &id);
-			AtEOXact_GUC(true, nestlevel);
-		}
+		inserted = insert_keyed_mail(values, nulls, &id);
 		if (inserted)
 			return id;
 	}
@@ -294,6 +283,21 @@ gatekeeper_enqueue(PG_FUNCTION_ARGS)
 
 	PG_TRY();
 	{
+		int			nestlevel = -1;
+
+		/*
+		 * enqueue never skips a mail: it returns the id of the one holding
+		 * the key.  Its own insert runs under 'error' whatever the session
+		 * set, so that a key taken meanwhile is seen (and looked up again)
+		 * rather than skipped, and its RETURNING is allowed.
+		 */
+		if (gatekeeper_on_duplicate != GATEKEEPER_ON_DUPLICATE_ERROR)
+		{
+			nestlevel = NewGUCNestLevel();
+			(void) set_config_option("gatekeeper.on_duplicate", "error",
+									 PGC_USERSET, PGC_S_SESSION,
+									 GUC_ACTION_SAVE, true, 0, false);
+		}
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		if (PG_ARGISNULL(ARG_DEDUPE_KEY))
@@ -301,6 +305,8 @@ gatekeeper_enqueue(PG_FUNCTION_ARGS)
 		else
 			id = enqueue_keyed(values, nulls);
 		SPI_finish();
+		if (nestlevel >= 0)
+			AtEOXact_GUC(true, nestlevel);
 	}
 	PG_CATCH();
 	{

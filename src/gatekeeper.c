@@ -160,6 +160,9 @@ _PG_init(void)
 	/* COPY into gatekeeper.mail, batched: see src/mail_copy.c */
 	gatekeeper_mail_copy_init();
 
+	/* no RETURNING of rows on_duplicate = 'skip' takes out: src/mail.c */
+	gatekeeper_mail_init();
+
 	/*
 	 * Loaded on demand: the reloadable settings are all a backend needs.
 	 * The postmaster-only ones could not take effect now anyway.

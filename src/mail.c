@@ -47,10 +47,12 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
 #include "mb/pg_wchar.h"
+#include "parser/parsetree.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
@@ -63,6 +65,11 @@
 
 PG_FUNCTION_INFO_V1(gatekeeper_mail_check);
 PG_FUNCTION_INFO_V1(gatekeeper_segment);
+
+static ExecutorStart_hook_type prev_executor_start = NULL;
+
+static void gatekeeper_mail_executor_start(QueryDesc *queryDesc, int eflags);
+static bool inserts_mail_returning(PlannedStmt *stmt, Plan *plan);
 
 /* The columns the trigger reads, by attribute number. */
 typedef struct MailColumns
@@ -1234,4 +1241,85 @@ Datum
 gatekeeper_segment(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT16(gatekeeper_current_segment(false));
+}
+
+/*
+ * gatekeeper_mail_init
+ *		Install the executor hook below, in every process that loads the
+ *		library.
+ */
+void
+gatekeeper_mail_init(void)
+{
+	prev_executor_start = ExecutorStart_hook;
+	ExecutorStart_hook = gatekeeper_mail_executor_start;
+}
+
+/*
+ * With gatekeeper.on_duplicate = 'skip', an INSERT into gatekeeper.mail
+ * with RETURNING (at the top or in a WITH) is refused before it runs: the
+ * rows a statement skips are taken out by its statement trigger, after
+ * RETURNING has already handed out their ids, and an application would
+ * store mail that never exists.  Checked at every execution, not when the
+ * statement is planned, since a prepared statement may run under either
+ * setting.  gatekeeper.enqueue never skips (it returns the holder's id)
+ * and runs its own insert under 'error'.
+ */
+static void
+gatekeeper_mail_executor_start(QueryDesc *queryDesc, int eflags)
+{
+	if (gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP &&
+		(eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0)
+	{
+		PlannedStmt *stmt = queryDesc->plannedstmt;
+		bool		refuse = false;
+
+		if (stmt->commandType == CMD_INSERT && stmt->hasReturning)
+			refuse = inserts_mail_returning(stmt, stmt->planTree);
+		if (!refuse && stmt->hasModifyingCTE)
+		{
+			ListCell   *lc;
+
+			foreach(lc, stmt->subplans)
+			{
+				if (inserts_mail_returning(stmt, (Plan *) lfirst(lc)))
+				{
+					refuse = true;
+					break;
+				}
+			}
+		}
+		if (refuse)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("INSERT into gatekeeper.mail with RETURNING is not supported when gatekeeper.on_duplicate is 'skip'"),
+					 errdetail("RETURNING would give the ids of skipped rows, which never become mail."),
+					 errhint("Leave out RETURNING and find the mail by its dedupe key with gatekeeper.find(), "
+							 "or call gatekeeper.enqueue(), which returns the id of the mail holding the key.")));
+	}
+
+	if (prev_executor_start)
+		prev_executor_start(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+/*
+ * Whether plan is an INSERT with RETURNING into gatekeeper.mail.  A
+ * modifying statement is the top of its plan, or of its WITH's subplan.
+ */
+static bool
+inserts_mail_returning(PlannedStmt *stmt, Plan *plan)
+{
+	ModifyTable *modify;
+	Oid			mail;
+
+	if (plan == NULL || !IsA(plan, ModifyTable))
+		return false;
+	modify = (ModifyTable *) plan;
+	if (modify->operation != CMD_INSERT || modify->returningLists == NIL)
+		return false;
+	mail = gatekeeper_relid(GATEKEEPER_REL_MAIL, true);
+	return OidIsValid(mail) &&
+		rt_fetch(modify->nominalRelation, stmt->rtable)->relid == mail;
 }

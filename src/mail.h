@@ -21,4 +21,7 @@ extern int16 gatekeeper_current_segment(bool missing_ok);
  */
 extern void gatekeeper_mail_copying_into(Oid relid);
 
+/* the executor hook that refuses RETURNING from skipping inserts */
+extern void gatekeeper_mail_init(void);
+
 #endif							/* GATEKEEPER_MAIL_H */
