@@ -65,6 +65,9 @@
 /* RSA keys shorter than this are refused (RFC 8301 3.2) */
 #define DKIM_RSA_MIN_BITS		1024
 
+/* and longer than this: a signature must fit sign_one's buffer */
+#define DKIM_RSA_MAX_BITS		8192
+
 /* base64 of a signature is folded at this many characters a line */
 #define DKIM_B64_LINE			64
 
@@ -102,6 +105,9 @@ static const char *const signed_fields[] = {
 static MemoryContext dkim_cxt = NULL;
 static DkimKey *dkim_keys = NULL;
 static int	dkim_nkeys = 0;
+
+/* why the last gatekeeper_dkim_load could not load the table, else "" */
+static char dkim_problem[512];
 
 static bool read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
 					   char *problem, size_t problemlen);
@@ -161,6 +167,7 @@ gatekeeper_dkim_load(void)
 	dkim_keys = NULL;
 	dkim_nkeys = 0;
 	MemoryContextReset(dkim_cxt);
+	dkim_problem[0] = '\0';
 
 	if (path == NULL || path[0] == '\0')
 		return true;
@@ -171,6 +178,7 @@ gatekeeper_dkim_load(void)
 		MemoryContextSwitchTo(old);
 		free_keys(keys, nkeys);
 		MemoryContextReset(dkim_cxt);
+		strlcpy(dkim_problem, problem, sizeof(dkim_problem));
 		ereport(LOG,
 				(errcode(ERRCODE_CONFIG_FILE_ERROR),
 				 errmsg("gatekeeper.dkim_key_table cannot be used: %s", problem),
@@ -181,6 +189,17 @@ gatekeeper_dkim_load(void)
 	dkim_keys = keys;
 	dkim_nkeys = nkeys;
 	return true;
+}
+
+/*
+ * gatekeeper_dkim_problem
+ *		Why the last gatekeeper_dkim_load could not load the key table, or
+ *		NULL when it could.
+ */
+const char *
+gatekeeper_dkim_problem(void)
+{
+	return dkim_problem[0] != '\0' ? dkim_problem : NULL;
 }
 
 /*
@@ -499,6 +518,14 @@ read_key_file(const char *path, DkimKey *key, bool load, char *problem, size_t p
 			snprintf(problem, problemlen,
 					 "%s, \"%s\", is an RSA key of %d bits: at least %d are needed (2048 recommended)",
 					 what, path, EVP_PKEY_bits(pkey), DKIM_RSA_MIN_BITS);
+			EVP_PKEY_free(pkey);
+			return false;
+		}
+		if (EVP_PKEY_bits(pkey) > DKIM_RSA_MAX_BITS)
+		{
+			snprintf(problem, problemlen,
+					 "%s, \"%s\", is an RSA key of %d bits: at most %d are supported (2048 recommended)",
+					 what, path, EVP_PKEY_bits(pkey), DKIM_RSA_MAX_BITS);
 			EVP_PKEY_free(pkey);
 			return false;
 		}
@@ -942,7 +969,7 @@ sign_one(StringInfo sigs, const DkimKey *key, const char *msg, DkimField *fields
 			ereport(ERROR,
 					(errcode(ERRCODE_CONFIG_FILE_ERROR),
 					 errmsg("DKIM key \"%s\" is too large to sign with", key->name),
-					 errdetail("Keys of up to 8192 bits are supported.")));
+					 errdetail("Keys of up to %d bits are supported.", DKIM_RSA_MAX_BITS)));
 		}
 		if (EVP_DigestSignInit(ctx, NULL, EVP_sha256(), NULL, key->pkey) != 1 ||
 			EVP_DigestSign(ctx, sig, &siglen, (const unsigned char *) data.data,

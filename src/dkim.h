@@ -22,6 +22,7 @@
 
 extern bool gatekeeper_dkim_check_table(const char *path, char *problem, size_t problemlen);
 extern bool gatekeeper_dkim_load(void);
+extern const char *gatekeeper_dkim_problem(void);
 extern int	gatekeeper_dkim_sign(StringInfo message, const char *from_address);
 extern bool gatekeeper_read_private_file(const char *path, size_t maxbytes, char **data,
 										 size_t *len, const char *what, char *problem,

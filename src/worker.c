@@ -253,6 +253,13 @@ static int	nrelays = 1;
 static bool smtp_enabled = false;
 static char *smtp_url_seen = NULL;
 
+/*
+ * Why mail is held although a relay is set: the DKIM keys, read at start
+ * and at each reload, cannot be used.  "" when nothing holds it.
+ * worker_status shows it as every relay's last_error.
+ */
+static char held_why[256];
+
 /* what gatekeeper.worker_status shows of this worker */
 static GatekeeperWorkerStatus status;
 
@@ -282,6 +289,8 @@ static void claim_failed(ErrorData *error);
 static void take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due);
 static char *copy_text(Datum *values, bool *nulls, int column, bool json);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
+static void hold_mail(const char *why);
+static void hand_back_pending(const char *error);
 static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
 static void observe_latency(GatekeeperDelivery *d);
@@ -496,6 +505,8 @@ check_settings(void)
 {
 	const char *url = gatekeeper_smtp_url ? gatekeeper_smtp_url : "";
 
+	held_why[0] = '\0';
+
 	/*
 	 * A claim must be on disk before its mail goes on the wire: a claim
 	 * lost in a crash would send its mail again.  The worker's commits
@@ -511,7 +522,11 @@ check_settings(void)
 	else if (!smtp_client_load_password())
 		smtp_enabled = false;	/* the log says why */
 	else if (!gatekeeper_dkim_load())
+	{
 		smtp_enabled = false;	/* the log says why */
+		snprintf(held_why, sizeof(held_why), "gatekeeper.dkim_key_table cannot be used: %s",
+				 gatekeeper_dkim_problem());
+	}
 	else if (pg_strncasecmp(url, "smtp://", 7) == 0 ||
 			 pg_strncasecmp(url, "smtps://", 8) == 0)
 		smtp_enabled = true;
@@ -549,6 +564,32 @@ check_settings(void)
 			}
 		}
 	}
+	if (held_why[0] != '\0')
+		hold_mail(held_why);
+}
+
+/*
+ * hold_mail: deliver nothing until the next reload, because of why (the
+ * DKIM keys cannot be used); the claimed mail not yet on the wire goes
+ * back uncharged (it would otherwise go unsigned), and worker_status says
+ * why, as every relay's last_error.  Signing is the worker's own part: no
+ * mail fails, and no relay's breaker opens, for a key it cannot use.
+ */
+static void
+hold_mail(const char *why)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			i;
+
+	smtp_enabled = false;
+	if (why != held_why)
+		strlcpy(held_why, why, sizeof(held_why));
+	for (i = 0; i < status.nrelays; i++)
+	{
+		strlcpy(status.relays[i].last_error, why, sizeof(status.relays[i].last_error));
+		status.relays[i].last_error_at = now;
+	}
+	hand_back_pending(why);
 }
 
 /*
@@ -944,7 +985,7 @@ report(const char *state)
 		else if (!worker_extension_ready())
 			state = worker_extension_outdated() ? worker_waiting_for() : "waiting for extension";
 		else if (!smtp_enabled)
-			state = "no relay";
+			state = held_why[0] != '\0' ? "holding mail: DKIM keys cannot be used" : "no relay";
 		else if (worker_breakers_resume(nrelays) > now)
 			state = "backing off";
 		else if (worker_standbys_holding())
@@ -1628,21 +1669,31 @@ trip(int relay, const char *error, bool session)
 
 	if (worker_breakers_resume(nrelays) > now)
 	{
-		while (!dlist_is_empty(&pending))
-		{
-			GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
-													dlist_pop_head_node(&pending));
-
-			npending--;
-			d->outcome = GATEKEEPER_UNREACHABLE;
-			strlcpy(d->error, error, sizeof(d->error));
-			decided(d);
-		}
-		npending_cleared = 0;
-		worker_standbys_forget();
+		hand_back_pending(error);
 		next_claim_at = worker_breakers_resume(nrelays);
 	}
 	smtp_client_abort_unsent(relay, error);
+}
+
+/*
+ * hand_back_pending: every claimed mail not yet handed to the client goes
+ * back uncharged, with error as the reason.
+ */
+static void
+hand_back_pending(const char *error)
+{
+	while (!dlist_is_empty(&pending))
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+												dlist_pop_head_node(&pending));
+
+		npending--;
+		d->outcome = GATEKEEPER_UNREACHABLE;
+		strlcpy(d->error, error, sizeof(d->error));
+		decided(d);
+	}
+	npending_cleared = 0;
+	worker_standbys_forget();
 }
 
 /*

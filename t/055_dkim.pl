@@ -527,6 +527,13 @@ chmod 0600, $encrypted_key or die $!;
 refused('world_readable', "k shop.example:s:$open_key\n", qr/has group or world access/);
 refused('group_readable', "k shop.example:s:$group_key\n", qr/has group or world access/);
 refused('weak', "k shop.example:s:$weak_key\n", qr/RSA key of 512 bits: at least 1024/);
+# over 8192 bits: no signature of it would fit (a key kept in test/keys:
+# making one takes up to a minute)
+my $huge_key = "$keys/huge.key";
+PostgreSQL::Test::Utils::append_to_file($huge_key,
+	slurp_file("$FindBin::RealBin/../test/keys/rsa-8200-bits.pem"));
+chmod 0600, $huge_key or die $!;
+refused('huge', "k shop.example:s:$huge_key\n", qr/RSA key of 8200 bits: at most 8192 are supported/);
 refused('missing', "k shop.example:s:$keys/none.key\n", qr/could not open key file .*none\.key/);
 refused('encrypted', "k shop.example:s:$encrypted_key\n", qr/holds no unencrypted PEM private key/);
 refused('two_fields', "# fine\nk shop.example:$rsa_key\n", qr/line 2 of key table .* must be/);
@@ -590,6 +597,14 @@ my $start_id = $node->safe_psql('postgres',
 sleep 3;
 is($node->safe_psql('postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $start_id"),
 	'scheduled', 'start: no mail goes while the key table cannot be used');
+is($node->safe_psql('postgres', "SELECT attempt FROM gatekeeper.status($start_id)"),
+	'0', 'start: the held mail is not charged an attempt');
+# worker_status says why where an operator looks (issue 44, item 5)
+is($node->safe_psql('postgres', 'SELECT DISTINCT state FROM gatekeeper.worker_status'),
+	'holding mail: DKIM keys cannot be used', 'start: worker_status says mail is held for the keys');
+like($node->safe_psql('postgres', 'SELECT last_error FROM gatekeeper.worker_status'),
+	qr/^gatekeeper.dkim_key_table cannot be used: key file of "shop", "\Q$rsa_key\E", has group or world access/,
+	'start: worker_status has the reason as the relay\'s last_error');
 chmod 0600, $rsa_key or die $!;
 $node->reload;
 ok(GatekeeperTest::poll_until($node, 'postgres', "SELECT state FROM gatekeeper.mail_status WHERE id = $start_id", 'sent', 60),
