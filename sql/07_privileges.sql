@@ -38,8 +38,10 @@ SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body,
 -- but not the columns that belong to gatekeeper, nor reading mail
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail_live (id, queue, send_at, state) VALUES (1, 'p_app', now(), 'sent')$$) AS insert_state;
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (id, recipient, subject, body, queue) VALUES (1, 'a@priv.example', 's', 'b', 'p_app')$$) AS insert_id;
+-- (RETURNING id is allowed: SELECT on the id column alone, issue 44 item 7)
 SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('a@priv.example', 's', 'b', 'p_app') RETURNING id$$) AS insert_returning;
-SELECT pg_temp.error_of($$SELECT count(*) FROM gatekeeper.mail$$) AS select_mail;
+SELECT pg_temp.error_of($$INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('a@priv.example', 's', 'b', 'p_app') RETURNING subject$$) AS returning_content;
+SELECT pg_temp.error_of($$SELECT recipient FROM gatekeeper.mail$$) AS select_mail;
 SELECT pg_temp.error_of($$UPDATE gatekeeper.mail SET subject = 'x'$$) AS update_mail;
 SELECT pg_temp.error_of($$DELETE FROM gatekeeper.mail$$) AS delete_mail;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
