@@ -980,7 +980,7 @@ CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, 
 		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
 		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint,
 		OUT unsigned_total bigint, OUT deferred_total bigint, OUT failed_total bigint,
-		OUT worker int, OUT relay_url text)
+		OUT worker int, OUT relay_url text, OUT last_reply text, OUT last_reply_at timestamptz)
 	RETURNS SETOF record
 	LANGUAGE C VOLATILE STRICT
 	SET search_path = pg_catalog, pg_temp
@@ -991,7 +991,9 @@ AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
 -- for a worker without a relay): what the worker is doing, the mail it
 -- holds, its connections to that relay, the relay's breaker (closed:
 -- delivering; open: backing off after the relay refused the session or
--- every MAIL FROM; half-open: trying again), the relay's last refusal, the
+-- every MAIL FROM; throttled: backing off after the relay deferred every
+-- transaction with a 4xx; half-open: trying again), the relay's last
+-- refusal of the session, its last 4xx or 5xx to a transaction, the
 -- messages the worker built without a DKIM signature (no key for their From
 -- domain), the mails the relay took, deferred (4xx, a timeout, a dropped
 -- connection) and failed (5xx), and the worker's number (1 ..
@@ -999,7 +1001,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
 CREATE VIEW gatekeeper.worker_status AS
 SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
 	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total,
-	   w.deferred_total, w.failed_total, w.worker, w.relay_url
+	   w.deferred_total, w.failed_total, w.worker, w.relay_url, w.last_reply, w.last_reply_at
   FROM gatekeeper._worker_status() AS w;
 
 COMMENT ON VIEW gatekeeper.worker_status IS

@@ -295,8 +295,8 @@ static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
 static void observe_latency(GatekeeperDelivery *d);
 static void reroute(GatekeeperDelivery *d);
-static void trip(int relay, const char *error, bool session);
-static void release_suspects(int relay, GatekeeperOutcome outcome);
+static void trip(int relay, const char *error, BreakerCause cause);
+static void release_suspects(int relay, bool relays_fault);
 static GatekeeperRelayStatus *relay_status(int relay);
 static void record_outcomes(void);
 static bool record_outcomes_here(RecordStep *step);
@@ -773,7 +773,7 @@ collect(void)
 
 	/* refusals at MAIL FROM with nothing else to compare: the mail's own */
 	if (nsuspects > 0 && npending == 0 && smtp_client_busy() == 0)
-		release_suspects(-1, GATEKEEPER_FAIL);
+		release_suspects(-1, false);
 }
 
 /*
@@ -987,7 +987,7 @@ report(const char *state)
 		else if (!smtp_enabled)
 			state = held_why[0] != '\0' ? "holding mail: DKIM keys cannot be used" : "no relay";
 		else if (worker_breakers_resume(nrelays) > now)
-			state = "backing off";
+			state = worker_breakers_throttled(nrelays, now) ? "throttled" : "backing off";
 		else if (worker_standbys_holding())
 			state = worker_standbys_why();
 		else if (record_trouble.failures > 0)
@@ -1513,11 +1513,15 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
  *
  * UNREACHABLE (no session could be opened) opens the relay's breaker, and
  * the mail, which the relay did not take, goes to the next relay.  A 5xx
- * to MAIL FROM is held as a suspect: the same refusal for several
- * transactions in a row is the relay's (it refuses the worker, not the
- * mail), and opens its breaker with every suspect of that relay handed on
- * uncharged; a transaction that gets past MAIL FROM shows the refusals
- * were the mails' own, and they fail.
+ * to MAIL FROM, and a 4xx to any command of a transaction, is held as a
+ * suspect: the same refusal, or a deferral, for several transactions in a
+ * row is the relay's (it refuses the worker, or is throttled, out of disk
+ * or deferring everything, not the mail), and opens its breaker with
+ * every suspect of that relay handed on uncharged; a transaction the
+ * relay takes, or refuses for good past MAIL FROM, shows the suspects'
+ * refusals were the mails' own, and they fail or are retried as their
+ * replies say.  A transaction whose fate is unknown (the data went and
+ * no reply came) is never handed on: it is retried after its backoff.
  */
 static void
 judge(GatekeeperDelivery *d)
@@ -1529,12 +1533,23 @@ judge(GatekeeperDelivery *d)
 	if (d->outcome == GATEKEEPER_UNREACHABLE)
 	{
 		if (!open)
-			trip(relay, d->error, true);
+			trip(relay, d->error, BREAKER_SESSION);
 		reroute(d);
 		return;
 	}
-	if (d->outcome == GATEKEEPER_FAIL && d->mail_refused)
+	if (d->reply_code >= 400)
 	{
+		GatekeeperRelayStatus *rs = relay_status(relay);
+
+		strlcpy(rs->last_reply, d->error, sizeof(rs->last_reply));
+		rs->last_reply_at = GetCurrentTimestamp();
+	}
+	if ((d->outcome == GATEKEEPER_FAIL && d->mail_refused) ||
+		(d->outcome == GATEKEEPER_RETRY && d->reply_code / 100 == 4))
+	{
+		bool		deferred = d->outcome == GATEKEEPER_RETRY;
+		bool		trips;
+
 		if (open)
 		{
 			d->outcome = GATEKEEPER_UNREACHABLE;
@@ -1543,26 +1558,31 @@ judge(GatekeeperDelivery *d)
 		}
 		dlist_push_tail(&suspects, &d->queue_node);
 		nsuspects++;
-		if (worker_breaker_mail_refused(relay, d->reply_code, &in_a_row))
+		if (deferred)
+			trips = worker_breaker_deferred(relay, &in_a_row);
+		else
+			trips = worker_breaker_mail_refused(relay, d->reply_code, &in_a_row);
+		if (trips)
 		{
 			char		error[300];
 
 			snprintf(error, sizeof(error), "%s (%d transactions in a row)",
 					 d->error, in_a_row);
-			trip(relay, error, false);
-			release_suspects(relay, GATEKEEPER_UNREACHABLE);
+			trip(relay, error, deferred ? BREAKER_DEFERRED : BREAKER_REFUSED);
+			release_suspects(relay, true);
 		}
 		return;
 	}
 
 	if (d->session_reached)
-		worker_breaker_close(relay);
+		worker_breaker_close(relay, true);
 	if (d->outcome == GATEKEEPER_SENT)
 		observe_latency(d);
 	if (d->outcome == GATEKEEPER_SENT || d->outcome == GATEKEEPER_FAIL)
 	{
+		worker_breaker_close(relay, false);
 		worker_breaker_mail_passed(relay);
-		release_suspects(relay, GATEKEEPER_FAIL);
+		release_suspects(relay, false);
 	}
 	decided(d);
 }
@@ -1603,12 +1623,13 @@ decided(GatekeeperDelivery *d)
 }
 
 /*
- * Hand on every suspect of relay (-1: of every relay) with outcome (FAIL:
- * the refusal was the mail's; UNREACHABLE: the relay's, and the mail goes
- * to the next relay).
+ * Hand on every suspect of relay (-1: of every relay): relays_fault, the
+ * relay's refusal, and the mail goes to the next relay, uncharged; else
+ * the refusal or deferral was the mail's own, and it is decided as its
+ * reply said.
  */
 static void
-release_suspects(int relay, GatekeeperOutcome outcome)
+release_suspects(int relay, bool relays_fault)
 {
 	dlist_mutable_iter miter;
 
@@ -1620,9 +1641,11 @@ release_suspects(int relay, GatekeeperOutcome outcome)
 			continue;
 		dlist_delete(&d->queue_node);
 		nsuspects--;
-		d->outcome = outcome;
-		if (outcome == GATEKEEPER_UNREACHABLE)
+		if (relays_fault)
+		{
+			d->outcome = GATEKEEPER_UNREACHABLE;
 			reroute(d);
+		}
 		else
 			decided(d);
 	}
@@ -1650,19 +1673,18 @@ reroute(GatekeeperDelivery *d)
 }
 
 /*
- * Open relay's breaker (src/worker_breakers.c): the relay gets no mail
- * for a backoff, what waits for its connections goes to the next relay,
- * and the log says once what the relay said.  While every relay's
+ * Open relay's breaker (src/worker_breakers.c) for cause: the relay gets
+ * no mail for a backoff, what waits for its connections goes to the next
+ * relay, and the log says once what the relay said.  While every relay's
  * breaker is open, the mail not yet on the wire is handed back uncharged
- * and the worker claims nothing.  session: no session could be opened,
- * rather than MAIL FROM being refused.
+ * and the worker claims nothing.
  */
 static void
-trip(int relay, const char *error, bool session)
+trip(int relay, const char *error, BreakerCause cause)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	worker_breaker_trip(relay, error, session, now);
+	worker_breaker_trip(relay, error, cause, now);
 
 	strlcpy(relay_status(relay)->last_error, error, sizeof(relay_status(relay)->last_error));
 	relay_status(relay)->last_error_at = now;

@@ -6,12 +6,16 @@
  *		a backoff after it refused them, half-open once the backoff is
  *		over and the next mail tries it again.
  *
- * A relay's breaker opens when no session could be opened with it, or when
+ * A relay's breaker opens when no session could be opened with it, when
  * it refused MAIL FROM with the same 5xx for several transactions in a
- * row (it refuses the worker, not the mail).  The backoff starts at a
- * second and doubles up to 30 s while it keeps failing; a session that
- * works closes the breaker.  The log says once when a relay is given up
- * and once when it is reached again.  What becomes of the mail meanwhile
+ * row (it refuses the worker, not the mail), or when it answered several
+ * transactions in a row with a 4xx, at whatever command (it is throttled,
+ * out of disk or defers everything: SES's "454 Throttling failure", "421
+ * 4.7.0 too many messages").  The backoff starts at a second and doubles
+ * up to 30 s while it keeps failing; a session that works closes the
+ * breaker, except one opened by deferrals, which only a transaction the
+ * relay takes or refuses for good closes.  The log says once when a relay
+ * is given up and once when it is reached again.  What becomes of the mail meanwhile
  * (the next relay takes it, or it is handed back uncharged) is the
  * worker's loop's to decide (src/worker.c); this file only says which
  * relay may have mail, and when delivery can go on.
@@ -36,13 +40,18 @@
 /* the same 5xx to MAIL FROM this many times in a row opens the breaker */
 #define MAIL_REFUSALS_TO_TRIP		3
 
+/* and this many transactions in a row answered with a 4xx */
+#define DEFERRALS_TO_TRIP			3
+
 /* a relay's breaker: the relay gets no mail until backoff_until */
 typedef struct Breaker
 {
 	TimestampTz backoff_until;
 	int			backoff_ms;		/* 0: closed */
+	BreakerCause cause;			/* why it opened, while backoff_ms > 0 */
 	int			mail_refusals;	/* the same 5xx to MAIL FROM in a row */
 	int			mail_refusal_code;
+	int			deferrals;		/* transactions answered 4xx in a row */
 } Breaker;
 
 /* the relays of gatekeeper.smtp_url, by their number in the list */
@@ -102,13 +111,35 @@ worker_breaker_open(int relay, TimestampTz now)
 }
 
 /*
- * worker_breaker_state: relay's breaker as worker_status shows it.
+ * worker_breakers_throttled: whether every one of the nrelays relays'
+ * breakers is open at now, and one at least because its relay defers
+ * every transaction.
+ */
+bool
+worker_breakers_throttled(int nrelays, TimestampTz now)
+{
+	bool		throttled = false;
+	int			i;
+
+	for (i = 0; i < nrelays; i++)
+	{
+		if (breakers[i].backoff_until <= now)
+			return false;
+		if (breakers[i].cause == BREAKER_DEFERRED)
+			throttled = true;
+	}
+	return throttled;
+}
+
+/*
+ * worker_breaker_state: relay's breaker as worker_status shows it:
+ * "throttled" is an open breaker whose relay defers every transaction.
  */
 const char *
 worker_breaker_state(int relay, TimestampTz now)
 {
 	if (breakers[relay].backoff_until > now)
-		return "open";
+		return breakers[relay].cause == BREAKER_DEFERRED ? "throttled" : "open";
 	if (breakers[relay].backoff_ms > 0)
 		return "half-open";
 	return "closed";
@@ -116,45 +147,61 @@ worker_breaker_state(int relay, TimestampTz now)
 
 /*
  * worker_breaker_trip: open relay's breaker at now, for a backoff of 1 s
- * doubling to 30 s, and say once in the log what the relay said.
- * session: no session could be opened, rather than MAIL FROM being
- * refused.
+ * doubling to 30 s, and say once in the log what the relay said and why
+ * it is given no mail (cause).
  */
 void
-worker_breaker_trip(int relay, const char *error, bool session, TimestampTz now)
+worker_breaker_trip(int relay, const char *error, BreakerCause cause, TimestampTz now)
 {
 	Breaker    *b = &breakers[relay];
 
-	if (b->backoff_ms == 0)
+	if (b->backoff_ms == 0 || b->cause != cause)
 	{
-		if (session)
+		if (cause == BREAKER_SESSION)
 			ereport(LOG,
 					(errmsg("gatekeeper worker could not reach the SMTP relay: %s",
 							error[0] != '\0' ? error : "no reason given"),
 					 errdetail("Delivery is retried with backoff; the mail stays scheduled meanwhile.")));
-		else
+		else if (cause == BREAKER_REFUSED)
 			ereport(LOG,
 					(errmsg("gatekeeper worker stops sending: the SMTP relay refuses its mail: %s",
 							error),
 					 errdetail("Delivery is retried with backoff; the mail stays scheduled, uncharged, meanwhile.")));
+		else
+			ereport(LOG,
+					(errmsg("gatekeeper worker stops sending: the SMTP relay defers every transaction: %s",
+							error),
+					 errdetail("The mail goes to the next relay of gatekeeper.smtp_url, or stays scheduled, uncharged; the relay is tried again with backoff.")));
 	}
 	b->backoff_ms = b->backoff_ms == 0 ? BACKOFF_MIN_MS : Min(b->backoff_ms * 2, BACKOFF_MAX_MS);
 	b->backoff_until = TimestampTzPlusMilliseconds(now, b->backoff_ms);
+	b->cause = cause;
 	b->mail_refusals = 0;
 	b->mail_refusal_code = 0;
+	b->deferrals = 0;
 }
 
 /*
- * worker_breaker_close: a session with relay worked: close its breaker.
+ * worker_breaker_close: a session with relay worked (session), or a
+ * transaction got past it (the relay took the mail, or refused it for
+ * good): close its breaker.  A session alone does not close a breaker
+ * opened by deferrals: a throttled relay still takes sessions.
  */
 void
-worker_breaker_close(int relay)
+worker_breaker_close(int relay, bool session)
 {
-	if (breakers[relay].backoff_ms > 0)
+	Breaker    *b = &breakers[relay];
+
+	if (b->backoff_ms == 0 || (session && b->cause == BREAKER_DEFERRED))
+		return;
+	if (b->cause == BREAKER_DEFERRED)
+		ereport(LOG,
+				(errmsg("gatekeeper worker sends again: the SMTP relay takes mail again")));
+	else
 		ereport(LOG,
 				(errmsg("gatekeeper worker reaches the SMTP relay again")));
-	breakers[relay].backoff_ms = 0;
-	breakers[relay].backoff_until = 0;
+	b->backoff_ms = 0;
+	b->backoff_until = 0;
 }
 
 /*
@@ -179,12 +226,28 @@ worker_breaker_mail_refused(int relay, int reply_code, int *in_a_row)
 }
 
 /*
- * worker_breaker_mail_passed: a transaction with relay got past MAIL FROM:
- * the refusals before it were the mails' own.
+ * worker_breaker_deferred: relay answered a transaction with a 4xx.
+ * Returns whether that makes enough in a row to open its breaker;
+ * *in_a_row receives how many.
+ */
+bool
+worker_breaker_deferred(int relay, int *in_a_row)
+{
+	Breaker    *b = &breakers[relay];
+
+	*in_a_row = ++b->deferrals;
+	return b->deferrals >= DEFERRALS_TO_TRIP;
+}
+
+/*
+ * worker_breaker_mail_passed: a transaction with relay was decided by the
+ * mail (taken, or refused for good past MAIL FROM): the refusals and
+ * deferrals before it were the mails' own.
  */
 void
 worker_breaker_mail_passed(int relay)
 {
 	breakers[relay].mail_refusals = 0;
 	breakers[relay].mail_refusal_code = 0;
+	breakers[relay].deferrals = 0;
 }

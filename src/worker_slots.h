@@ -19,10 +19,12 @@ typedef struct GatekeeperRelayStatus
 {
 	char		url[256];		/* as in gatekeeper.smtp_url (no user, no password) */
 	int			connections;	/* relay connections open or opening */
-	char		breaker[16];	/* closed, open or half-open */
+	char		breaker[16];	/* closed, open, throttled or half-open */
 	TimestampTz last_success;	/* last mail the relay took, or 0 */
 	char		last_error[256];	/* the relay's last refusal of the session */
 	TimestampTz last_error_at;	/* or 0 */
+	char		last_reply[256];	/* its last 4xx or 5xx to a transaction */
+	TimestampTz last_reply_at;	/* or 0 */
 	int64		sent_total;		/* mails sent since the worker started */
 	int64		deferred_total; /* mails the relay deferred: 4xx, timeout, drop */
 	int64		failed_total;	/* mails the relay refused for good: 5xx */

@@ -1260,7 +1260,9 @@ final "." opts{dot_delay} seconds late (with the enhanced status code
 opts{dot_status} when it takes the message), refuses the messages to
 recipients beginning with opts{refuse_prefix}, answers out of order
 behind a "." (opts{reorder}) or never answers a DATA behind one
-(opts{hold_data_behind}), or floods (opts{flood}: 'greeting', 'ehlo', 'mail-line', up to
+(opts{hold_data_behind}), answers every MAIL FROM with the reply
+opts{defer} (while the file opts{defer_file} exists, when given), or
+floods (opts{flood}: 'greeting', 'ehlo', 'mail-line', up to
 opts{flood_bytes} octets).  Returns a hash ref: name, port, url, events
 (its JSON-lines log, read with relay_events), log, pid.
 
@@ -1288,6 +1290,8 @@ sub start_hostile_relay
 	push @cmd, '--dot-status', $opts{dot_status} if $opts{dot_status};
 	push @cmd, '--reorder' if $opts{reorder};
 	push @cmd, '--hold-data-behind' if $opts{hold_data_behind};
+	push @cmd, '--defer', $opts{defer} if $opts{defer};
+	push @cmd, '--defer-file', $opts{defer_file} if $opts{defer_file};
 	push @cmd, '--flood', $opts{flood} if $opts{flood};
 	push @cmd, '--flood-bytes', $opts{flood_bytes} if $opts{flood_bytes};
 	my $pid = start_helper("hostile relay $name", \@cmd, $log);

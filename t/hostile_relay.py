@@ -42,6 +42,12 @@ address begins with P "554 5.6.0 message refused".
 does): when the client wrote commands behind a ".", their replies go
 first, and the "."'s after the 354 to the DATA among them.
 --hold-data-behind never answers a DATA the client wrote behind a ".".
+--defer TEXT answers every MAIL FROM with TEXT (a 4xx reply: "451 4.3.0
+out of disk", "454 4.7.0 Throttling failure"), logging
+  {"event": "deferred", "conn": N}
+and the transaction's RCPT, DATA and BDAT with "503 5.5.1 MAIL first";
+with --defer-file PATH only while PATH exists (the relay recovers when
+the test removes it).
 
 --flood makes the relay hostile, up to --flood-bytes octets:
   greeting       "220 " and then octets without a line end
@@ -75,6 +81,8 @@ ap.add_argument('--refuse-prefix')
 ap.add_argument('--dot-status', default='2.0.0')
 ap.add_argument('--reorder', action='store_true')
 ap.add_argument('--hold-data-behind', action='store_true')
+ap.add_argument('--defer')
+ap.add_argument('--defer-file')
 ap.add_argument('--flood', choices=['greeting', 'ehlo', 'mail-line'])
 ap.add_argument('--flood-bytes', type=int, default=200 * 1024 * 1024)
 ap.add_argument('--lifetime', type=int, default=600)
@@ -243,12 +251,22 @@ class Session:
                 if args.flood == 'mail-line':
                     flood(self.sock, self.conn, b'250 ', b'y' * 65536, b'\r\n')
                     continue
+                if args.defer and (not args.defer_file or os.path.exists(args.defer_file)):
+                    log(event='deferred', conn=self.conn)
+                    self.mail_from = None
+                    self.reply(args.defer)
+                    continue
                 self.mail_from = cmd
                 self.reply('250 2.1.0 OK')
             elif verb == 'RCPT':
+                if args.defer and self.mail_from is None:
+                    self.reply('503 5.5.1 MAIL first')
+                    continue
                 self.rcpts += 1
                 self.rcpt = cmd[8:].strip().lstrip('<')
                 self.reply('250 2.1.5 OK')
+            elif verb == 'DATA' and args.defer and self.mail_from is None:
+                self.reply('503 5.5.1 MAIL first')
             elif verb == 'DATA':
                 if args.hold_data_behind and self.behind:
                     log(event='held', conn=self.conn)
@@ -275,7 +293,9 @@ class Session:
                 data = self.rfile.read(n)
                 if len(data) < n:
                     return
-                if len(parts) > 2 and parts[2].upper() == 'LAST':
+                if args.defer and self.mail_from is None:
+                    self.reply('503 5.5.1 MAIL first')
+                elif len(parts) > 2 and parts[2].upper() == 'LAST':
                     if not self.accepted(data):
                         return
                 else:
