@@ -1537,6 +1537,9 @@ judge(GatekeeperDelivery *d)
 		reroute(d);
 		return;
 	}
+	/* what the relay said, counted when it said it, whatever the mail's fate */
+	if (d->outcome == GATEKEEPER_RETRY)
+		relay_status(relay)->deferred_total++;
 	if (d->reply_code >= 400)
 	{
 		GatekeeperRelayStatus *rs = relay_status(relay);
@@ -1844,8 +1847,6 @@ outcomes_recorded(const RecordStep *step)
 		}
 		else if (d->outcome == GATEKEEPER_FAIL)
 			rs->failed_total++;
-		else if (d->outcome == GATEKEEPER_RETRY)
-			rs->deferred_total++;
 	}
 	forget_outcomes();
 }
