@@ -55,7 +55,8 @@ OBJS = \
 	src/mail_state_sweep.o \
 	src/mail_state_sync.o \
 	src/report_parse.o \
-	src/report.o
+	src/report.o \
+	src/message_id.o
 
 DATA = $(wildcard sql/gatekeeper--*.sql) $(wildcard sql/gatekeeper_router--*.sql)
 

@@ -927,7 +927,7 @@ scenario_gates() {
 # ================================================================== reports
 #
 # Issue 27: a bounce storm.  REPORTS_N mails loaded as sent (with the
-# Message-IDs gatekeeper writes), then:
+# Message-IDs gatekeeper writes, keyed since issue 44), then:
 #   ingest    one DSN per mail (bench_dsn: Postfix's shape, about 4 kB,
 #             half 5.1.1, half 5.2.2) through ingest_report(), by one
 #             statement in one backend: reports/s on one core, every one
@@ -943,11 +943,11 @@ scenario_reports() {
 		bk_reset_mail
 		bk_sql "TRUNCATE gatekeeper.event_log, gatekeeper.suppression_list" >/dev/null
 		bk_sql "CALL bench_load($REPORTS_N, 'rp', 'bench', interval '0', 'sent')" >/dev/null
-		bk_sql "UPDATE gatekeeper.mail_done SET message_id = '<' || id || '.5f3a9c@example.com>';
+		bk_sql "UPDATE gatekeeper.mail_done SET message_id = gatekeeper._message_id(id, NULL, 'example.com', '');
 				DROP TABLE IF EXISTS bench_dsns;
 				CREATE TABLE bench_dsns AS
 				SELECT 'bounces+' || gatekeeper._verp_token(m.id) || '@bounce.example.com' AS envelope_to,
-					   bench_dsn(gatekeeper._verp_token(m.id), m.recipient, '<' || m.id || '.5f3a9c@example.com>',
+					   bench_dsn(gatekeeper._verp_token(m.id), m.recipient, gatekeeper._message_id(m.id, NULL, 'example.com', ''),
 								 CASE WHEN m.id % 2 = 0 THEN '5.1.1' ELSE '5.2.2' END, m.id) AS message
 				  FROM gatekeeper.mail m" >/dev/null
 		bk_sql "VACUUM ANALYZE bench_dsns" >/dev/null
@@ -962,7 +962,7 @@ scenario_reports() {
 		bk_reset_mail
 		bk_sql "TRUNCATE gatekeeper.event_log, gatekeeper.suppression_list" >/dev/null
 		bk_sql "CALL bench_load($EVENTS_N, 'ev', 'bench', interval '0', 'sent')" >/dev/null
-		bk_sql "UPDATE gatekeeper.mail_done SET message_id = '<' || id || '.5f3a9c@example.com>'" >/dev/null
+		bk_sql "UPDATE gatekeeper.mail_done SET message_id = gatekeeper._message_id(id, NULL, 'example.com', '')" >/dev/null
 		bk_sql "VACUUM ANALYZE gatekeeper.mail_done" >/dev/null
 		bk_settle
 		t0=$(bk_now)

@@ -23,7 +23,7 @@ SELECT gatekeeper.enqueue('paused@example.com', 'Paused', 'b', 'c_paused') AS pa
 
 BEGIN;
 SELECT id = :due AS is_due, attempt, queue, recipient, sender, subject, body, html, headers,
-       message_id ~ ('^<' || :due || '\.[0-9a-f]+@shop\.example>$') AS message_id_shape
+       message_id ~ ('^<' || :due || '\.[a-z2-7]{20}@shop\.example>$') AS message_id_shape
   FROM gatekeeper.claim('w1', 10, queues => ARRAY['c_main', 'c_paused']) ORDER BY id;
 SELECT state, attempt, worker, lease_until = now() + interval '5 minutes' AS default_lease
   FROM gatekeeper.mail_status WHERE id = :due;

@@ -227,7 +227,9 @@ SELECT r.recipient, r.event, r.status
 							 || E'\n\nFinal-Recipient: rfc822; b64@isp.example\nAction: failed\nStatus: 5.1.2\n', 'UTF8'), 'base64')
 		|| E'\n--b--\n') r;
 
--- queue_stats' totals: deferrals, bounces, complaints
+-- queue_stats' totals: deferrals, bounces, complaints (a mail counts one
+-- bounce: the postfix mail's second DSN and soft4's second and third are
+-- kept as events, not counted again; see 22_report_events)
 SELECT queue, sent, deferred, bounced, complained FROM gatekeeper.queue_stats
  WHERE queue LIKE 'r\_%' ORDER BY queue;
 

@@ -28,7 +28,7 @@ SELECT pg_temp.pm_send('soft', 'pm-full@isp.example');
 SELECT pg_temp.pm_send('spam', 'pm-angry@isp.example');
 SELECT pg_temp.pm_send('delivered', 'pm-fine@isp.example');
 -- the claim filled the placeholder in; the other header is as given
-SELECT tag, header = message_id AS header_is_message_id, message_id ~ '^<[0-9]+\.[0-9a-f]+@shop\.example>$' AS shape
+SELECT tag, header = message_id AS header_is_message_id, message_id ~ '^<[0-9]+\.[a-z2-7]{20}@shop\.example>$' AS shape
   FROM pm_sent ORDER BY tag;
 SELECT headers FROM gatekeeper.mail WHERE id = (SELECT id FROM pm_sent WHERE tag = 'hard') AND headers ->> 'X-PM-Tag' = 'receipt'
    AND headers ->> 'X-PM-Metadata-gk-message-id' = '{message_id}';

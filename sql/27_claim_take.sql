@@ -1,9 +1,10 @@
 -- A claim takes each queue's share by walking mail_due in C
 -- (src/claim_take.c), not by its DELETE ... RETURNING statement.  What it
 -- hands back must be what the statement's expressions gave: the generated
--- Message-ID, the due mail in priority and due order, expired mail
--- finished as the statement marked it; and where mail_live has a delete
--- trigger of its own, the statement runs and the trigger fires.
+-- Message-ID (src/message_id.c's either way), the due mail in priority and
+-- due order, expired mail finished as the statement marked it; and where
+-- mail_live has a delete trigger of its own, the statement runs, the
+-- trigger fires and the Message-IDs are the same.
 SET client_min_messages = warning;
 \set VERBOSITY terse
 SELECT gatekeeper.create_queue('ct');
@@ -31,13 +32,13 @@ SELECT pg_reload_conf();
 
 SELECT m.recipient, g.attempt,
        g.message_id = '<' || g.id || '.' ||
-           to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' ||
+           substring(gatekeeper._message_id(g.id, NULL, 'x.example', '') FROM '\.([a-z2-7]{20})@') || '@' ||
            CASE m.recipient
                WHEN 'm1@example.com' THEN 'sender.example'
                WHEN 'm2@example.com' THEN 'named.example'
                WHEN 'm3@example.com' THEN 'gatekeeper.invalid'
                WHEN 'm4@example.com' THEN 'default.example'
-               WHEN 'm5@example.com' THEN 'mid.example' END || '>' AS message_id_as_before,
+               WHEN 'm5@example.com' THEN 'mid.example' END || '>' AS message_id_as_sql,
        c.message_id = g.message_id AS kept_in_claim
   FROM got g JOIN gatekeeper.mail m USING (id)
   JOIN LATERAL (SELECT (r).message_id FROM gatekeeper.mail_claim b, unnest(b.mails) r
@@ -105,7 +106,9 @@ CREATE TRIGGER ct_note AFTER DELETE ON gatekeeper.mail_live
 	FOR EACH ROW EXECUTE FUNCTION ct_note_delete();
 INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
 SELECT 'ct', 't' || i || '@example.com', 's', 'b' FROM generate_series(1, 4) i;
-SELECT count(*) AS claimed FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
+SELECT count(*) AS claimed,
+       bool_and(message_id = gatekeeper._message_id(id, NULL, '', '')) AS message_ids_as_walked
+  FROM gatekeeper.claim('w', 10, queues => ARRAY['ct']);
 SELECT count(*) AS trigger_saw FROM ct_deleted;
 DROP TRIGGER ct_note ON gatekeeper.mail_live;
 DROP FUNCTION ct_note_delete();

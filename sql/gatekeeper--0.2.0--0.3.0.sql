@@ -1967,6 +1967,22 @@ ALTER TABLE gatekeeper.mail_3 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('ga
 	ALTER COLUMN segment SET DEFAULT 3;
 
 /*
+ * Issue 44, items 1 and 2 (reports44): Message-IDs carry a MAC, made by
+ * _message_id() (src/message_id.c); a mail counts one complaint and one
+ * bounce from reports, later ones are kept as repeats.
+ */
+CREATE FUNCTION gatekeeper._message_id(id bigint, sender text, domain text, default_sender text)
+RETURNS text
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_message_id_sql';
+REVOKE ALL ON FUNCTION gatekeeper._message_id(bigint, text, text, text) FROM PUBLIC;
+-- a report's complaint or bounce of a mail that has one: kept, not counted
+ALTER TABLE gatekeeper.event_log ADD COLUMN repeated boolean NOT NULL DEFAULT false;
+CREATE UNIQUE INDEX event_log_counted ON gatekeeper.event_log (mail_id, event, segment)
+	WHERE source <> 'relay' AND NOT repeated AND event IN ('bounced', 'complained');
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

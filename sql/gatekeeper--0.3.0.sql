@@ -459,7 +459,10 @@ CREATE TABLE gatekeeper.event_log (
 	detail		text,
 	source		text NOT NULL,
 	at			timestamptz NOT NULL DEFAULT now(),
-	segment		smallint NOT NULL
+	segment		smallint NOT NULL,
+	-- a report's complaint or bounce of a mail that has one: kept, not
+	-- counted (issue 44)
+	repeated	boolean NOT NULL DEFAULT false
 ) PARTITION BY LIST (segment);
 CREATE TABLE gatekeeper.event_log_0 PARTITION OF gatekeeper.event_log FOR VALUES IN (0);
 CREATE TABLE gatekeeper.event_log_1 PARTITION OF gatekeeper.event_log FOR VALUES IN (1);
@@ -475,6 +478,11 @@ CREATE INDEX event_log_bounced ON gatekeeper.event_log
 CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
 	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
 	WHERE source <> 'relay';
+-- a mail counts one complaint and one bounce from reports (issue 44): a
+-- later one that differs is written as a repeat, which queue_stats, the
+-- soft-bounce count and the suppression list leave out (src/report.c)
+CREATE UNIQUE INDEX event_log_counted ON gatekeeper.event_log (mail_id, event, segment)
+	WHERE source <> 'relay' AND NOT repeated AND event IN ('bounced', 'complained');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_0', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_1', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_2', '');
@@ -2017,6 +2025,15 @@ RETURNS text
 LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_verp_token';
+
+-- the Message-ID a mail gets at its first claim, <id.mac@domain> (issue
+-- 44; src/message_id.c): the claim statement's, when the claim runs it;
+-- domain and default_sender are the settings, '' when unset
+CREATE FUNCTION gatekeeper._message_id(id bigint, sender text, domain text, default_sender text)
+RETURNS text
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_message_id_sql';
 
 -- the RFC 3463 code of a relay's reply (an error text that starts with
 -- it), else its three-digit code, else NULL

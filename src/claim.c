@@ -185,11 +185,9 @@ typedef struct Claimed
  * as mail_done takes it) and is written there by settle_claimed.
  */
 #define CLAIM_EXPIRED "m.send_by < now()"
+/* the mail's Message-ID, or the one src/message_id.c gives it */
 #define CLAIM_MESSAGE_ID \
-"coalesce(l.message_id, " \
-"  '<' || l.id || '.' || to_hex((extract(epoch FROM m.created_at) * 1000000)::bigint) || '@' || " \
-"  coalesce(nullif($5, ''), nullif(rtrim(split_part(coalesce(m.sender, $6), '@', -1), '> '), ''), " \
-"           'gatekeeper.invalid') || '>')"
+"coalesce(l.message_id, gatekeeper._message_id(l.id, m.sender, $5, $6))"
 
 /* below every id: the due scan's start in a level the floor is not in */
 #define DUE_MIN_ID "(-9223372036854775807 - 1)::bigint"

@@ -59,6 +59,7 @@
 #include "claim_take.h"
 #include "catalog.h"
 #include "live_count.h"
+#include "message_id.h"
 
 #include "executor/executor.h"
 
@@ -337,49 +338,6 @@ fetch_content(Take *t, int64 id, int16 segment)
 }
 
 /*
- * The Message-ID gatekeeper gives a mail that has none:
- * <id.created_at-in-microseconds-since-1970-in-hex@domain>, the domain
- * gatekeeper.message_id_domain, else the sender's, else the default
- * sender's, else gatekeeper.invalid.
- */
-static text *
-generated_message_id(Take *t, int64 id, TimestampTz created_at, Datum sender, bool sender_null)
-{
-	StringInfoData buf;
-	const char *domain = NULL;
-	int			domain_len = 0;
-	char	   *from = NULL;
-	int64		micros;
-
-	if (TIMESTAMP_NOT_FINITE(created_at))
-		ereport(ERROR,
-				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-				 errmsg("mail %lld has an infinite created_at", (long long) id)));
-	micros = created_at + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
-
-	if (t->domain != NULL && t->domain[0] != '\0')
-		domain = t->domain, domain_len = strlen(domain);
-	else
-	{
-		from = !sender_null ? TextDatumGetCString(sender) :
-			(t->default_sender != NULL ? pstrdup(t->default_sender) : pstrdup(""));
-		/* the part after the last '@' (all of it without one), '>' and ' ' off its end */
-		domain = strrchr(from, '@');
-		domain = domain != NULL ? domain + 1 : from;
-		domain_len = strlen(domain);
-		while (domain_len > 0 && (domain[domain_len - 1] == '>' || domain[domain_len - 1] == ' '))
-			domain_len--;
-		if (domain_len == 0)
-			domain = "gatekeeper.invalid", domain_len = strlen(domain);
-	}
-	initStringInfo(&buf);
-	appendStringInfo(&buf, "<" INT64_FORMAT ".%llx@", id, (unsigned long long) (uint64) micros);
-	appendBinaryStringInfo(&buf, domain, domain_len);
-	appendStringInfoChar(&buf, '>');
-	return cstring_to_text_with_len(buf.data, buf.len);
-}
-
-/*
  * Hand one taken mail to the receiver: the claim statement's columns,
  * computed as its RETURNING list computes them.
  */
@@ -412,9 +370,9 @@ hand_over(Take *t, TupleTableSlot *live, ContentPart *c)
 	if (!ln[LA(L_MESSAGE_ID)])
 		message_id = lv[LA(L_MESSAGE_ID)];
 	else
-		message_id = PointerGetDatum(generated_message_id(t, DatumGetInt64(lv[LA(L_ID)]),
-														  DatumGetTimestampTz(mv[MA(M_CREATED_AT)]),
-														  mv[MA(M_SENDER)], mn[MA(M_SENDER)]));
+		message_id = PointerGetDatum(gatekeeper_message_id(DatumGetInt64(lv[LA(L_ID)]),
+														   mv[MA(M_SENDER)], mn[MA(M_SENDER)],
+														   t->domain, t->default_sender));
 	send_at = DatumGetTimestampTz(lv[LA(L_SEND_AT)]);
 	created_at = DatumGetTimestampTz(mv[MA(M_CREATED_AT)]);
 

@@ -16,9 +16,12 @@
  * ('bounces+{token}@bounce.example'), and every mail carries it as the
  * DSN's ENVID, so a DSN names its mail by the address it is delivered to
  * or by its Original-Envelope-Id.  Failing both, a report names its mail
- * by the returned Message-ID, which gatekeeper writes as
- * <id.created@domain>: the id is read from it, and the whole must equal
- * the sent mail's.
+ * by the returned Message-ID, which gatekeeper writes as <id.mac@domain>
+ * (src/message_id.c): the id is read from it, its MAC must be right, and
+ * the whole must equal the sent mail's.  Mail sent before the MAC has a
+ * Message-ID without one, <id.created@domain>, which any recipient of a
+ * neighbouring mail could write: a report naming it counts only when it
+ * names the mail's recipient too.
  *
  * A report counts only when it names a mail gatekeeper sent and, where it
  * names a recipient (Final-Recipient or Original-Recipient, Original-Rcpt-To,
@@ -29,7 +32,10 @@
  * read by key from its segment's partitions of mail_done and mail
  * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
- * (gatekeeper.report_stats).  The parse itself (src/report_parse.c) raises
+ * (gatekeeper.report_stats).  A mail counts one complaint and one bounce
+ * from reports: a later complained or bounced event of the mail is kept
+ * (event_log.repeated), but counted nowhere and suppresses no one again.
+ * The parse itself (src/report_parse.c) raises
  * no error for what a message holds: a junk message gives no row and
  * leaves the caller's transaction alone.
  *
@@ -62,6 +68,7 @@
 #include <openssl/evp.h>
 
 #include "gatekeeper.h"
+#include "message_id.h"
 #include "report.h"
 #include "report_parse.h"
 #include "stats.h"
@@ -138,11 +145,15 @@ static SegmentRels segment_rels[GATEKEEPER_SEGMENTS];
 static Oid	sent_state = InvalidOid;	/* gatekeeper.state's 'sent' */
 static bool segment_rels_valid = false;
 
-/* the event, in the mail's retention segment */
+/*
+ * The event, in the mail's retention segment: nothing when the same one
+ * was taken before (event_log_report), and, as the mail's counted
+ * complaint or bounce, nothing when it has one (event_log_counted)
+ */
 static SPIPlanPtr insert_event_plan = NULL;
 static const char insert_event_sql[] =
-"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
-"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
+"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment, repeated) "
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING";
 
 /* the bounces that count towards a soft_bounce entry */
 static SPIPlanPtr soft_bounces_plan = NULL;
@@ -175,17 +186,17 @@ static void verp_mac_kept(int64 id, uint8 *mac);
 static char *verp_token(int64 id, bool kept);
 static bool verp_verify(const char *token, size_t len, int64 *id);
 static bool token_in(const char *text, int64 *id);
-static bool message_id_mail(const char *message_id, int64 *id);
 static bool hard_bounce_status(const char *status);
 static bool segment_rels_current(void);
 static void segment_rels_load(void);
 static bool fetch_by_id(Oid relid, Oid indexid, int64 id, int16 segment, bool by_segment,
 						TupleTableSlot **slot, Relation *rel);
 static bool find_sent_mail(int64 id, SentMail *mail);
-static int	report_rows(int64 id, const char *message_id, const char *recipient1,
-						const char *recipient2, const char *event, const char *status,
-						const char *detail, const char *source, Tuplestorestate *out,
-						TupleDesc desc, bool *matched);
+static int	report_rows(int64 id, const char *message_id, bool signed_id,
+						const char *recipient1, const char *recipient2,
+						const char *event, const char *status, const char *detail,
+						const char *source, Tuplestorestate *out, TupleDesc desc,
+						bool *matched);
 
 /*
  * The first VERP_MAC_LEN bytes of the HMAC of a mail id, into mac.
@@ -380,31 +391,6 @@ token_in(const char *text, int64 *id)
 		p += n + 1;
 	}
 	return false;
-}
-
-/*
- * Whether message_id has the form of one gatekeeper writes,
- * <id.created@domain>; *id is then the id it names.
- */
-static bool
-message_id_mail(const char *message_id, int64 *id)
-{
-	const char *p = message_id;
-	int64		v = 0;
-	int			digits = 0;
-
-	if (p == NULL || *p != '<')
-		return false;
-	for (p++; isdigit((unsigned char) *p); p++)
-	{
-		if (++digits > 18)
-			return false;
-		v = v * 10 + (*p - '0');
-	}
-	if (digits == 0 || *p != '.' || strchr(p, '@') == NULL)
-		return false;
-	*id = v;
-	return true;
 }
 
 /*
@@ -712,24 +698,33 @@ find_sent_mail(int64 id, SentMail *mail)
 /*
  * Record one report (a DSN's recipient group, an ARF report, a webhook's
  * event) about mail id: only when the mail was sent, its Message-ID is
- * message_id (when given) and its recipient is recipient1 or recipient2
- * (when either is given).  Writes the event, in the mail's retention
+ * message_id (when given: the report found the mail by it) and its
+ * recipient is recipient1 or recipient2 (when either is given).  A
+ * Message-ID without a MAC (!signed_id: mail sent before there was one,
+ * whose neighbours' recipients could write it) counts only with a
+ * recipient, the mail's.  Writes the event, in the mail's retention
  * segment, and what it does to the suppression list (report_bounce, or a
  * global complaint), and puts the row recorded into out (when not NULL).
  * The same event (event, source, status and detail) taken before for the
  * mail (a DSN or webhook delivered twice) writes nothing and is no row,
- * but sets *matched (when not NULL) as a new one does.  Returns the rows
+ * but sets *matched (when not NULL) as a new one does.  A complaint or
+ * bounce of a mail that has one from a report already is written as a
+ * repeat: kept, counted in no total, suppressing no one.  Returns the rows
  * recorded, 0 or 1.  SPI must be connected.
  */
 static int
-report_rows(int64 id, const char *message_id, const char *recipient1,
-			const char *recipient2, const char *event, const char *status,
-			const char *detail, const char *source, Tuplestorestate *out,
-			TupleDesc desc, bool *matched)
+report_rows(int64 id, const char *message_id, bool signed_id,
+			const char *recipient1, const char *recipient2,
+			const char *event, const char *status, const char *detail,
+			const char *source, Tuplestorestate *out, TupleDesc desc,
+			bool *matched)
 {
-	Oid			event_types[8] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT2OID};
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			event_types[9] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID,
+	INT2OID, BOOLOID};
+	Datum		args[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		counted = strcmp(event, "bounced") == 0 || strcmp(event, "complained") == 0;
+	SPIPlanPtr	plan;
 	SentMail	mail;
 	char	   *queue;
 	int16		segment;
@@ -743,6 +738,8 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	segment = mail.segment;
 	recipient = mail.recipient;
 	if (message_id != NULL && (mail.message_id == NULL || strcmp(mail.message_id, message_id) != 0))
+		return 0;
+	if (message_id != NULL && !signed_id && recipient1 == NULL && recipient2 == NULL)
 		return 0;
 	if ((recipient1 != NULL || recipient2 != NULL) &&
 		!gatekeeper_same_address(recipient1, recipient) &&
@@ -763,11 +760,20 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 		nulls[5] = 'n';
 	args[6] = CStringGetTextDatum(source);
 	args[7] = Int16GetDatum(segment);
-	if (SPI_execute_plan(gatekeeper_plan(&insert_event_plan, insert_event_sql, 8, event_types),
-						 args, nulls, false, 0) != SPI_OK_INSERT)
+	args[8] = BoolGetDatum(false);
+	plan = gatekeeper_plan(&insert_event_plan, insert_event_sql, 9, event_types);
+	if (SPI_execute_plan(plan, args, nulls, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "writing an event failed");
 	if (matched != NULL)
 		*matched = true;
+	if (SPI_processed == 0 && counted)
+	{
+		/* the mail has its complaint or bounce (event_log_counted): a repeat */
+		args[8] = BoolGetDatum(true);
+		if (SPI_execute_plan(plan, args, nulls, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "writing an event failed");
+		counted = false;
+	}
 	/* taken before (event_log_report): the same event again changes nothing */
 	if (SPI_processed == 0)
 		return 0;
@@ -776,9 +782,9 @@ report_rows(int64 id, const char *message_id, const char *recipient1,
 	key = pstrdup(recipient);
 	for (p = key; *p; p++)
 		*p = pg_ascii_tolower((unsigned char) *p);
-	if (strcmp(event, "bounced") == 0)
+	if (counted && strcmp(event, "bounced") == 0)
 		report_bounce(key, status, detail, id);
-	else if (strcmp(event, "complained") == 0)
+	else if (counted && strcmp(event, "complained") == 0)
 		(void) gatekeeper_suppression_add(key, "complaint", NULL, detail, id);
 
 	if (out != NULL)
@@ -1009,6 +1015,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 	int64		id = 0;
 	bool		have_mail = false;
 	const char *message_id = NULL;
+	bool		signed_id = false;
 	int			rows = 0;
 	int			i;
 
@@ -1053,9 +1060,12 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 		carriers[6] = r.returned_return_path;
 		for (i = 0; i < (int) lengthof(carriers) && !have_mail; i++)
 			have_mail = token_in(carriers[i], &id);
-		if (!have_mail && message_id_mail(r.returned_message_id, &id))
+		if (!have_mail)
 		{
-			have_mail = true;
+			MessageIdKind kind = gatekeeper_message_id_check(r.returned_message_id, &id);
+
+			have_mail = kind != MESSAGE_ID_NONE;
+			signed_id = kind == MESSAGE_ID_SIGNED;
 			message_id = r.returned_message_id;
 		}
 	}
@@ -1081,9 +1091,9 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 			/* a group that names no recipient names none we sent to */
 			if (rr->final_recipient == NULL && rr->original_recipient == NULL)
 				continue;
-			rows += report_rows(id, message_id, rr->final_recipient, rr->original_recipient,
-								event, rr->status, rr->diagnostic, "dsn",
-								rsinfo->setResult, rsinfo->setDesc, NULL);
+			rows += report_rows(id, message_id, signed_id, rr->final_recipient,
+								rr->original_recipient, event, rr->status, rr->diagnostic,
+								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
 		}
 	}
 	else if (have_mail && r.kind == REPORT_ARF &&
@@ -1095,8 +1105,9 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 									  r.user_agent ? "; User-Agent: " : "",
 									  r.user_agent ? r.user_agent : "");
 
-		rows += report_rows(id, message_id, r.original_rcpt_to, NULL, "complained",
-							NULL, detail, "arf", rsinfo->setResult, rsinfo->setDesc, NULL);
+		rows += report_rows(id, message_id, signed_id, r.original_rcpt_to, NULL,
+							"complained", NULL, detail, "arf", rsinfo->setResult,
+							rsinfo->setDesc, NULL);
 	}
 	gatekeeper_stats_count_report(rows > 0);
 	SPI_finish();
@@ -1110,8 +1121,9 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
  *						   detail text, recipient text) RETURNS bigint
  *		Record an ESP webhook's event for the sent mail whose Message-ID
  *		(with or without its angle brackets) is message_id, and whose
- *		recipient is recipient when given: its id, or NULL (and nothing
- *		written) when there is no such mail.  event is deferred, bounced,
+ *		recipient is recipient when given (and must be, for a Message-ID
+ *		without a MAC): its id, or NULL (and nothing written) when there
+ *		is no such mail.  event is deferred, bounced,
  *		delivered or complained (22023 otherwise); message_id and event
  *		must not be NULL (22004).
  */
@@ -1127,6 +1139,7 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	int64		id;
 	int			rows = 0;
 	bool		matched = false;
+	MessageIdKind kind;
 	int			i;
 
 	gatekeeper_require_schema();
@@ -1173,9 +1186,10 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	}
 
 	SPI_connect();
-	if (message_id_mail(message_id, &id))
-		rows = report_rows(id, message_id, recipient, NULL, event, status, detail,
-						   "webhook", NULL, NULL, &matched);
+	kind = gatekeeper_message_id_check(message_id, &id);
+	if (kind != MESSAGE_ID_NONE)
+		rows = report_rows(id, message_id, kind == MESSAGE_ID_SIGNED, recipient, NULL,
+						   event, status, detail, "webhook", NULL, NULL, &matched);
 	gatekeeper_stats_count_report(rows > 0);
 	SPI_finish();
 	/* an event taken before names the mail too: the endpoint may answer OK */

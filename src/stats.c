@@ -656,7 +656,8 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
  * gatekeeper_count_events
  *		gatekeeper._count_events(), the AFTER INSERT FOR EACH STATEMENT
  *		trigger of gatekeeper.event_log: count the statement's deferrals,
- *		bounces and complaints by queue.
+ *		bounces and complaints by queue, but not repeats (a report's
+ *		complaint or bounce of a mail that had one: src/report.c).
  */
 Datum
 gatekeeper_count_events(PG_FUNCTION_ARGS)
@@ -667,6 +668,7 @@ gatekeeper_count_events(PG_FUNCTION_ARGS)
 	StatsTally *tally;
 	int			queue_att;
 	int			event_att;
+	int			repeated_att;
 
 	gatekeeper_require_schema();
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
@@ -680,6 +682,7 @@ gatekeeper_count_events(PG_FUNCTION_ARGS)
 	desc = RelationGetDescr(trigdata->tg_relation);
 	queue_att = SPI_fnumber(desc, "queue");
 	event_att = SPI_fnumber(desc, "event");
+	repeated_att = SPI_fnumber(desc, "repeated");
 	if (queue_att <= 0 || event_att <= 0)
 		elog(ERROR, "gatekeeper_count_events fired on a table without queue and event");
 	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
@@ -698,6 +701,13 @@ gatekeeper_count_events(PG_FUNCTION_ARGS)
 		event = slot_getattr(slot, event_att, &isnull);
 		if (isnull)
 			continue;
+		if (repeated_att > 0)
+		{
+			Datum		repeated = slot_getattr(slot, repeated_att, &isnull);
+
+			if (!isnull && DatumGetBool(repeated))
+				continue;
+		}
 		t = DatumGetTextPP(event);
 		for (kind = STAT_DEFERRED; kind <= STAT_COMPLAINED; kind++)
 		{

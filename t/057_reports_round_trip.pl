@@ -20,6 +20,14 @@
 #  4. The next campaign never hands that address to Postfix: its mail is
 #     suppressed by the claim, the other recipient's goes.
 #
+#  5. Both mails were enqueued in one transaction, as a campaign's
+#     statement enqueues its mail: consecutive ids, one created_at.  The
+#     Message-ID on the wire carries a MAC (issue 44): the other recipient,
+#     writing the dead address's Message-ID from their own (its id for
+#     theirs), names no mail, and their abuse report without
+#     Original-Rcpt-To complains about no one; their report about their own
+#     mail counts, once however often it comes.
+#
 # Postfix generating the DSN itself and delivering it through its pipe(8)
 # transport takes Postfix's master(8), queue manager and bounce daemon,
 # and pipe(8) must be started as root: t/059_reports_postfix_pipe.pl does
@@ -62,10 +70,12 @@ sub stored_for
 #
 # 1. VERP and DSN on the wire
 #
-my $dead_id = $node->safe_psql('postgres',
-	"SELECT gatekeeper.enqueue('$dead', 'Weekly picks', 'Hello', 'news', sender => 'Shop <shop\@shop.example>')");
-my $alive_id = $node->safe_psql('postgres',
-	"SELECT gatekeeper.enqueue('$alive', 'Weekly picks', 'Hello', 'news', sender => 'Shop <shop\@shop.example>')");
+my ($dead_id, $alive_id) = split /\n/, $node->safe_psql(
+	'postgres', "BEGIN;
+SELECT gatekeeper.enqueue('$dead', 'Weekly picks', 'Hello', 'news', sender => 'Shop <shop\@shop.example>');
+SELECT gatekeeper.enqueue('$alive', 'Weekly picks', 'Hello', 'news', sender => 'Shop <shop\@shop.example>');
+COMMIT;");
+is($alive_id, $dead_id + 1, 'one campaign: consecutive ids');
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres',
 		"SELECT string_agg(state::text, ',') FROM gatekeeper.mail_status", 'sent,sent', 30),
@@ -84,6 +94,10 @@ is_deeply($message->{rcpt_params}, ["NOTIFY=FAILURE,DELAY ORCPT=rfc822;$dead"],
 like($message->{headers}{from}[0], qr/^"?Shop"? <shop\@shop\.example>$/, 'the From field is the sender');
 my ($alive_msg) = stored_for($alive);
 isnt($alive_msg->{mail_from}, $message->{mail_from}, 'each mail has its own return path');
+like($message->{message_id}, qr/^<\Q$dead_id\E\.[a-z2-7]{20}\@shop\.example>$/,
+	'the Message-ID on the wire: the id and a MAC');
+is( $node->safe_psql('postgres', "SELECT message_id FROM gatekeeper.mail_status WHERE id = $dead_id"),
+	$message->{message_id}, 'the Message-ID is the mail\'s');
 
 #
 # 2. The DSN, through the README's pipe
@@ -139,6 +153,32 @@ ok(GatekeeperTest::next_campaign($node, "$dead:suppressed,$alive:sent", $dead, $
 	'the next mail to the bounced address is suppressed, the other is sent');
 ok(GatekeeperTest::wait_for(sub { stored_for($alive) == 2 }, 15), 'Postfix accepted the other');
 is(scalar(stored_for($dead)), 1, 'Postfix never saw the bounced address again');
+
+#
+# 5. The other recipient forges a complaint about the dead address's mail
+#
+my $arf = slurp_file("$FindBin::RealBin/../test/reports/microsoft_jmrp.eml");
+(my $forged = $alive_msg->{message_id}) =~ s/^<\Q$alive_id\E\./<$dead_id./;
+sub ingest
+{
+	my ($report) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT count(*) FROM gatekeeper.ingest_report(\$report\$$report\$report\$)");
+}
+(my $forged_arf = $arf) =~ s/\{\{MSGID\}\}/$forged/g;
+is(ingest($forged_arf), '0', 'a complaint naming the neighbour\'s id with one\'s own MAC names no mail');
+(my $own_arf = $arf) =~ s/\{\{MSGID\}\}/$alive_msg->{message_id}/g;
+is(ingest($own_arf), '1', 'the other recipient\'s complaint about their own mail counts');
+(my $again = $own_arf) =~ s/User-Agent: Hotmail FBL/User-Agent: Hotmail FBL 2/;
+is(ingest($again), '1', 'a second complaint about it is taken');
+is($node->safe_psql('postgres', GatekeeperTest::mail_events_sql($dead_id)),
+	'sent:relay:,bounced:dsn:5.1.1', 'the dead address\'s mail has no complaint');
+is( $node->safe_psql(
+		'postgres',
+		"SELECT string_agg(address || ':' || reason, ',' ORDER BY address) FROM gatekeeper.suppression"),
+	"$dead:hard_bounce,$alive:complaint", 'the complaining recipient is suppressed, by their own report');
+is( $node->safe_psql('postgres', "SELECT complained FROM gatekeeper.queue_stats WHERE queue = 'news'"),
+	'1', 'queue_stats counts one complaint for the two reports');
 
 $node->stop;
 GatekeeperTest::stop_postfix($pf);
