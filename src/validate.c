@@ -226,15 +226,16 @@ header_name_cmp(const void *a, const void *b)
 }
 
 /*
- * How many times GATEKEEPER_MESSAGE_ID_PLACEHOLDER occurs in the len
- * octets at s, without overlapping (as the claim fills them in).
+ * gatekeeper_placeholder_find
+ *		The first GATEKEEPER_MESSAGE_ID_PLACEHOLDER in the len octets at s,
+ *		or NULL.  The one reading of placeholders: enqueue counts them with
+ *		it, and the claim fills them in, left to right without overlapping.
  */
-static int
-count_placeholders(const char *s, int len)
+const char *
+gatekeeper_placeholder_find(const char *s, int len)
 {
 	const int	plen = strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER);
 	const char *end = s + len;
-	int			n = 0;
 
 	while (end - s >= plen)
 	{
@@ -243,12 +244,27 @@ count_placeholders(const char *s, int len)
 		if (brace == NULL)
 			break;
 		if (memcmp(brace, GATEKEEPER_MESSAGE_ID_PLACEHOLDER, plen) == 0)
-		{
-			n++;
-			s = brace + plen;
-		}
-		else
-			s = brace + 1;
+			return brace;
+		s = brace + 1;
+	}
+	return NULL;
+}
+
+/*
+ * How many placeholders the len octets at s hold.
+ */
+static int
+count_placeholders(const char *s, int len)
+{
+	const int	plen = strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER);
+	const char *end = s + len;
+	const char *at;
+	int			n = 0;
+
+	while ((at = gatekeeper_placeholder_find(s, end - s)) != NULL)
+	{
+		n++;
+		s = at + plen;
 	}
 	return n;
 }

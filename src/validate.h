@@ -18,6 +18,7 @@ extern void gatekeeper_check_header_value(const char *value, const char *what);
 extern void gatekeeper_check_header_name(const char *name);
 extern int	gatekeeper_check_headers(Jsonb *headers);
 extern int	gatekeeper_headers_placeholders(Jsonb *headers);
+extern const char *gatekeeper_placeholder_find(const char *s, int len);
 extern bool gatekeeper_header_reserved(const char *name);
 
 /*
@@ -30,7 +31,7 @@ extern bool gatekeeper_header_reserved(const char *name);
  * ">": at most 1 + 20 + 1 + 16 + 1 + 255 + 1 = 295 octets (the domain is
  * gatekeeper.message_id_domain, at most 255 octets, or the sender's, at
  * most 252), which leaves 89 octets for whatever else a Message-ID comes
- * to carry (a MAC).  The claim refuses to fill in a longer one.
+ * to carry (a MAC); sql/32_placeholder_size.sql checks the longest.
  */
 #define GATEKEEPER_MESSAGE_ID_PLACEHOLDER "{message_id}"
 #define GATEKEEPER_MESSAGE_ID_MAX	384
