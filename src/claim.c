@@ -68,6 +68,7 @@
 #include "window.h"
 #include "xact.h"
 
+#include "access/detoast.h"
 #include "access/htup_details.h"
 #include "access/transam.h"
 #include "access/xact.h"
@@ -168,6 +169,7 @@ typedef struct Claimed
 	bool		expired;
 	bool		lost;			/* a gate was closed, or had no room */
 	bool		nomem;			/* gate memory had no room: deferred a while */
+	bool		over_budget;	/* past the claim's max_bytes: back as it was */
 	TimestampTz reopens;		/* when its closed gates open again */
 	const char *closed_gate;
 	char	   *timezone;		/* the mail's own, or NULL */
@@ -963,51 +965,156 @@ add_queue_headers(Claimed *claimed, int nclaimed, MemoryContext keep)
 }
 
 /*
+ * The bytes a claimed mail brings: its subject, body, html and headers as
+ * stored, each placeholder in a header value at the length of the mail's
+ * Message-ID, which fill_message_id puts there.  Only the headers are
+ * detoasted to count, the rest is measured where it lies.
+ */
+static int64
+claimed_bytes(Claimed *c)
+{
+	static const int columns[] = {COL_SUBJECT, COL_BODY, COL_HTML, COL_HEADERS};
+	int64		bytes = 0;
+	int			k;
+
+	for (k = 0; k < (int) lengthof(columns); k++)
+		if (!c->nulls[columns[k] - 1])
+			bytes += toast_raw_datum_size(c->values[columns[k] - 1]) - VARHDRSZ;
+	if (!c->nulls[COL_HEADERS - 1] && !c->nulls[COL_MESSAGE_ID - 1])
+	{
+		Datum		stored = c->values[COL_HEADERS - 1];
+		Jsonb	   *headers = DatumGetJsonbP(stored);
+		int64		grows = (int64) VARSIZE_ANY_EXHDR(DatumGetPointer(c->values[COL_MESSAGE_ID - 1])) -
+			(int64) strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER);
+
+		bytes += Max(grows, 0) * gatekeeper_headers_placeholders(headers);
+		if ((Pointer) headers != DatumGetPointer(stored))
+			pfree(headers);
+	}
+	return bytes;
+}
+
+/*
+ * A claim with a byte budget (the background worker's: what
+ * gatekeeper.max_in_flight leaves it) keeps its mails, in claim order,
+ * while their bytes fit, the first always; from the first that does not
+ * fit on, the mails go back as they were, uncharged, and are the first
+ * the next claim finds.  So what one claim hands over is bounded by bytes
+ * whatever the sizes of the mail claimed before.  Mail past send_by holds
+ * nothing and is settled as ever.
+ */
+static void
+hold_back_over_budget(Claimed *claimed, int nclaimed, int64 max_bytes)
+{
+	int64		bytes = 0;
+	int			kept = 0;
+	bool		full = false;
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+
+		if (c->expired)
+			continue;
+		if (!full)
+		{
+			int64		more = claimed_bytes(c);
+
+			if (kept == 0 || bytes + more <= max_bytes)
+			{
+				bytes += more;
+				kept++;
+				continue;
+			}
+			full = true;
+		}
+		c->lost = true;
+		c->over_budget = true;
+	}
+}
+
+/*
+ * The value s with every placeholder replaced by the Message-ID mid, or
+ * NULL when it holds none.
+ */
+static char *
+placeholders_filled(const char *s, int len, const char *mid)
+{
+	const int	plen = strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER);
+	const char *end = s + len;
+	const char *from = s;
+	const char *at;
+	StringInfoData out;
+
+	at = gatekeeper_placeholder_find(from, end - from);
+	if (at == NULL)
+		return NULL;
+	initStringInfo(&out);
+	do
+	{
+		appendBinaryStringInfo(&out, from, at - from);
+		appendStringInfoString(&out, mid);
+		from = at + plen;
+	} while ((at = gatekeeper_placeholder_find(from, end - from)) != NULL);
+	appendBinaryStringInfo(&out, from, end - from);
+	return out.data;
+}
+
+/*
  * A header value of the mail's that holds {message_id} gets the mail's
- * Message-ID there.  An ESP whose webhooks return a message's metadata but
- * not its Message-ID (Postmark: X-PM-Metadata-* headers come back as
- * Metadata) then names the mail for record_event().  The headers are
- * read as JSON text only when they hold the placeholder's opening.
+ * Message-ID there; header names never do (enqueue refuses a brace in
+ * one).  An ESP whose webhooks return a message's metadata but not its
+ * Message-ID (Postmark: X-PM-Metadata-* headers come back as Metadata)
+ * then names the mail for record_event().  Each placeholder was counted
+ * at GATEKEEPER_MESSAGE_ID_MAX octets by enqueue's size check, which no
+ * Message-ID the claim makes exceeds (one written into mail_live by hand
+ * might: it is filled in all the same, rather than fail every claim; the
+ * worker's byte budget counts its true length).
  */
 static void
 fill_message_id(Claimed *claimed, int nclaimed, MemoryContext keep)
 {
-	static const char placeholder[] = "{message_id}";
 	int			i;
 
 	for (i = 0; i < nclaimed; i++)
 	{
 		Claimed    *c = &claimed[i];
 		Jsonb	   *headers;
-		char	   *json;
-		char	   *at;
-		char	   *from;
-		StringInfoData mid;
-		StringInfoData out;
+		char	   *mid;
+		JsonbParseState *state = NULL;
+		JsonbIterator *it;
+		JsonbIteratorToken tok;
+		JsonbValue	v;
+		JsonbValue *filled = NULL;
 		MemoryContext old;
 
 		if (c->expired || c->lost || c->nulls[COL_HEADERS - 1] || c->nulls[COL_MESSAGE_ID - 1])
 			continue;
 		headers = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
-		json = JsonbToCString(NULL, &headers->root, VARSIZE(headers));
-		if (strstr(json, placeholder) == NULL)
+		if (gatekeeper_headers_placeholders(headers) == 0)
 			continue;
+		mid = TextDatumGetCString(c->values[COL_MESSAGE_ID - 1]);
 
-		/* the Message-ID as the inside of a JSON string */
-		initStringInfo(&mid);
-		escape_json(&mid, TextDatumGetCString(c->values[COL_MESSAGE_ID - 1]));
-		initStringInfo(&out);
-		from = json;
-		while ((at = strstr(from, placeholder)) != NULL)
+		it = JsonbIteratorInit(&headers->root);
+		while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
 		{
-			appendBinaryStringInfo(&out, from, at - from);
-			appendBinaryStringInfo(&out, mid.data + 1, mid.len - 2);
-			from = at + strlen(placeholder);
+			if (tok == WJB_VALUE && v.type == jbvString)
+			{
+				char	   *value = placeholders_filled(v.val.string.val,
+														v.val.string.len, mid);
+
+				if (value != NULL)
+				{
+					v.val.string.val = value;
+					v.val.string.len = strlen(value);
+				}
+			}
+			filled = pushJsonbValue(&state, tok, tok < WJB_BEGIN_ARRAY ? &v : NULL);
 		}
-		appendStringInfoString(&out, from);
 
 		old = MemoryContextSwitchTo(keep);
-		c->values[COL_HEADERS - 1] = DirectFunctionCall1(jsonb_in, CStringGetDatum(out.data));
+		c->values[COL_HEADERS - 1] = JsonbPGetDatum(JsonbValueToJsonb(filled));
 		MemoryContextSwitchTo(old);
 	}
 }
@@ -1024,7 +1131,13 @@ loser_outcome(Claimed *c, TimestampTz now, char **error)
 {
 	const char *state;
 
-	if (c->suppressed)
+	if (c->over_budget)
+	{
+		/* as it was: its last error stays */
+		state = "scheduled";
+		*error = NULL;
+	}
+	else if (c->suppressed)
 	{
 		state = "suppressed";
 		*error = psprintf("suppressed: %s", c->suppressed);
@@ -1068,9 +1181,9 @@ loser_outcome(Claimed *c, TimestampTz now, char **error)
 
 /*
  * A claimed mail's record as a claim that did not happen leaves it: in
- * state (scheduled, suppressed or expired), with the error, the attempt
- * as before the claim, no worker and no lease; send_at moved for mail
- * that waits.
+ * state (scheduled, suppressed or expired), with the error (NULL: its
+ * last error stays), the attempt as before the claim, no worker and no
+ * lease; send_at moved for mail that waits.
  */
 static Datum
 live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
@@ -1085,8 +1198,11 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
 												ObjectIdGetDatum(lr->state_type));
 	values[lr->attempt - 1] = Int32GetDatum(DatumGetInt32(values[lr->attempt - 1]) - 1);
 	values[lr->send_at - 1] = TimestampTzGetDatum(send_at);
-	values[lr->last_error - 1] = CStringGetTextDatum(error);
-	nulls[lr->last_error - 1] = false;
+	if (error != NULL)
+	{
+		values[lr->last_error - 1] = CStringGetTextDatum(error);
+		nulls[lr->last_error - 1] = false;
+	}
 	nulls[lr->worker - 1] = true;
 	return HeapTupleGetDatum(heap_form_tuple(lr->desc, values, nulls));
 }
@@ -1327,7 +1443,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 				 errdetail("A background worker's claims are taken back as soon as its server is gone; an external worker's keep their lease.")));
 
 	InitMaterializedSRF(fcinfo, 0);
-	(void) gatekeeper_claim_mails(worker, batch, lease, filter, put_claimed, rsinfo);
+	(void) gatekeeper_claim_mails(worker, batch, lease, filter, 0, put_claimed, rsinfo);
 
 	return (Datum) 0;
 }
@@ -1338,13 +1454,15 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
  *		of filter (NULL: every unpaused queue; a background worker's, those
  *		it serves), and hand each that goes to receive, in claim order,
  *		with its columns as claim returns them and when it became due.
- *		Returns how many it handed.  The arguments are claim()'s, checked.
- *		SPI may be connected or not; receive runs after this function's
- *		own SPI connection is finished, in the caller's memory context.
+ *		Returns how many it handed.  The arguments are claim()'s, checked,
+ *		and max_bytes: the most content the mails handed may hold together
+ *		(hold_back_over_budget), 0 for no bound.  SPI may be connected or
+ *		not; receive runs after this function's own SPI connection is
+ *		finished, in the caller's memory context.
  */
 int
 gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filter,
-					   gatekeeper_claim_receiver receive, void *arg)
+					   int64 max_bytes, gatekeeper_claim_receiver receive, void *arg)
 {
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	MemoryContext keep = CurrentMemoryContext;
@@ -1359,6 +1477,8 @@ gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filt
 	queues = claim_load_queues(filter, &nqueues);
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
 	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
+	if (max_bytes > 0)
+		hold_back_over_budget(claimed, nclaimed, max_bytes);
 
 	/*
 	 * In this transaction, in this order: the sending windows (mail outside

@@ -37,7 +37,13 @@ enum
 typedef void (*gatekeeper_claim_receiver) (void *arg, Datum *values, bool *nulls,
 										   TimestampTz due);
 
+/*
+ * max_bytes: the most content (subject, body, html and headers, each
+ * {message_id} at its Message-ID's length) the mails handed over may hold
+ * together, the first always handed over; 0 for no bound.
+ */
 extern int	gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filter,
+								   int64 max_bytes,
 								   gatekeeper_claim_receiver receive, void *arg);
 
 #endif							/* GATEKEEPER_CLAIM_H */

@@ -444,6 +444,7 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 	Datum		send_at;
 	Datum		send_by;
 	Size		size;
+	int			placeholders = 0;
 	bool		to_go;
 
 	/*
@@ -499,12 +500,28 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 				 errmsg("body must not be null")));
 
 	if (!mail->isnull[columns.headers - 1] && to_go)
-		gatekeeper_check_headers(DatumGetJsonbP(mail->values[columns.headers - 1]));
+		placeholders = gatekeeper_check_headers(DatumGetJsonbP(mail->values[columns.headers - 1]));
 
+	/*
+	 * The claim fills each placeholder in with the mail's Message-ID: it
+	 * counts at the longest a Message-ID may be, so that what the worker
+	 * holds and the relay gets is within the limit too.
+	 */
 	size = column_size(mail, columns.subject) +
 		column_size(mail, columns.body) +
 		column_size(mail, columns.html) +
-		column_size(mail, columns.headers);
+		column_size(mail, columns.headers) +
+		(Size) placeholders * (GATEKEEPER_MESSAGE_ID_MAX -
+							   strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER));
+	if (size > (Size) gatekeeper_max_message_size && placeholders > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("mail is larger than gatekeeper.max_message_size"),
+				 errdetail_plural("Subject, body, html and headers hold %zu bytes, counting its %d %s placeholder at %d bytes, the longest Message-ID; the limit is %d bytes.",
+								  "Subject, body, html and headers hold %zu bytes, counting each of its %d %s placeholders at %d bytes, the longest Message-ID; the limit is %d bytes.",
+								  placeholders,
+								  size, placeholders, GATEKEEPER_MESSAGE_ID_PLACEHOLDER,
+								  GATEKEEPER_MESSAGE_ID_MAX, gatekeeper_max_message_size)));
 	if (size > (Size) gatekeeper_max_message_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),

@@ -195,6 +195,18 @@ gatekeeper_check_header_name(const char *name)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("invalid header name \"%s\"", name),
 					 errdetail("Header names may hold only printable ASCII characters other than colon.")));
+
+		/*
+		 * RFC 5322 allows braces in a field name, but no name needs them,
+		 * and a name must not look as if it could hold a placeholder: only
+		 * values do.
+		 */
+		if (c == '{' || c == '}')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid header name \"%s\"", name),
+					 errdetail("Header names may not hold braces: placeholders such as %s are filled in header values only.",
+							   GATEKEEPER_MESSAGE_ID_PLACEHOLDER)));
 	}
 	if (gatekeeper_header_reserved(name))
 		ereport(ERROR,
@@ -214,13 +226,82 @@ header_name_cmp(const void *a, const void *b)
 }
 
 /*
+ * gatekeeper_placeholder_find
+ *		The first GATEKEEPER_MESSAGE_ID_PLACEHOLDER in the len octets at s,
+ *		or NULL.  The one reading of placeholders: enqueue counts them with
+ *		it, and the claim fills them in, left to right without overlapping.
+ */
+const char *
+gatekeeper_placeholder_find(const char *s, int len)
+{
+	const int	plen = strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER);
+	const char *end = s + len;
+
+	while (end - s >= plen)
+	{
+		const char *brace = memchr(s, '{', end - s - plen + 1);
+
+		if (brace == NULL)
+			break;
+		if (memcmp(brace, GATEKEEPER_MESSAGE_ID_PLACEHOLDER, plen) == 0)
+			return brace;
+		s = brace + 1;
+	}
+	return NULL;
+}
+
+/*
+ * How many placeholders the len octets at s hold.
+ */
+static int
+count_placeholders(const char *s, int len)
+{
+	const int	plen = strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER);
+	const char *end = s + len;
+	const char *at;
+	int			n = 0;
+
+	while ((at = gatekeeper_placeholder_find(s, end - s)) != NULL)
+	{
+		n++;
+		s = at + plen;
+	}
+	return n;
+}
+
+/*
+ * gatekeeper_headers_placeholders
+ *		How many placeholders the claim fills in the values of headers (a
+ *		JSON object; anything else holds none).
+ */
+int
+gatekeeper_headers_placeholders(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			n = 0;
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+		return 0;
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_VALUE && v.type == jbvString)
+			n += count_placeholders(v.val.string.val, v.val.string.len);
+	}
+	return n;
+}
+
+/*
  * gatekeeper_check_headers
  *		The user's headers: a JSON object of valid, unreserved header names
  *		to valid values, no name given twice (JSON keys are distinct, but
  *		header names are compared in any case: "Reply-To" and "reply-to"
- *		would be two Reply-To fields).
+ *		would be two Reply-To fields).  Returns how many placeholders the
+ *		values hold, for the size check.
  */
-void
+int
 gatekeeper_check_headers(Jsonb *headers)
 {
 	JsonbIterator *it;
@@ -229,6 +310,7 @@ gatekeeper_check_headers(Jsonb *headers)
 	char	   *name = NULL;
 	char	  **names;
 	int			n = 0;
+	int			placeholders = 0;
 	int			i;
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
@@ -257,6 +339,7 @@ gatekeeper_check_headers(Jsonb *headers)
 			value = pnstrdup(v.val.string.val, v.val.string.len);
 			gatekeeper_check_header_value(value, "header value");
 			pfree(value);
+			placeholders += count_placeholders(v.val.string.val, v.val.string.len);
 		}
 	}
 
@@ -273,6 +356,7 @@ gatekeeper_check_headers(Jsonb *headers)
 	for (i = 0; i < n; i++)
 		pfree(names[i]);
 	pfree(names);
+	return placeholders;
 }
 
 /*

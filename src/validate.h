@@ -16,8 +16,25 @@
 
 extern void gatekeeper_check_header_value(const char *value, const char *what);
 extern void gatekeeper_check_header_name(const char *name);
-extern void gatekeeper_check_headers(Jsonb *headers);
+extern int	gatekeeper_check_headers(Jsonb *headers);
+extern int	gatekeeper_headers_placeholders(Jsonb *headers);
+extern const char *gatekeeper_placeholder_find(const char *s, int len);
 extern bool gatekeeper_header_reserved(const char *name);
+
+/*
+ * A header value's GATEKEEPER_MESSAGE_ID_PLACEHOLDER becomes the mail's
+ * Message-ID at the claim (src/claim.c), header values only.  Enqueue
+ * counts each at GATEKEEPER_MESSAGE_ID_MAX octets against
+ * gatekeeper.max_message_size (src/mail.c), and the worker's claim counts
+ * it the same way against gatekeeper.max_in_flight.  The Message-ID the
+ * claim makes is "<" id "." created_at's microseconds in hex "@" domain
+ * ">": at most 1 + 20 + 1 + 16 + 1 + 255 + 1 = 295 octets (the domain is
+ * gatekeeper.message_id_domain, at most 255 octets, or the sender's, at
+ * most 252), which leaves 89 octets for whatever else a Message-ID comes
+ * to carry (a MAC); sql/32_placeholder_size.sql checks the longest.
+ */
+#define GATEKEEPER_MESSAGE_ID_PLACEHOLDER "{message_id}"
+#define GATEKEEPER_MESSAGE_ID_MAX	384
 
 /*
  * What src/message.c can always fold into header lines of at most 998
