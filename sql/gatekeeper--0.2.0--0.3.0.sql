@@ -1962,6 +1962,19 @@ ALTER TABLE gatekeeper.mail_3 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('ga
 	ALTER COLUMN segment SET DEFAULT 3;
 
 /*
+ * Issue 44, item 4: a claim belongs to the role that made it
+ * (src/mail_state.c).  The claims this update finds were made before
+ * their owner was kept: 0.2.0's background workers' (worker
+ * 'bgworker:...') become the background workers' (0: reap() takes them
+ * back, their server being gone, and no SQL caller changes them); an
+ * external worker's keep a NULL owner, which any caller of ack, nack,
+ * extend or unclaim may settle, as before, until their lease runs out.
+ */
+ALTER TABLE gatekeeper.mail_claim ADD COLUMN owner oid;
+UPDATE gatekeeper.mail_claim SET owner = 0 WHERE worker LIKE 'bgworker:%';
+COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or unclaim the batch''s mails: the OID of the role that claimed them (or a superuser); 0, a background worker''s claim, which only that worker settles; NULL, a claim made before 0.3.0 by an external worker, which any caller may settle';
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

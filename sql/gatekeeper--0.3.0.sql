@@ -493,7 +493,12 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_id_seq', '');
  * added to gone and open falls; the batch is deleted when its last open
  * mail leaves.  The records carry
  * each mail's claim state as mail_live would (state claimed, attempt,
- * worker, message id, segment); the lease is the batch's.
+ * worker, message id, segment); the lease is the batch's, and so is the
+ * owner (issue 44): the role whose claim made it, the only one but a
+ * superuser whose ack, nack, extend or unclaim may change it (42501
+ * otherwise, src/mail_state.c), one comparison with the batch row the
+ * ack reads anyway.  A background worker's claim has owner 0, which no
+ * SQL caller is: only that worker's own calls change it.
  *
  *   mail_claim_ids		batches by the range lo .. hi their ids lie in, the
  *						ack's first test (GiST: a btree on lo would walk
@@ -509,13 +514,15 @@ CREATE TABLE gatekeeper.mail_claim (
 	hi			bigint NOT NULL,
 	open		int NOT NULL,
 	gone		bigint[] NOT NULL DEFAULT '{}',
-	mails		gatekeeper.mail_live[] NOT NULL
+	mails		gatekeeper.mail_live[] NOT NULL,
+	owner		oid
 );
 CREATE INDEX mail_claim_ids ON gatekeeper.mail_claim USING gist (int8range(lo, hi, '[]'));
 CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
 
 COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
 COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is not rewritten (but for a segment rotation)';
+COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or unclaim the batch''s mails: the OID of the role that claimed them (or a superuser); 0, a background worker''s claim, which only that worker settles; NULL, a claim made before 0.3.0 by an external worker, which any caller may settle';
 
 -- a claimed batch's mails compress with lz4 where the server was built with
 -- it (PostgreSQL's default, pglz, was 3% of a claim at batch 100:
