@@ -1661,7 +1661,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_ack';
 
 COMMENT ON FUNCTION gatekeeper.ack(bigint, int) IS
-	'report a claimed mail sent; true when (id, attempt) was still the caller''s claim, false, changing nothing, when it was not';
+	'report a claimed mail sent; true when (id, attempt) was still a current claim, false, changing nothing, when it was not; a claim of another role or of a background worker is refused (42501)';
 
 -- ack for many claims at once: how many were still the caller's
 CREATE FUNCTION gatekeeper.ack_batch(ids bigint[], attempts int[])
@@ -1671,7 +1671,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_ack_batch';
 
 COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
-	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still the caller''s';
+	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still current (one of another role fails the call)';
 
 -- does a relay's reply (an error text that starts with it) say the mailbox
 -- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
@@ -1701,7 +1701,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_nack';
 
 COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
-	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not the caller''s';
+	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not current (another role''s is refused)';
 
 -- nack for many claims at once, each element as nack() would do it (a
 -- claim named twice with the error of its first element); returns how
@@ -1717,7 +1717,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_nack_batch';
 
 COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
-	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
+	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still current (one of another role fails the call)';
 
 -- the lease is per batch row (up to 128 mails of one claim): see
 -- docs/reference.md, "A lease is held by a batch"
@@ -1728,7 +1728,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_extend';
 
 COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
-	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
+	'extend a claim''s lease, for its whole batch, to lease from now when that ends later (a lease is never shortened); true, or false when the claim was not current (another role''s is refused)';
 
 -- hand claimed mail back unsent and uncharged: no relay could be reached
 CREATE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
@@ -1738,7 +1738,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_unclaim';
 
 COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
-	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';
+	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back (one of another role fails the call)';
 
 -- this server's incarnation (src/gatekeeper.c), which the background
 -- workers' claims name; NULL when the library is not preloaded
