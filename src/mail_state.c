@@ -30,20 +30,20 @@
  * a round's outcomes in one call each.  Each statement is kept as one
  * plan named for it; the tables' column lists are mail_state.h's.
  * A failure gives back its gate passes (gate.c) in one sorted release; a
- * permanent one is a bounce (report.c's rule, report_bounce).
+ * permanent one is a bounce (report.c's rule, report_bounce).  Reaping,
+ * cancelling, rotation and the owner's changes to a claimed mail are not
+ * here (src/mail_state_sweep.c).
  *
  * A claim belongs to its claimer (issue 44): its batch row's owner is the
  * role that claimed it, or CLAIM_OWNER_BACKGROUND for a background
  * worker's claim.  ack, nack, unclaim and extend of a current claim
- * whose owner is not the caller are refused with 42501 before anything
- * is written, the whole call with them; a superuser may act on another
- * role's claim, but no SQL caller on a background worker's, which only
- * that worker's own calls change.  The check is one comparison with the
- * batch row these functions read anyway.  A claim that is not current
- * (acked, reaped, claimed again) stays a stale fencing token: false, not
- * an error, whoever asks.  Reaping,
- * cancelling, rotation and the owner's changes to a claimed mail are not
- * here (src/mail_state_sweep.c).
+ * whose owner is not the caller are refused with 42501, the whole call
+ * with them (the error undoes whatever it wrote); a superuser may act on
+ * another role's claim, but no SQL caller on a background worker's, which
+ * only that worker's own calls change.  The check is one comparison with
+ * a column of the batch row these functions read anyway.  A claim that
+ * is not current (acked, reaped, claimed again) stays a stale fencing
+ * token: false, not an error, whoever asks.
  *
  *-------------------------------------------------------------------------
  */
@@ -840,7 +840,7 @@ check_owner(Claimant *me, Oid owner, bool owner_null, int64 id, int32 attempt)
  * batch at most), appending its record to taken (made in keep).  A claim
  * read in a batch that changed or went is marked to be looked for again,
  * unless it was taken here.  With me, a claim of another owner fails the
- * call (check_owner) before anything is written.
+ * call (check_owner).
  */
 static void
 take_entries(BatchEntry *entries, int nentries, TakeRequest *reqs, TakeBatch *batches,
