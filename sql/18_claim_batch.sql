@@ -305,7 +305,8 @@ SELECT md5(string_agg(mails::text || gone::text, ',' ORDER BY lo)) = :'rows_befo
   FROM gatekeeper.mail_claim WHERE queue = 'cb_big' AND lo > :g0;
 SELECT lease_until AS lease0 FROM gatekeeper.mail_claim WHERE queue = 'cb_big' AND lo = :g0 + 128 \gset
 BEGIN;
--- shorter: the mail leaves for a row of its own; its row's lease stays
+-- shorter: nothing changes (a lease is never shortened, issue 44): the
+-- mail stays in its row, with its row's lease
 SELECT gatekeeper.extend(:g0 + 130, 1, '10 seconds') AS shortened;
 SELECT id - :g0 AS g, lease_until = now() + interval '10 seconds' AS ten_seconds,
        lease_until = :'lease0' AS claims_lease

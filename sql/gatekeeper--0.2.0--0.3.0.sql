@@ -1407,17 +1407,17 @@ COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text
 COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS
 	'lease up to batch due mails to one worker, fairly across unpaused queues (or those named) and through their gates and the suppression list; one row per mail to send, with its (id, attempt) and content';
 COMMENT ON FUNCTION gatekeeper.ack(bigint, int) IS
-	'report a claimed mail sent; true when (id, attempt) was still the caller''s claim, false, changing nothing, when it was not';
+	'report a claimed mail sent; true when (id, attempt) was still a current claim, false, changing nothing, when it was not; a claim of another role or of a background worker is refused (42501)';
 COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
-	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still the caller''s';
+	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still current (one of another role fails the call)';
 COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
-	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not the caller''s';
+	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not current (another role''s is refused)';
 COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
-	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
+	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still current (one of another role fails the call)';
 COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
-	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
+	'extend a claim''s lease, for its whole batch, to lease from now when that ends later (a lease is never shortened); true, or false when the claim was not current (another role''s is refused)';
 COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
-	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';
+	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back (one of another role fails the call)';
 COMMENT ON FUNCTION gatekeeper.reap() IS
 	'settle the claimed mail whose lease ran out (or whose server is gone): scheduled again, unknown (at-most-once mail) or failed (attempts spent); the number of mails settled';
 COMMENT ON FUNCTION gatekeeper.next_due(text[]) IS
@@ -1981,6 +1981,19 @@ REVOKE ALL ON FUNCTION gatekeeper._message_id(bigint, text, text, text) FROM PUB
 ALTER TABLE gatekeeper.event_log ADD COLUMN repeated boolean NOT NULL DEFAULT false;
 CREATE UNIQUE INDEX event_log_counted ON gatekeeper.event_log (mail_id, event, segment)
 	WHERE source <> 'relay' AND NOT repeated AND event IN ('bounced', 'complained');
+
+/*
+ * Issue 44, item 4: a claim belongs to the role that made it
+ * (src/mail_state.c).  The claims this update finds were made before
+ * their owner was kept: 0.2.0's background workers' (worker
+ * 'bgworker:...') become the background workers' (0: reap() takes them
+ * back, their server being gone, and no SQL caller changes them); an
+ * external worker's keep a NULL owner, which any caller of ack, nack,
+ * extend or unclaim may settle, as before, until their lease runs out.
+ */
+ALTER TABLE gatekeeper.mail_claim ADD COLUMN owner oid;
+UPDATE gatekeeper.mail_claim SET owner = 0 WHERE worker LIKE 'bgworker:%';
+COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or unclaim the batch''s mails: the OID of the role that claimed them (or a superuser); 0, a background worker''s claim, which only that worker settles; NULL, a claim made before 0.3.0 by an external worker, which any caller may settle';
 
 /*
  * Last, always: give the remembered roles what their uses need of the

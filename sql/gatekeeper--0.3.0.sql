@@ -501,7 +501,12 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_id_seq', '');
  * added to gone and open falls; the batch is deleted when its last open
  * mail leaves.  The records carry
  * each mail's claim state as mail_live would (state claimed, attempt,
- * worker, message id, segment); the lease is the batch's.
+ * worker, message id, segment); the lease is the batch's, and so is the
+ * owner (issue 44): the role whose claim made it, the only one but a
+ * superuser whose ack, nack, extend or unclaim may change it (42501
+ * otherwise, src/mail_state.c), one comparison with the batch row the
+ * ack reads anyway.  A background worker's claim has owner 0, which no
+ * SQL caller is: only that worker's own calls change it.
  *
  *   mail_claim_ids		batches by the range lo .. hi their ids lie in, the
  *						ack's first test (GiST: a btree on lo would walk
@@ -517,13 +522,15 @@ CREATE TABLE gatekeeper.mail_claim (
 	hi			bigint NOT NULL,
 	open		int NOT NULL,
 	gone		bigint[] NOT NULL DEFAULT '{}',
-	mails		gatekeeper.mail_live[] NOT NULL
+	mails		gatekeeper.mail_live[] NOT NULL,
+	owner		oid
 );
 CREATE INDEX mail_claim_ids ON gatekeeper.mail_claim USING gist (int8range(lo, hi, '[]'));
 CREATE INDEX mail_claim_lease ON gatekeeper.mail_claim (lease_until);
 
 COMMENT ON COLUMN gatekeeper.mail_claim.open IS 'mails of the batch still claimed: those of mails not in gone';
 COMMENT ON COLUMN gatekeeper.mail_claim.gone IS 'ids of the mails that left the batch one by one (acked, handed back); mails is not rewritten (but for a segment rotation)';
+COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or unclaim the batch''s mails: the OID of the role that claimed them (or a superuser); 0, a background worker''s claim, which only that worker settles; NULL, a claim made before 0.3.0 by an external worker, which any caller may settle';
 
 -- a claimed batch's mails compress with lz4 where the server was built with
 -- it (PostgreSQL's default, pglz, was 3% of a claim at batch 100:
@@ -1662,7 +1669,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_ack';
 
 COMMENT ON FUNCTION gatekeeper.ack(bigint, int) IS
-	'report a claimed mail sent; true when (id, attempt) was still the caller''s claim, false, changing nothing, when it was not';
+	'report a claimed mail sent; true when (id, attempt) was still a current claim, false, changing nothing, when it was not; a claim of another role or of a background worker is refused (42501)';
 
 -- ack for many claims at once: how many were still the caller's
 CREATE FUNCTION gatekeeper.ack_batch(ids bigint[], attempts int[])
@@ -1672,7 +1679,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_ack_batch';
 
 COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
-	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still the caller''s';
+	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still current (one of another role fails the call)';
 
 -- does a relay's reply (an error text that starts with it) say the mailbox
 -- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
@@ -1702,7 +1709,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_nack';
 
 COMMENT ON FUNCTION gatekeeper.nack(bigint, int, text, boolean) IS
-	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not the caller''s';
+	'report a claimed mail not sent: retried with backoff, or failed when permanent or out of attempts; the resulting state, NULL when the claim was not current (another role''s is refused)';
 
 -- nack for many claims at once, each element as nack() would do it (a
 -- claim named twice with the error of its first element); returns how
@@ -1718,7 +1725,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_nack_batch';
 
 COMMENT ON FUNCTION gatekeeper.nack_batch(bigint[], int[], text[], boolean) IS
-	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still the caller''s';
+	'report many claimed mails not sent, as nack() does for each (id, attempt, error), with one permanent for all; the number of claims that were still current (one of another role fails the call)';
 
 -- the lease is per batch row (up to 128 mails of one claim): see
 -- docs/reference.md, "A lease is held by a batch"
@@ -1729,7 +1736,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_extend';
 
 COMMENT ON FUNCTION gatekeeper.extend(bigint, int, interval) IS
-	'extend a claim''s lease to lease from now, for its whole batch when that ends later than the batch''s lease, else for this mail alone; true, or false when the claim was not the caller''s';
+	'extend a claim''s lease, for its whole batch, to lease from now when that ends later (a lease is never shortened); true, or false when the claim was not current (another role''s is refused)';
 
 -- hand claimed mail back unsent and uncharged: no relay could be reached
 CREATE FUNCTION gatekeeper.unclaim(ids bigint[], attempts int[], error text, delay interval DEFAULT '0')
@@ -1739,7 +1746,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_unclaim';
 
 COMMENT ON FUNCTION gatekeeper.unclaim(bigint[], int[], text, interval) IS
-	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back';
+	'hand claimed mails back unsent and uncharged (no relay could be reached), due again after delay; the number handed back (one of another role fails the call)';
 
 -- this server's incarnation (src/gatekeeper.c), which the background
 -- workers' claims name; NULL when the library is not preloaded

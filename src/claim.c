@@ -256,11 +256,12 @@ static const char runs_to_live_sql[] =
 /*
  * The mails of one queue's share that go, in id order: one batch row per
  * CLAIM_BATCH_MAILS of them.  $4 and $5 are each row's lowest and highest
- * id, $6 where each row's mails start in $7 (and, last, one past the end).
+ * id, $6 where each row's mails start in $7 (and, last, one past the end);
+ * $8 the claim's owner (mail_state_claimant).
  */
 static const char claim_batch_sql[] =
 "INSERT INTO gatekeeper.mail_claim (" MAIL_CLAIM_COLUMNS ") "
-"SELECT $1, $2, now() + $3, $4[i], $5[i], $6[i + 1] - $6[i], $7[$6[i]:$6[i + 1] - 1] "
+"SELECT $1, $2, now() + $3, $4[i], $5[i], $6[i + 1] - $6[i], $7[$6[i]:$6[i + 1] - 1], $8 "
 "  FROM generate_series(1, cardinality($4)) i";
 
 static SPIPlanPtr claim_plan = NULL;
@@ -1212,14 +1213,14 @@ live_record_unclaimed(LiveRecord *lr, Datum record, const char *state,
  * src/claim_writer.c may not write them: nrows rows, as there.
  */
 static void
-insert_batches(ClaimQueue *q, text *worker, Interval *lease, int nrows,
+insert_batches(ClaimQueue *q, text *worker, Oid owner, Interval *lease, int nrows,
 			   const int64 *lo, const int64 *hi, const int *start, Datum *records,
 			   LiveRecord *lr)
 {
 	Datum	   *los = palloc(nrows * sizeof(Datum));
 	Datum	   *his = palloc(nrows * sizeof(Datum));
 	Datum	   *starts = palloc((nrows + 1) * sizeof(Datum));
-	Datum		args[7];
+	Datum		args[8];
 	int			i;
 
 	/* the statement's array positions count from 1 */
@@ -1239,10 +1240,10 @@ insert_batches(ClaimQueue *q, text *worker, Interval *lease, int nrows,
 	}
 	if (claim_batch_plan == NULL)
 	{
-		Oid			types[7] = {TEXTOID, TEXTOID, INTERVALOID, INT8ARRAYOID,
-		INT8ARRAYOID, INT4ARRAYOID, lr->arraytype};
+		Oid			types[8] = {TEXTOID, TEXTOID, INTERVALOID, INT8ARRAYOID,
+		INT8ARRAYOID, INT4ARRAYOID, lr->arraytype, OIDOID};
 
-		gatekeeper_plan(&claim_batch_plan, claim_batch_sql, 7, types);
+		gatekeeper_plan(&claim_batch_plan, claim_batch_sql, 8, types);
 		claim_batch_type = lr->arraytype;
 	}
 	args[0] = CStringGetTextDatum(q->name);
@@ -1252,6 +1253,7 @@ insert_batches(ClaimQueue *q, text *worker, Interval *lease, int nrows,
 	args[4] = gatekeeper_array(his, NULL, nrows, INT8OID);
 	args[5] = gatekeeper_array(starts, NULL, nrows + 1, INT4OID);
 	args[6] = gatekeeper_array(records, NULL, start[nrows], lr->type);
+	args[7] = ObjectIdGetDatum(owner);
 	if (SPI_execute_plan(claim_batch_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
 		SPI_processed != (uint64) nrows)
 		elog(ERROR, "could not record the claim of queue \"%s\"", q->name);
@@ -1261,7 +1263,8 @@ insert_batches(ClaimQueue *q, text *worker, Interval *lease, int nrows,
  * Record what became of every mail the claim statements took out of
  * mail_live; each ends in exactly one place.  The mails that go become
  * batch rows in mail_claim, per queue and CLAIM_BATCH_MAILS at most, with
- * the lease.  Those held back by
+ * the lease and the claimer as their owner (mail_state_claimant: only it
+ * reports on them).  Those held back by
  * their sending window, the suppression list or a gate (see loser_outcome)
  * and those past send_by will not go now: the deferred go back into
  * mail_live as scheduled with their new due time, the rest to mail_done.
@@ -1281,6 +1284,7 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 	int			ndone = 0;
 	int			nomem = 0;
 	TimestampTz lease_until;
+	Oid			owner = mail_state_claimant();
 	int			i;
 	int			k;
 
@@ -1367,9 +1371,9 @@ settle_claimed(Claimed *claimed, int nclaimed, TimestampTz now,
 		for (i = 0; i < ngoing; i++)
 			records[i] = going[i].record;
 
-		if (!gatekeeper_claim_write(CStringGetTextDatum(q->name), worker, lease_until,
+		if (!gatekeeper_claim_write(CStringGetTextDatum(q->name), worker, owner, lease_until,
 									nrows, lo, hi, start, records, lr.type, lr.arraytype))
-			insert_batches(q, worker, lease, nrows, lo, hi, start, records, &lr);
+			insert_batches(q, worker, owner, lease, nrows, lo, hi, start, records, &lr);
 	}
 
 	/* deferred mail is live again; mail that will not go, done */

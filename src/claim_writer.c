@@ -6,8 +6,8 @@
  *
  * The statement it replaces (src/claim.c, claim_batch_sql),
  *
- *		INSERT INTO mail_claim (queue, worker, lease_until, lo, hi, open, mails)
- *		SELECT $1, $2, now() + $3, $4[i], $5[i], ..., $7[...]
+ *		INSERT INTO mail_claim (queue, worker, lease_until, lo, hi, open, mails, owner)
+ *		SELECT $1, $2, now() + $3, $4[i], $5[i], ..., $7[...], $8
  *		  FROM generate_series(1, cardinality($4)) i
  *
  * started an executor for a function scan, a projection that sliced the
@@ -54,11 +54,11 @@
 
 /* the columns the statement names, in its order */
 static const char *const claim_names[] = {
-	"queue", "worker", "lease_until", "lo", "hi", "open", "mails"
+	"queue", "worker", "lease_until", "lo", "hi", "open", "mails", "owner"
 };
 enum
 {
-	C_QUEUE, C_WORKER, C_LEASE_UNTIL, C_LO, C_HI, C_OPEN, C_MAILS, C_NUM
+	C_QUEUE, C_WORKER, C_LEASE_UNTIL, C_LO, C_HI, C_OPEN, C_MAILS, C_OWNER, C_NUM
 };
 
 /*
@@ -86,7 +86,7 @@ claim_layout(Relation rel, Oid records_type)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	const Oid	types[C_NUM] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT8OID,
-	INT4OID, records_type};
+	INT4OID, records_type, OIDOID};
 	uint32		generation = gatekeeper_relid_generation(GATEKEEPER_REL_MAIL_CLAIM);
 	MemoryContext old;
 	int			i;
@@ -137,13 +137,13 @@ claim_layout(Relation rel, Oid records_type)
 
 /*
  * gatekeeper_claim_write
- *		Write nrows batch rows of queue's claim into mail_claim: row i holds
- *		records[start[i]] up to records[start[i + 1]] (mail_live records of
- *		type records_type's elements), of ids lo[i] to hi[i].  False, with
- *		nothing written, when the statement must write them.
+ *		Write nrows batch rows of queue's claim by owner into mail_claim:
+ *		row i holds records[start[i]] up to records[start[i + 1]] (mail_live
+ *		records of type records_type's elements), of ids lo[i] to hi[i].
+ *		False, with nothing written, when the statement must write them.
  */
 bool
-gatekeeper_claim_write(Datum queue, text *worker, TimestampTz lease_until, int nrows,
+gatekeeper_claim_write(Datum queue, text *worker, Oid owner, TimestampTz lease_until, int nrows,
 					   const int64 *lo, const int64 *hi, const int *start,
 					   Datum *records, Oid record_type, Oid records_type)
 {
@@ -202,6 +202,7 @@ gatekeeper_claim_write(Datum queue, text *worker, TimestampTz lease_until, int n
 #define SET(col, value) (v[l->att[col] - 1] = (value), n[l->att[col] - 1] = false)
 		SET(C_QUEUE, queue);
 		SET(C_LEASE_UNTIL, TimestampTzGetDatum(lease_until));
+		SET(C_OWNER, ObjectIdGetDatum(owner));
 		SET(C_LO, Int64GetDatum(lo[i]));
 		SET(C_HI, Int64GetDatum(hi[i]));
 		SET(C_OPEN, Int32GetDatum(start[i + 1] - start[i]));

@@ -11,7 +11,8 @@
 
 #include "utils/timestamp.h"
 
-extern bool gatekeeper_claim_write(Datum queue, text *worker, TimestampTz lease_until,
+extern bool gatekeeper_claim_write(Datum queue, text *worker, Oid owner,
+								   TimestampTz lease_until,
 								   int nrows, const int64 *lo, const int64 *hi,
 								   const int *start, Datum *records,
 								   Oid record_type, Oid records_type);

@@ -18,7 +18,7 @@
  *     mail_claim (claimed) ----------- unclaim, uncharged ---+
  *         |      \
  *         |       +-- extend: a later lease for its batch row
- *         |           (or for the mail alone, in a row of its own)
+ *         |           (never a shorter one)
  *         | ack; nack, permanent or out of attempts
  *         v
  *     mail_done (sent, failed)
@@ -33,6 +33,17 @@
  * permanent one is a bounce (report.c's rule, report_bounce).  Reaping,
  * cancelling, rotation and the owner's changes to a claimed mail are not
  * here (src/mail_state_sweep.c).
+ *
+ * A claim belongs to its claimer (issue 44): its batch row's owner is the
+ * role that claimed it, or CLAIM_OWNER_BACKGROUND for a background
+ * worker's claim.  ack, nack, unclaim and extend of a current claim
+ * whose owner is not the caller are refused with 42501, the whole call
+ * with them (the error undoes whatever it wrote); a superuser may act on
+ * another role's claim, but no SQL caller on a background worker's, which
+ * only that worker's own calls change.  The check is one comparison with
+ * a column of the batch row these functions read anyway.  A claim that
+ * is not current (acked, reaped, claimed again) stays a stale fencing
+ * token: false, not an error, whoever asks.
  *
  *-------------------------------------------------------------------------
  */
@@ -86,7 +97,7 @@ static const char done_insert_sql[] =
  * different claims never wait for each other.
  */
 static const char claim_candidates_sql[] =
-"SELECT c.batch, c.ctid, c.xmin, c.mails FROM gatekeeper.mail_claim c "
+"SELECT c.batch, c.ctid, c.xmin, c.mails, c.owner FROM gatekeeper.mail_claim c "
 " WHERE int8range(c.lo, c.hi, '[]') && int8range($1, $2, '[]')";
 
 static const char claim_lock_sql[] =
@@ -124,7 +135,7 @@ static const char nack_events_sql[] =
 
 /* extend of one claim: the batch row it is still open in, locked */
 static const char extend_find_sql[] =
-"SELECT c.batch, c.lease_until, c.open, c.worker FROM gatekeeper.mail_claim c "
+"SELECT c.batch, c.lease_until, c.owner FROM gatekeeper.mail_claim c "
 " WHERE int8range(c.lo, c.hi, '[]') @> $1 AND NOT $1 = ANY (c.gone) "
 "   AND EXISTS (SELECT FROM unnest(c.mails) r WHERE r.id = $1 AND r.attempt = $2) "
 "   FOR UPDATE OF c";
@@ -135,7 +146,7 @@ static const char extend_find_sql[] =
  * a row changed meanwhile, the lock evaluates both on its new version).
  */
 static const char extend_lock_sql[] =
-"SELECT c.batch, ARRAY(SELECT r.id FROM unnest(c.mails) r "
+"SELECT c.batch, c.owner, ARRAY(SELECT r.id FROM unnest(c.mails) r "
 "                       JOIN unnest($1::bigint[], $2::int[]) w(id, attempt) "
 "                         ON w.id = r.id AND w.attempt = r.attempt "
 "                      WHERE NOT r.id = ANY (c.gone)) "
@@ -153,14 +164,9 @@ static const char extend_batches_sql[] =
 "UPDATE gatekeeper.mail_claim SET lease_until = greatest(lease_until, $2) "
 " WHERE batch = ANY ($1)";
 
-/* extend of one claim: the lease of its batch row, as asked */
+/* extend of one claim: the lease of its batch row, when that is later */
 static const char extend_batch_sql[] =
 "UPDATE gatekeeper.mail_claim SET lease_until = $2 WHERE batch = $1";
-
-/* one claim given a shorter lease: moved to a batch row of its own */
-static const char extend_alone_sql[] =
-"INSERT INTO gatekeeper.mail_claim (" MAIL_CLAIM_COLUMNS ") "
-"VALUES ($1, $2, $3, $4, $4, 1, $5)";
 
 static SPIPlanPtr live_insert_plan = NULL;
 static SPIPlanPtr done_insert_plan = NULL;
@@ -175,7 +181,6 @@ static SPIPlanPtr extend_find_plan = NULL;
 static SPIPlanPtr extend_lock_plan = NULL;
 static SPIPlanPtr extend_batch_plan = NULL;
 static SPIPlanPtr extend_batches_plan = NULL;
-static SPIPlanPtr extend_alone_plan = NULL;
 
 /* the mail_live[] type the plans taking records were prepared for */
 static Oid	record_plans_type = InvalidOid;
@@ -206,12 +211,25 @@ typedef struct TakeBatch
 	ItemPointerData ctid;		/* the row version read unlocked */
 	TransactionId xmin;
 	bool		locked;			/* locked, and still that version */
+	Oid			owner;			/* who claimed it: see mail_state.h */
+	bool		owner_null;		/* claimed before owners were kept */
 	int32		open;
 	int64	   *gone;			/* sorted */
 	int			ngone;
 	Datum	   *taken;			/* ids taken now */
 	int			ntaken;
 } TakeBatch;
+
+/*
+ * The caller of a transition, as a claim's owner is checked against it:
+ * mail_state_claimant(), and whether that role is a superuser (looked up
+ * once, when a claim of another owner is met).
+ */
+typedef struct Claimant
+{
+	Oid			role;
+	int			superuser;		/* -1: not looked up yet */
+} Claimant;
 
 /* A queue's policy, as a nack or an unclaim applies it. */
 typedef struct QueuePolicy
@@ -239,11 +257,17 @@ static int	match_requests(BatchEntry *entries, int nentries, TakeRequest *reqs, 
 						   TakeBatch *batches);
 static TakeBatch *lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries,
 							   int nentries, Datum *drop, int *nlocked);
+static void claimant_init(Claimant *me);
+static bool owner_permits(Claimant *me, Oid owner, bool owner_null);
+static void check_owner(Claimant *me, Oid owner, bool owner_null, int64 id, int32 attempt);
 static void take_entries(BatchEntry *entries, int nentries, TakeRequest *reqs,
-						 TakeBatch *batches, Datum *taken, int *ntaken, MemoryContext keep);
+						 TakeBatch *batches, Datum *taken, int *ntaken, MemoryContext keep,
+						 Claimant *me);
 static void write_batches(TakeBatch *batches, int nbatches, Datum *drop);
 static void take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
-					   LiveRecord *lr, MemoryContext keep);
+					   LiveRecord *lr, MemoryContext keep, Claimant *me);
+static Datum *take_claimed(const int64 *ids, const int32 *attempts, int n, int *ntaken,
+						   LiveRecord *lr, MemoryContext keep, Claimant *me);
 static void execute_with_records(SPIPlanPtr *plan, const char *sql, LiveRecord *lr,
 								 Datum *records, int n, int expect, const char *what);
 static QueuePolicy *load_policies(LiveRecord *lr, Datum *records, int n, int *npolicies);
@@ -425,7 +449,7 @@ mail_state_record_init(LiveRecord *lr, Oid type)
 	 */
 	if (record_plans_type != lr->arraytype)
 	{
-		SPIPlanPtr *plans[] = {&live_insert_plan, &done_insert_plan, &extend_alone_plan};
+		SPIPlanPtr *plans[] = {&live_insert_plan, &done_insert_plan};
 
 		for (i = 0; i < (int) lengthof(plans); i++)
 		{
@@ -594,6 +618,8 @@ read_candidates(TakeRequest *reqs, int nreqs, LiveRecord *lr, int *nbatches,
 		batches[row].ctid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 2, &isnull));
 		batches[row].xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 3, &isnull));
 		mails = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 4, &isnull));
+		batches[row].owner = DatumGetObjectId(SPI_getbinval(tup, desc, 5,
+															&batches[row].owner_null));
 		if (!OidIsValid(lr->type))
 			mail_state_record_init(lr, ARR_ELEMTYPE(mails));
 		get_typlenbyvalalign(ARR_ELEMTYPE(mails), &typlen, &typbyval, &typalign);
@@ -749,15 +775,76 @@ lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries
 }
 
 /*
+ * mail_state_claimant
+ *		Who is acting on claims: CLAIM_OWNER_BACKGROUND in a background
+ *		worker, else the role of the session (current_user outside any
+ *		SECURITY DEFINER function, such as gatekeeper's own: the role SET
+ *		ROLE chose), which a claim records as its owner.
+ */
+Oid
+mail_state_claimant(void)
+{
+	return gatekeeper_background_claim ? CLAIM_OWNER_BACKGROUND : GetOuterUserId();
+}
+
+/* The caller, before any claim is checked against it. */
+static void
+claimant_init(Claimant *me)
+{
+	me->role = mail_state_claimant();
+	me->superuser = -1;
+}
+
+/*
+ * May the caller change a claim of this owner?  The owner and a superuser
+ * may change a role's claim, no SQL caller a background worker's; anyone
+ * a claim made before owners were kept (owner_null).
+ */
+static bool
+owner_permits(Claimant *me, Oid owner, bool owner_null)
+{
+	if (owner_null || owner == me->role)
+		return true;
+	if (owner == CLAIM_OWNER_BACKGROUND || me->role == CLAIM_OWNER_BACKGROUND)
+		return false;
+	if (me->superuser < 0)
+		me->superuser = superuser_arg(me->role) ? 1 : 0;
+	return me->superuser == 1;
+}
+
+/*
+ * Refuse (42501) the caller's transition of the current claim (id,
+ * attempt) of a batch of another owner (owner_permits).
+ */
+static void
+check_owner(Claimant *me, Oid owner, bool owner_null, int64 id, int32 attempt)
+{
+	if (owner_permits(me, owner, owner_null))
+		return;
+	if (owner == CLAIM_OWNER_BACKGROUND)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for the claim of mail %lld, attempt %d",
+						(long long) id, attempt),
+				 errdetail("It is a background worker's claim, which only that worker reports on.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied for the claim of mail %lld, attempt %d",
+					(long long) id, attempt),
+			 errdetail("It belongs to the role that claimed it: only that role, or a superuser, may ack, nack, extend or unclaim it.")));
+}
+
+/*
  * Take each claim from the first batch, as read and locked, it is still
  * open in (entries are in claim, then batch order; a mail is open in one
  * batch at most), appending its record to taken (made in keep).  A claim
  * read in a batch that changed or went is marked to be looked for again,
- * unless it was taken here.
+ * unless it was taken here.  With me, a claim of another owner fails the
+ * call (check_owner).
  */
 static void
 take_entries(BatchEntry *entries, int nentries, TakeRequest *reqs, TakeBatch *batches,
-			 Datum *taken, int *ntaken, MemoryContext keep)
+			 Datum *taken, int *ntaken, MemoryContext keep, Claimant *me)
 {
 	int			i;
 
@@ -777,6 +864,8 @@ take_entries(BatchEntry *entries, int nentries, TakeRequest *reqs, TakeBatch *ba
 		}
 		if (bsearch(&e->id, b->gone, b->ngone, sizeof(int64), mail_state_id_cmp) != NULL)
 			continue;
+		if (me != NULL)
+			check_owner(me, b->owner, b->owner_null, e->id, e->attempt);
 		b->taken[b->ntaken++] = Int64GetDatum(e->id);
 		old = MemoryContextSwitchTo(keep);
 		taken[(*ntaken)++] = datumCopy(e->record, false, -1);
@@ -842,11 +931,12 @@ write_batches(TakeBatch *batches, int nbatches, Datum *drop)
  *		(sorted, distinct): take those still open in batches that are as
  *		they were read, appending their records to taken (made in keep);
  *		mark them done, and mark retry those seen in a batch that changed
- *		or went between the read and the lock.
+ *		or went between the read and the lock.  With me, only the caller's
+ *		own claims (take_entries).
  */
 static void
 take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
-		   LiveRecord *lr, MemoryContext keep)
+		   LiveRecord *lr, MemoryContext keep, Claimant *me)
 {
 	BatchEntry *entries;
 	int			nentries;
@@ -864,7 +954,7 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 		return;
 	drop = palloc(nbatches * sizeof(Datum));
 	batches = lock_batches(batches, nbatches, entries, nentries, drop, &nlocked);
-	take_entries(entries, nentries, reqs, batches, taken, ntaken, keep);
+	take_entries(entries, nentries, reqs, batches, taken, ntaken, keep, me);
 	if (nlocked == 0 || *ntaken == ntaken_before)
 		return;
 	write_batches(batches, nbatches, drop);
@@ -896,10 +986,27 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
  * A batch that no open mail stays in is deleted; otherwise the taken ids
  * join gone and open falls, and the array of records is not written
  * again.  A claim asked for twice is taken once.
+ *
+ * Whoever claimed them: this is the owner's change of claimed mail
+ * (src/mail_state_sync.c).  The claimer's transitions take their claims
+ * with take_claimed, which refuses another owner's.
  */
 Datum *
 mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n, int *ntaken,
 						LiveRecord *lr, MemoryContext keep)
+{
+	return take_claimed(ids, attempts, n, ntaken, lr, keep, NULL);
+}
+
+/*
+ * take_claimed
+ *		mail_state_take_claimed, and with me, only claims of the caller's:
+ *		a current claim of another owner fails the call with 42501
+ *		(check_owner), whose error undoes whatever an earlier round took.
+ */
+static Datum *
+take_claimed(const int64 *ids, const int32 *attempts, int n, int *ntaken,
+			 LiveRecord *lr, MemoryContext keep, Claimant *me)
 {
 	TakeRequest *reqs;
 	int			nreqs = n;
@@ -929,7 +1036,7 @@ mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n, int *nta
 	while (nreqs > 0)
 	{
 		CHECK_FOR_INTERRUPTS();
-		take_round(reqs, nreqs, taken, ntaken, lr, keep);
+		take_round(reqs, nreqs, taken, ntaken, lr, keep, me);
 		/* the claims read in a batch that changed, not taken: again */
 		for (i = 0, j = 0; i < nreqs; i++)
 		{
@@ -954,12 +1061,14 @@ mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n, int *nta
 int
 mail_state_ack(const int64 *ids, const int32 *attempts, int n)
 {
+	Claimant	me;
 	LiveRecord	lr;
 	Datum	   *taken;
 	int			ntaken;
 	int			i;
 
-	taken = mail_state_take_claimed(ids, attempts, n, &ntaken, &lr, CurrentMemoryContext);
+	claimant_init(&me);
+	taken = take_claimed(ids, attempts, n, &ntaken, &lr, CurrentMemoryContext, &me);
 	for (i = 0; i < ntaken; i++)
 		taken[i] = record_moved(&lr, taken[i], lr.sent, false, NULL, 0, false);
 	mail_state_insert_done(&lr, taken, ntaken);
@@ -1288,7 +1397,7 @@ nack_bounce_and_release(NackTaken *mails, int ntaken, int nfailed)
  *		after a backoff (back into mail_live, scheduled, charged), or fails
  *		(into mail_done) when permanent or out of its queue's attempts.
  *		Sets each nack's state ("failed", "scheduled", or NULL when the
- *		claim was not the caller's; a claim named twice takes the first
+ *		claim was not current; a claim named twice takes the first
  *		one's error, and the second gets NULL); returns how many were
  *		still open.
  *
@@ -1306,6 +1415,7 @@ mail_state_nack(MailNack *nacks, int n)
 	int			nclaims;
 	int64	   *ids;
 	int32	   *attempts;
+	Claimant	me;
 	LiveRecord	lr;
 	Datum	   *taken;
 	int			ntaken;
@@ -1328,7 +1438,8 @@ mail_state_nack(MailNack *nacks, int n)
 		ids[i] = order[i]->id;
 		attempts[i] = order[i]->attempt;
 	}
-	taken = mail_state_take_claimed(ids, attempts, nclaims, &ntaken, &lr, CurrentMemoryContext);
+	claimant_init(&me);
+	taken = take_claimed(ids, attempts, nclaims, &ntaken, &lr, CurrentMemoryContext, &me);
 	if (ntaken == 0)
 		return 0;
 
@@ -1354,6 +1465,7 @@ int
 mail_state_unclaim(const int64 *ids, const int32 *attempts, int n, const char *error,
 				   TimestampTz due)
 {
+	Claimant	me;
 	LiveRecord	lr;
 	Datum	   *taken;
 	int			ntaken;
@@ -1361,7 +1473,8 @@ mail_state_unclaim(const int64 *ids, const int32 *attempts, int n, const char *e
 	int			npolicies;
 	int			i;
 
-	taken = mail_state_take_claimed(ids, attempts, n, &ntaken, &lr, CurrentMemoryContext);
+	claimant_init(&me);
+	taken = take_claimed(ids, attempts, n, &ntaken, &lr, CurrentMemoryContext, &me);
 	if (ntaken == 0)
 		return 0;
 	policies = load_policies(&lr, taken, ntaken, &npolicies);
@@ -1387,26 +1500,27 @@ mail_state_unclaim(const int64 *ids, const int32 *attempts, int n, const char *e
 
 /*
  * mail_state_extend_one
- *		Extend the lease of the claim (id, attempt) to lease_end: for its
- *		whole batch row when that ends later than the row's lease (the
- *		row's mails were claimed together by one worker, which extends
- *		them together), else for this mail alone, moved to a row of its
- *		own.  Returns false when the claim is not open.
+ *		Extend the lease of the claim (id, attempt) to lease_end, for its
+ *		whole batch row (the row's mails were claimed together by one
+ *		worker, which extends them together), when that ends later than
+ *		the row's lease: a lease is never shortened, so no caller can make
+ *		a claim lapse early for reap() (issue 44).  Returns whether the
+ *		claim is current; another owner's is refused (check_owner).
  */
 bool
 mail_state_extend_one(int64 id, int32 attempt, TimestampTz lease_end)
 {
 	Oid			find_types[2] = {INT8OID, INT4OID};
-	Datum		args[5];
-	char		nulls[5] = "     ";
+	Oid			types[2] = {INT8OID, TIMESTAMPTZOID};
+	Datum		args[2];
 	HeapTuple	tup;
 	TupleDesc	desc;
 	bool		isnull;
+	bool		owner_null;
 	int64		batch;
 	TimestampTz lease_until;
-	int32		open;
-	Datum		worker;
-	bool		worker_null;
+	Oid			owner;
+	Claimant	me;
 
 	gatekeeper_plan(&extend_find_plan, extend_find_sql, 2, find_types);
 	args[0] = Int64GetDatum(id);
@@ -1419,42 +1533,17 @@ mail_state_extend_one(int64 id, int32 attempt, TimestampTz lease_end)
 	desc = SPI_tuptable->tupdesc;
 	batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 	lease_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
-	open = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
-	worker = SPI_getbinval(tup, desc, 4, &worker_null);
-	if (!worker_null)
-		worker = PointerGetDatum(pg_detoast_datum_copy((struct varlena *) DatumGetPointer(worker)));
+	owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &owner_null));
+	claimant_init(&me);
+	check_owner(&me, owner, owner_null, id, attempt);
 
-	if (lease_end >= lease_until || open == 1)
+	if (lease_end > lease_until)
 	{
-		Oid			types[2] = {INT8OID, TIMESTAMPTZOID};
-
 		gatekeeper_plan(&extend_batch_plan, extend_batch_sql, 2, types);
 		args[0] = Int64GetDatum(batch);
 		args[1] = TimestampTzGetDatum(lease_end);
 		if (SPI_execute_plan(extend_batch_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 			elog(ERROR, "could not extend a lease");
-	}
-	else
-	{
-		LiveRecord	lr;
-		Datum	   *taken;
-		int			ntaken;
-
-		taken = mail_state_take_claimed(&id, &attempt, 1, &ntaken, &lr, CurrentMemoryContext);
-		if (ntaken == 1)
-		{
-			Oid			types[5] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, INT8OID, lr.arraytype};
-
-			gatekeeper_plan(&extend_alone_plan, extend_alone_sql, 5, types);
-			args[0] = mail_state_record_get(&lr, taken[0], lr.queue);
-			args[1] = worker;
-			nulls[1] = worker_null ? 'n' : ' ';
-			args[2] = TimestampTzGetDatum(lease_end);
-			args[3] = Int64GetDatum(id);
-			args[4] = gatekeeper_array(taken, NULL, 1, lr.type);
-			if (SPI_execute_plan(extend_alone_plan, args, nulls, false, 0) != SPI_OK_INSERT)
-				elog(ERROR, "could not give a claim a lease of its own");
-		}
 	}
 	return true;
 }
@@ -1465,7 +1554,8 @@ mail_state_extend_one(int64 id, int32 attempt, TimestampTz lease_end)
  *		at least: each batch row holding some of them once, never to a
  *		shorter lease (the background worker's extend: a lease is its
  *		batch's).  Sets held[i] to whether claim i was still open; returns
- *		how many were.
+ *		how many were.  Another owner's claim is refused, as by
+ *		mail_state_extend_one.
  */
 int
 mail_state_extend(const int64 *ids, const int32 *attempts, int n, TimestampTz lease_end,
@@ -1484,10 +1574,12 @@ mail_state_extend(const int64 *ids, const int32 *attempts, int n, TimestampTz le
 	Datum		args[4];
 	uint64		row;
 	int			nheld = 0;
+	Claimant	me;
 	int			i;
 
 	if (n == 0)
 		return 0;
+	claimant_init(&me);
 	id_values = palloc(n * sizeof(Datum));
 	attempt_values = palloc(n * sizeof(Datum));
 	lo = hi = ids[0];
@@ -1516,10 +1608,20 @@ mail_state_extend(const int64 *ids, const int32 *attempts, int n, TimestampTz le
 		Datum	   *in;
 		int			nin;
 		int			k;
+		bool		owner_null;
+		Oid			owner;
 
 		batches[row] = SPI_getbinval(tup, desc, 1, &isnull);
-		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)),
+		owner = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &owner_null));
+		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 3, &isnull)),
 						  INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &in, NULL, &nin);
+		if (nin > 0 && !owner_permits(&me, owner, owner_null))
+		{
+			/* the claim named first of those in the batch, for the error */
+			for (k = 0; k < n && ids[k] != DatumGetInt64(in[0]); k++)
+				;
+			check_owner(&me, owner, owner_null, ids[k], attempts[k]);
+		}
 		for (k = 0; k < nin && nopen < n; k++)
 			open_ids[nopen++] = DatumGetInt64(in[k]);
 	}

@@ -32,7 +32,16 @@
 	"id, queue, state, attempt, uncharged, send_at, worker, " \
 	"message_id, last_error, dedupe_key, segment"
 #define MAIL_CLAIM_COLUMNS \
-	"queue, worker, lease_until, lo, hi, open, mails"
+	"queue, worker, lease_until, lo, hi, open, mails, owner"
+
+/*
+ * A claim's owner, kept in its batch row (mail_claim.owner): the OID of
+ * the role that claimed, or CLAIM_OWNER_BACKGROUND for a background
+ * worker's claim, which no role is; NULL for a claim made before 0.3.0
+ * by an external worker.  Only the owner (a superuser too, but not for a
+ * background worker's claim) acks, nacks, extends or unclaims it.
+ */
+#define CLAIM_OWNER_BACKGROUND	InvalidOid
 
 /*
  * gatekeeper.mail_live's row type, as the claim's records and the
@@ -67,7 +76,7 @@ typedef struct MailNack
 	const char *error;			/* the relay's reply; NULL allowed */
 	bool		permanent;		/* fail at once (a 5xx) */
 	const char *state;			/* out: "failed", "scheduled", or NULL: not
-								 * the caller's claim */
+								 * a current claim */
 } MailNack;
 
 extern void mail_state_record_init(LiveRecord *lr, Oid type);
@@ -76,6 +85,7 @@ extern Datum mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attn
 extern void mail_state_insert_live(LiveRecord *lr, Datum *records, int n);
 extern void mail_state_insert_done(LiveRecord *lr, Datum *records, int n);
 
+extern Oid	mail_state_claimant(void);
 extern int	mail_state_id_cmp(const void *a, const void *b);
 extern Datum *mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n,
 									  int *ntaken, LiveRecord *lr, MemoryContext keep);

@@ -3,8 +3,9 @@
  * mail_state_funcs.c
  *		The SQL functions of a claimed mail's transitions: ack, ack_batch,
  *		nack, nack_batch, unclaim and extend, each checking its arguments
- *		and calling src/mail_state.c; and _take_claimed, which 0.3.0 no
- *		longer has (see gatekeeper_take_claimed).
+ *		and calling src/mail_state.c, which refuses (42501) a claim of
+ *		another role or of a background worker; and _take_claimed, which
+ *		0.3.0 no longer has (see gatekeeper_take_claimed).
  *
  *-------------------------------------------------------------------------
  */
@@ -122,8 +123,8 @@ gatekeeper_take_claimed(PG_FUNCTION_ARGS)
 
 /*
  * ack(id bigint, attempt int) RETURNS boolean
- *		Report a claim sent: true when it was still the caller's, false,
- *		changing nothing, when it was not.
+ *		Report a claim sent: true when it was still current, false,
+ *		changing nothing, when it was not; another owner's is refused.
  */
 Datum
 gatekeeper_ack(PG_FUNCTION_ARGS)
@@ -149,7 +150,8 @@ gatekeeper_ack(PG_FUNCTION_ARGS)
 
 /*
  * ack_batch(ids bigint[], attempts int[]) RETURNS int
- *		Report a batch of claims sent; returns how many were still theirs.
+ *		Report a batch of claims sent; returns how many were still current.
+ *		One claim of another owner fails the whole call.
  *		An element repeated counts once; a NULL element is refused, as a
  *		NULL is by ack().
  */
@@ -178,7 +180,7 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
  * nack(id bigint, attempt int, error text, permanent boolean DEFAULT false)
  *	RETURNS text
  *		Report a claim not sent: the resulting state, NULL when the claim
- *		was not the caller's.
+ *		was not current.
  */
 Datum
 gatekeeper_nack(PG_FUNCTION_ARGS)
@@ -208,7 +210,7 @@ gatekeeper_nack(PG_FUNCTION_ARGS)
  * nack_batch(ids bigint[], attempts int[], errors text[],
  *			  permanent boolean DEFAULT false) RETURNS int
  *		nack() for each (id, attempt, error), with one permanent for all;
- *		returns how many claims were still the caller's.
+ *		returns how many claims were still current.
  */
 Datum
 gatekeeper_nack_batch(PG_FUNCTION_ARGS)
@@ -304,8 +306,9 @@ gatekeeper_unclaim(PG_FUNCTION_ARGS)
 
 /*
  * extend(id bigint, attempt int, lease interval) RETURNS boolean
- *		Extend a claim's lease to lease from now (mail_state_extend_one);
- *		false when the claim was not the caller's.
+ *		Extend a claim's lease to lease from now, unless it ends later
+ *		already (mail_state_extend_one); false when the claim was not
+ *		current.
  */
 Datum
 gatekeeper_extend(PG_FUNCTION_ARGS)

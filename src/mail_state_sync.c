@@ -87,7 +87,7 @@ static const char sync_live_sql[] =
 
 /* the batch the claimed mail $1 is open in, locked */
 static const char sync_claim_batch_sql[] =
-"SELECT c.batch, c.queue, c.worker, c.lease_until, c.open, c.gone, c.mails "
+"SELECT c.batch, c.queue, c.worker, c.lease_until, c.open, c.gone, c.mails, c.owner "
 "  FROM gatekeeper.mail_claim c "
 " WHERE c.batch = (SELECT k.batch FROM gatekeeper.mail_claim k, unnest(k.mails) x "
 "                   WHERE int8range(k.lo, k.hi, '[]') @> $1 AND x.id = $1 "
@@ -139,8 +139,8 @@ static const char sync_claim_leave_sql[] =
 "UPDATE gatekeeper.mail_claim c SET open = c.open - 1, gone = c.gone || $2 WHERE c.batch = $1";
 
 static const char sync_claim_alone_sql[] =
-"INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails) "
-"VALUES ($1, $2, $3, $4, $4, 1, ARRAY[$5])";
+"INSERT INTO gatekeeper.mail_claim (queue, worker, lease_until, lo, hi, open, mails, owner) "
+"VALUES ($1, $2, $3, $4, $4, 1, ARRAY[$5], $6)";
 
 static const char sync_done_sql[] =
 "UPDATE gatekeeper.mail_done d SET queue = $2, dedupe_key = $3 "
@@ -192,6 +192,8 @@ typedef struct ClaimBatch
 	Datum		lease_until;	/* timestamptz */
 	int32		open;
 	ArrayType  *mails;			/* its records */
+	Datum		owner;			/* oid, unless no_owner */
+	bool		no_owner;
 } ClaimBatch;
 
 /* A claimed mail's record in its batch, deformed. */
@@ -506,6 +508,7 @@ claim_batch_lock(int64 id, ClaimBatch *b)
 	b->lease_until = SPI_getbinval(row, rowdesc, 4, &isnull);
 	b->open = DatumGetInt32(SPI_getbinval(row, rowdesc, 5, &isnull));
 	b->mails = DatumGetArrayTypeP(SPI_getbinval(row, rowdesc, 7, &isnull));
+	b->owner = SPI_getbinval(row, rowdesc, 8, &b->no_owner);
 
 	/* the lock read the batch's latest version: is the mail still open in it? */
 	deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(row, rowdesc, 6, &isnull)),
@@ -601,14 +604,14 @@ sync_claimed_keys(SyncedMail *new, Datum old_queue, Datum old_key)
  * the batch b): rewritten in its batch when the queue stays or the batch
  * moves with its one open mail; else the mail leaves the batch (which
  * goes when nothing stays open in it) for a batch of its own in the new
- * queue, with the same lease and worker.
+ * queue, with the same lease, worker and owner.
  */
 static void
 sync_claimed_write(SyncedMail *new, ClaimBatch *b, Oid record_type, int pos, Datum record)
 {
-	Oid			types[5];
-	Datum		args[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	Oid			types[6];
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 
 	/* the plans taking a record: afresh after the extension was made again */
 	if (record_plans_type != record_type)
@@ -663,13 +666,16 @@ sync_claimed_write(SyncedMail *new, ClaimBatch *b, Oid record_type, int pos, Dat
 	types[2] = TIMESTAMPTZOID;
 	types[3] = INT8OID;
 	types[4] = record_type;
+	types[5] = OIDOID;
 	args[0] = new->queue;
 	args[1] = b->worker;
 	nulls[1] = b->no_worker ? 'n' : ' ';
 	args[2] = b->lease_until;
 	args[3] = Int64GetDatum(new->id);
 	args[4] = record;
-	if (execute(&sync_claim_alone_plan, sync_claim_alone_sql, 5, types, args, nulls,
+	args[5] = b->owner;
+	nulls[5] = b->no_owner ? 'n' : ' ';
+	if (execute(&sync_claim_alone_plan, sync_claim_alone_sql, 6, types, args, nulls,
 				false) != SPI_OK_INSERT)
 		elog(ERROR, "could not write a batch of claimed mail");
 }
@@ -678,7 +684,7 @@ sync_claimed_write(SyncedMail *new, ClaimBatch *b, Oid record_type, int pos, Dat
  * The claimed mail new (its send_at moved if send_at_changed): its record
  * rewritten in the batch it is open in, under the batch's lock; one moved
  * to another queue leaves its batch for a batch of its own in the new
- * queue, with the same lease and worker (unless it is the batch's one
+ * queue, with the same lease, worker and owner (unless it is the batch's one
  * open mail: the batch moves), so that the batches' queues stay the ones
  * queue_stats and drop_queue count.  A new dedupe key is written into
  * mail_key (23505 if an unfinished mail holds it).  Returns false when
