@@ -176,7 +176,7 @@ SELECT gatekeeper.ack_batch(ARRAY[:b1 + 4, :b1 + 5, :b1 + 4], ARRAY[1, 1, 1]) AS
 SELECT state, count(*) FROM gatekeeper.mail_status WHERE id IN (SELECT id FROM bc) GROUP BY state ORDER BY state;
 
 -- attempts spent: failed, and the gate passes the mail held are given back
-SELECT gatekeeper.create_queue('drv_gated', gates => '{smart_sending}', max_attempts => 1);
+SELECT gatekeeper.create_queue('drv_gated', gates => '{smart_sending}', max_attempts => 1, retry_for => '0');
 SELECT gatekeeper.enqueue('held1@drivers.example', 'Held', 'b', 'drv_gated') AS h1,
        gatekeeper.enqueue('held2@drivers.example', 'Held', 'b', 'drv_gated') AS h2 \gset
 SELECT count(*) AS claimed FROM gatekeeper.claim('drv-w', 10, queues => '{drv_gated}');

@@ -77,16 +77,16 @@ SELECT c.headers ->> 'X-A' = format('id=%s;again=%s', c.message_id, c.message_id
   FROM gatekeeper.claim('w', 1, queues => '{ph_claim}') c, gatekeeper.mail m WHERE m.id = c.id;
 
 -- the 384 octets hold the longest Message-ID the claim may make: this
--- one's, with the id at 20 characters, the time at 16 hex digits and the
--- domain at 255 octets (gatekeeper.message_id_domain's most; a sender's
--- domain, 252 here, is at most that)
+-- one's, <id.mac@domain>, with the id at 20 characters, its MAC (20
+-- characters of base32, issue 44 item 1) and the domain at 255 octets
+-- (gatekeeper.message_id_domain's most; a sender's domain, 252 here, is
+-- at most that)
 SELECT gatekeeper.enqueue('long@example.com', 's', 'b', 'ph_claim',
 	sender => 's@' || repeat('a', 63) || '.' || repeat('b', 63) || '.' || repeat('c', 63) || '.' || repeat('d', 52) || '.example') AS long_id \gset
 SELECT octet_length(substring(c.message_id from '@(.*)>$')) AS domain_octets,
+	   octet_length(substring(c.message_id from '^<[0-9]+\.([a-z2-7]+)@')) AS mac_octets,
 	   octet_length(c.message_id) + (20 - octet_length(c.id::text))
-	   + (16 - octet_length(substring(c.message_id from '\.([0-9a-f]+)@')))
 	   + (255 - octet_length(substring(c.message_id from '@(.*)>$'))) AS longest,
 	   octet_length(c.message_id) + (20 - octet_length(c.id::text))
-	   + (16 - octet_length(substring(c.message_id from '\.([0-9a-f]+)@')))
 	   + (255 - octet_length(substring(c.message_id from '@(.*)>$'))) <= 384 AS fits
   FROM gatekeeper.claim('w', 1, queues => '{ph_claim}') c WHERE c.id = :long_id;

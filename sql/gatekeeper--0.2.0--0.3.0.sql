@@ -315,9 +315,9 @@ SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_25_q',
 															 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END),
 										   pg_catalog.chr(31))
 				FROM (VALUES ('gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
-							  'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)'),
+							  'gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text, interval)'),
 							 ('gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean)',
-							  'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text)')) AS f(old, fn),
+							  'gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean, text, text, text, boolean, boolean, text, text, interval)')) AS f(old, fn),
 					 pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
 			   WHERE p.oid = f.old::pg_catalog.regprocedure
 				 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)), ''),
@@ -333,7 +333,7 @@ CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
 	notify boolean DEFAULT false, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
+	feedback_id text DEFAULT NULL, retry_for interval DEFAULT '1 day')
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -351,8 +351,8 @@ BEGIN
 		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts, weight, transactional and timezone must not be null'
 			USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	IF create_queue.background IS NULL OR create_queue.notify IS NULL THEN
-		RAISE EXCEPTION 'background and notify must not be null' USING ERRCODE = 'null_value_not_allowed';
+	IF create_queue.background IS NULL OR create_queue.notify IS NULL OR create_queue.retry_for IS NULL THEN
+		RAISE EXCEPTION 'background, notify and retry_for must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	PERFORM gatekeeper._check_notify(create_queue.name, create_queue.notify);
 	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
@@ -361,11 +361,12 @@ BEGIN
 	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
 	PERFORM gatekeeper._check_return_path(create_queue.return_path);
 	PERFORM gatekeeper._check_feedback_id(create_queue.feedback_id);
+	PERFORM gatekeeper._duration(create_queue.retry_for, 'retry_for');
 	BEGIN
 		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
 									  weight, rate_limit, dedupe_window, tokens, transactional,
 									  unsubscribe_url, send_window, timezone, background, notify,
-									  feedback_id, return_path)
+									  feedback_id, return_path, retry_for)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
 				on_gate_closed, delivery, max_attempts, weight, rate_limit,
 				CASE WHEN dedupe_window = interval '0' THEN interval '0'
@@ -374,7 +375,8 @@ BEGIN
 				coalesce(rate_limit, 0),
 				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
 				create_queue.timezone, create_queue.background, create_queue.notify,
-				create_queue.feedback_id, create_queue.return_path);
+				create_queue.feedback_id, create_queue.return_path,
+				gatekeeper._duration(create_queue.retry_for, 'retry_for'));
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
 	END;
@@ -391,7 +393,7 @@ CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
 	notify boolean DEFAULT NULL, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
+	feedback_id text DEFAULT NULL, retry_for interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -415,6 +417,7 @@ BEGIN
 	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
 	PERFORM gatekeeper._check_return_path(nullif(alter_queue.return_path, ''));
 	PERFORM gatekeeper._check_feedback_id(nullif(alter_queue.feedback_id, ''));
+	PERFORM gatekeeper._duration(alter_queue.retry_for, 'retry_for');
 	UPDATE gatekeeper.queue q
 	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
 							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
@@ -439,7 +442,8 @@ BEGIN
 		   feedback_id = CASE WHEN alter_queue.feedback_id = '' THEN NULL
 							  ELSE coalesce(alter_queue.feedback_id, q.feedback_id) END,
 		   return_path = CASE WHEN alter_queue.return_path = '' THEN NULL
-							  ELSE coalesce(alter_queue.return_path, q.return_path) END
+							  ELSE coalesce(alter_queue.return_path, q.return_path) END,
+		   retry_for = coalesce(gatekeeper._duration(alter_queue.retry_for, 'retry_for'), q.retry_for)
 	 WHERE q.name = alter_queue.name;
 	-- a longer window holds again the keys purge() freed under the shorter one
 	IF alter_queue.dedupe_window > interval '0' THEN
@@ -449,10 +453,10 @@ END
 $$;
 
 COMMENT ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-											text, text, text, boolean, boolean, text, text) IS
+											text, text, text, boolean, boolean, text, text, interval) IS
 	'make a queue (a campaign, flow or tenant) with its policy';
 COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-										   text, text, text, boolean, boolean, text, text) IS
+										   text, text, text, boolean, boolean, text, text, interval) IS
 	'change a queue''s policy; each argument NULL leaves its setting as it is';
 
 REVOKE ALL ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
@@ -1022,6 +1026,13 @@ SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_27_6');
  * return_path as their last argument.
  */
 ALTER TABLE gatekeeper.queue ADD COLUMN return_path text;
+
+-- a queue's retry budget in time (issue 45, item 1): a mail that only ever
+-- got 4xx replies or timeouts is not failed before retry_for has passed
+-- since its first deferral, whatever its attempts (src/mail_state.c)
+ALTER TABLE gatekeeper.queue ADD COLUMN retry_for interval NOT NULL DEFAULT interval '1 day'
+	CHECK (retry_for BETWEEN interval '0' AND interval '87660 hours');
+COMMENT ON COLUMN gatekeeper.queue.retry_for IS 'a mail that only ever got 4xx replies or timeouts is not failed before this has passed since its first deferral, whatever its attempts';
 COMMENT ON COLUMN gatekeeper.queue.return_path IS 'the envelope sender of its mail; {token} in the local part is a signed token naming the mail (VERP)';
 
 ALTER TABLE gatekeeper.suppression_list DROP CONSTRAINT suppression_list_reason_check;
@@ -1709,6 +1720,8 @@ ALTER TABLE gatekeeper.event_log DROP CONSTRAINT event_log_event_check,
 -- event or unsubscribe click taken again for a mail (the same event,
 -- source, status and detail) writes nothing (the relay's own events, the
 -- nacks' deferrals, are not indexed)
+-- the deferrals of a mail, the earliest of which starts its retry_for
+CREATE INDEX event_log_deferred ON gatekeeper.event_log (mail_id, at) WHERE event = 'deferred';
 CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
 	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
 	WHERE source <> 'relay';

@@ -121,13 +121,16 @@ CREATE TABLE gatekeeper.queue (
 	background	boolean NOT NULL DEFAULT true,
 	notify		boolean NOT NULL DEFAULT false,
 	feedback_id text,
-	return_path text
+	return_path text,
+	retry_for	interval NOT NULL DEFAULT interval '1 day'
+		CHECK (retry_for BETWEEN interval '0' AND interval '87660 hours')
 );
 
 COMMENT ON COLUMN gatekeeper.queue.dedupe_window IS 'how long a finished mail (but a cancelled one) holds its dedupe key; 0: only while it is scheduled or claimed';
 COMMENT ON COLUMN gatekeeper.queue.background IS 'the background workers claim its mail; false: only external claimers do';
 COMMENT ON COLUMN gatekeeper.queue.notify IS 'NOTIFY gatekeeper, ''<queue>'' when its mail is due (at the commit that makes it due, or when it comes due)';
 COMMENT ON COLUMN gatekeeper.queue.feedback_id IS 'Feedback-ID header of its mail (Gmail''s feedback loop), NULL: none';
+COMMENT ON COLUMN gatekeeper.queue.retry_for IS 'a mail that only ever got 4xx replies or timeouts is not failed before this has passed since its first deferral, whatever its attempts';
 COMMENT ON COLUMN gatekeeper.queue.return_path IS 'the envelope sender of its mail; {token} in the local part is a signed token naming the mail (VERP)';
 
 INSERT INTO gatekeeper.queue (name) VALUES ('default');
@@ -475,6 +478,8 @@ CREATE INDEX event_log_bounced ON gatekeeper.event_log
 -- event or unsubscribe click taken again for a mail (the same event,
 -- source, status and detail) writes nothing (the relay's own events, the
 -- nacks' deferrals, are not indexed)
+-- the deferrals of a mail, the earliest of which starts its retry_for
+CREATE INDEX event_log_deferred ON gatekeeper.event_log (mail_id, at) WHERE event = 'deferred';
 CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
 	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
 	WHERE source <> 'relay';
@@ -1147,7 +1152,7 @@ CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
 	notify boolean DEFAULT false, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
+	feedback_id text DEFAULT NULL, retry_for interval DEFAULT '1 day')
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1165,8 +1170,8 @@ BEGIN
 		RAISE EXCEPTION 'gates, on_gate_closed, delivery, max_attempts, weight, transactional and timezone must not be null'
 			USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	IF create_queue.background IS NULL OR create_queue.notify IS NULL THEN
-		RAISE EXCEPTION 'background and notify must not be null' USING ERRCODE = 'null_value_not_allowed';
+	IF create_queue.background IS NULL OR create_queue.notify IS NULL OR create_queue.retry_for IS NULL THEN
+		RAISE EXCEPTION 'background, notify and retry_for must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	PERFORM gatekeeper._check_notify(create_queue.name, create_queue.notify);
 	PERFORM gatekeeper._check_queue_policy(gates, on_gate_closed, delivery, max_attempts,
@@ -1175,11 +1180,12 @@ BEGIN
 	PERFORM gatekeeper._check_unsubscribe_url(create_queue.unsubscribe_url, create_queue.name);
 	PERFORM gatekeeper._check_return_path(create_queue.return_path);
 	PERFORM gatekeeper._check_feedback_id(create_queue.feedback_id);
+	PERFORM gatekeeper._duration(create_queue.retry_for, 'retry_for');
 	BEGIN
 		INSERT INTO gatekeeper.queue (name, gates, on_gate_closed, delivery, max_attempts,
 									  weight, rate_limit, dedupe_window, tokens, transactional,
 									  unsubscribe_url, send_window, timezone, background, notify,
-									  feedback_id, return_path)
+									  feedback_id, return_path, retry_for)
 		VALUES (create_queue.name, (SELECT coalesce(array_agg(DISTINCT g ORDER BY g), '{}') FROM unnest(gates) g),
 				on_gate_closed, delivery, max_attempts, weight, rate_limit,
 				CASE WHEN dedupe_window = interval '0' THEN interval '0'
@@ -1188,7 +1194,8 @@ BEGIN
 				coalesce(rate_limit, 0),
 				create_queue.transactional, create_queue.unsubscribe_url, create_queue.send_window,
 				create_queue.timezone, create_queue.background, create_queue.notify,
-				create_queue.feedback_id, create_queue.return_path);
+				create_queue.feedback_id, create_queue.return_path,
+				gatekeeper._duration(create_queue.retry_for, 'retry_for'));
 	EXCEPTION WHEN unique_violation THEN
 		RAISE EXCEPTION 'queue "%" already exists', create_queue.name USING ERRCODE = 'duplicate_object';
 	END;
@@ -1206,7 +1213,7 @@ CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
 	notify boolean DEFAULT NULL, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
+	feedback_id text DEFAULT NULL, retry_for interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1230,6 +1237,7 @@ BEGIN
 	PERFORM gatekeeper._check_unsubscribe_url(nullif(alter_queue.unsubscribe_url, ''), alter_queue.name);
 	PERFORM gatekeeper._check_return_path(nullif(alter_queue.return_path, ''));
 	PERFORM gatekeeper._check_feedback_id(nullif(alter_queue.feedback_id, ''));
+	PERFORM gatekeeper._duration(alter_queue.retry_for, 'retry_for');
 	UPDATE gatekeeper.queue q
 	   SET gates = coalesce((SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(alter_queue.gates) g),
 							CASE WHEN alter_queue.gates IS NOT NULL THEN '{}'::text[] END, q.gates),
@@ -1254,7 +1262,8 @@ BEGIN
 		   feedback_id = CASE WHEN alter_queue.feedback_id = '' THEN NULL
 							  ELSE coalesce(alter_queue.feedback_id, q.feedback_id) END,
 		   return_path = CASE WHEN alter_queue.return_path = '' THEN NULL
-							  ELSE coalesce(alter_queue.return_path, q.return_path) END
+							  ELSE coalesce(alter_queue.return_path, q.return_path) END,
+		   retry_for = coalesce(gatekeeper._duration(alter_queue.retry_for, 'retry_for'), q.retry_for)
 	 WHERE q.name = alter_queue.name;
 	-- a longer window holds again the keys purge() freed under the shorter one
 	IF alter_queue.dedupe_window > interval '0' THEN
@@ -1264,10 +1273,10 @@ END
 $$;
 
 COMMENT ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-											text, text, text, boolean, boolean, text, text) IS
+											text, text, text, boolean, boolean, text, text, interval) IS
 	'make a queue (a campaign, flow or tenant) with its policy';
 COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-										   text, text, text, boolean, boolean, text, text) IS
+										   text, text, text, boolean, boolean, text, text, interval) IS
 	'change a queue''s policy; each argument NULL leaves its setting as it is';
 
 -- drop_queue's end of the live counts: the queue's rows deleted, this

@@ -350,7 +350,8 @@ define_worker_settings(void)
 	DefineCustomIntVariable("gatekeeper.retry_delay",
 							"Base of the exponential backoff between delivery attempts.",
 							"The n-th retry of a mail waits a random time between d/2 and d, "
-							"d = retry_delay * 2^(n-1), at most 6 hours.",
+							"d = retry_delay * 2^(n-1), at most 10 minutes (or retry_delay when longer); "
+							"a queue's retry_for keeps a mail that is only deferred retrying that long.",
 							&gatekeeper_retry_delay,
 							30 * 1000, 10, 6 * 60 * 60 * 1000,
 							PGC_SIGHUP,

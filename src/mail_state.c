@@ -78,8 +78,12 @@
 #include "report.h"
 #include "wake.h"
 
-/* the longest backoff of a retry */
-#define MAX_RETRY_DELAY_USECS	(INT64CONST(6) * USECS_PER_HOUR)
+/*
+ * The longest backoff of a retry: a mail deferred for a day (its queue's
+ * retry_for) is tried every 5 to 10 minutes once its backoff has grown,
+ * so that it goes within minutes of the trouble ending, not hours.
+ */
+#define MAX_RETRY_DELAY_USECS	(INT64CONST(10) * USECS_PER_MINUTE)
 
 /* Records, written where a transition puts them. */
 static const char live_insert_sql[] =
@@ -116,8 +120,19 @@ static const char claim_shrink_sql[] =
 
 /* the policies of the queues a nack or an unclaim touches */
 static const char queue_policy_sql[] =
-"SELECT q.name, q.max_attempts, q.notify FROM gatekeeper.queue q "
+"SELECT q.name, q.max_attempts, q.notify, q.retry_for FROM gatekeeper.queue q "
 " WHERE q.name = ANY ($1)";
+
+/*
+ * The first deferral of each mail, by (id, segment): i is its place.  A
+ * mail's deferrals are its events, kept with it in its segment.
+ */
+static const char first_deferral_sql[] =
+"SELECT u.i, min(e.at) "
+"  FROM unnest($1::bigint[], $2::smallint[]) WITH ORDINALITY AS u(id, segment, i) "
+"  JOIN gatekeeper.event_log e ON e.mail_id = u.id AND e.segment = u.segment "
+"                              AND e.event = 'deferred' "
+" GROUP BY u.i";
 
 /* the recipients of failed mail, by (id, segment): i is their place */
 static const char recipients_sql[] =
@@ -175,6 +190,7 @@ static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr claim_drop_plan = NULL;
 static SPIPlanPtr claim_shrink_plan = NULL;
 static SPIPlanPtr queue_policy_plan = NULL;
+static SPIPlanPtr first_deferral_plan = NULL;
 static SPIPlanPtr recipients_plan = NULL;
 static SPIPlanPtr nack_events_plan = NULL;
 static SPIPlanPtr extend_find_plan = NULL;
@@ -236,6 +252,7 @@ typedef struct QueuePolicy
 {
 	char	   *name;
 	int32		max_attempts;	/* 1 when the queue is gone */
+	int64		retry_for;		/* usecs: 0 when the queue is gone */
 	bool		notify;
 	TimestampTz due;			/* unclaim: the earliest mail handed back */
 } QueuePolicy;
@@ -277,8 +294,9 @@ static MailNack **nack_claims(MailNack *nacks, int n, int *nclaims);
 static NackTaken *nack_match(MailNack **order, int nclaims, LiveRecord *lr,
 							 Datum *taken, int ntaken);
 static int32 charged_tries(LiveRecord *lr, Datum record);
+static void first_deferrals(NackTaken **of, int n, LiveRecord *lr, TimestampTz *first);
 static int	nack_decide(NackTaken *mails, int ntaken, LiveRecord *lr,
-						QueuePolicy *policies, int npolicies);
+						QueuePolicy *policies, int npolicies, TimestampTz now);
 static void nack_read_recipients(NackTaken *mails, int ntaken, int nfailed, LiveRecord *lr);
 static void nack_write(NackTaken *mails, int ntaken, LiveRecord *lr,
 					   QueuePolicy *policies, int npolicies, TimestampTz now);
@@ -1108,6 +1126,8 @@ load_policies(LiveRecord *lr, Datum *records, int n, int *npolicies)
 		policies[row].max_attempts = isnull ? 1 : DatumGetInt32(d);
 		d = SPI_getbinval(tup, desc, 3, &isnull);
 		policies[row].notify = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 4, &isnull);
+		policies[row].retry_for = isnull ? 0 : DatumGetIntervalP(d)->time;
 		policies[row].due = DT_NOEND;
 	}
 	*npolicies = (int) SPI_processed;
@@ -1130,7 +1150,7 @@ find_policy(QueuePolicy *policies, int n, const char *name)
 /*
  * The backoff of a retry after tries charged attempts: exponential with
  * equal jitter, in [d/2, d] for d = retry_delay * 2^(tries - 1), at most
- * six hours.
+ * ten minutes (or retry_delay, when that is longer).
  */
 static int64
 retry_delay_usecs(int32 tries)
@@ -1138,7 +1158,7 @@ retry_delay_usecs(int32 tries)
 	double		d = (double) gatekeeper_retry_delay * 1000.0 *
 		pow(2.0, (double) Min(tries - 1, 30));
 
-	d = Min(d, (double) MAX_RETRY_DELAY_USECS);
+	d = Min(d, Max((double) MAX_RETRY_DELAY_USECS, (double) gatekeeper_retry_delay * 1000.0));
 	return (int64) rint(d / 2 + d / 2 * pg_prng_double(&pg_global_prng_state));
 }
 
@@ -1203,13 +1223,59 @@ charged_tries(LiveRecord *lr, Datum record)
 }
 
 /*
+ * first[k] receives when of[k]'s mail was first deferred, or 0 when it
+ * never was before this nack.
+ */
+static void
+first_deferrals(NackTaken **of, int n, LiveRecord *lr, TimestampTz *first)
+{
+	Datum	   *ids = palloc(n * sizeof(Datum));
+	Datum	   *segments = palloc(n * sizeof(Datum));
+	Oid			types[2] = {INT8ARRAYOID, INT2ARRAYOID};
+	Datum		args[2];
+	uint64		row;
+	int			k;
+
+	for (k = 0; k < n; k++)
+	{
+		ids[k] = Int64GetDatum(of[k]->id);
+		segments[k] = mail_state_record_get(lr, of[k]->record, lr->segment);
+		first[k] = 0;
+	}
+	gatekeeper_plan(&first_deferral_plan, first_deferral_sql, 2, types);
+	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
+	args[1] = gatekeeper_array(segments, NULL, n, INT2OID);
+	if (gatekeeper_execute_by_key(first_deferral_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the first deferrals of nacked mail");
+	for (row = 0; row < SPI_processed; row++)
+	{
+		bool		isnull;
+		int64		place = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[row],
+														SPI_tuptable->tupdesc, 1, &isnull));
+		Datum		at = SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 2, &isnull);
+
+		if (place < 1 || place > n)
+			elog(ERROR, "first deferral of nacked mail out of place");
+		if (!isnull)
+			first[place - 1] = DatumGetTimestampTz(at);
+	}
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/*
  * Mark the nacked mails that fail: permanent, or out of their queue's
- * attempts (the rest are retried).  Returns how many fail.
+ * attempts and of its retry_for, counted from the mail's first deferral
+ * (this one, if it had none), however many attempts that took (the rest
+ * are retried).  Returns how many fail.  Only a mail that has used its
+ * attempts has its deferrals looked up.
  */
 static int
 nack_decide(NackTaken *mails, int ntaken, LiveRecord *lr,
-			QueuePolicy *policies, int npolicies)
+			QueuePolicy *policies, int npolicies, TimestampTz now)
 {
+	NackTaken **spent = palloc(Max(ntaken, 1) * sizeof(NackTaken *));
+	int64	   *budget = palloc(Max(ntaken, 1) * sizeof(int64));
+	int			nspent = 0;
 	int			nfailed = 0;
 	int			i;
 
@@ -1220,10 +1286,29 @@ nack_decide(NackTaken *mails, int ntaken, LiveRecord *lr,
 									 TextDatumGetCString(mail_state_record_get(lr, m->record, lr->queue)));
 		int32		tries = charged_tries(lr, m->record);
 
-		m->failed = m->nack->permanent || tries >= (q ? q->max_attempts : 1);
-		if (m->failed)
-			nfailed++;
+		m->failed = m->nack->permanent;
+		if (!m->failed && tries >= (q ? q->max_attempts : 1))
+		{
+			if (q == NULL || q->retry_for <= 0)
+				m->failed = true;
+			else
+			{
+				budget[nspent] = q->retry_for;
+				spent[nspent++] = m;
+			}
+		}
 	}
+	if (nspent > 0)
+	{
+		TimestampTz *first = palloc(nspent * sizeof(TimestampTz));
+
+		first_deferrals(spent, nspent, lr, first);
+		for (i = 0; i < nspent; i++)
+			spent[i]->failed = first[i] != 0 && now - first[i] >= budget[i];
+	}
+	for (i = 0; i < ntaken; i++)
+		if (mails[i].failed)
+			nfailed++;
 	return nfailed;
 }
 
@@ -1445,7 +1530,7 @@ mail_state_nack(MailNack *nacks, int n)
 
 	mails = nack_match(order, nclaims, &lr, taken, ntaken);
 	policies = load_policies(&lr, taken, ntaken, &npolicies);
-	nfailed = nack_decide(mails, ntaken, &lr, policies, npolicies);
+	nfailed = nack_decide(mails, ntaken, &lr, policies, npolicies, now);
 	if (nfailed > 0)
 		nack_read_recipients(mails, ntaken, nfailed, &lr);
 	nack_write(mails, ntaken, &lr, policies, npolicies, now);

@@ -378,6 +378,7 @@ static const DurationKind duration_kinds[] = {
 	{"dedupe_window", USECS_PER_SEC, 10 * USECS_PER_YEAR, "1 second and 10 years"},
 	{"lease", 1000, 7 * USECS_PER_DAY, "1 millisecond and 7 days"},
 	{"delay", 0, 10 * USECS_PER_YEAR, "0 and 10 years"},
+	{"retry_for", 0, 10 * USECS_PER_YEAR, "0 and 10 years"},
 	{NULL, 0, 0, NULL}
 };
 
