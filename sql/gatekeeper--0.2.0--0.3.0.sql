@@ -460,9 +460,9 @@ COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, i
 	'change a queue''s policy; each argument NULL leaves its setting as it is';
 
 REVOKE ALL ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-											   text, text, text, boolean, boolean, text, text) FROM PUBLIC;
+											   text, text, text, boolean, boolean, text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-											  text, text, text, boolean, boolean, text, text) FROM PUBLIC;
+											  text, text, text, boolean, boolean, text, text, interval) FROM PUBLIC;
 
 -- the grants recorded before create_queue and alter_queue were dropped, given back
 SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_25_q');

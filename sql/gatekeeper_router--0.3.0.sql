@@ -215,7 +215,7 @@ $$;
 CREATE TYPE gatekeeper._queue_args AS (name text, gates text[], on_gate_closed text, delivery text,
 	max_attempts int, weight int, rate_limit int, dedupe_window interval, transactional boolean,
 	unsubscribe_url text, send_window text, timezone text, background boolean, notify boolean,
-	return_path text, feedback_id text);
+	return_path text, feedback_id text, retry_for interval);
 CREATE TYPE gatekeeper._gate_args AS (name text, period interval, max_sends int);
 
 /*
@@ -363,7 +363,8 @@ COMMENT ON FUNCTION gatekeeper.enqueue_batch(text[], text[], text[], text, times
 CREATE FUNCTION gatekeeper._create_queue(part int, dry boolean, name text, gates text[],
 	on_gate_closed text, delivery text, max_attempts int, weight int, rate_limit int,
 	dedupe_window interval, transactional boolean, unsubscribe_url text, send_window text,
-	timezone text, background boolean, notify boolean, return_path text, feedback_id text)
+	timezone text, background boolean, notify boolean, return_path text, feedback_id text,
+	retry_for interval)
 RETURNS text
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
@@ -374,7 +375,7 @@ AS $$
 				ELSE s.r::text END AS _create_queue
 	  FROM (SELECT gatekeeper.create_queue(name, gates, on_gate_closed, delivery, max_attempts,
 			weight, rate_limit, dedupe_window, transactional, unsubscribe_url, send_window,
-			timezone, background, notify, return_path, feedback_id) AS r) s;
+			timezone, background, notify, return_path, feedback_id, retry_for) AS r) s;
 $$;
 
 CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
@@ -384,7 +385,7 @@ CREATE FUNCTION gatekeeper.create_queue(name text, gates text[] DEFAULT '{}',
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT 'UTC', background boolean DEFAULT true,
 	notify boolean DEFAULT false, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
+	feedback_id text DEFAULT NULL, retry_for interval DEFAULT '1 day')
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -395,17 +396,18 @@ BEGIN
 		'SELECT gatekeeper._create_queue($1, $2, ($3).name, ($3).gates, ($3).on_gate_closed, ($3).delivery,'
 		' ($3).max_attempts, ($3).weight, ($3).rate_limit, ($3).dedupe_window, ($3).transactional,'
 		' ($3).unsubscribe_url, ($3).send_window, ($3).timezone, ($3).background, ($3).notify,'
-		' ($3).return_path, ($3).feedback_id)',
+		' ($3).return_path, ($3).feedback_id, ($3).retry_for)',
 		ROW(name, gates, on_gate_closed, delivery, max_attempts, weight, rate_limit, dedupe_window,
 			transactional, unsubscribe_url, send_window, timezone, background,
-			notify, return_path, feedback_id)::gatekeeper._queue_args);
+			notify, return_path, feedback_id, retry_for)::gatekeeper._queue_args);
 END
 $$;
 
 CREATE FUNCTION gatekeeper._alter_queue(part int, dry boolean, name text, gates text[],
 	on_gate_closed text, delivery text, max_attempts int, weight int, rate_limit int,
 	dedupe_window interval, transactional boolean, unsubscribe_url text, send_window text,
-	timezone text, background boolean, notify boolean, return_path text, feedback_id text)
+	timezone text, background boolean, notify boolean, return_path text, feedback_id text,
+	retry_for interval)
 RETURNS text
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
@@ -416,7 +418,7 @@ AS $$
 				ELSE s.r::text END AS _alter_queue
 	  FROM (SELECT gatekeeper.alter_queue(name, gates, on_gate_closed, delivery, max_attempts,
 			weight, rate_limit, dedupe_window, transactional, unsubscribe_url, send_window,
-			timezone, background, notify, return_path, feedback_id) AS r) s;
+			timezone, background, notify, return_path, feedback_id, retry_for) AS r) s;
 $$;
 
 CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
@@ -426,7 +428,7 @@ CREATE FUNCTION gatekeeper.alter_queue(name text, gates text[] DEFAULT NULL,
 	unsubscribe_url text DEFAULT NULL, send_window text DEFAULT NULL,
 	timezone text DEFAULT NULL, background boolean DEFAULT NULL,
 	notify boolean DEFAULT NULL, return_path text DEFAULT NULL,
-	feedback_id text DEFAULT NULL)
+	feedback_id text DEFAULT NULL, retry_for interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -437,10 +439,10 @@ BEGIN
 		'SELECT gatekeeper._alter_queue($1, $2, ($3).name, ($3).gates, ($3).on_gate_closed, ($3).delivery,'
 		' ($3).max_attempts, ($3).weight, ($3).rate_limit, ($3).dedupe_window, ($3).transactional,'
 		' ($3).unsubscribe_url, ($3).send_window, ($3).timezone, ($3).background, ($3).notify,'
-		' ($3).return_path, ($3).feedback_id)',
+		' ($3).return_path, ($3).feedback_id, ($3).retry_for)',
 		ROW(name, gates, on_gate_closed, delivery, max_attempts, weight, rate_limit, dedupe_window,
 			transactional, unsubscribe_url, send_window, timezone, background,
-			notify, return_path, feedback_id)::gatekeeper._queue_args);
+			notify, return_path, feedback_id, retry_for)::gatekeeper._queue_args);
 END
 $$;
 
@@ -550,9 +552,9 @@ SELECT gatekeeper._on_every_shard('alter_gate',
 $$;
 
 COMMENT ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-	text, text, text, boolean, boolean, text, text) IS 'create a queue on every shard (or on none)';
+	text, text, text, boolean, boolean, text, text, interval) IS 'create a queue on every shard (or on none)';
 COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-	text, text, text, boolean, boolean, text, text) IS 'change a queue on every shard (or on none)';
+	text, text, text, boolean, boolean, text, text, interval) IS 'change a queue on every shard (or on none)';
 COMMENT ON FUNCTION gatekeeper.drop_queue(text) IS 'drop a queue on every shard (or on none)';
 COMMENT ON FUNCTION gatekeeper.pause(text) IS 'pause a queue on every shard';
 COMMENT ON FUNCTION gatekeeper.resume(text) IS 'resume a queue on every shard';

@@ -91,9 +91,9 @@ GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack
 GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
 GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
 GRANT EXECUTE ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-                                                  text, text, text, boolean, boolean, text, text),
+                                                  text, text, text, boolean, boolean, text, text, interval),
                           gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-                                                 text, text, text, boolean, boolean, text, text),
+                                                 text, text, text, boolean, boolean, text, text, interval),
                           gatekeeper._worker_status() TO upgrade_app;
 GRANT SELECT ON gatekeeper.worker_status TO upgrade_app;
 });
@@ -155,9 +155,9 @@ GRANT EXECUTE ON FUNCTION gatekeeper.ack_batch(bigint[], int[]), gatekeeper.nack
 GRANT EXECUTE ON FUNCTION gatekeeper.gate_pass_batch(text, text[]) TO upgrade_gates;
 GRANT EXECUTE ON FUNCTION gatekeeper.cancel(bigint), gatekeeper.cancel(text, text) TO upgrade_app;
 GRANT EXECUTE ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int, int, int, interval, boolean,
-                                                  text, text, text, boolean, boolean, text, text),
+                                                  text, text, text, boolean, boolean, text, text, interval),
                           gatekeeper.alter_queue(text, text[], text, text, int, int, int, interval, boolean,
-                                                 text, text, text, boolean, boolean, text, text),
+                                                 text, text, text, boolean, boolean, text, text, interval),
                           gatekeeper._worker_status() TO upgrade_app;
 GRANT SELECT ON gatekeeper.worker_status TO upgrade_app;
 SELECT gatekeeper.grant('u_enqueue', 'enqueue');
