@@ -685,10 +685,25 @@ check_relay_url(const char *url, const char *subject)
 						  "smtps://relay.example.com:465.");
 		return false;
 	}
-	if (*end != '\0' && strcmp(end, "/") != 0)
 	{
-		GUC_check_errmsg("%s must be smtp://host:port or smtps://host:port, with nothing after the port", subject);
-		return false;
+		const char *rest = *end == '/' ? end + 1 : end;
+		char		problem[256];
+
+		/* options: ?connections=N&rate=N (smtp_config.c reads them) */
+		if (*rest == '?' &&
+			!smtp_config_parse_options(rest + 1, NULL, NULL, problem, sizeof(problem)))
+		{
+			GUC_check_errmsg("%s has %s", subject, problem);
+			GUC_check_errhint("For example smtp://relay.example.com:587?connections=4&rate=14: that relay's "
+							  "connections and messages per second, shared by the workers.");
+			return false;
+		}
+		if (*rest != '\0' && *rest != '?')
+		{
+			GUC_check_errmsg("%s must be smtp://host:port or smtps://host:port, with nothing after the port "
+							 "but ?connections=N&rate=N", subject);
+			return false;
+		}
 	}
 	host = authority;
 	if (*host == '[')

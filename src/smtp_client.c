@@ -127,6 +127,22 @@ smtp_client_room(int relay)
 }
 
 /*
+ * smtp_client_room_at
+ *		The soonest time a relay held back by its rate= takes another
+ *		transaction; DT_NOEND when none is.
+ */
+TimestampTz
+smtp_client_room_at(void)
+{
+	TimestampTz at = DT_NOEND;
+	int			i;
+
+	for (i = 0; i < nrelays; i++)
+		at = Min(at, smtp_relay_room_at(&relays[i]));
+	return at;
+}
+
+/*
  * smtp_client_submit
  *		Take a built message for a relay; it goes on the first of the
  *		relay's connections with room.
@@ -267,6 +283,10 @@ smtp_client_wait(long timeout_ms)
 		if (relay->nbacklog > 0 && relay->connect_hold_until > now)
 			timeout_ms = Min(timeout_ms,
 							 TimestampDifferenceMilliseconds(now, relay->connect_hold_until) + 1);
+		/* a backlog held back by rate= goes on when its time comes */
+		if (relay->nbacklog > 0 && smtp_relay_room_at(relay) != DT_NOEND)
+			timeout_ms = Min(timeout_ms, smtp_relay_room_at(relay) <= now ? 0 :
+							 TimestampDifferenceMilliseconds(now, smtp_relay_room_at(relay)) + 1);
 	}
 
 	prepare_wait_set();

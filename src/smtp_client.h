@@ -81,6 +81,7 @@ extern void smtp_client_configure(void);
 extern int	smtp_client_relays(void);
 extern const char *smtp_client_relay_url(int relay);
 extern int	smtp_client_room(int relay);
+extern TimestampTz smtp_client_room_at(void);
 extern void smtp_client_submit(int relay, GatekeeperDelivery *d);
 extern GatekeeperDelivery *smtp_client_next_done(void);
 extern void smtp_client_abort_unsent(int relay, const char *error);

@@ -44,6 +44,14 @@ static char *smtp_password = NULL;
 static char *host_fqdn = NULL;
 
 static bool parse_url(SmtpConfig *cfg, const char *url);
+static int	share_of(int total);
+
+/*
+ * This worker's place among the workers that share a relay's connections
+ * and rate (smtp_config_set_share): 0 of 1 until told.
+ */
+static int	share_index = 0;
+static int	share_count = 1;
 static void percent_decode(char *s);
 
 /*
@@ -224,6 +232,7 @@ smtp_config_load(SmtpConfig *cfg, MemoryContext cxt, const char *url)
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->url = pstrdup(url);
 	cfg->connections = Max(gatekeeper_smtp_connections, 1);
+	cfg->default_connections = cfg->connections;
 	cfg->timeout = Max(gatekeeper_smtp_timeout, 1);
 	cfg->helo = pstrdup(gatekeeper_helo_name ? gatekeeper_helo_name : "");
 	cfg->ca_file = pstrdup(gatekeeper_smtp_ca_file ? gatekeeper_smtp_ca_file : "");
@@ -310,7 +319,7 @@ smtp_config_matches(const SmtpConfig *cfg, const char *url)
 		strcmp(cfg->password, password) == 0 &&
 		strcmp(cfg->helo, gatekeeper_helo_name ? gatekeeper_helo_name : "") == 0 &&
 		strcmp(cfg->ca_file, gatekeeper_smtp_ca_file ? gatekeeper_smtp_ca_file : "") == 0 &&
-		cfg->connections == Max(gatekeeper_smtp_connections, 1) &&
+		cfg->default_connections == Max(gatekeeper_smtp_connections, 1) &&
 		cfg->timeout == Max(gatekeeper_smtp_timeout, 1);
 }
 
@@ -405,7 +414,133 @@ parse_url(SmtpConfig *cfg, const char *url)
 		return false;
 	}
 	cfg->peer = psprintf(strchr(cfg->host, ':') ? "[%s]:%s" : "%s:%s", cfg->host, cfg->port);
+
+	/* ?connections=N&rate=N: the relay's own, shared by the workers */
+	q = end;
+	if (*q == '/')
+		q++;
+	if (*q == '?')
+	{
+		int			connections = 0;
+		int			rate = 0;
+
+		if (!smtp_config_parse_options(q + 1, &connections, &rate,
+									   cfg->problem, sizeof(cfg->problem)))
+			return false;
+		if (connections > 0)
+			cfg->connections = share_of(connections);
+		if (rate > 0)
+		{
+			cfg->rate_limited = true;
+			cfg->rate = share_of(rate);
+		}
+	}
 	return true;
+}
+
+/*
+ * smtp_config_parse_options
+ *		Read a relay URL's options, the query after its "?": connections=N
+ *		(1 to SMTP_URL_MAX_CONNECTIONS) and rate=N messages a second (1 to
+ *		SMTP_URL_MAX_RATE), each at most once, joined by "&".  Returns
+ *		false, with the reason in problem, for anything else.  What is not
+ *		given is left as it is.
+ */
+bool
+smtp_config_parse_options(const char *query, int *connections, int *rate,
+						  char *problem, size_t problemlen)
+{
+	const char *p = query;
+	bool		seen_connections = false;
+	bool		seen_rate = false;
+
+	if (*p == '\0')
+	{
+		snprintf(problem, problemlen, "an empty option list after \"?\"");
+		return false;
+	}
+	for (;;)
+	{
+		size_t		len = strcspn(p, "&");
+		const char *eq = memchr(p, '=', len);
+		size_t		namelen = eq ? (size_t) (eq - p) : len;
+		bool		is_connections = namelen == 11 && strncmp(p, "connections", 11) == 0;
+		bool		is_rate = namelen == 4 && strncmp(p, "rate", 4) == 0;
+		long		max = is_connections ? SMTP_URL_MAX_CONNECTIONS : SMTP_URL_MAX_RATE;
+		long		n = 0;
+		const char *v;
+
+		if (!is_connections && !is_rate)
+		{
+			snprintf(problem, problemlen, "an unknown option \"%.*s\" (a relay takes connections=N and rate=N)",
+					 (int) Min(namelen, 64), p);
+			return false;
+		}
+		if ((is_connections && seen_connections) || (is_rate && seen_rate))
+		{
+			snprintf(problem, problemlen, "option \"%s\" given twice",
+					 is_connections ? "connections" : "rate");
+			return false;
+		}
+		if (eq == NULL || eq + 1 == p + len)
+		{
+			snprintf(problem, problemlen, "option \"%s\" without a value",
+					 is_connections ? "connections" : "rate");
+			return false;
+		}
+		for (v = eq + 1; v < p + len; v++)
+		{
+			if (!isdigit((unsigned char) *v) || (n = n * 10 + (*v - '0')) > max)
+				break;
+		}
+		if (v < p + len || n < 1)
+		{
+			snprintf(problem, problemlen, "option \"%s\" must be a number from 1 to %ld",
+					 is_connections ? "connections" : "rate", max);
+			return false;
+		}
+		if (is_connections)
+		{
+			seen_connections = true;
+			if (connections)
+				*connections = (int) n;
+		}
+		else
+		{
+			seen_rate = true;
+			if (rate)
+				*rate = (int) n;
+		}
+		p += len;
+		if (*p == '\0')
+			break;
+		p++;
+	}
+	return true;
+}
+
+/*
+ * smtp_config_set_share
+ *		This worker is number index of count that share each relay's
+ *		connections= and rate=: each worker takes its even share of them,
+ *		the remainder going to the first workers, so that together they
+ *		never exceed the relay's.
+ */
+void
+smtp_config_set_share(int index, int count)
+{
+	share_count = Max(count, 1);
+	share_index = Min(Max(index, 0), share_count - 1);
+}
+
+/*
+ * This worker's share of a relay's total (connections or messages a
+ * second); 0 when there are more workers than the total.
+ */
+static int
+share_of(int total)
+{
+	return total / share_count + (share_index < total % share_count ? 1 : 0);
 }
 
 /*

@@ -27,7 +27,10 @@ typedef struct SmtpConfig
 	char	   *password;
 	char	   *helo;			/* empty: work it out per connection */
 	char	   *ca_file;
-	int			connections;
+	int			connections;	/* this worker's connections to the relay */
+	int			default_connections;	/* gatekeeper.smtp_connections, as loaded */
+	bool		rate_limited;	/* the URL sets rate= */
+	int			rate;			/* then this worker's messages per second (0: none) */
 	int			timeout;
 	bool		smtps;
 	bool		parsed;			/* the URL is well-formed */
@@ -37,7 +40,14 @@ typedef struct SmtpConfig
 	int			naddrs;
 } SmtpConfig;
 
+/* the most a relay URL's options may ask for */
+#define SMTP_URL_MAX_CONNECTIONS	1000
+#define SMTP_URL_MAX_RATE			100000
+
 extern List *smtp_config_split(const char *value);
+extern bool smtp_config_parse_options(const char *query, int *connections, int *rate,
+									  char *problem, size_t problemlen);
+extern void smtp_config_set_share(int index, int count);
 extern bool smtp_config_load_password(void);
 extern void smtp_config_load(SmtpConfig *cfg, MemoryContext cxt, const char *url);
 extern void smtp_config_free(SmtpConfig *cfg);

@@ -127,6 +127,7 @@ typedef struct SmtpRelay
 	dlist_head	done;
 	int			ntxns;			/* transactions on its connections */
 	TimestampTz connect_hold_until;
+	TimestampTz next_send;		/* rate=: the next transaction not before */
 	bool		misorders;		/* answered out of order behind a final ".":
 								 * nothing goes behind one any more */
 } SmtpRelay;

@@ -71,6 +71,7 @@ smtp_relay_configure(SmtpRelay *r, MemoryContext cxt, const char *url)
 	smtp_relay_forget(r);
 	smtp_config_load(&r->cfg, r->cxt, url);
 	r->connect_hold_until = 0;
+	r->next_send = 0;
 }
 
 /*
@@ -101,7 +102,10 @@ smtp_relay_room(SmtpRelay *r)
 	int			usable = 0;
 
 	if (!r->cfg.valid)
-		return r->cfg.connections;	/* they come back UNREACHABLE, and say why */
+		return Max(r->cfg.connections, 1);	/* they come back UNREACHABLE, and say why */
+	if (r->cfg.rate_limited &&
+		(r->cfg.rate == 0 || GetCurrentTimestamp() < r->next_send || r->nbacklog > 0))
+		return 0;				/* its rate= is used up for now */
 	dlist_foreach(iter, &r->conns)
 	{
 		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
@@ -112,7 +116,21 @@ smtp_relay_room(SmtpRelay *r)
 		capacity += c->state == CS_READY ? conn_depth(c) : 1;
 	}
 	capacity += Max(r->cfg.connections - usable, 0);
-	return Max(capacity - r->ntxns - r->nbacklog, 0);
+	capacity = Max(capacity - r->ntxns - r->nbacklog, 0);
+	return r->cfg.rate_limited ? Min(capacity, 1) : capacity;
+}
+
+/*
+ * smtp_relay_room_at
+ *		When r, held back by its rate=, may take the next transaction;
+ *		DT_NOEND when no rate holds it.
+ */
+TimestampTz
+smtp_relay_room_at(SmtpRelay *r)
+{
+	if (!r->cfg.valid || !r->cfg.rate_limited || r->cfg.rate == 0)
+		return DT_NOEND;
+	return r->next_send;
 }
 
 /*
@@ -214,6 +232,19 @@ smtp_relay_dispatch(SmtpRelay *r)
 		}
 		if (best == NULL)
 			break;
+
+		/*
+		 * rate=: transactions start at least 1/rate s apart, so that no
+		 * second holds more than rate of them, whatever the backlog.
+		 */
+		if (r->cfg.rate_limited)
+		{
+			TimestampTz at = GetCurrentTimestamp();
+
+			if (r->cfg.rate == 0 || at < r->next_send)
+				break;
+			r->next_send = at + (USECS_PER_SEC + r->cfg.rate - 1) / r->cfg.rate;
+		}
 		{
 			GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
 													dlist_pop_head_node(&r->backlog));

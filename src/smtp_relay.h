@@ -17,6 +17,7 @@
 extern void smtp_relay_configure(SmtpRelay *r, MemoryContext cxt, const char *url);
 extern void smtp_relay_forget(SmtpRelay *r);
 extern int	smtp_relay_room(SmtpRelay *r);
+extern TimestampTz smtp_relay_room_at(SmtpRelay *r);
 extern void smtp_relay_submit(SmtpRelay *r, GatekeeperDelivery *d);
 extern GatekeeperDelivery *smtp_relay_next_done(SmtpRelay *r);
 extern void smtp_relay_abort_unsent(SmtpRelay *r, const char *error);

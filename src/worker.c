@@ -148,6 +148,7 @@
 #include "maintenance.h"
 #include "report.h"
 #include "smtp_client.h"
+#include "smtp_config.h"
 
 /* how often expired leases are reaped and old mail is purged */
 #define HOUSEKEEPING_INTERVAL_MS	5000
@@ -315,6 +316,8 @@ void
 gatekeeper_worker_main(Datum main_arg)
 {
 	worker_slot = DatumGetInt32(main_arg);
+	/* each relay's connections= and rate= are shared by the workers */
+	smtp_config_set_share(worker_slot, gatekeeper_workers);
 	gatekeeper_background_claim = true;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
@@ -951,6 +954,9 @@ nap(void)
 		if (npending_cleared > 0 && worker_breakers_next(now, nrelays) >= 0 &&
 			(live_bytes <= gatekeeper_max_in_flight || smtp_client_busy() == 0))
 			wake = now;
+		/* mail held back by a relay's rate= goes when the relay may take it */
+		else if (npending_cleared > 0)
+			wake = Min(wake, Max(smtp_client_room_at(), now));
 		/* the standbys' progress wakes nobody: look again shortly */
 		if (worker_standbys_holding())
 			wake = Min(wake, TimestampTzPlusMilliseconds(now, worker_standbys_poll_ms()));

@@ -10,9 +10,11 @@ Offers PIPELINING and CHUNKING (--extensions chunking, the default),
 PIPELINING alone (--extensions pipelining: DATA, and a client may write
 its next transaction behind a message's final "."), or neither
 (--extensions none, or --no-pipelining), plus SIZE, 8BITMIME and
-ENHANCEDSTATUSCODES.  Writes one JSON object a line to --log:
+ENHANCEDSTATUSCODES.  Writes one JSON object a line to --log, each with
+its time ("t", seconds):
 
   {"event": "connect", "conn": N}
+  {"event": "mail", "conn": N}       (a MAIL FROM arrived)
   {"event": "message", "conn": N, "message_id": "<...>", "size": N}
   {"event": "refused", "conn": N, "message_id": "<...>"}
   {"event": "dot", "conn": N, "ahead": BYTES}
@@ -251,6 +253,7 @@ class Session:
                 if args.flood == 'mail-line':
                     flood(self.sock, self.conn, b'250 ', b'y' * 65536, b'\r\n')
                     continue
+                log(event='mail', conn=self.conn)
                 if args.defer and (not args.defer_file or os.path.exists(args.defer_file)):
                     log(event='deferred', conn=self.conn)
                     self.mail_from = None
