@@ -69,6 +69,7 @@ typedef struct GatekeeperDelivery
 	GatekeeperOutcome outcome;
 	int			reply_code;		/* the reply that decided it, 0 if none */
 	bool		mail_refused;	/* it was a 5xx to MAIL FROM */
+	bool		rcpt_refused;	/* it was a reply to RCPT TO: the recipient's */
 	bool		session_reached;	/* a session with the relay was open */
 	char		error[256];		/* why it was not sent, with the peer */
 

@@ -143,6 +143,7 @@ smtp_relay_submit(SmtpRelay *r, GatekeeperDelivery *d)
 	d->outcome = GATEKEEPER_PENDING;
 	d->reply_code = 0;
 	d->mail_refused = false;
+	d->rcpt_refused = false;
 	d->session_reached = false;
 	d->error[0] = '\0';
 	if (d->txn == NULL)

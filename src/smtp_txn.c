@@ -412,7 +412,8 @@ txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what)
 	 * A refusal of the recipient starts with the reply, which nack reads
 	 * for a hard bounce (RFC 3463 5.1.x); no other refusal is one.
 	 */
-	if (strcmp(what, "RCPT TO") == 0)
+	d->rcpt_refused = strcmp(what, "RCPT TO") == 0;
+	if (d->rcpt_refused)
 		snprintf(d->error, sizeof(d->error), "%s (relay %s, reply to RCPT TO)",
 				 c->reply, c->relay->cfg.peer);
 	else
@@ -496,6 +497,7 @@ conn_misordered(SmtpConn *c, GatekeeperDelivery *d)
 	d->outcome = GATEKEEPER_PENDING;
 	d->reply_code = 0;
 	d->mail_refused = false;
+	d->rcpt_refused = false;
 	d->error[0] = '\0';
 	d->txn->replies = 0;
 	c->reused = true;

@@ -1530,8 +1530,9 @@ build_message(GatekeeperDelivery *d, const char *default_sender)
  *
  * UNREACHABLE (no session could be opened) opens the relay's breaker, and
  * the mail, which the relay did not take, goes to the next relay.  A 5xx
- * to MAIL FROM, and a 4xx to any command of a transaction, is held as a
- * suspect: the same refusal, or a deferral, for several transactions in a
+ * to MAIL FROM, and a 4xx to MAIL FROM or to the data, is held as a
+ * suspect (a reply to RCPT TO is about its recipient: a full mailbox, a
+ * greylisting domain, never the relay's state): the same refusal, or a deferral, for several transactions in a
  * row is the relay's (it refuses the worker, or is throttled, out of disk
  * or deferring everything, not the mail), and opens its breaker with
  * every suspect of that relay handed on uncharged; a transaction the
@@ -1565,7 +1566,7 @@ judge(GatekeeperDelivery *d)
 		rs->last_reply_at = GetCurrentTimestamp();
 	}
 	if ((d->outcome == GATEKEEPER_FAIL && d->mail_refused) ||
-		(d->outcome == GATEKEEPER_RETRY && d->reply_code / 100 == 4))
+		(d->outcome == GATEKEEPER_RETRY && d->reply_code / 100 == 4 && !d->rcpt_refused))
 	{
 		bool		deferred = d->outcome == GATEKEEPER_RETRY;
 		bool		trips;

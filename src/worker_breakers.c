@@ -9,7 +9,7 @@
  * A relay's breaker opens when no session could be opened with it, when
  * it refused MAIL FROM with the same 5xx for several transactions in a
  * row (it refuses the worker, not the mail), or when it answered several
- * transactions in a row with a 4xx, at whatever command (it is throttled,
+ * transactions in a row with a 4xx to MAIL FROM or to the data (it is throttled,
  * out of disk or defers everything: SES's "454 Throttling failure", "421
  * 4.7.0 too many messages").  The backoff starts at a second and doubles
  * up to 30 s while it keeps failing; a session that works closes the
