@@ -53,7 +53,7 @@ SELECT 's', '${tag}_' || i || '\@example.com', '$tag', repeat(md5(i::text), 8)
 is(drain('a', 1000), '1000', 'a thousand mails claimed and acked one by one');
 is($node->safe_psql('postgres', $batches_sql), '0', 'no batch is left');
 my $dead = $node->safe_psql('postgres', $size_sql);
-cmp_ok($dead, '>', 1024 * 1024, "but mail_claim takes $dead bytes");
+cmp_ok($dead, '>', 512 * 1024, "but mail_claim takes $dead bytes");
 $node->safe_psql('postgres', 'SELECT gatekeeper.purge()');
 my $empty = $node->safe_psql('postgres',
 	"SELECT pg_relation_size('gatekeeper.mail_claim') || '|' || pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = 'gatekeeper.mail_claim'::regclass"
