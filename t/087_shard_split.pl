@@ -6,7 +6,9 @@
 #   1. pause every queue on the node and wait until no mail is claimed;
 #   2. copy the node's database to the new node, a fresh server that has
 #      none of the old node's roles: the commands of the docs' step 2 as
-#      written there (read from docs/sharding.md), the roles first;
+#      written there (read from docs/sharding.md), the roles first; the
+#      docs' restore tried before the roles exist stops, leaves nothing,
+#      and runs again once they do;
 #   3. gatekeeper.shard(0, 2) on the old node, gatekeeper.shard(1, 2) on
 #      the new one;
 #   4. on each, delete the mail, the gate passes and the suppressions of
