@@ -170,8 +170,9 @@ BEGIN
 		WHEN remote IS NOT NULL AND remote[1] NOT IN ('FATAL', 'PANIC') THEN 'refused'
 		-- the shard ended the session during the call (it shuts down)
 		WHEN remote IS NOT NULL THEN 'broke'
-		-- the deadline (gatekeeper._deadline)
-		WHEN sqlstate = '55P03' AND message = 'canceling statement due to lock timeout' THEN 'timeout'
+		-- the deadline (gatekeeper._deadline): the lock timeout, raised
+		-- here, not on the shard
+		WHEN sqlstate = '55P03' THEN 'timeout'
 		-- PL/Proxy's own: the shard could not be reached, or the connection broke
 		WHEN message ~ '^PL/Proxy function ' AND message ~ '(PQconnectPoll|PQconnectStart|connect timeout)' THEN 'unreachable'
 		WHEN message ~ '^PL/Proxy function ' AND message ~ '(PQconsumeInput|PQsendQuery|PQflush|query timeout)' THEN 'broke'
@@ -197,8 +198,8 @@ BEGIN
 		message := pg_catalog.format('gatekeeper shard %s: %s', shard, message);
 		detail := pg_catalog.concat_ws(' ', detail, done);
 	ELSE
-		-- what the call did there is unknown, but for the dry run of
-		-- administration, which changes nothing (done says so)
+		-- 08006: not sent, or sent with an unknown outcome (for
+		-- administration done says it: a dry run changes nothing)
 		detail := pg_catalog.concat_ws(' ',
 			CASE WHEN kind <> 'unreachable' AND what IS NULL THEN 'The call may have been carried out on the shard.' END,
 			CASE WHEN kind <> 'broke' THEN NULL
