@@ -137,6 +137,14 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS '$libdir/gatekeeper', 'gatekeeper_router_deadline';
 
+-- whether the deadline armed last had passed when it was disarmed: the
+-- call that failed ran out of time, whatever its error says
+CREATE FUNCTION gatekeeper._deadline_passed()
+RETURNS boolean
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS '$libdir/gatekeeper', 'gatekeeper_router_deadline_passed';
+
 /*
  * Raises the error of a call that failed on the shard hash selects (hash &
  * (count - 1)), naming it.  what: the administration call that failed
@@ -171,8 +179,8 @@ BEGIN
 		-- the shard ended the session during the call (it shuts down)
 		WHEN remote IS NOT NULL THEN 'broke'
 		-- the deadline (gatekeeper._deadline): the lock timeout, raised
-		-- here, not on the shard
-		WHEN sqlstate = '55P03' THEN 'timeout'
+		-- here, not on the shard, or the write it cut off
+		WHEN sqlstate = '55P03' OR gatekeeper._deadline_passed() THEN 'timeout'
 		-- PL/Proxy's own: the shard could not be reached, or the connection broke
 		WHEN message ~ '^PL/Proxy function ' AND message ~ '(PQconnectPoll|PQconnectStart|connect timeout)' THEN 'unreachable'
 		WHEN message ~ '^PL/Proxy function ' AND message ~ '(PQconsumeInput|PQsendQuery|PQflush|query timeout)' THEN 'broke'

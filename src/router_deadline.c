@@ -29,6 +29,16 @@
  * sql/gatekeeper_router--0.3.0.sql).  A routed call waits for no lock of
  * the router's own, which leaves the lock timeout free while it runs.
  *
+ * One wait is out of PL/Proxy's loop: sending a call larger than what the
+ * connection's buffers take (a mail of a few hundred kilobytes to a frozen
+ * shard), libpq waits until it can write, and checks for no interrupt.  A
+ * second timer, a second after the deadline, finds the connection whose
+ * data the shard has not taken (the stream sockets of this process with
+ * bytes in their send queue, the client's excepted) and shuts it down, so
+ * that the write fails and PL/Proxy raises its error.  The lock timeout
+ * that fired meanwhile is then never reported: its pending cancel is
+ * forgotten when the call's subtransaction aborts.
+ *
  * A deadline is disarmed when the (sub)transaction that armed it aborts,
  * so that a call ended by another error, a cancel included, never leaves
  * it to fire in a later statement.
@@ -44,17 +54,51 @@
 
 #include <limits.h>
 #include <math.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <linux/sockios.h>
+#endif
 
 #include "fmgr.h"
 #include "miscadmin.h"
+/*
+ * For MyProcPort->sock only.  libpq-be.h would need GSSAPI's headers,
+ * which a build need not have; without them its Port keeps its layout
+ * (a void pointer stands for the GSSAPI state).
+ */
+#undef ENABLE_GSS
+#include "libpq/libpq-be.h"
 #include "utils/timeout.h"
+#include "utils/timestamp.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_router_deadline);
+PG_FUNCTION_INFO_V1(gatekeeper_router_deadline_passed);
+
+/* how long after the deadline a call stuck in a write is cut off */
+#define ESCAPE_DELAY_MS 1000
 
 /* whether this process armed the lock timeout for a routed call */
 static bool deadline_armed = false;
 
-static void deadline_disarm(void);
+/* when the deadline armed last falls due, and when it was disarmed */
+static TimestampTz deadline_at = 0;
+static TimestampTz disarmed_at = 0;
+
+/* the timer that cuts a stuck write off, registered on first use */
+static TimeoutId escape_timeout = MAX_TIMEOUTS;
+
+/* the descriptors the escape looks at (the process's limit, at most 65536) */
+static int	escape_fd_limit = 0;
+
+/* the client's socket, never shut down by the escape */
+static volatile int escape_client_fd = -1;
+
+static void deadline_disarm(bool aborting);
+static void deadline_escape(void);
 
 /*
  * gatekeeper._deadline(seconds): arm the deadline of the routed call about
@@ -67,8 +111,9 @@ gatekeeper_router_deadline(PG_FUNCTION_ARGS)
 {
 	double		seconds;
 	double		ms;
+	int			delay;
 
-	deadline_disarm();
+	deadline_disarm(false);
 	if (PG_ARGISNULL(0))
 	{
 		CHECK_FOR_INTERRUPTS();
@@ -80,27 +125,87 @@ gatekeeper_router_deadline(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a routed call's deadline must be 0 or more seconds")));
+	deadline_at = 0;
 	if (seconds == 0)
 		PG_RETURN_VOID();
 
+	if (escape_timeout == MAX_TIMEOUTS)
+	{
+		struct rlimit limit;
+
+		escape_timeout = RegisterTimeout(USER_TIMEOUT, deadline_escape);
+		escape_fd_limit = 1024;
+		if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+			escape_fd_limit = (int) Min(limit.rlim_cur, 65536);
+	}
+	escape_client_fd = MyProcPort != NULL ? (int) MyProcPort->sock : -1;
+
 	ms = ceil(seconds * 1000.0);
-	enable_timeout_after(LOCK_TIMEOUT, ms >= INT_MAX ? INT_MAX : (int) ms);
+	delay = ms >= INT_MAX - ESCAPE_DELAY_MS ? INT_MAX - ESCAPE_DELAY_MS : (int) ms;
+	deadline_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
+	enable_timeout_after(LOCK_TIMEOUT, delay);
+	enable_timeout_after(escape_timeout, delay + ESCAPE_DELAY_MS);
 	deadline_armed = true;
 	PG_RETURN_VOID();
 }
 
 /*
- * Disarm the deadline if this process armed one, keeping the timeout's
- * indicator: a deadline that fired is still reported as the lock timeout
- * it is.
+ * gatekeeper._deadline_passed(): whether the deadline armed last had
+ * fallen due when it was disarmed: the call that failed ran out of time,
+ * whatever its error says.
+ */
+Datum
+gatekeeper_router_deadline_passed(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(deadline_at != 0 && !deadline_armed && disarmed_at >= deadline_at);
+}
+
+/*
+ * Disarm the deadline if this process armed one.  The lock timeout's
+ * indicator is kept, so that a deadline that fired and is not yet
+ * reported is reported as the lock timeout it is, but for a call that
+ * aborts: its error is reported already, and a cancel still pending from
+ * the deadline (the escape ended the call first) is forgotten.
  */
 static void
-deadline_disarm(void)
+deadline_disarm(bool aborting)
 {
 	if (!deadline_armed)
 		return;
 	disable_timeout(LOCK_TIMEOUT, true);
+	disable_timeout(escape_timeout, false);
 	deadline_armed = false;
+	disarmed_at = GetCurrentTimestamp();
+	if (aborting && get_timeout_indicator(LOCK_TIMEOUT, true))
+		QueryCancelPending = false;
+}
+
+/*
+ * The escape, in the timer's signal handler: shut down every stream
+ * socket of this process with bytes the peer has not taken, but the
+ * client's.  Only system calls that are safe in a signal handler.
+ */
+static void
+deadline_escape(void)
+{
+#ifdef SIOCOUTQ
+	int			fd;
+
+	for (fd = 0; fd < escape_fd_limit; fd++)
+	{
+		struct stat st;
+		int			type;
+		int			queued;
+		socklen_t	len = sizeof(type);
+
+		if (fd == escape_client_fd || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode))
+			continue;
+		if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+			continue;
+		if (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0)
+			shutdown(fd, SHUT_RDWR);
+	}
+#endif
 }
 
 /*
@@ -110,7 +215,7 @@ deadline_disarm(void)
 void
 gatekeeper_router_deadline_at_xact_end(XactEvent event)
 {
-	deadline_disarm();
+	deadline_disarm(event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT);
 }
 
 /*
@@ -122,5 +227,5 @@ void
 gatekeeper_router_deadline_at_subxact_end(SubXactEvent event)
 {
 	if (event == SUBXACT_EVENT_ABORT_SUB)
-		deadline_disarm();
+		deadline_disarm(true);
 }

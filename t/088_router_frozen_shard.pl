@@ -9,7 +9,9 @@
 # margin (under 8 s here): on the connection the router had open to it
 # (the call is sent and never answered), on the new one it opens next (the
 # connect is never answered), in a new session, for enqueue, history,
-# administration and queue_stats.  Calls for the other shard's recipients
+# administration and queue_stats; a mail larger than the connection's
+# buffers take, whose write libpq waits on out of PL/Proxy's loop, a
+# second later.  Calls for the other shard's recipients
 # succeed meanwhile, also while another session waits on the frozen shard.
 # Before, each of these calls hung until the shard came back.
 #
@@ -134,12 +136,25 @@ sub thaw
 	@frozen = ();
 }
 
-# a router session with a connection open to each shard
+# two router sessions with a connection open to each shard
 my $session = $router->background_psql('postgres', on_error_stop => 0, timeout => 40);
 $session->set_query_timer_restart;
 $session->query_safe("SELECT gatekeeper.enqueue('$r_frozen', 'Warm', 'B'), gatekeeper.enqueue('$r_up', 'Warm', 'B')");
+my $session2 = $router->background_psql('postgres', on_error_stop => 0, timeout => 40);
+$session2->query_safe("SELECT gatekeeper.enqueue('$r_frozen', 'Warm', 'B')");
 
 freeze($shards[1]);
+
+# a mail larger than the connection's buffers take: libpq waits to write
+# the rest, out of PL/Proxy's loop
+my $large = $session2->query(
+	"SELECT state || '|' || coalesce(message, '') || '|' || seconds FROM try_call('SELECT gatekeeper.enqueue(''$r_frozen'', ''Large'', repeat(''x'', 4000000))')");
+note("large: $large");
+my @large = split /\|/, $large // '', 3;
+is($large[0], '08006', 'a large mail for the frozen shard, on an open connection: 08006');
+like($large[1] // '', qr/did not answer within 2 s/, 'a large mail: the message names the timeout');
+ok(defined $large[2] && $large[2] >= 1.9 && $large[2] < 8, "a large mail: returned within 8 s ($large[2] s)");
+$session2->quit;
 
 my %call = (
 	sent => "SELECT gatekeeper.enqueue('$r_frozen', 'Order', 'B', dedupe_key => 'order-1')",
