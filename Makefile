@@ -56,7 +56,8 @@ OBJS = \
 	src/mail_state_sync.o \
 	src/report_parse.o \
 	src/report.o \
-	src/message_id.o
+	src/message_id.o \
+	src/router_deadline.o
 
 DATA = $(wildcard sql/gatekeeper--*.sql) $(wildcard sql/gatekeeper_router--*.sql)
 

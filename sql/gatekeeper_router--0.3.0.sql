@@ -38,8 +38,9 @@
  *
  * The public functions here are PL/pgSQL or SQL: each calls an internal
  * PL/Proxy function (_name) whose first argument is the hash or number of
- * the shard to run on, and turns PL/Proxy's errors into ones that name
- * the shard (_failed).  A few are the router's own: enqueue_batch, find
+ * the shard to run on, within the deadline gatekeeper_router.timeout
+ * (_deadline), and turns PL/Proxy's errors into ones that name the shard
+ * (_failed).  A few are the router's own: enqueue_batch, find
  * and cancel by key and recipient, shard_queue_stats.
  */
 
@@ -103,11 +104,57 @@ SELECT coalesce(pg_catalog.hashtext(pg_catalog.lower($1)), 0)
 $$;
 
 /*
+ * The deadline of every routed call: gatekeeper_router.timeout
+ */
+
+-- gatekeeper_router.timeout in seconds: a time such as '10s', '500ms' or
+-- '1min', a number alone is seconds, 0 none; unset, 10 seconds
+CREATE FUNCTION gatekeeper._timeout()
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	setting text := coalesce(nullif(pg_catalog.current_setting('gatekeeper_router.timeout', true), ''), '10s');
+	m text[] := pg_catalog.regexp_match(setting, '^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|h|d)?\s*$');
+BEGIN
+	IF m IS NULL THEN
+		RAISE EXCEPTION 'invalid value for gatekeeper_router.timeout: "%"', setting
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'A time such as 10s, 500ms or 1min (a number alone is seconds), or 0 for no limit.';
+	END IF;
+	RETURN m[1]::double precision * CASE m[2] WHEN 'ms' THEN 0.001 WHEN 'min' THEN 60
+											 WHEN 'h' THEN 3600 WHEN 'd' THEN 86400 ELSE 1 END;
+END
+$$;
+
+-- arm the deadline of the routed call about to run, seconds from now (0:
+-- none); NULL disarms it once the call returned (src/router_deadline.c
+-- says why it is PostgreSQL's lock timeout)
+CREATE FUNCTION gatekeeper._deadline(seconds double precision)
+RETURNS void
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS '$libdir/gatekeeper', 'gatekeeper_router_deadline';
+
+-- whether the deadline armed last had passed when it was disarmed: the
+-- call that failed ran out of time, whatever its error says
+CREATE FUNCTION gatekeeper._deadline_passed()
+RETURNS boolean
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS '$libdir/gatekeeper', 'gatekeeper_router_deadline_passed';
+
+/*
  * Raises the error of a call that failed on the shard hash selects (hash &
  * (count - 1)), naming it.  what: the administration call that failed
  * (NULL for a routed call), applied: the shards that had already applied
- * it.  The shard's own refusal keeps its SQLSTATE and message; a shard
- * PL/Proxy could not reach or lost is 08006.
+ * it (NULL in the dry run).  The shard's own refusal keeps its SQLSTATE
+ * and message.  A shard PL/Proxy could not reach is 08006, and so is one
+ * that did not answer within gatekeeper_router.timeout, or whose
+ * connection broke during the call (the shard shutting down, its backend
+ * terminated: 57P01 and the like); the outcome of those two is unknown:
+ * the call may have been carried out on the shard.
  */
 CREATE FUNCTION gatekeeper._failed(hash bigint, what text, applied int[],
 	sqlstate text, message text, detail text, hint text)
@@ -116,38 +163,68 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	shard text;
+	part int := (hash & (gatekeeper._shard_count() - 1))::int;
+	shard text := gatekeeper._shard_name(part);
 	remote text[];
+	kind text;
 	done text;
+	applied_on text := (SELECT pg_catalog.string_agg('p' || a, ', ' ORDER BY a) FROM pg_catalog.unnest(applied) AS a);
 BEGIN
-	shard := gatekeeper._shard_name((hash & (gatekeeper._shard_count() - 1))::int);
 	detail := nullif(detail, '');
 	hint := nullif(hint, '');
-	IF what IS NOT NULL THEN
-		done := CASE WHEN pg_catalog.cardinality(applied) > 0 THEN
-					pg_catalog.format('It was applied on %s already, and on no other shard.',
-						(SELECT pg_catalog.string_agg('p' || a, ', ' ORDER BY a) FROM pg_catalog.unnest(applied) AS a))
-				ELSE 'No shard was changed.' END;
-	END IF;
-	remote := pg_catalog.regexp_match(message, '^\S+\(\d+\): \[[^]]*\] REMOTE [A-Z]+: (.*)$');
-	IF remote IS NOT NULL THEN
+	remote := pg_catalog.regexp_match(message, '^\S+\(\d+\): \[[^]]*\] REMOTE ([A-Z]+): (.*)$');
+	kind := CASE
 		-- the shard's own error, passed through by PL/Proxy
-		message := CASE WHEN what IS NULL THEN remote[1]
-						ELSE pg_catalog.format('%s was refused by gatekeeper shard %s: %s', what, shard, remote[1]) END;
+		WHEN remote IS NOT NULL AND remote[1] NOT IN ('FATAL', 'PANIC') THEN 'refused'
+		-- the shard ended the session during the call (it shuts down)
+		WHEN remote IS NOT NULL THEN 'broke'
+		-- the deadline (gatekeeper._deadline): the lock timeout, raised
+		-- here, not on the shard, or the write it cut off
+		WHEN sqlstate = '55P03' OR gatekeeper._deadline_passed() THEN 'timeout'
+		-- PL/Proxy's own: the shard could not be reached, or the connection broke
+		WHEN message ~ '^PL/Proxy function ' AND message ~ '(PQconnectPoll|PQconnectStart|connect timeout)' THEN 'unreachable'
+		WHEN message ~ '^PL/Proxy function ' AND message ~ '(PQconsumeInput|PQsendQuery|PQflush|query timeout)' THEN 'broke'
+		ELSE 'other' END;
+	IF what IS NOT NULL THEN
+		done := CASE
+			WHEN applied IS NULL THEN 'No shard was changed.'
+			WHEN kind IN ('timeout', 'broke') AND applied_on IS NOT NULL THEN
+				pg_catalog.format('It was applied on %s already, perhaps on p%s, and on no other shard.', applied_on, part)
+			WHEN kind IN ('timeout', 'broke') THEN
+				pg_catalog.format('It may have been applied on p%s, and on no other shard.', part)
+			WHEN applied_on IS NOT NULL THEN
+				pg_catalog.format('It was applied on %s already, and on no other shard.', applied_on)
+			ELSE 'No shard was changed.' END;
+	END IF;
+	IF kind = 'refused' THEN
+		message := CASE WHEN what IS NULL THEN remote[2]
+						ELSE pg_catalog.format('%s was refused by gatekeeper shard %s: %s', what, shard, remote[2]) END;
 		detail := pg_catalog.concat_ws(' ', pg_catalog.regexp_replace(detail, '^Remote detail: ', ''),
 			CASE WHEN what IS NULL THEN 'Raised by gatekeeper shard ' || shard || '.' END, done);
 		hint := pg_catalog.regexp_replace(hint, '^Remote hint: ', '');
-	ELSIF message ~ '^PL/Proxy function '
-		  AND message ~ '(PQconnectPoll|PQconnectStart|PQconsumeInput|PQsendQuery|PQflush|connect timeout|query timeout)' THEN
-		-- PL/Proxy's own: the shard could not be reached, or the connection broke
-		sqlstate := '08006';
-		detail := pg_catalog.concat_ws(' ', message, done);
-		message := pg_catalog.format('gatekeeper shard %s is unreachable', shard);
-		hint := CASE WHEN what IS NULL THEN 'Calls routed to the other shards go on.'
-					 ELSE pg_catalog.format('%s runs on every shard: run it again when %s is back.', what, shard) END;
-	ELSE
+	ELSIF kind = 'other' THEN
 		message := pg_catalog.format('gatekeeper shard %s: %s', shard, message);
 		detail := pg_catalog.concat_ws(' ', detail, done);
+	ELSE
+		-- 08006: not sent, or sent with an unknown outcome (for
+		-- administration done says it: a dry run changes nothing)
+		detail := pg_catalog.concat_ws(' ',
+			CASE WHEN kind <> 'unreachable' AND what IS NULL THEN 'The call may have been carried out on the shard.' END,
+			CASE WHEN kind <> 'broke' THEN NULL
+				 WHEN remote IS NOT NULL THEN pg_catalog.format('The shard said: %s (%s).', remote[2], sqlstate) END,
+			CASE WHEN kind = 'unreachable' OR (kind = 'broke' AND remote IS NULL) THEN message END,
+			done);
+		message := CASE kind
+			WHEN 'unreachable' THEN pg_catalog.format('gatekeeper shard %s is unreachable', shard)
+			WHEN 'timeout' THEN pg_catalog.format('gatekeeper shard %s did not answer within %s s (gatekeeper_router.timeout)',
+				shard, gatekeeper._timeout())
+			ELSE pg_catalog.format('the connection to gatekeeper shard %s broke during the call', shard) END;
+		sqlstate := '08006';
+		hint := CASE
+			WHEN what IS NOT NULL THEN
+				pg_catalog.format('%s runs on every shard: run it again when %s is back.', what, shard)
+			WHEN kind = 'unreachable' THEN 'Calls routed to the other shards go on.'
+			ELSE 'Calls routed to the other shards go on. Run the call again when the shard answers: an enqueue with the same dedupe_key then makes no second mail.' END;
 	END IF;
 	detail := nullif(detail, '');
 	hint := nullif(hint, '');
@@ -179,6 +256,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	count int := gatekeeper._shard_count();
+	timeout double precision := gatekeeper._timeout();
 	part int;
 	dry boolean;
 	result text;
@@ -192,7 +270,9 @@ BEGIN
 	FOREACH dry IN ARRAY ARRAY[true, false] LOOP
 		FOR part IN 0 .. count - 1 LOOP
 			BEGIN
+				PERFORM gatekeeper._deadline(timeout);
 				EXECUTE call INTO result USING part, dry, args;
+				PERFORM gatekeeper._deadline(NULL);
 				IF NOT dry THEN
 					applied := applied || part;
 					total := coalesce(total, 0) + nullif(result, '')::bigint;
@@ -202,7 +282,7 @@ BEGIN
 										det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
 				-- the dry run's own end: the shard took the call
 				CONTINUE WHEN dry AND st = '22012' AND msg ~ 'REMOTE ERROR: division by zero$';
-				PERFORM gatekeeper._failed(part, what, applied, st, msg, det, hnt);
+				PERFORM gatekeeper._failed(part, what, CASE WHEN NOT dry THEN applied END, st, msg, det, hnt);
 			END;
 		END LOOP;
 	END LOOP;
@@ -248,13 +328,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	h int := gatekeeper._hash(recipient);
+	timeout double precision := gatekeeper._timeout();
+	id bigint;
 	st text;
 	msg text;
 	det text;
 	hnt text;
 BEGIN
-	RETURN gatekeeper._enqueue(h, recipient, subject, body, queue, send_at, html, sender, headers,
-							   dedupe_key, priority, send_by, recipient_name, metadata, timezone);
+	PERFORM gatekeeper._deadline(timeout);
+	id := gatekeeper._enqueue(h, recipient, subject, body, queue, send_at, html, sender, headers,
+							  dedupe_key, priority, send_by, recipient_name, metadata, timezone);
+	PERFORM gatekeeper._deadline(NULL);
+	RETURN id;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 							det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -297,6 +382,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	count int := gatekeeper._shard_count();
+	timeout double precision := gatekeeper._timeout();
 	n int := pg_catalog.cardinality(recipients);
 	ids bigint[];
 	part int;
@@ -338,11 +424,13 @@ BEGIN
 	LOOP
 		part := s.part;
 		BEGIN
+			PERFORM gatekeeper._deadline(timeout);
 			FOR r IN SELECT * FROM gatekeeper._enqueue_rows(s.part, s.ords, s.recipients, s.subjects,
 				s.bodies, queue, send_at, s.dedupe_keys, s.metadata)
 			LOOP
 				ids[r.ord] := r.id;
 			END LOOP;
+			PERFORM gatekeeper._deadline(NULL);
 		EXCEPTION WHEN OTHERS THEN
 			GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 									det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -599,7 +687,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	timeout double precision := gatekeeper._timeout();
 	part int;
+	held boolean;
 	st text;
 	msg text;
 	det text;
@@ -607,13 +697,16 @@ DECLARE
 BEGIN
 	FOR part IN SELECT * FROM gatekeeper._id_shards(mail_id) LOOP
 		BEGIN
+			PERFORM gatekeeper._deadline(timeout);
 			RETURN QUERY SELECT * FROM gatekeeper._status(part, mail_id);
+			held := FOUND;
+			PERFORM gatekeeper._deadline(NULL);
 		EXCEPTION WHEN OTHERS THEN
 			GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 									det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
 			PERFORM gatekeeper._failed(part, NULL, NULL, st, msg, det, hnt);
 		END;
-		EXIT WHEN FOUND;
+		EXIT WHEN held;
 	END LOOP;
 END
 $$;
@@ -645,6 +738,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	mail_id bigint := $1;
+	timeout double precision := gatekeeper._timeout();
 	part int;
 	r record;
 	st text;
@@ -654,7 +748,9 @@ DECLARE
 BEGIN
 	FOR part IN SELECT * FROM gatekeeper._id_shards(mail_id) LOOP
 		BEGIN
+			PERFORM gatekeeper._deadline(timeout);
 			SELECT * INTO r FROM gatekeeper._cancel(part, mail_id);
+			PERFORM gatekeeper._deadline(NULL);
 		EXCEPTION WHEN OTHERS THEN
 			GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 									det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -706,6 +802,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	timeout double precision := gatekeeper._timeout();
 	part int;
 	best_id bigint;
 	best_live boolean;
@@ -720,6 +817,7 @@ DECLARE
 BEGIN
 	FOREACH part IN ARRAY parts LOOP
 		BEGIN
+			PERFORM gatekeeper._deadline(timeout);
 			IF cancelling THEN
 				c := gatekeeper._cancel_key(part, queue, dedupe_key);
 				any_cancelled := any_cancelled OR c;
@@ -733,6 +831,7 @@ BEGIN
 					END IF;
 				END LOOP;
 			END IF;
+			PERFORM gatekeeper._deadline(NULL);
 		EXCEPTION WHEN OTHERS THEN
 			GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 									det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -814,12 +913,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	h int := gatekeeper._hash($1);
+	timeout double precision := gatekeeper._timeout();
 	st text;
 	msg text;
 	det text;
 	hnt text;
 BEGIN
+	PERFORM gatekeeper._deadline(timeout);
 	RETURN QUERY SELECT * FROM gatekeeper._history(h, $1, $2);
+	PERFORM gatekeeper._deadline(NULL);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 							det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -847,12 +949,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	h int := gatekeeper._hash(address);
+	timeout double precision := gatekeeper._timeout();
+	result boolean;
 	st text;
 	msg text;
 	det text;
 	hnt text;
 BEGIN
-	RETURN gatekeeper._suppress(h, true, address, reason, queue, detail);
+	PERFORM gatekeeper._deadline(timeout);
+	result := gatekeeper._suppress(h, true, address, reason, queue, detail);
+	PERFORM gatekeeper._deadline(NULL);
+	RETURN result;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 							det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -868,12 +975,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	h int := gatekeeper._hash(address);
+	timeout double precision := gatekeeper._timeout();
+	result boolean;
 	st text;
 	msg text;
 	det text;
 	hnt text;
 BEGIN
-	RETURN gatekeeper._suppress(h, false, address, NULL, queue, NULL);
+	PERFORM gatekeeper._deadline(timeout);
+	result := gatekeeper._suppress(h, false, address, NULL, queue, NULL);
+	PERFORM gatekeeper._deadline(NULL);
+	RETURN result;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 							det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
@@ -942,6 +1054,7 @@ DECLARE
 	names record := gatekeeper._token_names(token);
 	count int := gatekeeper._shard_count();
 	home int := gatekeeper._hash(names.recipient) & (count - 1);
+	timeout double precision := gatekeeper._timeout();
 	part int;
 	result boolean;
 	st text;
@@ -953,12 +1066,15 @@ BEGIN
 	FOR part IN SELECT p FROM pg_catalog.generate_series(0, count - 1) AS p
 				 ORDER BY p <> home, p LOOP
 		BEGIN
+			PERFORM gatekeeper._deadline(timeout);
 			result := gatekeeper._unsubscribe(part, token);
 			IF part <> home THEN
 				-- signed elsewhere: the recipient's own shard suppresses too
+				PERFORM gatekeeper._deadline(timeout);
 				PERFORM gatekeeper._suppress(home, true, names.recipient, 'unsubscribe', names.queue,
 					'unsubscribe token verified by shard p' || part);
 			END IF;
+			PERFORM gatekeeper._deadline(NULL);
 			RETURN result;
 		EXCEPTION WHEN OTHERS THEN
 			GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
@@ -1012,6 +1128,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	timeout double precision := gatekeeper._timeout();
 	part int;
 	st text;
 	msg text;
@@ -1020,7 +1137,9 @@ DECLARE
 BEGIN
 	FOR part IN 0 .. gatekeeper._shard_count() - 1 LOOP
 		BEGIN
+			PERFORM gatekeeper._deadline(timeout);
 			RETURN QUERY SELECT part, s.* FROM gatekeeper._queue_stats(part) s;
+			PERFORM gatekeeper._deadline(NULL);
 		EXCEPTION WHEN OTHERS THEN
 			GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
 									det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;

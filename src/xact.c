@@ -24,6 +24,10 @@
  * 4. the wake-ups last, once everything this transaction publishes is in
  *    shared memory.
  *
+ * One more module has nothing to publish: the deadline of a call the
+ * router routes to a shard (src/router_deadline.c) is disarmed when the
+ * transaction, or the subtransaction that ran the call, ends.
+ *
  * The callbacks are registered once per process, when the library is
  * loaded; each hook returns at once when it has nothing pending.
  *
@@ -45,6 +49,7 @@
 #include "xact.h"
 #include "gate_store.h"
 #include "live_count.h"
+#include "router_deadline.h"
 #include "stats.h"
 #include "wake.h"
 
@@ -84,6 +89,7 @@ gatekeeper_xact_callback(XactEvent event, void *arg)
 	gatekeeper_live_count_at_xact_end(event);
 	gatekeeper_stats_at_xact_end(event);
 	gatekeeper_wake_at_xact_end(event);
+	gatekeeper_router_deadline_at_xact_end(event);
 }
 
 /*
@@ -99,6 +105,7 @@ gatekeeper_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	gate_store_at_subxact_end(event);
 	gatekeeper_live_count_at_subxact_end(event);
 	gatekeeper_stats_at_subxact_end(event);
+	gatekeeper_router_deadline_at_subxact_end(event);
 }
 
 /*
