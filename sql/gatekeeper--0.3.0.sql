@@ -2837,6 +2837,9 @@ BEGIN
 	IF drop_template.name IS NULL THEN
 		RAISE EXCEPTION 'template name must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
+	-- an alter_template in progress is waited for, and the version it
+	-- made is dropped too: the DELETE reads after the lock
+	PERFORM 1 FROM gatekeeper.template t WHERE t.name = drop_template.name FOR UPDATE;
 	DELETE FROM gatekeeper.template t WHERE t.name = drop_template.name;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'template "%" does not exist', drop_template.name
