@@ -38,6 +38,8 @@ OBJS = \
 	src/enqueue.o \
 	src/validate.o \
 	src/message.o \
+	src/template.o \
+	src/template_funcs.o \
 	src/dkim.o \
 	src/smtp_client.o \
 	src/smtp_config.o \

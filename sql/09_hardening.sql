@@ -16,6 +16,9 @@ LANGUAGE sql AS $$
 		WHEN arg = 'name' AND fn IN ('create_queue') THEN '''probe_q'''
 		WHEN arg = 'name' AND fn IN ('create_gate') THEN '''probe_g'''
 		WHEN arg = 'name' AND fn IN ('alter_gate', 'drop_gate') THEN '''smart_sending'''
+		WHEN arg = 'name' AND fn IN ('create_template') THEN '''probe_t2'''
+		WHEN arg = 'name' AND fn IN ('alter_template', 'drop_template') THEN '''probe_t'''
+		WHEN arg = 'template' AND fn IN ('render') THEN '''probe_t'''
 		WHEN arg = 'name' THEN '''default'''
 		WHEN arg IN ('queue') THEN '''default'''
 		WHEN arg = 'on_gate_closed' THEN '''defer'''
@@ -44,6 +47,8 @@ LANGUAGE sql AS $$
 		WHEN typ = 'regrole'::regtype THEN 'current_user'
 		ELSE 'DEFAULT' END || '::' || typ::text
 $$;
+-- a template for the template functions to name (issue 48)
+SELECT gatekeeper.create_template('probe_t', 's', 'b');
 DO $$
 DECLARE
 	f record;

@@ -2726,6 +2726,174 @@ COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
 	'give a role what one use of gatekeeper needs (''enqueue'', ''worker'' or ''monitor''), and again after every update';
 
 /*
+ * Templates (issue 48): a campaign's content stored once, rendered per
+ * mail from its data.  A version is never changed once written:
+ * alter_template adds the next.  The language is src/template.c's, a
+ * version's parts are checked, compiled and rendered by
+ * src/template_funcs.c.
+ */
+CREATE TABLE gatekeeper.template (
+	name		text NOT NULL,
+	version		int NOT NULL CHECK (version >= 1),
+	subject		text NOT NULL,
+	body		text NOT NULL,
+	html		text,
+	headers		jsonb,
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (name, version)
+);
+COMMENT ON TABLE gatekeeper.template IS
+	'templates, a row per version: subject, body, html and header values in a Mustache subset, rendered over each mail''s data';
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.template', '');
+
+-- raise 22004, 22023 (with the position) or 54000 unless these parts can
+-- be a template version
+CREATE FUNCTION gatekeeper._template_check(name text, subject text, body text, html text, headers jsonb)
+RETURNS void
+LANGUAGE c
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_template_check';
+
+-- a template version's parts (as read from gatekeeper.template) rendered
+-- over data: what render() shows
+CREATE FUNCTION gatekeeper._render(name text, version int, subject text, body text, html text,
+	headers jsonb, data jsonb, OUT subject text, OUT body text, OUT html text, OUT headers jsonb)
+LANGUAGE c STABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_template_render_sql';
+
+-- html => '' and headers => '{}' mean none
+CREATE FUNCTION gatekeeper.create_template(name text, subject text, body text,
+	html text DEFAULT NULL, headers jsonb DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM gatekeeper._template_check(create_template.name, create_template.subject,
+									   create_template.body, nullif(create_template.html, ''),
+									   nullif(create_template.headers, '{}'));
+	BEGIN
+		INSERT INTO gatekeeper.template (name, version, subject, body, html, headers)
+		VALUES (create_template.name, 1, create_template.subject, create_template.body,
+				nullif(create_template.html, ''), nullif(create_template.headers, '{}'));
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'template "%" already exists', create_template.name
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'alter_template() makes a new version of it.';
+	END;
+	RETURN 1;
+END
+$$;
+
+-- a new version: each part NULL is the latest version's; html => '' and
+-- headers => '{}' remove them
+CREATE FUNCTION gatekeeper.alter_template(name text, subject text DEFAULT NULL, body text DEFAULT NULL,
+	html text DEFAULT NULL, headers jsonb DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	latest gatekeeper.template;
+BEGIN
+	IF alter_template.name IS NULL THEN
+		RAISE EXCEPTION 'template name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- one new version of a name at a time: a concurrent alter_template
+	-- waits here, then reads the version this one made
+	PERFORM 1 FROM gatekeeper.template t WHERE t.name = alter_template.name FOR UPDATE;
+	SELECT * INTO latest FROM gatekeeper.template t
+	 WHERE t.name = alter_template.name ORDER BY t.version DESC LIMIT 1;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'template "%" does not exist', alter_template.name
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	latest.version := latest.version + 1;
+	latest.subject := coalesce(alter_template.subject, latest.subject);
+	latest.body := coalesce(alter_template.body, latest.body);
+	latest.html := CASE WHEN alter_template.html = '' THEN NULL
+						ELSE coalesce(alter_template.html, latest.html) END;
+	latest.headers := CASE WHEN alter_template.headers = '{}' THEN NULL
+						   ELSE coalesce(alter_template.headers, latest.headers) END;
+	PERFORM gatekeeper._template_check(latest.name, latest.subject, latest.body, latest.html,
+									   latest.headers);
+	INSERT INTO gatekeeper.template (name, version, subject, body, html, headers)
+	VALUES (latest.name, latest.version, latest.subject, latest.body, latest.html, latest.headers);
+	RETURN latest.version;
+END
+$$;
+
+-- every version of a template
+CREATE FUNCTION gatekeeper.drop_template(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF drop_template.name IS NULL THEN
+		RAISE EXCEPTION 'template name must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- an alter_template in progress is waited for, and the version it
+	-- made is dropped too: the DELETE reads after the lock
+	PERFORM 1 FROM gatekeeper.template t WHERE t.name = drop_template.name FOR UPDATE;
+	DELETE FROM gatekeeper.template t WHERE t.name = drop_template.name;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'template "%" does not exist', drop_template.name
+			USING ERRCODE = 'undefined_object';
+	END IF;
+END
+$$;
+
+-- a template's latest version (or the one named) rendered over data, as
+-- the mail would carry it
+CREATE FUNCTION gatekeeper.render(template text, data jsonb, version int DEFAULT NULL)
+RETURNS TABLE (subject text, body text, html text, headers jsonb)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t gatekeeper.template;
+BEGIN
+	IF render.template IS NULL THEN
+		RAISE EXCEPTION 'template must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	SELECT * INTO t FROM gatekeeper.template x
+	 WHERE x.name = render.template AND (render.version IS NULL OR x.version = render.version)
+	 ORDER BY x.version DESC LIMIT 1;
+	IF NOT FOUND AND render.version IS NULL THEN
+		RAISE EXCEPTION 'template "%" does not exist', render.template
+			USING ERRCODE = 'undefined_object';
+	ELSIF NOT FOUND THEN
+		RAISE EXCEPTION 'template "%" has no version %', render.template, render.version
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	RETURN QUERY SELECT r.subject, r.body, r.html, r.headers
+				   FROM gatekeeper._render(t.name, t.version, t.subject, t.body, t.html,
+										   t.headers, render.data) r;
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.create_template(text, text, text, text, jsonb) IS
+	'make a template (version 1) of a subject, a body, an html part and header values in a Mustache subset';
+COMMENT ON FUNCTION gatekeeper.alter_template(text, text, text, text, jsonb) IS
+	'make a template''s next version; each part NULL is the latest version''s';
+COMMENT ON FUNCTION gatekeeper.drop_template(text) IS
+	'drop every version of a template';
+COMMENT ON FUNCTION gatekeeper.render(text, jsonb, int) IS
+	'a template''s latest version (or the one given) rendered over data: the subject, body, html and headers a mail would carry';
+
+-- every template version; in_use: the unfinished mail that uses it (none
+-- yet: mail names no template before issue 48's next step)
+CREATE VIEW gatekeeper.templates AS
+SELECT t.name, t.version, t.created_at, 0::bigint AS in_use
+  FROM gatekeeper.template t;
+
+/*
  * Privileges: nothing for PUBLIC.  grant() gives a role one use (an
  * application that enqueues, an external sender, a monitor); see
  * docs/operations.md, "Security".

@@ -47,6 +47,10 @@
  * src/unsubscribe.c	one-click unsubscribe tokens and URLs
  * src/window.c			sending windows in a time zone
  * src/message.c		RFC 5322 message building
+ * src/template.c		the templates' language: a Mustache subset over
+ *						jsonb, compiled once, rendered within bounds
+ * src/template_funcs.c	template versions compiled per process, rendered
+ *						into a mail's parts; their SQL functions
  * src/dkim.c			DKIM signing of built messages
  * src/report.c			delivery reports and events: ingest_report,
  *						record_event
