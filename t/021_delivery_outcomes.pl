@@ -67,7 +67,7 @@ $node->safe_psql(
 	'postgres', q{
 CREATE EXTENSION gatekeeper;
 SELECT gatekeeper.create_queue('promo', gates => '{smart_sending}');
-SELECT gatekeeper.create_queue('promo_once', gates => '{smart_sending}', max_attempts => 1);
+SELECT gatekeeper.create_queue('promo_once', gates => '{smart_sending}', max_attempts => 1, retry_for => '0');
 });
 
 is($node->safe_psql('postgres', 'SHOW gatekeeper.retry_delay'),
