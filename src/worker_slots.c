@@ -376,8 +376,8 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		{
 			static const GatekeeperRelayStatus none = {.breaker = "closed"};
 			const GatekeeperRelayStatus *rs = r < st->nrelays ? &st->relays[r] : &none;
-			Datum		values[15];
-			bool		nulls[15];
+			Datum		values[17];
+			bool		nulls[17];
 
 			memset(nulls, 0, sizeof(nulls));
 			values[0] = Int32GetDatum((int32) pid);
@@ -399,6 +399,9 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 			values[13] = Int32GetDatum(i + 1);
 			values[14] = CStringGetTextDatum(rs->url);
 			nulls[14] = r >= st->nrelays;
+			values[15] = Int32GetDatum(st->held_for_standbys);
+			values[16] = TimestampTzGetDatum(st->held_since);
+			nulls[16] = st->held_since == 0;
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		}
 	}
