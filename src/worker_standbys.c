@@ -18,7 +18,7 @@
  * when too few stream, after STANDBY_WAIT_LOG_MS when they stream but
  * have not flushed the oldest held claim), with how to lower the setting,
  * and once when it stops; worker_status shows how many mails are held and
- * since when, which the shipped alert GatekeeperStandbysMissing watches.
+ * since when, which the shipped alert GatekeeperWaitingForStandbys watches.
  *
  * IDENTIFICATION
  *		src/worker_standbys.c
