@@ -13,8 +13,10 @@
 # - a private Prometheus scraping that exporter with monitoring/alerts.yaml
 #   loaded fires GatekeeperWaitingForStandbys within 5 minutes of the
 #   standby going away (the time is noted: 2 min), and no other alert.
-# Each held mail goes once when the standby comes back, or when the
-# setting is lowered as the log says.
+# A standby that streams but flushes nothing (its walreceiver stopped, as
+# a host that stops answering) is said in the log after 30 s.  Each held
+# mail goes once when the standby comes back, or when the setting is
+# lowered as the log says.
 
 use strict;
 use warnings;
@@ -41,6 +43,7 @@ my $primary = GatekeeperTest::new_node(
 	conf => qq{
 wal_level = replica
 max_wal_senders = 4
+wal_sender_timeout = '5min'
 gatekeeper.claim_standbys = 1
 });
 $primary->start;
@@ -184,6 +187,35 @@ ok( GatekeeperTest::poll_until(
 		q{SELECT held_for_standbys || '|' || (held_since IS NULL) FROM gatekeeper.worker_status}, '0|true', 30),
 	'worker_status: nothing held');
 
+# a standby whose host stops answering: its walsender streams on (until
+# wal_sender_timeout), but nothing is flushed; the worker says it waits
+# once the oldest held mail has waited 30 s, and stops when the standby
+# flushes again
+my $receiver = $standby->safe_psql('postgres', 'SELECT pid FROM pg_stat_wal_receiver');
+ok($receiver =~ /^\d+$/, 'the standby\'s walreceiver runs') or BAIL_OUT('no walreceiver');
+$offset = -s $primary->logfile;
+kill 'STOP', $receiver;
+$primary->safe_psql('postgres',
+	"SELECT gatekeeper.enqueue('h' || i || '\@example.com', 'Standby hangs', 'body') FROM generate_series(1, 1) i");
+my $hung_at = time;
+ok( GatekeeperTest::wait_for(
+		sub {
+			slurp_file($primary->logfile, $offset) =~
+			  /LOG:  gatekeeper worker waits for 1 standby: 1 streaming, \d+ bytes behind\n.*DETAIL:  .*; 1 mail waits\./;
+		},
+		60,
+		'the log to say the worker waits for a standby that flushes nothing'),
+	'a standby that streams and flushes nothing: the log says the worker waits, 1 streaming, bytes behind');
+my $logged_after = time - $hung_at;
+ok($logged_after >= 25, sprintf('... once the mail has waited about 30 s (%.0f s)', $logged_after));
+is(GatekeeperTest::sink_count($sink), 8, '... and the mail did not go');
+kill 'CONT', $receiver;
+ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($sink) == 9 }, 60, 'nine mails'),
+	'the standby answering again, the held mail goes');
+ok( GatekeeperTest::wait_for(sub { slurp_file($primary->logfile, $offset) =~ $stops_re }, 30,
+		'the log to say the wait ended'),
+	'the log says the worker no longer waits');
+
 # lost again: the operator lowers the setting as the log says, and the
 # held mail goes
 $offset = -s $primary->logfile;
@@ -198,7 +230,7 @@ ok( GatekeeperTest::wait_for(sub { slurp_file($primary->logfile, $offset) =~ $wa
 	'the log says the worker waits again');
 my ($hint) = slurp_file($primary->logfile, $offset) =~ /HINT:  .*: (ALTER SYSTEM SET .*)$/m;
 $primary->safe_psql('postgres', $hint);
-ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($sink) == 10 }, 60, 'ten mails'),
+ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_count($sink) == 11 }, 60, 'eleven mails'),
 	'the hint\'s statements, run as written, let the held mail go');
 ok( GatekeeperTest::wait_for(sub { slurp_file($primary->logfile, $offset) =~ $stops_re }, 30,
 		'the log to say the wait ended'),
