@@ -984,7 +984,8 @@ CREATE FUNCTION gatekeeper._worker_status(OUT pid int, OUT started timestamptz, 
 		OUT in_flight int, OUT connections int, OUT relay text, OUT last_success timestamptz,
 		OUT last_error text, OUT last_error_at timestamptz, OUT sent_total bigint,
 		OUT unsigned_total bigint, OUT deferred_total bigint, OUT failed_total bigint,
-		OUT worker int, OUT relay_url text, OUT last_reply text, OUT last_reply_at timestamptz)
+		OUT worker int, OUT relay_url text, OUT last_reply text, OUT last_reply_at timestamptz,
+		OUT held_for_standbys int, OUT held_since timestamptz)
 	RETURNS SETOF record
 	LANGUAGE C VOLATILE STRICT
 	SET search_path = pg_catalog, pg_temp
@@ -1000,12 +1001,15 @@ AS 'MODULE_PATHNAME', 'gatekeeper_worker_status';
 -- refusal of the session, its last 4xx or 5xx to a transaction, the
 -- messages the worker built without a DKIM signature (no key for their From
 -- domain), the mails the relay took, deferred (4xx, a timeout, a dropped
--- connection) and failed (5xx), and the worker's number (1 ..
--- gatekeeper.workers, the same after a restart, unlike its pid)
+-- connection) and failed (5xx), the worker's number (1 ..
+-- gatekeeper.workers, the same after a restart, unlike its pid), and the
+-- claimed mails it holds for gatekeeper.claim_standbys, with when the
+-- oldest of them began to wait (NULL: none)
 CREATE VIEW gatekeeper.worker_status AS
 SELECT w.pid, w.started, w.state, w.in_flight, w.connections, w.relay,
 	   w.last_success, w.last_error, w.last_error_at, w.sent_total, w.unsigned_total,
-	   w.deferred_total, w.failed_total, w.worker, w.relay_url, w.last_reply, w.last_reply_at
+	   w.deferred_total, w.failed_total, w.worker, w.relay_url, w.last_reply, w.last_reply_at,
+	   w.held_for_standbys, w.held_since
   FROM gatekeeper._worker_status() AS w;
 
 COMMENT ON VIEW gatekeeper.worker_status IS
@@ -1450,7 +1454,7 @@ COMMENT ON FUNCTION gatekeeper._live_stats() IS
 COMMENT ON FUNCTION gatekeeper._gate_memory() IS
 	'what the gates hold in the server''s shared memory (bytes used and total, entries, gated mails deferred because it was full), one row; the gate_memory view reads it';
 COMMENT ON FUNCTION gatekeeper._worker_status() IS
-	'one row per background worker and relay, from shared memory: state, mail in flight, relay connections, breaker, last relay error and totals; the worker_status view reads it';
+	'one row per background worker and relay, from shared memory: state, mail in flight, relay connections, breaker, last relay error, totals and mail held for the standbys; the worker_status view reads it';
 
 /*
  * ---------------------------------------------------------------------------

@@ -1026,6 +1026,7 @@ report(const char *state)
 		rs->connections = smtp_client_connections(i);
 	}
 	status.in_flight = nlive;
+	worker_standbys_report(&status);
 	gatekeeper_slot_report(worker_slot, &status);
 
 	/*

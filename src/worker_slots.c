@@ -376,8 +376,8 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 		{
 			static const GatekeeperRelayStatus none = {.breaker = "closed"};
 			const GatekeeperRelayStatus *rs = r < st->nrelays ? &st->relays[r] : &none;
-			Datum		values[17];
-			bool		nulls[17];
+			Datum		values[19];
+			bool		nulls[19];
 
 			memset(nulls, 0, sizeof(nulls));
 			values[0] = Int32GetDatum((int32) pid);
@@ -403,6 +403,9 @@ gatekeeper_worker_status(PG_FUNCTION_ARGS)
 			nulls[15] = rs->last_reply[0] == '\0';
 			values[16] = TimestampTzGetDatum(rs->last_reply_at);
 			nulls[16] = rs->last_reply_at == 0;
+			values[17] = Int32GetDatum(st->held_for_standbys);
+			values[18] = TimestampTzGetDatum(st->held_since);
+			nulls[18] = st->held_since == 0;
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		}
 	}

@@ -54,6 +54,9 @@ typedef struct GatekeeperWorkerStatus
 	/* delivery latency: from due to the relay's 2xx, by bucket (not cumulative) */
 	int64		latency_buckets[GATEKEEPER_LATENCY_BUCKETS + 1];	/* the last: above every bound */
 	double		latency_sum;	/* seconds */
+	/* claimed mails held for gatekeeper.claim_standbys, since when, or 0 */
+	int			held_for_standbys;
+	TimestampTz held_since;
 } GatekeeperWorkerStatus;
 
 /* src/gatekeeper.c's shared memory hooks */

@@ -12,6 +12,14 @@
  * pg_stat_replication reads it; the worker's loop asks here how many of
  * its pending mails may go (SPEC "Failover").
  *
+ * Like synchronous_standby_names, the setting stops delivery while fewer
+ * standbys stream, and a promoted node has none at first.  So the worker
+ * says once in the log when it starts waiting for the standbys (at once
+ * when too few stream, after STANDBY_WAIT_LOG_MS when they stream but
+ * have not flushed the oldest held claim), with how to lower the setting,
+ * and once when it stops; worker_status shows how many mails are held and
+ * since when, which the shipped alert GatekeeperWaitingForStandbys watches.
+ *
  * IDENTIFICATION
  *		src/worker_standbys.c
  *
@@ -21,6 +29,7 @@
 
 #include "worker_standbys.h"
 #include "gatekeeper.h"
+#include "worker_slots.h"
 
 #include "lib/ilist.h"
 #include "replication/walsender.h"
@@ -29,6 +38,7 @@
 #include "storage/procarray.h"
 #include "storage/spin.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 /*
  * How often held mail looks at the standbys' flush positions: often while
@@ -38,19 +48,31 @@
 #define STANDBY_POLL_MS				5
 #define STANDBY_MISSING_POLL_MS		200
 
+/*
+ * How long the oldest held claim waits, with enough standbys streaming,
+ * before the worker says in the log that it waits for them: a standby that
+ * streams but flushes nothing (a host gone without closing its connection,
+ * until wal_sender_timeout) or far behind.  A round trip is milliseconds.
+ */
+#define STANDBY_WAIT_LOG_MS			30000
+
 /* the claims whose mail waits for the standbys, oldest first */
 typedef struct HeldClaim
 {
 	dlist_node	node;
 	XLogRecPtr	lsn;			/* the end of the claim's commit record */
 	int			mails;			/* its mails still on "pending" */
+	TimestampTz held_at;		/* when it was held */
 } HeldClaim;
 
 static dlist_head held_claims = DLIST_STATIC_INIT(held_claims);
+static int	held_mails = 0;		/* the mails of held_claims */
 static char held_why[64];		/* what the held mail waits for */
 static bool standbys_missing = false;	/* fewer than claim_standbys stream */
+static TimestampTz waiting_since = 0;	/* the log said the worker waits, or 0 */
 
 static XLogRecPtr standby_flush(int n, int *streaming);
+static void watch_waiting(int streaming, uint64 behind, const char *ended);
 
 /*
  * worker_standbys_hold: the mails of the claim just committed (the last
@@ -69,7 +91,9 @@ worker_standbys_hold(int mails, XLogRecPtr lsn)
 	h = MemoryContextAlloc(TopMemoryContext, sizeof(HeldClaim));
 	h->lsn = lsn;
 	h->mails = mails;
+	h->held_at = GetCurrentTimestamp();
 	dlist_push_tail(&held_claims, &h->node);
+	held_mails += mails;
 	return worker_standbys_clear();
 }
 
@@ -100,11 +124,15 @@ worker_standbys_clear(void)
 		if (h->lsn > flushed)
 			break;
 		cleared += h->mails;
+		held_mails -= h->mails;
 		dlist_delete(&h->node);
 		pfree(h);
 	}
 	if (dlist_is_empty(&held_claims))
+	{
+		watch_waiting(streaming, 0, NULL);
 		return cleared;
+	}
 
 	h = dlist_container(HeldClaim, node, dlist_head_node(&held_claims));
 	standbys_missing = streaming < gatekeeper_claim_standbys;
@@ -116,6 +144,7 @@ worker_standbys_clear(void)
 		snprintf(held_why, sizeof(held_why), "waiting for %d standby%s: " UINT64_FORMAT " bytes behind",
 				 gatekeeper_claim_standbys, gatekeeper_claim_standbys == 1 ? "" : "s",
 				 (uint64) (h->lsn - flushed));
+	watch_waiting(streaming, standbys_missing ? 0 : (uint64) (h->lsn - flushed), NULL);
 	return cleared;
 }
 
@@ -132,6 +161,70 @@ worker_standbys_forget(void)
 										dlist_pop_head_node(&held_claims));
 
 		pfree(h);
+	}
+	held_mails = 0;
+	watch_waiting(0, 0, "The held mail was handed back, uncharged: no relay takes mail.");
+}
+
+/*
+ * Say once in the log when the worker starts waiting for the standbys, and
+ * once when it stops, from what worker_standbys_clear found: streaming
+ * standbys, and how far behind the oldest held claim the one that counts
+ * is (0 when too few stream).  ended, when given, says why the wait ended
+ * whatever the standbys do.
+ */
+static void
+watch_waiting(int streaming, uint64 behind, const char *ended)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		waiting = false;
+	HeldClaim  *oldest = NULL;
+
+	if (!dlist_is_empty(&held_claims))
+	{
+		oldest = dlist_container(HeldClaim, node, dlist_head_node(&held_claims));
+		waiting = standbys_missing ||
+			TimestampDifferenceExceeds(oldest->held_at, now, STANDBY_WAIT_LOG_MS);
+	}
+
+	if (waiting && waiting_since == 0)
+	{
+		int			n = gatekeeper_claim_standbys;
+
+		waiting_since = oldest->held_at;
+		ereport(LOG,
+				(standbys_missing ?
+				 errmsg_plural("gatekeeper worker waits for %d standby: %d streaming",
+							   "gatekeeper worker waits for %d standbys: %d streaming",
+							   n, n, streaming) :
+				 errmsg_plural("gatekeeper worker waits for %d standby: %d streaming, %llu bytes behind",
+							   "gatekeeper worker waits for %d standbys: %d streaming, %llu bytes behind",
+							   n, n, streaming, (unsigned long long) behind),
+				 errdetail_plural("gatekeeper.claim_standbys is %d: no claimed mail goes on the wire before that many streaming standbys have flushed its claim; %d mail waits.",
+								  "gatekeeper.claim_standbys is %d: no claimed mail goes on the wire before that many streaming standbys have flushed its claim; %d mails wait.",
+								  held_mails, n, held_mails),
+				 errhint("Start or reconnect a standby; on a server that has no standby to wait for (a promoted one), lower the setting: ALTER SYSTEM SET gatekeeper.claim_standbys = 0; SELECT pg_reload_conf();")));
+	}
+	else if (!waiting && waiting_since != 0)
+	{
+		long		waited = (long) (TimestampDifferenceMilliseconds(waiting_since, now) / 1000);
+
+		if (ended != NULL)
+			ereport(LOG,
+					(errmsg("gatekeeper worker no longer waits for standbys"),
+					 errdetail("%s It waited %ld s.", ended, waited)));
+		else if (gatekeeper_claim_standbys <= 0)
+			ereport(LOG,
+					(errmsg("gatekeeper worker no longer waits for standbys"),
+					 errdetail("gatekeeper.claim_standbys is 0: the held mail goes on the wire after waiting %ld s.",
+							   waited)));
+		else
+			ereport(LOG,
+					(errmsg("gatekeeper worker no longer waits for standbys"),
+					 errdetail_plural("%d standby streams and has flushed the claims: the held mail goes on the wire after waiting %ld s.",
+									  "%d standbys stream and have flushed the claims: the held mail goes on the wire after waiting %ld s.",
+									  streaming, streaming, waited)));
+		waiting_since = 0;
 	}
 }
 
@@ -211,6 +304,18 @@ const char *
 worker_standbys_why(void)
 {
 	return held_why;
+}
+
+/*
+ * worker_standbys_report: put in status, for worker_status, how many
+ * claimed mails are held for the standbys and since when.
+ */
+void
+worker_standbys_report(GatekeeperWorkerStatus *status)
+{
+	status->held_for_standbys = held_mails;
+	status->held_since = dlist_is_empty(&held_claims) ? 0 :
+		dlist_container(HeldClaim, node, dlist_head_node(&held_claims))->held_at;
 }
 
 /*
