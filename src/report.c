@@ -1111,8 +1111,15 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 	{
 		char	   *status = NULL;
 		char	   *line = NULL;
-		bool		quoted = smtp_trouble_in_text(r.text, &status, &line);
-		bool		failure = quoted || r.from_daemon || r.failure_subject ||
+		bool		failure;
+
+		/*
+		 * What says a delivery failed: a daemon's From, a failure Subject, a
+		 * status quoted; not a phrase alone ("unsolicited" in an abuse desk's
+		 * note, "away" in a vacation message).
+		 */
+		(void) smtp_trouble_in_text(r.text, &status, &line);
+		failure = status != NULL || r.from_daemon || r.failure_subject ||
 			r.kind == REPORT_DSN;
 
 		if (r.kind == REPORT_NONE && r.forwarded && !failure && !r.auto_reply)
