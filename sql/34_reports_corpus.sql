@@ -104,10 +104,9 @@ SELECT c.format, c.file, f.rows > 0 AS recorded, e.event, e.status, e.reason, u.
   LEFT JOIN gatekeeper.suppression u ON u.address = s.recipient;
 SELECT format, file, recorded, event, status, reason, suppression, ok FROM outcome ORDER BY format, file;
 SELECT count(*) FILTER (WHERE NOT ok) AS not_as_the_report_says FROM outcome;
--- a report the text of which names another recipient, forged or not, is
--- still about the mail its VERP address names: its own recipient, no one else
-SELECT count(*) AS suppressed_not_mailed FROM gatekeeper.suppression
- WHERE address NOT IN (SELECT recipient FROM sent);
+-- what a report suppresses is its mail's own recipient, no one else
+SELECT count(*) AS suppressed_not_the_mails FROM gatekeeper.suppression u JOIN sent s ON s.id = u.mail_id
+ WHERE u.address <> s.recipient;
 
 -- per format
 SELECT format, count(*) AS reports,
@@ -125,4 +124,5 @@ SELECT count(*) FILTER (WHERE c.expect_event = 'bounced') AS bounces,
 						AND o.suppression IS NOT NULL) AS soft_suppressed
   FROM outcome o JOIN corpus c USING (file);
 -- the opt-out unsubscribed its address from the mail's queue only
-SELECT address, queue, reason FROM gatekeeper.suppression WHERE reason = 'unsubscribe' ORDER BY 1;
+SELECT address, queue, reason FROM gatekeeper.suppression
+ WHERE reason = 'unsubscribe' AND address IN (SELECT recipient FROM sent) ORDER BY 1;
