@@ -39,6 +39,14 @@
  * no error for what a message holds: a junk message gives no row and
  * leaves the caller's transaction alone.
  *
+ * A message delivered to a mail's VERP address is about that mail
+ * whatever its format (issue 49): when it holds no DSN group gatekeeper
+ * can use (Exim's and qmail's plain-text bounces, a provider's own
+ * layout), its status is read from its text (smtp_trouble_in_text) and
+ * it is a bounced event, with no status when nothing can be read; an
+ * auto-reply (RFC 3834) is none.  Why a bounce or deferral failed, and
+ * whether it was hard, is src/smtp_trouble.c's one classifier.
+ *
  * IDENTIFICATION
  *		src/report.c
  *
@@ -972,8 +980,11 @@ gatekeeper_check_return_path(PG_FUNCTION_ARGS)
  *					   status text, detail text)
  *		Read one raw message as the bounce mailbox received it: a DSN gives
  *		one row per recipient group that names a mail gatekeeper sent to
- *		that recipient; an ARF abuse report one complaint.  Anything else
- *		gives no row and writes nothing.  22004 for a NULL message, 54000
+ *		that recipient; an ARF report one complaint, unsubscribe or
+ *		feedback event; a message delivered to a VERP address that is no
+ *		usable report, one bounce (unless it is an auto-reply); a complaint
+ *		forwarded with the message it is about, one complaint.  Anything
+ *		else gives no row and writes nothing.  22004 for a NULL message, 54000
  *		for one over 64 MB; no other error comes of what it holds.
  */
 Datum
