@@ -56,6 +56,7 @@ OBJS = \
 	src/maintenance.o \
 	src/mail_state_sweep.o \
 	src/mail_state_sync.o \
+	src/smtp_trouble.o \
 	src/report_parse.o \
 	src/report.o \
 	src/message_id.o \

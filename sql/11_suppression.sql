@@ -156,10 +156,14 @@ SELECT gatekeeper.unsubscribe(:'claimed_token') AS unsubscribed;
 SELECT address, queue, reason FROM gatekeeper.suppression WHERE address = 'c-fine@example.com';
 
 -- Hard bounces.  nack(..., permanent => true) with the relay's reply adds a
--- global hard_bounce entry for the RFC 3463 mailbox codes, and for 550, 551
--- and 553 without an enhanced code; 5.7.x and other refusals do not, and
--- neither does a retry.
-SELECT e, gatekeeper._hard_bounce(e) AS hard_bounce
+-- global hard_bounce entry when the reply says the address does not exist
+-- (user_unknown, host_unknown), read by the one classifier the reports use
+-- too (src/smtp_trouble.c, gatekeeper._bounce_reason, issue 49): from the
+-- RFC 3463 code and the words together, so that a mailbox full, a block or
+-- spam is never hard whatever code the server put on it; 550, 551 and 553
+-- without an enhanced code are; a refusal of the MAIL FROM never is.
+SELECT e, gatekeeper._bounce_reason(e, e) AS reason,
+	   gatekeeper._bounce_reason(e, e) IN ('user_unknown', 'host_unknown') AS hard_bounce
   FROM unnest(ARRAY['550 5.1.1 <x@example.com>: Recipient address rejected: User unknown',
 					'550-5.1.1 The email account that you tried to reach does not exist',
 					'550 5.1.2 bad destination system', '553 5.1.3 bad address syntax',
@@ -167,11 +171,31 @@ SELECT e, gatekeeper._hard_bounce(e) AS hard_bounce
 					'550 5.1.100 unknown', '550 5.7.1 spam', '554 5.7.1 relay access denied',
 					'550 5.2.2 mailbox full', '552 5.2.2 over quota', '550 no such user', '551 user not local',
 					'553 mailbox name not allowed', '554 transaction failed', '450 4.1.1 try later',
-					'5.1.1 no code first', 'mailbox unknown 550 5.1.1']) AS e;
+					'5.1.1 no code first', 'mailbox unknown 550 5.1.1',
+					-- the code says one thing, the words another
+					'550 5.1.1 <x@example.com>: mailbox full',
+					'550 5.1.1 message blocked as spam',
+					'550 5.1.1 Mailbox quota exceeded',
+					'550 5.1.351 Remote server returned an error',
+					'550 5.4.4 SMTPSEND.DNS.NonExistentDomain; host unknown',
+					'550 5.5.0 Requested action not taken: mailbox unavailable',
+					'550 5.0.0 <x@example.com>... User unknown',
+					'550 5.0.0 Host unknown',
+					-- other reasons
+					'552 5.3.4 Message size exceeds fixed limit',
+					'421 4.7.28 Our system has detected an unusual rate of unsolicited mail',
+					'550 5.7.26 This message does not pass authentication checks (SPF and DKIM)',
+					'550 5.7.1 Service unavailable; client host blocked using Spamhaus',
+					'451 4.3.0 Temporary local problem',
+					'554 5.4.7 delivery time expired',
+					-- as src/smtp_txn.c writes a refusal: the relay's name is no word of it
+					'550 5.1.1 <x@example.com>: User unknown (relay spam.example:25, reply to RCPT TO)',
+					'relay mx.example:25 refused MAIL FROM: 553 5.1.8 <s@shop.example>: Sender address rejected: Domain not found',
+					'relay mx.example:25 refused the message: 550 5.1.1 user unknown']) AS e;
 SELECT gatekeeper.create_queue('b_news');
 SELECT gatekeeper.create_queue('b_other');
 SELECT count(gatekeeper.enqueue(r || '@bounce.example', 'Hi', 'Body', queue => 'b_news')) AS enqueued
-  FROM unnest(ARRAY['dead', 'policy', 'retry', 'plain']) AS r;
+  FROM unnest(ARRAY['dead', 'policy', 'retry', 'plain', 'full']) AS r;
 SELECT count(*) AS claimed FROM gatekeeper.claim('w', 100, queues => '{b_news}');
 SELECT m.recipient,
 	   gatekeeper.nack(m.id, m.attempt,
@@ -179,9 +203,13 @@ SELECT m.recipient,
 						   WHEN 'dead@bounce.example' THEN '550 5.1.1 <dead@bounce.example>: User unknown'
 						   WHEN 'policy@bounce.example' THEN '550 5.7.1 message refused as spam'
 						   WHEN 'retry@bounce.example' THEN '550 5.1.1 user unknown'
+						   WHEN 'full@bounce.example' THEN '550 5.1.1 <full@bounce.example>: mailbox full'
 						   ELSE '550 no such user here' END,
 					   permanent => m.recipient <> 'retry@bounce.example') AS nack
   FROM gatekeeper.mail_status m WHERE m.queue = 'b_news' ORDER BY m.recipient;
+-- each failure's event says why: the full mailbox is no hard bounce
+SELECT e.recipient, e.event, e.status, e.reason FROM gatekeeper.events e
+ WHERE e.queue = 'b_news' AND e.event <> 'sent' ORDER BY 1;
 SELECT s.address, s.queue, s.reason, s.detail, s.mail_id = m.id AS bounced_mail
   FROM gatekeeper.suppression s JOIN gatekeeper.mail m ON m.recipient = s.address AND m.queue = 'b_news'
  ORDER BY 1;

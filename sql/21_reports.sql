@@ -130,7 +130,7 @@ SELECT address, queue, reason, mail_id = (SELECT id FROM sent WHERE recipient = 
 SELECT s.recipient, s.queue, s.reason
   FROM gatekeeper._suppressed(ARRAY['angry@yahoo.example', 'angry@yahoo.example', 'gone@dead.example', 'full@yahoo.example'],
 							  ARRAY['r_tx', 'r_news', 'r_tx', 'r_news']) s ORDER BY 1, 2;
-SELECT e.queue, e.recipient, e.event, e.status, e.source
+SELECT e.queue, e.recipient, e.event, e.status, e.source, e.reason
   FROM gatekeeper.events e WHERE e.event <> 'sent' AND e.queue LIKE 'r\_%' ORDER BY e.recipient, e.event;
 
 -- nothing for what names no mail gatekeeper sent to that recipient
@@ -179,18 +179,23 @@ SELECT count(*) AS not_sent
   FROM gatekeeper.ingest_report(replace(replace(replace(:'postfix', '{{TOKEN}}', gatekeeper._verp_token(:later_id)),
 												'{{RCPT}}', 'later@isp.example'), '{{MSGID}}', '<x@y>'),
 								'bounces+' || gatekeeper._verp_token(:later_id) || '@bounce.shop.example');
--- not a report at all, a report with no delivery status, an empty message
+-- not a report at all, naming no mail (issue 49: a message delivered to a
+-- mail's VERP address is a bounce of that mail whatever its format); an
+-- auto-reply (RFC 3834) to the VERP address is no bounce; an empty message
 SELECT count(*) AS plain_mail
-  FROM gatekeeper.ingest_report(E'From: a@b.example\nTo: bounces+' || (SELECT token FROM sent WHERE tag = 'victim')
-								|| E'@bounce.shop.example\nSubject: hi\n\nFinal-Recipient: rfc822; victim@isp.example\nAction: failed\nStatus: 5.1.1\n');
+  FROM gatekeeper.ingest_report(E'From: a@b.example\nTo: shop@shop.example\nSubject: hi\n\nFinal-Recipient: rfc822; victim@isp.example\nAction: failed\nStatus: 5.1.1\n');
+SELECT count(*) AS vacation
+  FROM gatekeeper.ingest_report(E'From: Victim <victim@isp.example>\nTo: bounces+' || (SELECT token FROM sent WHERE tag = 'victim')
+								|| E'@bounce.shop.example\nAuto-Submitted: auto-replied\nSubject: Out of office: Your weekly picks\n\nI am away until Monday and will read your message then.\n');
 SELECT count(*) AS empty FROM gatekeeper.ingest_report('');
 SELECT count(*) - :suppressions_before AS new_suppressions FROM gatekeeper.suppression;
 -- one: the 'sent' event of the victim's mail
 SELECT count(*) - :events_before AS new_events FROM gatekeeper.events;
 SELECT ignored - :ignored_before AS ignored FROM gatekeeper.report_stats;
 
--- soft bounces: the fifth mail to one address bouncing (5.2.2, not hard)
--- within 30 days suppresses it (soft_bounce_limit, default 5)
+-- soft bounces: the fifth mail to one address bouncing (5.2.2, its words
+-- saying the mailbox is full: not hard) within 30 days suppresses it
+-- (soft_bounce_limit, default 5)
 SELECT current_setting('gatekeeper.soft_bounce_limit') AS soft_bounce_limit;
 DO $$
 BEGIN
@@ -204,13 +209,13 @@ $$;
 SELECT count(*) AS rows
   FROM unnest(ARRAY['soft1', 'soft2', 'soft3', 'soft4', 'soft4', 'soft4']) WITH ORDINALITY t(tag, n)
 	   JOIN sent s ON s.tag = t.tag,
-	   LATERAL gatekeeper.ingest_report(replace(replace(replace(replace(replace(:'postfix', '{{TOKEN}}', s.token),
+	   LATERAL gatekeeper.ingest_report(replace(replace(replace(replace(replace(replace(:'postfix', 'User unknown', 'Mailbox is full'), '{{TOKEN}}', s.token),
 			'{{MSGID}}', s.message_id), '{{RCPT}}', s.recipient), 'Status: 5.1.1', 'Status: 5.2.2'),
 			'550 5.1.1', '552 5.2.2 attempt ' || t.n)) r;
 SELECT count(*) AS suppressed_after_four FROM gatekeeper.suppression WHERE address = 'mailbox-full@isp.example';
 -- the fifth mail
 SELECT r.event, r.status
-  FROM sent s, LATERAL gatekeeper.ingest_report(replace(replace(replace(replace(replace(:'postfix', '{{TOKEN}}', s.token),
+  FROM sent s, LATERAL gatekeeper.ingest_report(replace(replace(replace(replace(replace(replace(:'postfix', 'User unknown', 'Mailbox is full'), '{{TOKEN}}', s.token),
 			'{{MSGID}}', s.message_id), '{{RCPT}}', s.recipient), 'Status: 5.1.1', 'Status: 5.2.2'), '550 5.1.1', '552 5.2.2')) r
  WHERE s.tag = 'soft5';
 SELECT reason, detail FROM gatekeeper.suppression WHERE address = 'mailbox-full@isp.example';

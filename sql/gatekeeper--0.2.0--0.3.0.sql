@@ -2187,6 +2187,46 @@ REVOKE ALL ON FUNCTION gatekeeper._template_check(text, text, text, text, jsonb)
 	gatekeeper.drop_template(text), gatekeeper.render(text, jsonb, int) FROM PUBLIC;
 
 /*
+ * Issue 49, item 2: why a mail failed, in one place (src/smtp_trouble.c).
+ * The relay's refusals, the reports and the events read a failure's
+ * reason with one C classifier; 0.2.0's SQL copy of the hard-bounce rule,
+ * which nothing called any more, goes.
+ */
+DROP FUNCTION gatekeeper._hard_bounce(text);
+
+-- why a mail failed, from a status (an RFC 3463 code, a reply, or a nack's
+-- error) and the diagnostic together: user_unknown, host_unknown (the hard
+-- bounces), mailbox_full, message_too_large, policy_blocked,
+-- spam_filtered, auth_failure, expired, rate_limited, system_error or
+-- other (src/smtp_trouble.c, the one classifier the relay's refusals and
+-- the reports use; issue 49)
+CREATE FUNCTION gatekeeper._bounce_reason(status text, detail text)
+RETURNS text
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_bounce_reason';
+REVOKE ALL ON FUNCTION gatekeeper._bounce_reason(text, text) FROM PUBLIC;
+
+-- why a bounced or deferred mail failed, as src/smtp_trouble.c reads
+-- its status and detail (gatekeeper._bounce_reason)
+ALTER TABLE gatekeeper.event_log ADD COLUMN reason text;
+
+CREATE OR REPLACE VIEW gatekeeper.events AS
+SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
+	   e.event, e.status, e.detail, e.source, e.at, e.reason
+  FROM gatekeeper.event_log e
+  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
+UNION ALL
+SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
+	   d.finished_at, NULL::text
+  FROM gatekeeper.mail_done d
+  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
+ WHERE d.state = 'sent';
+
+COMMENT ON VIEW gatekeeper.events IS
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed';
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

@@ -465,7 +465,10 @@ CREATE TABLE gatekeeper.event_log (
 	segment		smallint NOT NULL,
 	-- a report's complaint or bounce of a mail that has one: kept, not
 	-- counted (issue 44)
-	repeated	boolean NOT NULL DEFAULT false
+	repeated	boolean NOT NULL DEFAULT false,
+	-- why a bounced or deferred mail failed, as src/smtp_trouble.c reads
+	-- its status and detail (gatekeeper._bounce_reason; issue 49)
+	reason		text
 ) PARTITION BY LIST (segment);
 CREATE TABLE gatekeeper.event_log_0 PARTITION OF gatekeeper.event_log FOR VALUES IN (0);
 CREATE TABLE gatekeeper.event_log_1 PARTITION OF gatekeeper.event_log FOR VALUES IN (1);
@@ -1690,23 +1693,6 @@ AS 'MODULE_PATHNAME', 'gatekeeper_ack_batch';
 COMMENT ON FUNCTION gatekeeper.ack_batch(bigint[], int[]) IS
 	'report many claimed mails sent, as ack() does for each (id, attempt) pair; the number of claims that were still current (one of another role fails the call)';
 
--- does a relay's reply (an error text that starts with it) say the mailbox
--- does not exist?  RFC 3463 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10; or 550, 551
--- or 553 without an enhanced code.  Policy and content refusals (5.7.x) and
--- every other code do not.
-CREATE FUNCTION gatekeeper._hard_bounce(error text)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE STRICT
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT CASE
-		WHEN error ~ '^5[0-9][0-9][ -][245]\.[0-9]{1,3}\.[0-9]{1,3}([^0-9.]|$)'
-		THEN substring(error FROM '^5[0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})')
-			 IN ('5.1.1', '5.1.2', '5.1.3', '5.1.6', '5.1.10')
-		ELSE error ~ '^55[013]([ -]|$)' AND error !~ '^5[0-9][0-9][ -][0-9]+\.[0-9]'
-	END
-$$;
-
 -- retried with exponential backoff and equal jitter ([d/2, d], d =
 -- retry_delay * 2^(tries - 1), at most 6 hours), or failed when permanent
 -- or out of attempts: its passes given back, a permanent failure a bounce
@@ -2061,6 +2047,18 @@ AS $$
 	SELECT coalesce(substring(error FROM '^[245][0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})'),
 					substring(error FROM '^([245][0-9][0-9])([ -]|$)'))
 $$;
+
+-- why a mail failed, from a status (an RFC 3463 code, a reply, or a nack's
+-- error) and the diagnostic together: user_unknown, host_unknown (the hard
+-- bounces), mailbox_full, message_too_large, policy_blocked,
+-- spam_filtered, auth_failure, expired, rate_limited, system_error or
+-- other (src/smtp_trouble.c, the one classifier the relay's refusals and
+-- the reports use; issue 49)
+CREATE FUNCTION gatekeeper._bounce_reason(status text, detail text)
+RETURNS text
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_bounce_reason';
 
 CREATE FUNCTION gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
 RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
@@ -2435,18 +2433,18 @@ COMMENT ON VIEW gatekeeper.queue_stats IS
 -- id (NULL): it is no row of event_log; the mail and its finish name it.
 CREATE VIEW gatekeeper.events AS
 SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
-	   e.event, e.status, e.detail, e.source, e.at
+	   e.event, e.status, e.detail, e.source, e.at, e.reason
   FROM gatekeeper.event_log e
   LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
 UNION ALL
 SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
-	   d.finished_at
+	   d.finished_at, NULL::text
   FROM gatekeeper.mail_done d
   LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
  WHERE d.state = 'sent';
 
 COMMENT ON VIEW gatekeeper.events IS
-	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed';
 
 -- the reports ingest_report and record_event took since the server started
 -- (or reset_stats()): recorded (at least one row written) and ignored

@@ -142,9 +142,9 @@ static const char recipients_sql[] =
 
 /* a nack's events, in mail order */
 static const char nack_events_sql[] =
-"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment) "
+"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment, reason) "
 "SELECT u.mail_id, u.queue, u.recipient, u.event, gatekeeper._reply_status(u.detail), "
-"       u.detail, 'relay', u.segment "
+"       u.detail, 'relay', u.segment, gatekeeper._bounce_reason(u.detail, u.detail) "
 "  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::smallint[]) "
 "       AS u(mail_id, queue, recipient, event, detail, segment)";
 

@@ -39,6 +39,14 @@
  * no error for what a message holds: a junk message gives no row and
  * leaves the caller's transaction alone.
  *
+ * A message delivered to a mail's VERP address is about that mail
+ * whatever its format (issue 49): when it holds no DSN group gatekeeper
+ * can use (Exim's and qmail's plain-text bounces, a provider's own
+ * layout), its status is read from its text (smtp_trouble_in_text) and
+ * it is a bounced event, with no status when nothing can be read; an
+ * auto-reply (RFC 3834) is none.  Why a bounce or deferral failed, and
+ * whether it was hard, is src/smtp_trouble.c's one classifier.
+ *
  * IDENTIFICATION
  *		src/report.c
  *
@@ -71,6 +79,7 @@
 #include "message_id.h"
 #include "report.h"
 #include "report_parse.h"
+#include "smtp_trouble.h"
 #include "stats.h"
 #include "suppression.h"
 #include "unsubscribe.h"
@@ -152,8 +161,8 @@ static bool segment_rels_valid = false;
  */
 static SPIPlanPtr insert_event_plan = NULL;
 static const char insert_event_sql[] =
-"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment, repeated) "
-"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING";
+"INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment, repeated, reason) "
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING";
 
 /* the bounces that count towards a soft_bounce entry */
 static SPIPlanPtr soft_bounces_plan = NULL;
@@ -186,12 +195,12 @@ static void verp_mac_kept(int64 id, uint8 *mac);
 static char *verp_token(int64 id, bool kept);
 static bool verp_verify(const char *token, size_t len, int64 *id);
 static bool token_in(const char *text, int64 *id);
-static bool hard_bounce_status(const char *status);
 static bool segment_rels_current(void);
 static void segment_rels_load(void);
 static bool fetch_by_id(Oid relid, Oid indexid, int64 id, int16 segment, bool by_segment,
 						TupleTableSlot **slot, Relation *rel);
 static bool find_sent_mail(int64 id, SentMail *mail);
+static const char *dsn_event(const ReportRecipient *rr);
 static int	report_rows(int64 id, const char *message_id, bool signed_id,
 						const char *recipient1, const char *recipient2,
 						const char *event, const char *status, const char *detail,
@@ -394,69 +403,6 @@ token_in(const char *text, int64 *id)
 }
 
 /*
- * Whether a bounce's status is a hard bounce: the synchronous path's
- * classes (gatekeeper._hard_bounce: 5.1.1, 5.1.2, 5.1.3, 5.1.6, 5.1.10),
- * for an RFC 3463 code ("5.1.1") or a reply ("550 5.1.1 ...", or "550"
- * without an enhanced code).
- */
-static bool
-hard_bounce_status(const char *status)
-{
-	static const char *const hard[] = {"5.1.1", "5.1.2", "5.1.3", "5.1.6", "5.1.10"};
-	const char *e = status;
-	int			i;
-
-	if (status == NULL)
-		return false;
-	/* a bare code is judged as the reply "550 <code>" */
-	if ((status[0] == '2' || status[0] == '4' || status[0] == '5') && status[1] == '.')
-		e = psprintf("550 %s", status);
-
-	/* "5xy <class>.<subject>.<detail>" and then no digit or dot */
-	if (e[0] == '5' && isdigit((unsigned char) e[1]) && isdigit((unsigned char) e[2]) &&
-		(e[3] == ' ' || e[3] == '-') &&
-		(e[4] == '2' || e[4] == '4' || e[4] == '5') && e[5] == '.')
-	{
-		const char *p = e + 6;
-		int			n = 0;
-		int			m = 0;
-
-		while (isdigit((unsigned char) p[n]))
-			n++;
-		if (n >= 1 && n <= 3 && p[n] == '.')
-		{
-			const char *q = p + n + 1;
-
-			while (isdigit((unsigned char) q[m]))
-				m++;
-			if (m >= 1 && m <= 3 && q[m] != '.')
-			{
-				size_t		len = (q + m) - (e + 4);
-
-				for (i = 0; i < (int) lengthof(hard); i++)
-					if (strlen(hard[i]) == len && strncmp(e + 4, hard[i], len) == 0)
-						return true;
-				return false;
-			}
-		}
-	}
-	/* "550", "551", "553" without an enhanced code */
-	if (e[0] == '5' && e[1] == '5' && (e[2] == '0' || e[2] == '1' || e[2] == '3') &&
-		(e[3] == ' ' || e[3] == '-' || e[3] == '\0'))
-	{
-		const char *p = e + 4;
-		int			n = 0;
-
-		if (e[3] == '\0')
-			return true;
-		while (isdigit((unsigned char) p[n]))
-			n++;
-		return !(n >= 1 && p[n] == '.' && isdigit((unsigned char) p[n + 1]));
-	}
-	return false;
-}
-
-/*
  * report_bounce
  *		What a bounce does to the suppression list: see report.h.  In C with
  *		kept plans, not a PL/pgSQL call per report (bench/notes.md, "Reports,
@@ -471,7 +417,7 @@ report_bounce(const char *address_key, const char *status, const char *detail, i
 	int64		mails;
 
 	SPI_connect();
-	if (hard_bounce_status(status))
+	if (smtp_trouble_hard(smtp_trouble_reason(status, detail)))
 	{
 		(void) gatekeeper_suppression_add(address_key, "hard_bounce", NULL, detail, mail_id);
 		SPI_finish();
@@ -719,10 +665,10 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 			const char *source, Tuplestorestate *out, TupleDesc desc,
 			bool *matched)
 {
-	Oid			event_types[9] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID,
-	INT2OID, BOOLOID};
-	Datum		args[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			event_types[10] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID,
+	INT2OID, BOOLOID, TEXTOID};
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n'};
 	bool		counted = strcmp(event, "bounced") == 0 || strcmp(event, "complained") == 0;
 	SPIPlanPtr	plan;
 	SentMail	mail;
@@ -761,7 +707,13 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 	args[6] = CStringGetTextDatum(source);
 	args[7] = Int16GetDatum(segment);
 	args[8] = BoolGetDatum(false);
-	plan = gatekeeper_plan(&insert_event_plan, insert_event_sql, 9, event_types);
+	/* why a failure failed: the classifier the suppression below reads too */
+	if (strcmp(event, "bounced") == 0 || strcmp(event, "deferred") == 0)
+	{
+		args[9] = CStringGetTextDatum(smtp_trouble_name(smtp_trouble_reason(status, detail)));
+		nulls[9] = ' ';
+	}
+	plan = gatekeeper_plan(&insert_event_plan, insert_event_sql, 10, event_types);
 	if (SPI_execute_plan(plan, args, nulls, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "writing an event failed");
 	if (matched != NULL)
@@ -786,6 +738,8 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 		report_bounce(key, status, detail, id);
 	else if (counted && strcmp(event, "complained") == 0)
 		(void) gatekeeper_suppression_add(key, "complaint", NULL, detail, id);
+	else if (strcmp(event, "unsubscribed") == 0)
+		(void) gatekeeper_suppression_add(key, "unsubscribe", queue, detail, id);
 
 	if (out != NULL)
 	{
@@ -800,6 +754,33 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 		tuplestore_putvalues(out, desc, values, vnulls);
 	}
 	return 1;
+}
+
+/*
+ * The event of a DSN's recipient group: its Action's, or, where it gives
+ * none, its Status's class (5 failed, 4 delayed); NULL for neither.
+ */
+static const char *
+dsn_event(const ReportRecipient *rr)
+{
+	const char *action = rr->action;
+
+	if (action == NULL)
+	{
+		if (rr->status != NULL && rr->status[0] == '5')
+			return "bounced";
+		if (rr->status != NULL && rr->status[0] == '4')
+			return "deferred";
+		return NULL;
+	}
+	if (strcmp(action, "failed") == 0)
+		return "bounced";
+	if (strcmp(action, "delayed") == 0)
+		return "deferred";
+	if (strcmp(action, "delivered") == 0 || strcmp(action, "relayed") == 0 ||
+		strcmp(action, "expanded") == 0)
+		return "delivered";
+	return NULL;
 }
 
 /*
@@ -999,8 +980,11 @@ gatekeeper_check_return_path(PG_FUNCTION_ARGS)
  *					   status text, detail text)
  *		Read one raw message as the bounce mailbox received it: a DSN gives
  *		one row per recipient group that names a mail gatekeeper sent to
- *		that recipient; an ARF abuse report one complaint.  Anything else
- *		gives no row and writes nothing.  22004 for a NULL message, 54000
+ *		that recipient; an ARF report one complaint, unsubscribe or
+ *		feedback event; a message delivered to a VERP address that is no
+ *		usable report, one bounce (unless it is an auto-reply); a complaint
+ *		forwarded with the message it is about, one complaint.  Anything
+ *		else gives no row and writes nothing.  22004 for a NULL message, 54000
  *		for one over 64 MB; no other error comes of what it holds.
  */
 Datum
@@ -1016,6 +1000,9 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 	bool		have_mail = false;
 	const char *message_id = NULL;
 	bool		signed_id = false;
+	bool		delivered_to_token = false;
+	bool		usable = false;
+	const char *carriers[4];
 	int			rows = 0;
 	int			i;
 
@@ -1044,22 +1031,28 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 			envelope_to = report_clean(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
 	}
 	report_parse(VARDATA_ANY(message), VARSIZE_ANY_EXHDR(message), &r);
+	carriers[0] = envelope_to;
+	carriers[1] = r.delivered_to[0];
+	carriers[2] = r.delivered_to[1];
+	carriers[3] = r.delivered_to[2];
 
 	SPI_connect();
-	if (r.kind != REPORT_NONE)
+	/* delivered to a VERP address: the address the MTA delivered it to */
+	for (i = 0; i < (int) lengthof(carriers) && !have_mail; i++)
 	{
-		/* the mail: by a token where the report carries one, else by Message-ID */
-		const char *carriers[7];
+		have_mail = token_in(carriers[i], &id);
+		delivered_to_token = have_mail && i < 4;
+	}
+	if (r.kind != REPORT_NONE || r.forwarded)
+	{
+		/* else a token the report carries, else its returned Message-ID */
+		const char *more[3];
 
-		carriers[0] = envelope_to;
-		carriers[1] = r.envid;
-		carriers[2] = r.delivered_to[0];
-		carriers[3] = r.delivered_to[1];
-		carriers[4] = r.delivered_to[2];
-		carriers[5] = r.original_mail_from;
-		carriers[6] = r.returned_return_path;
-		for (i = 0; i < (int) lengthof(carriers) && !have_mail; i++)
-			have_mail = token_in(carriers[i], &id);
+		more[0] = r.envid;
+		more[1] = r.original_mail_from;
+		more[2] = r.returned_return_path;
+		for (i = 0; i < (int) lengthof(more) && !have_mail; i++)
+			have_mail = token_in(more[i], &id);
 		if (!have_mail)
 		{
 			MessageIdKind kind = gatekeeper_message_id_check(r.returned_message_id, &id);
@@ -1074,40 +1067,95 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 		for (i = 0; i < r.nrecipients; i++)
 		{
 			ReportRecipient *rr = &r.recipients[i];
-			const char *event = NULL;
+			const char *event = dsn_event(rr);
 
-			if (rr->action == NULL)
+			if (event == NULL)
 				continue;
-			if (strcmp(rr->action, "failed") == 0)
-				event = "bounced";
-			else if (strcmp(rr->action, "delayed") == 0)
-				event = "deferred";
-			else if (strcmp(rr->action, "delivered") == 0 ||
-					 strcmp(rr->action, "relayed") == 0 ||
-					 strcmp(rr->action, "expanded") == 0)
-				event = "delivered";
-			else
+			/*
+			 * A group that names no recipient names none we sent to, unless
+			 * a token names the mail: then it is about the mail's.
+			 */
+			if (rr->final_recipient == NULL && rr->original_recipient == NULL &&
+				(message_id != NULL || !delivered_to_token))
 				continue;
-			/* a group that names no recipient names none we sent to */
-			if (rr->final_recipient == NULL && rr->original_recipient == NULL)
-				continue;
+			usable = true;
 			rows += report_rows(id, message_id, signed_id, rr->final_recipient,
 								rr->original_recipient, event, rr->status, rr->diagnostic,
 								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
 		}
 	}
-	else if (have_mail && r.kind == REPORT_ARF &&
-			 (strcmp(r.feedback_type, "abuse") == 0 ||
-			  strcmp(r.feedback_type, "fraud") == 0 ||
-			  strcmp(r.feedback_type, "virus") == 0))
+	else if (have_mail && r.kind == REPORT_ARF)
 	{
 		char	   *detail = psprintf("Feedback-Type: %s%s%s", r.feedback_type,
 									  r.user_agent ? "; User-Agent: " : "",
 									  r.user_agent ? r.user_agent : "");
+		const char *event;
+		const char *status = NULL;
 
-		rows += report_rows(id, message_id, signed_id, r.original_rcpt_to, NULL,
-							"complained", NULL, detail, "arf", rsinfo->setResult,
-							rsinfo->setDesc, NULL);
+		usable = true;
+		if (strcmp(r.feedback_type, "abuse") == 0 || strcmp(r.feedback_type, "fraud") == 0)
+			event = "complained";
+		else if (strcmp(r.feedback_type, "opt-out") == 0 && r.removal_recipient != NULL)
+			event = "unsubscribed";
+		else
+		{
+			/* not-spam, auth-failure, virus, ...: kept, suppressing no one */
+			event = "feedback";
+			status = r.feedback_type;
+		}
+		if (strcmp(event, "unsubscribed") == 0)
+			rows += report_rows(id, message_id, signed_id, r.removal_recipient, NULL,
+								event, NULL, detail, "arf", rsinfo->setResult,
+								rsinfo->setDesc, NULL);
+		else
+			rows += report_rows(id, message_id, signed_id, r.original_rcpt_to, NULL,
+								event, status, detail, "arf", rsinfo->setResult,
+								rsinfo->setDesc, NULL);
+	}
+
+	/*
+	 * No report part that could be read: a bounce written for people (Exim's
+	 * and qmail's text, a provider's own layout), an auto-reply, or a
+	 * complaint forwarded with the mail it is about.
+	 */
+	if (have_mail && !usable)
+	{
+		char	   *status = NULL;
+		char	   *line = NULL;
+		bool		failure;
+
+		/*
+		 * What says a delivery failed: a daemon's From, a failure Subject, a
+		 * status quoted; not a phrase alone ("unsolicited" in an abuse desk's
+		 * note, "away" in a vacation message).
+		 */
+		(void) smtp_trouble_in_text(r.text, &status, &line);
+		failure = status != NULL || r.from_daemon || r.failure_subject ||
+			r.kind == REPORT_DSN;
+
+		if (r.kind == REPORT_NONE && r.forwarded && !failure && !r.auto_reply)
+		{
+			/*
+			 * The forwarded message must name the mail itself: by the token
+			 * of its Return-Path or a Message-ID with its MAC, never by a
+			 * Message-ID without one.
+			 */
+			int64		fwd;
+			const char *fwd_id = NULL;
+
+			if (!token_in(r.returned_return_path, &fwd))
+				fwd_id = r.returned_message_id;
+			if (fwd_id == NULL ||
+				gatekeeper_message_id_check(fwd_id, &fwd) == MESSAGE_ID_SIGNED)
+				rows += report_rows(fwd, fwd_id, true, NULL, NULL, "complained", NULL,
+									"a complaint forwarded with the message", "arf",
+									rsinfo->setResult, rsinfo->setDesc, NULL);
+		}
+		else if (delivered_to_token && (failure || !r.auto_reply))
+			rows += report_rows(id, NULL, false, NULL, NULL, "bounced",
+								status ? report_clean(status, strlen(status)) : NULL,
+								line ? report_clean(line, strlen(line)) : NULL,
+								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
 	}
 	gatekeeper_stats_count_report(rows > 0);
 	SPI_finish();

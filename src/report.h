@@ -33,7 +33,8 @@ extern void gatekeeper_report_envelope_refresh(void);
  * What a bounce of mail mail_id to address_key (the address with its ASCII
  * letters lower-cased, as the suppression list keys it) does to the
  * suppression list: a hard bounce (status a relay's reply or an RFC 3463
- * code, classed as gatekeeper._hard_bounce does) suppresses the address
+ * code, read with detail by smtp_trouble_reason: user or host unknown,
+ * src/smtp_trouble.c) suppresses the address
  * everywhere; any other does once gatekeeper.soft_bounce_limit mails to it
  * bounced within 30 days.  Call it after the bounce's event is written, in
  * a transaction with an active snapshot; it connects to SPI itself.  The

@@ -45,6 +45,7 @@
 #define REPORT_MAX_DECODED	(1024 * 1024)
 #define REPORT_MAX_BOUNDARY 200
 #define REPORT_MAX_TEXT		1000	/* longest string kept */
+#define REPORT_MAX_BODY		(64 * 1024) /* longest text part kept */
 
 /* octets of data */
 typedef struct Span
@@ -60,6 +61,7 @@ typedef struct Walk
 	int			parts;			/* entities visited so far */
 	bool		have_status;	/* a machine-readable part was read */
 	bool		have_returned;	/* the returned headers were read */
+	bool		have_text;		/* a text/plain part was kept */
 } Walk;
 
 /* what the headers of one entity say of its content */
@@ -85,11 +87,15 @@ static bool next_field(FieldReader *r, char *name, size_t name_size,
 					   char *value, size_t value_size);
 static Span read_entity(Span data, Entity *e, Walk *w, bool top);
 static void walk(Span data, int depth, bool in_report, Walk *w);
+static void read_top_field(const char *name, const char *value, ParsedReport *out);
 static void walk_multipart(const Entity *e, int depth, bool in_report, Walk *w);
 static Span decode(const Entity *e);
 static void read_delivery_status(Span body, Walk *w);
 static void read_feedback_report(Span body, Walk *w);
 static void read_returned(Span body, Walk *w);
+static void keep_text(Span body, Walk *w);
+static bool starts_with_any(const char *lower, const char *const *words);
+static bool contains_any(const char *lower, const char *const *words);
 static void content_type(const char *value, Entity *e);
 static void copy_lower(char *dst, size_t size, const char *src, size_t n);
 static char *typed_address(const char *value);
@@ -246,11 +252,85 @@ read_entity(Span data, Entity *e, Walk *w, bool top)
 			w->out->delivered_to[1] = angle_address(value);
 		else if (top && strcmp(name, "to") == 0 && w->out->delivered_to[2] == NULL)
 			w->out->delivered_to[2] = angle_address(value);
+		else if (top)
+			read_top_field(name, value, w->out);
 	}
 	pfree(value);
 	e->body.p = r.p;
 	e->body.n = (data.p + data.n) - r.p;
 	return e->body;
+}
+
+/*
+ * The top-level fields that tell a bounce written for people from an
+ * auto-reply (RFC 3834): who it is from, its Subject, its markings.
+ */
+static void
+read_top_field(const char *name, const char *value, ParsedReport *out)
+{
+	static const char *const daemons[] = {
+		"mailer-daemon", "mailer daemon", "mail-daemon", "mailerdaemon", "postmaster",
+		"mail delivery", "mdaemon", NULL
+	};
+	static const char *const failures[] = {
+		"undeliver", "delivery status notification (failure)", "delivery failure",
+		"mail delivery failed", "failure notice", "returned mail", "returned to sender",
+		"delivery has failed", "non-delivery", "not be delivered", "delivery failed",
+		"nondeliverable", "failed delivery", "delivery problem", "could not deliver", NULL
+	};
+	static const char *const replies[] = {
+		"auto:", "automatic reply", "autoreply", "auto-reply", "auto reply", "out of office",
+		"out of the office", "vacation", "away from", "abwesenheit", "absence", NULL
+	};
+	char		lower[256];
+
+	copy_lower(lower, sizeof(lower), value, strlen(value));
+	if (strcmp(name, "from") == 0)
+		out->from_daemon = contains_any(lower, daemons);
+	else if (strcmp(name, "subject") == 0)
+	{
+		const char *v = skip_space(lower);
+
+		out->failure_subject = contains_any(v, failures);
+		if (starts_with_any(v, replies))
+			out->auto_reply = true;
+	}
+	else if (strcmp(name, "auto-submitted") == 0)
+	{
+		const char *v = skip_space(lower);
+
+		if (strncmp(v, "no", 2) != 0)
+			out->auto_reply = true;
+	}
+	else if (strcmp(name, "x-autoreply") == 0 || strcmp(name, "x-autorespond") == 0 ||
+			 (strcmp(name, "precedence") == 0 && strstr(lower, "auto_reply") != NULL))
+		out->auto_reply = true;
+	else if (strcmp(name, "return-path") == 0 && strstr(lower, "<>") != NULL)
+		out->from_daemon = true;
+}
+
+/*
+ * Whether lower starts with one of words.
+ */
+static bool
+starts_with_any(const char *lower, const char *const *words)
+{
+	for (; *words != NULL; words++)
+		if (strncmp(lower, *words, strlen(*words)) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Whether lower holds one of words.
+ */
+static bool
+contains_any(const char *lower, const char *const *words)
+{
+	for (; *words != NULL; words++)
+		if (strstr(lower, *words) != NULL)
+			return true;
+	return false;
 }
 
 /*
@@ -274,8 +354,24 @@ walk(Span data, int depth, bool in_report, Walk *w)
 			walk_multipart(&e, depth, strcmp(e.type, "multipart/report") == 0, w);
 		return;
 	}
-	if (!in_report)
+	if (strcmp(e.type, "text/plain") == 0 && !w->have_text)
+	{
+		w->have_text = true;
+		keep_text(decode(&e), w);
 		return;
+	}
+	if (!in_report)
+	{
+		/* a complaint forwarded as the message it is about */
+		if (depth > 0 && !w->have_returned &&
+			(strcmp(e.type, "message/rfc822") == 0 || strcmp(e.type, "message/global") == 0))
+		{
+			w->have_returned = true;
+			w->out->forwarded = true;
+			read_returned(decode(&e), w);
+		}
+		return;
+	}
 	if (strcmp(e.type, "message/delivery-status") == 0 ||
 		strcmp(e.type, "message/global-delivery-status") == 0)
 	{
@@ -562,6 +658,8 @@ read_feedback_report(Span body, Walk *w)
 			out->original_mail_from = angle_address(value);
 		else if (strcmp(name, "original-rcpt-to") == 0 && out->original_rcpt_to == NULL)
 			out->original_rcpt_to = angle_address(value);
+		else if (strcmp(name, "removal-recipient") == 0 && out->removal_recipient == NULL)
+			out->removal_recipient = angle_address(value);
 	}
 	pfree(value);
 }
@@ -590,6 +688,45 @@ read_returned(Span body, Walk *w)
 			out->returned_return_path = angle_address(value);
 	}
 	pfree(value);
+}
+
+/*
+ * Keep a text part as out->text: at most REPORT_MAX_BODY octets of it, cut
+ * at the line where an MTA starts the copy of the returned message (its
+ * words are the sender's, not the MTA's), NUL octets made spaces.
+ */
+static void
+keep_text(Span body, Walk *w)
+{
+	static const char *const copies[] = {
+		"copy of the message", "original message", "below this line", "headers of the original",
+		"message headers follow", "returned message", "undelivered message",
+		"header of the original", "forwarded message", NULL
+	};
+	const char *p = body.p;
+	const char *end = body.p + Min(body.n, (size_t) REPORT_MAX_BODY);
+	char	   *out;
+	size_t		i;
+
+	while (p < end)
+	{
+		const char *next;
+		const char *eol = line_end(p, end, &next);
+		char		lower[256];
+
+		copy_lower(lower, sizeof(lower), p, eol - p);
+		if (contains_any(lower, copies))
+		{
+			end = p;
+			break;
+		}
+		p = next;
+	}
+	out = palloc(end - body.p + 1);
+	for (i = 0; i < (size_t) (end - body.p); i++)
+		out[i] = body.p[i] == '\0' ? ' ' : body.p[i];
+	out[i] = '\0';
+	w->out->text = out;
 }
 
 /*

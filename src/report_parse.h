@@ -43,11 +43,20 @@ typedef struct ParsedReport
 									 * To addresses */
 	char	   *returned_message_id;	/* the returned message's Message-ID */
 	char	   *returned_return_path;	/* and its Return-Path address */
+	/* a bounce written for people, and what tells it from an auto-reply */
+	char	   *text;			/* the first text/plain part, decoded, NUL
+								 * ended, cut where the returned message's
+								 * copy starts; not cleaned */
+	bool		from_daemon;	/* From a mailer-daemon or postmaster */
+	bool		failure_subject;	/* a Subject that says delivery failed */
+	bool		auto_reply;		/* marked (RFC 3834) or titled as one */
+	bool		forwarded;		/* a message/rfc822 outside any report */
 	/* ARF */
 	char	   *feedback_type;	/* lower-cased */
 	char	   *user_agent;
 	char	   *original_mail_from;
 	char	   *original_rcpt_to;
+	char	   *removal_recipient;	/* an opt-out's Removal-Recipient */
 	/* DSN */
 	int			nrecipients;
 	ReportRecipient recipients[REPORT_MAX_RECIPIENTS];
