@@ -13,6 +13,7 @@ OBJS = \
 	src/xact.o \
 	src/catalog.o \
 	src/worker_slots.o \
+	src/delivery_check.o \
 	src/wake.o \
 	src/worker.o \
 	src/worker_step.o \

@@ -2012,6 +2012,45 @@ ALTER TABLE gatekeeper.mail_claim ADD COLUMN owner oid;
 UPDATE gatekeeper.mail_claim SET owner = 0 WHERE worker LIKE 'bgworker:%';
 COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or unclaim the batch''s mails: the OID of the role that claimed them (or a superuser); 0, a background worker''s claim, which only that worker settles; NULL, a claim made before 0.3.0 by an external worker, which any caller may settle';
 
+-- schedule a failed, expired or unknown mail again, with its Message-ID
+-- (issue 47, item 5; src/mail_state_sweep.c); the owner's, as cancel_queue
+CREATE FUNCTION gatekeeper.retry(id bigint)
+RETURNS boolean
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry';
+
+COMMENT ON FUNCTION gatekeeper.retry(bigint) IS
+	'schedule a failed, expired or unknown mail again, due now, with the same Message-ID and its queue''s attempts anew; false when it is not finished (or no such mail); sent, cancelled and suppressed mail is refused';
+
+CREATE FUNCTION gatekeeper.retry(queue text, since timestamptz)
+RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry_queue';
+
+COMMENT ON FUNCTION gatekeeper.retry(text, timestamptz) IS
+	'schedule again every failed mail of a queue that finished since then (not one whose dedupe key another mail holds now); the number scheduled';
+REVOKE ALL ON FUNCTION gatekeeper.retry(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION gatekeeper.retry(text, timestamptz) FROM PUBLIC;
+
+/*
+ * Issue 47, item 2: CREATE EXTENSION (and this update) and a session's
+ * first enqueue say with a WARNING why no background worker would send
+ * this database's mail, when a setting keeps it from doing so
+ * (src/delivery_check.c).
+ */
+CREATE FUNCTION gatekeeper._delivery_check() RETURNS boolean
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_delivery_check_sql';
+REVOKE ALL ON FUNCTION gatekeeper._delivery_check() FROM PUBLIC;
+COMMENT ON FUNCTION gatekeeper._delivery_check() IS
+	'warn when no background worker sends this database''s mail (not preloaded, another gatekeeper.database, no smtp_url)';
+SELECT gatekeeper._delivery_check();
+
 /*
  * Templates (issue 48): a campaign's content stored once, rendered per
  * mail from its data.  A version is never changed once written:

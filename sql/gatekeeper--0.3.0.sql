@@ -569,7 +569,8 @@ $$;
  * deletes the rest.  Both lock the row first and only then test it in a
  * later statement, whose snapshot sees the holder as the row's last
  * writer left it: a holder moves between mail_live, mail_claim and
- * mail_done in single transactions and never comes back from mail_done,
+ * mail_done in single transactions and never comes back from mail_done
+ * but by retry(), which locks the key's row first as an insert does,
  * and a finished holder stays in mail_done until retention removes it,
  * so a holder seen not holding no longer holds.  Retention may remove a
  * finished holder while its window lasts (a window longer than
@@ -1397,6 +1398,28 @@ AS 'MODULE_PATHNAME', 'gatekeeper_cancel_queue';
 
 COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
 	'cancel every scheduled mail of a queue; the number cancelled';
+
+-- schedule a failed, expired or unknown mail again, with its Message-ID
+-- (issue 47, item 5; src/mail_state_sweep.c); the owner's, as cancel_queue
+CREATE FUNCTION gatekeeper.retry(id bigint)
+RETURNS boolean
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry';
+
+COMMENT ON FUNCTION gatekeeper.retry(bigint) IS
+	'schedule a failed, expired or unknown mail again, due now, with the same Message-ID and its queue''s attempts anew; false when it is not finished (or no such mail); sent, cancelled and suppressed mail is refused';
+
+CREATE FUNCTION gatekeeper.retry(queue text, since timestamptz)
+RETURNS bigint
+LANGUAGE c
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_retry_queue';
+
+COMMENT ON FUNCTION gatekeeper.retry(text, timestamptz) IS
+	'schedule again every failed mail of a queue that finished since then (not one whose dedupe key another mail holds now); the number scheduled';
 
 /*
  * Gates
@@ -2896,6 +2919,20 @@ SELECT t.name, t.version, t.created_at, 0::bigint AS in_use
   FROM gatekeeper.template t;
 
 /*
+ * Issue 47, item 2: CREATE EXTENSION (and this update) and a session's
+ * first enqueue say with a WARNING why no background worker would send
+ * this database's mail, when a setting keeps it from doing so
+ * (src/delivery_check.c).
+ */
+CREATE FUNCTION gatekeeper._delivery_check() RETURNS boolean
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_delivery_check_sql';
+REVOKE ALL ON FUNCTION gatekeeper._delivery_check() FROM PUBLIC;
+COMMENT ON FUNCTION gatekeeper._delivery_check() IS
+	'warn when no background worker sends this database''s mail (not preloaded, another gatekeeper.database, no smtp_url)';
+
+/*
  * Privileges: nothing for PUBLIC.  grant() gives a role one use (an
  * application that enqueues, an external sender, a monitor); see
  * docs/operations.md, "Security".
@@ -2908,3 +2945,6 @@ REVOKE ALL ON SCHEMA gatekeeper FROM PUBLIC;
 
 -- workers waiting for CREATE EXTENSION start at once rather than after a nap
 SELECT gatekeeper._wake();
+
+-- say now if no background worker would send this database's mail
+SELECT gatekeeper._delivery_check();

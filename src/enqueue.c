@@ -30,6 +30,7 @@
 
 #include "gatekeeper.h"
 #include "catalog.h"
+#include "delivery_check.h"
 #include "xact.h"
 
 #include "access/xact.h"
@@ -265,6 +266,7 @@ gatekeeper_enqueue(PG_FUNCTION_ARGS)
 	int			i;
 
 	gatekeeper_require_schema();
+	gatekeeper_delivery_check_once();
 	if (PG_ARGISNULL(ARG_RECIPIENT) || PG_ARGISNULL(ARG_SUBJECT) || PG_ARGISNULL(ARG_BODY) ||
 		PG_ARGISNULL(ARG_QUEUE) || PG_ARGISNULL(ARG_SEND_AT))
 		ereport(ERROR,

@@ -2,7 +2,8 @@
  *
  * mail_state_sweep.c
  *		The changes of a mail's state that are not a claimer's own (issue
- *		26, item 1): cancel (by id, by dedupe key, a whole queue), reap
+ *		26, item 1): cancel (by id, by dedupe key, a whole queue), retry
+ *		(failed, expired or unknown mail scheduled again, issue 47), reap
  *		(claims whose lease ran out, or whose server is gone), the rotation
  *		of the retention segments, and purge.
  *
@@ -38,6 +39,7 @@
 #include "executor/tuptable.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -49,6 +51,8 @@
 PG_FUNCTION_INFO_V1(gatekeeper_cancel);
 PG_FUNCTION_INFO_V1(gatekeeper_cancel_key);
 PG_FUNCTION_INFO_V1(gatekeeper_cancel_queue);
+PG_FUNCTION_INFO_V1(gatekeeper_retry);
+PG_FUNCTION_INFO_V1(gatekeeper_retry_queue);
 PG_FUNCTION_INFO_V1(gatekeeper_reap);
 PG_FUNCTION_INFO_V1(gatekeeper_rotate);
 PG_FUNCTION_INFO_V1(gatekeeper_purge);
@@ -90,6 +94,63 @@ static const char cancel_queue_sql[] = CANCEL_SQL("l.queue = $1");
 static const char scheduled_by_key_sql[] =
 "SELECT l.id FROM gatekeeper.mail_live l "
 " WHERE l.queue = $1 AND l.dedupe_key = $2 AND l.state = 'scheduled'";
+
+/*
+ * retry's statements.  The finished mail is read and its outcome row
+ * locked, so two retries of one mail, or a retry and the rotation that
+ * would move it, take turns; its queue's notify flag comes with it (NULL:
+ * the queue is gone).
+ */
+static const char retry_read_sql[] =
+"SELECT d.state::text, d.segment, d.queue, d.dedupe_key, "
+"       (SELECT q.notify FROM gatekeeper.queue q WHERE q.name = d.queue) "
+"  FROM gatekeeper.mail_done d WHERE d.id = $1 "
+"   FOR UPDATE OF d";
+
+/*
+ * The holder of a retried mail's dedupe key: the key's row is written if
+ * it has none, then locked, and only then is its holder tested, in a
+ * later statement (the rule of mail_key's insert, src/mail.c: a holder
+ * seen not holding no longer holds).
+ */
+static const char retry_key_insert_sql[] =
+"INSERT INTO gatekeeper.mail_key (queue, dedupe_key, id) VALUES ($1, $2, $3) "
+"ON CONFLICT DO NOTHING";
+static const char retry_key_lock_sql[] =
+"SELECT k.id FROM gatekeeper.mail_key k "
+" WHERE k.queue = $1 AND k.dedupe_key = $2 FOR UPDATE";
+static const char retry_key_held_sql[] =
+"SELECT gatekeeper._mail_key_held($3, $1, $2)";
+static const char retry_key_take_sql[] =
+"UPDATE gatekeeper.mail_key SET id = $3, finished_at = NULL "
+" WHERE queue = $1 AND dedupe_key = $2";
+
+/* an expired mail goes again without the deadline it missed */
+static const char retry_deadline_sql[] =
+"UPDATE gatekeeper.mail SET send_by = NULL WHERE id = $1 AND segment = $2";
+
+/*
+ * The move itself, cancel's in reverse: the outcome out of mail_done, a
+ * live row due now into mail_live, with the mail's Message-ID and its
+ * attempt (the fencing token of its claims, so it only grows); the
+ * attempts before count as uncharged, so the mail has its queue's
+ * max_attempts again.
+ */
+static const char retry_move_sql[] =
+"WITH f AS ( "
+"    DELETE FROM gatekeeper.mail_done d WHERE d.id = $1 AND d.segment = $2 "
+"    RETURNING d.* "
+") "
+"INSERT INTO gatekeeper.mail_live (" MAIL_LIVE_COLUMNS ") "
+"SELECT f.id, f.queue, m.priority, now(), 'scheduled', f.attempt, f.attempt, NULL, "
+"       f.message_id, f.last_error, f.dedupe_key, f.segment "
+"  FROM f JOIN gatekeeper.mail m ON m.id = f.id AND m.segment = f.segment";
+
+/* the failed mail of a queue finished since $2 */
+static const char retry_queue_sql[] =
+"SELECT d.id FROM gatekeeper.mail_done d "
+" WHERE d.queue = $1 AND d.state = 'failed' AND d.finished_at >= $2 "
+" ORDER BY d.id";
 
 static const char queue_exists_sql[] =
 "SELECT FROM gatekeeper.queue q WHERE q.name = $1";
@@ -253,6 +314,14 @@ static const char purge_gate_log_sql[] =
 "   AND g.expires < now()";
 
 static SPIPlanPtr cancel_plan = NULL;
+static SPIPlanPtr retry_read_plan = NULL;
+static SPIPlanPtr retry_key_insert_plan = NULL;
+static SPIPlanPtr retry_key_lock_plan = NULL;
+static SPIPlanPtr retry_key_held_plan = NULL;
+static SPIPlanPtr retry_key_take_plan = NULL;
+static SPIPlanPtr retry_deadline_plan = NULL;
+static SPIPlanPtr retry_move_plan = NULL;
+static SPIPlanPtr retry_queue_plan = NULL;
 static SPIPlanPtr cancel_queue_plan = NULL;
 static SPIPlanPtr scheduled_by_key_plan = NULL;
 static SPIPlanPtr queue_exists_plan = NULL;
@@ -274,6 +343,8 @@ static SPIPlanPtr rotate_advance_plan = NULL;
 static SPIPlanPtr purge_gate_log_plan = NULL;
 
 static bool cancel_scheduled(int64 id);
+static bool retry_one(int64 id, bool bulk);
+static bool retry_take_key(int64 id, Datum queue, Datum key, bool bulk);
 static void require_queue(text *queue);
 static void announce_due(Datum queues, Datum dues);
 static bool rotate_recent(int16 segment, Datum retention, bool no_retention);
@@ -413,6 +484,190 @@ gatekeeper_cancel_queue(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_INT64((int64) n);
+}
+
+/*
+ * Schedule the finished mail id again, due now: true when it was, false
+ * when it is no finished mail (scheduled, claimed, or no such mail).
+ * Only failed, expired and unknown mail is retried: sent, cancelled and
+ * suppressed mail is refused (55000), and so is mail whose queue is gone
+ * (42704).  A mail whose dedupe key another mail holds now is refused
+ * (23505), or skipped (false) when bulk.  Runs inside SPI.
+ */
+static bool
+retry_one(int64 id, bool bulk)
+{
+	Oid			types[2] = {INT8OID, INT2OID};
+	Datum		args[2];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+	char	   *state;
+	Datum		segment;
+	Datum		queue;
+	Datum		key;
+	bool		no_key;
+	bool		notify;
+	bool		no_queue;
+
+	args[0] = Int64GetDatum(id);
+	if (execute(&retry_read_plan, retry_read_sql, 1, types, args, NULL, false) != SPI_OK_SELECT)
+		elog(ERROR, "could not read finished mail " INT64_FORMAT, id);
+	if (SPI_processed == 0)
+		return false;
+	tuple = SPI_copytuple(SPI_tuptable->vals[0]);
+	desc = SPI_tuptable->tupdesc;
+	state = TextDatumGetCString(SPI_getbinval(tuple, desc, 1, &isnull));
+	segment = SPI_getbinval(tuple, desc, 2, &isnull);
+	queue = SPI_getbinval(tuple, desc, 3, &isnull);
+	key = SPI_getbinval(tuple, desc, 4, &no_key);
+	notify = DatumGetBool(SPI_getbinval(tuple, desc, 5, &no_queue));
+
+	if (strcmp(state, "failed") != 0 && strcmp(state, "expired") != 0 &&
+		strcmp(state, "unknown") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("mail " INT64_FORMAT " is %s and is not retried", id, state),
+				 errdetail("Only failed, expired and unknown mail is scheduled again.")));
+	if (no_queue)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("queue \"%s\" of mail " INT64_FORMAT " does not exist",
+						TextDatumGetCString(queue), id),
+				 errhint("Create it with gatekeeper.create_queue().")));
+	if (!no_key && !retry_take_key(id, queue, key, bulk))
+		return false;
+
+	args[1] = segment;
+	if (strcmp(state, "expired") == 0 &&
+		execute(&retry_deadline_plan, retry_deadline_sql, 2, types, args, NULL,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not lift the deadline of mail " INT64_FORMAT, id);
+	if (execute(&retry_move_plan, retry_move_sql, 2, types, args, NULL, false) != SPI_OK_INSERT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not schedule mail " INT64_FORMAT " again", id);
+
+	gatekeeper_wake_at_commit();
+	if (notify)
+		gatekeeper_announce_due(TextDatumGetCString(queue), GetCurrentTimestamp());
+	return true;
+}
+
+/*
+ * Make the retried mail id the holder of its queue's dedupe key: true
+ * when it is; when another mail holds the key now, an error, or false
+ * when bulk.  Runs inside SPI.
+ */
+static bool
+retry_take_key(int64 id, Datum queue, Datum key, bool bulk)
+{
+	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+	Datum		args[3];
+	bool		isnull;
+	int64		holder;
+
+	args[0] = queue;
+	args[1] = key;
+	args[2] = Int64GetDatum(id);
+	if (execute(&retry_key_insert_plan, retry_key_insert_sql, 3, types, args, NULL,
+				false) != SPI_OK_INSERT ||
+		execute(&retry_key_lock_plan, retry_key_lock_sql, 2, types, args, NULL,
+				false) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not lock the dedupe key of mail " INT64_FORMAT, id);
+	holder = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (holder != id)
+	{
+		args[2] = Int64GetDatum(holder);
+		if (execute(&retry_key_held_plan, retry_key_held_sql, 3, types, args, NULL,
+					false) != SPI_OK_SELECT || SPI_processed != 1)
+			elog(ERROR, "could not test the holder of a dedupe key");
+		if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+		{
+			if (bulk)
+				return false;
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("mail " INT64_FORMAT " is not retried: mail " INT64_FORMAT " holds its dedupe key",
+							id, holder),
+					 errdetail("Queue \"%s\", key \"%s\".", TextDatumGetCString(queue),
+							   TextDatumGetCString(key))));
+		}
+		args[2] = Int64GetDatum(id);
+	}
+	if (execute(&retry_key_take_plan, retry_key_take_sql, 3, types, args, NULL,
+				false) != SPI_OK_UPDATE)
+		elog(ERROR, "could not take the dedupe key of mail " INT64_FORMAT, id);
+	return true;
+}
+
+/*
+ * retry(id bigint) RETURNS boolean
+ *		Schedule a failed, expired or unknown mail again (retry_one).
+ */
+Datum
+gatekeeper_retry(PG_FUNCTION_ARGS)
+{
+	bool		retried;
+
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("id must not be null")));
+
+	SPI_connect();
+	retried = retry_one(PG_GETARG_INT64(0), false);
+	SPI_finish();
+
+	PG_RETURN_BOOL(retried);
+}
+
+/*
+ * retry(queue text, since timestamptz) RETURNS bigint
+ *		Schedule again every failed mail of a queue that finished since
+ *		then; a mail whose dedupe key another mail holds now is left as it
+ *		is.  Returns how many were scheduled.
+ */
+Datum
+gatekeeper_retry_queue(PG_FUNCTION_ARGS)
+{
+	Oid			types[2] = {TEXTOID, TIMESTAMPTZOID};
+	Datum		args[2];
+	int64	   *ids;
+	uint64		nids;
+	uint64		i;
+	int64		n = 0;
+
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("since must not be null")));
+
+	SPI_connect();
+	require_queue(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0));
+	args[0] = PointerGetDatum(PG_GETARG_TEXT_PP(0));
+	args[1] = PG_GETARG_DATUM(1);
+	if (execute(&retry_queue_plan, retry_queue_sql, 2, types, args, NULL, false) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the failed mail of a queue");
+	nids = SPI_processed;
+	ids = palloc(Max(nids, 1) * sizeof(int64));
+	for (i = 0; i < nids; i++)
+	{
+		bool		isnull;
+
+		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	SPI_freetuptable(SPI_tuptable);
+	for (i = 0; i < nids; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (retry_one(ids[i], true))
+			n++;
+	}
+	SPI_finish();
+
+	PG_RETURN_INT64(n);
 }
 
 /*

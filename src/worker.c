@@ -90,8 +90,9 @@
  * ... WITH (FORCE) end a worker promptly.
  *
  * When its database does not exist, a worker says so once, then waits
- * unconnected (its successors see the failed attempt in shared memory) and
- * exits to be restarted when the database appears.
+ * unconnected (its successors see the failed attempt in shared memory),
+ * looking for it twice a second, and hands its slot over to a new worker
+ * that connects as soon as the database appears.
  *
  * IDENTIFICATION
  *		src/worker.c
@@ -170,7 +171,7 @@
 #define LEASE_EXTEND_DIVISOR		3
 
 /* how often a worker without its database looks for it */
-#define DATABASE_POLL_MS			5000
+#define DATABASE_POLL_MS			500
 
 /* this worker's slot in shared memory, and its name in claims */
 static int	worker_slot;
@@ -266,6 +267,7 @@ static GatekeeperWorkerStatus status;
 
 static void wait_for_database(void) pg_attribute_noreturn();
 static bool database_ready(const char *name);
+static void hand_over(void) pg_attribute_noreturn();
 static void check_settings(void);
 static void housekeep(bool woken);
 static bool claim(bool woken);
@@ -404,8 +406,9 @@ gatekeeper_worker_main(Datum main_arg)
 
 /*
  * Wait, connected to no database, until gatekeeper.database exists and
- * accepts connections; then exit so that the postmaster restarts this
- * worker, which connects.
+ * accepts connections; then hand this slot over to a worker that connects
+ * (hand_over), so delivery starts within DATABASE_POLL_MS of CREATE
+ * DATABASE rather than after bgw_restart_time.
  */
 static void
 wait_for_database(void)
@@ -440,7 +443,7 @@ wait_for_database(void)
 			ereport(LOG,
 					(errmsg("gatekeeper worker found database \"%s\" and restarts to connect to it",
 							gatekeeper_database)));
-			proc_exit(1);
+			hand_over();
 		}
 
 		pgstat_report_activity(STATE_IDLE, activity);
@@ -451,6 +454,25 @@ wait_for_database(void)
 						 PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}
+}
+
+/*
+ * End this process, which can connect to no database any more, so that a
+ * new one serves its slot at once: a dynamic worker registered as this
+ * one was (the same function, slot, name and restart time), after which
+ * exit status 0 unregisters this one.  Without a free background worker
+ * slot, exit 1: the postmaster restarts this one after bgw_restart_time.
+ */
+static void
+hand_over(void)
+{
+	BackgroundWorker worker;
+
+	memcpy(&worker, MyBgworkerEntry, sizeof(worker));
+	worker.bgw_notify_pid = 0;
+	if (RegisterDynamicBackgroundWorker(&worker, NULL))
+		proc_exit(0);
+	proc_exit(1);
 }
 
 /*

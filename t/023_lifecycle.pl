@@ -229,7 +229,17 @@ unlike($log, qr/terminated by signal|PANIC:|server process .* was terminated/,
 
 # the database comes back: so does delivery
 $log_offset = -s $node->logfile;
+my $created = time;
 $node->safe_psql('postgres', "CREATE DATABASE $db");
+# a worker waiting for its database connects within a second or two, not
+# after a restart (bgw_restart_time is 10 s): the quick start's createdb
+ok( GatekeeperTest::poll_until(
+		$node, 'postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'gatekeeper worker' AND datname = '$db'",
+		'1', 30),
+	'the worker connects to the new database');
+my $found_after = time - $created;
+cmp_ok($found_after, '<', 2.5, sprintf('the worker found its database %.2f s after CREATE DATABASE', $found_after));
 $node->safe_psql($db, 'CREATE EXTENSION gatekeeper');
 enqueue('fifth', 2);
 ok(GatekeeperTest::poll_until($node, $db, all_sent_query('fifth'), 't', 60),
