@@ -625,152 +625,26 @@ check_smtp_url(char **newval, void **extra, GucSource source)
 }
 
 /*
- * One relay of gatekeeper.smtp_url names the relay and nothing else: a
- * password in it would be readable by pg_read_all_settings and written
- * wherever the setting is logged or copied, and a user name belongs
- * beside the password.  The message names the relay as subject says,
- * which does not repeat a URL with user information (GUC's own would).
+ * One relay of gatekeeper.smtp_url, checked by the SMTP client's own reader
+ * of relay URLs (smtp_config_check_url), so that what the worker cannot use
+ * is refused here, at ALTER SYSTEM and at a reload (which then keeps the
+ * value in force and logs why).  The message names the relay as subject
+ * says, which does not repeat a URL with user information (GUC's own would).
  */
 static bool
 check_relay_url(const char *url, const char *subject)
 {
-	const char *authority;
-	const char *end;
-	const char *at = NULL;
-	const char *p;
-	const char *host;
-	const char *hostend;
-	const char *port = NULL;
+	SmtpUrl		u;
+	SmtpUrlProblem problem;
 
-	if (url[0] == '\0')
+	if (url[0] == '\0' || smtp_config_check_url(url, subject, &u, &problem))
 		return true;
-
-	authority = strstr(url, "://");
-	authority = authority ? authority + 3 : url;
-	end = authority + strcspn(authority, "/?#");
-	for (p = authority; p < end; p++)
-	{
-		if (*p == '@')
-			at = p;
-	}
-	if (at != NULL)
-	{
-		if (memchr(authority, ':', at - authority) != NULL)
-		{
-			GUC_check_errmsg("%s must not contain a password", subject);
-			GUC_check_errdetail("Every setting can be read by members of pg_read_all_settings.");
-			GUC_check_errhint("Put the password in a file that only the server's OS user can read, "
-							  "name it in gatekeeper.smtp_password_file, and set the user name in "
-							  "gatekeeper.smtp_user.");
-		}
-		else
-		{
-			GUC_check_errmsg("%s must not contain a user name", subject);
-			GUC_check_errhint("Set the user name in gatekeeper.smtp_user and the password file in "
-							  "gatekeeper.smtp_password_file.");
-		}
-		return false;
-	}
-
-	/*
-	 * What the worker cannot use is refused here, at ALTER SYSTEM and at a
-	 * reload (which then keeps the value in force and logs why), rather
-	 * than accepted and found out by the worker alone: smtp://
-	 * or smtps://, a host, an optional port of 1 to 65535, nothing after.
-	 */
-	if (pg_strncasecmp(url, "smtp://", 7) != 0 && pg_strncasecmp(url, "smtps://", 8) != 0)
-	{
-		GUC_check_errmsg("%s must begin with smtp:// or smtps://", subject);
-		GUC_check_errhint("For example smtp://relay.example.com:587 (STARTTLS when offered) or "
-						  "smtps://relay.example.com:465.");
-		return false;
-	}
-	{
-		const char *rest = *end == '/' ? end + 1 : end;
-		char		problem[256];
-
-		/* options: ?connections=N&rate=N (smtp_config.c reads them) */
-		if (*rest == '?' &&
-			!smtp_config_parse_options(rest + 1, NULL, NULL, problem, sizeof(problem)))
-		{
-			GUC_check_errmsg("%s has %s", subject, problem);
-			GUC_check_errhint("For example smtp://relay.example.com:587?connections=4&rate=14: that relay's "
-							  "connections and messages per second, shared by the workers.");
-			return false;
-		}
-		if (*rest != '\0' && *rest != '?')
-		{
-			GUC_check_errmsg("%s must be smtp://host:port or smtps://host:port, with nothing after the port "
-							 "but ?connections=N&rate=N", subject);
-			return false;
-		}
-	}
-	host = authority;
-	if (*host == '[')
-	{
-		hostend = memchr(host, ']', end - host);
-		if (hostend == NULL || hostend == host + 1)
-		{
-			GUC_check_errmsg("%s has an unterminated or empty IPv6 address", subject);
-			return false;
-		}
-		if (hostend + 1 < end)
-		{
-			if (hostend[1] != ':')
-			{
-				GUC_check_errmsg("%s does not name a host and port", subject);
-				return false;
-			}
-			port = hostend + 2;
-		}
-	}
-	else
-	{
-		hostend = memchr(host, ':', end - host);
-		if (hostend == NULL)
-			hostend = end;
-		else
-			port = hostend + 1;
-		if (hostend == host)
-		{
-			GUC_check_errmsg("%s does not name a host", subject);
-			return false;
-		}
-		for (p = host; p < hostend; p++)
-		{
-			if (!(isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
-			{
-				GUC_check_errmsg("%s has an invalid host name", subject);
-				return false;
-			}
-		}
-	}
-	if (port != NULL)
-	{
-		long		n = 0;
-
-		if (port >= end)
-		{
-			GUC_check_errmsg("%s has an empty port", subject);
-			return false;
-		}
-		for (p = port; p < end && *p != '/'; p++)
-		{
-			if (!isdigit((unsigned char) *p) || (n = n * 10 + (*p - '0')) > 65535)
-			{
-				GUC_check_errmsg("%s has an invalid port", subject);
-				GUC_check_errdetail("A port is a number from 1 to 65535.");
-				return false;
-			}
-		}
-		if (n == 0)
-		{
-			GUC_check_errmsg("%s has an invalid port", subject);
-			GUC_check_errdetail("A port is a number from 1 to 65535.");
-			return false;
-		}
-	}
-	return true;
+	GUC_check_errmsg("%s", problem.message);
+	if (problem.detail[0] != '\0')
+		GUC_check_errdetail("%s", problem.detail);
+	if (problem.hint[0] != '\0')
+		GUC_check_errhint("%s", problem.hint);
+	return false;
 }
 
 /*

@@ -52,7 +52,6 @@ static int	share_of(int total);
  */
 static int	share_index = 0;
 static int	share_count = 1;
-static void percent_decode(char *s);
 
 /*
  * smtp_config_load_password
@@ -325,18 +324,16 @@ smtp_config_matches(const SmtpConfig *cfg, const char *url)
 
 /*
  * parse_url
- *		smtp://[user[:password]@]host[:port][/] or smtps://...; fills
- *		cfg->host, port, peer, user, password and smtps.
+ *		Fill cfg->host, port, peer and smtps, and the options' share of
+ *		connections and rate, from url; false, with why in cfg->problem,
+ *		when the worker cannot use it (the rules of smtp_config_check_url,
+ *		which the setting's check hook applies before a value is taken).
  */
 static bool
 parse_url(SmtpConfig *cfg, const char *url)
 {
-	const char *p;
-	const char *end;
-	const char *at = NULL;
-	const char *q;
-	char	   *hostport;
-	char	   *colon;
+	SmtpUrl		u;
+	SmtpUrlProblem problem;
 
 	cfg->user = pstrdup("");
 	cfg->password = pstrdup("");
@@ -349,92 +346,182 @@ parse_url(SmtpConfig *cfg, const char *url)
 		strlcpy(cfg->problem, "gatekeeper.smtp_url is not set", sizeof(cfg->problem));
 		return false;
 	}
-	if (pg_strncasecmp(url, "smtps://", 8) == 0)
+	if (!smtp_config_check_url(url, "gatekeeper.smtp_url", &u, &problem))
 	{
-		cfg->smtps = true;
-		p = url + 8;
-	}
-	else if (pg_strncasecmp(url, "smtp://", 7) == 0)
-		p = url + 7;
-	else
-	{
-		strlcpy(cfg->problem, "gatekeeper.smtp_url must begin with smtp:// or smtps://",
-				sizeof(cfg->problem));
+		strlcpy(cfg->problem, problem.message, sizeof(cfg->problem));
 		return false;
 	}
-
-	end = p + strcspn(p, "/?#");
-	for (q = p; q < end; q++)
+	cfg->smtps = u.smtps;
+	cfg->host = pstrdup(u.host);
+	cfg->port = pstrdup(u.port);
+	cfg->peer = psprintf(strchr(cfg->host, ':') ? "[%s]:%s" : "%s:%s", cfg->host, cfg->port);
+	if (u.connections > 0)
+		cfg->connections = share_of(u.connections);
+	if (u.rate > 0)
 	{
-		if (*q == '@')
-			at = q;
+		cfg->rate_limited = true;
+		cfg->rate = share_of(u.rate);
+	}
+	return true;
+}
+
+/*
+ * smtp_config_check_url
+ *		Read one relay's URL, smtp://host[:port][/][?options] or smtps://...,
+ *		into *u; false, with the message, detail and hint of what is wrong
+ *		in *problem (naming the relay as subject says), when the worker
+ *		cannot use it.  The one reader of a relay URL: the check hook of
+ *		gatekeeper.smtp_url refuses with it what the worker would refuse.
+ *
+ * A URL names the relay and nothing else: a password in it would be
+ * readable by pg_read_all_settings and written wherever the setting is
+ * logged or copied, and a user name belongs beside the password.
+ */
+bool
+smtp_config_check_url(const char *url, const char *subject, SmtpUrl *u, SmtpUrlProblem *problem)
+{
+	const char *authority;
+	const char *end;
+	const char *rest;
+	const char *at = NULL;
+	const char *p;
+	const char *host;
+	const char *hostend;
+	const char *port = NULL;
+
+	memset(u, 0, sizeof(*u));
+	memset(problem, 0, sizeof(*problem));
+#define URL_PROBLEM(field, ...) snprintf(problem->field, sizeof(problem->field), __VA_ARGS__)
+
+	authority = strstr(url, "://");
+	authority = authority ? authority + 3 : url;
+	end = authority + strcspn(authority, "/?#");
+	for (p = authority; p < end; p++)
+	{
+		if (*p == '@')
+			at = p;
 	}
 	if (at != NULL)
 	{
-		const char *sep = memchr(p, ':', at - p);
-
-		cfg->user = pnstrdup(p, (sep ? sep : at) - p);
-		percent_decode(cfg->user);
-		if (sep != NULL)
+		if (memchr(authority, ':', at - authority) != NULL)
 		{
-			cfg->password = pnstrdup(sep + 1, at - sep - 1);
-			percent_decode(cfg->password);
+			URL_PROBLEM(message, "%s must not contain a password", subject);
+			URL_PROBLEM(detail, "Every setting can be read by members of pg_read_all_settings.");
+			URL_PROBLEM(hint, "Put the password in a file that only the server's OS user can read, "
+						"name it in gatekeeper.smtp_password_file, and set the user name in "
+						"gatekeeper.smtp_user.");
 		}
-		p = at + 1;
+		else
+		{
+			URL_PROBLEM(message, "%s must not contain a user name", subject);
+			URL_PROBLEM(hint, "Set the user name in gatekeeper.smtp_user and the password file in "
+						"gatekeeper.smtp_password_file.");
+		}
+		return false;
+	}
+	if (pg_strncasecmp(url, "smtps://", 8) == 0)
+		u->smtps = true;
+	else if (pg_strncasecmp(url, "smtp://", 7) != 0)
+	{
+		URL_PROBLEM(message, "%s must begin with smtp:// or smtps://", subject);
+		URL_PROBLEM(hint, "For example smtp://relay.example.com:587 (STARTTLS when offered) or "
+					"smtps://relay.example.com:465.");
+		return false;
 	}
 
-	hostport = pnstrdup(p, end - p);
-	if (hostport[0] == '[')
+	/* options: ?connections=N&rate=N, after an optional "/" */
+	rest = *end == '/' ? end + 1 : end;
+	if (*rest == '?')
 	{
-		char	   *rb = strchr(hostport, ']');
+		char		why[200];
 
-		if (rb == NULL)
+		if (!smtp_config_parse_options(rest + 1, &u->connections, &u->rate, why, sizeof(why)))
 		{
-			strlcpy(cfg->problem, "gatekeeper.smtp_url has an unterminated IPv6 address",
-					sizeof(cfg->problem));
+			URL_PROBLEM(message, "%s has %s", subject, why);
+			URL_PROBLEM(hint, "For example smtp://relay.example.com:587?connections=4&rate=14: that relay's "
+						"connections and messages per second, shared by the workers.");
 			return false;
 		}
-		*rb = '\0';
-		cfg->host = pstrdup(hostport + 1);
-		colon = rb[1] == ':' ? rb + 1 : NULL;
+	}
+	else if (*rest != '\0')
+	{
+		URL_PROBLEM(message, "%s must be smtp://host:port or smtps://host:port, with nothing after the port "
+					"but ?connections=N&rate=N", subject);
+		return false;
+	}
+
+	host = authority;
+	if (*host == '[')
+	{
+		hostend = memchr(host, ']', end - host);
+		if (hostend == NULL || hostend == host + 1)
+		{
+			URL_PROBLEM(message, "%s has an unterminated or empty IPv6 address", subject);
+			return false;
+		}
+		if (hostend + 1 < end)
+		{
+			if (hostend[1] != ':')
+			{
+				URL_PROBLEM(message, "%s does not name a host and port", subject);
+				return false;
+			}
+			port = hostend + 2;
+		}
+		snprintf(u->host, sizeof(u->host), "%.*s", (int) (hostend - host - 1), host + 1);
 	}
 	else
 	{
-		colon = strrchr(hostport, ':');
-		if (colon != NULL)
-			*colon = '\0';
-		cfg->host = pstrdup(hostport);
-	}
-	cfg->port = pstrdup(colon != NULL && colon[1] != '\0' ? colon + 1 :
-					   (cfg->smtps ? "465" : "25"));
-	if (cfg->host[0] == '\0' || strspn(cfg->port, "0123456789") != strlen(cfg->port))
-	{
-		strlcpy(cfg->problem, "gatekeeper.smtp_url does not name a host and port",
-				sizeof(cfg->problem));
-		return false;
-	}
-	cfg->peer = psprintf(strchr(cfg->host, ':') ? "[%s]:%s" : "%s:%s", cfg->host, cfg->port);
-
-	/* ?connections=N&rate=N: the relay's own, shared by the workers */
-	q = end;
-	if (*q == '/')
-		q++;
-	if (*q == '?')
-	{
-		int			connections = 0;
-		int			rate = 0;
-
-		if (!smtp_config_parse_options(q + 1, &connections, &rate,
-									   cfg->problem, sizeof(cfg->problem)))
-			return false;
-		if (connections > 0)
-			cfg->connections = share_of(connections);
-		if (rate > 0)
+		hostend = memchr(host, ':', end - host);
+		if (hostend == NULL)
+			hostend = end;
+		else
+			port = hostend + 1;
+		if (hostend == host)
 		{
-			cfg->rate_limited = true;
-			cfg->rate = share_of(rate);
+			URL_PROBLEM(message, "%s does not name a host", subject);
+			return false;
 		}
+		for (p = host; p < hostend; p++)
+		{
+			if (!(isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+			{
+				URL_PROBLEM(message, "%s has an invalid host name", subject);
+				return false;
+			}
+		}
+		if (hostend - host >= (ptrdiff_t) sizeof(u->host))
+		{
+			URL_PROBLEM(message, "%s has an invalid host name", subject);
+			return false;
+		}
+		snprintf(u->host, sizeof(u->host), "%.*s", (int) (hostend - host), host);
 	}
+	if (port != NULL)
+	{
+		long		n = 0;
+
+		if (port >= end)
+		{
+			URL_PROBLEM(message, "%s has an empty port", subject);
+			return false;
+		}
+		for (p = port; p < end; p++)
+		{
+			if (!isdigit((unsigned char) *p) || (n = n * 10 + (*p - '0')) > 65535)
+				break;
+		}
+		if (p < end || n == 0)
+		{
+			URL_PROBLEM(message, "%s has an invalid port", subject);
+			URL_PROBLEM(detail, "A port is a number from 1 to 65535.");
+			return false;
+		}
+		snprintf(u->port, sizeof(u->port), "%ld", n);
+	}
+	else
+		strlcpy(u->port, u->smtps ? "465" : "25", sizeof(u->port));
+#undef URL_PROBLEM
 	return true;
 }
 
@@ -541,30 +628,6 @@ static int
 share_of(int total)
 {
 	return total / share_count + (share_index < total % share_count ? 1 : 0);
-}
-
-/*
- * percent_decode
- *		Decode %XX escapes of a URL's user information in place.
- */
-static void
-percent_decode(char *s)
-{
-	char	   *w = s;
-
-	while (*s)
-	{
-		if (s[0] == '%' && isxdigit((unsigned char) s[1]) && isxdigit((unsigned char) s[2]))
-		{
-			char		hex[3] = {s[1], s[2], '\0'};
-
-			*w++ = (char) strtol(hex, NULL, 16);
-			s += 3;
-		}
-		else
-			*w++ = *s++;
-	}
-	*w = '\0';
 }
 
 /*

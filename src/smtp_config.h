@@ -44,6 +44,26 @@ typedef struct SmtpConfig
 #define SMTP_URL_MAX_CONNECTIONS	1000
 #define SMTP_URL_MAX_RATE			100000
 
+/* a relay's URL, as smtp_config_check_url reads it */
+typedef struct SmtpUrl
+{
+	bool		smtps;
+	char		host[256];		/* without the brackets of an IPv6 address */
+	char		port[8];
+	int			connections;	/* ?connections=, 0 when not given */
+	int			rate;			/* ?rate=, 0 when not given */
+} SmtpUrl;
+
+/* why a relay's URL cannot be used: an error's message, detail and hint */
+typedef struct SmtpUrlProblem
+{
+	char		message[512];
+	char		detail[256];
+	char		hint[384];
+} SmtpUrlProblem;
+
+extern bool smtp_config_check_url(const char *url, const char *subject, SmtpUrl *u,
+								  SmtpUrlProblem *problem);
 extern List *smtp_config_split(const char *value);
 extern bool smtp_config_parse_options(const char *query, int *connections, int *rate,
 									  char *problem, size_t problemlen);

@@ -235,8 +235,9 @@ smtp_relay_dispatch(SmtpRelay *r)
 			break;
 
 		/*
-		 * rate=: transactions start at least 1/rate s apart, so that no
-		 * second holds more than rate of them, whatever the backlog.
+		 * rate=: transactions start at least 1/rate s apart, and 5% more,
+		 * so that no second holds more than rate of them at the relay
+		 * either, whatever the backlog and the network's jitter.
 		 */
 		if (r->cfg.rate_limited)
 		{
@@ -244,7 +245,7 @@ smtp_relay_dispatch(SmtpRelay *r)
 
 			if (r->cfg.rate == 0 || at < r->next_send)
 				break;
-			r->next_send = at + (USECS_PER_SEC + r->cfg.rate - 1) / r->cfg.rate;
+			r->next_send = at + (USECS_PER_SEC * 105 / 100 + r->cfg.rate - 1) / r->cfg.rate;
 		}
 		{
 			GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
