@@ -1105,7 +1105,7 @@ RETURNS TABLE (queue text, paused boolean, scheduled bigint, due bigint, claimed
 			   oldest_due_age interval, enqueued bigint, sent bigint, failed bigint,
 			   suppressed bigint, expired bigint, cancelled bigint, unknown bigint,
 			   lease_expired bigint, deferred bigint, bounced bigint, complained bigint,
-			   retrying bigint)
+			   retrying bigint, rate double precision, eta interval)
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1113,7 +1113,7 @@ AS $$
 	RUN ON part;
 	SELECT s.queue, s.paused, s.scheduled, s.due, s.claimed, s.oldest_due_age, s.enqueued, s.sent,
 		   s.failed, s.suppressed, s.expired, s.cancelled, s.unknown, s.lease_expired,
-		   s.deferred, s.bounced, s.complained, s.retrying
+		   s.deferred, s.bounced, s.complained, s.retrying, s.rate, s.eta
 	  FROM gatekeeper.queue_stats s;
 $$;
 
@@ -1123,7 +1123,7 @@ RETURNS TABLE (shard int, queue text, paused boolean, scheduled bigint, due bigi
 			   oldest_due_age interval, enqueued bigint, sent bigint, failed bigint,
 			   suppressed bigint, expired bigint, cancelled bigint, unknown bigint,
 			   lease_expired bigint, deferred bigint, bounced bigint, complained bigint,
-			   retrying bigint)
+			   retrying bigint, rate double precision, eta interval)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1170,12 +1170,14 @@ SELECT s.queue,
 	   pg_catalog.sum(s.deferred)::bigint AS deferred,
 	   pg_catalog.sum(s.bounced)::bigint AS bounced,
 	   pg_catalog.sum(s.complained)::bigint AS complained,
-	   pg_catalog.sum(s.retrying)::bigint AS retrying
+	   pg_catalog.sum(s.retrying)::bigint AS retrying,
+	   pg_catalog.sum(s.rate) AS rate,
+	   pg_catalog.max(s.eta) AS eta
   FROM gatekeeper.shard_queue_stats() s
  GROUP BY s.queue;
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue, over every shard: live mail and totals summed, the oldest due age the largest, paused when any shard has it paused';
+	'per queue, over every shard: live mail, totals and rates summed, the oldest due age and the eta the largest, paused when any shard has it paused';
 
 /*
  * Roles given a use of the router by grant(), as on a shard: 'enqueue' (an

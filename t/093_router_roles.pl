@@ -142,6 +142,9 @@ foreach my $call ('SELECT * FROM gatekeeper.queue_stats',
 	"SELECT scheduled || ':' || cancelled || ':' || enqueued FROM gatekeeper.queue_stats WHERE queue = 'news'");
 is($rc, 0, 'monitor: queue_stats through the router') or diag($err);
 is($out, '0:2:2', 'monitor: the shards\' rows summed (both news mails cancelled)');
+($rc, $out, $err) = as_role('shop_monitor',
+	"SELECT rate || ':' || coalesce(eta::text, 'null') FROM gatekeeper.queue_stats WHERE queue = 'news'");
+is($out, '0:null', 'monitor: rate 0 and eta NULL summed over the shards (cancelled mail is no delivery work)');
 ($rc, $out, $err) = as_role('shop_monitor', 'SELECT count(*) FROM gatekeeper.shard_queue_stats()');
 is($rc, 0, 'monitor: shard_queue_stats') or diag($err);
 ($rc, $out, $err) = as_role('shop_monitor',
