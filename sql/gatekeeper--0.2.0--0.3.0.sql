@@ -2317,6 +2317,25 @@ COMMENT ON VIEW gatekeeper.queue_stats IS
 
 REVOKE ALL ON FUNCTION gatekeeper._queue_rates() FROM PUBLIC;
 
+-- whoever could read queue_stats (EXECUTE on both of its helpers, granted
+-- by hand rather than by grant()) still can: its new helper too
+DO $$
+DECLARE
+	r regrole;
+BEGIN
+	FOR r IN SELECT a.grantee::regrole
+			   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+			  WHERE p.oid IN ('gatekeeper._queue_totals()'::pg_catalog.regprocedure,
+							  'gatekeeper._live_stats()'::pg_catalog.regprocedure)
+				AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
+				AND a.grantee <> (SELECT x.extowner FROM pg_catalog.pg_extension x
+								   WHERE x.extname = 'gatekeeper')
+			  GROUP BY a.grantee HAVING count(DISTINCT p.oid) = 2 LOOP
+		EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper._queue_rates() TO %s', r);
+	END LOOP;
+END
+$$;
+
 /*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
