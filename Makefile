@@ -55,6 +55,7 @@ OBJS = \
 	src/stats.o \
 	src/live_count.o \
 	src/maintenance.o \
+	src/progress.o \
 	src/mail_state_sweep.o \
 	src/mail_state_sync.o \
 	src/smtp_trouble.o \

@@ -94,9 +94,11 @@ BEGIN
 						('worker', 'function', 'next_due', NULL),
 						('worker', 'function', '_queue_totals', NULL),
 						('worker', 'function', '_live_stats', NULL),
+						('worker', 'function', '_queue_rates', NULL),
 						('worker', 'table', 'queue_stats', 'SELECT'),
 						('monitor', 'function', '_queue_totals', NULL),
 						('monitor', 'function', '_live_stats', NULL),
+						('monitor', 'function', '_queue_rates', NULL),
 						('monitor', 'function', '_gate_memory', NULL),
 						('monitor', 'function', '_worker_status', NULL),
 						('monitor', 'table', 'queue_stats', 'SELECT'),
@@ -2264,6 +2266,75 @@ SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text,
 
 COMMENT ON VIEW gatekeeper.events IS
 	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed';
+
+/*
+ * Issue 47, item 4: progress.  queue_stats gains rate and eta, from the
+ * rates src/stats.c keeps in shared memory.
+ */
+-- per queue, the mails it finished by delivery work (sent, failed,
+-- suppressed, expired, unknown: not cancelled) per second over the last
+-- minute, from shared memory (src/stats.c); no row for a queue that
+-- finished none in that minute
+CREATE FUNCTION gatekeeper._queue_rates(OUT queue_hash bigint, OUT rate double precision)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_queue_rates';
+
+COMMENT ON FUNCTION gatekeeper._queue_rates() IS
+	'per queue, the mails finished by delivery work per second over the last minute, by a hash of the queue''s name; queue_stats reads them';
+
+CREATE OR REPLACE VIEW gatekeeper.queue_stats AS
+SELECT q.name AS queue,
+	   q.paused,
+	   coalesce(l.scheduled, 0) AS scheduled,
+	   coalesce(l.due, 0) AS due,
+	   coalesce(l.claimed, 0) AS claimed,
+	   now() - l.oldest_due AS oldest_due_age,
+	   coalesce(t.enqueued, 0) AS enqueued,
+	   coalesce(t.sent, 0) AS sent,
+	   coalesce(t.failed, 0) AS failed,
+	   coalesce(t.suppressed, 0) AS suppressed,
+	   coalesce(t.expired, 0) AS expired,
+	   coalesce(t.cancelled, 0) AS cancelled,
+	   coalesce(t.unknown, 0) AS unknown,
+	   coalesce(l.lease_expired, 0) AS lease_expired,
+	   coalesce(t.deferred, 0) AS deferred,
+	   coalesce(t.bounced, 0) AS bounced,
+	   coalesce(t.complained, 0) AS complained,
+	   coalesce(l.retrying, 0) AS retrying,
+	   coalesce(r.rate, 0) AS rate,
+	   CASE WHEN r.rate > 0
+			THEN pg_catalog.make_interval(secs => pg_catalog.ceil(coalesce(l.due, 0) / r.rate))
+	   END AS eta
+  FROM gatekeeper.queue q
+  LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
+  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0)
+  LEFT JOIN gatekeeper._queue_rates() r ON r.queue_hash = pg_catalog.hashtextextended(q.name, 0);
+
+COMMENT ON VIEW gatekeeper.queue_stats IS
+	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), claims whose lease ran out, and progress: rate (mails finished per second over the last minute) and eta (the due mail at that rate)';
+
+REVOKE ALL ON FUNCTION gatekeeper._queue_rates() FROM PUBLIC;
+
+-- whoever could read queue_stats (EXECUTE on both of its helpers, granted
+-- by hand rather than by grant()) still can: its new helper too
+DO $$
+DECLARE
+	r regrole;
+BEGIN
+	FOR r IN SELECT a.grantee::regrole
+			   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+			  WHERE p.oid IN ('gatekeeper._queue_totals()'::pg_catalog.regprocedure,
+							  'gatekeeper._live_stats()'::pg_catalog.regprocedure)
+				AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
+				AND a.grantee <> (SELECT x.extowner FROM pg_catalog.pg_extension x
+								   WHERE x.extname = 'gatekeeper')
+			  GROUP BY a.grantee HAVING count(DISTINCT p.oid) = 2 LOOP
+		EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper._queue_rates() TO %s', r);
+	END LOOP;
+END
+$$;
 
 /*
  * Last, always: give the remembered roles what their uses need of the

@@ -2421,8 +2421,21 @@ $$;
 COMMENT ON FUNCTION gatekeeper._live_stats() IS
 	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out, scheduled mail claimed before); queue_stats reads them';
 
--- the live mail (never the finished) from _live_stats(), totals from
--- shared memory
+-- per queue, the mails it finished by delivery work (sent, failed,
+-- suppressed, expired, unknown: not cancelled) per second over the last
+-- minute, from shared memory (src/stats.c); no row for a queue that
+-- finished none in that minute
+CREATE FUNCTION gatekeeper._queue_rates(OUT queue_hash bigint, OUT rate double precision)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'gatekeeper_queue_rates';
+
+COMMENT ON FUNCTION gatekeeper._queue_rates() IS
+	'per queue, the mails finished by delivery work per second over the last minute, by a hash of the queue''s name; queue_stats reads them';
+
+-- the live mail (never the finished) from _live_stats(), totals and rates
+-- from shared memory
 CREATE VIEW gatekeeper.queue_stats AS
 SELECT q.name AS queue,
 	   q.paused,
@@ -2441,13 +2454,18 @@ SELECT q.name AS queue,
 	   coalesce(t.deferred, 0) AS deferred,
 	   coalesce(t.bounced, 0) AS bounced,
 	   coalesce(t.complained, 0) AS complained,
-	   coalesce(l.retrying, 0) AS retrying
+	   coalesce(l.retrying, 0) AS retrying,
+	   coalesce(r.rate, 0) AS rate,
+	   CASE WHEN r.rate > 0
+			THEN pg_catalog.make_interval(secs => pg_catalog.ceil(coalesce(l.due, 0) / r.rate))
+	   END AS eta
   FROM gatekeeper.queue q
   LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
-  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
+  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0)
+  LEFT JOIN gatekeeper._queue_rates() r ON r.queue_hash = pg_catalog.hashtextextended(q.name, 0);
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
+	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), claims whose lease ran out, and progress: rate (mails finished per second over the last minute) and eta (the due mail at that rate)';
 
 -- every event of the retained mail (issue 27): id, the mail, its queue and
 -- recipient, what happened, the status code and detail, who told, when:
@@ -2698,9 +2716,11 @@ BEGIN
 						('worker', 'function', 'next_due', NULL),
 						('worker', 'function', '_queue_totals', NULL),
 						('worker', 'function', '_live_stats', NULL),
+						('worker', 'function', '_queue_rates', NULL),
 						('worker', 'table', 'queue_stats', 'SELECT'),
 						('monitor', 'function', '_queue_totals', NULL),
 						('monitor', 'function', '_live_stats', NULL),
+						('monitor', 'function', '_queue_rates', NULL),
 						('monitor', 'function', '_gate_memory', NULL),
 						('monitor', 'function', '_worker_status', NULL),
 						('monitor', 'table', 'queue_stats', 'SELECT'),

@@ -1105,7 +1105,7 @@ RETURNS TABLE (queue text, paused boolean, scheduled bigint, due bigint, claimed
 			   oldest_due_age interval, enqueued bigint, sent bigint, failed bigint,
 			   suppressed bigint, expired bigint, cancelled bigint, unknown bigint,
 			   lease_expired bigint, deferred bigint, bounced bigint, complained bigint,
-			   retrying bigint)
+			   retrying bigint, rate double precision, eta interval)
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1113,7 +1113,7 @@ AS $$
 	RUN ON part;
 	SELECT s.queue, s.paused, s.scheduled, s.due, s.claimed, s.oldest_due_age, s.enqueued, s.sent,
 		   s.failed, s.suppressed, s.expired, s.cancelled, s.unknown, s.lease_expired,
-		   s.deferred, s.bounced, s.complained, s.retrying
+		   s.deferred, s.bounced, s.complained, s.retrying, s.rate, s.eta
 	  FROM gatekeeper.queue_stats s;
 $$;
 
@@ -1123,7 +1123,7 @@ RETURNS TABLE (shard int, queue text, paused boolean, scheduled bigint, due bigi
 			   oldest_due_age interval, enqueued bigint, sent bigint, failed bigint,
 			   suppressed bigint, expired bigint, cancelled bigint, unknown bigint,
 			   lease_expired bigint, deferred bigint, bounced bigint, complained bigint,
-			   retrying bigint)
+			   retrying bigint, rate double precision, eta interval)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1170,17 +1170,144 @@ SELECT s.queue,
 	   pg_catalog.sum(s.deferred)::bigint AS deferred,
 	   pg_catalog.sum(s.bounced)::bigint AS bounced,
 	   pg_catalog.sum(s.complained)::bigint AS complained,
-	   pg_catalog.sum(s.retrying)::bigint AS retrying
+	   pg_catalog.sum(s.retrying)::bigint AS retrying,
+	   pg_catalog.sum(s.rate) AS rate,
+	   pg_catalog.max(s.eta) AS eta
   FROM gatekeeper.shard_queue_stats() s
  GROUP BY s.queue;
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue, over every shard: live mail and totals summed, the oldest due age the largest, paused when any shard has it paused';
+	'per queue, over every shard: live mail, totals and rates summed, the oldest due age and the eta the largest, paused when any shard has it paused';
 
 /*
- * Privileges: nothing for PUBLIC.  An application role needs EXECUTE on
- * the functions it calls, USAGE on the schema and on the foreign server
- * gatekeeper, and a user mapping (docs/sharding.md).
+ * Roles given a use of the router by grant(), as on a shard: 'enqueue' (an
+ * application: enqueue, enqueue_batch, status, find, cancel, history,
+ * suppress, unsubscribe, with the internal functions they call) or
+ * 'monitor' (queue_stats, shard_queue_stats).  Claiming is not routed, so
+ * there is no 'worker' here; administration (queues, gates, unsuppress)
+ * stays the owner's.  Each use also needs USAGE on the foreign server
+ * gatekeeper (given when it exists) and, on every shard, its user
+ * mapping's role given the same use there (docs/sharding.md).
+ */
+CREATE TABLE gatekeeper.role_grant (
+	role		regrole NOT NULL,
+	what		text NOT NULL CHECK (what IN ('enqueue', 'monitor')),
+	granted_at	timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (role, what)
+);
+SELECT pg_catalog.pg_extension_config_dump('gatekeeper.role_grant', '');
+
+-- gives the remembered roles (or one) the privileges of their uses: USAGE
+-- on the schema and on the foreign server gatekeeper, EXECUTE on every
+-- overload of each function of the use, SELECT on its views; forgets
+-- dropped roles
+CREATE FUNCTION gatekeeper._grant_apply(only_role regrole DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	g record;
+	o record;
+	f regprocedure;
+BEGIN
+	DELETE FROM gatekeeper.role_grant r
+	 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles a WHERE a.oid = r.role::oid);
+	FOR g IN SELECT r.role, r.what FROM gatekeeper.role_grant r
+			  WHERE only_role IS NULL OR r.role = only_role ORDER BY r.role::oid, r.what LOOP
+		EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA gatekeeper TO %s', g.role);
+		IF EXISTS (SELECT FROM pg_catalog.pg_foreign_server s WHERE s.srvname = 'gatekeeper') THEN
+			EXECUTE pg_catalog.format('GRANT USAGE ON FOREIGN SERVER gatekeeper TO %s', g.role);
+		END IF;
+		FOR o IN SELECT v.kind, v.name
+				   FROM (VALUES
+						('enqueue', 'function', 'enqueue'),
+						('enqueue', 'function', '_enqueue'),
+						('enqueue', 'function', 'enqueue_batch'),
+						('enqueue', 'function', '_enqueue_rows'),
+						('enqueue', 'function', 'status'),
+						('enqueue', 'function', '_status_any'),
+						('enqueue', 'function', '_status'),
+						('enqueue', 'function', '_id_shards'),
+						('enqueue', 'function', 'cancel'),
+						('enqueue', 'function', '_cancel'),
+						('enqueue', 'function', 'find'),
+						('enqueue', 'function', '_by_key'),
+						('enqueue', 'function', '_find'),
+						('enqueue', 'function', '_cancel_key'),
+						('enqueue', 'function', 'history'),
+						('enqueue', 'function', '_history'),
+						('enqueue', 'function', 'suppress'),
+						('enqueue', 'function', '_suppress'),
+						('enqueue', 'function', 'unsubscribe'),
+						('enqueue', 'function', '_unsubscribe'),
+						('enqueue', 'function', '_token_names'),
+						('monitor', 'function', 'shard_queue_stats'),
+						('monitor', 'function', '_queue_stats'),
+						('monitor', 'view', 'queue_stats'),
+						('enqueue', 'function', '_shard_count'),
+						('enqueue', 'function', '_shard_name'),
+						('enqueue', 'function', '_hash'),
+						('enqueue', 'function', '_timeout'),
+						('enqueue', 'function', '_deadline'),
+						('enqueue', 'function', '_deadline_passed'),
+						('enqueue', 'function', '_failed'),
+						('monitor', 'function', '_shard_count'),
+						('monitor', 'function', '_shard_name'),
+						('monitor', 'function', '_timeout'),
+						('monitor', 'function', '_deadline'),
+						('monitor', 'function', '_deadline_passed'),
+						('monitor', 'function', '_failed'))
+						AS v(what, kind, name)
+				  WHERE v.what = g.what LOOP
+			IF o.kind = 'function' THEN
+				FOR f IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
+						  WHERE p.pronamespace = 'gatekeeper'::pg_catalog.regnamespace
+							AND p.proname = o.name ORDER BY p.oid LOOP
+					EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, g.role);
+				END LOOP;
+			ELSE
+				EXECUTE pg_catalog.format('GRANT SELECT ON gatekeeper.%I TO %s', o.name, g.role);
+			END IF;
+		END LOOP;
+	END LOOP;
+END
+$$;
+
+CREATE FUNCTION gatekeeper.grant(role regrole, what text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF role IS NULL OR what IS NULL THEN
+		RAISE EXCEPTION 'role and what must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF what = 'worker' THEN
+		RAISE EXCEPTION 'the router has no use "worker"'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Claiming is not routed: an external sender claims on a shard.',
+				  HINT = 'Run gatekeeper.grant(role, ''worker'') on each shard the sender claims from.';
+	END IF;
+	IF what NOT IN ('enqueue', 'monitor') THEN
+		RAISE EXCEPTION 'unknown use "%"', what
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'A use of the router is ''enqueue'' or ''monitor''.';
+	END IF;
+	INSERT INTO gatekeeper.role_grant (role, what) VALUES ($1, $2)
+	ON CONFLICT DO NOTHING;
+	PERFORM gatekeeper._grant_apply($1);
+END
+$$;
+
+COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
+	'give a router role what one use needs (''enqueue'' or ''monitor''); its user mapping''s role needs the same use on every shard';
+
+/*
+ * Privileges: nothing for PUBLIC.  A role needs EXECUTE on the functions
+ * it calls, USAGE on the schema and on the foreign server gatekeeper, and
+ * a user mapping (docs/sharding.md): grant() gives the first three.
  */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA gatekeeper FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA gatekeeper FROM PUBLIC;

@@ -111,6 +111,7 @@ PG_FUNCTION_INFO_V1(gatekeeper_count_done);
 PG_FUNCTION_INFO_V1(gatekeeper_count_events);
 PG_FUNCTION_INFO_V1(gatekeeper_forget_queue);
 PG_FUNCTION_INFO_V1(gatekeeper_queue_totals);
+PG_FUNCTION_INFO_V1(gatekeeper_queue_rates);
 PG_FUNCTION_INFO_V1(gatekeeper_reset_stats);
 
 /* What is counted, in the order of queue_stats' columns */
@@ -160,10 +161,29 @@ typedef struct StatsKey
 	uint64		queue;			/* hash of the queue's name */
 } StatsKey;
 
+/*
+ * The rate (issue 47): the mails each queue finished by delivery work
+ * (sent, failed, suppressed, expired, unknown: not cancelled), in
+ * RATE_SLOTS slots of RATE_SLOT_SECONDS each, the slot of second t being
+ * (t / RATE_SLOT_SECONDS) % RATE_SLOTS, stamped with t / RATE_SLOT_SECONDS
+ * so that a slot left from an earlier minute counts nothing.
+ */
+#define RATE_SLOTS			12
+#define RATE_SLOT_SECONDS	5
+
+/* What the totals file holds of an entry (its layout, for the file) */
+typedef struct StatsSaved
+{
+	StatsKey	key;
+	int64		counts[STAT_KINDS];
+} StatsSaved;
+
 typedef struct StatsEntry
 {
 	StatsKey	key;
 	int64		counts[STAT_KINDS];
+	int64		recent[RATE_SLOTS]; /* mails finished in each slot */
+	int64		recent_tick[RATE_SLOTS];	/* the slot's time, in slots */
 } StatsEntry;
 
 typedef struct StatsShared
@@ -241,6 +261,7 @@ static void count_rows(Tuplestorestate *rows, TupleDesc desc, int queue_att,
 					   int state_att, Oid *state_values);
 static void note_groups(StatsTally *tally);
 static void stats_flush(void);
+static int64 rate_tick(TimestampTz now);
 static void stats_load(void);
 static void stats_save(int code, Datum arg);
 
@@ -953,6 +974,92 @@ gatekeeper_stats_at_subxact_end(SubXactEvent event)
 }
 
 /*
+ * The slot number of a time: whole RATE_SLOT_SECONDS since 2000-01-01.
+ */
+static int64
+rate_tick(TimestampTz now)
+{
+	return now / (RATE_SLOT_SECONDS * USECS_PER_SEC);
+}
+
+/*
+ * gatekeeper_queue_rates
+ *		gatekeeper._queue_rates(): per queue of the current database that
+ *		finished mail by delivery work in the last minute, the mails per
+ *		second over that minute (its slots of the last 55 to 60 seconds,
+ *		the current one partly passed), or over the time since the server
+ *		started when that is shorter; keyed as _queue_totals.
+ */
+Datum
+gatekeeper_queue_rates(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	HASH_SEQ_STATUS scan;
+	StatsEntry *entry;
+	Oid			extension;
+	TimestampTz now = GetCurrentTimestamp();
+	int64		tick = rate_tick(now);
+	double		span;
+	double		running;
+	uint64	   *queues;
+	int64	   *finished;
+	int			n = 0;
+	int			max = 64;
+	int			i;
+
+	gatekeeper_require_schema();
+	InitMaterializedSRF(fcinfo, 0);
+	if (stats_hash == NULL)
+		return (Datum) 0;
+
+	/* the slots' span: from the start of the oldest slot counted to now */
+	span = (double) (now - (tick - (RATE_SLOTS - 1)) * RATE_SLOT_SECONDS * USECS_PER_SEC) /
+		USECS_PER_SEC;
+	running = (double) (now - PgStartTime) / USECS_PER_SEC;
+	if (running < span)
+		span = Max(running, 1.0);
+
+	extension = current_extension();
+	queues = palloc(max * sizeof(uint64));
+	finished = palloc(max * sizeof(int64));
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	hash_seq_init(&scan, stats_hash);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		int64		sum = 0;
+		int			k;
+
+		if (entry->key.database != MyDatabaseId || entry->key.extension != extension)
+			continue;
+		for (k = 0; k < RATE_SLOTS; k++)
+			if (entry->recent_tick[k] > tick - RATE_SLOTS && entry->recent_tick[k] <= tick)
+				sum += entry->recent[k];
+		if (sum == 0)
+			continue;
+		if (n == max)
+		{
+			max *= 2;
+			queues = repalloc(queues, max * sizeof(uint64));
+			finished = repalloc(finished, max * sizeof(int64));
+		}
+		queues[n] = entry->key.queue;
+		finished[n++] = sum;
+	}
+	LWLockRelease(stats_shared->lock);
+
+	for (i = 0; i < n; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = Int64GetDatum((int64) queues[i]);
+		values[1] = Float8GetDatum((double) finished[i] / span);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/*
  * Add the committed transaction's counts to shared memory, in the order
  * they were noted.  Runs after the commit: must not fail.
  */
@@ -961,18 +1068,22 @@ stats_flush(void)
 {
 	int			i;
 	bool		full = false;
+	int64		tick;
 
 	if (npending == 0 || stats_hash == NULL)
 	{
 		npending = 0;
 		return;
 	}
+	tick = rate_tick(GetCurrentTimestamp());
 	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	for (i = 0; i < npending; i++)
 	{
 		PendingStats *p = &pending[i];
 		StatsEntry *entry;
 		int			k;
+		int64		finished;
+		int			slot = (int) (tick % RATE_SLOTS);
 
 		if (p->forget != FORGET_NOTHING)
 		{
@@ -993,9 +1104,23 @@ stats_flush(void)
 				continue;
 			}
 			memset(entry->counts, 0, sizeof(entry->counts));
+			memset(entry->recent, 0, sizeof(entry->recent));
+			memset(entry->recent_tick, 0, sizeof(entry->recent_tick));
 		}
 		for (k = 0; k < STAT_KINDS; k++)
 			entry->counts[k] += p->counts[k];
+		finished = p->counts[STAT_SENT] + p->counts[STAT_FAILED] +
+			p->counts[STAT_SUPPRESSED] + p->counts[STAT_EXPIRED] +
+			p->counts[STAT_UNKNOWN];
+		if (finished > 0)
+		{
+			if (entry->recent_tick[slot] != tick)
+			{
+				entry->recent_tick[slot] = tick;
+				entry->recent[slot] = 0;
+			}
+			entry->recent[slot] += finished;
+		}
 	}
 	LWLockRelease(stats_shared->lock);
 	npending = 0;
@@ -1139,7 +1264,7 @@ stats_load(void)
 {
 	FILE	   *file;
 	uint32		header[2];
-	StatsEntry	e;
+	StatsSaved	e;
 	uint32		n;
 
 	file = AllocateFile(STATS_FILE, PG_BINARY_R);
@@ -1165,6 +1290,8 @@ stats_load(void)
 			if (entry == NULL)
 				break;
 			memcpy(entry->counts, e.counts, sizeof(e.counts));
+			memset(entry->recent, 0, sizeof(entry->recent));
+			memset(entry->recent_tick, 0, sizeof(entry->recent_tick));
 		}
 	}
 	FreeFile(file);
@@ -1195,7 +1322,11 @@ stats_save(int code, Datum arg)
 	hash_seq_init(&scan, stats_hash);
 	while ((entry = hash_seq_search(&scan)) != NULL)
 	{
-		if (fwrite(entry, sizeof(*entry), 1, file) != 1)
+		StatsSaved	saved;
+
+		saved.key = entry->key;
+		memcpy(saved.counts, entry->counts, sizeof(saved.counts));
+		if (fwrite(&saved, sizeof(saved), 1, file) != 1)
 		{
 			hash_seq_term(&scan);
 			goto error;

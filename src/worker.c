@@ -147,6 +147,7 @@
 #include "utils/timestamp.h"
 
 #include "maintenance.h"
+#include "progress.h"
 #include "report.h"
 #include "smtp_client.h"
 #include "smtp_config.h"
@@ -1159,6 +1160,8 @@ housekeeping_step(void *arg)
 	/* the first worker has mail_live vacuumed after a burst */
 	if (worker_slot == 0)
 		gatekeeper_live_maintenance();
+	if (worker_slot == 0)
+		gatekeeper_progress_watch();
 	return true;
 }
 
