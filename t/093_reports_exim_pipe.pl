@@ -283,8 +283,10 @@ ok( GatekeeperTest::wait_for(
 	"Exim delivered $bounces bounces to the gkbounce pipe")
   or diag(mainlog($relay));
 unlike(mainlog($relay), qr/T=gkbounce.*(?:defer|failed|frozen)|\*\* bounces\+/, 'no pipe delivery failed');
-ok(-s "$dir/relay/mail/reader", 'Exim delivered the reader\'s mail to its mailbox');
-ok(-s "$dir/mx/mail/someone", 'and the MX someone\'s');
+ok(GatekeeperTest::wait_for(sub { -s "$dir/relay/mail/reader" }, 30),
+	'Exim delivered the reader\'s mail to its mailbox');
+ok(GatekeeperTest::wait_for(sub { -s "$dir/mx/mail/someone" }, 30), 'and relayed someone\'s to the MX, which delivered it')
+  or diag(mainlog($relay));
 like(mainlog($mx), qr/rejected RCPT <gone\@remote\.example>/, 'the MX refused gone@remote.example at RCPT');
 like(mainlog($relay), qr/\*\* large\@remote\.example .*: 552 Message size exceeds maximum permitted/,
 	'and the size of large@remote.example (552, the relay logs)');
