@@ -232,6 +232,21 @@ small_mailbox:
 begin retry
 END
 
+# the daemons, at the end or when the test dies
+sub stop_exims
+{
+	foreach my $inst ($relay, $mx)
+	{
+		my $pidfile = "$inst->{dir}/exim.pid";
+		next unless -r $pidfile;
+		my $pid = slurp_file($pidfile);
+		chomp $pid;
+		kill('TERM', $pid) if $pid =~ /^\d+$/;
+		unlink($pidfile);
+	}
+}
+END { stop_exims() if $relay && $mx; }
+
 my ($ok, $out) = exim($relay, '-bV');
 ok($ok, 'the unpacked Exim runs as ' . $user . ' with a private configuration (exim -bV)') or BAIL_OUT($out);
 note((split /\n/, $out)[0]);
@@ -357,15 +372,6 @@ append_to_file(
 	$node->safe_psql('postgres',
 		"SELECT mail_id, recipient, event, source, status, reason, detail FROM gatekeeper.events ORDER BY id"));
 
-foreach my $inst ($relay, $mx)
-{
-	my $pidfile = "$inst->{dir}/exim.pid";
-	if (-r $pidfile)
-	{
-		my $pid = slurp_file($pidfile);
-		chomp $pid;
-		kill('TERM', $pid) if $pid =~ /^\d+$/;
-	}
-}
+stop_exims();
 $node->stop;
 done_testing();
