@@ -44,7 +44,10 @@
  * can use (Exim's and qmail's plain-text bounces, a provider's own
  * layout), its status is read from its text (smtp_trouble_in_text) and
  * it is a bounced event, with no status when nothing can be read; an
- * auto-reply (RFC 3834) is none.  Why a bounce or deferral failed, and
+ * auto-reply (RFC 3834) is none.  A DSN's only group that has no
+ * Diagnostic-Code takes its detail from the text the same way (Exim 4.96
+ * writes its own failures so: Status 5.0.0, the reason for people only,
+ * t/093_reports_exim_pipe.pl).  Why a bounce or deferral failed, and
  * whether it was hard, is src/smtp_trouble.c's one classifier.
  *
  * IDENTIFICATION
