@@ -11,9 +11,10 @@
 # its spool, logs and mailboxes under TMPDIR, loopback only.  No root, no
 # system user.
 #
-# Two Exims: "the relay", the smarthost the background worker relays to,
-# and "the MX" of remote.example, to which the relay forwards.  The relay
-# accepts every recipient, then
+# Exims: "the relay", the smarthost the background worker relays to (twice:
+# one offering no DSN, Exim's default, then one offering DSN, so that the
+# worker asks with ENVID and RET=HDRS), and "the MX" of remote.example, to
+# which the relay forwards.  The relay accepts every recipient, then
 #
 #  - nobody@users.example: no such local user (Exim: Unrouteable address);
 #  - full@users.example: its appendfile mailbox is over quota (1K);
@@ -26,7 +27,8 @@
 # and sends each bounce it writes to the mail's VERP address, whose domain
 # its `bounces` router gives a pipe transport running psql -f
 # scripts/bounce-pipe.sql into gatekeeper.ingest_report(), as a role with
-# only the documented grants.  Per bounce the test checks the event, its
+# only the documented grants (a copy of each goes to an mbox the test
+# reads, and keeps in its log directory).  Per bounce the test checks the event, its
 # status and reason, and the suppression, and prints a summary (share
 # recorded, reasons, suppressions) with note().
 
@@ -164,9 +166,18 @@ mailbox:
 begin retry
 END
 
-# the relay: the gkbounce pipe, the MX, DNS, and its own mailboxes
-my $relay = exim_instance(
-	'relay', $relay_port, <<"END");
+# A relay: the gkbounce pipe, the MX, DNS, and its own mailboxes; with
+# $dsn, it offers DSN (RFC 3461), so the worker asks for reports with RET,
+# ENVID, NOTIFY and ORCPT.  A copy of each bounce goes to the mbox
+# mail/bounces too (an unseen router), for the test to read.
+sub relay_instance
+{
+	my ($name, $port, $dsn) = @_;
+	my $d = "$dir/$name";
+	my $offer = $dsn ? 'dsn_advertise_hosts = 127.0.0.1' : '# DSN not offered (the default)';
+	return exim_instance(
+		$name, $port, <<"END");
+$offer
 domainlist local_domains = users.example
 acl_smtp_rcpt = acl_check_rcpt
 
@@ -176,6 +187,11 @@ acl_check_rcpt:
   deny message = relay not permitted
 
 begin routers
+bounce_copy:
+  driver = accept
+  domains = bounce.shop.example
+  transport = bounce_copy
+  unseen
 bounces:
   driver = accept
   domains = bounce.shop.example
@@ -217,25 +233,33 @@ gkbounce:
   return_fail_output
   log_output
   timeout = 60s
+bounce_copy:
+  driver = appendfile
+  user = $user
+  file = $d/mail/bounces
 mailbox:
   driver = appendfile
   user = $user
-  file = $dir/relay/mail/\$local_part_data
+  file = $d/mail/\$local_part_data
   quota = \${if eq{\$local_part_data}{full}{1K}{10M}}
 small_mailbox:
   driver = appendfile
   user = $user
-  file = $dir/relay/mail/\$local_part_data
+  file = $d/mail/\$local_part_data
   message_size_limit = 2K
 
 # none: a temporary failure (the full mailbox) is final at once
 begin retry
 END
+}
+my $relay = relay_instance('relay', $relay_port, 0);
+my $relay_dsn = relay_instance('relay-dsn', PostgreSQL::Test::Cluster::get_free_port(), 1);
 
 # the daemons, at the end or when the test dies
+my @started;
 sub stop_exims
 {
-	foreach my $inst ($relay, $mx)
+	foreach my $inst (@started)
 	{
 		my $pidfile = "$inst->{dir}/exim.pid";
 		next unless -r $pidfile;
@@ -245,127 +269,160 @@ sub stop_exims
 		unlink($pidfile);
 	}
 }
-END { stop_exims() if $relay && $mx; }
+END { stop_exims(); }
 
 my ($ok, $out) = exim($relay, '-bV');
 ok($ok, 'the unpacked Exim runs as ' . $user . ' with a private configuration (exim -bV)') or BAIL_OUT($out);
 note((split /\n/, $out)[0]);
-foreach my $inst ($mx, $relay)
+foreach my $inst ($mx, $relay, $relay_dsn)
 {
 	($ok, $out) = exim($inst, '-bd', '-q1s');
+	push @started, $inst;
 	ok($ok, "exim -bd -q1s starts ($inst->{dir})") or BAIL_OUT($out);
 	ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_accepts($inst->{port}) }, 15),
 		'and greets on loopback');
 }
 
-#
-# The campaign
-#
 my $small = 'Hello';
 my $large = join('', map { "line $_ of a long letter, long enough to be over the limits\n" } 1 .. 60);
-my @cases = (
-	[ 'nobody@users.example', 'local', 'unknown local user', $small ],
-	[ 'full@users.example', 'local', 'mailbox over quota', $large ],
-	[ 'big@users.example', 'local', 'over the transport size limit', $large ],
-	[ 'x@nowhere.invalid', 'local', 'unknown domain', $small ],
-	[ 'gone@remote.example', 'remote', 'MX: 550 at RCPT', $small ],
-	[ 'large@remote.example', 'remote', 'MX: 552 at MAIL (size)', $large ],
+my %got;
+my @summary;
+
+# One campaign through one relay: per bounce, the event, its status and
+# reason, the suppression.  Each case: recipient, where it fails, what,
+# body, the reason expected, the suppression expected.
+sub campaign
+{
+	my ($inst, $phase, @cases) = @_;
+	my $name = $inst->{dir} =~ s{.*/}{}r;
+	my %id;
+
+	$node->safe_psql('postgres',
+		"ALTER SYSTEM SET gatekeeper.smtp_url = 'smtp://127.0.0.1:$inst->{port}'; SELECT pg_reload_conf()");
+	sleep(1);
+	foreach my $c (@cases)
+	{
+		$id{ $c->[0] } = $node->safe_psql('postgres',
+			"SELECT gatekeeper.enqueue('$c->[0]', 'Weekly picks', "
+			  . GatekeeperTest::sql_literal($c->[3])
+			  . ", 'news', sender => 'Shop <shop\@shop.example>')");
+	}
+	my $ids = join(',', values %id);
+	ok( GatekeeperTest::poll_until(
+			$node, 'postgres',
+			"SELECT count(*) FILTER (WHERE state = 'sent') FROM gatekeeper.mail_status WHERE id IN ($ids)",
+			scalar(@cases), 60),
+		"$phase: Exim took every mail (250)")
+	  or diag(mainlog($inst));
+
+	# every bounce Exim wrote went through the pipe
+	my $bounces = grep { $_->[2] ne 'delivered' } @cases;
+	ok( GatekeeperTest::wait_for(
+			sub {
+				my $log = mainlog($inst);
+				my $piped = () =
+				  $log =~ /=> bounces\+\S+ <bounces\+[^>]+\@bounce\.shop\.example> R=bounces T=gkbounce/g;
+				return $piped >= $bounces;
+			},
+			60),
+		"$phase: Exim delivered $bounces bounces to the gkbounce pipe")
+	  or diag(mainlog($inst));
+	unlike(mainlog($inst), qr/T=gkbounce.*(?:defer|failed|frozen)|\*\* bounces\+/, "$phase: no pipe delivery failed");
+	foreach my $c (grep { $_->[2] eq 'delivered' } @cases)
+	{
+		my ($box) = $c->[0] =~ /^([^@]+)/;
+		my $file = $c->[1] eq 'local' ? "$inst->{dir}/mail/$box" : "$mx->{dir}/mail/$box";
+		ok(GatekeeperTest::wait_for(sub { -s $file }, 30), "$phase: $c->[0] delivered to its mailbox")
+		  or diag(mainlog($inst));
+	}
+
+	my $copies = -r "$inst->{dir}/mail/bounces" ? slurp_file("$inst->{dir}/mail/bounces") : '';
+	foreach my $c (@cases)
+	{
+		my ($r, $where, $what, undef, $reason, $suppression) = @$c;
+		my $row = $node->safe_psql(
+			'postgres', qq{
+SELECT coalesce(string_agg(e.event || '|' || coalesce(e.status, '') || '|' || coalesce(e.reason, ''), ','), '')
+	   || ';' || coalesce((SELECT reason FROM gatekeeper.suppression s WHERE s.address = '$r'), '')
+  FROM gatekeeper.events e WHERE e.mail_id = $id{$r} AND e.event <> 'sent'});
+		$got{"$phase $r"} = $row;
+		my ($events, $supp) = split(/;/, $row, -1);
+		if ($what eq 'delivered')
+		{
+			is($row, ';', "$phase: $r ($what): no event but sent, no suppression");
+			next;
+		}
+		like($events, qr/^bounced\|[0-9.]*\|\Q$reason\E$/, "$phase: $r ($what): one bounced event, reason $reason")
+		  or diag($row);
+		is($supp, $suppression,
+			"$phase: $r ($what): " . ($suppression eq '' ? 'not suppressed' : "suppressed ($suppression)"));
+		if ($inst == $relay_dsn)
+		{
+			my $token = $node->safe_psql('postgres', "SELECT gatekeeper._verp_token($id{$r})");
+			like($copies, qr/^Original-Envelope-Id: \Q$token\E$/mi,
+				"$phase: $r: Exim's DSN gives the ENVID the worker asked with");
+		}
+	}
+
+	# the summary, per kind of bounce Exim writes
+	foreach my $where ('local', 'remote')
+	{
+		my @b = grep { $_->[1] eq $where && $_->[2] ne 'delivered' } @cases;
+		my @rec = grep { $got{"$phase $_->[0]"} =~ /^bounced/ } @b;
+		my @supp = grep { $got{"$phase $_->[0]"} =~ /;.+$/ } @b;
+		push @summary,
+		  sprintf('Exim 4.96, %s, %s: %d of %d bounces recorded, reasons: %s; suppressed: %d (%s)',
+			$phase, $where eq 'local' ? 'the relay\'s own failures' : 'an MX\'s SMTP refusals, relayed',
+			scalar(@rec), scalar(@b),
+			join(', ', map { my ($e) = split(/;/, $got{"$phase $_->[0]"}); (split(/\|/, $e))[2] // 'none' } @b),
+			scalar(@supp), join(', ', map { $_->[0] } @supp));
+	}
+	push @summary, map { sprintf('  %-24s %-30s %s', $_->[0], $_->[2], $got{"$phase $_->[0]"}) } @cases;
+
+	my $logdir = $PostgreSQL::Test::Utils::log_path;
+	append_to_file("$logdir/093_${name}_mainlog", mainlog($inst));
+	append_to_file("$logdir/093_${name}_bounces.mbox", $copies);
+	return $bounces;
+}
+
+#
+# 1. Through a relay that offers no DSN (Exim's default)
+#
+my $recorded = campaign(
+	$relay, 'no DSN',
+	[ 'nobody@users.example', 'local', 'unknown local user', $small, 'user_unknown', 'hard_bounce' ],
+	[ 'full@users.example', 'local', 'mailbox over quota', $large, 'mailbox_full', '' ],
+	# Exim tells the sender nothing of why a local transport failed
+	[ 'big@users.example', 'local', 'over the transport size limit', $large, 'other', '' ],
+	# "Unrouteable address", as for an unknown user: Exim does not say which
+	[ 'x@nowhere.invalid', 'local', 'unknown domain', $small, 'user_unknown', 'hard_bounce' ],
+	[ 'gone@remote.example', 'remote', 'MX: 550 at RCPT', $small, 'user_unknown', 'hard_bounce' ],
+	[ 'large@remote.example', 'remote', 'MX: 552 (size)', $large, 'message_too_large', '' ],
 	[ 'reader@users.example', 'local', 'delivered', $small ],
 	[ 'someone@remote.example', 'remote', 'delivered', $small ]);
-my %id;
-foreach my $c (@cases)
-{
-	$id{ $c->[0] } = $node->safe_psql('postgres',
-		"SELECT gatekeeper.enqueue('$c->[0]', 'Weekly picks', "
-		  . GatekeeperTest::sql_literal($c->[3])
-		  . ", 'news', sender => 'Shop <shop\@shop.example>')");
-}
-ok( GatekeeperTest::poll_until(
-		$node, 'postgres', "SELECT count(*) FILTER (WHERE state = 'sent') FROM gatekeeper.mail_status",
-		scalar(@cases), 60),
-	'Exim took every mail (250)')
-  or diag(mainlog($relay));
-
-# every bounce Exim wrote went through the pipe
-my $bounces = grep { $_->[2] ne 'delivered' } @cases;
-ok( GatekeeperTest::wait_for(
-		sub {
-			my $log = mainlog($relay);
-			my $piped = () = $log =~ /=> bounces\+\S+ <bounces\+[^>]+\@bounce\.shop\.example> R=bounces T=gkbounce/g;
-			return $piped >= $bounces;
-		},
-		60),
-	"Exim delivered $bounces bounces to the gkbounce pipe")
-  or diag(mainlog($relay));
-unlike(mainlog($relay), qr/T=gkbounce.*(?:defer|failed|frozen)|\*\* bounces\+/, 'no pipe delivery failed');
-ok(GatekeeperTest::wait_for(sub { -s "$dir/relay/mail/reader" }, 30),
-	'Exim delivered the reader\'s mail to its mailbox');
-ok(GatekeeperTest::wait_for(sub { -s "$dir/mx/mail/someone" }, 30), 'and relayed someone\'s to the MX, which delivered it')
-  or diag(mainlog($relay));
 like(mainlog($mx), qr/rejected RCPT <gone\@remote\.example>/, 'the MX refused gone@remote.example at RCPT');
 like(mainlog($relay), qr/\*\* large\@remote\.example .*: 552 Message size exceeds maximum permitted/,
 	'and the size of large@remote.example (552, the relay logs)');
 
 #
-# Per bounce: the event, its status and reason, the suppression
+# 2. Through a relay that offers DSN: the worker asks for reports with
+#    ENVID and RET=HDRS (new addresses where the first suppressed theirs)
 #
-my %expect = (
-	'nobody@users.example' => [ 'user_unknown', 'hard_bounce' ],
-	'full@users.example' => [ 'mailbox_full', '' ],
-	# Exim tells the sender nothing of a local transport's failure
-	'big@users.example' => [ 'other', '' ],
-	# "Unrouteable address", as for an unknown user: Exim does not say which
-	'x@nowhere.invalid' => [ 'user_unknown', 'hard_bounce' ],
-	'gone@remote.example' => [ 'user_unknown', 'hard_bounce' ],
-	'large@remote.example' => [ 'message_too_large', '' ],
-	'reader@users.example' => [ '', '' ],
-	'someone@remote.example' => [ '', '' ]);
-my %got;
-foreach my $c (@cases)
-{
-	my ($r, $where, $what) = @$c;
-	my $row = $node->safe_psql(
-		'postgres', qq{
-SELECT coalesce(string_agg(e.event || '|' || coalesce(e.status, '') || '|' || coalesce(e.reason, ''), ','), '')
-	   || ';' || coalesce((SELECT reason FROM gatekeeper.suppression s WHERE s.address = '$r'), '')
-  FROM gatekeeper.events e WHERE e.mail_id = $id{$r} AND e.event <> 'sent'});
-	$got{$r} = $row;
-	my ($events, $supp) = split(/;/, $row, -1);
-	my ($reason, $suppression) = @{ $expect{$r} };
-	if ($what eq 'delivered')
-	{
-		is($row, ';', "$r ($what): no event but sent, no suppression");
-		next;
-	}
-	like($events, qr/^bounced\|[0-9.]*\|\Q$reason\E$/, "$r ($what): one bounced event, reason $reason")
-	  or diag($row);
-	is($supp, $suppression, "$r ($what): " . ($suppression eq '' ? 'not suppressed' : "suppressed ($suppression)"));
-}
+$recorded += campaign(
+	$relay_dsn, 'DSN',
+	[ 'ghost@users.example', 'local', 'unknown local user', $small, 'user_unknown', 'hard_bounce' ],
+	[ 'full@users.example', 'local', 'mailbox over quota', $large, 'mailbox_full', '' ],
+	[ 'big@users.example', 'local', 'over the transport size limit', $large, 'other', '' ],
+	[ 'y@nowhere.invalid', 'local', 'unknown domain', $small, 'user_unknown', 'hard_bounce' ],
+	[ 'gone2@remote.example', 'remote', 'MX: 550 at RCPT', $small, 'user_unknown', 'hard_bounce' ],
+	[ 'large@remote.example', 'remote', 'MX: 552 (size)', $large, 'message_too_large', '' ],
+	[ 'reader@users.example', 'local', 'delivered', $small ]);
+
 is($node->safe_psql('postgres', 'SELECT recorded FROM gatekeeper.report_stats'),
-	$bounces, "report_stats: $bounces reports recorded");
+	$recorded, "report_stats: $recorded reports recorded");
+note($_) foreach @summary;
 
-#
-# The summary, per kind of bounce Exim writes
-#
-foreach my $where ('local', 'remote')
-{
-	my @b = grep { $_->[1] eq $where && $_->[2] ne 'delivered' } @cases;
-	my @rec = grep { $got{ $_->[0] } =~ /^bounced/ } @b;
-	my @supp = grep { $got{ $_->[0] } =~ /;.+$/ } @b;
-	note(sprintf('Exim 4.96 %s: %d of %d bounces recorded, reasons: %s; suppressed: %d (%s)',
-			$where eq 'local' ? 'relay\'s own delivery failures' : 'MX\'s SMTP refusals, relayed',
-			scalar(@rec), scalar(@b),
-			join(', ', map { my ($e) = split(/;/, $got{ $_->[0] }); (split(/\|/, $e))[2] // 'none' } @b),
-			scalar(@supp), join(', ', map { $_->[0] } @supp)));
-}
-foreach my $c (@cases)
-{
-	note(sprintf('  %-24s %-30s %s', $c->[0], $c->[2], $got{ $c->[0] }));
-}
-
-# what the closing note shows: Exim's bounces as the pipe got them
 my $logdir = $PostgreSQL::Test::Utils::log_path;
-append_to_file("$logdir/093_exim_relay_mainlog", mainlog($relay));
 append_to_file("$logdir/093_exim_mx_mainlog", mainlog($mx));
 append_to_file(
 	"$logdir/093_events.txt",
