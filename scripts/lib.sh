@@ -131,6 +131,42 @@ gk_stop_postfix_daemon() {
 	postfix stop >/dev/null 2>&1 || service postfix stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
 }
 
+# gk_unpack_exim DIR: Debian's Exim 4 (exim4-daemon-light, with the
+# libraries it links that the machine lacks, libidn12 for one, and
+# libnss-wrapper, which names the running user Debian-exim for it) unpacked
+# under DIR/root with `apt-get download` and `dpkg -x`, never installed
+# (Exim and Postfix conflict as packages), owned by postgres; exports
+# GK_EXIM_ROOT=DIR/root for t/093_reports_exim_pipe.pl.  A download that
+# fails leaves it unset (the test then skips) and says so.
+gk_unpack_exim() {
+	local dir=$1 deb p dep
+	local -a todo=(exim4-daemon-light libnss-wrapper) want=()
+	local -A seen=()
+	# the missing libraries the two depend on, and theirs
+	while [ ${#todo[@]} -gt 0 ]; do
+		p=${todo[0]}
+		todo=("${todo[@]:1}")
+		[ -z "${seen[$p]:-}" ] || continue
+		seen[$p]=1
+		want+=("$p")
+		for dep in $(apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks \
+			--no-replaces --no-enhances "$p" 2>/dev/null | sed -n 's/^ *\(Pre\)\{0,1\}Depends: \(lib[^ <>]*\)$/\2/p'); do
+			gk_pkg_installed "$dep" || todo+=("$dep")
+		done
+	done
+	mkdir -p "$dir/debs" "$dir/root"
+	if ! (cd "$dir/debs" && apt-get download -q "${want[@]}") >"$dir/download.log" 2>&1; then
+		gk_warn "apt-get download ${want[*]} failed (t/093 will skip): $(tail -n 3 "$dir/download.log")"
+		return 0
+	fi
+	for deb in "$dir"/debs/*.deb; do
+		dpkg -x "$deb" "$dir/root" || gk_die "dpkg -x $deb failed"
+	done
+	chown -R postgres: "$dir"
+	export GK_EXIM_ROOT="$dir/root"
+	gk_log "Exim unpacked in $GK_EXIM_ROOT (${want[*]})"
+}
+
 # gk_make_workdir PREFIX: a fresh temporary directory owned by postgres and
 # readable by everyone (smtp-sink runs as postfix and writes below it).
 gk_make_workdir() {

@@ -98,6 +98,8 @@ if ! gk_install "$SRC"; then
 	exit 1
 fi
 SUMMARY+=("build         ok, no compiler warnings, installed into $("$GK_PG_CONFIG" --pkglibdir)")
+# Exim for t/093, unpacked (not installed) under the build directory
+gk_unpack_exim "$BUILD/exim"
 
 # make_var NAME: the value the Makefile gives NAME (REGRESS, ISOLATION, ...),
 # so this script runs exactly what `make installcheck` would.

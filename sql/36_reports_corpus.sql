@@ -25,6 +25,12 @@ INSERT INTO corpus VALUES ('exim_text_unrouteable', 'Exim, plain text', 'verp', 
 INSERT INTO corpus VALUES ('exim_text_full_5.1.1', 'Exim, plain text', 'verp', 'bounced', 'mailbox_full', NULL, :'m');
 \set m `cat test/reports/corpus/exim_text_retry_timeout.eml`
 INSERT INTO corpus VALUES ('exim_text_retry_timeout', 'Exim, plain text', 'verp', 'bounced', 'expired', NULL, :'m');
+-- Exim 4.96 as Debian ships it, its own failures (t/093's relay wrote
+-- these): multipart/report, Status 5.0.0, no Diagnostic-Code
+\set m `cat test/reports/corpus/exim_dsn_unrouteable.eml`
+INSERT INTO corpus VALUES ('exim_dsn_unrouteable', 'Exim 4.96, its own failures', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
+\set m `cat test/reports/corpus/exim_dsn_mailbox_full.eml`
+INSERT INTO corpus VALUES ('exim_dsn_mailbox_full', 'Exim 4.96, its own failures', 'verp', 'bounced', 'mailbox_full', NULL, :'m');
 \set m `cat test/reports/corpus/qmail_no_mailbox.eml`
 INSERT INTO corpus VALUES ('qmail_no_mailbox', 'qmail', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
 \set m `cat test/reports/corpus/qmail_remote_quota.eml`

@@ -44,7 +44,10 @@
  * can use (Exim's and qmail's plain-text bounces, a provider's own
  * layout), its status is read from its text (smtp_trouble_in_text) and
  * it is a bounced event, with no status when nothing can be read; an
- * auto-reply (RFC 3834) is none.  Why a bounce or deferral failed, and
+ * auto-reply (RFC 3834) is none.  A DSN's only group that has no
+ * Diagnostic-Code takes its detail from the text the same way (Exim 4.96
+ * writes its own failures so: Status 5.0.0, the reason for people only,
+ * t/093_reports_exim_pipe.pl).  Why a bounce or deferral failed, and
  * whether it was hard, is src/smtp_trouble.c's one classifier.
  *
  * IDENTIFICATION
@@ -1068,9 +1071,25 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 		{
 			ReportRecipient *rr = &r.recipients[i];
 			const char *event = dsn_event(rr);
+			const char *diagnostic = rr->diagnostic;
 
 			if (event == NULL)
 				continue;
+
+			/*
+			 * A group without Diagnostic-Code about the report's only
+			 * recipient: what failed is in the report's text, as Exim writes
+			 * its own failures ("Status: 5.0.0", and "Unrouteable address" or
+			 * "mailbox is full" for people only).
+			 */
+			if (diagnostic == NULL && r.nrecipients == 1)
+			{
+				char	   *text_status;
+				char	   *text_line;
+
+				if (smtp_trouble_in_text(r.text, &text_status, &text_line))
+					diagnostic = report_clean(text_line, strlen(text_line));
+			}
 			/*
 			 * A group that names no recipient names none we sent to, unless
 			 * a token names the mail: then it is about the mail's.
@@ -1080,7 +1099,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 				continue;
 			usable = true;
 			rows += report_rows(id, message_id, signed_id, rr->final_recipient,
-								rr->original_recipient, event, rr->status, rr->diagnostic,
+								rr->original_recipient, event, rr->status, diagnostic,
 								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
 		}
 	}
