@@ -136,7 +136,7 @@ gk_stop_postfix_daemon() {
 # libnss-wrapper, which names the running user Debian-exim for it) unpacked
 # under DIR/root with `apt-get download` and `dpkg -x`, never installed
 # (Exim and Postfix conflict as packages), owned by postgres; exports
-# GK_EXIM_ROOT=DIR/root for t/093_reports_exim_pipe.pl.  A download that
+# GK_EXIM_ROOT=DIR/root for t/095_reports_exim_pipe.pl.  A download that
 # fails leaves it unset (the test then skips) and says so.
 gk_unpack_exim() {
 	local dir=$1 deb p dep
