@@ -881,9 +881,8 @@ BEGIN
 END
 $$;
 
--- 0.3.0 adds template and data (issue 48): a new signature
-DROP FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
-								 timestamptz, text, jsonb, text);
+-- 0.3.0 adds template and data (issue 48): a new signature, which the
+-- roles that could run 0.2.0's may run, then 0.2.0's goes
 CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
@@ -898,6 +897,23 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
 REVOKE ALL ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
 									  timestamptz, text, jsonb, text, text, jsonb) FROM PUBLIC;
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT a.grantee::pg_catalog.regrole AS role, a.is_grantable
+			   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+			  WHERE p.oid = 'gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)'::pg_catalog.regprocedure
+				AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+			  ORDER BY a.grantee LOOP
+		EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, '
+								  'text, text, jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb) TO %s%s',
+								  g.role, CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+	END LOOP;
+END
+$$;
+DROP FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
+								 timestamptz, text, jsonb, text);
 
 REVOKE ALL ON FUNCTION gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
 									   timestamptz, text, jsonb, text) FROM PUBLIC;
@@ -2064,6 +2080,18 @@ SELECT gatekeeper._delivery_check();
  * version's parts are checked, compiled and rendered by
  * src/template_funcs.c.
  */
+-- templated mail (issue 48): a mail names a template, its version and
+-- the data it is rendered over, and then has no subject or body of its
+-- own (src/mail.c refuses a mail without either)
+ALTER TABLE gatekeeper.mail ALTER COLUMN subject DROP NOT NULL,
+	ALTER COLUMN body DROP NOT NULL,
+	ADD COLUMN template text,
+	ADD COLUMN template_version int,
+	ADD COLUMN data jsonb;
+COMMENT ON COLUMN gatekeeper.mail.template IS 'the template the mail is rendered from when it is claimed (subject, body and html then NULL)';
+COMMENT ON COLUMN gatekeeper.mail.template_version IS 'the template''s version: NULL means the latest made at or before created_at';
+COMMENT ON COLUMN gatekeeper.mail.data IS 'the JSON object the template is rendered over';
+
 CREATE TABLE gatekeeper.template (
 	name		text NOT NULL,
 	version		int NOT NULL CHECK (version >= 1),
@@ -2269,18 +2297,6 @@ REVOKE ALL ON FUNCTION gatekeeper._template_check(text, text, text, text, jsonb)
 	gatekeeper.alter_template(text, text, text, text, jsonb),
 	gatekeeper.drop_template(text), gatekeeper.render(text, jsonb, int),
 	gatekeeper._template_version(text, timestamptz) FROM PUBLIC;
-
--- templated mail (issue 48): a mail names a template, its version and
--- the data it is rendered over, and then has no subject or body of its
--- own (src/mail.c refuses a mail without either)
-ALTER TABLE gatekeeper.mail ALTER COLUMN subject DROP NOT NULL,
-	ALTER COLUMN body DROP NOT NULL,
-	ADD COLUMN template text,
-	ADD COLUMN template_version int,
-	ADD COLUMN data jsonb;
-COMMENT ON COLUMN gatekeeper.mail.template IS 'the template the mail is rendered from when it is claimed (subject, body and html then NULL)';
-COMMENT ON COLUMN gatekeeper.mail.template_version IS 'the template''s version: NULL means the latest made at or before created_at';
-COMMENT ON COLUMN gatekeeper.mail.data IS 'the JSON object the template is rendered over';
 
 DROP TRIGGER mail_check_update ON gatekeeper.mail;
 CREATE TRIGGER mail_check_update
