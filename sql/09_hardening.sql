@@ -19,6 +19,8 @@ LANGUAGE sql AS $$
 		WHEN arg = 'name' AND fn IN ('create_template') THEN '''probe_t2'''
 		WHEN arg = 'name' AND fn IN ('alter_template', 'drop_template') THEN '''probe_t'''
 		WHEN arg = 'template' AND fn IN ('render') THEN '''probe_t'''
+		-- a plain mail: with a template it would have no subject or body
+		WHEN arg = 'template' AND fn IN ('enqueue') THEN 'NULL'
 		WHEN arg = 'name' THEN '''default'''
 		WHEN arg IN ('queue') THEN '''default'''
 		WHEN arg = 'on_gate_closed' THEN '''defer'''

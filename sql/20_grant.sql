@@ -30,7 +30,7 @@ SELECT role, what FROM gatekeeper.role_grant ORDER BY role::text, what;
 -- nothing else of the API's writers
 SELECT r AS role, f AS function, has_function_privilege(r, f, 'EXECUTE') AS may
   FROM unnest(ARRAY['regress_g_enqueue', 'regress_g_worker', 'regress_g_monitor']) AS r,
-	   unnest(ARRAY['gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)',
+	   unnest(ARRAY['gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb)',
 					'gatekeeper.status(bigint)', 'gatekeeper.cancel(text, text)',
 					'gatekeeper.claim(text, int, interval, text[])', 'gatekeeper.ack_batch(bigint[], int[])',
 					'gatekeeper.next_due(text[])', 'gatekeeper._worker_status()',
@@ -39,10 +39,15 @@ SELECT r AS role, f AS function, has_function_privilege(r, f, 'EXECUTE') AS may
 					'gatekeeper.grant(regrole, text)', 'gatekeeper.reset_stats()', 'gatekeeper.cancel_queue(text)']) AS f
  ORDER BY 1, 2;
 
--- and by doing it
+-- and by doing it (templated mail too, issue 48)
+SELECT gatekeeper.create_template('g_tpl', 'Hi {{n}}', 'b');
 SET ROLE regress_g_enqueue;
 SELECT gatekeeper.enqueue('g1@grant.example', 'Hello', 'b', 'g_app') AS g1 \gset
 INSERT INTO gatekeeper.mail (recipient, subject, body, queue) VALUES ('g2@grant.example', 'Hi', 'b', 'g_app');
+INSERT INTO gatekeeper.mail (recipient, queue, template, template_version, data)
+VALUES ('g5@grant.example', 'g_app', 'g_tpl', 1, '{"n": "G5"}');
+SELECT gatekeeper.enqueue('g6@grant.example', NULL, NULL, 'g_app', template => 'g_tpl',
+						  data => '{"n": "G6"}') IS NOT NULL AS templated;
 SELECT state FROM gatekeeper.status(:g1);
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.mail$$) AS select_mail;
 SELECT pg_temp.error_of($$SELECT * FROM gatekeeper.claim('w')$$) AS claim;
@@ -65,8 +70,9 @@ RESET ROLE;
 SELECT address, reason, queue FROM gatekeeper.suppression
  WHERE address IN ('u1@grant.example', 'g4@grant.example') ORDER BY address;
 SET ROLE regress_g_worker;
-CREATE TEMP TABLE gw AS SELECT id, attempt FROM gatekeeper.claim('w-grant', 10, queues => '{g_app}');
+CREATE TEMP TABLE gw AS SELECT id, attempt, recipient, subject FROM gatekeeper.claim('w-grant', 10, queues => '{g_app}');
 SELECT count(*) AS claimed FROM gw;
+SELECT recipient, subject FROM gw WHERE recipient IN ('g5@grant.example', 'g6@grant.example') ORDER BY 1;
 SELECT queue, claimed FROM gatekeeper.queue_stats WHERE queue = 'g_app';
 SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked FROM gw;
 DROP TABLE gw;

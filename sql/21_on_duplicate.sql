@@ -15,7 +15,7 @@ SELECT gatekeeper.create_queue('od');
 CREATE ROLE regress_od_app NOLOGIN;
 GRANT USAGE ON SCHEMA gatekeeper TO regress_od_app;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
-                                             jsonb, text, int, timestamptz, text, jsonb, text) TO regress_od_app;
+                                             jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb) TO regress_od_app;
 GRANT INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
               priority, send_by, recipient_name, metadata, timezone) ON gatekeeper.mail TO regress_od_app;
 GRANT EXECUTE ON FUNCTION gatekeeper._segment() TO regress_od_app;
@@ -139,6 +139,6 @@ SELECT gatekeeper.drop_queue('od');
 REVOKE ALL ON gatekeeper.mail FROM regress_od_app;
 REVOKE ALL ON FUNCTION gatekeeper._segment() FROM regress_od_app;
 REVOKE ALL ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
-                                          jsonb, text, int, timestamptz, text, jsonb, text) FROM regress_od_app;
+                                          jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb) FROM regress_od_app;
 REVOKE ALL ON SCHEMA gatekeeper FROM regress_od_app;
 DROP ROLE regress_od_app;

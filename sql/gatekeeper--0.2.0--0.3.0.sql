@@ -81,7 +81,7 @@ BEGIN
 						('enqueue', 'table', 'mail', 'SELECT (id)'),
 						('enqueue', 'table', 'mail',
 						 'INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key, '
-						 'priority, send_by, recipient_name, metadata, timezone)'),
+						 'priority, send_by, recipient_name, metadata, timezone, template, template_version, data)'),
 						('enqueue', 'sequence', 'mail_id_seq', 'USAGE'),
 						('worker', 'function', 'claim', NULL),
 						('worker', 'function', 'ack', NULL),
@@ -883,17 +883,39 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
+-- 0.3.0 adds template and data (issue 48): a new signature, which the
+-- roles that could run 0.2.0's may run, then 0.2.0's goes
+CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
 	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
 	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
-	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL,
+	template text DEFAULT NULL, data jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
+REVOKE ALL ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
+									  timestamptz, text, jsonb, text, text, jsonb) FROM PUBLIC;
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT a.grantee::pg_catalog.regrole AS role, a.is_grantable
+			   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+			  WHERE p.oid = 'gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text)'::pg_catalog.regprocedure
+				AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+			  ORDER BY a.grantee LOOP
+		EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, '
+								  'text, text, jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb) TO %s%s',
+								  g.role, CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+	END LOOP;
+END
+$$;
+DROP FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
+								 timestamptz, text, jsonb, text);
 
 REVOKE ALL ON FUNCTION gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
 									   timestamptz, text, jsonb, text) FROM PUBLIC;
@@ -1419,7 +1441,7 @@ COMMENT ON FUNCTION gatekeeper.cancel(text, text) IS
 	'cancel the scheduled mail with this dedupe key in this queue; true when one was cancelled, false when no scheduled mail has it';
 COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
 	'cancel every scheduled mail of a queue; the number cancelled';
-COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text) IS
+COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb) IS
 	'enqueue one mail, validated like a bulk insert, and return its id; with a dedupe key its queue holds, the holder''s id, writing nothing';
 COMMENT ON FUNCTION gatekeeper.claim(text, int, interval, text[]) IS
 	'lease up to batch due mails to one worker, fairly across unpaused queues (or those named) and through their gates and the suppression list; one row per mail to send, with its (id, attempt) and content';
@@ -2060,6 +2082,18 @@ SELECT gatekeeper._delivery_check();
  * version's parts are checked, compiled and rendered by
  * src/template_funcs.c.
  */
+-- templated mail (issue 48): a mail names a template, its version and
+-- the data it is rendered over, and then has no subject or body of its
+-- own (src/mail.c refuses a mail without either)
+ALTER TABLE gatekeeper.mail ALTER COLUMN subject DROP NOT NULL,
+	ALTER COLUMN body DROP NOT NULL,
+	ADD COLUMN template text,
+	ADD COLUMN template_version int,
+	ADD COLUMN data jsonb;
+COMMENT ON COLUMN gatekeeper.mail.template IS 'the template the mail is rendered from when it is claimed (subject, body and html then NULL)';
+COMMENT ON COLUMN gatekeeper.mail.template_version IS 'the template''s version: NULL means the latest made at or before created_at';
+COMMENT ON COLUMN gatekeeper.mail.data IS 'the JSON object the template is rendered over';
+
 CREATE TABLE gatekeeper.template (
 	name		text NOT NULL,
 	version		int NOT NULL CHECK (version >= 1),
@@ -2154,20 +2188,35 @@ BEGIN
 END
 $$;
 
--- every version of a template
+-- every version of a template, unless unfinished mail uses it (55006)
 CREATE FUNCTION gatekeeper.drop_template(name text)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	unfinished bigint;
 BEGIN
 	IF drop_template.name IS NULL THEN
 		RAISE EXCEPTION 'template name must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	-- an alter_template in progress is waited for, and the version it
-	-- made is dropped too: the DELETE reads after the lock
+	-- made is dropped too: the DELETE reads after the lock.  So is a
+	-- statement enqueueing mail of the template (src/mail.c locks the
+	-- template's rows FOR KEY SHARE), whose mail the count then sees.
 	PERFORM 1 FROM gatekeeper.template t WHERE t.name = drop_template.name FOR UPDATE;
+	SELECT count(*) INTO unfinished
+	  FROM gatekeeper.mail m
+	 WHERE m.template = drop_template.name
+	   AND NOT EXISTS (SELECT FROM gatekeeper.mail_done d
+					    WHERE d.id = m.id AND d.segment = m.segment);
+	IF unfinished > 0 THEN
+		RAISE EXCEPTION 'template "%" is in use', drop_template.name
+			USING ERRCODE = 'object_in_use',
+				  DETAIL = pg_catalog.format('%s unfinished mails use it.', unfinished),
+				  HINT = 'Drop it once they are sent, or cancel them.';
+	END IF;
 	DELETE FROM gatekeeper.template t WHERE t.name = drop_template.name;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'template "%" does not exist', drop_template.name
@@ -2215,17 +2264,113 @@ COMMENT ON FUNCTION gatekeeper.drop_template(text) IS
 COMMENT ON FUNCTION gatekeeper.render(text, jsonb, int) IS
 	'a template''s latest version (or the one given) rendered over data: the subject, body, html and headers a mail would carry';
 
--- every template version; in_use: the unfinished mail that uses it (none
--- yet: mail names no template before issue 48's next step)
+-- the version of a template a mail that names none keeps (an INSERT or
+-- COPY may leave template_version out): the latest made at or before
+-- the mail's created_at, else the first; the claim renders it, the view
+-- below counts it
+CREATE FUNCTION gatekeeper._template_version(name text, created_at timestamptz)
+RETURNS int
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT coalesce(max(t.version) FILTER (WHERE t.created_at <= $2), min(t.version))
+	  FROM gatekeeper.template t
+	 WHERE t.name = $1
+$$;
+
+-- every template version; in_use: the unfinished mail (not yet in
+-- mail_done) that uses it
 CREATE VIEW gatekeeper.templates AS
-SELECT t.name, t.version, t.created_at, 0::bigint AS in_use
-  FROM gatekeeper.template t;
+SELECT t.name, t.version, t.created_at, coalesce(u.in_use, 0) AS in_use
+  FROM gatekeeper.template t
+  LEFT JOIN (SELECT m.template,
+					coalesce(m.template_version,
+							 gatekeeper._template_version(m.template, m.created_at)) AS version,
+					count(*) AS in_use
+			   FROM gatekeeper.mail m
+			  WHERE m.template IS NOT NULL
+				AND NOT EXISTS (SELECT FROM gatekeeper.mail_done d
+								 WHERE d.id = m.id AND d.segment = m.segment)
+			  GROUP BY 1, 2) u ON u.template = t.name AND u.version = t.version;
 REVOKE ALL ON TABLE gatekeeper.template, gatekeeper.templates FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._template_check(text, text, text, text, jsonb),
 	gatekeeper._render(text, int, text, text, text, jsonb, jsonb),
 	gatekeeper.create_template(text, text, text, text, jsonb),
 	gatekeeper.alter_template(text, text, text, text, jsonb),
-	gatekeeper.drop_template(text), gatekeeper.render(text, jsonb, int) FROM PUBLIC;
+	gatekeeper.drop_template(text), gatekeeper.render(text, jsonb, int),
+	gatekeeper._template_version(text, timestamptz) FROM PUBLIC;
+
+DROP TRIGGER mail_check_update ON gatekeeper.mail;
+CREATE TRIGGER mail_check_update
+	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers,
+		recipient_name, timezone, template, template_version, data
+	ON gatekeeper.mail
+	FOR EACH ROW EXECUTE FUNCTION gatekeeper.mail_check();
+
+CREATE OR REPLACE VIEW gatekeeper.mail_status AS
+SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.headers,
+	   m.dedupe_key, m.priority,
+	   CASE WHEN l.id IS NOT NULL THEN l.send_at ELSE coalesce(d.send_at, m.send_at) END AS send_at,
+	   m.send_by,
+	   CASE WHEN l.id IS NOT NULL THEN l.state ELSE d.state END AS state,
+	   CASE WHEN l.id IS NOT NULL THEN l.attempt ELSE coalesce(d.attempt, 0) END AS attempt,
+	   CASE WHEN l.id IS NOT NULL THEN l.uncharged ELSE coalesce(d.uncharged, 0) END AS uncharged,
+	   l.lease_until,
+	   CASE WHEN l.id IS NOT NULL THEN l.worker ELSE d.worker END AS worker,
+	   CASE WHEN l.id IS NOT NULL THEN l.message_id ELSE d.message_id END AS message_id,
+	   CASE WHEN l.id IS NOT NULL THEN l.last_error ELSE d.last_error END AS last_error,
+	   m.created_at,
+	   d.finished_at,
+	   m.recipient_name,
+	   m.metadata,
+	   m.timezone,
+	   m.template,
+	   m.template_version,
+	   m.data
+  FROM gatekeeper.mail m
+  -- the live row, or the record of the batch the mail is claimed in
+  -- (with the batch's lease)
+  LEFT JOIN LATERAL (
+	SELECT l.id, l.send_at, l.state, l.attempt, l.uncharged, NULL::timestamptz AS lease_until,
+		   l.worker, l.message_id, l.last_error
+	  FROM gatekeeper.mail_live l
+	 WHERE l.id = m.id
+	UNION ALL
+	SELECT r.id, r.send_at, r.state, r.attempt, r.uncharged, c.lease_until, r.worker,
+		   r.message_id, r.last_error
+	  FROM gatekeeper.mail_claim c
+	 CROSS JOIN LATERAL unnest(c.mails) r
+	 WHERE int8range(c.lo, c.hi, '[]') @> m.id AND r.id = m.id AND NOT m.id = ANY (c.gone)
+	UNION ALL
+	-- a mail of a run: scheduled, as its live row with the defaults would say
+	SELECT m.id, r.send_at, 'scheduled'::gatekeeper.state, 0, 0, NULL::timestamptz,
+		   NULL::text, NULL::text, NULL::text
+	  FROM (SELECT x.last_id, x.send_at, x.segment FROM gatekeeper.mail_run x
+			 WHERE x.id <= m.id ORDER BY x.id DESC LIMIT 1) r
+	 WHERE r.last_id >= m.id AND r.segment = m.segment
+	 LIMIT 1) l ON true
+  LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
+
+CREATE OR REPLACE FUNCTION gatekeeper.history(recipient text, since timestamptz DEFAULT now() - interval '30 days')
+RETURNS TABLE (id bigint, queue text, state gatekeeper.state, send_at timestamptz,
+			   finished_at timestamptz, subject text, last_error text)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+	IF history.recipient IS NULL OR history.since IS NULL THEN
+		RAISE EXCEPTION 'recipient and since must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	RETURN QUERY
+	SELECT s.id, s.queue, s.state, s.send_at, s.finished_at, coalesce(s.subject, s.template),
+		   s.last_error
+	  FROM gatekeeper.mail_status s
+	 WHERE s.recipient = history.recipient AND s.created_at >= history.since
+	 ORDER BY s.created_at, s.id;
+END
+$$;
 
 /*
  * Issue 49, item 2: why a mail failed, in one place (src/smtp_trouble.c).

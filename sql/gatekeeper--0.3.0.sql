@@ -246,8 +246,8 @@ CREATE TABLE gatekeeper.mail (
 	queue		text NOT NULL DEFAULT 'default',
 	recipient	text NOT NULL,
 	sender		text,
-	subject		text NOT NULL,
-	body		text NOT NULL,
+	subject		text,			-- NULL only with template (src/mail.c)
+	body		text,
 	html		text,
 	headers		jsonb,
 	dedupe_key	text,
@@ -262,6 +262,9 @@ CREATE TABLE gatekeeper.mail (
 	recipient_name text,
 	metadata	jsonb,
 	timezone	text,
+	template	text,
+	template_version int,
+	data		jsonb,
 	PRIMARY KEY (id, segment)
 ) PARTITION BY LIST (segment);
 CREATE TABLE gatekeeper.mail_0 PARTITION OF gatekeeper.mail FOR VALUES IN (0);
@@ -306,6 +309,9 @@ CREATE TABLE gatekeeper.mail_done_3 PARTITION OF gatekeeper.mail_done FOR VALUES
 
 COMMENT ON COLUMN gatekeeper.mail.metadata IS 'the application''s own (campaign ids, tags): returned by claim, never sent';
 COMMENT ON COLUMN gatekeeper.mail.segment IS 'the retention segment (partition) holding the mail: the current one when it was enqueued';
+COMMENT ON COLUMN gatekeeper.mail.template IS 'the template the mail is rendered from when it is claimed (subject, body and html then NULL)';
+COMMENT ON COLUMN gatekeeper.mail.template_version IS 'the template''s version: NULL means the latest made at or before created_at';
+COMMENT ON COLUMN gatekeeper.mail.data IS 'the JSON object the template is rendered over';
 COMMENT ON COLUMN gatekeeper.mail_live.attempt IS 'claims so far; (id, attempt) names one claim';
 COMMENT ON COLUMN gatekeeper.mail_live.uncharged IS 'claims handed back unsent because no relay was reachable; not counted against max_attempts';
 COMMENT ON COLUMN gatekeeper.mail_live.send_at IS 'when the mail is due: the enqueued send_at, moved by retries and deferrals';
@@ -684,7 +690,7 @@ ALTER TABLE gatekeeper.mail_3 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('ga
 
 CREATE TRIGGER mail_check_update
 	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers,
-		recipient_name, timezone
+		recipient_name, timezone, template, template_version, data
 	ON gatekeeper.mail
 	FOR EACH ROW EXECUTE FUNCTION gatekeeper.mail_check();
 
@@ -991,7 +997,10 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 	   d.finished_at,
 	   m.recipient_name,
 	   m.metadata,
-	   m.timezone
+	   m.timezone,
+	   m.template,
+	   m.template_version,
+	   m.data
   FROM gatekeeper.mail m
   -- the live row, or the record of the batch the mail is claimed in
   -- (with the batch's lease)
@@ -1669,14 +1678,15 @@ CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
 	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
 	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
-	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL,
+	template text DEFAULT NULL, data jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_enqueue';
 
-COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text) IS
+COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb) IS
 	'enqueue one mail, validated like a bulk insert, and return its id; with a dedupe key its queue holds, the holder''s id, writing nothing';
 
 /*
@@ -2570,7 +2580,8 @@ BEGIN
 		RAISE EXCEPTION 'recipient and since must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	RETURN QUERY
-	SELECT s.id, s.queue, s.state, s.send_at, s.finished_at, s.subject, s.last_error
+	SELECT s.id, s.queue, s.state, s.send_at, s.finished_at, coalesce(s.subject, s.template),
+		   s.last_error
 	  FROM gatekeeper.mail_status s
 	 WHERE s.recipient = history.recipient AND s.created_at >= history.since
 	 ORDER BY s.created_at, s.id;
@@ -2703,7 +2714,7 @@ BEGIN
 						('enqueue', 'table', 'mail', 'SELECT (id)'),
 						('enqueue', 'table', 'mail',
 						 'INSERT (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key, '
-						 'priority, send_by, recipient_name, metadata, timezone)'),
+						 'priority, send_by, recipient_name, metadata, timezone, template, template_version, data)'),
 						('enqueue', 'sequence', 'mail_id_seq', 'USAGE'),
 						('worker', 'function', 'claim', NULL),
 						('worker', 'function', 'ack', NULL),
@@ -2871,20 +2882,35 @@ BEGIN
 END
 $$;
 
--- every version of a template
+-- every version of a template, unless unfinished mail uses it (55006)
 CREATE FUNCTION gatekeeper.drop_template(name text)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	unfinished bigint;
 BEGIN
 	IF drop_template.name IS NULL THEN
 		RAISE EXCEPTION 'template name must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
 	-- an alter_template in progress is waited for, and the version it
-	-- made is dropped too: the DELETE reads after the lock
+	-- made is dropped too: the DELETE reads after the lock.  So is a
+	-- statement enqueueing mail of the template (src/mail.c locks the
+	-- template's rows FOR KEY SHARE), whose mail the count then sees.
 	PERFORM 1 FROM gatekeeper.template t WHERE t.name = drop_template.name FOR UPDATE;
+	SELECT count(*) INTO unfinished
+	  FROM gatekeeper.mail m
+	 WHERE m.template = drop_template.name
+	   AND NOT EXISTS (SELECT FROM gatekeeper.mail_done d
+					    WHERE d.id = m.id AND d.segment = m.segment);
+	IF unfinished > 0 THEN
+		RAISE EXCEPTION 'template "%" is in use', drop_template.name
+			USING ERRCODE = 'object_in_use',
+				  DETAIL = pg_catalog.format('%s unfinished mails use it.', unfinished),
+				  HINT = 'Drop it once they are sent, or cancel them.';
+	END IF;
 	DELETE FROM gatekeeper.template t WHERE t.name = drop_template.name;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'template "%" does not exist', drop_template.name
@@ -2932,11 +2958,34 @@ COMMENT ON FUNCTION gatekeeper.drop_template(text) IS
 COMMENT ON FUNCTION gatekeeper.render(text, jsonb, int) IS
 	'a template''s latest version (or the one given) rendered over data: the subject, body, html and headers a mail would carry';
 
--- every template version; in_use: the unfinished mail that uses it (none
--- yet: mail names no template before issue 48's next step)
+-- the version of a template a mail that names none keeps (an INSERT or
+-- COPY may leave template_version out): the latest made at or before
+-- the mail's created_at, else the first; the claim renders it, the view
+-- below counts it
+CREATE FUNCTION gatekeeper._template_version(name text, created_at timestamptz)
+RETURNS int
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT coalesce(max(t.version) FILTER (WHERE t.created_at <= $2), min(t.version))
+	  FROM gatekeeper.template t
+	 WHERE t.name = $1
+$$;
+
+-- every template version; in_use: the unfinished mail (not yet in
+-- mail_done) that uses it
 CREATE VIEW gatekeeper.templates AS
-SELECT t.name, t.version, t.created_at, 0::bigint AS in_use
-  FROM gatekeeper.template t;
+SELECT t.name, t.version, t.created_at, coalesce(u.in_use, 0) AS in_use
+  FROM gatekeeper.template t
+  LEFT JOIN (SELECT m.template,
+					coalesce(m.template_version,
+							 gatekeeper._template_version(m.template, m.created_at)) AS version,
+					count(*) AS in_use
+			   FROM gatekeeper.mail m
+			  WHERE m.template IS NOT NULL
+				AND NOT EXISTS (SELECT FROM gatekeeper.mail_done d
+								 WHERE d.id = m.id AND d.segment = m.segment)
+			  GROUP BY 1, 2) u ON u.template = t.name AND u.version = t.version;
 
 /*
  * Issue 47, item 2: CREATE EXTENSION (and this update) and a session's

@@ -304,7 +304,7 @@ CREATE TYPE gatekeeper._gate_args AS (name text, period interval, max_sends int)
 CREATE FUNCTION gatekeeper._enqueue(hash int, recipient text, subject text, body text,
 	queue text, send_at timestamptz, html text, sender text, headers jsonb,
 	dedupe_key text, priority int, send_by timestamptz, recipient_name text,
-	metadata jsonb, timezone text)
+	metadata jsonb, timezone text, template text, data jsonb)
 RETURNS bigint
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
@@ -312,7 +312,8 @@ AS $$
 	CLUSTER 'gatekeeper';
 	RUN ON hash;
 	SELECT gatekeeper.enqueue(recipient, subject, body, queue, send_at, html, sender, headers,
-							  dedupe_key, priority, send_by, recipient_name, metadata, timezone)
+							  dedupe_key, priority, send_by, recipient_name, metadata, timezone,
+							  template, data)
 		   AS _enqueue;
 $$;
 
@@ -321,7 +322,8 @@ CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
 	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
 	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
-	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
+	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL,
+	template text DEFAULT NULL, data jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -337,7 +339,8 @@ DECLARE
 BEGIN
 	PERFORM gatekeeper._deadline(timeout);
 	id := gatekeeper._enqueue(h, recipient, subject, body, queue, send_at, html, sender, headers,
-							  dedupe_key, priority, send_by, recipient_name, metadata, timezone);
+							  dedupe_key, priority, send_by, recipient_name, metadata, timezone,
+							  template, data);
 	PERFORM gatekeeper._deadline(NULL);
 	RETURN id;
 EXCEPTION WHEN OTHERS THEN
@@ -349,7 +352,7 @@ END
 $$;
 
 COMMENT ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
-	timestamptz, text, jsonb, text) IS
+	timestamptz, text, jsonb, text, text, jsonb) IS
 	'enqueue one mail on the shard of its recipient (committed there at once, whatever this transaction does); returns its id';
 
 /*

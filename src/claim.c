@@ -64,6 +64,7 @@
 #include "gate.h"
 #include "mail_state.h"
 #include "suppression.h"
+#include "template_funcs.h"
 #include "unsubscribe.h"
 #include "window.h"
 #include "xact.h"
@@ -143,6 +144,10 @@ enum
 	COL_SEND_BY = CT_SEND_BY + 1,
 	COL_TIMEZONE = CT_TIMEZONE + 1,
 	COL_DUE = CT_DUE + 1,
+	COL_TEMPLATE = CT_TEMPLATE + 1,
+	COL_TEMPLATE_VERSION = CT_TEMPLATE_VERSION + 1,
+	COL_DATA = CT_DATA + 1,
+	COL_CREATED_AT = CT_CREATED_AT + 1,
 	COL_RECORD = CT_RECORD + 1
 };
 #define NUM_OUTPUT_COLUMNS COL_METADATA
@@ -176,6 +181,12 @@ typedef struct Claimed
 	const char *suppressed;		/* the suppression list's reason, or NULL */
 	bool		outside_window; /* deferred to reopens, its window's opening */
 	const char *window_zone;	/* the zone it was judged in */
+	char	   *template;		/* its template, or NULL: not templated */
+	bool		template_version_null;
+	int32		template_version;
+	Jsonb	   *data;			/* NULL: none */
+	TimestampTz created_at;
+	char	   *render_error;	/* why it could not be rendered: failed */
 	Datum		record;			/* its gatekeeper.mail_live record */
 } Claimed;
 
@@ -223,7 +234,8 @@ static const char claim_sql[] =
 "          l.queue, m.recipient, m.recipient_name, m.sender, m.subject, "
 "          m.body, m.html, m.headers, " CLAIM_MESSAGE_ID ", m.metadata, "
 "          " CLAIM_EXPIRED " IS TRUE, l.priority, l.send_at, m.send_by, m.timezone, "
-"          greatest(l.send_at, m.created_at), "
+"          greatest(l.send_at, m.created_at), m.template, m.template_version, m.data, "
+"          m.created_at, "
 "          ROW(l.id, l.queue, l.priority, l.send_at, "
 "              CASE WHEN " CLAIM_EXPIRED " THEN 'expired' ELSE 'claimed' END::gatekeeper.state, "
 "              l.attempt + CASE WHEN " CLAIM_EXPIRED " THEN 0 ELSE 1 END, "
@@ -317,6 +329,8 @@ static const struct
 	[COL_SEND_AT - 1] = {true, 8},
 	[COL_SEND_BY - 1] = {true, 8},
 	[COL_DUE - 1] = {true, 8},
+	[COL_TEMPLATE_VERSION - 1] = {true, 4},
+	[COL_CREATED_AT - 1] = {true, 8},
 	/* the others are text, jsonb or the record: varlena */
 	[COL_QUEUE - 1] = {false, -1},
 	[COL_RECIPIENT - 1] = {false, -1},
@@ -329,6 +343,8 @@ static const struct
 	[COL_MESSAGE_ID - 1] = {false, -1},
 	[COL_METADATA - 1] = {false, -1},
 	[COL_TIMEZONE - 1] = {false, -1},
+	[COL_TEMPLATE - 1] = {false, -1},
+	[COL_DATA - 1] = {false, -1},
 	[COL_RECORD - 1] = {false, -1},
 };
 
@@ -357,6 +373,16 @@ keep_claimed(ClaimReceiver *r, Datum *v, bool *n)
 	c->send_by = n[COL_SEND_BY - 1] ? 0 : DatumGetTimestampTz(v[COL_SEND_BY - 1]);
 	c->timezone = n[COL_TIMEZONE - 1] ? NULL : TextDatumGetCString(v[COL_TIMEZONE - 1]);
 	c->due = DatumGetTimestampTz(v[COL_DUE - 1]);
+	if (!n[COL_TEMPLATE - 1])
+	{
+		c->template = TextDatumGetCString(v[COL_TEMPLATE - 1]);
+		c->template_version_null = n[COL_TEMPLATE_VERSION - 1];
+		c->template_version = n[COL_TEMPLATE_VERSION - 1] ? 0 :
+			DatumGetInt32(v[COL_TEMPLATE_VERSION - 1]);
+		c->data = n[COL_DATA - 1] ? NULL :
+			DatumGetJsonbPCopy(v[COL_DATA - 1]);
+		c->created_at = DatumGetTimestampTz(v[COL_CREATED_AT - 1]);
+	}
 	c->record = datumCopy(v[COL_RECORD - 1], false, -1);
 	if (r->queue->ngates > 0)
 		c->key = gatekeeper_recipient_key(TextDatumGetCString(c->values[COL_RECIPIENT - 1]));
@@ -996,6 +1022,59 @@ claimed_bytes(Claimed *c)
 }
 
 /*
+ * Render each templated mail's content from its template version and
+ * data, in place of the content it has none of, before its bytes are
+ * counted: the mail's own headers over the template's.  A mail that cannot
+ * be rendered (src/template_funcs.c says why) fails alone, as loser_outcome
+ * says, uncharged; the rest of the claim goes on.
+ */
+static void
+render_templated(Claimed *claimed, int nclaimed, MemoryContext keep)
+{
+	int			i;
+
+	for (i = 0; i < nclaimed; i++)
+	{
+		Claimed    *c = &claimed[i];
+		GatekeeperRenderedMail out;
+		Datum		headers;
+
+		if (c->template == NULL || c->expired)
+			continue;
+		c->render_error = gatekeeper_template_render_claimed(c->template,
+															 c->template_version_null,
+															 c->template_version,
+															 c->created_at, c->data,
+															 &out, keep);
+		if (c->render_error != NULL)
+		{
+			c->lost = true;
+			continue;
+		}
+		c->values[COL_SUBJECT - 1] = PointerGetDatum(out.subject);
+		c->nulls[COL_SUBJECT - 1] = false;
+		c->values[COL_BODY - 1] = PointerGetDatum(out.body);
+		c->nulls[COL_BODY - 1] = false;
+		c->values[COL_HTML - 1] = PointerGetDatum(out.html);
+		c->nulls[COL_HTML - 1] = out.html == NULL;
+		if (out.headers != NULL)
+		{
+			headers = JsonbPGetDatum(out.headers);
+			if (!c->nulls[COL_HEADERS - 1])
+			{
+				MemoryContext old = MemoryContextSwitchTo(keep);
+
+				headers = DirectFunctionCall2(jsonb_concat, headers,
+											  c->values[COL_HEADERS - 1]);
+				MemoryContextSwitchTo(old);
+			}
+			c->values[COL_HEADERS - 1] = headers;
+			c->nulls[COL_HEADERS - 1] = false;
+		}
+	}
+}
+
+/*
  * A claim with a byte budget (the background worker's: what
  * gatekeeper.max_in_flight leaves it) keeps its mails, in claim order,
  * while their bytes fit, the first always; from the first that does not
@@ -1016,7 +1095,7 @@ hold_back_over_budget(Claimed *claimed, int nclaimed, int64 max_bytes)
 	{
 		Claimed    *c = &claimed[i];
 
-		if (c->expired)
+		if (c->expired || c->render_error != NULL)
 			continue;
 		if (!full)
 		{
@@ -1132,7 +1211,13 @@ loser_outcome(Claimed *c, TimestampTz now, char **error)
 {
 	const char *state;
 
-	if (c->over_budget)
+	if (c->render_error != NULL)
+	{
+		/* never built: failed at once, its attempt not counted */
+		state = "failed";
+		*error = c->render_error;
+	}
+	else if (c->over_budget)
 	{
 		/* as it was: its last error stays */
 		state = "scheduled";
@@ -1481,6 +1566,7 @@ gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filt
 	queues = claim_load_queues(filter, &nqueues);
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));
 	nclaimed = claim_fairly(queues, nqueues, batch, lease, worker, claimed, keep);
+	render_templated(claimed, nclaimed, keep);
 	if (max_bytes > 0)
 		hold_back_over_budget(claimed, nclaimed, max_bytes);
 

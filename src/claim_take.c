@@ -109,12 +109,14 @@ enum
 /* the content's columns the claim returns or reads */
 static const char *const mail_names[] = {
 	"recipient", "recipient_name", "sender", "subject", "body", "html",
-	"headers", "metadata", "send_by", "timezone", "created_at"
+	"headers", "metadata", "send_by", "timezone", "created_at", "template",
+	"template_version", "data"
 };
 enum
 {
 	M_RECIPIENT, M_RECIPIENT_NAME, M_SENDER, M_SUBJECT, M_BODY, M_HTML,
-	M_HEADERS, M_METADATA, M_SEND_BY, M_TIMEZONE, M_CREATED_AT, M_NUM
+	M_HEADERS, M_METADATA, M_SEND_BY, M_TIMEZONE, M_CREATED_AT, M_TEMPLATE,
+	M_TEMPLATE_VERSION, M_DATA, M_NUM
 };
 
 /* One segment's partition of gatekeeper.mail, opened by the walk. */
@@ -395,6 +397,10 @@ hand_over(Take *t, TupleTableSlot *live, ContentPart *c)
 	FROM_MAIL(CT_SEND_BY, M_SEND_BY);
 	FROM_MAIL(CT_TIMEZONE, M_TIMEZONE);
 	v[CT_DUE] = TimestampTzGetDatum(Max(send_at, created_at));
+	FROM_MAIL(CT_TEMPLATE, M_TEMPLATE);
+	FROM_MAIL(CT_TEMPLATE_VERSION, M_TEMPLATE_VERSION);
+	FROM_MAIL(CT_DATA, M_DATA);
+	FROM_MAIL(CT_CREATED_AT, M_CREATED_AT);
 #undef FROM_MAIL
 
 	/* the claim state, as a mail_live record: the row as it was, claimed */

@@ -32,6 +32,10 @@ enum
 	CT_SEND_BY,
 	CT_TIMEZONE,
 	CT_DUE,					/* since when it waits: send_at, or its enqueue */
+	CT_TEMPLATE,				/* a templated mail's template, version, data */
+	CT_TEMPLATE_VERSION,
+	CT_DATA,
+	CT_CREATED_AT,
 	CT_RECORD,				/* the claim state as a mail_live record */
 	CLAIM_TAKE_COLUMNS
 };

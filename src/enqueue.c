@@ -47,7 +47,7 @@
 PG_FUNCTION_INFO_V1(gatekeeper_enqueue);
 
 /* enqueue's arguments, in order: the insert's parameters are the same */
-#define ENQUEUE_NARGS 14
+#define ENQUEUE_NARGS 16
 #define ARG_RECIPIENT	0
 #define ARG_SUBJECT		1
 #define ARG_BODY		2
@@ -55,22 +55,29 @@ PG_FUNCTION_INFO_V1(gatekeeper_enqueue);
 #define ARG_SEND_AT		4
 #define ARG_DEDUPE_KEY	8
 #define ARG_PRIORITY	9
+#define ARG_TEMPLATE	14
 
 /* rounds of look-up and insert before a keyed enqueue gives up (40001) */
 #define ENQUEUE_ROUNDS 10
 
 static Oid	insert_mail_argtypes[ENQUEUE_NARGS] = {
 	TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, TEXTOID, JSONBOID,
-	TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, JSONBOID, TEXTOID
+	TEXTOID, INT4OID, TIMESTAMPTZOID, TEXTOID, JSONBOID, TEXTOID, TEXTOID, JSONBOID
 };
 
-/* the mail itself; the trigger of gatekeeper.mail does the rest */
+/*
+ * The mail itself, with its template's latest version (NULL when there is
+ * no such template, which the trigger refuses); the trigger of
+ * gatekeeper.mail does the rest.
+ */
 static SPIPlanPtr insert_mail_plan = NULL;
 static const char insert_mail_sql[] =
 "INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender, "
 "                             headers, dedupe_key, priority, send_by, recipient_name, "
-"                             metadata, timezone) "
-"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id";
+"                             metadata, timezone, template, template_version, data) "
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, "
+"        (SELECT max(t.version) FROM gatekeeper.template t WHERE t.name = $15), $16) "
+"RETURNING id";
 
 /* whether the queue exists, before a key is looked up in it */
 static SPIPlanPtr queue_exists_plan = NULL;
@@ -253,8 +260,9 @@ raise_plainly(ErrorData *edata)
  * gatekeeper_enqueue
  *		gatekeeper.enqueue(recipient, subject, body, queue, send_at, html,
  *		sender, headers, dedupe_key, priority, send_by, recipient_name,
- *		metadata, timezone) RETURNS bigint: the new mail's id, or that of
- *		the mail holding its dedupe key.
+ *		metadata, timezone, template, data) RETURNS bigint: the new mail's
+ *		id, or that of the mail holding its dedupe key.  A templated mail
+ *		has no subject or body of its own.
  */
 Datum
 gatekeeper_enqueue(PG_FUNCTION_ARGS)
@@ -267,8 +275,8 @@ gatekeeper_enqueue(PG_FUNCTION_ARGS)
 
 	gatekeeper_require_schema();
 	gatekeeper_delivery_check_once();
-	if (PG_ARGISNULL(ARG_RECIPIENT) || PG_ARGISNULL(ARG_SUBJECT) || PG_ARGISNULL(ARG_BODY) ||
-		PG_ARGISNULL(ARG_QUEUE) || PG_ARGISNULL(ARG_SEND_AT))
+	if (PG_ARGISNULL(ARG_RECIPIENT) || PG_ARGISNULL(ARG_QUEUE) || PG_ARGISNULL(ARG_SEND_AT) ||
+		(PG_ARGISNULL(ARG_TEMPLATE) && (PG_ARGISNULL(ARG_SUBJECT) || PG_ARGISNULL(ARG_BODY))))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("recipient, subject, body, queue and send_at must not be null")));

@@ -88,6 +88,10 @@ typedef struct MailColumns
 	int			dedupe_key;
 	int			recipient_name;
 	int			timezone;
+	int			template;
+	int			template_version;
+	int			data;
+	int			segment;
 } MailColumns;
 
 static MailColumns columns;
@@ -118,6 +122,34 @@ typedef struct QueueCache
 
 static QueueCache queue_cache;
 static SPIPlanPtr queue_notify_plan = NULL;
+
+/*
+ * The templates a command's mail names, with their latest version, looked
+ * up (and locked) once per command, as the queues are.
+ */
+#define TEMPLATE_CACHE_SIZE 8
+
+typedef struct TemplateCache
+{
+	LocalTransactionId lxid;
+	CommandId	cid;
+	int			n;
+	int			next;
+	char	   *names[TEMPLATE_CACHE_SIZE];
+	int32		latest[TEMPLATE_CACHE_SIZE];
+} TemplateCache;
+
+static TemplateCache template_cache;
+static SPIPlanPtr template_latest_plan = NULL;
+
+/*
+ * A template's latest version, its rows locked FOR KEY SHARE: a
+ * drop_template waits for this transaction, then sees its mail (and is
+ * refused), and one that went first leaves no rows to find.
+ */
+static const char template_latest_sql[] =
+"SELECT max(v.version) FROM (SELECT t.version FROM gatekeeper.template t "
+" WHERE t.name = $1 FOR KEY SHARE) v";
 
 /* The queue's unsubscribe_url and whether it announces its mail. */
 static const char queue_notify_sql[] = "SELECT unsubscribe_url, notify AND NOT paused FROM gatekeeper.queue WHERE name = $1";
@@ -290,7 +322,13 @@ load_columns(Relation rel)
 	columns.dedupe_key = SPI_fnumber(desc, "dedupe_key");
 	columns.recipient_name = SPI_fnumber(desc, "recipient_name");
 	columns.timezone = SPI_fnumber(desc, "timezone");
-	if (columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
+	columns.template = SPI_fnumber(desc, "template");
+	columns.template_version = SPI_fnumber(desc, "template_version");
+	columns.data = SPI_fnumber(desc, "data");
+	columns.segment = SPI_fnumber(desc, "segment");
+	if (columns.template <= 0 || columns.template_version <= 0 || columns.data <= 0 ||
+		columns.segment <= 0 ||
+		columns.queue <= 0 || columns.recipient <= 0 || columns.sender <= 0 ||
 		columns.subject <= 0 || columns.body <= 0 || columns.html <= 0 ||
 		columns.headers <= 0 || columns.send_at <= 0 || columns.send_by <= 0 ||
 		columns.dedupe_key <= 0 || columns.recipient_name <= 0 || columns.timezone <= 0)
@@ -375,6 +413,62 @@ check_queue_exists(const char *queue)
 }
 
 /*
+ * Raise 42704 unless the template exists; returns its latest version.
+ */
+static int32
+check_template_exists(const char *template)
+{
+	int			i;
+	Datum		arg;
+	bool		isnull = true;
+	int32		latest = 0;
+	Oid			argtype = TEXTOID;
+	SPIPlanPtr	plan;
+
+	if (template_cache.lxid != MyProc->lxid ||
+		template_cache.cid != GetCurrentCommandId(false))
+	{
+		for (i = 0; i < template_cache.n; i++)
+			pfree(template_cache.names[i]);
+		template_cache.n = 0;
+		template_cache.next = 0;
+		template_cache.lxid = MyProc->lxid;
+		template_cache.cid = GetCurrentCommandId(false);
+	}
+	for (i = 0; i < template_cache.n; i++)
+		if (strcmp(template_cache.names[i], template) == 0)
+			return template_cache.latest[i];
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	plan = gatekeeper_plan(&template_latest_plan, template_latest_sql, 1, &argtype);
+	arg = CStringGetTextDatum(template);
+	if (SPI_execute_plan(plan, &arg, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "template lookup failed");
+	if (SPI_processed > 0)
+		latest = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("template \"%s\" does not exist", template),
+				 errhint("Create it with gatekeeper.create_template().")));
+
+	if (template_cache.n < TEMPLATE_CACHE_SIZE)
+		i = template_cache.n++;
+	else
+	{
+		i = template_cache.next++ % TEMPLATE_CACHE_SIZE;
+		pfree(template_cache.names[i]);
+	}
+	template_cache.names[i] = MemoryContextStrdup(TopMemoryContext, template);
+	template_cache.latest[i] = latest;
+	return latest;
+}
+
+/*
  * Announce a new mail of a notify queue: due by the statement's start, at
  * commit (once per statement and queue here; async.c folds the rest);
  * due later, by the first worker when it comes due.
@@ -429,6 +523,62 @@ column_size(const MailRow *mail, int attnum)
 }
 
 /*
+ * A mail without a template has a subject and a body: the columns were
+ * NOT NULL before templates, and a mail missing one is refused as the
+ * constraint refused it (23502, naming the row's partition).
+ */
+static void
+not_null_violation(const MailRow *mail, const char *column)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NOT_NULL_VIOLATION),
+			 errmsg("null value in column \"%s\" of relation \"mail_%d\" violates not-null constraint",
+					column, (int) DatumGetInt16(mail->values[columns.segment - 1])),
+			 errdetail("A mail without a template must have a subject and a body.")));
+}
+
+/*
+ * A templated mail: the template (and the version, when given) exists,
+ * the data is a JSON object, and the mail has no subject, body or html of
+ * its own, which the template's rendering gives it when it is claimed.
+ * The rendered mail is checked against gatekeeper.max_message_size then.
+ */
+static void
+check_templated(const MailRow *mail, const char *template, bool to_go)
+{
+	if (!mail->isnull[columns.subject - 1] || !mail->isnull[columns.body - 1] ||
+		!mail->isnull[columns.html - 1])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a templated mail must not have a subject, body or html of its own"),
+				 errdetail("Its template \"%s\" gives them when the mail is sent.", template)));
+	if (!mail->isnull[columns.data - 1])
+	{
+		Jsonb	   *data = DatumGetJsonbP(mail->values[columns.data - 1]);
+
+		if (!JB_ROOT_IS_OBJECT(data) || JB_ROOT_IS_SCALAR(data))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("template data must be a JSON object")));
+	}
+	if (to_go)
+	{
+		int32		latest = check_template_exists(template);
+
+		if (!mail->isnull[columns.template_version - 1])
+		{
+			int32		version = DatumGetInt32(mail->values[columns.template_version - 1]);
+
+			if (version < 1 || version > latest)
+				ereport(ERROR,
+						(errcode(ERRCODE_UNDEFINED_OBJECT),
+						 errmsg("template \"%s\" has no version %d", template, version),
+						 errdetail("Its latest version is %d.", latest)));
+		}
+	}
+}
+
+/*
  * Reject a mail, with the SQLSTATEs the README documents, when any field is
  * malformed.  inserting: the mail is new, not an update of one; scheduled:
  * it is still to go.
@@ -439,6 +589,7 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 	char	   *recipient;
 	char	   *sender;
 	char	   *subject;
+	char	   *template;
 	char	   *queue;
 	bool		send_by_null;
 	Datum		send_at;
@@ -486,18 +637,20 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 			(void) gatekeeper_check_timezone(zone, "timezone");
 	}
 
-	subject = column_text(mail, columns.subject);
-	if (subject == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("subject must not be null")));
-	if (to_go)
-		gatekeeper_check_header_value(subject, "subject");
+	template = column_text(mail, columns.template);
+	if (template != NULL)
+		check_templated(mail, template, to_go);
+	else
+	{
+		subject = column_text(mail, columns.subject);
+		if (subject == NULL)
+			not_null_violation(mail, "subject");
+		if (to_go)
+			gatekeeper_check_header_value(subject, "subject");
 
-	if (mail->isnull[columns.body - 1])
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("body must not be null")));
+		if (mail->isnull[columns.body - 1])
+			not_null_violation(mail, "body");
+	}
 
 	if (!mail->isnull[columns.headers - 1] && to_go)
 		placeholders = gatekeeper_check_headers(DatumGetJsonbP(mail->values[columns.headers - 1]));
@@ -511,6 +664,7 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 		column_size(mail, columns.body) +
 		column_size(mail, columns.html) +
 		column_size(mail, columns.headers) +
+		column_size(mail, columns.data) +
 		(Size) placeholders * (GATEKEEPER_MESSAGE_ID_MAX -
 							   strlen(GATEKEEPER_MESSAGE_ID_PLACEHOLDER));
 	if (size > (Size) gatekeeper_max_message_size && placeholders > 0)

@@ -17,10 +17,17 @@
 #include "postgres.h"
 
 #include "template.h"
+#include "template_funcs.h"
+#include "catalog.h"
 #include "gatekeeper.h"
 #include "validate.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "storage/proc.h"
+#include "utils/resowner.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
@@ -53,16 +60,19 @@ typedef struct TemplateEntry
 	int			nheaders;
 	char	  **header_names;
 	GatekeeperTemplate **headers;
+	LocalTransactionId read_in;	/* its parts were read from the table in
+								 * this transaction (the claim's) */
 } TemplateEntry;
 
-/* a mail rendered from a template version */
-typedef struct RenderedMail
-{
-	text	   *subject;
-	text	   *body;
-	text	   *html;			/* NULL: none */
-	Jsonb	   *headers;		/* NULL: none */
-} RenderedMail;
+
+/*
+ * The parts of the template version a claimed mail names; $2 NULL: the
+ * version a mail created at $3 keeps (gatekeeper._template_version).
+ */
+static SPIPlanPtr claimed_version_plan = NULL;
+static const char claimed_version_sql[] =
+"SELECT t.version, t.subject, t.body, t.html, t.headers FROM gatekeeper.template t "
+" WHERE t.name = $1 AND t.version = coalesce($2, gatekeeper._template_version($1, $3))";
 
 static HTAB *template_cache = NULL;
 static MemoryContext template_cache_context = NULL;
@@ -72,8 +82,11 @@ static void compile_parts(TemplateEntry *entry, text *subject, text *body, text 
 static TemplateEntry *compiled_version(const char *name, int32 version, text *subject,
 									   text *body, text *html, Jsonb *headers);
 static bool same_source(const void *a, const void *b);
-static void render_mail(const TemplateEntry *entry, Jsonb *data, RenderedMail *result);
+static void render_mail(const TemplateEntry *entry, Jsonb *data, GatekeeperRenderedMail *result);
 static void check_name(const char *name);
+static TemplateEntry *claimed_version(const char *name, bool version_null, int32 version,
+									  TimestampTz created_at);
+static bool fails_alone(int sqlerrcode);
 
 PG_FUNCTION_INFO_V1(gatekeeper_template_check);
 PG_FUNCTION_INFO_V1(gatekeeper_template_render_sql);
@@ -224,8 +237,132 @@ compiled_version(const char *name, int32 version, text *subject, text *body, tex
 
 	entry = hash_search(template_cache, &key, HASH_ENTER, &found);
 	compiled.key = entry->key;
+	compiled.read_in = InvalidLocalTransactionId;
 	*entry = compiled;
 	return entry;
+}
+
+/*
+ * claimed_version
+ *		The compiled template version a claimed mail names (version_null:
+ *		the one its created_at gives it), read from gatekeeper.template
+ *		once per transaction: no version a mail being claimed uses can
+ *		change or go meanwhile (drop_template waits for the claim, then
+ *		refuses).  42704 when there is no such version.
+ */
+static TemplateEntry *
+claimed_version(const char *name, bool version_null, int32 version, TimestampTz created_at)
+{
+	Oid			types[3] = {TEXTOID, INT4OID, TIMESTAMPTZOID};
+	Datum		args[3];
+	char		nulls[3] = {' ', version_null ? 'n' : ' ', ' '};
+	Datum		parts[5];
+	bool		isnull[5];
+	TemplateEntry *entry;
+	int			k;
+
+	if (!version_null && template_cache != NULL)
+	{
+		TemplateKey key;
+
+		memset(&key, 0, sizeof(key));
+		strlcpy(key.name, name, sizeof(key.name));
+		key.version = version;
+		entry = hash_search(template_cache, &key, HASH_FIND, NULL);
+		if (entry != NULL && entry->read_in == MyProc->lxid)
+			return entry;
+	}
+
+	args[0] = CStringGetTextDatum(name);
+	args[1] = Int32GetDatum(version);
+	args[2] = TimestampTzGetDatum(created_at);
+	if (SPI_execute_plan(gatekeeper_plan(&claimed_version_plan, claimed_version_sql, 3, types),
+						 args, nulls, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read template \"%s\"", name);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("template \"%s\" has no version %s", name,
+						version_null ? "for the mail" : psprintf("%d", version))));
+	for (k = 0; k < 5; k++)
+		parts[k] = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, k + 1,
+								 &isnull[k]);
+	entry = compiled_version(name, DatumGetInt32(parts[0]), DatumGetTextPP(parts[1]),
+							 DatumGetTextPP(parts[2]),
+							 isnull[3] ? NULL : DatumGetTextPP(parts[3]),
+							 isnull[4] ? NULL : DatumGetJsonbP(parts[4]));
+	entry->read_in = MyProc->lxid;
+	return entry;
+}
+
+/*
+ * fails_alone
+ *		Whether an error rendering a claimed mail is the mail's own (its
+ *		data, its template, a limit it exceeds), which fails that mail,
+ *		rather than the claim's (a cancel, memory, the server), which is
+ *		raised.
+ */
+static bool
+fails_alone(int sqlerrcode)
+{
+	int			category = ERRCODE_TO_CATEGORY(sqlerrcode);
+
+	return category == ERRCODE_DATA_EXCEPTION ||
+		category == ERRCODE_PROGRAM_LIMIT_EXCEEDED ||
+		category == ERRCODE_SYNTAX_ERROR_OR_ACCESS_RULE_VIOLATION;
+}
+
+/*
+ * gatekeeper_template_render_claimed
+ *		A claimed templated mail's content, rendered into out (allocated in
+ *		into) from the version it names (version_null: the one its
+ *		created_at gives it) over its data; SPI must be connected.  Returns
+ *		NULL, or, when the mail cannot be rendered (no such version, data
+ *		that is no object, a rendered header with a line break, parts over
+ *		gatekeeper.max_message_size), why: in a subtransaction, so that the
+ *		claim fails that mail alone.
+ */
+char *
+gatekeeper_template_render_claimed(const char *name, bool version_null, int32 version,
+								   TimestampTz created_at, Jsonb *data,
+								   GatekeeperRenderedMail *out, MemoryContext into)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	char	   *volatile error = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(caller);
+	PG_TRY();
+	{
+		TemplateEntry *entry = claimed_version(name, version_null, version, created_at);
+
+		MemoryContextSwitchTo(into);
+		render_mail(entry, data, out);
+		MemoryContextSwitchTo(caller);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(caller);
+		edata = CopyErrorData();
+		if (!fails_alone(edata->sqlerrcode))
+			PG_RE_THROW();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller);
+		CurrentResourceOwner = owner;
+		error = MemoryContextStrdup(into,
+									psprintf("template \"%s\" could not be rendered: %s",
+											 name, edata->message));
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return error;
 }
 
 /*
@@ -237,7 +374,7 @@ compiled_version(const char *name, int32 version, text *subject, text *body, tex
  *		html part with {{x}} HTML-escaped.
  */
 static void
-render_mail(const TemplateEntry *entry, Jsonb *data, RenderedMail *result)
+render_mail(const TemplateEntry *entry, Jsonb *data, GatekeeperRenderedMail *result)
 {
 	StringInfoData buf;
 	Size		left = (Size) gatekeeper_max_message_size;
@@ -367,7 +504,7 @@ gatekeeper_template_render_sql(PG_FUNCTION_ARGS)
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
 	TemplateEntry *entry;
-	RenderedMail mail;
+	GatekeeperRenderedMail mail;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
 		ereport(ERROR,

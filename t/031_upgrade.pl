@@ -165,7 +165,8 @@ SELECT gatekeeper.grant('u_worker', 'worker');
 SELECT gatekeeper.grant('u_monitor', 'monitor');
 GRANT USAGE ON SCHEMA gatekeeper TO u_partial;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
-                                             jsonb, text, int, timestamptz, text, jsonb, text) TO u_partial;
+                                             jsonb, text, int, timestamptz, text, jsonb, text,
+                                             text, jsonb) TO u_partial;
 });
 # The mail, claims and passes 0.2.0's library made, written as it wrote
 # them: its functions that call into the library (enqueue through the
