@@ -206,6 +206,11 @@ EOC
 	my $dashboard = $json->decode(slurp_file("$FindBin::RealBin/../monitoring/dashboard.json"));
 	my @exprs = map { map { $_->{expr} } @{ $_->{targets} } } @{ $dashboard->{panels} };
 	ok(@exprs >= 10, 'the dashboard has panels with queries');
+	# as Grafana sends them with "All" chosen in each selector
+	foreach my $var (grep { $_->{type} eq 'query' } @{ $dashboard->{templating}{list} })
+	{
+		s/\$\Q$var->{name}\E\b/$var->{allValue}/g foreach @exprs;
+	}
 	foreach my $expr (@exprs)
 	{
 		my $r = $query->($expr);
