@@ -30,6 +30,8 @@ SELECT state, attempt, last_error, message_id = :'failed_message_id' AS same_mes
 	   send_at <= now() AS due_now
   FROM gatekeeper.status(:a);
 SELECT state, attempt, uncharged FROM gatekeeper.mail_live WHERE id = :a;
+-- status() shows the uncharged apart: attempt - uncharged were charged
+SELECT state, attempt, uncharged, attempt - uncharged AS charged FROM gatekeeper.status(:a);
 SELECT gatekeeper.retry(:a) AS retried_again;   -- scheduled: nothing to do
 SELECT queue, scheduled, retrying, failed FROM gatekeeper.queue_stats WHERE queue = 'rt';
 
@@ -41,7 +43,17 @@ SELECT gatekeeper.gate_open('rt_gate', 'a@retry.example') AS gate_open_while_cla
 SELECT gatekeeper.ack(:a, 1) AS stale_ack;
 -- a 4xx: with the attempts anew (1 charged of 2) it is retried, not failed
 SELECT gatekeeper.nack(:a, 2, '451 4.3.0 try later') AS nack_4xx;
-SELECT state, attempt FROM gatekeeper.status(:a);
+SELECT state, attempt, uncharged, attempt - uncharged AS charged FROM gatekeeper.status(:a);
+
+-- handed back unsent (no relay could be reached): an attempt, uncharged,
+-- shown apart by status() as by mail_status
+SELECT gatekeeper.create_queue('rt_down', max_attempts => 1);
+SELECT gatekeeper.enqueue('down@retry.example', 'Down', 'b', 'rt_down') AS d \gset
+SELECT gatekeeper.unclaim(array_agg(c.id), array_agg(c.attempt), 'no relay', '0')
+  FROM gatekeeper.claim('rt-w', 10, queues => '{rt_down}') c;
+SELECT state, attempt, uncharged, attempt - uncharged AS charged FROM gatekeeper.status(:d);
+SELECT s.uncharged = m.uncharged AS as_mail_status
+  FROM gatekeeper.status(:d) s, gatekeeper.mail_status m WHERE m.id = :d;
 
 -- refused: sent, cancelled and suppressed mail; NULL; no such mail is false
 SELECT gatekeeper.enqueue('s@retry.example', 'S', 'b') AS s \gset

@@ -2482,6 +2482,53 @@ END
 $$;
 
 /*
+ * Issue 47, item 7: status() shows the uncharged attempts apart (its last
+ * column, uncharged: attempt - uncharged were charged against
+ * max_attempts).  A function's columns change only by making it again:
+ * the grants on it are given back.
+ */
+SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_47_7',
+	coalesce((SELECT pg_catalog.string_agg(pg_catalog.format('GRANT EXECUTE ON FUNCTION gatekeeper.status(bigint) TO %s%s',
+															 a.grantee::pg_catalog.regrole,
+															 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END),
+										   pg_catalog.chr(31))
+				FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
+			   WHERE p.oid = 'gatekeeper.status(bigint)'::pg_catalog.regprocedure
+				 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)), ''),
+	true);
+
+DROP FUNCTION gatekeeper.status(bigint);
+
+CREATE FUNCTION gatekeeper.status(id bigint)
+RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
+			   last_error text, message_id text, finished_at timestamptz, metadata jsonb,
+			   uncharged int)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT s.id, s.queue, s.state, s.attempt, s.send_at, s.last_error, s.message_id,
+		   s.finished_at, s.metadata, s.uncharged
+	  FROM gatekeeper.mail_status s
+	 WHERE s.id = gatekeeper._not_null($1, 'id')
+$$;
+
+COMMENT ON FUNCTION gatekeeper.status(bigint) IS 'a mail''s state, by id; for roles that cannot read gatekeeper.mail';
+REVOKE ALL ON FUNCTION gatekeeper.status(bigint) FROM PUBLIC;
+
+DO $$
+DECLARE
+	stmt text;
+BEGIN
+	FOREACH stmt IN ARRAY coalesce(pg_catalog.string_to_array(nullif(pg_catalog.current_setting('gatekeeper_upgrade.grants_47_7', true), ''),
+																pg_catalog.chr(31)), '{}')
+	LOOP
+		EXECUTE stmt;
+	END LOOP;
+END
+$$;
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

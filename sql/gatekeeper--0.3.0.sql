@@ -2526,13 +2526,14 @@ $$;
 
 CREATE FUNCTION gatekeeper.status(id bigint)
 RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
-			   last_error text, message_id text, finished_at timestamptz, metadata jsonb)
+			   last_error text, message_id text, finished_at timestamptz, metadata jsonb,
+			   uncharged int)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 	SELECT s.id, s.queue, s.state, s.attempt, s.send_at, s.last_error, s.message_id,
-		   s.finished_at, s.metadata
+		   s.finished_at, s.metadata, s.uncharged
 	  FROM gatekeeper.mail_status s
 	 WHERE s.id = gatekeeper._not_null($1, 'id')
 $$;

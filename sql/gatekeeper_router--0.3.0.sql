@@ -658,7 +658,8 @@ COMMENT ON FUNCTION gatekeeper.drop_gate(text) IS 'drop a gate on every shard (o
  * A mail by its id: the shard the id names, then the others
  */
 CREATE TYPE gatekeeper._status_row AS (id bigint, queue text, state gatekeeper.state, attempt int,
-	send_at timestamptz, last_error text, message_id text, finished_at timestamptz, metadata jsonb);
+	send_at timestamptz, last_error text, message_id text, finished_at timestamptz, metadata jsonb,
+	uncharged int);
 
 CREATE FUNCTION gatekeeper._status(hash bigint, mail_id bigint)
 RETURNS SETOF gatekeeper._status_row
@@ -668,7 +669,7 @@ AS $$
 	CLUSTER 'gatekeeper';
 	RUN ON hash;
 	SELECT s.id, s.queue, s.state::text AS state, s.attempt, s.send_at, s.last_error, s.message_id,
-		   s.finished_at, s.metadata
+		   s.finished_at, s.metadata, s.uncharged
 	  FROM gatekeeper.status(mail_id) s;
 $$;
 
@@ -716,7 +717,8 @@ $$;
 
 CREATE FUNCTION gatekeeper.status(id bigint)
 RETURNS TABLE (id bigint, queue text, state gatekeeper.state, attempt int, send_at timestamptz,
-			   last_error text, message_id text, finished_at timestamptz, metadata jsonb)
+			   last_error text, message_id text, finished_at timestamptz, metadata jsonb,
+			   uncharged int)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$

@@ -141,6 +141,8 @@ my $started = metric('gatekeeper_worker_started_timestamp_seconds', qq{worker="1
 ok(defined $started && abs($started - time()) < 600, 'worker started: a time of this run')
   or diag('started_timestamp_seconds: ' . ($started // 'missing'));
 like($body, qr/^# TYPE gatekeeper_worker_sent_total counter$/m, 'worker sent_total is a counter');
+# the dashboard's Server selector lists the values of this label
+like($body, qr/^gatekeeper_worker_up\{[^}]*\bserver="[^"]+"/m, 'series carry the server label the dashboard selects on');
 like($body, qr/^# TYPE gatekeeper_worker_unsigned_total counter$/m, 'worker unsigned_total is a counter');
 is(metric('gatekeeper_worker_unsigned_total', qq{worker="1"}), 0, 'worker unsigned_total: nothing built');
 
@@ -206,6 +208,11 @@ EOC
 	my $dashboard = $json->decode(slurp_file("$FindBin::RealBin/../monitoring/dashboard.json"));
 	my @exprs = map { map { $_->{expr} } @{ $_->{targets} } } @{ $dashboard->{panels} };
 	ok(@exprs >= 10, 'the dashboard has panels with queries');
+	# as Grafana sends them with "All" chosen in each selector
+	foreach my $var (grep { $_->{type} eq 'query' } @{ $dashboard->{templating}{list} })
+	{
+		s/\$\Q$var->{name}\E\b/$var->{allValue}/g foreach @exprs;
+	}
 	foreach my $expr (@exprs)
 	{
 		my $r = $query->($expr);

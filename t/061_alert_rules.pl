@@ -4,7 +4,9 @@
 # promtool finds them valid and runs their unit tests
 # (monitoring/alerts.test.yaml), and every gatekeeper series they name is
 # one that monitoring/queries.yaml makes, so no rule waits on a metric the
-# exporter never serves.
+# exporter never serves.  The same of the dashboard (monitoring/dashboard.json),
+# which also has a per-server selector, an ETA panel and its axes in the
+# units of what they draw.
 
 use strict;
 use warnings;
@@ -60,5 +62,48 @@ foreach my $alert (@alerts)
 	like($tests, qr/alertname: $alert\n\s+exp_alerts:\n\s+- exp_labels/,
 		"alerts.test.yaml has a case where $alert fires");
 }
+
+# The dashboard (monitoring/dashboard.json): valid JSON, every gatekeeper
+# series it names served by queries.yaml, every series filtered by its
+# per-server selector, an ETA panel, and no count drawn on a bytes axis.
+# (t/060_exporter.pl asks a real Prometheus for each of its expressions.)
+require JSON::PP;
+my $dashboard = eval { JSON::PP->new->decode(slurp_file("$dir/dashboard.json")) };
+ok($dashboard, 'dashboard.json is valid JSON') or diag($@);
+$dashboard //= { panels => [] };
+my @targets = map { @{ $_->{targets} // [] } } @{ $dashboard->{panels} };
+my %in_dashboard = map { $_ => 1 } map { $_->{expr} =~ /\b(gatekeeper_[a-z_]+)/g } @targets;
+ok(scalar(keys %in_dashboard) >= 10, 'dashboard.json names gatekeeper series');
+@unknown = grep { !$served{$_} } sort keys %in_dashboard;
+is_deeply(\@unknown, [], 'every series dashboard.json names is served by queries.yaml');
+
+my ($server_var) = grep { $_->{name} eq 'server' } @{ $dashboard->{templating}{list} // [] };
+ok($server_var && $server_var->{type} eq 'query' && $server_var->{query} =~ /label_values\(gatekeeper_\w+, *server\)/
+	  && $server_var->{includeAll} && $server_var->{multi},
+	'dashboard.json has a per-server selector (all, one or several servers)');
+my @unfiltered = grep { /\bgatekeeper_[a-z_]+(?!\{server=~"\$server"\})(?=[^a-z_{]|$)/ } map { $_->{expr} } @targets;
+is_deeply(\@unfiltered, [], 'every series of every panel is filtered by the selected servers');
+
+my @eta = grep {
+	my $p = $_;
+	grep { $_->{expr} =~ /gatekeeper_queue_eta_seconds/ } @{ $p->{targets} // [] }
+} @{ $dashboard->{panels} };
+ok(@eta == 1 && $eta[0]{fieldConfig}{defaults}{unit} eq 's', 'dashboard.json has an ETA panel, in seconds');
+
+# a panel in bytes draws its other series (counts, rates) on an axis of their own
+my @on_bytes;
+foreach my $p (grep { ($_->{fieldConfig}{defaults}{unit} // '') eq 'bytes' } @{ $dashboard->{panels} })
+{
+	foreach my $t (grep { $_->{expr} !~ /_bytes\b/ } @{ $p->{targets} })
+	{
+		my ($own) = grep {
+			($_->{matcher}{id} // '') eq 'byName' && $_->{matcher}{options} eq ($t->{legendFormat} // '')
+		} @{ $p->{fieldConfig}{overrides} // [] };
+		my %props = map { $_->{id} => $_->{value} } @{ $own ? $own->{properties} : [] };
+		push @on_bytes, "$p->{title}: $t->{expr}"
+		  unless $props{unit} && $props{unit} ne 'bytes' && $props{'custom.axisPlacement'};
+	}
+}
+is_deeply(\@on_bytes, [], 'no count or rate is drawn on a bytes axis');
 
 done_testing();

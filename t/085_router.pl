@@ -250,9 +250,9 @@ is( $router->safe_psql('postgres',
 # status of a sent mail, by the id its Message-ID carries
 my ($some_rcpt, $some_id) = @{ $pairs[0] };
 my $owner = shard_of($some_rcpt);
-is($router->safe_psql('postgres', "SELECT id, queue, state, message_id FROM gatekeeper.status($some_id)"),
+is($router->safe_psql('postgres', "SELECT id, queue, state, message_id, attempt, uncharged FROM gatekeeper.status($some_id)"),
 	$shards[$owner]->safe_psql('postgres',
-		"SELECT id, queue, state, message_id FROM gatekeeper.status($some_id)"),
+		"SELECT id, queue, state, message_id, attempt, uncharged FROM gatekeeper.status($some_id)"),
 	'status through the router is the owning shard\'s');
 is($router->safe_psql('postgres', "SELECT state FROM gatekeeper.status($some_id)"),
 	'sent', 'status: sent');
