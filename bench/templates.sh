@@ -30,7 +30,8 @@
 # scheduled or claimed) and the worker's CPU per mail (utime + stime of
 # the gatekeeper processes, /proc/<pid>/stat).  Then (c) render() calls/s
 # from one backend: SELECT count(*) over MAILS rows of gatekeeper.render
-# of that template.  Prints each run and the medians with the ratios.
+# of that template, as is, with jit off, and of the renderer alone
+# (gatekeeper._render).  Prints each run and the medians with the ratios.
 # Bounded: a delivery waits at most 600 s; everything started is stopped
 # on exit.
 set -euo pipefail
@@ -237,13 +238,25 @@ for run in $(seq 1 "$RUNS"); do
 	done
 done
 
-# (c) render() from one backend
+# (c) render() from one backend: as a user calls it (the server's
+# defaults: the planner takes render() for 1,000 rows a call, and JIT
+# compiles the query), with jit off, and the renderer alone
+# (gatekeeper._render, which render() calls after reading the template's
+# row; the parts given as read once, so only the rendering counts)
 : >"$WORK/render.tsv"
+RENDER="SELECT count(*) FROM campaign c, gatekeeper.render('autumn', c.data) r WHERE r.html IS NOT NULL"
+RENDER_C="SELECT count(*) FROM (SELECT * FROM gatekeeper.template WHERE name = 'autumn') t,
+	campaign c, gatekeeper._render(t.name, t.version, t.subject, t.body, t.html, t.headers, c.data) r
+	WHERE r.html IS NOT NULL"
 for run in $(seq 1 "$RUNS"); do
-	s0=0
-	s1=$(timed "SELECT count(*) FROM campaign c, gatekeeper.render('autumn', c.data) r WHERE r.html IS NOT NULL")
-	perl -e 'printf "%.0f\n", $ARGV[0] / ($ARGV[2] - $ARGV[1])' "$N" "$s0" "$s1" | tee -a "$WORK/render.tsv" |
-		sed 's/^/render() calls\/s, one backend: /'
+	for what in render render_nojit render_c; do
+		case $what in
+			render) s1=$(timed "$RENDER") ;;
+			render_nojit) s1=$(timed "SET jit = off; $RENDER") ;;
+			render_c) s1=$(timed "SET jit = off; $RENDER_C") ;;
+		esac
+		perl -e 'printf "%s\t%.0f\n", $ARGV[0], $ARGV[1] / $ARGV[2]' "$what" "$N" "$s1" | tee -a "$WORK/render.tsv"
+	done
 done
 # the same rows without render(): what the scan and jsonb_build_object cost
 s0=0
@@ -251,11 +264,12 @@ s1=$(timed "SELECT count(*) FROM campaign c WHERE c.data IS NOT NULL")
 perl -e 'printf "(the same scan without render(): %.0f rows/s)\n", $ARGV[0] / ($ARGV[2] - $ARGV[1])' "$N" "$s0" "$s1"
 
 perl -e '
-	my (%v, @render);
+	my %v;
 	open my $f, "<", $ARGV[0] or die;
 	while (<$f>) { chomp; my @c = split /\t/; push @{ $v{$c[0]}[$_] }, $c[$_] for 2 .. 9; }
+	my %render;
 	open my $g, "<", $ARGV[1] or die;
-	chomp(@render = <$g>);
+	while (<$g>) { chomp; my @c = split /\t/; push @{ $render{$c[0]} }, $c[1]; }
 	sub med { my @s = sort { $a <=> $b } @_; return $s[$#s / 2]; }
 	my @names = (undef, undef, "enqueue/s", "heap", "toast", "indexes", "wal", "stored", "delivered/s", "worker_us/mail");
 	printf "\nmedians of %d runs, %d mails each\n", scalar @{ $v{templated}[2] }, $ARGV[2];
@@ -264,7 +278,8 @@ perl -e '
 		printf "%-16s templated %12s  rendered %12s  ratio %s\n", $names[$i], $t, $r,
 			$r > 0 ? sprintf("%.3f", $t / $r) : "n/a";
 	}
-	printf "%-16s %s\n", "render()/s", med(@render);
+	printf "%-16s %s (jit off: %s; the renderer alone, gatekeeper._render: %s)\n", "render()/s",
+		med(@{ $render{render} }), med(@{ $render{render_nojit} }), med(@{ $render{render_c} });
 	my $tw = med(@{ $v{templated}[9] }) - med(@{ $v{rendered}[9] });
 	printf "worker CPU for rendering: %.1f us a mail (templated minus rendered)\n", $tw;
 ' "$WORK/runs.tsv" "$WORK/render.tsv" "$N"
