@@ -28,7 +28,9 @@
 # before and after), (d) the delivery rate to smtp-sink (the queue was
 # paused while loading; from resume until queue_stats shows nothing
 # scheduled or claimed) and the worker's CPU per mail (utime + stime of
-# the gatekeeper processes, /proc/<pid>/stat).  Then (c) render() calls/s
+# the gatekeeper processes, /proc/<pid>/stat) and their private memory
+# (RssAnon, /proc/<pid>/status, the most seen while delivering).  Then
+# (c) render() calls/s
 # from one backend: SELECT count(*) over MAILS rows of gatekeeper.render
 # of that template, as is, with jit off, and of the renderer alone
 # (gatekeeper._render).  Prints each run and the medians with the ratios.
@@ -188,10 +190,20 @@ timed() {
 	psqlq -c '\timing on' -c "$1" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | awk '{ printf "%.6f\n", $1 / 1000 }'
 }
 
+# rss_anon_kb: the gatekeeper processes' private memory (RssAnon), kB
+rss_anon_kb() {
+	local p t=0 v
+	for p in $PIDS; do
+		v=$(awk '/^RssAnon:/ { print $2 }' "/proc/$p/status")
+		t=$((t + ${v:-0}))
+	done
+	echo "$t"
+}
+
 # one_run KIND RUN: enqueue the campaign KIND (templated, rendered) into
 # a paused queue of its own, then deliver it; prints one tab-separated line
 one_run() {
-	local kind=$1 run=$2 q="${1}_$2" ins h0 t0 i0 h1 t1 i1 l0 l1 s0 s1 c0 c1 d0 d1 left
+	local kind=$1 run=$2 q="${1}_$2" ins h0 t0 i0 h1 t1 i1 l0 l1 s0 s1 c0 c1 d0 d1 left rss mem=0
 	sql "SELECT gatekeeper.create_queue('$q'); SELECT gatekeeper.pause('$q')" >/dev/null
 	if [ "$kind" = templated ]; then
 		ins="INSERT INTO gatekeeper.mail (recipient, queue, template, data)
@@ -214,6 +226,8 @@ one_run() {
 	for _ in $(seq 1 6000); do
 		left=$(sql "SELECT scheduled + claimed FROM gatekeeper.queue_stats WHERE queue = '$q'")
 		[ "$left" = 0 ] && break
+		rss=$(rss_anon_kb)
+		[ "$rss" -gt "$mem" ] && mem=$rss
 		sleep 0.1
 	done
 	d1=$(date +%s.%N)
@@ -223,14 +237,14 @@ one_run() {
 		gk_die "$q: not every mail was sent: $(sql "SELECT * FROM gatekeeper.queue_stats WHERE queue = '$q'")"
 	wal=$(sql "SELECT pg_wal_lsn_diff('$l1', '$l0')::bigint")
 	perl -e '
-		my ($kind, $run, $n, $s0, $s1, $h, $t, $i, $wal, $d0, $d1, $c) = @ARGV;
-		printf "%s\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%.0f\t%.1f\n", $kind, $run, $n / ($s1 - $s0),
-			$h, $t, $i, $wal, $h + $t + $i + $wal, $n / ($d1 - $d0), $c / $n;' \
-		"$kind" "$run" "$N" "$s0" "$s1" "$((h1 - h0))" "$((t1 - t0))" "$((i1 - i0))" "$wal" "$d0" "$d1" "$((c1 - c0))"
+		my ($kind, $run, $n, $s0, $s1, $h, $t, $i, $wal, $d0, $d1, $c, $mem) = @ARGV;
+		printf "%s\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%.0f\t%.1f\t%d\n", $kind, $run, $n / ($s1 - $s0),
+			$h, $t, $i, $wal, $h + $t + $i + $wal, $n / ($d1 - $d0), $c / $n, $mem;' \
+		"$kind" "$run" "$N" "$s0" "$s1" "$((h1 - h0))" "$((t1 - t0))" "$((i1 - i0))" "$wal" "$d0" "$d1" "$((c1 - c0))" "$mem"
 }
 
 : >"$WORK/runs.tsv"
-printf 'kind\trun\tenqueue/s\theap\ttoast\tindexes\twal\tstored\tdelivered/s\tworker_us/mail\n'
+printf 'kind\trun\tenqueue/s\theap\ttoast\tindexes\twal\tstored\tdelivered/s\tworker_us/mail\tworker_rss_anon_kB\n'
 for run in $(seq 1 "$RUNS"); do
 	if [ $((run % 2)) = 1 ]; then order="templated rendered"; else order="rendered templated"; fi
 	for kind in $order; do
@@ -266,14 +280,15 @@ perl -e 'printf "(the same scan without render(): %.0f rows/s)\n", $ARGV[0] / ($
 perl -e '
 	my %v;
 	open my $f, "<", $ARGV[0] or die;
-	while (<$f>) { chomp; my @c = split /\t/; push @{ $v{$c[0]}[$_] }, $c[$_] for 2 .. 9; }
+	while (<$f>) { chomp; my @c = split /\t/; push @{ $v{$c[0]}[$_] }, $c[$_] for 2 .. 10; }
 	my %render;
 	open my $g, "<", $ARGV[1] or die;
 	while (<$g>) { chomp; my @c = split /\t/; push @{ $render{$c[0]} }, $c[1]; }
 	sub med { my @s = sort { $a <=> $b } @_; return $s[$#s / 2]; }
-	my @names = (undef, undef, "enqueue/s", "heap", "toast", "indexes", "wal", "stored", "delivered/s", "worker_us/mail");
+	my @names = (undef, undef, "enqueue/s", "heap", "toast", "indexes", "wal", "stored", "delivered/s", "worker_us/mail",
+				 "worker_kB_max");
 	printf "\nmedians of %d runs, %d mails each\n", scalar @{ $v{templated}[2] }, $ARGV[2];
-	for my $i (2 .. 9) {
+	for my $i (2 .. 10) {
 		my ($t, $r) = (med(@{ $v{templated}[$i] }), med(@{ $v{rendered}[$i] }));
 		printf "%-16s templated %12s  rendered %12s  ratio %s\n", $names[$i], $t, $r,
 			$r > 0 ? sprintf("%.3f", $t / $r) : "n/a";
