@@ -17,6 +17,11 @@
 #   receipts             for orders, in the orders' own transactions
 #                        (INSERT ... SELECT and gatekeeper.enqueue), no gates
 #
+# Each campaign is one template (gatekeeper.create_template) and one narrow
+# row per customer: the customer's first name and three recommended
+# products, as JSON; the worker renders each mail as it sends it, and the
+# checks read every promotional message the relay received for the name
+# and the products of its own recipient.
 # The three campaigns share the smart_sending gate: however they overlap and
 # however they race, each customer gets one promotional mail.  Their queues
 # have an unsubscribe_url, so every promotional mail carries RFC 8058
@@ -252,6 +257,33 @@ INSERT INTO shop.customer
 SELECT g, format('customer%s@example.com', g),
 	   (ARRAY['Ada', 'Grace', 'Linus', 'Margaret', 'Ken', 'Barbara', 'Zoë'])[1 + g % 7]
   FROM generate_series(1, :n) g;
+-- What the shop recommends to each customer: three of its products.
+CREATE TABLE shop.product (
+	id			int PRIMARY KEY,
+	name		text NOT NULL,
+	price		numeric(10, 2) NOT NULL
+);
+INSERT INTO shop.product VALUES
+	(1, 'Wool scarf', 29), (2, 'Salt & pepper mills', 24.5), (3, 'Rain jacket', 89),
+	(4, 'Teapot "Earl"', 35), (5, 'Hiking boots', 120), (6, 'Desk lamp', 45.9),
+	(7, 'Cast iron pan', 52), (8, 'Board game <Carcassonne>', 33), (9, 'Yoga mat', 25),
+	(10, 'Espresso cups (set of 4)', 19.99), (11, 'Winter gloves', 22), (12, 'Café crème beans', 14.5);
+CREATE TABLE shop.recommendation AS
+SELECT customer, product, rank
+  FROM (SELECT c.id AS customer, p.id AS product,
+			   row_number() OVER (PARTITION BY c.id
+								  ORDER BY hashtext(c.id || ':' || p.id), p.id) AS rank
+		  FROM shop.customer c CROSS JOIN shop.product p) r
+ WHERE rank <= 3;
+-- a campaign's data: the first name and the recommended products, in order
+CREATE VIEW shop.campaign_data AS
+SELECT c.id, c.email, jsonb_build_object('first_name', c.first_name, 'products', r.products) AS data
+  FROM shop.customer c
+  JOIN (SELECT r.customer,
+			   jsonb_agg(jsonb_build_object('name', p.name, 'price', p.price) ORDER BY r.rank) AS products
+		  FROM shop.recommendation r JOIN shop.product p ON p.id = r.product
+		 GROUP BY r.customer) r ON r.customer = c.id;
+
 CREATE TABLE shop.orders (
 	id			bigint GENERATED ALWAYS AS IDENTITY (START 100001) PRIMARY KEY,
 	customer	int NOT NULL REFERENCES shop.customer,
@@ -268,22 +300,36 @@ SELECT gatekeeper.create_queue(q, gates => '{smart_sending}',
 							   unsubscribe_url => 'https://shop.example.com/unsubscribe/{token}')
   FROM unnest(ARRAY['promo_black_friday', 'promo_new_arrivals', 'promo_winback']) AS q \g /dev/null
 SELECT gatekeeper.create_queue('receipts', weight => 10) \g /dev/null
+
+-- One template per campaign: the customer's first name and a list of the
+-- products recommended to them ({{#products}}...{{/products}}), in the
+-- subject, the text and the html (where the values are HTML-escaped).
+SELECT gatekeeper.create_template('black_friday',
+	subject => 'Black Friday — 40 % off everything',
+	body => E'Hi {{first_name}},\n\nEverything is 40 % off until Monday. Picked for you:\n{{#products}}\n- {{name}}: {{price}} EUR\n{{/products}}\n\nThe Shop',
+	html => '<h1>Black Friday</h1><p>Hi {{first_name}}, everything is <b>40 % off</b> until Monday.</p><ul>{{#products}}<li>{{name}}: {{price}} EUR</li>{{/products}}</ul>',
+	headers => '{"X-Campaign": "promo_black_friday", "X-Template": "black_friday"}') \g /dev/null
+SELECT gatekeeper.create_template('new_arrivals',
+	subject => 'New arrivals: the winter collection',
+	body => E'Hi {{first_name}},\n\nThe winter collection is in. Picked for you:\n{{#products}}\n- {{name}}: {{price}} EUR\n{{/products}}\n\nThe Shop',
+	headers => '{"X-Campaign": "promo_new_arrivals", "X-Template": "new_arrivals"}') \g /dev/null
+SELECT gatekeeper.create_template('winback',
+	subject => '{{first_name}}, we miss you',
+	body => E'Hi {{first_name}},\n\nHere is 15 % off your next order. Picked for you:\n{{#products}}\n- {{name}}: {{price}} EUR\n{{/products}}\n\nThe Shop',
+	headers => '{"X-Campaign": "promo_winback", "X-Template": "winback"}') \g /dev/null
 SQL
 
-# Campaign A arrives as an export from the marketing tool: COPY, streamed.
-awk -v n="$N" 'BEGIN {
-	split("Ada Grace Linus Margaret Ken Barbara Zoë", names, " ")
-	for (i = 1; i <= n; i++)
-		printf "customer%d@example.com,Black Friday — 40 %% off everything,\"Hi %s,\n\nEverything is 40 %% off until Monday.\n\nThe Shop\",\"<h1>Black Friday</h1><p>Hi %s, everything is <b>40 %% off</b> until Monday.</p>\",promo_black_friday,\"{\"\"X-Campaign\"\": \"\"promo_black_friday\"\"}\"\n", i, names[1 + i % 7], names[1 + i % 7]
-}' | q -c "COPY gatekeeper.mail (recipient, subject, body, html, queue, headers) FROM STDIN WITH (FORMAT csv)"
+# Campaign A arrives as an export (recipient and data, one CSV line per
+# customer): COPY, streamed, naming the template.
+q -c "COPY (SELECT email, 'promo_black_friday', 'black_friday', data FROM shop.campaign_data ORDER BY id)
+	  TO STDOUT WITH (FORMAT csv)" |
+	q -c "COPY gatekeeper.mail (recipient, queue, template, data) FROM STDIN WITH (FORMAT csv)"
 
 q -v n="$N" <<'SQL'
 -- Campaign B, to three customers in five, due now.
-INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers)
-SELECT email, 'New arrivals: the winter collection',
-	   format(E'Hi %s,\n\nThe winter collection is in.\n\nThe Shop', first_name),
-	   'promo_new_arrivals', '{"X-Campaign": "promo_new_arrivals"}'
-  FROM shop.customer
+INSERT INTO gatekeeper.mail (recipient, queue, template, data)
+SELECT email, 'promo_new_arrivals', 'new_arrivals', data
+  FROM shop.campaign_data
  WHERE id % 5 IN (0, 1, 2);
 
 -- Orders placed now, each with its receipt in the same transaction: a
@@ -351,11 +397,9 @@ SQL
 q -v n="$N" <<'SQL'
 -- Scheduled a few seconds ahead: campaign C to two customers in five
 -- (overlapping B), and shipping notices.
-INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers, send_at)
-SELECT email, format('%s, we miss you', first_name),
-	   format(E'Hi %s,\n\nHere is 15 %% off your next order.\n\nThe Shop', first_name),
-	   'promo_winback', '{"X-Campaign": "promo_winback"}', now() + interval '5 seconds'
-  FROM shop.customer
+INSERT INTO gatekeeper.mail (recipient, queue, template, data, send_at)
+SELECT email, 'promo_winback', 'winback', data, now() + interval '5 seconds'
+  FROM shop.campaign_data
  WHERE id % 5 IN (2, 3);
 
 INSERT INTO gatekeeper.mail (recipient, subject, body, queue, headers, send_at)
@@ -531,7 +575,7 @@ printf '\n==================== a hard bounce and an unsubscribe: gatekeeper ====
 q -P footer=off -c "SELECT address, coalesce(queue, '(every queue)') AS queue, reason, detail, mail_id
 	FROM gatekeeper.suppression ORDER BY created_at"
 q -P footer=off -v bounced="$BOUNCED" -v unsub="$UNSUB" -v newcomer="$NEWCOMER" <<'SQL'
-SELECT recipient, queue, subject, state, last_error
+SELECT recipient, queue, coalesce(subject, 'template ' || template) AS subject, state, last_error
   FROM gatekeeper.mail_status
  WHERE lower(recipient) IN (:'bounced', :'unsub', :'newcomer')
  ORDER BY recipient, id;
@@ -567,6 +611,59 @@ SELECT (SELECT string_agg(DISTINCT state::text, ',' ORDER BY state::text) FROM g
 		 WHERE recipient = :'newcomer' AND subject = 'Black Friday: the last hours');
 SQL
 )
+
+# ------------------------------------------------------------ personalised
+# Every message the relay received from a template (its X-Template
+# header, which the templates add), its text part decoded
+# (quoted-printable, UTF-8): the recipient, the template, the name after
+# "Hi" and the products listed; then compared, in the database, with what
+# the shop holds for that recipient.
+/usr/bin/python3 - "$MAILDIR" >"$WORK/personal.tsv" <<'PY'
+import email, os, re, sys
+d = sys.argv[1]
+for f in sorted(os.listdir(d)):
+	with open(os.path.join(d, f), 'rb') as fh:
+		m = email.message_from_binary_file(fh)
+	template = str(m.get('X-Template', '')).strip()
+	if not template:
+		continue
+	rcpt = str(m.get('X-Rcpt-Args', '')).split(' ')[0].strip('<>').lower()
+	text = ''
+	for part in m.walk():
+		if part.get_content_type() == 'text/plain':
+			text = part.get_payload(decode=True).decode(part.get_content_charset() or 'utf-8')
+			break
+	text = text.replace('\r\n', '\n')
+	hi = re.search(r'^Hi (.*),$', text, re.M)
+	products = re.findall(r'^- (.*): [0-9.]+ EUR$', text, re.M)
+	print('\t'.join([rcpt, template, hi.group(1) if hi else '', '|'.join(products)]))
+PY
+q -c "CREATE TABLE shop.received (recipient text, template text, first_name text, products text)"
+q -c "COPY shop.received FROM STDIN" <"$WORK/personal.tsv"
+read -r PERSONAL_N PERSONAL_BAD < <(q -At -F ' ' -c "
+	SELECT count(*), count(*) FILTER (WHERE e.email IS NULL OR r.first_name IS DISTINCT FROM e.first_name
+											OR r.products IS DISTINCT FROM e.products)
+	  FROM shop.received r
+	  LEFT JOIN (SELECT c.email, c.first_name, string_agg(p.name, '|' ORDER BY x.rank) AS products
+				   FROM shop.customer c
+				   JOIN shop.recommendation x ON x.customer = c.id
+				   JOIN shop.product p ON p.id = x.product
+				  GROUP BY c.email, c.first_name) e ON e.email = r.recipient")
+PERSONAL_NAMES=$(q1 "SELECT count(DISTINCT first_name) FROM shop.received")
+PERSONAL_LISTS=$(q1 "SELECT count(DISTINCT products) FROM shop.received")
+# the mails gatekeeper sent from a template, by gatekeeper.events
+TEMPLATED_SENT=$(q1 "SELECT count(*) FROM gatekeeper.events WHERE event = 'sent' AND template IS NOT NULL")
+printf '\n==================== personalised: what the relay received ====================\n'
+for r in customer6@example.com customer7@example.com; do
+	printf '  %s:\n' "$r"
+	awk -F '\t' -v r="$r" '$1 == r { printf "    %s: Hi %s; picked for you: %s\n", $2, $3, $4 }' "$WORK/personal.tsv"
+done
+printf '  %s messages rendered from a template read (gatekeeper sent %s): %s first names, %s different product lists, %s not their own customer'"'"'s\n' \
+	"$PERSONAL_N" "$TEMPLATED_SENT" "$PERSONAL_NAMES" "$PERSONAL_LISTS" "$PERSONAL_BAD"
+printf '\n==================== by template: gatekeeper.events ====================\n'
+q -P footer=off -c "SELECT coalesce(template, '(none)') AS template,
+	count(*) FILTER (WHERE event = 'sent') AS sent, count(*) FILTER (WHERE event = 'bounced') AS bounced
+	FROM gatekeeper.events GROUP BY template ORDER BY template"
 
 # ------------------------------------------------------------ checks
 read -r SENT_DB LIVE_DB BAD_DB FAILED_DB < <(q -At -F ' ' -c "
@@ -620,6 +717,8 @@ check [ "$RECEIPTS_RCVD" -eq "$RECEIPTS" ] -- \
 	"every committed receipt arrived ($RECEIPTS_RCVD of $RECEIPTS)"
 check all '[ "$DUP_IDS" -eq 0 ]' '[ "$NO_IDS" -eq 0 ]' -- \
 	"every message has its own Message-ID ($DUP_IDS duplicates, $NO_IDS missing)"
+check all '[ "$PERSONAL_N" -eq "$TEMPLATED_SENT" ]' '[ "$PERSONAL_N" -gt 0 ]' '[ "$PERSONAL_BAD" -eq 0 ]' -- \
+	"templates: every message sent from a template shows its own customer's first name and recommended products ($PERSONAL_N received of $TEMPLATED_SENT sent, $PERSONAL_BAD wrong)"
 check [ "$RETRY" = "one mail" ] -- "a retried checkout with a dedupe key made one mail ($RETRY)"
 check [ "$ROLLED_BACK" = 0 ] -- "a rolled-back checkout left no mail ($ROLLED_BACK)"
 

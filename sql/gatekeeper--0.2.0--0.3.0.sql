@@ -2529,6 +2529,28 @@ END
 $$;
 
 /*
+ * Issue 48, A/B: gatekeeper.events names each mail's template (from
+ * gatekeeper.mail, by the mail's id and segment, as its recipient), so a
+ * queue's outcomes can be grouped by template.  queue_stats' totals are
+ * per queue in shared memory and stay so: docs/reference.md gives the
+ * query over events.
+ */
+CREATE OR REPLACE VIEW gatekeeper.events AS
+SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
+	   e.event, e.status, e.detail, e.source, e.at, e.reason, m.template
+  FROM gatekeeper.event_log e
+  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
+UNION ALL
+SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
+	   d.finished_at, NULL::text, m.template
+  FROM gatekeeper.mail_done d
+  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
+ WHERE d.state = 'sent';
+
+COMMENT ON VIEW gatekeeper.events IS
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed; template is the template the mail was rendered from (NULL for a mail enqueued with its own subject and body), to group a campaign''s outcomes by template';
+
+/*
  * Last, always: give the remembered roles what their uses need of the
  * functions this update added or replaced.  Keep this the script's end.
  */

@@ -2484,18 +2484,18 @@ COMMENT ON VIEW gatekeeper.queue_stats IS
 -- id (NULL): it is no row of event_log; the mail and its finish name it.
 CREATE VIEW gatekeeper.events AS
 SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
-	   e.event, e.status, e.detail, e.source, e.at, e.reason
+	   e.event, e.status, e.detail, e.source, e.at, e.reason, m.template
   FROM gatekeeper.event_log e
   LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
 UNION ALL
 SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
-	   d.finished_at, NULL::text
+	   d.finished_at, NULL::text, m.template
   FROM gatekeeper.mail_done d
   LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
  WHERE d.state = 'sent';
 
 COMMENT ON VIEW gatekeeper.events IS
-	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed';
+	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed; template is the template the mail was rendered from (NULL for a mail enqueued with its own subject and body), to group a campaign''s outcomes by template';
 
 -- the reports ingest_report and record_event took since the server started
 -- (or reset_stats()): recorded (at least one row written) and ignored
