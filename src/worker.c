@@ -263,6 +263,9 @@ static char *smtp_url_seen = NULL;
  */
 static char held_why[256];
 
+/* the last claim left due mail it wanted: a queue's rate_limit holds it */
+static bool rate_held = false;
+
 /* what gatekeeper.worker_status shows of this worker */
 static GatekeeperWorkerStatus status;
 
@@ -715,6 +718,14 @@ claim(bool woken)
 				   &next_due, &have_next_due);
 
 	now = GetCurrentTimestamp();
+
+	/*
+	 * Due mail the claim could not take, although it wanted more: a queue's
+	 * rate_limit holds it (paused queues' mail is never due here, and
+	 * gated or windowed mail is moved to later).  worker_status says so
+	 * rather than "idle" while the worker waits for the next tokens.
+	 */
+	rate_held = n >= 0 && n < want && have_next_due && next_due <= now;
 	if (n < 0)
 		next_claim_at = Max(claim_trouble.retry_at, record_trouble.retry_at);
 	else if (n >= want)
@@ -1037,6 +1048,8 @@ report(const char *state)
 			state = announce_why;
 		else if (nlive > 0)
 			state = "delivering";
+		else if (rate_held)
+			state = "throttled: a queue's rate_limit holds its due mail";
 		else
 			state = "idle";
 	}

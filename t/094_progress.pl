@@ -53,6 +53,22 @@ cmp_ok($rate, '>', 0, "while draining: rate $rate > 0");
 cmp_ok($rate, '<=', 100, 'the rate is near the rate limit of 40 (a second\'s burst, over the seconds since the server started: at most 100)');
 is($eta_ok, 't', 'eta is the due mail at that rate');
 
+# while due mail waits for the queue's rate_limit, worker_status says the
+# worker is throttled, never idle (issue 47, item 4: it read idle in 9 of 11
+# samples): sampled while the campaign still has due mail
+my %states;
+foreach (1 .. 20)
+{
+	my ($due, $state) = split /\|/, $node->safe_psql('postgres',
+		"SELECT q.due, w.state FROM gatekeeper.queue_stats q, gatekeeper.worker_status w WHERE q.queue = 'campaign'");
+	$states{$state}++ if $due > 0;
+	select(undef, undef, undef, 0.1);
+}
+note('worker_status states while due mail waited: ' . join(', ', map { "$_ ($states{$_})" } sort keys %states));
+ok(!$states{idle}, 'while the rate_limit holds due mail the worker is never shown idle');
+cmp_ok($states{"throttled: a queue's rate_limit holds its due mail"} // 0, '>', 0,
+	'... it is shown throttled by the rate_limit');
+
 ok( GatekeeperTest::wait_for(
 		sub {
 			$node->safe_psql('postgres',
