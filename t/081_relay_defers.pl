@@ -11,8 +11,8 @@
 #     it; worker_status has the first relay's last reply, and the log one
 #     line when it was given up.
 #  2. One relay, throttling ("454 4.7.0 Throttling failure", SES's words)
-#     for longer than the old attempt budget (5 attempts from a 1 s
-#     retry_delay: about 15 s): no mail fails or is charged, the worker
+#     for longer than the old attempt budget (5 attempts from a 500 ms
+#     retry_delay: at most 7.5 s): no mail fails or is charged, the worker
 #     says "throttled"; the relay recovers and every mail goes, once, with
 #     a log line that the relay takes mail again.
 
@@ -31,7 +31,7 @@ my $node = GatekeeperTest::new_node(
 	'relay_defers',
 	smtp_url => '',
 	conf => "gatekeeper.smtp_connections = 2\n"
-	  . "gatekeeper.retry_delay = '1s'\n");
+	  . "gatekeeper.retry_delay = '500ms'\n");
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION gatekeeper');
 
@@ -135,11 +135,12 @@ my $range2 = enqueue('throttled', $n2);
 ok( GatekeeperTest::poll_until(
 		$node, 'postgres', 'SELECT DISTINCT state FROM gatekeeper.worker_status', 'throttled', 60),
 	'one relay: the worker says it is throttled');
-# longer than five attempts from a 1 s retry_delay would take
-sleep 20;
+# longer than five attempts from a 500 ms retry_delay would take (at most
+# 0.5 + 1 + 2 + 4 s of backoff)
+sleep 12;
 is($node->safe_psql('postgres',
 		"SELECT count(*) FILTER (WHERE state = 'failed') || ',' || coalesce(max(attempt - uncharged), 0) FROM gatekeeper.mail_status WHERE $range2"),
-	'0,0', 'one relay throttling for 20 s: no mail failed, none charged an attempt');
+	'0,0', 'one relay throttling for 12 s: no mail failed, none charged an attempt');
 cmp_ok(scalar(grep { $_->{event} eq 'deferred' } GatekeeperTest::relay_events($throttled)),
 	'>=', 6, 'one relay: the worker kept trying the relay');
 like( $node->safe_psql('postgres', 'SELECT relay || \' \' || last_reply FROM gatekeeper.worker_status'),
