@@ -296,7 +296,7 @@ static void claim_failed(ErrorData *error);
 static void take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due);
 static char *copy_text(Datum *values, bool *nulls, int column, bool json);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
-static void hold_mail(const char *why);
+static void hold_mail(void);
 static void hand_back_pending(const char *error);
 static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
@@ -594,31 +594,29 @@ check_settings(void)
 		}
 	}
 	if (held_why[0] != '\0')
-		hold_mail(held_why);
+		hold_mail();
 }
 
 /*
- * hold_mail: deliver nothing until the next reload, because of why (the
- * DKIM keys cannot be used); the claimed mail not yet on the wire goes
+ * hold_mail: deliver nothing until the next reload, because of held_why
+ * (the DKIM keys cannot be used); the claimed mail not yet on the wire goes
  * back uncharged (it would otherwise go unsigned), and worker_status says
  * why, as every relay's last_error.  Signing is the worker's own part: no
  * mail fails, and no relay's breaker opens, for a key it cannot use.
  */
 static void
-hold_mail(const char *why)
+hold_mail(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	int			i;
 
 	smtp_enabled = false;
-	if (why != held_why)
-		strlcpy(held_why, why, sizeof(held_why));
 	for (i = 0; i < status.nrelays; i++)
 	{
-		strlcpy(status.relays[i].last_error, why, sizeof(status.relays[i].last_error));
+		strlcpy(status.relays[i].last_error, held_why, sizeof(status.relays[i].last_error));
 		status.relays[i].last_error_at = now;
 	}
-	hand_back_pending(why);
+	hand_back_pending(held_why);
 }
 
 /*
