@@ -220,7 +220,7 @@ elif [ ${#TAP_FILES[@]} -eq 0 ]; then
 	gk_warn "no TAP tests (t/*.pl): nothing to run"
 	SUMMARY+=("tap           ran 0 files (none in t/)")
 	EMPTY=$((EMPTY + 1))
-elif run_suite tap "$BUILD/tap.log" REGRESS= ISOLATION=; then
+elif run_suite tap "$BUILD/tap.log" REGRESS= ISOLATION= PROVE_FLAGS=--timer; then
 	SUMMARY+=("tap           ok: $(tap_result "$BUILD/tap.log")")
 else
 	FAILED=1
@@ -229,7 +229,7 @@ else
 	# A file prove reported "ok" for is skipped.
 	for f in "${TAP_FILES[@]}"; do
 		t=$(basename "$f" .pl)
-		if grep -qE "^t/$t\.pl \.+ ok\$" "$BUILD/tap.log"; then continue; fi
+		if grep -qE "(^|\] )t/$t\.pl \.+ ok( |$)" "$BUILD/tap.log"; then continue; fi
 		for l in "$SRC/tmp_check/log/regress_log_$t" "$SRC/tmp_check/log/${t}"_*.log; do
 			if [ -f "$l" ]; then show_tail "$l" 80; fi
 		done
