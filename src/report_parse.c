@@ -360,6 +360,16 @@ walk(Span data, int depth, bool in_report, Walk *w)
 		keep_text(decode(&e), w);
 		return;
 	}
+	/*
+	 * OpenSMTPD writes its DSN as a multipart/mixed, not a
+	 * multipart/report: its delivery-status and its returned headers are
+	 * read wherever they are (their types say what they are).
+	 */
+	if (strcmp(e.type, "message/delivery-status") == 0 ||
+		strcmp(e.type, "message/global-delivery-status") == 0 ||
+		strcmp(e.type, "text/rfc822-headers") == 0 ||
+		strcmp(e.type, "message/global-headers") == 0)
+		in_report = true;
 	if (!in_report)
 	{
 		/* a complaint forwarded as the message it is about */
