@@ -167,6 +167,51 @@ gk_unpack_exim() {
 	gk_log "Exim unpacked in $GK_EXIM_ROOT (${want[*]})"
 }
 
+# gk_unpack_debs DIR PACKAGE...: the packages, and the libraries they
+# depend on that the machine lacks, downloaded (`apt-get download`) and
+# unpacked (`dpkg -x`) under DIR/root, never installed; DIR owned by
+# postgres.  Returns non-zero, saying why, when the download fails.
+gk_unpack_debs() {
+	local dir=$1 deb p dep
+	shift
+	local -a todo=("$@") want=()
+	local -A seen=()
+	while [ ${#todo[@]} -gt 0 ]; do
+		p=${todo[0]}
+		todo=("${todo[@]:1}")
+		[ -z "${seen[$p]:-}" ] || continue
+		seen[$p]=1
+		want+=("$p")
+		for dep in $(apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks \
+			--no-replaces --no-enhances "$p" 2>/dev/null | sed -n 's/^ *\(Pre\)\{0,1\}Depends: \(lib[^ <>]*\)$/\2/p'); do
+			gk_pkg_installed "$dep" || todo+=("$dep")
+		done
+	done
+	mkdir -p "$dir/debs" "$dir/root"
+	if ! (cd "$dir/debs" && apt-get download -q "${want[@]}") >"$dir/download.log" 2>&1; then
+		gk_warn "apt-get download ${want[*]} failed: $(tail -n 3 "$dir/download.log")"
+		return 1
+	fi
+	for deb in "$dir"/debs/*.deb; do
+		dpkg -x "$deb" "$dir/root" || gk_die "dpkg -x $deb failed"
+	done
+	chown -R postgres: "$dir"
+	gk_log "unpacked in $dir/root: ${want[*]}"
+}
+
+# gk_unpack_opensmtpd DIR: Debian's OpenSMTPD (opensmtpd), with
+# libnss-wrapper and libuid-wrapper (its users and their uids, for
+# t/097_reports_opensmtpd_pipe.pl, which runs it in a user namespace),
+# unpacked under DIR/root; exports GK_OPENSMTPD_ROOT.  A download that
+# fails leaves it unset (the test then skips).
+gk_unpack_opensmtpd() {
+	if gk_unpack_debs "$1" opensmtpd libnss-wrapper libuid-wrapper; then
+		export GK_OPENSMTPD_ROOT="$1/root"
+	else
+		gk_warn "OpenSMTPD not unpacked: t/097 will skip"
+	fi
+}
+
 # gk_make_workdir PREFIX: a fresh temporary directory owned by postgres and
 # readable by everyone (smtp-sink runs as postfix and writes below it).
 gk_make_workdir() {

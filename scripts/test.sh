@@ -100,6 +100,8 @@ fi
 SUMMARY+=("build         ok, no compiler warnings, installed into $("$GK_PG_CONFIG" --pkglibdir)")
 # Exim for t/093, unpacked (not installed) under the build directory
 gk_unpack_exim "$BUILD/exim"
+# OpenSMTPD for t/097, unpacked the same way
+gk_unpack_opensmtpd "$BUILD/opensmtpd"
 
 # make_var NAME: the value the Makefile gives NAME (REGRESS, ISOLATION, ...),
 # so this script runs exactly what `make installcheck` would.

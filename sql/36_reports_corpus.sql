@@ -31,6 +31,19 @@ INSERT INTO corpus VALUES ('exim_text_retry_timeout', 'Exim, plain text', 'verp'
 INSERT INTO corpus VALUES ('exim_dsn_unrouteable', 'Exim 4.96, its own failures', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
 \set m `cat test/reports/corpus/exim_dsn_mailbox_full.eml`
 INSERT INTO corpus VALUES ('exim_dsn_mailbox_full', 'Exim 4.96, its own failures', 'verp', 'bounced', 'mailbox_full', NULL, :'m');
+-- OpenSMTPD 6.8 as Debian ships it (t/097's relay wrote these): a
+-- message/delivery-status in a multipart/mixed, Status 5.0.0 (5.3.0 from
+-- its mda), its expiry as Action: delayed, 4.4.7; without a return_path
+-- the bounce goes to the mail's From and only its returned Message-ID
+-- names the mail
+\set m `cat test/reports/corpus/opensmtpd_user_unknown.eml`
+INSERT INTO corpus VALUES ('opensmtpd_user_unknown', 'OpenSMTPD 6.8', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
+\set m `cat test/reports/corpus/opensmtpd_mailbox_full.eml`
+INSERT INTO corpus VALUES ('opensmtpd_mailbox_full', 'OpenSMTPD 6.8', 'verp', 'bounced', 'mailbox_full', NULL, :'m');
+\set m `cat test/reports/corpus/opensmtpd_expired.eml`
+INSERT INTO corpus VALUES ('opensmtpd_expired', 'OpenSMTPD 6.8', 'verp', 'bounced', 'expired', NULL, :'m');
+\set m `cat test/reports/corpus/opensmtpd_no_verp_host_unknown.eml`
+INSERT INTO corpus VALUES ('opensmtpd_no_verp_host_unknown', 'OpenSMTPD 6.8', 'from', 'bounced', 'host_unknown', 'hard_bounce', :'m');
 \set m `cat test/reports/corpus/qmail_no_mailbox.eml`
 INSERT INTO corpus VALUES ('qmail_no_mailbox', 'qmail', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
 \set m `cat test/reports/corpus/qmail_remote_quota.eml`
@@ -97,6 +110,7 @@ SELECT c.file, (SELECT count(*) FROM gatekeeper.ingest_report(
 				'{{OLDMSGID}}', '<' || s.id || '.5f3a0c1d2e4b@shop.example>'),
 		CASE c.delivered_to WHEN 'verp' THEN 'bounces+' || s.token || '@bounce.shop.example'
 							WHEN 'abuse' THEN 'abuse@shop.example'
+							WHEN 'from' THEN 'shop@shop.example'
 							ELSE 'fbl-reports@shop.example' END)) AS rows
   FROM corpus c JOIN sent s USING (file);
 

@@ -1088,8 +1088,25 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 				char	   *text_line;
 
 				if (smtp_trouble_in_text(r.text, &text_status, &text_line))
+				{
 					diagnostic = report_clean(text_line, strlen(text_line));
+					/* a status of its class only gives way to the text's */
+					if (text_status != NULL && rr->status != NULL &&
+						strcmp(rr->status + 1, ".0.0") == 0 &&
+						text_status[0] == rr->status[0])
+						rr->status = report_clean(text_status, strlen(text_status));
+				}
 			}
+			/*
+			 * OpenSMTPD 6.8 reports the expiry of a mail it gave up on as
+			 * "Action: delayed", "Status: 4.4.7" and "Envelope expired":
+			 * the mail will not be delivered, which is a bounce.
+			 */
+			if (strcmp(event, "deferred") == 0 && rr->status != NULL &&
+				strcmp(rr->status, "4.4.7") == 0 && diagnostic != NULL &&
+				pg_strcasecmp(diagnostic + strlen(diagnostic) -
+							  Min(strlen(diagnostic), 16), "envelope expired") == 0)
+				event = "bounced";
 			/*
 			 * A group that names no recipient names none we sent to, unless
 			 * a token names the mail: then it is about the mail's.

@@ -10,7 +10,9 @@
  * message/global-delivery-status under RFC 6533, or
  * message/feedback-report) and the message it reports on, whole
  * (message/rfc822, message/global) or its headers (text/rfc822-headers,
- * message/global-headers).  This module walks that tree and reads the
+ * message/global-headers).  The machine-readable part and the returned
+ * headers are read wherever their types appear (OpenSMTPD writes its DSN
+ * as a multipart/mixed).  This module walks that tree and reads the
  * fields gatekeeper needs; it judges nothing (src/report.c decides which
  * mail, if any, a report names).
  *
@@ -336,7 +338,8 @@ contains_any(const char *lower, const char *const *words)
 /*
  * Visit one entity: a multipart is split and its parts visited one level
  * deeper; the parts of a report are read.  in_report: the entity is a
- * part of a multipart/report.
+ * part of a multipart/report (a delivery status and returned headers are
+ * read in any multipart).
  */
 static void
 walk(Span data, int depth, bool in_report, Walk *w)
@@ -360,6 +363,16 @@ walk(Span data, int depth, bool in_report, Walk *w)
 		keep_text(decode(&e), w);
 		return;
 	}
+	/*
+	 * OpenSMTPD writes its DSN as a multipart/mixed, not a
+	 * multipart/report: its delivery-status and its returned headers are
+	 * read wherever they are (their types say what they are).
+	 */
+	if (strcmp(e.type, "message/delivery-status") == 0 ||
+		strcmp(e.type, "message/global-delivery-status") == 0 ||
+		strcmp(e.type, "text/rfc822-headers") == 0 ||
+		strcmp(e.type, "message/global-headers") == 0)
+		in_report = true;
 	if (!in_report)
 	{
 		/* a complaint forwarded as the message it is about */
