@@ -1404,7 +1404,7 @@ DROP FUNCTION gatekeeper._window_open(text, text, timestamptz);
 /*
  * Issue 26, item 6: a COMMENT for every function a user may call (every
  * function without a leading underscore, and the internal ones grant()
- * gives a role), as docs/reference.md describes it; sql/22_comments.sql
+ * gives a role), as docs/reference.md describes it; sql/27_function_comments.sql
  * lists those without one.
  */
 COMMENT ON FUNCTION gatekeeper._segment() IS
