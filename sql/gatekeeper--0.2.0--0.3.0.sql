@@ -482,8 +482,7 @@ SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_25_q');
  * no dedupe key, as one row of mail_run for up to 128 of them (ids id ..
  * last_id)
  * instead of a row of mail_live each: their index entries were most of a
- * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
- * trigger's time goes").  A mail of a run is scheduled as if it had a
+ * bulk enqueue's cost (docs/internals.md, "Bulk enqueue").  A mail of a run is scheduled as if it had a
  * mail_live row with the columns' defaults (never attempted, no
  * Message-ID, no error).  A claim takes mails from the front of a run (id
  * moves on; the last one deletes it), in the order of mail_due; whatever
@@ -1548,7 +1547,7 @@ ALTER TABLE gatekeeper.mail_live DROP COLUMN lease_until;
 /* ---------------------------------------------------------------------------
  * Issue 26, the drain: an ack writes no 'sent' row into event_log (it
  * held nothing the mail's mail_done row does not, and cost every ack a
- * second insert and a trigger: bench/notes.md); gatekeeper.events reads
+ * second insert and a trigger: docs/internals.md, "The ack's outcome rows"); gatekeeper.events reads
  * sent events from mail_done, with a NULL id.  event_log no longer takes
  * 'sent'.  (ack itself: issue 26, item 1, below.)
  * ---------------------------------------------------------------------------
@@ -1944,8 +1943,7 @@ DROP FUNCTION gatekeeper._upgrade_grants_restore(text);
 
 -- issue 26, i-bulk: bulk enqueue.  mail_due without deduplication: its
 -- keys end in the mail's id, never equal, so the pass looking for equal
--- keys on every full page only cost inserts (bench/notes.md, "Bulk
--- enqueue against pgmq")
+-- keys on every full page only cost inserts (docs/internals.md, "Bulk enqueue")
 ALTER INDEX gatekeeper.mail_due SET (deduplicate_items = off);
 
 -- issue 26, i-enq: the enqueue path and the suppression list's writer in
@@ -1970,8 +1968,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_suppress';
 
 -- issue 26: a claimed batch's mails compress with lz4 where the server
 -- was built with it (PostgreSQL's default, pglz, was 3% of a claim at
--- batch 100: bench/notes.md, "The drain at batch 100, one claimer, on
--- this machine"); without lz4 they stay with pglz
+-- batch 100: docs/internals.md, "The claim's statements"); without lz4 they stay with pglz
 DO $$
 BEGIN
 	ALTER TABLE gatekeeper.mail_claim ALTER COLUMN mails SET COMPRESSION lz4;

@@ -331,8 +331,7 @@ ALTER TABLE gatekeeper.mail_live SET (
 
 -- no deduplication: every key ends in the mail's id, so no two are equal,
 -- and the pass that looks for equal keys on every full page was about 2%
--- of a bulk insert's work for nothing (bench/notes.md, "Bulk enqueue
--- against pgmq")
+-- of a bulk insert's work for nothing (docs/internals.md, "Bulk enqueue")
 CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id)
 	WITH (deduplicate_items = off)
 	WHERE state = 'scheduled';
@@ -345,8 +344,8 @@ CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
  * no dedupe key, as one row of mail_run for up to 128 of them (ids id ..
  * last_id)
  * instead of a row of mail_live each: their index entries were most of a
- * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
- * trigger's time goes").  A mail of a run is scheduled as if it had a
+ * bulk enqueue's cost (docs/internals.md, "Bulk enqueue").  A mail of a
+ * run is scheduled as if it had a
  * mail_live row with the columns' defaults (never attempted, no
  * Message-ID, no error).  A claim takes mails from the front of a run (id
  * moves on; the last one deletes it), in the order of mail_due; whatever
@@ -454,7 +453,7 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
  * source either: only gatekeeper's own functions write here, each with
  * its own words, and a relation's CHECK is parsed and planned again by
  * every INSERT statement (a sixth of what a record_event() call cost;
- * bench/notes.md, "Reports, profiled").
+ * docs/internals.md, "Reports").
  *
  *   event_log_bounced	bounces by address, for soft_bounce_limit
  */
@@ -508,8 +507,8 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_id_seq', '');
  * one queue's share of a claim (CLAIM_BATCH_MAILS in src/claim.c, which
  * bounds what an ack of one mail reads and rewrites): a claim moves the mails it takes out of mail_live into the
  * records of mails, so that neither the claim nor the ack writes a new
- * version of a live row per mail (bench/notes.md, "Claimed mail out of
- * mail_live").  mails is not rewritten once inserted (but by _rotate,
+ * version of a live row per mail (docs/internals.md, "Claimed mail in
+ * batches").  mails is not rewritten once inserted (but by _rotate,
  * which moves claimed mail's content to a new segment too, under a lock
  * no ack passes): a mail that leaves the batch alone (a single ack) is
  * added to gone and open falls; the batch is deleted when its last open
@@ -548,7 +547,7 @@ COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or u
 
 -- a claimed batch's mails compress with lz4 where the server was built with
 -- it (PostgreSQL's default, pglz, was 3% of a claim at batch 100:
--- bench/notes.md, "The drain at batch 100, one claimer, on this machine");
+-- docs/internals.md, "The claim's statements");
 -- without lz4 they stay with pglz
 DO $$
 BEGIN

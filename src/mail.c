@@ -175,7 +175,7 @@ static const char any_done_sql[] =
  * statement's finished ids looked up (finished_ids), then, once: asked as
  * max(id) of mail_done alone, since the min(id) of the transition table
  * was a second pass over all of it, a spilled COPY's rows read back from
- * disk (3% of a bulk COPY: bench/notes.md, "Bulk enqueue in runs").
+ * disk (3% of a bulk COPY: docs/internals.md, "Bulk enqueue").
  */
 static const char max_done_sql[] =
 "SELECT max(d.id) FROM gatekeeper.mail_done d";
