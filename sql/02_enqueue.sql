@@ -6,7 +6,7 @@ SET client_min_messages = warning;
 \i sql/error_of.inc
 
 -- enq holds a dedupe key only while its mail is unfinished ('0'; the
--- default window of 24 hours is tested in 20_dedupe_window)
+-- default window of 24 hours is tested in 21_dedupe_window)
 SELECT gatekeeper.create_queue('enq', dedupe_window => '0');
 SELECT gatekeeper.create_queue('enq_other');
 SELECT gatekeeper.create_queue('enq_window', dedupe_window => '1 hour');

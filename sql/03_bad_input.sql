@@ -91,7 +91,7 @@ SELECT a AS valid_recipient, pg_temp.try_enqueue(recipient => a) AS result
 ROLLBACK;
 
 --
--- sender addresses: the same rules (a display name is allowed: sql/12_delivery_options.sql)
+-- sender addresses: the same rules (a display name is allowed: sql/13_delivery_options.sql)
 --
 SELECT n, label, left(r, 5) AS sqlstate,
        CASE WHEN v ~ '^[ -~]{0,50}$' THEN substr(r, 8) ELSE '(long or non-ASCII input)' END AS message

@@ -1,6 +1,6 @@
 -- Privileges: nothing for PUBLIC; an enqueue-only application role, a
 -- worker role and a monitoring role get exactly what they need, with the
--- README's recipes (gatekeeper.grant(); 20_grant tests grant() itself).
+-- README's recipes (gatekeeper.grant(); 23_grant tests grant() itself).
 SET client_min_messages = warning;
 \set VERBOSITY terse
 

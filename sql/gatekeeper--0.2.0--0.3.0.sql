@@ -9,11 +9,11 @@
  */
 
 /*
- * Issue 26, i-maint: the one loop that gives back the grants a section
- * recorded before it dropped and made again what they were on (issue 25's
- * create_queue and alter_queue, issue 27 item 6's worker_status, issue
- * 28's queue_stats): the GRANT statements kept in the setting named, one
- * each, apart by chr(31).  Dropped at the end of this script.
+ * The one loop that gives back the grants a section
+ * recorded before it dropped and made again what they were on
+ * (create_queue and alter_queue, worker_status, _live_stats): the GRANT
+ * statements kept in the setting named, one each, apart by chr(31).
+ * Dropped once the last of them has run.
  */
 CREATE FUNCTION gatekeeper._upgrade_grants_restore(setting text)
 RETURNS void
@@ -31,10 +31,10 @@ END
 $$;
 
 /*
- * Issue 28: gatekeeper.grant(role, use), remembered in role_grant.
+ * gatekeeper.grant(role, use), remembered in role_grant.
  */
 /*
- * Roles given a use of gatekeeper by grant() (issue 28): 'enqueue' (an
+ * Roles given a use of gatekeeper by grant(): 'enqueue' (an
  * application that enqueues and looks its mail up), 'worker' (an external
  * sender) or 'monitor' (what postgres_exporter connects as).  Remembered so
  * that every update, which may add or replace functions, gives each role
@@ -182,7 +182,7 @@ SELECT h.grantee::regrole, r.what
    AND h.grantee <> (SELECT x.extowner FROM pg_catalog.pg_extension x WHERE x.extname = 'gatekeeper');
 
 /*
- * Issue 25, items 10 and 11: a dedupe key is held by a mail that is
+ * A dedupe key is held by a mail that is
  * scheduled or claimed, or that finished (but was not cancelled) within
  * its queue's dedupe_window, 24 hours unless the queue says otherwise;
  * '0' holds it only while the mail is unfinished, which is what a queue
@@ -470,7 +470,7 @@ REVOKE ALL ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int
 SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_25_q');
 
 /*
- * Issue 26, bulk enqueue: runs.  An INSERT or COPY writes the mails it
+ * runs.  An INSERT or COPY writes the mails it
  * enqueues with consecutive ids, one queue, priority and send_at as one
  * row of mail_run for up to 128 of them; the readers of scheduled mail
  * read runs too (drop_queue, next_due, _first_due, _live_due, _live_stats,
@@ -482,8 +482,7 @@ SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_25_q');
  * no dedupe key, as one row of mail_run for up to 128 of them (ids id ..
  * last_id)
  * instead of a row of mail_live each: their index entries were most of a
- * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
- * trigger's time goes").  A mail of a run is scheduled as if it had a
+ * bulk enqueue's cost (docs/internals.md, "Bulk enqueue").  A mail of a run is scheduled as if it had a
  * mail_live row with the columns' defaults (never attempted, no
  * Message-ID, no error).  A claim takes mails from the front of a run (id
  * moves on; the last one deletes it), in the order of mail_due; whatever
@@ -798,92 +797,7 @@ BEGIN
 END
 $$;
 
--- enqueue() is C (src/enqueue.c) that calls _enqueue and raises its errors
--- again without the context of gatekeeper's own SQL and PL/pgSQL (issue
--- 28); made here once, in that form (issue 26's i-enq section below drops
--- _enqueue: enqueue() does the work itself)
-CREATE FUNCTION gatekeeper._enqueue(recipient text, subject text, body text,
-	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
-	html text DEFAULT NULL, sender text DEFAULT NULL, headers jsonb DEFAULT NULL,
-	dedupe_key text DEFAULT NULL, priority int DEFAULT 0,
-	send_by timestamptz DEFAULT NULL, recipient_name text DEFAULT NULL,
-	metadata jsonb DEFAULT NULL, timezone text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
--- the insert below fails on a held key, and the loop returns the holder
--- (with 'skip' the trigger would take the new mail out again)
-SET gatekeeper.on_duplicate = 'error'
-AS $$
-#variable_conflict use_column
-DECLARE
-	new_id bigint;
-	q gatekeeper.queue;
-	violated text;
-BEGIN
-	IF recipient IS NULL OR subject IS NULL OR body IS NULL OR queue IS NULL OR send_at IS NULL THEN
-		RAISE EXCEPTION 'recipient, subject, body, queue and send_at must not be null'
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF priority IS NULL THEN
-		RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF dedupe_key IS NULL THEN
-		INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-									 headers, priority, send_by, recipient_name, metadata, timezone)
-		VALUES (recipient, subject, body, queue, send_at, html, sender, headers, priority, send_by,
-				recipient_name, metadata, timezone)
-		RETURNING id INTO new_id;
-		RETURN new_id;
-	END IF;
-
-	q := gatekeeper._queue(_enqueue.queue);
-	/*
-	 * The mail that holds the key wins: scheduled, claimed, or finished
-	 * (not cancelled) within the queue's dedupe window (_mail_key_held).
-	 * Otherwise insert: the trigger takes over the key's row if its mail
-	 * no longer holds it.  If a concurrent enqueue of the same key got
-	 * there first (its row holds the key in mail_key), or the holder was
-	 * seen before the transaction that changed it committed, the insert
-	 * fails on the key and the next round finds the holder.
-	 */
-	FOR round IN 1..10 LOOP
-		/*
-		 * mail_live first: an update of a mail's dedupe key (_mail_sync)
-		 * moves its live row's key, not its mail_key row.
-		 */
-		SELECT l.id INTO new_id FROM gatekeeper.mail_live l
-		 WHERE l.queue = _enqueue.queue AND l.dedupe_key = _enqueue.dedupe_key;
-		IF FOUND THEN
-			RETURN new_id;
-		END IF;
-		SELECT k.id INTO new_id FROM gatekeeper.mail_key k
-		 WHERE k.queue = _enqueue.queue AND k.dedupe_key = _enqueue.dedupe_key
-		   AND gatekeeper._mail_key_held(k.id, k.queue, k.dedupe_key);
-		IF FOUND THEN
-			RETURN new_id;
-		END IF;
-		BEGIN
-			INSERT INTO gatekeeper.mail (recipient, subject, body, queue, send_at, html, sender,
-										 headers, dedupe_key, priority, send_by, recipient_name,
-										 metadata, timezone)
-			VALUES (recipient, subject, body, queue, send_at, html, sender, headers, dedupe_key,
-					priority, send_by, recipient_name, metadata, timezone)
-			RETURNING id INTO new_id;
-			RETURN new_id;
-		EXCEPTION WHEN unique_violation THEN
-			GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-			IF violated IS NULL OR violated NOT IN ('mail_key_pkey', 'mail_dedupe') THEN
-				RAISE;
-			END IF;
-		END;
-	END LOOP;
-	RAISE EXCEPTION 'could not enqueue mail with dedupe key "%" under concurrent changes', dedupe_key
-		USING ERRCODE = 'serialization_failure';
-END
-$$;
-
--- 0.3.0 adds template and data (issue 48): a new signature, which the
+-- 0.3.0 adds template and data: a new signature, which the
 -- roles that could run 0.2.0's may run, then 0.2.0's goes
 CREATE FUNCTION gatekeeper.enqueue(recipient text, subject text, body text,
 	queue text DEFAULT 'default', send_at timestamptz DEFAULT now(),
@@ -917,22 +831,13 @@ $$;
 DROP FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
 								 timestamptz, text, jsonb, text);
 
-REVOKE ALL ON FUNCTION gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
-									   timestamptz, text, jsonb, text) FROM PUBLIC;
 
--- _rotate(), which writes a removed holder's finish time into its key's
--- row (and takes the events along), is made once, in its final form (C),
--- in issue 26, item 1's section below
-
--- _mail_sync(), which gives a scheduled mail whose key an UPDATE changes
--- the key's row (so that it holds the key once claimed and finished too),
--- is made once, in its final form (C), in issue 26, item 1's section below
 
 
 SELECT gatekeeper._mail_key_hold(NULL);
 
 /*
- * Issue 25, item 6: the background workers' claims name the server
+ * The background workers' claims name the server
  * incarnation that made them ('bgworker:<pid>@<incarnation>'), and reap()
  * takes back at once the claims of any other incarnation's workers (a
  * promoted standby, a restarted server), not after their lease.
@@ -945,17 +850,14 @@ LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_incarnation_sql';
 
--- reap() takes these claims back: made once, in its final form (C), in
--- issue 26, item 1's section below
-
 REVOKE ALL ON FUNCTION gatekeeper._incarnation() FROM PUBLIC;
 
 /* ---------------------------------------------------------------------------
- * Issue 27, item 6: DKIM signing and the queue option feedback_id.  Queues
+ * DKIM signing and the queue option feedback_id.  Queues
  * gain feedback_id (create_queue and alter_queue, made in their 0.3.0 form
- * in issue 25's section above, take it as their last argument);
+ * above, take it as their last argument);
  * worker_status gains unsigned_total, the messages built without a DKIM
- * signature, and (issue 29, item 4) relay_url, so it and _worker_status
+ * signature, and relay_url, so it and _worker_status
  * are made again, in their 0.3.0 form.  The grants on what is made again
  * are given back at the end of this section.
  * ---------------------------------------------------------------------------
@@ -1047,7 +949,7 @@ REVOKE ALL ON TABLE gatekeeper.worker_status FROM PUBLIC;
 SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_27_6');
 
 /*
- * Issue 27, items 1 to 5: VERP return path and DSN requests, ingest_report()
+ * VERP return path and DSN requests, ingest_report()
  * (DSNs, ARF reports), record_event() (webhooks), gatekeeper.events,
  * suppression by bounces and complaints (soft_bounce), queue_stats'
  * deferred, bounced and complained.  create_queue and alter_queue gain
@@ -1055,7 +957,7 @@ SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_27_6');
  */
 ALTER TABLE gatekeeper.queue ADD COLUMN return_path text;
 
--- a queue's retry budget in time (issue 45, item 1): a mail that only ever
+-- a queue's retry budget in time: a mail that only ever
 -- got 4xx replies or timeouts is not failed before retry_for has passed
 -- since its first deferral, whatever its attempts (src/mail_state.c)
 ALTER TABLE gatekeeper.queue ADD COLUMN retry_for interval NOT NULL DEFAULT interval '1 day'
@@ -1068,7 +970,7 @@ ALTER TABLE gatekeeper.suppression_list ADD CONSTRAINT suppression_list_reason_c
 	CHECK (reason IN ('hard_bounce', 'complaint', 'unsubscribe', 'manual', 'soft_bounce'));
 
 /*
- * Events (issue 27): what became of a mail once it was claimed, one row
+ * Events: what became of a mail once it was claimed, one row
  * per event: sent (the relay said 250), deferred (a 4xx, a timeout, a DSN
  * saying delayed), bounced (a 5xx, a DSN saying failed, an ESP's bounce),
  * delivered, complained (a feedback report, an ESP's complaint).  source
@@ -1109,31 +1011,6 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_2', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_3', '');
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_id_seq', '');
 
--- add a suppression entry for an address key; true when new.  An entry
--- that exists keeps its row, but takes the new reason when that stops more
--- (hard_bounce or manual over soft_bounce, unsubscribe or complaint;
--- soft_bounce over unsubscribe or complaint)
-CREATE OR REPLACE FUNCTION gatekeeper._suppress(address_key text, reason text, queue text,
-	detail text, mail_id bigint)
-RETURNS boolean
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	inserted boolean;
-BEGIN
-	INSERT INTO gatekeeper.suppression_list AS s (address, queue, reason, detail, mail_id)
-	VALUES (address_key, _suppress.queue, _suppress.reason, _suppress.detail, _suppress.mail_id)
-	ON CONFLICT ON CONSTRAINT suppression_list_address_queue DO UPDATE
-	   SET reason = EXCLUDED.reason, detail = EXCLUDED.detail, mail_id = EXCLUDED.mail_id
-	 WHERE (s.reason IN ('unsubscribe', 'complaint', 'soft_bounce')
-			AND EXCLUDED.reason IN ('hard_bounce', 'manual'))
-		OR (s.reason IN ('unsubscribe', 'complaint') AND EXCLUDED.reason = 'soft_bounce')
-	RETURNING (xmax = 0) INTO inserted;
-	RETURN coalesce(inserted, false);
-END
-$$;
-
 CREATE OR REPLACE FUNCTION gatekeeper.suppress(address text, reason text DEFAULT 'manual',
 	queue text DEFAULT NULL, detail text DEFAULT NULL)
 RETURNS boolean
@@ -1158,11 +1035,9 @@ BEGIN
 END
 $$;
 
--- _rotate() is made once, in its final form (C), in issue 26, item 1's
--- section below
 
 /*
- * Bounces, complaints, events (issue 27; src/report.c)
+ * Bounces, complaints, events (src/report.c)
  */
 
 -- raise 22023 (54000 when too long) unless value can be a queue's
@@ -1212,7 +1087,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_record_event';
 COMMENT ON FUNCTION gatekeeper.record_event(text, text, text, text, text) IS
 	'record an ESP webhook''s event (bounced, deferred, delivered, complained) for the mail with this Message-ID; its id, NULL when no sent mail matches';
 
--- the same for events: deferrals, bounces and complaints by queue (issue 27)
+-- the same for events: deferrals, bounces and complaints by queue
 CREATE FUNCTION gatekeeper._count_events() RETURNS trigger
 LANGUAGE c
 SET search_path = pg_catalog, pg_temp
@@ -1234,42 +1109,8 @@ LANGUAGE c VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_queue_totals';
 
-CREATE VIEW gatekeeper.queue_stats AS
-SELECT q.name AS queue,
-	   q.paused,
-	   coalesce(l.scheduled, 0) AS scheduled,
-	   coalesce(l.due, 0) AS due,
-	   coalesce(l.claimed, 0) AS claimed,
-	   now() - l.oldest_due AS oldest_due_age,
-	   coalesce(t.enqueued, 0) AS enqueued,
-	   coalesce(t.sent, 0) AS sent,
-	   coalesce(t.failed, 0) AS failed,
-	   coalesce(t.suppressed, 0) AS suppressed,
-	   coalesce(t.expired, 0) AS expired,
-	   coalesce(t.cancelled, 0) AS cancelled,
-	   coalesce(t.unknown, 0) AS unknown,
-	   coalesce(l.lease_expired, 0) AS lease_expired,
-	   coalesce(t.deferred, 0) AS deferred,
-	   coalesce(t.bounced, 0) AS bounced,
-	   coalesce(t.complained, 0) AS complained
-  FROM gatekeeper.queue q
-  LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
-  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
-
-COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue: live mail (scheduled, due, claimed, oldest due age), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
-
--- every event of the retained mail (issue 27): id, the mail, its queue and
+-- every event of the retained mail: id, the mail, its queue and
 -- recipient, what happened, the status code and detail, who told, when
-CREATE VIEW gatekeeper.events AS
-SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
-	   e.event, e.status, e.detail, e.source, e.at
-  FROM gatekeeper.event_log e
-  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment;
-
-COMMENT ON VIEW gatekeeper.events IS
-	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks';
-
 -- the reports ingest_report and record_event took since the server started
 -- (or reset_stats()): recorded (at least one row written) and ignored
 -- (nothing written: not understood, or naming no mail gatekeeper sent to
@@ -1288,15 +1129,14 @@ REVOKE ALL ON FUNCTION gatekeeper._check_return_path(text), gatekeeper._verp_tok
 	gatekeeper.ingest_report(text, text), gatekeeper.record_event(text, text, text, text, text),
 	gatekeeper._count_events(), gatekeeper._queue_totals() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.event_log, gatekeeper.event_log_0, gatekeeper.event_log_1,
-	gatekeeper.event_log_2, gatekeeper.event_log_3, gatekeeper.events, gatekeeper.report_stats,
-	gatekeeper.queue_stats FROM PUBLIC;
+	gatekeeper.event_log_2, gatekeeper.event_log_3, gatekeeper.report_stats FROM PUBLIC;
 REVOKE ALL ON SEQUENCE gatekeeper.event_log_id_seq FROM PUBLIC;
 
 /*
- * Issue 29, item 2: gatekeeper.shard(n, count), mail ids that name their shard.
+ * gatekeeper.shard(n, count), mail ids that name their shard.
  */
 /*
- * Shards (issue 29).  Several gatekeepers can share the recipients between
+ * Shards.  Several gatekeepers can share the recipients between
  * them, one shard each, behind the gatekeeper_router extension (PL/Proxy).
  * A mail's id then says which shard holds it: the operator runs
  * gatekeeper.shard(n, count) once on shard n of count, and the mail ids
@@ -1385,14 +1225,14 @@ REVOKE ALL ON TABLE gatekeeper.shard_position FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper._shard_apply(), gatekeeper.shard(int, int) FROM PUBLIC;
 
 /*
- * Issue 29, item 4: several relays.  gatekeeper.smtp_url takes a list of
+ * Several relays.  gatekeeper.smtp_url takes a list of
  * relays, and worker_status shows a row per worker and relay, naming the
  * relay in its last column relay_url: made with the rest of worker_status
- * in issue 27, item 6's section above.
+ * above.
  */
 
 /*
- * Issue 26, item 6: test-only helpers leave the install script.
+ * Test-only helpers leave the install script.
  * _gate_restamp (moves live gate passes' expiries) and _window_open (a
  * window's next opening at a fixed time) served only the tests, which now
  * declare them in their own session (sql/gate_restamp.inc,
@@ -1402,9 +1242,9 @@ DROP FUNCTION gatekeeper._gate_restamp(text, text, timestamptz[]);
 DROP FUNCTION gatekeeper._window_open(text, text, timestamptz);
 
 /*
- * Issue 26, item 6: a COMMENT for every function a user may call (every
+ * A COMMENT for every function a user may call (every
  * function without a leading underscore, and the internal ones grant()
- * gives a role), as docs/reference.md describes it; sql/22_comments.sql
+ * gives a role), as docs/reference.md describes it; sql/27_function_comments.sql
  * lists those without one.
  */
 COMMENT ON FUNCTION gatekeeper._segment() IS
@@ -1482,7 +1322,7 @@ COMMENT ON FUNCTION gatekeeper._worker_status() IS
 
 /*
  * ---------------------------------------------------------------------------
- * Issue 26, item 2: the library serves 0.3.0's schema only.  mail_live's
+ * the library serves 0.3.0's schema only.  mail_live's
  * lease_until and its index mail_lease go: since 0.2.0 no writer sets the
  * column (a claimed mail is a record of a mail_claim batch, whose lease is
  * the batch's), so it was NULL in every row and every record.  (worker
@@ -1533,24 +1373,18 @@ SELECT m.id, m.queue, m.recipient, m.sender, m.subject, m.body, m.html, m.header
 	 LIMIT 1) l ON true
   LEFT JOIN gatekeeper.mail_done d ON d.id = m.id AND d.segment = m.segment;
 
--- _mail_live_restore(), which wrote lease_until, is made once, in its final
--- form (C), in issue 26, i-maint's section below
 
--- reap() writes the other columns only: made once, in its final form (C),
--- in issue 26, item 1's section below
 
--- _rotate() is made once, in its final form (C), in issue 26, item 1's
--- section below
 
 DROP INDEX gatekeeper.mail_lease;
 ALTER TABLE gatekeeper.mail_live DROP COLUMN lease_until;
 
 /* ---------------------------------------------------------------------------
- * Issue 26, the drain: an ack writes no 'sent' row into event_log (it
+ * An ack writes no 'sent' row into event_log (it
  * held nothing the mail's mail_done row does not, and cost every ack a
- * second insert and a trigger: bench/notes.md); gatekeeper.events reads
+ * second insert and a trigger: docs/internals.md, "The ack's outcome rows"); gatekeeper.events reads
  * sent events from mail_done, with a NULL id.  event_log no longer takes
- * 'sent'.  (ack itself: issue 26, item 1, below.)
+ * 'sent'.
  * ---------------------------------------------------------------------------
  */
 
@@ -1558,31 +1392,15 @@ ALTER TABLE gatekeeper.mail_live DROP COLUMN lease_until;
 -- the rows of event_log, and a 'sent' event for each sent mail, read from
 -- its mail_done row (source 'relay', at its finish).  A sent event has no
 -- id (NULL): it is no row of event_log; the mail and its finish name it.
-CREATE OR REPLACE VIEW gatekeeper.events AS
-SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
-	   e.event, e.status, e.detail, e.source, e.at
-  FROM gatekeeper.event_log e
-  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
-UNION ALL
-SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
-	   d.finished_at
-  FROM gatekeeper.mail_done d
-  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
- WHERE d.state = 'sent';
-
-COMMENT ON VIEW gatekeeper.events IS
-	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done)';
-
 -- (event_log's CHECKs go in the last section: no 'sent' row is written any more)
 
 /*
- * Issue 28, metrics that go red and smaller items: queue_stats gains
+ * Metrics that go red and smaller items: queue_stats gains
  * retrying (scheduled mail claimed before), counted in mail_live_count as
  * its scheduled mail is, so _live_pending, _live_stats and queue_stats are
  * made again; each background worker's delivery latency histogram
- * (delivery_latency).  (enqueue() as C that calls _enqueue, the former
- * enqueue, is made in issue 25's section above.)  The grants on what is
- * made again are given back at the end of this section.
+ * (delivery_latency).  The grants on what is made again are given back
+ * at the end of this section.
  */
 -- the GRANTs to give back (one statement each, apart by chr(31))
 SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_28_m',
@@ -1592,14 +1410,7 @@ SELECT pg_catalog.set_config('gatekeeper_upgrade.grants_28_m',
 											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS stmt
 						FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) AS a
 					   WHERE p.oid = 'gatekeeper._live_stats()'::pg_catalog.regprocedure
-						 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)
-					  UNION ALL
-					  SELECT pg_catalog.format('GRANT %s ON TABLE gatekeeper.queue_stats TO %s%s', a.privilege_type,
-											   a.grantee::pg_catalog.regrole,
-											   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
-						FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) AS a
-					   WHERE c.oid = 'gatekeeper.queue_stats'::pg_catalog.regclass
-						 AND a.grantee NOT IN (0, c.relowner)) AS s), ''),
+						 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)) AS s), ''),
 	true);
 
 -- no mail_live changes while the retrying mail is counted
@@ -1609,7 +1420,6 @@ ALTER TABLE gatekeeper.mail_live_count ADD COLUMN retrying bigint NOT NULL DEFAU
 COMMENT ON COLUMN gatekeeper.mail_live_count.retrying IS
 	'of the scheduled mail, that claimed before (attempt > 0): deferred, nacked, handed back or reaped';
 
-DROP VIEW gatekeeper.queue_stats;
 DROP FUNCTION gatekeeper._live_stats();
 DROP FUNCTION gatekeeper._live_pending();
 
@@ -1680,32 +1490,6 @@ $$;
 COMMENT ON FUNCTION gatekeeper._live_stats() IS
 	'the live mail of each queue (scheduled, claimed, due, the oldest due time, claims whose lease ran out, scheduled mail claimed before); queue_stats reads them';
 
-CREATE VIEW gatekeeper.queue_stats AS
-SELECT q.name AS queue,
-	   q.paused,
-	   coalesce(l.scheduled, 0) AS scheduled,
-	   coalesce(l.due, 0) AS due,
-	   coalesce(l.claimed, 0) AS claimed,
-	   now() - l.oldest_due AS oldest_due_age,
-	   coalesce(t.enqueued, 0) AS enqueued,
-	   coalesce(t.sent, 0) AS sent,
-	   coalesce(t.failed, 0) AS failed,
-	   coalesce(t.suppressed, 0) AS suppressed,
-	   coalesce(t.expired, 0) AS expired,
-	   coalesce(t.cancelled, 0) AS cancelled,
-	   coalesce(t.unknown, 0) AS unknown,
-	   coalesce(l.lease_expired, 0) AS lease_expired,
-	   coalesce(t.deferred, 0) AS deferred,
-	   coalesce(t.bounced, 0) AS bounced,
-	   coalesce(t.complained, 0) AS complained,
-	   coalesce(l.retrying, 0) AS retrying
-  FROM gatekeeper.queue q
-  LEFT JOIN gatekeeper._live_stats() l ON l.queue = q.name
-  LEFT JOIN gatekeeper._queue_totals() t ON t.queue_hash = pg_catalog.hashtextextended(q.name, 0);
-
-COMMENT ON VIEW gatekeeper.queue_stats IS
-	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), and claims whose lease ran out';
-
 CREATE FUNCTION gatekeeper._delivery_latency(OUT worker int, OUT le float8[], OUT buckets bigint[],
 		OUT count bigint, OUT sum_seconds float8)
 	RETURNS SETOF record
@@ -1716,7 +1500,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_delivery_latency';
 COMMENT ON FUNCTION gatekeeper._delivery_latency() IS
 	'one row per background worker, from shared memory: a histogram of the time from a mail being due to the relay accepting it; the delivery_latency view reads it';
 
--- issue 28: each background worker's delivery latency since it started, a
+-- each background worker's delivery latency since it started, a
 -- histogram from shared memory: from when a mail was due (its send_at, or
 -- its enqueue when send_at had passed by then; after a retry, the retry's
 -- time) to the relay's 2xx to its data.  le: the buckets' upper bounds in
@@ -1731,13 +1515,13 @@ COMMENT ON VIEW gatekeeper.delivery_latency IS
 
 REVOKE ALL ON FUNCTION gatekeeper._live_pending(), gatekeeper._live_stats(),
 	gatekeeper._delivery_latency() FROM PUBLIC;
-REVOKE ALL ON TABLE gatekeeper.queue_stats, gatekeeper.delivery_latency FROM PUBLIC;
+REVOKE ALL ON TABLE gatekeeper.delivery_latency FROM PUBLIC;
 
 -- the grants recorded at the start of this section, given back
 SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_28_m');
 
 /*
- * Issue 27, items 4 and 6 (rep27): a report taken twice is one event; no
+ * A report taken twice is one event; no
  * CHECK on event_log.
  */
 -- no CHECK on event and source: only gatekeeper's functions write events,
@@ -1755,14 +1539,14 @@ CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
 	WHERE source <> 'relay';
 
 /*
- * Issue 26, item 5: one planner policy.  The library plans gatekeeper's
+ * One planner policy.  The library plans gatekeeper's
  * own statements without JIT (src/catalog.c, gatekeeper_planner), so
  * claim() no longer carries SET jit = off.
  */
 ALTER FUNCTION gatekeeper.claim(text, int, interval, text[]) RESET jit;
 
 /*
- * Issue 26, item 5: one way to tell who writes.  _own_statement() answers
+ * One way to tell who writes.  _own_statement() answers
  * for gatekeeper_writer (src/catalog.c): gatekeeper's C code or a
  * trigger, not while a dump is loaded; the restore triggers ask it alone,
  * instead of pg_trigger_depth() as well.
@@ -1784,7 +1568,7 @@ CREATE TRIGGER mail_done_restore AFTER INSERT ON gatekeeper.mail_done
 
 /*
  * ---------------------------------------------------------------------------
- * Issue 26, item 1: every change of a mail's state in C.  cancel (by id, by
+ * every change of a mail's state in C.  cancel (by id, by
  * dedupe key, a whole queue), reap, _rotate and purge become LANGUAGE c
  * entry points (src/mail_state_sweep.c), running the statements the
  * PL/pgSQL bodies ran; so does the _mail_sync() trigger.  reap(),
@@ -1844,7 +1628,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_reap';
 
 /* ---------------------------------------------------------------------------
- * Issue 26, item 1: the transitions of a claimed mail in C
+ * The transitions of a claimed mail in C
  * (src/mail_state.c).  ack, nack, nack_batch, unclaim and extend become
  * entry points into the library, with their signatures, results and
  * errors; each is defined here only, in its final form (0.2.0's PL/pgSQL
@@ -1897,7 +1681,7 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_unclaim';
 
 /* ---------------------------------------------------------------------------
- * issue 26, i-maint: the rest of a mail's state in C (item 1).  The TRUNCATE
+ * The rest of a mail's state in C.  The TRUNCATE
  * trigger of gatekeeper.mail, purge's passes over mail_key and mail_claim,
  * and the restore triggers become LANGUAGE c entry points
  * (src/mail_state_upkeep.c), running the statements the PL/pgSQL bodies
@@ -1942,21 +1726,14 @@ DROP FUNCTION gatekeeper._release_mails(text[], bigint[]);
 
 DROP FUNCTION gatekeeper._upgrade_grants_restore(text);
 
--- issue 26, i-bulk: bulk enqueue.  mail_due without deduplication: its
+-- bulk enqueue.  mail_due without deduplication: its
 -- keys end in the mail's id, never equal, so the pass looking for equal
--- keys on every full page only cost inserts (bench/notes.md, "Bulk
--- enqueue against pgmq")
+-- keys on every full page only cost inserts (docs/internals.md, "Bulk enqueue")
 ALTER INDEX gatekeeper.mail_due SET (deduplicate_items = off);
 
--- issue 26, i-enq: the enqueue path and the suppression list's writer in
--- C (item 1).  enqueue() (src/enqueue.c) does the enqueue itself, dedupe
--- keys and all: the PL/pgSQL _enqueue it called is gone.  _suppress is
--- the SQL face of gatekeeper_suppression_add (src/suppression.c), which
--- the reports, the nacks and unsubscribe() call directly; suppress()
--- calls it.
-DROP FUNCTION gatekeeper._enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int,
-								  timestamptz, text, jsonb, text);
-
+-- _suppress is the SQL face of gatekeeper_suppression_add
+-- (src/suppression.c), which the reports, the nacks and unsubscribe() call
+-- directly; suppress() calls it.
 -- add a suppression entry for an address key; true when new.  An entry
 -- that exists keeps its row, but takes the new reason when that stops more
 -- (hard_bounce or manual over soft_bounce, unsubscribe or complaint;
@@ -1968,10 +1745,9 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_suppress';
 
--- issue 26: a claimed batch's mails compress with lz4 where the server
+-- a claimed batch's mails compress with lz4 where the server
 -- was built with it (PostgreSQL's default, pglz, was 3% of a claim at
--- batch 100: bench/notes.md, "The drain at batch 100, one claimer, on
--- this machine"); without lz4 they stay with pglz
+-- batch 100: docs/internals.md, "The claim's statements"); without lz4 they stay with pglz
 DO $$
 BEGIN
 	ALTER TABLE gatekeeper.mail_claim ALTER COLUMN mails SET COMPRESSION lz4;
@@ -1980,7 +1756,7 @@ EXCEPTION WHEN feature_not_supported THEN
 END
 $$;
 
--- issue 26: COPY into the current segment's partition (src/mail_copy.c)
+-- COPY into the current segment's partition (src/mail_copy.c)
 /*
  * The same trigger on each partition, and the partition's own defaults for
  * the two columns whose default gatekeeper.mail gives by other means: a
@@ -2008,7 +1784,7 @@ ALTER TABLE gatekeeper.mail_3 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('ga
 	ALTER COLUMN segment SET DEFAULT 3;
 
 /*
- * Issue 44, items 1 and 2 (reports44): Message-IDs carry a MAC, made by
+ * Message-IDs carry a MAC, made by
  * _message_id() (src/message_id.c); a mail counts one complaint and one
  * bounce from reports, later ones are kept as repeats.
  */
@@ -2024,7 +1800,7 @@ CREATE UNIQUE INDEX event_log_counted ON gatekeeper.event_log (mail_id, event, s
 	WHERE source <> 'relay' AND NOT repeated AND event IN ('bounced', 'complained');
 
 /*
- * Issue 44, item 4: a claim belongs to the role that made it
+ * A claim belongs to the role that made it
  * (src/mail_state.c).  The claims this update finds were made before
  * their owner was kept: 0.2.0's background workers' (worker
  * 'bgworker:...') become the background workers' (0: reap() takes them
@@ -2037,7 +1813,7 @@ UPDATE gatekeeper.mail_claim SET owner = 0 WHERE worker LIKE 'bgworker:%';
 COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or unclaim the batch''s mails: the OID of the role that claimed them (or a superuser); 0, a background worker''s claim, which only that worker settles; NULL, a claim made before 0.3.0 by an external worker, which any caller may settle';
 
 -- schedule a failed, expired or unknown mail again, with its Message-ID
--- (issue 47, item 5; src/mail_state_sweep.c); the owner's, as cancel_queue
+-- (src/mail_state_sweep.c); the owner's, as cancel_queue
 CREATE FUNCTION gatekeeper.retry(id bigint)
 RETURNS boolean
 LANGUAGE c
@@ -2061,7 +1837,7 @@ REVOKE ALL ON FUNCTION gatekeeper.retry(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper.retry(text, timestamptz) FROM PUBLIC;
 
 /*
- * Issue 47, item 2: CREATE EXTENSION (and this update) and a session's
+ * CREATE EXTENSION (and this update) and a session's
  * first enqueue say with a WARNING why no background worker would send
  * this database's mail, when a setting keeps it from doing so
  * (src/delivery_check.c).
@@ -2076,13 +1852,13 @@ COMMENT ON FUNCTION gatekeeper._delivery_check() IS
 SELECT gatekeeper._delivery_check();
 
 /*
- * Templates (issue 48): a campaign's content stored once, rendered per
+ * Templates: a campaign's content stored once, rendered per
  * mail from its data.  A version is never changed once written:
  * alter_template adds the next.  The language is src/template.c's, a
  * version's parts are checked, compiled and rendered by
  * src/template_funcs.c.
  */
--- templated mail (issue 48): a mail names a template, its version and
+-- templated mail: a mail names a template, its version and
 -- the data it is rendered over, and then has no subject or body of its
 -- own (src/mail.c refuses a mail without either)
 ALTER TABLE gatekeeper.mail ALTER COLUMN subject DROP NOT NULL,
@@ -2373,7 +2149,7 @@ END
 $$;
 
 /*
- * Issue 49, item 2: why a mail failed, in one place (src/smtp_trouble.c).
+ * Why a mail failed, in one place (src/smtp_trouble.c).
  * The relay's refusals, the reports and the events read a failure's
  * reason with one C classifier; 0.2.0's SQL copy of the hard-bounce rule,
  * which nothing called any more, goes.
@@ -2385,7 +2161,7 @@ DROP FUNCTION gatekeeper._hard_bounce(text);
 -- bounces), mailbox_full, message_too_large, policy_blocked,
 -- spam_filtered, auth_failure, expired, rate_limited, system_error or
 -- other (src/smtp_trouble.c, the one classifier the relay's refusals and
--- the reports use; issue 49)
+-- the reports use)
 CREATE FUNCTION gatekeeper._bounce_reason(status text, detail text)
 RETURNS text
 LANGUAGE c IMMUTABLE PARALLEL SAFE
@@ -2397,23 +2173,8 @@ REVOKE ALL ON FUNCTION gatekeeper._bounce_reason(text, text) FROM PUBLIC;
 -- its status and detail (gatekeeper._bounce_reason)
 ALTER TABLE gatekeeper.event_log ADD COLUMN reason text;
 
-CREATE OR REPLACE VIEW gatekeeper.events AS
-SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
-	   e.event, e.status, e.detail, e.source, e.at, e.reason
-  FROM gatekeeper.event_log e
-  LEFT JOIN gatekeeper.mail m ON m.id = e.mail_id AND m.segment = e.segment
-UNION ALL
-SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text, 'relay',
-	   d.finished_at, NULL::text
-  FROM gatekeeper.mail_done d
-  LEFT JOIN gatekeeper.mail m ON m.id = d.id AND m.segment = d.segment
- WHERE d.state = 'sent';
-
-COMMENT ON VIEW gatekeeper.events IS
-	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed';
-
 /*
- * Issue 47, item 4: progress.  queue_stats gains rate and eta, from the
+ * progress.  queue_stats gains rate and eta, from the
  * rates src/stats.c keeps in shared memory.
  */
 -- per queue, the mails it finished by delivery work (sent, failed,
@@ -2429,7 +2190,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_queue_rates';
 COMMENT ON FUNCTION gatekeeper._queue_rates() IS
 	'per queue, the mails finished by delivery work per second over the last minute, by a hash of the queue''s name; queue_stats reads them';
 
-CREATE OR REPLACE VIEW gatekeeper.queue_stats AS
+CREATE VIEW gatekeeper.queue_stats AS
 SELECT q.name AS queue,
 	   q.paused,
 	   coalesce(l.scheduled, 0) AS scheduled,
@@ -2459,6 +2220,7 @@ SELECT q.name AS queue,
 
 COMMENT ON VIEW gatekeeper.queue_stats IS
 	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), claims whose lease ran out, and progress: rate (mails finished per second over the last minute) and eta (the due mail at that rate)';
+REVOKE ALL ON TABLE gatekeeper.queue_stats FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION gatekeeper._queue_rates() FROM PUBLIC;
 
@@ -2482,7 +2244,7 @@ END
 $$;
 
 /*
- * Issue 47, item 7: status() shows the uncharged attempts apart (its last
+ * status() shows the uncharged attempts apart (its last
  * column, uncharged: attempt - uncharged were charged against
  * max_attempts).  A function's columns change only by making it again:
  * the grants on it are given back.
@@ -2529,13 +2291,13 @@ END
 $$;
 
 /*
- * Issue 48, A/B: gatekeeper.events names each mail's template (from
+ * gatekeeper.events names each mail's template (from
  * gatekeeper.mail, by the mail's id and segment, as its recipient), so a
  * queue's outcomes can be grouped by template.  queue_stats' totals are
  * per queue in shared memory and stay so: docs/reference.md gives the
  * query over events.
  */
-CREATE OR REPLACE VIEW gatekeeper.events AS
+CREATE VIEW gatekeeper.events AS
 SELECT e.id, e.mail_id, e.queue, coalesce(e.recipient, m.recipient) AS recipient,
 	   e.event, e.status, e.detail, e.source, e.at, e.reason, m.template
   FROM gatekeeper.event_log e
@@ -2549,6 +2311,7 @@ SELECT NULL::bigint, d.id, d.queue, m.recipient, 'sent', NULL::text, NULL::text,
 
 COMMENT ON VIEW gatekeeper.events IS
 	'what became of each mail after its claim: sent, deferred, bounced, delivered, complained, unsubscribed, feedback; from the relay, DSNs, ARF reports and webhooks (id is NULL for sent events, which are read from mail_done); reason says why a bounced or deferred mail failed; template is the template the mail was rendered from (NULL for a mail enqueued with its own subject and body), to group a campaign''s outcomes by template';
+REVOKE ALL ON TABLE gatekeeper.events FROM PUBLIC;
 
 /*
  * Last, always: give the remembered roles what their uses need of the

@@ -331,8 +331,7 @@ ALTER TABLE gatekeeper.mail_live SET (
 
 -- no deduplication: every key ends in the mail's id, so no two are equal,
 -- and the pass that looks for equal keys on every full page was about 2%
--- of a bulk insert's work for nothing (bench/notes.md, "Bulk enqueue
--- against pgmq")
+-- of a bulk insert's work for nothing (docs/internals.md, "Bulk enqueue")
 CREATE INDEX mail_due ON gatekeeper.mail_live (queue, priority DESC, send_at, id)
 	WITH (deduplicate_items = off)
 	WHERE state = 'scheduled';
@@ -345,8 +344,8 @@ CREATE UNIQUE INDEX mail_dedupe ON gatekeeper.mail_live (queue, dedupe_key)
  * no dedupe key, as one row of mail_run for up to 128 of them (ids id ..
  * last_id)
  * instead of a row of mail_live each: their index entries were most of a
- * bulk enqueue's cost (bench/notes.md, "Bulk enqueue: where the insert
- * trigger's time goes").  A mail of a run is scheduled as if it had a
+ * bulk enqueue's cost (docs/internals.md, "Bulk enqueue").  A mail of a
+ * run is scheduled as if it had a
  * mail_live row with the columns' defaults (never attempted, no
  * Message-ID, no error).  A claim takes mails from the front of a run (id
  * moves on; the last one deletes it), in the order of mail_due; whatever
@@ -436,7 +435,7 @@ CREATE INDEX mail_finished ON gatekeeper.mail_done USING brin (finished_at);
 CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
 
 /*
- * Events (issue 27): what became of a mail once it was claimed, one row
+ * Events: what became of a mail once it was claimed, one row
  * per event: deferred (a 4xx, a timeout, a DSN saying delayed), bounced
  * (a 5xx, a DSN saying failed, an ESP's bounce), delivered, complained (a
  * feedback report, an ESP's complaint), unsubscribed.  source says who
@@ -454,7 +453,7 @@ CREATE INDEX mail_recipient ON gatekeeper.mail USING hash (recipient);
  * source either: only gatekeeper's own functions write here, each with
  * its own words, and a relation's CHECK is parsed and planned again by
  * every INSERT statement (a sixth of what a record_event() call cost;
- * bench/notes.md, "Reports, profiled").
+ * docs/internals.md, "Reports").
  *
  *   event_log_bounced	bounces by address, for soft_bounce_limit
  */
@@ -470,10 +469,10 @@ CREATE TABLE gatekeeper.event_log (
 	at			timestamptz NOT NULL DEFAULT now(),
 	segment		smallint NOT NULL,
 	-- a report's complaint or bounce of a mail that has one: kept, not
-	-- counted (issue 44)
+	-- counted
 	repeated	boolean NOT NULL DEFAULT false,
 	-- why a bounced or deferred mail failed, as src/smtp_trouble.c reads
-	-- its status and detail (gatekeeper._bounce_reason; issue 49)
+	-- its status and detail (gatekeeper._bounce_reason)
 	reason		text
 ) PARTITION BY LIST (segment);
 CREATE TABLE gatekeeper.event_log_0 PARTITION OF gatekeeper.event_log FOR VALUES IN (0);
@@ -492,7 +491,7 @@ CREATE INDEX event_log_deferred ON gatekeeper.event_log (mail_id, at) WHERE even
 CREATE UNIQUE INDEX event_log_report ON gatekeeper.event_log
 	(mail_id, event, source, md5(coalesce(status, '') || E'\n' || coalesce(detail, '')), segment)
 	WHERE source <> 'relay';
--- a mail counts one complaint and one bounce from reports (issue 44): a
+-- a mail counts one complaint and one bounce from reports: a
 -- later one that differs is written as a repeat, which queue_stats, the
 -- soft-bounce count and the suppression list leave out (src/report.c)
 CREATE UNIQUE INDEX event_log_counted ON gatekeeper.event_log (mail_id, event, segment)
@@ -508,15 +507,15 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.event_log_id_seq', '');
  * one queue's share of a claim (CLAIM_BATCH_MAILS in src/claim.c, which
  * bounds what an ack of one mail reads and rewrites): a claim moves the mails it takes out of mail_live into the
  * records of mails, so that neither the claim nor the ack writes a new
- * version of a live row per mail (bench/notes.md, "Claimed mail out of
- * mail_live").  mails is not rewritten once inserted (but by _rotate,
+ * version of a live row per mail (docs/internals.md, "Claimed mail in
+ * batches").  mails is not rewritten once inserted (but by _rotate,
  * which moves claimed mail's content to a new segment too, under a lock
  * no ack passes): a mail that leaves the batch alone (a single ack) is
  * added to gone and open falls; the batch is deleted when its last open
  * mail leaves.  The records carry
  * each mail's claim state as mail_live would (state claimed, attempt,
  * worker, message id, segment); the lease is the batch's, and so is the
- * owner (issue 44): the role whose claim made it, the only one but a
+ * owner: the role whose claim made it, the only one but a
  * superuser whose ack, nack, extend or unclaim may change it (42501
  * otherwise, src/mail_state.c), one comparison with the batch row the
  * ack reads anyway.  A background worker's claim has owner 0, which no
@@ -548,7 +547,7 @@ COMMENT ON COLUMN gatekeeper.mail_claim.owner IS 'who may ack, nack, extend or u
 
 -- a claimed batch's mails compress with lz4 where the server was built with
 -- it (PostgreSQL's default, pglz, was 3% of a claim at batch 100:
--- bench/notes.md, "The drain at batch 100, one claimer, on this machine");
+-- docs/internals.md, "The claim's statements");
 -- without lz4 they stay with pglz
 DO $$
 BEGIN
@@ -563,7 +562,7 @@ $$;
  * that holds the key: one that is scheduled (in mail_live) or claimed
  * (open in a mail_claim batch), so a claimed mail keeps its key although
  * its live row is gone; or one that finished, but was not cancelled,
- * within its queue's dedupe_window (issue 25, item 10).  The insert
+ * within its queue's dedupe_window.  The insert
  * trigger of gatekeeper.mail writes the rows of the statement's keyed
  * mails (src/mail.c); a second mail with a held key fails there with
  * 23505 on mail_key_pkey, or is skipped (gatekeeper.on_duplicate).
@@ -891,7 +890,7 @@ SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_claim_batch_seq', ''
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_key', '');
 
 /*
- * Shards (issue 29).  Several gatekeepers can share the recipients between
+ * Shards.  Several gatekeepers can share the recipients between
  * them, one shard each, behind the gatekeeper_router extension (PL/Proxy).
  * A mail's id then says which shard holds it: the operator runs
  * gatekeeper.shard(n, count) once on shard n of count, and the mail ids
@@ -1409,7 +1408,7 @@ COMMENT ON FUNCTION gatekeeper.cancel_queue(text) IS
 	'cancel every scheduled mail of a queue; the number cancelled';
 
 -- schedule a failed, expired or unknown mail again, with its Message-ID
--- (issue 47, item 5; src/mail_state_sweep.c); the owner's, as cancel_queue
+-- (src/mail_state_sweep.c); the owner's, as cancel_queue
 CREATE FUNCTION gatekeeper.retry(id bigint)
 RETURNS boolean
 LANGUAGE c
@@ -2041,7 +2040,7 @@ COMMENT ON FUNCTION gatekeeper.unsubscribe(text) IS
 	'verify a List-Unsubscribe token and suppress its recipient for its queue; true when the entry is new';
 
 /*
- * Bounces, complaints, events (issue 27; src/report.c)
+ * Bounces, complaints, events (src/report.c)
  */
 
 -- raise 22023 (54000 when too long) unless value can be a queue's
@@ -2086,7 +2085,7 @@ $$;
 -- bounces), mailbox_full, message_too_large, policy_blocked,
 -- spam_filtered, auth_failure, expired, rate_limited, system_error or
 -- other (src/smtp_trouble.c, the one classifier the relay's refusals and
--- the reports use; issue 49)
+-- the reports use)
 CREATE FUNCTION gatekeeper._bounce_reason(status text, detail text)
 RETURNS text
 LANGUAGE c IMMUTABLE PARALLEL SAFE
@@ -2134,7 +2133,7 @@ CREATE TRIGGER mail_done_count AFTER INSERT ON gatekeeper.mail_done
 	REFERENCING NEW TABLE AS new_done
 	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper._count_done();
 
--- the same for events: deferrals, bounces and complaints by queue (issue 27)
+-- the same for events: deferrals, bounces and complaints by queue
 CREATE FUNCTION gatekeeper._count_events() RETURNS trigger
 LANGUAGE c
 SET search_path = pg_catalog, pg_temp
@@ -2477,7 +2476,7 @@ SELECT q.name AS queue,
 COMMENT ON VIEW gatekeeper.queue_stats IS
 	'per queue: live mail (scheduled, due, claimed, oldest due age, retrying), totals that never go down (enqueued, each outcome, deferrals, bounces and complaints), claims whose lease ran out, and progress: rate (mails finished per second over the last minute) and eta (the due mail at that rate)';
 
--- every event of the retained mail (issue 27): id, the mail, its queue and
+-- every event of the retained mail: id, the mail, its queue and
 -- recipient, what happened, the status code and detail, who told, when:
 -- the rows of event_log, and a 'sent' event for each sent mail, read from
 -- its mail_done row (source 'relay', at its finish).  A sent event has no
@@ -2654,7 +2653,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_delivery_latency';
 COMMENT ON FUNCTION gatekeeper._delivery_latency() IS
 	'one row per background worker, from shared memory: a histogram of the time from a mail being due to the relay accepting it; the delivery_latency view reads it';
 
--- issue 28: each background worker's delivery latency since it started, a
+-- each background worker's delivery latency since it started, a
 -- histogram from shared memory: from when a mail was due (its send_at, or
 -- its enqueue when send_at had passed by then; after a retry, the retry's
 -- time) to the relay's 2xx to its data.  le: the buckets' upper bounds in
@@ -2668,7 +2667,7 @@ COMMENT ON VIEW gatekeeper.delivery_latency IS
 	'per background worker, a histogram of the time from a mail being due to the relay accepting it';
 
 /*
- * Roles given a use of gatekeeper by grant() (issue 28): 'enqueue' (an
+ * Roles given a use of gatekeeper by grant(): 'enqueue' (an
  * application that enqueues and looks its mail up), 'worker' (an external
  * sender) or 'monitor' (what postgres_exporter connects as).  Remembered so
  * that every update, which may add or replace functions, gives each role
@@ -2783,7 +2782,7 @@ COMMENT ON FUNCTION gatekeeper.grant(regrole, text) IS
 	'give a role what one use of gatekeeper needs (''enqueue'', ''worker'' or ''monitor''), and again after every update';
 
 /*
- * Templates (issue 48): a campaign's content stored once, rendered per
+ * Templates: a campaign's content stored once, rendered per
  * mail from its data.  A version is never changed once written:
  * alter_template adds the next.  The language is src/template.c's, a
  * version's parts are checked, compiled and rendered by
@@ -2989,7 +2988,7 @@ SELECT t.name, t.version, t.created_at, coalesce(u.in_use, 0) AS in_use
 			  GROUP BY 1, 2) u ON u.template = t.name AND u.version = t.version;
 
 /*
- * Issue 47, item 2: CREATE EXTENSION (and this update) and a session's
+ * CREATE EXTENSION (and this update) and a session's
  * first enqueue say with a WARNING why no background worker would send
  * this database's mail, when a setting keeps it from doing so
  * (src/delivery_check.c).

@@ -595,6 +595,24 @@ gatekeeper_report_schema(int elevel, const char *version)
 }
 
 /*
+ * gatekeeper_gone
+ *		Refuse (0A000) the call of a C function whose SQL function an older
+ *		version created and the library's version has no more.  Its symbol
+ *		stays, for CREATE FUNCTION of a C function fails when the library
+ *		lacks it, so an older version could neither be installed nor
+ *		updated; this call is its whole body.
+ */
+void
+gatekeeper_gone(const char *version, const char *name)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("gatekeeper %s's %s is gone; ALTER EXTENSION gatekeeper UPDATE",
+					version, name)));
+	pg_unreachable();
+}
+
+/*
  * gatekeeper_require_schema
  *		Refuse (0A000) unless this database's extension is the library's
  *		version: the first call of every SQL entry point that reads or

@@ -31,7 +31,8 @@
  * mail_live record.  The mails that go are kept in gatekeeper.mail_claim,
  * in rows of up to CLAIM_BATCH_MAILS of one queue holding those records
  * (no live row version per mail at the claim, no probe at the ack;
- * bench/notes.md), written by src/claim_writer.c; those that do not go
+ * docs/internals.md, "Claimed mail in batches"), written by
+ * src/claim_writer.c; those that do not go
  * return to mail_live or go to mail_done, all in this transaction.
  * Inside a queue the sub-select walks the due index one priority level
  * at a time, so its cost grows with the batch, never with mail that is not

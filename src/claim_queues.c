@@ -11,7 +11,7 @@
  * false) wait for it).  The rows are read by a scan and sorted by name in
  * the column's collation, as pg_cron reads its job table: the statement
  * that joined and aggregated them started an executor for every claim
- * (bench/notes.md, "The claim at batch 100").  The same scan finds the
+ * (docs/internals.md, "The claim's statements").  The same scan finds the
  * names in a claim's queues filter that name no queue.  A rate-limited queue's
  * token bucket is refilled and locked (SKIP LOCKED) by a statement, and
  * spent by another once the claim knows how many of its mails go.
@@ -75,8 +75,8 @@ policy_row_cmp(const void *a, const void *b, void *arg)
  * and keep keeps, in the order ORDER BY name gives them (the column's
  * collation).  The tables are small and read once a claim: a scan and a
  * sort are cheaper than the statement that joined and aggregated them,
- * which was 3% of a batch-100 claimer's CPU (bench/notes.md,
- * "The claim at batch 100").
+ * which was 3% of a batch-100 claimer's CPU (docs/internals.md,
+ * "The claim's statements").
  */
 static PolicyRow *
 read_policy_rows(Relation rel, Snapshot snapshot,

@@ -15,8 +15,8 @@
  * ARRAY init plan, a row lock and then a delete for every mail (two WAL
  * records, two visits to the page), the deleted rows gathered into the
  * live counts' transition table and read back, and the Message-ID and the
- * claim record computed in numeric and SQL expressions (bench/notes.md,
- * "The claim without its statement").
+ * claim record computed in numeric and SQL expressions (docs/internals.md,
+ * "The claim's statements").
  *
  * Here each queue's share is one walk of mail_due under the statement's
  * MVCC snapshot, one priority level after the other from the due floor
@@ -273,7 +273,7 @@ content_rescan(ContentPart *p, int64 id)
  * The content row of mail id in segment, in p's slot, or NULL.
  *
  * One descent of the partition's primary key per claimed mail was most of
- * a claim's walk (bench/notes.md, "The claim at batch 100").  The
+ * a claim's walk (docs/internals.md, "The claim's statements").  The
  * scan is instead kept on the last entry it read, and a lookup of a
  * greater id steps forward from there, reading each entry's id from the
  * index tuple and fetching the heap only at the id sought; a smaller id,

@@ -13,7 +13,7 @@
  * started an executor for a function scan, a projection that sliced the
  * array of every mail's record and an insert, once per queue of every
  * claim: about 4% of a claimer's CPU at batch 100, more than writing the
- * row itself (bench/notes.md, "The claim at batch 100").  Here each row is
+ * row itself (docs/internals.md, "The claim's statements").  Here each row is
  * formed from its slice of the records, the columns the statement leaves
  * out (the batch number, gone) get their defaults as the statement gives
  * them, and the row is inserted with its index entries (the primary key

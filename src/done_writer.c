@@ -11,8 +11,8 @@
  * with $1 the finished mails' mail_live records, went through the
  * executor row by row: unnest, the projection, partition routing, and the
  * count trigger's transition table filled and read back.  It was two
- * thirds of an ack's cost in the worker's profile (bench/notes.md, "The
- * claim without its statement").  Here each record is deformed once, its
+ * thirds of an ack's cost in the worker's profile (docs/internals.md,
+ * "The ack's outcome rows").  Here each record is deformed once, its
  * outcome row formed for its segment's partition, the rows written with
  * table_multi_insert() and their index entries inserted (the primary key
  * checked as the statement checks it), and the outcomes counted into the

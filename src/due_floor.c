@@ -12,8 +12,7 @@
  * runs there.  Each claim walked every entry of every mail claimed since
  * the last vacuum, twice (the priority probe and the due scan): after six
  * waves of 300,000 mails drained between two autovacuum naps, 15,000
- * index pages a claim (bench/notes.md, "A drain that does not wait for
- * vacuum").
+ * index pages a claim (docs/internals.md, "The due floor").
  *
  * So each claim first walks mail_due itself, in C, from its queue's floor
  * to the first entry whose row is not gone for good, raises the floor to

@@ -336,79 +336,24 @@ gatekeeper_gate_release(PG_FUNCTION_ARGS)
 
 /*
  * _release_mail(recipient text, holder bigint) RETURNS int
- *		Give back every pass a mail holds, in every gate: after a permanent
- *		failure the mail never went, so it must not keep the window shut.
- *
- * 0.3.0 has no such SQL function, nor _release_mails (the nacks that called
- * them are C and release passes through gate.c), but both symbols stay:
- * 0.1.0's and 0.2.0's install scripts create the functions over them, and
- * CREATE FUNCTION of a C function fails when the library lacks its symbol,
- * so an older version could neither be installed nor updated to 0.3.0.
+ *		0.1.0's, gone (a failed mail's passes are released in C, by
+ *		gatekeeper_release_passes); the symbol stays for the older scripts
+ *		(gatekeeper_gone).
  */
 Datum
 gatekeeper_release_mail(PG_FUNCTION_ARGS)
 {
-	char	   *recipient;
-	int64		holder;
-	int			released;
-
-	gatekeeper_require_schema();
-	require_arg(fcinfo, 0, "recipient");
-	require_arg(fcinfo, 1, "holder");
-	recipient = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	holder = PG_GETARG_INT64(1);
-
-	SPI_connect();
-	released = gatekeeper_release_passes(&recipient, &holder, 1);
-	SPI_finish();
-
-	PG_RETURN_INT32(released);
+	gatekeeper_gone("0.1.0", "_release_mail");
 }
 
 /*
  * _release_mails(recipients text[], holders bigint[]) RETURNS int
- *		The same for many mails at once, in the one global lock order.
+ *		0.1.0's, gone like _release_mail.
  */
 Datum
 gatekeeper_release_mails(PG_FUNCTION_ARGS)
 {
-	Datum	   *rv;
-	Datum	   *hv;
-	bool	   *rn;
-	bool	   *hn;
-	int			nr;
-	int			nh;
-	char	  **recipients;
-	int64	   *holders;
-	int			released;
-	int			i;
-
-	gatekeeper_require_schema();
-	require_arg(fcinfo, 0, "recipients");
-	require_arg(fcinfo, 1, "holders");
-	deconstruct_array(PG_GETARG_ARRAYTYPE_P(0), TEXTOID, -1, false, TYPALIGN_INT, &rv, &rn, &nr);
-	deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), INT8OID, 8, true, TYPALIGN_DOUBLE, &hv, &hn, &nh);
-	if (nr != nh)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("recipients and holders must have the same length")));
-	recipients = palloc(Max(nr, 1) * sizeof(char *));
-	holders = palloc(Max(nr, 1) * sizeof(int64));
-	for (i = 0; i < nr; i++)
-	{
-		if (rn[i] || hn[i])
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("recipients and holders must not contain nulls")));
-		recipients[i] = TextDatumGetCString(rv[i]);
-		holders[i] = DatumGetInt64(hv[i]);
-	}
-
-	SPI_connect();
-	released = gatekeeper_release_passes(recipients, holders, nr);
-	SPI_finish();
-
-	PG_RETURN_INT32(released);
+	gatekeeper_gone("0.1.0", "_release_mails");
 }
 
 /*

@@ -1018,23 +1018,13 @@ gatekeeper_shmem_startup(void)
 }
 
 /*
- * gatekeeper._retry_delay(): gatekeeper.retry_delay as an interval, for
- * nack's backoff.  Read here rather than with current_setting(), which
- * in a session that has not loaded the library yet returns a placeholder's
- * bare text: '30000' means 30000 ms to this setting, 30000 s to ::interval.
- * Calling this loads the library, which defines the setting.
- *
- * 0.3.0 has no such SQL function (nack's backoff is C: src/mail_state.c
- * reads the setting itself), but the symbol stays: 0.1.0's update to 0.2.0
- * and 0.2.0's install script create the function over it, and CREATE
- * FUNCTION of a C function fails when the library lacks its symbol.
+ * _retry_delay() RETURNS interval
+ *		0.2.0's, gone (nack's backoff reads gatekeeper.retry_delay in C); the
+ *		symbol stays for the older scripts (gatekeeper_gone).
  */
 Datum
 gatekeeper_retry_delay_interval(PG_FUNCTION_ARGS)
 {
-	Interval   *result = palloc0(sizeof(Interval));
-
-	result->time = (int64) gatekeeper_retry_delay * INT64CONST(1000);
-	PG_RETURN_INTERVAL_P(result);
+	gatekeeper_gone("0.2.0", "_retry_delay");
 }
 

@@ -128,5 +128,6 @@ typedef enum GatekeeperSchema
 extern GatekeeperSchema gatekeeper_schema(const char **version);
 extern void gatekeeper_require_schema(void);
 extern void gatekeeper_report_schema(int elevel, const char *version);
+extern void gatekeeper_gone(const char *version, const char *name) pg_attribute_noreturn();
 
 #endif							/* GATEKEEPER_H */

@@ -24,8 +24,8 @@
  * send_at and segment and no dedupe key are written as one row of
  * mail_run for up to RUN_MAX of them (ids id .. last_id) instead of a
  * mail_live row each: a bulk enqueue's cost was mostly the two index
- * entries of every live row (bench/notes.md, "Bulk enqueue: where the
- * insert trigger's time goes"); only statements of RUN_MIN_ROWS mails or
+ * entries of every live row (docs/internals.md, "Bulk enqueue"); only
+ * statements of RUN_MIN_ROWS mails or
  * more write runs.  A run of one is a live row.  Only ids
  * above every id mail_live and mail_run hold (asked once, when the first
  * run forms) go into runs, so a run never covers a mail that has a live

@@ -163,7 +163,7 @@ static const char queue_notify_sql[] = "SELECT unsubscribe_url, notify AND NOT p
  * asked as EXISTS over an id range it was costed as a third of mail_done,
  * and with finished mail out of id order or not yet vacuumed planned as a
  * scan of all of it, on every enqueueing statement
- * (sql/26_enqueue_retained.sql).
+ * (sql/36_enqueue_probe_retained.sql).
  */
 static const char any_done_sql[] =
 "SELECT coalesce((SELECT max(d.id) FROM gatekeeper.mail_done d) >= "
@@ -175,7 +175,7 @@ static const char any_done_sql[] =
  * statement's finished ids looked up (finished_ids), then, once: asked as
  * max(id) of mail_done alone, since the min(id) of the transition table
  * was a second pass over all of it, a spilled COPY's rows read back from
- * disk (3% of a bulk COPY: bench/notes.md, "Bulk enqueue in runs").
+ * disk (3% of a bulk COPY: docs/internals.md, "Bulk enqueue").
  */
 static const char max_done_sql[] =
 "SELECT max(d.id) FROM gatekeeper.mail_done d";

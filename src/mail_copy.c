@@ -17,8 +17,7 @@
  * (mail_check_insert, with its transition table) and the parent's
  * defaults, its own segment's constant among them, so a COPY into the
  * partition does what the COPY into gatekeeper.mail would, with
- * PostgreSQL's own CopyFrom batching the rows (bench/notes.md, "COPY into
- * the segment's partition").
+ * PostgreSQL's own CopyFrom batching the rows (docs/internals.md, "Bulk enqueue").
  *
  * The ProcessUtility hook takes a COPY FROM naming gatekeeper.mail only
  * when nothing it would run differs: no column list naming segment, no

@@ -71,54 +71,13 @@ claim_arrays(ArrayType *ids, ArrayType *attempts, int64 **idsp, int32 **attempts
 
 /*
  * _take_claimed(ids bigint[], attempts int[]) RETURNS SETOF mail_live
- *		The claims still open, taken out of their batches; the caller
- *		records what became of them.
- *
- * 0.3.0 has no such SQL function (nothing in SQL calls it since ack, nack,
- * extend and unclaim are C), but the symbol stays: 0.1.0's update to 0.2.0
- * and 0.2.0's install script create the function over it, and CREATE
- * FUNCTION of a C function fails when the library lacks its symbol, so an
- * older version could neither be installed nor updated to 0.3.0.
+ *		0.2.0's, gone (ack, nack, extend and unclaim are C); the symbol stays
+ *		for the older scripts (gatekeeper_gone).
  */
 Datum
 gatekeeper_take_claimed(PG_FUNCTION_ARGS)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	MemoryContext keep = CurrentMemoryContext;
-	int64	   *ids;
-	int32	   *attempts;
-	int			n;
-	LiveRecord	lr;
-	Datum	   *taken;
-	int			ntaken;
-	Datum	   *values;
-	bool	   *nulls;
-	int			i;
-
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("ids and attempts must not be null")));
-	n = claim_arrays(PG_GETARG_ARRAYTYPE_P(0), PG_GETARG_ARRAYTYPE_P(1), &ids, &attempts);
-
-	InitMaterializedSRF(fcinfo, 0);
-	SPI_connect();
-	taken = mail_state_take_claimed(ids, attempts, n, &ntaken, &lr, keep);
-	if (ntaken > 0)
-	{
-		/* lr's descriptor is SPI's: before SPI_finish */
-		values = palloc(lr.desc->natts * sizeof(Datum));
-		nulls = palloc(lr.desc->natts * sizeof(bool));
-		for (i = 0; i < ntaken; i++)
-		{
-			mail_state_record_deform(&lr, taken[i], values, nulls);
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		}
-	}
-	SPI_finish();
-
-	return (Datum) 0;
+	gatekeeper_gone("0.2.0", "_take_claimed");
 }
 
 /*

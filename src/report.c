@@ -121,7 +121,7 @@ static const char return_path_sql[] =
  * scans of the segments' partitions (find_sent_mail), not by a statement
  * over the partitioned tables: a generic plan cannot prune by id, and its
  * executor start-up over eight partitions was a third of a record_event()
- * call (bench/notes.md, "record_event at 10,000/s").
+ * call (docs/internals.md, "Reports").
  */
 typedef struct SentMail
 {
@@ -408,8 +408,8 @@ token_in(const char *text, int64 *id)
 /*
  * report_bounce
  *		What a bounce does to the suppression list: see report.h.  In C with
- *		kept plans, not a PL/pgSQL call per report (bench/notes.md, "Reports,
- *		profiled"); the nacks (src/mail_state.c) call it too.
+ *		kept plans, not a PL/pgSQL call per report (docs/internals.md,
+ *		"Reports"); the nacks (src/mail_state.c) call it too.
  */
 void
 report_bounce(const char *address_key, const char *status, const char *detail, int64 mail_id)

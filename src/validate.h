@@ -31,7 +31,7 @@ extern bool gatekeeper_header_reserved(const char *name);
  * ">": at most 1 + 20 + 1 + 16 + 1 + 255 + 1 = 295 octets (the domain is
  * gatekeeper.message_id_domain, at most 255 octets, or the sender's, at
  * most 252), which leaves 89 octets for whatever else a Message-ID comes
- * to carry (a MAC); sql/35_placeholder_size.sql checks the longest.
+ * to carry (a MAC); sql/45_placeholder_size.sql checks the longest.
  */
 #define GATEKEEPER_MESSAGE_ID_PLACEHOLDER "{message_id}"
 #define GATEKEEPER_MESSAGE_ID_MAX	384

@@ -162,7 +162,8 @@
  * nothing else is on its way).  A round's transaction, its statements'
  * start and its commit cost the same for 10 mails as for 500; 25 ms
  * rounds measured about a tenth less worker CPU per mail than 10 ms ones
- * (bench/notes.md, issue 26).  What a crash sends again stays bounded by
+ * (docs/internals.md, "The ack's outcome rows").  What a crash sends
+ * again stays bounded by
  * the window either way (claim()).
  */
 #define RECORD_BATCH				512

@@ -81,7 +81,7 @@ SELECT count(*) FROM pg_proc p
 		OR has_function_privilege('public', p.oid, 'EXECUTE'))}),
 	'0', 'router: every function pins search_path, none is executable by PUBLIC');
 # and every function an application calls (no leading underscore) says
-# what it does in a COMMENT, as the shard's do (sql/22_comments.sql)
+# what it does in a COMMENT, as the shard's do (sql/27_function_comments.sql)
 is( $router->safe_psql('postgres', q{
 SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY 1) FROM pg_proc p
  WHERE p.pronamespace = 'gatekeeper'::regnamespace AND p.proname !~ '^_'

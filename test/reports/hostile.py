@@ -173,7 +173,7 @@ write('Content-Type: multipart/report; boundary=x\n\n--x\nContent-Type: message/
       'Message-ID: <424242.ffff@shop.example>\n\n--x--\n')
 # (a not-spam report naming the real mail is no hostile report since issue
 # 49: it is kept as a 'feedback' event, suppressing no one; see
-# sql/36_reports_corpus.sql)
+# sql/46_reports_corpus.sql)
 write('Content-Type: multipart/report; boundary=x\n\n--x\nContent-Type: message/feedback-report\n\n'
       'Feedback-Type: abuse\nOriginal-Rcpt-To: someone@else.example\nOriginal-Mail-From: bounces+'
       + token + '@b.example\n\n--x--\n')

@@ -23,6 +23,22 @@ SELECT p.oid::regprocedure AS function, l.lanname AS language, p.prosecdef AS de
 SELECT f AS orphan, to_regproc('gatekeeper.' || f) IS NULL AS dropped
   FROM unnest(ARRAY['_retry_delay', '_take_claimed', '_release_mail', '_release_mails']) AS f
  ORDER BY 1;
+-- their C symbols stay, so that an older version's script still loads the
+-- library, but a function created over one refuses (0A000) whatever it is
+-- given
+CREATE FUNCTION pg_temp._retry_delay() RETURNS interval
+LANGUAGE c AS '$libdir/gatekeeper', 'gatekeeper_retry_delay_interval';
+CREATE FUNCTION pg_temp._take_claimed(ids bigint[], attempts int[])
+RETURNS SETOF gatekeeper.mail_live
+LANGUAGE c AS '$libdir/gatekeeper', 'gatekeeper_take_claimed';
+CREATE FUNCTION pg_temp._release_mail(recipient text, holder bigint) RETURNS int
+LANGUAGE c AS '$libdir/gatekeeper', 'gatekeeper_release_mail';
+CREATE FUNCTION pg_temp._release_mails(recipients text[], holders bigint[]) RETURNS int
+LANGUAGE c AS '$libdir/gatekeeper', 'gatekeeper_release_mails';
+SELECT pg_temp.error_of($$SELECT pg_temp._retry_delay()$$) AS retry_delay;
+SELECT pg_temp.error_of($$SELECT * FROM pg_temp._take_claimed('{}', '{}')$$) AS take_claimed;
+SELECT pg_temp.error_of($$SELECT pg_temp._release_mail('gone@example.com', 1)$$) AS release_mail;
+SELECT pg_temp.error_of($$SELECT pg_temp._release_mails('{gone@example.com}', '{1}')$$) AS release_mails;
 
 --
 -- mail_key_restore: a key's row inserted by the owner replaces the row of

@@ -116,7 +116,7 @@ SELECT r.mail_id = s.id AS the_mail, r.recipient, r.event, r.status, r.detail
 SELECT r.mail_id = s.id AS the_mail, r.recipient, r.event, r.status, r.detail
   FROM gatekeeper.ingest_report(pg_temp.report(:'jmrp', 'jmrp')) r, sent s WHERE s.tag = 'jmrp';
 -- a second DSN (another status: the same one is one event, see
--- 22_report_events) delivered with its local part upper-cased by an MTA
+-- 29_report_events) delivered with its local part upper-cased by an MTA
 SELECT count(*) AS upper_cased_token
   FROM gatekeeper.ingest_report(replace(pg_temp.report(:'postfix', 'postfix'), 'Status: 5.1.1', 'Status: 5.1.2'),
 								upper('bounces+' || (SELECT token FROM sent WHERE tag = 'postfix') || '@bounce.shop.example'));
@@ -234,7 +234,7 @@ SELECT r.recipient, r.event, r.status
 
 -- queue_stats' totals: deferrals, bounces, complaints (a mail counts one
 -- bounce: the postfix mail's second DSN and soft4's second and third are
--- kept as events, not counted again; see 22_report_events)
+-- kept as events, not counted again; see 29_report_events)
 SELECT queue, sent, deferred, bounced, complained FROM gatekeeper.queue_stats
  WHERE queue LIKE 'r\_%' ORDER BY queue;
 
