@@ -170,9 +170,9 @@ SELECT count(*) FILTER (WHERE c.expect_event = 'bounced') AS bounces,
 	   count(*) FILTER (WHERE c.expect_suppression = 'hard_bounce') AS hard,
 	   round(100.0 * count(*) FILTER (WHERE c.expect_suppression = 'hard_bounce' AND o.suppression = 'hard_bounce')
 			 / count(*) FILTER (WHERE c.expect_suppression = 'hard_bounce')) AS hard_suppressed_pct,
-	   count(*) FILTER (WHERE c.expect_suppression IS NULL) AS other,
+	   count(*) FILTER (WHERE c.expect_suppression IS NULL) AS not_hard,
 	   round(100.0 * count(*) FILTER (WHERE c.expect_suppression IS NULL AND o.suppression IS NOT NULL)
-			 / count(*) FILTER (WHERE c.expect_suppression IS NULL)) AS other_suppressed_pct,
+			 / count(*) FILTER (WHERE c.expect_suppression IS NULL)) AS not_hard_suppressed_pct,
 	   count(*) FILTER (WHERE c.expect_event = 'deferred') AS delay_notices,
 	   count(*) FILTER (WHERE c.expect_event = 'deferred' AND o.event = 'deferred') AS read_as_deferred
   FROM outcome o JOIN corpus c USING (file);
