@@ -43,8 +43,9 @@
  * whatever its format (issue 49): when it holds no DSN group gatekeeper
  * can use (Exim's and qmail's plain-text bounces, a provider's own
  * layout), its status is read from its text (smtp_trouble_in_text) and
- * it is a bounced event, with no status when nothing can be read; an
- * auto-reply (RFC 3834) is none.  A DSN's only group that has no
+ * it is a bounced event, with no status when nothing can be read (a
+ * deferred one when it only warns of a delay: report_parse's
+ * delay_notice); an auto-reply (RFC 3834) is none.  A DSN's only group that has no
  * Diagnostic-Code takes its detail from the text the same way (Exim 4.96
  * writes its own failures so: Status 5.0.0, the reason for people only,
  * t/093_reports_exim_pipe.pl).  Why a bounce or deferral failed, and
@@ -1188,7 +1189,8 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 									rsinfo->setResult, rsinfo->setDesc, NULL);
 		}
 		else if (delivered_to_token && (failure || !r.auto_reply))
-			rows += report_rows(id, NULL, false, NULL, NULL, "bounced",
+			rows += report_rows(id, NULL, false, NULL, NULL,
+								r.delay_notice ? "deferred" : "bounced",
 								status ? report_clean(status, strlen(status)) : NULL,
 								line ? report_clean(line, strlen(line)) : NULL,
 								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);

@@ -124,6 +124,8 @@ report_parse(const char *data, size_t len, ParsedReport *out)
 	all.n = len;
 	walk(all, 0, false, &w);
 
+	/* a Subject that quotes the mail's own words says no delay */
+	out->delay_notice = (out->delay_subject && !out->failure_subject) || out->delay_text;
 	if (out->nrecipients > 0)
 		out->kind = REPORT_DSN;
 	else if (out->feedback_type != NULL)
@@ -294,6 +296,7 @@ read_top_field(const char *name, const char *value, ParsedReport *out)
 		const char *v = skip_space(lower);
 
 		out->failure_subject = contains_any(v, failures);
+		out->delay_subject = strstr(v, "delay") != NULL || strncmp(v, "warning:", 8) == 0;
 		if (starts_with_any(v, replies))
 			out->auto_reply = true;
 	}
@@ -364,9 +367,23 @@ walk(Span data, int depth, bool in_report, Walk *w)
 		return;
 	}
 	/*
-	 * OpenSMTPD writes its DSN as a multipart/mixed, not a
-	 * multipart/report: its delivery-status and its returned headers are
-	 * read wherever they are (their types say what they are).
+	 * Delivery status in awkward layouts: OpenSMTPD sends its
+	 * message/delivery-status in a multipart/mixed, and some MTAs label
+	 * the report's second part text/plain.  Only groups that name a
+	 * recipient or an action are kept from either.
+	 */
+	if (depth > 0 && !w->have_status &&
+		(strcmp(e.type, "message/delivery-status") == 0 ||
+		 strcmp(e.type, "message/global-delivery-status") == 0 ||
+		 (in_report && strcmp(e.type, "text/plain") == 0)))
+	{
+		read_delivery_status(decode(&e), w);
+		w->have_status = w->out->nrecipients > 0;
+		return;
+	}
+	/*
+	 * Likewise the returned headers: OpenSMTPD's text/rfc822-headers sit
+	 * in a multipart/mixed, and their type says what they are.
 	 */
 	if (strcmp(e.type, "message/delivery-status") == 0 ||
 		strcmp(e.type, "message/global-delivery-status") == 0 ||
@@ -712,9 +729,21 @@ static void
 keep_text(Span body, Walk *w)
 {
 	static const char *const copies[] = {
-		"copy of the message", "original message", "below this line", "headers of the original",
-		"message headers follow", "returned message", "undelivered message",
-		"header of the original", "forwarded message", NULL
+		"copy of the message", "copy of the original message", "original message follows",
+		"----- original message", "original message headers", "below this line",
+		"headers of the original", "message headers follow", "returned message",
+		"undelivered message", "header of the original", "forwarded message", NULL
+	};
+
+	/*
+	 * What says the report is a warning of a delay, not a failure (OpenSMTPD's
+	 * "temporary failure report", Courier's "advisory notice only", Postfix's
+	 * and sendmail's "warning only"): it is read as a deferral.
+	 */
+	static const char *const delays[] = {
+		"temporary failure report", "advisory notice only", "warning message only",
+		"this is a warning only", "will keep trying", "will continue trying",
+		"do not need to resend", "do not need to re-send", NULL
 	};
 	const char *p = body.p;
 	const char *end = body.p + Min(body.n, (size_t) REPORT_MAX_BODY);
@@ -733,6 +762,8 @@ keep_text(Span body, Walk *w)
 			end = p;
 			break;
 		}
+		if (contains_any(lower, delays))
+			w->out->delay_text = true;
 		p = next;
 	}
 	out = palloc(end - body.p + 1);

@@ -50,6 +50,9 @@ typedef struct ParsedReport
 	bool		from_daemon;	/* From a mailer-daemon or postmaster */
 	bool		failure_subject;	/* a Subject that says delivery failed */
 	bool		auto_reply;		/* marked (RFC 3834) or titled as one */
+	bool		delay_subject;	/* a Subject that says delivery is delayed */
+	bool		delay_text;		/* a text that says it warns of a delay */
+	bool		delay_notice;	/* either, and no Subject of a failure */
 	bool		forwarded;		/* a message/rfc822 outside any report */
 	/* ARF */
 	char	   *feedback_type;	/* lower-cased */

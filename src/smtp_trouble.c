@@ -9,12 +9,14 @@
  * A server's code and its words often disagree: "550 5.1.1 mailbox full",
  * "550 5.1.1 message blocked as spam", Office 365's "550 5.1.351" or
  * "5.4.4 host unknown", Outlook's "550 5.5.0 ... mailbox unavailable",
- * Exim's "5.0.0" with "User unknown" after it.  So the reason is read from
+ * Exim's "5.0.0" with "User unknown" after it, Office 365's "5.4.1
+ * Recipient address rejected: Access denied" (its directory-based edge
+ * blocking: no such recipient).  So the reason is read from
  * both, in this order:
  *
  *	1. the words that say the failure is not the address's, whatever the
  *	   code (authentication, a full mailbox, a message too large, a block
- *	   list, a rate limit, spam or a virus);
+ *	   list, a rate limit, spam or a virus, an MTA that gave up);
  *	2. the words that say the address does not exist (host unknown, user
  *	   unknown), and then words of a policy block;
  *	3. the RFC 3463 code (x.1.1 user unknown, x.2.2 mailbox full, ...);
@@ -93,8 +95,16 @@ static const char *const rate_words[] = {
 };
 static const char *const spam_words[] = {
 	"spam", "junk mail", "virus", "malware", "infected", "unsolicited", "bulk mail",
-	"content rejected", "message content", "content filter", "phish", "suspicious",
-	NULL
+	"content rejected", "message content", "content filter", "content restriction", "phish",
+	"suspicious", NULL
+};
+
+/*
+ * an expiry in words no code can overrule: qmail's "(#4.4.1) ... in the
+ * queue too long", WorkMail's "4.4.7 Message expired: ... <421 4.4.2 ...>"
+ */
+static const char *const gave_up_words[] = {
+	"queue too long", "message expired", "envelope expired", "retry timeout exceeded", NULL
 };
 
 /* 2. words that say the address does not exist, then a policy block */
@@ -119,11 +129,11 @@ static const char *const user_words[] = {
 	"account has been disabled", "account disabled", "mailbox disabled", "mailbox is disabled",
 	"is disabled", "no longer active", "account is inactive", "mailbox is inactive",
 	"addressee unknown", "not our customer", "no such address", "bad recipient",
-	"mailbox name not allowed", NULL
+	"mailbox name not allowed", "recipient address rejected: access denied", NULL
 };
 static const char *const policy_words[] = {
 	"blocked", "denied", "policy", "prohibited", "not allowed", "not authorized",
-	"refused by", "administrative", NULL
+	"refused by", "administrative", "permission to post", NULL
 };
 
 /* 4. words of an expiry or a system error */
@@ -132,7 +142,7 @@ static const char *const expired_words[] = {
 	"could not be delivered within", "giving up", "given up", "time limit", NULL
 };
 static const char *const system_words[] = {
-	"connection refused", "connection timed out", "timed out", "timeout", "temporary failure",
+	"network error", "connection refused", "connection timed out", "timed out", "timeout", "temporary failure",
 	"temporarily unavailable", "service unavailable", "local error", "internal error",
 	"system error", "try again later", "insufficient system storage", "loops back",
 	"mail loop", "too many hops", "routing loop", "unable to connect", "network", NULL
@@ -146,6 +156,7 @@ static const TroublePhrases not_address[] = {
 	{TROUBLE_POLICY_BLOCKED, blocklist_words},
 	{TROUBLE_RATE_LIMITED, rate_words},
 	{TROUBLE_SPAM_FILTERED, spam_words},
+	{TROUBLE_EXPIRED, gave_up_words},
 };
 static const TroublePhrases address[] = {
 	{TROUBLE_HOST_UNKNOWN, host_words},
@@ -507,8 +518,13 @@ smtp_trouble_in_text(const char *text, char **status, char **line)
 				if (b != text && b[-1] != ':' && b[-1] != '\n')
 					continue;
 			}
-			if (read_reply(q, &reply) && reply >= 400 && q[3] == ' ' &&
-				q[4] != '\0' && !isdigit((unsigned char) q[4]))
+			/* Yahoo writes "554: delivery error: ..." */
+			if (q[0] >= '4' && q[0] <= '5' && isdigit((unsigned char) q[1]) &&
+				isdigit((unsigned char) q[2]) && q[3] == ':' && q[4] == ' ')
+				reply = (q[0] - '0') * 100 + (q[1] - '0') * 10 + (q[2] - '0');
+			else if (!read_reply(q, &reply) || q[3] != ' ')
+				continue;
+			if (reply >= 400 && q[4] != '\0' && !isdigit((unsigned char) q[4]))
 			{
 				found = p;
 				code = pnstrdup(p, 3);
@@ -525,7 +541,8 @@ smtp_trouble_in_text(const char *text, char **status, char **line)
 
 		if (phrases_in(lower, address, 2, &reason, &at) ||
 			phrases_in(lower, not_address, lengthof(not_address), &reason, &at) ||
-			phrases_in(lower, weak, 1, &reason, &at))
+			phrases_in(lower, address + 2, 1, &reason, &at) ||
+			phrases_in(lower, weak, lengthof(weak), &reason, &at))
 			found = text + (at - lower);
 		pfree(lower);
 		if (found == NULL)

@@ -52,10 +52,10 @@ extern bool smtp_trouble_hard(TroubleReason reason);
  * failure: *status set to the RFC 3463 code (or the three-digit reply
  * when the text gives none), *line to the line that says it, trimmed,
  * both palloc'd; NULL when the text quotes none.  The reply an MTA
- * quotes ("550 5.1.1 ...", "said: 550 ...", "(#5.1.1)") comes first, a
- * bare code next, and failing both the line of a phrase MTAs write for
- * a failure ("User unknown", "mailbox is full").  Returns whether any
- * was found.
+ * quotes ("550 5.1.1 ...", "said: 550 ...", "(#5.1.1)", Yahoo's "554:
+ * delivery error") comes first, a bare code next, and failing both the
+ * line of a phrase MTAs write for a failure ("User unknown", "mailbox is
+ * full", "permission to post").  Returns whether any was found.
  */
 extern bool smtp_trouble_in_text(const char *text, char **status, char **line);
 
