@@ -30,6 +30,7 @@
 
 #include "gatekeeper.h"
 #include "message.h"
+#include "smtp_trouble.h"
 
 #include "lib/ilist.h"
 
@@ -67,9 +68,8 @@ typedef struct GatekeeperDelivery
 	/* set by the client */
 	int			relay;			/* the relay it was submitted to, from 0 */
 	GatekeeperOutcome outcome;
-	int			reply_code;		/* the reply that decided it, 0 if none */
-	bool		mail_refused;	/* it was a 5xx to MAIL FROM */
-	bool		rcpt_refused;	/* it was a reply to RCPT TO: the recipient's */
+	SmtpReply	reply;			/* the reply that decided it, as read and
+								 * classified (code 0 if none) */
 	bool		session_reached;	/* a session with the relay was open */
 	char		error[256];		/* why it was not sent, with the peer */
 

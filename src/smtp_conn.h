@@ -44,7 +44,7 @@
 #define SMTP_CONNECT_HOLD_MS	2000
 
 /* the longest reply line kept for error text */
-#define SMTP_REPLY_MAX			200
+#define SMTP_REPLY_MAX			SMTP_REPLY_TEXT_MAX
 
 /* RFC 5321 4.5.3.1.5: a reply line, CRLF included, and (ours) a whole reply */
 #define SMTP_LINE_MAX			512
@@ -175,7 +175,8 @@ typedef struct SmtpConn
 	int			in_pos;			/* octets of it already consumed */
 	int			reply_lines;	/* lines of the reply being read */
 	int			reply_octets;	/* and their octets */
-	char		reply[SMTP_REPLY_MAX];	/* its last line */
+	SmtpReply	reading;		/* the reply being read: its first line */
+	SmtpReply	reply;			/* the last reply read, whole */
 
 	/* output */
 	SmtpSegment *segs;
@@ -203,11 +204,9 @@ typedef struct SmtpConn
 	 */
 	GatekeeperDelivery *sort_d;
 	bool		sort_in_order;	/* they read as answers in order */
-	int			sort_first_code;	/* the reply where the "."'s was due */
-	char		sort_first[SMTP_REPLY_MAX];
+	SmtpReply	sort_first;		/* the reply where the "."'s was due */
 	int			sort_found;		/* replies that can only be the "."'s */
-	int			sort_code;		/* the last of them */
-	char		sort_reply[SMTP_REPLY_MAX];
+	SmtpReply	sort_reply;		/* the last of them */
 
 	/* transactions on this connection, oldest first */
 	dlist_head	txns;

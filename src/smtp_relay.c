@@ -141,9 +141,7 @@ void
 smtp_relay_submit(SmtpRelay *r, GatekeeperDelivery *d)
 {
 	d->outcome = GATEKEEPER_PENDING;
-	d->reply_code = 0;
-	d->mail_refused = false;
-	d->rcpt_refused = false;
+	memset(&d->reply, 0, sizeof(d->reply));
 	d->session_reached = false;
 	d->error[0] = '\0';
 	if (d->txn == NULL)
@@ -454,7 +452,8 @@ smtp_relay_finish(SmtpRelay *r, GatekeeperDelivery *d, GatekeeperOutcome outcome
 		va_list		ap;
 
 		d->outcome = outcome;
-		d->reply_code = code;
+		memset(&d->reply, 0, sizeof(d->reply));
+		d->reply.code = code;
 		va_start(ap, fmt);
 		vsnprintf(d->error, sizeof(d->error), fmt, ap);
 		va_end(ap);

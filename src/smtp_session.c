@@ -223,7 +223,7 @@ conn_timed_out(SmtpConn *c)
 			continue;
 		smtp_session_take(c, d);
 		smtp_relay_finish(c->relay, d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", c->relay->cfg.peer, error,
-				   c->reply[0] ? "; last reply: " : "", c->reply);
+				   c->reply.text[0] ? "; last reply: " : "", c->reply.text);
 	}
 	conn_requeue_txns(c);
 	smtp_relay_close_conn(c);
@@ -266,7 +266,7 @@ smtp_session_lost(SmtpConn *c, bool relay_ended, const char *error)
 			continue;			/* not taken: requeued below */
 		smtp_session_take(c, d);
 		smtp_relay_finish(c->relay, d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", c->relay->cfg.peer, error,
-				   c->reply[0] ? "; last reply: " : "", c->reply);
+				   c->reply.text[0] ? "; last reply: " : "", c->reply.text);
 	}
 	if (c->state < CS_READY || (!c->reused && c->ntxns > 0))
 		smtp_session_failed(c, "%s", error);
@@ -485,6 +485,9 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 			}
 		}
 	}
+	/* the reply's code and status are its first line's (RFC 2034) */
+	if (c->reply_lines == 0)
+		(void) smtp_reply_parse(&c->reading, line);
 	c->reply_lines++;
 	if (!last)
 		return;
@@ -497,17 +500,18 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 
 		while (line[n] == ' ' || line[n] == '.' || isdigit((unsigned char) line[n]))
 			n++;
-		snprintf(c->reply, sizeof(c->reply), "%.*s(reply to AUTH)", (int) n, line);
+		snprintf(c->reading.text, sizeof(c->reading.text), "%.*s(reply to AUTH)", (int) n, line);
 	}
 	else
-		strlcpy(c->reply, line, sizeof(c->reply));
+		strlcpy(c->reading.text, line, sizeof(c->reading.text));
+	c->reply = c->reading;
 	c->reply_lines = 0;
 	smtp_io_progress(c);
 
 	if (c->state == CS_READY)
-		smtp_txn_reply(c, code);
+		smtp_txn_reply(c, c->reply.code);
 	else
-		conn_session_reply(c, code);
+		conn_session_reply(c, c->reply.code);
 }
 
 /*
@@ -522,7 +526,7 @@ conn_session_reply(SmtpConn *c, int code)
 		case CS_GREETING:
 			if (code / 100 != 2)
 			{
-				smtp_session_failed(c, "greeting refused the session: %s", c->reply);
+				smtp_session_failed(c, "greeting refused the session: %s", c->reply.text);
 				return;
 			}
 			{
@@ -548,17 +552,17 @@ conn_session_reply(SmtpConn *c, int code)
 				pfree(helo);
 			}
 			else
-				smtp_session_failed(c, "EHLO refused: %s", c->reply);
+				smtp_session_failed(c, "EHLO refused: %s", c->reply.text);
 			break;
 		case CS_HELO:
 			if (code / 100 != 2)
-				smtp_session_failed(c, "HELO refused: %s", c->reply);
+				smtp_session_failed(c, "HELO refused: %s", c->reply.text);
 			else
 				conn_after_ehlo(c);
 			break;
 		case CS_STARTTLS:
 			if (code != 220)
-				smtp_session_failed(c, "STARTTLS refused: %s", c->reply);
+				smtp_session_failed(c, "STARTTLS refused: %s", c->reply.text);
 			else if (c->in_len > c->in_pos)
 				smtp_session_failed(c, "relay sent more than its reply to STARTTLS");
 			else
@@ -576,7 +580,7 @@ conn_session_reply(SmtpConn *c, int code)
 			smtp_relay_close_conn(c);
 			break;
 		default:
-			smtp_session_failed(c, "unexpected reply: %s", c->reply);
+			smtp_session_failed(c, "unexpected reply: %s", c->reply.text);
 			break;
 	}
 }
@@ -634,7 +638,7 @@ conn_auth(SmtpConn *c, int code)
 	}
 	if (code != 0 && code != 334)
 	{
-		smtp_session_failed(c, "login refused: %s", c->reply);
+		smtp_session_failed(c, "login refused: %s", c->reply.text);
 		return;
 	}
 
@@ -642,7 +646,7 @@ conn_auth(SmtpConn *c, int code)
 	{
 		if (c->auth_step > 0)
 		{
-			smtp_session_failed(c, "login refused: %s", c->reply);
+			smtp_session_failed(c, "login refused: %s", c->reply.text);
 			return;
 		}
 		rawlen = strlen(user) + strlen(password) + 2;
@@ -661,7 +665,7 @@ conn_auth(SmtpConn *c, int code)
 		}
 		if (c->auth_step > 2)
 		{
-			smtp_session_failed(c, "login refused: %s", c->reply);
+			smtp_session_failed(c, "login refused: %s", c->reply.text);
 			return;
 		}
 		raw = pstrdup(c->auth_step == 1 ? user : password);

@@ -69,7 +69,8 @@ static void conn_write_txn(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_write_message(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_txn_done(SmtpConn *c, GatekeeperDelivery *d);
-static void txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what);
+static void txn_fail(SmtpConn *c, GatekeeperDelivery *d, SmtpAnswer answered,
+					 const char *what);
 static bool conn_may_follow_dot(SmtpConn *c);
 static int	reply_subject(SmtpConn *c);
 static void conn_misordered(SmtpConn *c, GatekeeperDelivery *d);
@@ -282,7 +283,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		char		error[SMTP_REPLY_MAX + 64];
 
 		/* 421 (RFC 5321 3.8), or a reply nobody asked for: the end */
-		snprintf(error, sizeof(error), "the relay ended the session: %s", c->reply);
+		snprintf(error, sizeof(error), "the relay ended the session: %s", c->reply.text);
 		smtp_session_lost(c, true, error);
 		return;
 	}
@@ -307,9 +308,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		case CMD_MAIL:
 			if (!ok)
 			{
-				txn_fail(c, d, code, "MAIL FROM");
-				d->mail_refused = d->outcome == GATEKEEPER_FAIL && code / 100 == 5 &&
-					d->reply_code == code;
+				txn_fail(c, d, SMTP_ANSWER_MAIL, "MAIL FROM");
 				if (!c->pipelining)
 					conn_txn_done(c, d);
 			}
@@ -319,7 +318,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		case CMD_RCPT:
 			if (!ok)
 			{
-				txn_fail(c, d, code, "RCPT TO");
+				txn_fail(c, d, SMTP_ANSWER_RCPT, "RCPT TO");
 				if (!c->pipelining)
 					conn_txn_done(c, d);
 			}
@@ -342,7 +341,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 			}
 			else
 			{
-				txn_fail(c, d, code, "DATA");
+				txn_fail(c, d, SMTP_ANSWER_DATA, "DATA");
 				conn_txn_done(c, d);
 			}
 			break;
@@ -353,8 +352,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 				/* it may answer a command behind the ".": see them all */
 				c->sort_d = d;
 				c->sort_in_order = code != 354;
-				c->sort_first_code = code;
-				strlcpy(c->sort_first, c->reply, sizeof(c->sort_first));
+				c->sort_first = c->reply;
 				c->sort_found = 0;
 				conn_sort_reply(c, code, true);
 				return;
@@ -362,7 +360,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 			/* FALLTHROUGH */
 		case CMD_BDAT:
 			if (!ok)
-				txn_fail(c, d, code, e.command == CMD_DOT ? "the message" : "BDAT");
+				txn_fail(c, d, SMTP_ANSWER_DATA, e.command == CMD_DOT ? "the message" : "BDAT");
 			conn_txn_done(c, d);
 			break;
 	}
@@ -398,26 +396,26 @@ conn_txn_done(SmtpConn *c, GatekeeperDelivery *d)
 
 /*
  * txn_fail
- *		d was refused with code in reply to what: the first refusal decides.
+ *		d was refused by c's last reply, which answered its command what:
+ *		the first refusal decides.  The reply goes with d as it was read,
+ *		with what the classifier says of it (src/smtp_trouble.c: a hard
+ *		bounce only when it answered RCPT TO); the error text is for
+ *		people.
  */
 static void
-txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what)
+txn_fail(SmtpConn *c, GatekeeperDelivery *d, SmtpAnswer answered, const char *what)
 {
 	if (d->outcome != GATEKEEPER_PENDING)
 		return;
-	d->outcome = code / 100 == 5 ? GATEKEEPER_FAIL : GATEKEEPER_RETRY;
-	d->reply_code = code;
-
-	/*
-	 * A refusal of the recipient starts with the reply, which nack reads
-	 * for a hard bounce (RFC 3463 5.1.x); no other refusal is one.
-	 */
-	d->rcpt_refused = strcmp(what, "RCPT TO") == 0;
-	if (d->rcpt_refused)
+	d->outcome = c->reply.code / 100 == 5 ? GATEKEEPER_FAIL : GATEKEEPER_RETRY;
+	d->reply = c->reply;
+	smtp_reply_classify(&d->reply, answered);
+	if (answered == SMTP_ANSWER_RCPT)
 		snprintf(d->error, sizeof(d->error), "%s (relay %s, reply to RCPT TO)",
-				 c->reply, c->relay->cfg.peer);
+				 c->reply.text, c->relay->cfg.peer);
 	else
-		snprintf(d->error, sizeof(d->error), "relay %s refused %s: %s", c->relay->cfg.peer, what, c->reply);
+		snprintf(d->error, sizeof(d->error), "relay %s refused %s: %s", c->relay->cfg.peer, what,
+				 c->reply.text);
 }
 
 /*
@@ -448,24 +446,15 @@ smtp_txn_behind_dot(const SmtpConn *c)
 /*
  * reply_subject
  *		The subject of the enhanced status code (RFC 3463) of c's last
- *		reply, "2.1.5" -> 1, or -1 when it has none.
+ *		reply, "2.1.5" -> 1, or -1 when it has none or the relay does not
+ *		offer ENHANCEDSTATUSCODES.
  */
 static int
 reply_subject(SmtpConn *c)
 {
-	const char *p = c->reply + 4;
-	int			subject = 0;
-
-	if (!c->enhanced || strlen(c->reply) < 4 || !isdigit((unsigned char) p[0]) || p[1] != '.')
+	if (!c->enhanced || c->reply.klass == 0)
 		return -1;
-	p += 2;
-	if (!isdigit((unsigned char) *p))
-		return -1;
-	while (isdigit((unsigned char) *p) && subject < 1000)
-		subject = subject * 10 + (*p++ - '0');
-	if (*p != '.' || !isdigit((unsigned char) p[1]))
-		return -1;
-	return subject;
+	return c->reply.subject;
 }
 
 /*
@@ -495,9 +484,7 @@ static void
 conn_misordered(SmtpConn *c, GatekeeperDelivery *d)
 {
 	d->outcome = GATEKEEPER_PENDING;
-	d->reply_code = 0;
-	d->mail_refused = false;
-	d->rcpt_refused = false;
+	memset(&d->reply, 0, sizeof(d->reply));
 	d->error[0] = '\0';
 	d->txn->replies = 0;
 	c->reused = true;
@@ -518,8 +505,7 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 {
 	GatekeeperDelivery *d = c->sort_d;
 	const char *peer = c->relay->cfg.peer;
-	int			dot_code = 0;
-	const char *dot_reply = NULL;
+	const SmtpReply *dot_reply = NULL;
 
 	if (!first && (code == 421 || c->nexpect == 0))
 	{
@@ -540,8 +526,7 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 		if (code != 354 && reply_subject(c) != 1)
 		{
 			c->sort_found++;
-			c->sort_code = code;
-			strlcpy(c->sort_reply, c->reply, sizeof(c->sort_reply));
+			c->sort_reply = c->reply;
 		}
 		if (c->nexpect > 0)
 			return;
@@ -551,24 +536,22 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 	if (c->sort_in_order)
 	{
 		smtp_txn_distrust(c, "answered a final \".\" as if it were MAIL FROM or RCPT TO");
-		dot_code = c->sort_first_code;
-		dot_reply = c->sort_first;
+		dot_reply = &c->sort_first;
 	}
 	else
 	{
 		smtp_txn_distrust(c, "answered out of order behind a final \".\"");
 		if (c->sort_found == 1)
 		{
-			dot_code = c->sort_code;
-			dot_reply = c->sort_reply;
+			dot_reply = &c->sort_reply;
 		}
 	}
 	if (dot_reply != NULL)
 	{
-		if (dot_code / 100 != 2)
+		if (dot_reply->code / 100 != 2)
 		{
-			strlcpy(c->reply, dot_reply, sizeof(c->reply));
-			txn_fail(c, d, dot_code, "the message");
+			c->reply = *dot_reply;
+			txn_fail(c, d, SMTP_ANSWER_DATA, "the message");
 		}
 		conn_txn_done(c, d);
 	}

@@ -1595,15 +1595,16 @@ judge(GatekeeperDelivery *d)
 	/* what the relay said, counted when it said it, whatever the mail's fate */
 	if (d->outcome == GATEKEEPER_RETRY)
 		relay_status(relay)->deferred_total++;
-	if (d->reply_code >= 400)
+	if (d->reply.code >= 400)
 	{
 		GatekeeperRelayStatus *rs = relay_status(relay);
 
 		strlcpy(rs->last_reply, d->error, sizeof(rs->last_reply));
 		rs->last_reply_at = GetCurrentTimestamp();
 	}
-	if ((d->outcome == GATEKEEPER_FAIL && d->mail_refused) ||
-		(d->outcome == GATEKEEPER_RETRY && d->reply_code / 100 == 4 && !d->rcpt_refused))
+	if ((d->outcome == GATEKEEPER_FAIL && d->reply.answered == SMTP_ANSWER_MAIL) ||
+		(d->outcome == GATEKEEPER_RETRY && d->reply.code / 100 == 4 &&
+		 d->reply.answered != SMTP_ANSWER_RCPT))
 	{
 		bool		deferred = d->outcome == GATEKEEPER_RETRY;
 		bool		trips;
@@ -1619,7 +1620,7 @@ judge(GatekeeperDelivery *d)
 		if (deferred)
 			trips = worker_breaker_deferred(relay, &in_a_row);
 		else
-			trips = worker_breaker_mail_refused(relay, d->reply_code, &in_a_row);
+			trips = worker_breaker_mail_refused(relay, d->reply.code, &in_a_row);
 		if (trips)
 		{
 			char		error[300];
@@ -1948,10 +1949,11 @@ record_step(void *arg)
 		if (d->outcome != GATEKEEPER_RETRY && d->outcome != GATEKEEPER_FAIL)
 			continue;
 		if (d->error[0] == '\0')
-			snprintf(d->error, sizeof(d->error), "relay replied %d", d->reply_code);
+			snprintf(d->error, sizeof(d->error), "relay replied %d", d->reply.code);
 		nacks[nnacks].id = d->mail.id;
 		nacks[nnacks].attempt = d->mail.attempt;
 		nacks[nnacks].error = d->error;
+		nacks[nnacks].reply = &d->reply;
 		nacks[nnacks].permanent = d->outcome == GATEKEEPER_FAIL;
 		nnacks++;
 	}
