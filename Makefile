@@ -48,6 +48,7 @@ OBJS = \
 	src/smtp_relay.o \
 	src/smtp_session.o \
 	src/smtp_txn.o \
+	src/smtp_chat.o \
 	src/suppression.o \
 	src/unsubscribe.o \
 	src/window.o \

@@ -5,9 +5,10 @@
  *		the client's own state of a transaction.
  *
  * Only the client's layers include this: smtp_io.c (bytes on a socket),
- * smtp_session.c (the session machine), smtp_txn.c (its transactions),
+ * smtp_chat.c (commands and the replies they wait for), smtp_txn.c (a
+ * ready session's transactions), smtp_session.c (the session machine),
  * smtp_relay.c (a relay's connections) and smtp_client.c (the API the
- * worker uses).  It declares
+ * worker uses), each calling only those listed before it.  It declares
  * no functions; each layer's header declares its own.
  *
  * IDENTIFICATION
@@ -92,6 +93,20 @@ typedef enum SmtpCommand
 	CMD_BDAT
 } SmtpCommand;
 
+/*
+ * What a step of the session machine asks of the connection's relay
+ * (smtp_relay.c acts on it): the session and its transactions never call
+ * up.
+ */
+typedef enum SmtpStep
+{
+	SMTP_STEP_GOING,			/* nothing: the session goes on */
+	SMTP_STEP_READY,			/* the session became ready: hand it mail */
+	SMTP_STEP_CLOSE,			/* the session is over: close the connection */
+	SMTP_STEP_FAILED			/* the session failed, the relay's fault:
+								 * failure says why */
+} SmtpStep;
+
 /* a reply the connection waits for, in the order the commands went out */
 typedef struct SmtpExpect
 {
@@ -121,11 +136,9 @@ typedef struct SmtpRelay
 	SSL_CTX    *tls_ctx;		/* made on the first TLS connection */
 	dlist_head	conns;
 	int			nconns;			/* open or opening */
-	int			nready;			/* of them, ready for transactions */
 	dlist_head	backlog;
 	int			nbacklog;
 	dlist_head	done;
-	int			ntxns;			/* transactions on its connections */
 	TimestampTz connect_hold_until;
 	TimestampTz next_send;		/* rate=: the next transaction not before */
 	bool		misorders;		/* answered out of order behind a final ".":
@@ -211,6 +224,12 @@ typedef struct SmtpConn
 	/* transactions on this connection, oldest first */
 	dlist_head	txns;
 	int			ntxns;
+
+	/* what the last step left for the relay (smtp_chat.c) */
+	SmtpStep	step;			/* what it asks of the relay */
+	char		failure[300];	/* SMTP_STEP_FAILED: why */
+	dlist_head	finished;		/* deliveries decided, to be handed back */
+	dlist_head	giveback;		/* never taken: back to the backlog's head */
 	GatekeeperDelivery *data_wait;	/* waits for its 354 */
 
 	TimestampTz deadline;		/* the reply awaited is late after this */

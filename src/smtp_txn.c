@@ -50,7 +50,9 @@
  *
  * The session (smtp_session.c) reads the replies and hands each that
  * answers a transaction's command here (smtp_txn_reply), and owns what
- * becomes of the connection: smtp_session_lost when it ends.
+ * becomes of the connection: smtp_txn_reply says when the session is
+ * over, and why.  A delivery decided here is left on the connection
+ * (smtp_chat_finish) for its relay to hand back; nothing here calls up.
  *
  * IDENTIFICATION
  *		src/smtp_txn.c
@@ -61,9 +63,8 @@
 
 #include "smtp_txn.h"
 
+#include "smtp_chat.h"
 #include "smtp_io.h"
-#include "smtp_relay.h"
-#include "smtp_session.h"
 
 static void conn_write_txn(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d);
@@ -73,8 +74,9 @@ static void txn_fail(SmtpConn *c, GatekeeperDelivery *d, SmtpAnswer answered,
 					 const char *what);
 static bool conn_may_follow_dot(SmtpConn *c);
 static int	reply_subject(SmtpConn *c);
-static void conn_misordered(SmtpConn *c, GatekeeperDelivery *d);
-static void conn_sort_reply(SmtpConn *c, int code, bool first);
+static bool conn_misordered(SmtpConn *c, GatekeeperDelivery *d, char *lost, size_t lostlen);
+static bool conn_sort_reply(SmtpConn *c, int code, bool first, char *lost, size_t lostlen);
+static bool recipient_ascii(const char *address);
 static char *envelope_address(const char *address);
 static void append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d);
 
@@ -112,8 +114,8 @@ smtp_txn_start(SmtpConn *c)
 		if (!c->pipelining && c->need_rset)
 		{
 			/* lock-step: RSET alone, and the transaction once it is answered */
-			smtp_session_send(c, "RSET\r\n");
-			smtp_session_expect(c, CMD_RSET, NULL);
+			smtp_chat_send(c, "RSET\r\n");
+			smtp_chat_expect(c, CMD_RSET, NULL);
 			c->need_rset = false;
 			break;
 		}
@@ -140,8 +142,8 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	/* what the relay would refuse is not sent */
 	if (c->size_limit > 0 && (uint64) d->message.len > c->size_limit)
 	{
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_FAIL, 552,
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_FAIL, 552,
 				   "relay %s: message of %d octets exceeds the relay's SIZE limit of "
 				   UINT64_FORMAT " octets; not sent", c->relay->cfg.peer, d->message.len, c->size_limit);
 		pfree(from);
@@ -150,8 +152,8 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	}
 	if ((d->needs_8bit && !c->eightbit) || (d->needs_utf8 && !c->smtputf8))
 	{
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_FAIL, 0, "relay %s does not offer %s, which this mail needs; not sent",
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_FAIL, 0, "relay %s does not offer %s, which this mail needs; not sent",
 				   c->relay->cfg.peer, d->needs_utf8 && !c->smtputf8 ? "SMTPUTF8" : "8BITMIME");
 		pfree(from);
 		pfree(rcpt);
@@ -168,7 +170,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	if (c->pipelining && !c->last_ok && !(c->nexpect > 0 && !c->chunking))
 	{
 		appendStringInfoString(&cmd, "RSET\r\n");
-		smtp_session_expect(c, CMD_RSET, NULL);
+		smtp_chat_expect(c, CMD_RSET, NULL);
 	}
 	c->need_rset = false;
 	appendStringInfoString(&cmd, "MAIL FROM:");
@@ -185,7 +187,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		appendStringInfoString(&cmd, d->envid);
 	}
 	appendStringInfoString(&cmd, "\r\n");
-	smtp_session_expect(c, CMD_MAIL, d);
+	smtp_chat_expect(c, CMD_MAIL, d);
 	c->last_ok = false;
 
 	if (c->pipelining)
@@ -194,11 +196,11 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		appendStringInfoString(&cmd, rcpt);
 		append_dsn_notify(&cmd, c, d);
 		appendStringInfoString(&cmd, "\r\n");
-		smtp_session_expect(c, CMD_RCPT, d);
+		smtp_chat_expect(c, CMD_RCPT, d);
 		if (c->chunking)
 		{
 			appendStringInfo(&cmd, "BDAT %d LAST\r\n", d->message.len);
-			smtp_session_expect(c, CMD_BDAT, d);
+			smtp_chat_expect(c, CMD_BDAT, d);
 			smtp_io_push(c, cmd.data, cmd.len, cmd.data);
 			smtp_io_push(c, d->message.data, d->message.len, NULL);
 			d->txn->stage = ST_BODY;
@@ -206,7 +208,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		else
 		{
 			appendStringInfoString(&cmd, "DATA\r\n");
-			smtp_session_expect(c, CMD_DATA, d);
+			smtp_chat_expect(c, CMD_DATA, d);
 			smtp_io_push(c, cmd.data, cmd.len, cmd.data);
 			c->data_wait = d;
 			d->txn->stage = ST_DATA;
@@ -235,16 +237,16 @@ conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d)
 
 		initStringInfo(&notify);
 		append_dsn_notify(&notify, c, d);
-		smtp_session_send(c, "RCPT TO:%s%s\r\n", rcpt, notify.data);
-		smtp_session_expect(c, CMD_RCPT, d);
+		smtp_chat_send(c, "RCPT TO:%s%s\r\n", rcpt, notify.data);
+		smtp_chat_expect(c, CMD_RCPT, d);
 		pfree(notify.data);
 		pfree(rcpt);
 		d->txn->stage = ST_RCPT;
 	}
 	else if (d->txn->stage == ST_RCPT)
 	{
-		smtp_session_send(c, "DATA\r\n");
-		smtp_session_expect(c, CMD_DATA, d);
+		smtp_chat_send(c, "DATA\r\n");
+		smtp_chat_expect(c, CMD_DATA, d);
 		c->data_wait = d;
 		d->txn->stage = ST_DATA;
 	}
@@ -258,36 +260,33 @@ static void
 conn_write_message(SmtpConn *c, GatekeeperDelivery *d)
 {
 	smtp_io_push_stuffed(c, d->message.data, d->message.len);
-	smtp_session_expect(c, CMD_DOT, d);
+	smtp_chat_expect(c, CMD_DOT, d);
 	d->txn->stage = ST_BODY;
 }
 
 /*
  * smtp_txn_reply
- *		A reply to a transaction's command.
+ *		A reply to a transaction's command: c->reply.  Returns false when
+ *		the session is over, the relay's doing (421, a reply nobody asked
+ *		for, replies out of order): lost says why.
  */
-void
-smtp_txn_reply(SmtpConn *c, int code)
+bool
+smtp_txn_reply(SmtpConn *c, char *lost, size_t lostlen)
 {
+	int			code = c->reply.code;
 	SmtpExpect	e;
 	GatekeeperDelivery *d;
 	bool		ok = code / 100 == 2;
 
 	if (c->sort_d != NULL)
-	{
-		conn_sort_reply(c, code, false);
-		return;
-	}
+		return conn_sort_reply(c, code, false, lost, lostlen);
 	if (code == 421 || c->nexpect == 0)
 	{
-		char		error[SMTP_REPLY_MAX + 64];
-
 		/* 421 (RFC 5321 3.8), or a reply nobody asked for: the end */
-		snprintf(error, sizeof(error), "the relay ended the session: %s", c->reply.text);
-		smtp_session_lost(c, true, error);
-		return;
+		snprintf(lost, lostlen, "the relay ended the session: %s", c->reply.text);
+		return false;
 	}
-	e = smtp_session_expected(c);
+	e = smtp_chat_expected(c);
 	d = e.d;
 	if (d != NULL)
 		d->txn->replies++;
@@ -297,8 +296,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		((code == 354 && e.command != CMD_DATA) || (ok && e.command == CMD_DATA)))
 	{
 		smtp_txn_distrust(c, "answered out of order behind a final \".\"");
-		conn_misordered(c, d);
-		return;
+		return conn_misordered(c, d, lost, lostlen);
 	}
 
 	switch (e.command)
@@ -332,8 +330,8 @@ smtp_txn_reply(SmtpConn *c, int code)
 				if (d->outcome != GATEKEEPER_PENDING)
 				{
 					/* pipelined behind a refusal: end the empty message */
-					smtp_session_send(c, ".\r\n");
-					smtp_session_expect(c, CMD_DOT, d);
+					smtp_chat_send(c, ".\r\n");
+					smtp_chat_expect(c, CMD_DOT, d);
 					d->txn->stage = ST_BODY;
 				}
 				else
@@ -354,8 +352,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 				c->sort_in_order = code != 354;
 				c->sort_first = c->reply;
 				c->sort_found = 0;
-				conn_sort_reply(c, code, true);
-				return;
+				return conn_sort_reply(c, code, true, lost, lostlen);
 			}
 			/* FALLTHROUGH */
 		case CMD_BDAT:
@@ -365,6 +362,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 			break;
 	}
 	smtp_txn_start(c);
+	return true;
 }
 
 /*
@@ -377,18 +375,18 @@ conn_txn_done(SmtpConn *c, GatekeeperDelivery *d)
 	if (d->txn->stage == ST_DONE)
 		return;
 	d->txn->stage = ST_DONE;
-	smtp_session_take(c, d);
+	smtp_chat_take(c, d);
 	c->reused = true;
 	if (d->outcome == GATEKEEPER_PENDING)
 	{
 		c->last_ok = c->nexpect == 0;
-		smtp_relay_finish(c->relay, d, GATEKEEPER_SENT, 250, "%s", "");
+		smtp_chat_finish(c, d, GATEKEEPER_SENT, 250, "%s", "");
 	}
 	else
 	{
 		c->last_ok = false;
 		c->need_rset = true;
-		dlist_push_tail(&c->relay->done, &d->queue_node);
+		smtp_chat_decided(c, d);
 	}
 	if (c->ntxns == 0)
 		c->idle_since = GetCurrentTimestamp();
@@ -478,17 +476,19 @@ smtp_txn_distrust(SmtpConn *c, const char *what)
  * conn_misordered
  *		A reply came that cannot answer the command of d, which was behind a
  *		final ".": the relay answers out of order.  d's message never went,
- *		so d goes again, uncharged, and c is given up.
+ *		so d goes again, uncharged, and c is given up: returns false, lost
+ *		saying why.
  */
-static void
-conn_misordered(SmtpConn *c, GatekeeperDelivery *d)
+static bool
+conn_misordered(SmtpConn *c, GatekeeperDelivery *d, char *lost, size_t lostlen)
 {
 	d->outcome = GATEKEEPER_PENDING;
 	memset(&d->reply, 0, sizeof(d->reply));
 	d->error[0] = '\0';
 	d->txn->replies = 0;
 	c->reused = true;
-	smtp_session_lost(c, true, "the relay answered out of order");
+	strlcpy(lost, "the relay answered out of order", lostlen);
+	return false;
 }
 
 /*
@@ -499,9 +499,11 @@ conn_misordered(SmtpConn *c, GatekeeperDelivery *d)
  *		the first is the "."'s; else the one reply that can only be the
  *		"."'s (neither 354 nor an address status, X.1.Y) is; else sort_d is
  *		RETRY.  Then c is given up: what was behind goes again, uncharged.
+ *		Returns false once c is given up (lost says why), true while
+ *		replies are still due.
  */
-static void
-conn_sort_reply(SmtpConn *c, int code, bool first)
+static bool
+conn_sort_reply(SmtpConn *c, int code, bool first, char *lost, size_t lostlen)
 {
 	GatekeeperDelivery *d = c->sort_d;
 	const char *peer = c->relay->cfg.peer;
@@ -518,7 +520,7 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 	{
 		if (!first)
 		{
-			SmtpCommand command = smtp_session_expected(c).command;
+			SmtpCommand command = smtp_chat_expected(c).command;
 
 			if (command == CMD_DATA ? (code != 354 && code < 400) : code == 354)
 				c->sort_in_order = false;
@@ -529,7 +531,7 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 			c->sort_reply = c->reply;
 		}
 		if (c->nexpect > 0)
-			return;
+			return true;
 	}
 
 	c->sort_d = NULL;
@@ -557,13 +559,14 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 	}
 	else
 	{
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_RETRY, 0,
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_RETRY, 0,
 						  "relay %s answered out of order behind the final \".\" of the message: "
 						  "its reply is not known", peer);
 	}
 	c->reused = true;
-	smtp_session_lost(c, true, "the relay answered out of order");
+	strlcpy(lost, "the relay answered out of order", lostlen);
+	return false;
 }
 
 /*
@@ -619,7 +622,7 @@ append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d)
 	if (!c->dsn || d->envid == NULL)
 		return;
 	appendStringInfoString(buf, " NOTIFY=FAILURE,DELAY");
-	if (!smtp_client_address_ascii(d->mail.recipient))
+	if (!recipient_ascii(d->mail.recipient))
 		return;
 	appendStringInfoString(buf, " ORCPT=rfc822;");
 	for (p = d->mail.recipient; *p; p++)
@@ -631,4 +634,22 @@ append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d)
 		else
 			appendStringInfoChar(buf, (char) ch);
 	}
+}
+
+/*
+ * recipient_ascii
+ *		Whether an address is all ASCII (the rfc822 type of ORCPT can carry
+ *		it).
+ */
+static bool
+recipient_ascii(const char *address)
+{
+	const unsigned char *p;
+
+	for (p = (const unsigned char *) address; *p; p++)
+	{
+		if (*p & 0x80)
+			return false;
+	}
+	return true;
 }
