@@ -14,10 +14,12 @@
  *
  * The client is in layers, as Postfix's smtp client is: smtp_config.c
  * (the relay URL, the password file, DNS), smtp_io.c (a connection's
- * socket, TLS and bounded buffers), smtp_session.c (the session machine),
- * smtp_txn.c (a ready session's transactions), smtp_relay.c (a relay's
- * connections, the one place one is opened and freed) and smtp_client.c
- * (this API, and the wait).  Their private types are in smtp_conn.h,
+ * socket, TLS and bounded buffers), smtp_chat.c (commands and the
+ * replies they wait for), smtp_txn.c (a ready session's transactions),
+ * smtp_session.c (the session machine), smtp_relay.c (a relay's
+ * connections, the one place one is opened and freed, and the dispatch
+ * of their events) and smtp_client.c (this API, and the wait), each
+ * calling only the layers before it.  Their private types are in smtp_conn.h,
  * which the worker does not include.
  *
  * IDENTIFICATION

@@ -46,7 +46,7 @@
  * is sent.  When a session cannot be opened (no connection, a refused
  * greeting, EHLO, STARTTLS or AUTH, a certificate that does not verify),
  * the relay's connections decide what becomes of the mail waiting
- * (smtp_relay_conn_failed).
+ * (smtp_relay.c, relay_conn_failed).
  *
  * The session (smtp_session.c) reads the replies and hands each that
  * answers a transaction's command here (smtp_txn_reply), and owns what
