@@ -20,6 +20,9 @@ OBJS = \
 	src/worker_announce.o \
 	src/worker_standbys.o \
 	src/worker_breakers.o \
+	src/worker_database.o \
+	src/worker_delivery.o \
+	src/worker_record.o \
 	src/claim.o \
 	src/claim_queues.o \
 	src/claim_take.o \
@@ -48,6 +51,7 @@ OBJS = \
 	src/smtp_relay.o \
 	src/smtp_session.o \
 	src/smtp_txn.o \
+	src/smtp_chat.o \
 	src/suppression.o \
 	src/unsubscribe.o \
 	src/window.o \

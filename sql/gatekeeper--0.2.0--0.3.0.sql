@@ -1057,17 +1057,6 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_verp_token';
 
--- the RFC 3463 code of a relay's reply (an error text that starts with
--- it), else its three-digit code, else NULL
-CREATE FUNCTION gatekeeper._reply_status(error text)
-RETURNS text
-LANGUAGE sql IMMUTABLE STRICT
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT coalesce(substring(error FROM '^[245][0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})'),
-					substring(error FROM '^([245][0-9][0-9])([ -]|$)'))
-$$;
-
 CREATE FUNCTION gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
 RETURNS TABLE (mail_id bigint, recipient text, event text, status text, detail text)
 LANGUAGE c SECURITY DEFINER
@@ -1125,7 +1114,6 @@ COMMENT ON VIEW gatekeeper.report_stats IS
 	'reports (DSNs, ARF reports, webhook events) recorded and ignored since the server started';
 
 REVOKE ALL ON FUNCTION gatekeeper._check_return_path(text), gatekeeper._verp_token(bigint),
-	gatekeeper._reply_status(text),
 	gatekeeper.ingest_report(text, text), gatekeeper.record_event(text, text, text, text, text),
 	gatekeeper._count_events(), gatekeeper._queue_totals() FROM PUBLIC;
 REVOKE ALL ON TABLE gatekeeper.event_log, gatekeeper.event_log_0, gatekeeper.event_log_1,

@@ -2069,17 +2069,6 @@ LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_message_id_sql';
 
--- the RFC 3463 code of a relay's reply (an error text that starts with
--- it), else its three-digit code, else NULL
-CREATE FUNCTION gatekeeper._reply_status(error text)
-RETURNS text
-LANGUAGE sql IMMUTABLE STRICT
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT coalesce(substring(error FROM '^[245][0-9][0-9][ -]([245]\.[0-9]{1,3}\.[0-9]{1,3})'),
-					substring(error FROM '^([245][0-9][0-9])([ -]|$)'))
-$$;
-
 -- why a mail failed, from a status (an RFC 3463 code, a reply, or a nack's
 -- error) and the diagnostic together: user_unknown, host_unknown (the hard
 -- bounces), mailbox_full, message_too_large, policy_blocked,

@@ -143,10 +143,11 @@ static const char recipients_sql[] =
 /* a nack's events, in mail order */
 static const char nack_events_sql[] =
 "INSERT INTO gatekeeper.event_log (mail_id, queue, recipient, event, status, detail, source, segment, reason) "
-"SELECT u.mail_id, u.queue, u.recipient, u.event, gatekeeper._reply_status(u.detail), "
-"       u.detail, 'relay', u.segment, gatekeeper._bounce_reason(u.detail, u.detail) "
-"  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::smallint[]) "
-"       AS u(mail_id, queue, recipient, event, detail, segment)";
+"SELECT u.mail_id, u.queue, u.recipient, u.event, u.status, "
+"       u.detail, 'relay', u.segment, u.reason "
+"  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::smallint[], "
+"              $7::text[], $8::text[]) "
+"       AS u(mail_id, queue, recipient, event, detail, segment, status, reason)";
 
 /* extend of one claim: the batch row it is still open in, locked */
 static const char extend_find_sql[] =
@@ -266,6 +267,7 @@ typedef struct NackTaken
 	bool		failed;
 	char	   *recipient;		/* failed mail's, NULL if its content is gone */
 	char	   *key;			/* its suppression key, for a bounce */
+	TroubleReason reason;		/* why it failed (src/smtp_trouble.c) */
 } NackTaken;
 
 static TakeBatch *read_candidates(TakeRequest *reqs, int nreqs, LiveRecord *lr,
@@ -1377,16 +1379,25 @@ nack_write(NackTaken *mails, int ntaken, LiveRecord *lr,
 	Datum	   *e_details = palloc(ntaken * sizeof(Datum));
 	bool	   *e_details_null = palloc(ntaken * sizeof(bool));
 	Datum	   *e_segments = palloc(ntaken * sizeof(Datum));
-	Oid			types[6] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
-	TEXTARRAYOID, INT2ARRAYOID};
-	Datum		args[6];
+	Datum	   *e_statuses = palloc(ntaken * sizeof(Datum));
+	bool	   *e_statuses_null = palloc(ntaken * sizeof(bool));
+	Datum	   *e_reasons = palloc(ntaken * sizeof(Datum));
+	Oid			types[8] = {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
+	TEXTARRAYOID, INT2ARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
+	Datum		args[8];
 	int			i;
 
 	for (i = 0; i < ntaken; i++)
 	{
 		NackTaken  *m = &mails[i];
 		const char *error = m->nack->error;
+		char		status[16];
 
+		/* the reply as it was read: its status and reason, never re-read */
+		m->reason = smtp_trouble_of_failure(m->nack->reply, error, status, sizeof(status));
+		e_statuses[i] = status[0] ? CStringGetTextDatum(status) : (Datum) 0;
+		e_statuses_null[i] = status[0] == '\0';
+		e_reasons[i] = CStringGetTextDatum(smtp_trouble_name(m->reason));
 		e_ids[i] = Int64GetDatum(m->id);
 		e_queues[i] = mail_state_record_get(lr, m->record, lr->queue);
 		e_segments[i] = mail_state_record_get(lr, m->record, lr->segment);
@@ -1421,13 +1432,15 @@ nack_write(NackTaken *mails, int ntaken, LiveRecord *lr,
 	mail_state_insert_done(lr, done, ndone);
 	mail_state_insert_live(lr, live, nlive);
 
-	gatekeeper_plan(&nack_events_plan, nack_events_sql, 6, types);
+	gatekeeper_plan(&nack_events_plan, nack_events_sql, 8, types);
 	args[0] = gatekeeper_array(e_ids, NULL, ntaken, INT8OID);
 	args[1] = gatekeeper_array(e_queues, NULL, ntaken, TEXTOID);
 	args[2] = gatekeeper_array(e_recipients, e_recipients_null, ntaken, TEXTOID);
 	args[3] = gatekeeper_array(e_events, NULL, ntaken, TEXTOID);
 	args[4] = gatekeeper_array(e_details, e_details_null, ntaken, TEXTOID);
 	args[5] = gatekeeper_array(e_segments, NULL, ntaken, INT2OID);
+	args[6] = gatekeeper_array(e_statuses, e_statuses_null, ntaken, TEXTOID);
+	args[7] = gatekeeper_array(e_reasons, NULL, ntaken, TEXTOID);
 	if (SPI_execute_plan(nack_events_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
 		SPI_processed != (uint64) ntaken)
 		elog(ERROR, "could not record the events of nacked mail");
@@ -1469,8 +1482,8 @@ nack_bounce_and_release(NackTaken *mails, int ntaken, int nfailed)
 	}
 	qsort(bounces, nbounces, sizeof(NackTaken *), bounce_cmp);
 	for (i = 0; i < nbounces; i++)
-		report_bounce(bounces[i]->key, bounces[i]->nack->error, bounces[i]->nack->error,
-					  bounces[i]->id);
+		report_bounce(bounces[i]->key, smtp_trouble_hard(bounces[i]->reason),
+					  bounces[i]->nack->error, bounces[i]->id);
 
 	if (nrelease > 0)
 		(void) gatekeeper_release_passes(release_recipients, release_holders, nrelease);

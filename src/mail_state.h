@@ -16,6 +16,7 @@
 #include "access/attnum.h"
 #include "access/tupdesc.h"
 #include "datatype/timestamp.h"
+#include "smtp_trouble.h"
 
 /*
  * The column lists of the tables a mail's state lives in, each written
@@ -74,6 +75,8 @@ typedef struct MailNack
 	int64		id;
 	int32		attempt;
 	const char *error;			/* the relay's reply; NULL allowed */
+	const SmtpReply *reply;		/* the reply as the worker read it, or NULL:
+								 * its status and reason are read from error */
 	bool		permanent;		/* fail at once (a 5xx) */
 	const char *state;			/* out: "failed", "scheduled", or NULL: not
 								 * a current claim */

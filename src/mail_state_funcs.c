@@ -154,6 +154,7 @@ gatekeeper_nack(PG_FUNCTION_ARGS)
 	nack.id = PG_GETARG_INT64(0);
 	nack.attempt = PG_GETARG_INT32(1);
 	nack.error = PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2));
+	nack.reply = NULL;
 	nack.permanent = PG_GETARG_BOOL(3);
 
 	SPI_connect();
@@ -218,6 +219,7 @@ gatekeeper_nack_batch(PG_FUNCTION_ARGS)
 		nacks[i].id = DatumGetInt64(id_values[i]);
 		nacks[i].attempt = DatumGetInt32(attempt_values[i]);
 		nacks[i].error = TextDatumGetCString(error_values[i]);
+		nacks[i].reply = NULL;
 		nacks[i].permanent = permanent;
 	}
 

@@ -413,7 +413,7 @@ token_in(const char *text, int64 *id)
  *		"Reports"); the nacks (src/mail_state.c) call it too.
  */
 void
-report_bounce(const char *address_key, const char *status, const char *detail, int64 mail_id)
+report_bounce(const char *address_key, bool hard, const char *detail, int64 mail_id)
 {
 	Oid			types[1] = {TEXTOID};
 	Datum		count_arg;
@@ -421,7 +421,7 @@ report_bounce(const char *address_key, const char *status, const char *detail, i
 	int64		mails;
 
 	SPI_connect();
-	if (smtp_trouble_hard(smtp_trouble_reason(status, detail)))
+	if (hard)
 	{
 		(void) gatekeeper_suppression_add(address_key, "hard_bounce", NULL, detail, mail_id);
 		SPI_finish();
@@ -681,6 +681,7 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 	char	   *recipient;
 	char	   *key;
 	char	   *p;
+	TroubleReason reason = TROUBLE_OTHER;
 
 	if (!find_sent_mail(id, &mail))
 		return 0;
@@ -714,7 +715,8 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 	/* why a failure failed: the classifier the suppression below reads too */
 	if (strcmp(event, "bounced") == 0 || strcmp(event, "deferred") == 0)
 	{
-		args[9] = CStringGetTextDatum(smtp_trouble_name(smtp_trouble_reason(status, detail)));
+		reason = smtp_trouble_reason(status, detail);
+		args[9] = CStringGetTextDatum(smtp_trouble_name(reason));
 		nulls[9] = ' ';
 	}
 	plan = gatekeeper_plan(&insert_event_plan, insert_event_sql, 10, event_types);
@@ -739,7 +741,7 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 	for (p = key; *p; p++)
 		*p = pg_ascii_tolower((unsigned char) *p);
 	if (counted && strcmp(event, "bounced") == 0)
-		report_bounce(key, status, detail, id);
+		report_bounce(key, smtp_trouble_hard(reason), detail, id);
 	else if (counted && strcmp(event, "complained") == 0)
 		(void) gatekeeper_suppression_add(key, "complaint", NULL, detail, id);
 	else if (strcmp(event, "unsubscribed") == 0)

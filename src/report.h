@@ -32,16 +32,16 @@ extern void gatekeeper_report_envelope_refresh(void);
 /*
  * What a bounce of mail mail_id to address_key (the address with its ASCII
  * letters lower-cased, as the suppression list keys it) does to the
- * suppression list: a hard bounce (status a relay's reply or an RFC 3463
- * code, read with detail by smtp_trouble_reason: user or host unknown,
- * src/smtp_trouble.c) suppresses the address
+ * suppression list: a hard bounce (hard: what src/smtp_trouble.c's
+ * classifier said of the reply or the report, user or host unknown)
+ * suppresses the address
  * everywhere; any other does once gatekeeper.soft_bounce_limit mails to it
  * bounced within 30 days.  Call it after the bounce's event is written, in
  * a transaction with an active snapshot; it connects to SPI itself.  The
  * one place of the rule: ingest_report, record_event and the nacks
  * (src/mail_state.c) all come here.
  */
-extern void report_bounce(const char *address_key, const char *status, const char *detail,
+extern void report_bounce(const char *address_key, bool hard, const char *detail,
 						  int64 mail_id);
 
 #endif							/* GATEKEEPER_REPORT_H */

@@ -17,9 +17,10 @@
  *
  * This file holds what the worker calls and the wait: smtp_client_wait
  * waits on the latch, postmaster death and every connection's socket, and
- * hands each event to the session machine (smtp_session.c), which writes
- * and reads through smtp_io.c.  Each relay's connections and the mail
- * waiting for them are smtp_relay.c's, its settings smtp_config.c's.  A
+ * hands each event to the connection's relay (smtp_relay.c), which runs
+ * the session machine (smtp_session.c) and acts on what it returns.  Each
+ * relay's connections and the mail waiting for them are smtp_relay.c's,
+ * its settings smtp_config.c's.  A
  * relay taken off the list keeps its place here until its connections
  * have finished what they carry.
  *
@@ -36,9 +37,7 @@
 #include "nodes/pg_list.h"
 #include "smtp_config.h"
 #include "smtp_conn.h"
-#include "smtp_io.h"
 #include "smtp_relay.h"
-#include "smtp_session.h"
 #include "gatekeeper.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
@@ -205,7 +204,7 @@ smtp_client_busy(void)
 	int			i;
 
 	for (i = 0; i < nrelays_used; i++)
-		busy += relays[i].ntxns + relays[i].nbacklog;
+		busy += smtp_relay_busy(&relays[i]);
 	return busy;
 }
 
@@ -257,7 +256,6 @@ bool
 smtp_client_wait(long timeout_ms)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	dlist_iter	iter;
 	bool		latch = false;
 	int			n;
 	int			i;
@@ -266,20 +264,16 @@ smtp_client_wait(long timeout_ms)
 	for (r = 0; r < nrelays_used; r++)
 	{
 		SmtpRelay  *relay = &relays[r];
+		TimestampTz at;
 
 		if (smtp_relay_free_closed(relay))
 			wait_set_stale = true;
 
 		/* the earliest deadline of any connection bounds the wait */
-		dlist_foreach(iter, &relay->conns)
-		{
-			SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
-			TimestampTz at = smtp_session_deadline(c, now);
-
-			if (at != 0)
-				timeout_ms = Min(timeout_ms, at <= now ? 0 :
-								 TimestampDifferenceMilliseconds(now, at) + 1);
-		}
+		at = smtp_relay_deadline(relay, now);
+		if (at != 0)
+			timeout_ms = Min(timeout_ms, at <= now ? 0 :
+							 TimestampDifferenceMilliseconds(now, at) + 1);
 		if (relay->nbacklog > 0 && relay->connect_hold_until > now)
 			timeout_ms = Min(timeout_ms,
 							 TimestampDifferenceMilliseconds(now, relay->connect_hold_until) + 1);
@@ -310,34 +304,16 @@ smtp_client_wait(long timeout_ms)
 			latch = true;
 			continue;
 		}
-		if (c == NULL || c->state == CS_CLOSED)
+		if (c == NULL)
 			continue;
-		if (c->state == CS_CONNECTING)
-		{
-			smtp_session_connected(c);
-			continue;
-		}
-		if (c->state == CS_TLS)
-		{
-			smtp_session_tls_progress(c);
-			continue;
-		}
-		if ((ev->events & WL_SOCKET_READABLE) ||
-			(c->tls_read_wants_write && (ev->events & WL_SOCKET_WRITEABLE)))
-			smtp_session_readable(c);
-		if (c->state != CS_CLOSED &&
-			((ev->events & WL_SOCKET_WRITEABLE) ||
-			 (c->tls_write_wants_read && (ev->events & WL_SOCKET_READABLE))))
-			smtp_io_flush(c);
+		smtp_relay_conn_event(c, ev->events);
 	}
 
 	/* late replies, broken connections, idle connections */
 	now = GetCurrentTimestamp();
 	for (r = 0; r < nrelays_used; r++)
 	{
-		dlist_foreach(iter, &relays[r].conns)
-			smtp_session_check_time(dlist_container(SmtpConn, node, iter.cur), now);
-		smtp_relay_dispatch(&relays[r]);
+		smtp_relay_check_time(&relays[r], now);
 		if (smtp_relay_free_closed(&relays[r]))
 			wait_set_stale = true;
 	}

@@ -14,10 +14,12 @@
  *
  * The client is in layers, as Postfix's smtp client is: smtp_config.c
  * (the relay URL, the password file, DNS), smtp_io.c (a connection's
- * socket, TLS and bounded buffers), smtp_session.c (the session machine),
- * smtp_txn.c (a ready session's transactions), smtp_relay.c (a relay's
- * connections, the one place one is opened and freed) and smtp_client.c
- * (this API, and the wait).  Their private types are in smtp_conn.h,
+ * socket, TLS and bounded buffers), smtp_chat.c (commands and the
+ * replies they wait for), smtp_txn.c (a ready session's transactions),
+ * smtp_session.c (the session machine), smtp_relay.c (a relay's
+ * connections, the one place one is opened and freed, and the dispatch
+ * of their events) and smtp_client.c (this API, and the wait), each
+ * calling only the layers before it.  Their private types are in smtp_conn.h,
  * which the worker does not include.
  *
  * IDENTIFICATION
@@ -30,6 +32,7 @@
 
 #include "gatekeeper.h"
 #include "message.h"
+#include "smtp_trouble.h"
 
 #include "lib/ilist.h"
 
@@ -67,9 +70,8 @@ typedef struct GatekeeperDelivery
 	/* set by the client */
 	int			relay;			/* the relay it was submitted to, from 0 */
 	GatekeeperOutcome outcome;
-	int			reply_code;		/* the reply that decided it, 0 if none */
-	bool		mail_refused;	/* it was a 5xx to MAIL FROM */
-	bool		rcpt_refused;	/* it was a reply to RCPT TO: the recipient's */
+	SmtpReply	reply;			/* the reply that decided it, as read and
+								 * classified (code 0 if none) */
 	bool		session_reached;	/* a session with the relay was open */
 	char		error[256];		/* why it was not sent, with the peer */
 

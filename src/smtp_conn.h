@@ -5,9 +5,10 @@
  *		the client's own state of a transaction.
  *
  * Only the client's layers include this: smtp_io.c (bytes on a socket),
- * smtp_session.c (the session machine), smtp_txn.c (its transactions),
+ * smtp_chat.c (commands and the replies they wait for), smtp_txn.c (a
+ * ready session's transactions), smtp_session.c (the session machine),
  * smtp_relay.c (a relay's connections) and smtp_client.c (the API the
- * worker uses).  It declares
+ * worker uses), each calling only those listed before it.  It declares
  * no functions; each layer's header declares its own.
  *
  * IDENTIFICATION
@@ -44,7 +45,7 @@
 #define SMTP_CONNECT_HOLD_MS	2000
 
 /* the longest reply line kept for error text */
-#define SMTP_REPLY_MAX			200
+#define SMTP_REPLY_MAX			SMTP_REPLY_TEXT_MAX
 
 /* RFC 5321 4.5.3.1.5: a reply line, CRLF included, and (ours) a whole reply */
 #define SMTP_LINE_MAX			512
@@ -92,6 +93,20 @@ typedef enum SmtpCommand
 	CMD_BDAT
 } SmtpCommand;
 
+/*
+ * What a step of the session machine asks of the connection's relay
+ * (smtp_relay.c acts on it): the session and its transactions never call
+ * up.
+ */
+typedef enum SmtpStep
+{
+	SMTP_STEP_GOING,			/* nothing: the session goes on */
+	SMTP_STEP_READY,			/* the session became ready: hand it mail */
+	SMTP_STEP_CLOSE,			/* the session is over: close the connection */
+	SMTP_STEP_FAILED			/* the session failed, the relay's fault:
+								 * failure says why */
+} SmtpStep;
+
 /* a reply the connection waits for, in the order the commands went out */
 typedef struct SmtpExpect
 {
@@ -121,11 +136,9 @@ typedef struct SmtpRelay
 	SSL_CTX    *tls_ctx;		/* made on the first TLS connection */
 	dlist_head	conns;
 	int			nconns;			/* open or opening */
-	int			nready;			/* of them, ready for transactions */
 	dlist_head	backlog;
 	int			nbacklog;
 	dlist_head	done;
-	int			ntxns;			/* transactions on its connections */
 	TimestampTz connect_hold_until;
 	TimestampTz next_send;		/* rate=: the next transaction not before */
 	bool		misorders;		/* answered out of order behind a final ".":
@@ -175,7 +188,8 @@ typedef struct SmtpConn
 	int			in_pos;			/* octets of it already consumed */
 	int			reply_lines;	/* lines of the reply being read */
 	int			reply_octets;	/* and their octets */
-	char		reply[SMTP_REPLY_MAX];	/* its last line */
+	SmtpReply	reading;		/* the reply being read: its first line */
+	SmtpReply	reply;			/* the last reply read, whole */
 
 	/* output */
 	SmtpSegment *segs;
@@ -203,15 +217,19 @@ typedef struct SmtpConn
 	 */
 	GatekeeperDelivery *sort_d;
 	bool		sort_in_order;	/* they read as answers in order */
-	int			sort_first_code;	/* the reply where the "."'s was due */
-	char		sort_first[SMTP_REPLY_MAX];
+	SmtpReply	sort_first;		/* the reply where the "."'s was due */
 	int			sort_found;		/* replies that can only be the "."'s */
-	int			sort_code;		/* the last of them */
-	char		sort_reply[SMTP_REPLY_MAX];
+	SmtpReply	sort_reply;		/* the last of them */
 
 	/* transactions on this connection, oldest first */
 	dlist_head	txns;
 	int			ntxns;
+
+	/* what the last step left for the relay (smtp_chat.c) */
+	SmtpStep	step;			/* what it asks of the relay */
+	char		failure[300];	/* SMTP_STEP_FAILED: why */
+	dlist_head	finished;		/* deliveries decided, to be handed back */
+	dlist_head	giveback;		/* never taken: back to the backlog's head */
 	GatekeeperDelivery *data_wait;	/* waits for its 354 */
 
 	TimestampTz deadline;		/* the reply awaited is late after this */

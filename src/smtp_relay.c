@@ -21,6 +21,13 @@
  * back uncharged.  While other connections work, no new one is tried for a
  * moment instead.
  *
+ * The relay owns dispatch: it hands each connection's events to the
+ * session machine (smtp_session.c) and acts on the step each returns
+ * (relay_act): the deliveries the step decided go on the done list, those
+ * it gave back to the head of the backlog, and the connection is handed
+ * mail, closed, or given up as failed.  The session and its transactions
+ * never call up into this file.
+ *
  * IDENTIFICATION
  *		src/smtp_relay.c
  *
@@ -33,11 +40,19 @@
 #include "smtp_io.h"
 #include "smtp_session.h"
 #include "smtp_txn.h"
+#include "storage/latch.h"
 #include "utils/memutils.h"
 
 static int	conn_depth(SmtpConn *c);
 static bool conn_usable(SmtpConn *c);
 static SmtpConn *conn_open(SmtpRelay *r);
+static void conn_close(SmtpConn *c);
+static void relay_act(SmtpConn *c, SmtpStep step);
+static void relay_collect(SmtpConn *c);
+static void relay_conn_failed(SmtpConn *c, const char *error);
+static void relay_finish(SmtpRelay *r, GatekeeperDelivery *d, GatekeeperOutcome outcome,
+						 const char *error);
+static int	relay_txns(SmtpRelay *r);
 static void relay_unreachable(SmtpRelay *r, const char *error);
 
 /*
@@ -116,7 +131,7 @@ smtp_relay_room(SmtpRelay *r)
 		capacity += c->state == CS_READY ? conn_depth(c) : 1;
 	}
 	capacity += Max(r->cfg.connections - usable, 0);
-	capacity = Max(capacity - r->ntxns - r->nbacklog, 0);
+	capacity = Max(capacity - relay_txns(r) - r->nbacklog, 0);
 	return r->cfg.rate_limited ? Min(capacity, 1) : capacity;
 }
 
@@ -141,9 +156,7 @@ void
 smtp_relay_submit(SmtpRelay *r, GatekeeperDelivery *d)
 {
 	d->outcome = GATEKEEPER_PENDING;
-	d->reply_code = 0;
-	d->mail_refused = false;
-	d->rcpt_refused = false;
+	memset(&d->reply, 0, sizeof(d->reply));
 	d->session_reached = false;
 	d->error[0] = '\0';
 	if (d->txn == NULL)
@@ -155,7 +168,7 @@ smtp_relay_submit(SmtpRelay *r, GatekeeperDelivery *d)
 		r->cfg.valid = smtp_config_resolve(&r->cfg);
 	if (!r->cfg.valid)
 	{
-		smtp_relay_finish(r, d, GATEKEEPER_UNREACHABLE, 0, "%s", r->cfg.problem);
+		relay_finish(r, d, GATEKEEPER_UNREACHABLE, r->cfg.problem);
 		return;
 	}
 	dlist_push_tail(&r->backlog, &d->queue_node);
@@ -199,8 +212,7 @@ smtp_relay_abort_unsent(SmtpRelay *r, const char *error)
 				continue;
 			dlist_delete(&d->queue_node);
 			c->ntxns--;
-			r->ntxns--;
-			smtp_relay_finish(r, d, GATEKEEPER_UNREACHABLE, 0, "%s", error);
+			relay_finish(r, d, GATEKEEPER_UNREACHABLE, error);
 		}
 	}
 }
@@ -254,8 +266,9 @@ smtp_relay_dispatch(SmtpRelay *r)
 			r->nbacklog--;
 			dlist_push_tail(&best->txns, &d->queue_node);
 			best->ntxns++;
-			r->ntxns++;
 			smtp_txn_start(best);
+			/* what the relay would refuse is decided before it is written */
+			relay_collect(best);
 		}
 	}
 	if (r->nbacklog == 0)
@@ -361,33 +374,36 @@ conn_open(SmtpRelay *r)
 	c->addr = -1;
 	c->pos = -1;
 	dlist_init(&c->txns);
+	dlist_init(&c->finished);
+	dlist_init(&c->giveback);
 	dlist_push_tail(&r->conns, &c->node);
 	r->nconns++;
 	c->state = CS_CONNECTING;
 	smtp_io_set_deadline(c, GetCurrentTimestamp(), r->cfg.timeout);
 	if (!smtp_io_connect_next(c, error, sizeof(error)))
 	{
-		smtp_session_failed(c, "%s", error);
+		char		failure[300];
+
+		snprintf(failure, sizeof(failure), "relay %s: %s", r->cfg.peer, error);
+		relay_conn_failed(c, failure);
 		return NULL;
 	}
 	return c;
 }
 
 /*
- * smtp_relay_close_conn
+ * conn_close
  *		Close c: its socket and TLS go at once, its memory when
  *		smtp_relay_free_closed runs between events.  Its transactions must be
  *		gone already.
  */
-void
-smtp_relay_close_conn(SmtpConn *c)
+static void
+conn_close(SmtpConn *c)
 {
 	Assert(c->ntxns == 0);
 	if (c->state == CS_CLOSED)
 		return;
 	smtp_io_close(c);
-	if (c->state == CS_READY)
-		c->relay->nready--;
 	c->state = CS_CLOSED;
 	c->nexpect = 0;
 	c->nsegs = 0;
@@ -421,19 +437,163 @@ smtp_relay_free_closed(SmtpRelay *r)
 }
 
 /*
- * smtp_relay_conn_failed
+ * smtp_relay_conn_event
+ *		Act on what the wait set reported of c (events): the connection
+ *		attempt or the TLS handshake went on, replies can be read, output
+ *		can be written.  What the session's step asks is done here.
+ */
+void
+smtp_relay_conn_event(SmtpConn *c, uint32 events)
+{
+	if (c->state == CS_CLOSED)
+		return;
+	if (c->state == CS_CONNECTING)
+	{
+		relay_act(c, smtp_session_connected(c));
+		return;
+	}
+	if (c->state == CS_TLS)
+	{
+		relay_act(c, smtp_session_tls_progress(c));
+		return;
+	}
+	if ((events & WL_SOCKET_READABLE) ||
+		(c->tls_read_wants_write && (events & WL_SOCKET_WRITEABLE)))
+		relay_act(c, smtp_session_readable(c));
+	if (c->state != CS_CLOSED &&
+		((events & WL_SOCKET_WRITEABLE) ||
+		 (c->tls_write_wants_read && (events & WL_SOCKET_READABLE))))
+		smtp_io_flush(c);
+}
+
+/*
+ * smtp_relay_check_time
+ *		Act on what time did to r's connections (late replies, broken
+ *		connections, idle ones: smtp_session_check_time), then hand waiting
+ *		mail to connections with room.
+ */
+void
+smtp_relay_check_time(SmtpRelay *r, TimestampTz now)
+{
+	dlist_iter	iter;
+
+	dlist_foreach(iter, &r->conns)
+	{
+		SmtpConn   *c = dlist_container(SmtpConn, node, iter.cur);
+
+		relay_act(c, smtp_session_check_time(c, now));
+	}
+	smtp_relay_dispatch(r);
+}
+
+/*
+ * smtp_relay_deadline
+ *		The earliest time one of r's connections must hear from the relay,
+ *		give up, or say QUIT; 0 for none.
+ */
+TimestampTz
+smtp_relay_deadline(SmtpRelay *r, TimestampTz now)
+{
+	dlist_iter	iter;
+	TimestampTz earliest = 0;
+
+	dlist_foreach(iter, &r->conns)
+	{
+		TimestampTz at = smtp_session_deadline(dlist_container(SmtpConn, node, iter.cur), now);
+
+		if (at != 0 && (earliest == 0 || at < earliest))
+			earliest = at;
+	}
+	return earliest;
+}
+
+/*
+ * smtp_relay_busy
+ *		Deliveries r holds: on its connections or waiting for one.
+ */
+int
+smtp_relay_busy(SmtpRelay *r)
+{
+	return relay_txns(r) + r->nbacklog;
+}
+
+/*
+ * relay_txns
+ *		Transactions on r's connections.
+ */
+static int
+relay_txns(SmtpRelay *r)
+{
+	dlist_iter	iter;
+	int			n = 0;
+
+	dlist_foreach(iter, &r->conns)
+		n += dlist_container(SmtpConn, node, iter.cur)->ntxns;
+	return n;
+}
+
+/*
+ * relay_act
+ *		Do what a step of c's session asks (step): take the deliveries it
+ *		decided and gave back (relay_collect), then hand the session mail
+ *		when it became ready, close c when its session is over, or give it
+ *		up when it failed (relay_conn_failed).
+ */
+static void
+relay_act(SmtpConn *c, SmtpStep step)
+{
+	relay_collect(c);
+	switch (step)
+	{
+		case SMTP_STEP_GOING:
+			break;
+		case SMTP_STEP_READY:
+			smtp_relay_dispatch(c->relay);
+			break;
+		case SMTP_STEP_CLOSE:
+			conn_close(c);
+			break;
+		case SMTP_STEP_FAILED:
+			relay_conn_failed(c, c->failure);
+			break;
+	}
+}
+
+/*
+ * relay_collect
+ *		The deliveries a step left on c: those decided go on the done list,
+ *		in their order; those given back (never taken by the relay) to the
+ *		head of the backlog, as if never sent.
+ */
+static void
+relay_collect(SmtpConn *c)
+{
+	SmtpRelay  *r = c->relay;
+
+	while (!dlist_is_empty(&c->finished))
+		dlist_push_tail(&r->done, dlist_pop_head_node(&c->finished));
+	/* given back last first: each goes before those given back before it */
+	while (!dlist_is_empty(&c->giveback))
+	{
+		dlist_push_head(&r->backlog, dlist_pop_head_node(&c->giveback));
+		r->nbacklog++;
+	}
+}
+
+/*
+ * relay_conn_failed
  *		A session could not be opened on c, whose transactions are back on
  *		the backlog already, or ended before the relay answered one: close
  *		c.  When no other connection is open or opening, the mail waiting
  *		for one is UNREACHABLE with error; otherwise it waits for the
  *		others, and no new connection is tried for a moment.
  */
-void
-smtp_relay_conn_failed(SmtpConn *c, const char *error)
+static void
+relay_conn_failed(SmtpConn *c, const char *error)
 {
 	SmtpRelay  *r = c->relay;
 
-	smtp_relay_close_conn(c);
+	conn_close(c);
 	if (!smtp_relay_usable(r))
 		relay_unreachable(r, error);
 	else
@@ -442,40 +602,22 @@ smtp_relay_conn_failed(SmtpConn *c, const char *error)
 }
 
 /*
- * smtp_relay_finish
- *		Set d's outcome (unless a refusal set it already) and hand it back.
+ * relay_finish
+ *		Set d's outcome (unless a refusal set it already, or it is
+ *		UNREACHABLE, which says the relay never took it) and hand it back.
  */
-void
-smtp_relay_finish(SmtpRelay *r, GatekeeperDelivery *d, GatekeeperOutcome outcome,
-				  int code, const char *fmt,...)
+static void
+relay_finish(SmtpRelay *r, GatekeeperDelivery *d, GatekeeperOutcome outcome,
+			 const char *error)
 {
 	if (d->outcome == GATEKEEPER_PENDING || outcome == GATEKEEPER_UNREACHABLE)
 	{
-		va_list		ap;
-
 		d->outcome = outcome;
-		d->reply_code = code;
-		va_start(ap, fmt);
-		vsnprintf(d->error, sizeof(d->error), fmt, ap);
-		va_end(ap);
+		memset(&d->reply, 0, sizeof(d->reply));
+		strlcpy(d->error, error, sizeof(d->error));
 	}
 	d->txn->stage = ST_DONE;
 	dlist_push_tail(&r->done, &d->queue_node);
-}
-
-/*
- * smtp_relay_requeue
- *		Put d back at the head of the backlog, as if never sent.
- */
-void
-smtp_relay_requeue(SmtpRelay *r, GatekeeperDelivery *d)
-{
-	d->txn->stage = ST_NONE;
-	d->txn->replies = 0;
-	d->outcome = GATEKEEPER_PENDING;
-	d->error[0] = '\0';
-	dlist_push_head(&r->backlog, &d->queue_node);
-	r->nbacklog++;
 }
 
 /*
@@ -491,6 +633,6 @@ relay_unreachable(SmtpRelay *r, const char *error)
 												dlist_pop_head_node(&r->backlog));
 
 		r->nbacklog--;
-		smtp_relay_finish(r, d, GATEKEEPER_UNREACHABLE, 0, "%s", error);
+		relay_finish(r, d, GATEKEEPER_UNREACHABLE, error);
 	}
 }

@@ -23,11 +23,10 @@ extern GatekeeperDelivery *smtp_relay_next_done(SmtpRelay *r);
 extern void smtp_relay_abort_unsent(SmtpRelay *r, const char *error);
 extern void smtp_relay_dispatch(SmtpRelay *r);
 extern bool smtp_relay_usable(SmtpRelay *r);
-extern void smtp_relay_close_conn(SmtpConn *c);
 extern bool smtp_relay_free_closed(SmtpRelay *r);
-extern void smtp_relay_conn_failed(SmtpConn *c, const char *error);
-extern void smtp_relay_finish(SmtpRelay *r, GatekeeperDelivery *d, GatekeeperOutcome outcome,
-							  int code, const char *fmt,...) pg_attribute_printf(5, 6);
-extern void smtp_relay_requeue(SmtpRelay *r, GatekeeperDelivery *d);
+extern void smtp_relay_conn_event(SmtpConn *c, uint32 events);
+extern void smtp_relay_check_time(SmtpRelay *r, TimestampTz now);
+extern TimestampTz smtp_relay_deadline(SmtpRelay *r, TimestampTz now);
+extern int	smtp_relay_busy(SmtpRelay *r);
 
 #endif							/* SMTP_RELAY_H */

@@ -29,7 +29,11 @@
  * A connection with nothing to do for a few seconds is closed with QUIT.
  * Every error names the relay, and no error holds the password.  Bytes go
  * through smtp_io.c; connections are opened, closed and freed by
- * smtp_relay.c only.
+ * smtp_relay.c only, which calls the entry points here and acts on what
+ * each returns (SmtpStep: go on, the session became ready, close the
+ * connection, or the session failed, c->failure saying why); the
+ * deliveries a step decided or gives back wait on the connection for it
+ * (smtp_chat.c).  Nothing here calls up into the relay.
  *
  * IDENTIFICATION
  *		src/smtp_session.c
@@ -41,12 +45,17 @@
 #include "smtp_session.h"
 
 #include "common/base64.h"
+#include "smtp_chat.h"
 #include "smtp_io.h"
-#include "smtp_relay.h"
 #include "smtp_txn.h"
 
+static SmtpStep step_result(SmtpConn *c);
+static void session_fail(SmtpConn *c, const char *fmt,...) pg_attribute_printf(2, 3);
+static void session_lost(SmtpConn *c, bool relay_ended, const char *error);
+static void session_close(SmtpConn *c);
 static bool io_done(SmtpConn *c, int result, const char *err);
 static void conn_tls_start(SmtpConn *c);
+static void conn_tls_handshake(SmtpConn *c);
 static void conn_timed_out(SmtpConn *c);
 static void conn_requeue_txns(SmtpConn *c);
 static bool conn_consume(SmtpConn *c);
@@ -59,16 +68,40 @@ static char *helo_for(SmtpConn *c);
 static void sanitize(char *dst, size_t dstlen, const char *src, size_t srclen);
 
 /*
+ * step_result
+ *		What the step just taken on c asks of its relay; the next step
+ *		starts afresh.
+ */
+static SmtpStep
+step_result(SmtpConn *c)
+{
+	SmtpStep	step = c->step;
+
+	c->step = SMTP_STEP_GOING;
+	return step;
+}
+
+/*
+ * session_close
+ *		The session on c is over: its relay closes it.
+ */
+static void
+session_close(SmtpConn *c)
+{
+	c->step = SMTP_STEP_CLOSE;
+}
+
+/*
  * smtp_session_connected
  *		The connection attempt of c made progress: see how.
  */
-void
+SmtpStep
 smtp_session_connected(SmtpConn *c)
 {
 	char		err[256];
 
 	if (!io_done(c, smtp_io_connect_result(c, err, sizeof(err)), err))
-		return;
+		return step_result(c);
 	smtp_io_progress(c);
 	if (c->relay->cfg.smtps)
 		conn_tls_start(c);
@@ -77,6 +110,7 @@ smtp_session_connected(SmtpConn *c)
 		c->state = CS_GREETING;
 		smtp_io_update_events(c);
 	}
+	return step_result(c);
 }
 
 /*
@@ -88,7 +122,7 @@ static bool
 io_done(SmtpConn *c, int result, const char *err)
 {
 	if (result == SMTP_IO_FAILED)
-		smtp_session_failed(c, "%s", err);
+		session_fail(c, "%s", err);
 	return result == SMTP_IO_DONE;
 }
 
@@ -103,21 +137,32 @@ conn_tls_start(SmtpConn *c)
 
 	if (!smtp_io_tls_start(c, err, sizeof(err)))
 	{
-		smtp_session_failed(c, "%s", err);
+		session_fail(c, "%s", err);
 		return;
 	}
 	c->state = CS_TLS;
 	smtp_io_progress(c);
-	smtp_session_tls_progress(c);
+	conn_tls_handshake(c);
 }
 
 /*
  * smtp_session_tls_progress
+ *		Go on with the TLS handshake of c.
+ */
+SmtpStep
+smtp_session_tls_progress(SmtpConn *c)
+{
+	conn_tls_handshake(c);
+	return step_result(c);
+}
+
+/*
+ * conn_tls_handshake
  *		Go on with the TLS handshake of c; once TLS is on, the greeting
  *		(smtps) or a new EHLO (STARTTLS) follows.
  */
-void
-smtp_session_tls_progress(SmtpConn *c)
+static void
+conn_tls_handshake(SmtpConn *c)
 {
 	char		err[256];
 
@@ -136,7 +181,7 @@ smtp_session_tls_progress(SmtpConn *c)
 		c->size = false;
 		c->size_limit = 0;
 		c->state = CS_EHLO;
-		smtp_session_send(c, "EHLO %s\r\n", helo);
+		smtp_chat_send(c, "EHLO %s\r\n", helo);
 		pfree(helo);
 		smtp_io_flush(c);
 		return;
@@ -167,31 +212,31 @@ smtp_session_deadline(SmtpConn *c, TimestampTz now)
  *		broke and whose reading never found the end, a QUIT unanswered, an
  *		idle connection (QUIT).
  */
-void
+SmtpStep
 smtp_session_check_time(SmtpConn *c, TimestampTz now)
 {
 	if (c->state == CS_CLOSED)
-		return;
+		return SMTP_STEP_GOING;
 	smtp_io_settle_timer(c, now);
 	if (c->state == CS_QUIT)
 	{
 		if (now >= c->deadline)
-			smtp_relay_close_conn(c);
+			session_close(c);
 	}
 	else if (c->output_lost && now >= c->deadline)
-		smtp_session_lost(c, false, c->output_error);
+		session_lost(c, false, c->output_error);
 	else if ((c->nexpect > 0 || c->state != CS_READY) && now >= c->deadline)
 		conn_timed_out(c);
 	else if (c->state == CS_READY && c->ntxns == 0 && c->nexpect == 0 &&
 			 (c->retire ||
 			  now >= TimestampTzPlusMilliseconds(c->idle_since, SMTP_IDLE_QUIT_MS)))
 	{
-		smtp_session_send(c, "QUIT\r\n");
+		smtp_chat_send(c, "QUIT\r\n");
 		c->state = CS_QUIT;
 		smtp_io_set_deadline(c, now, SMTP_QUIT_WAIT_MS);
-		c->relay->nready--;
 		smtp_io_flush(c);
 	}
+	return step_result(c);
 }
 
 /*
@@ -210,7 +255,7 @@ conn_timed_out(SmtpConn *c)
 			 c->relay->cfg.timeout);
 	if (c->state < CS_READY)
 	{
-		smtp_session_failed(c, "%s", error);
+		session_fail(c, "%s", error);
 		return;
 	}
 	if (c->nexpect > 0 && c->expect[c->exphead].behind)
@@ -221,16 +266,16 @@ conn_timed_out(SmtpConn *c)
 
 		if (d->txn->stage == ST_NONE)
 			continue;
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", c->relay->cfg.peer, error,
-				   c->reply[0] ? "; last reply: " : "", c->reply);
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", c->relay->cfg.peer, error,
+				   c->reply.text[0] ? "; last reply: " : "", c->reply.text);
 	}
 	conn_requeue_txns(c);
-	smtp_relay_close_conn(c);
+	session_close(c);
 }
 
 /*
- * smtp_session_lost
+ * session_lost
  *		The session on c is over, not by a timeout: the relay closed or
  *		reset the connection, a read or write failed, or (relay_ended) the
  *		relay said 421 or broke the protocol.  Every reply that arrived
@@ -244,17 +289,17 @@ conn_timed_out(SmtpConn *c)
  * backlog, uncharged, to go out at once on another connection.  That
  * cannot go round for ever: it happens only when the relay finished a
  * transaction on c; a session that ended before any was answered is a
- * refused session (conn_session_failed), the relay's fault, and the
- * worker backs off.
+ * refused session (session_fail), the relay's fault, and the worker
+ * backs off.
  */
-void
-smtp_session_lost(SmtpConn *c, bool relay_ended, const char *error)
+static void
+session_lost(SmtpConn *c, bool relay_ended, const char *error)
 {
 	dlist_mutable_iter miter;
 
 	if (c->state == CS_QUIT)
 	{
-		smtp_relay_close_conn(c);
+		session_close(c);
 		return;
 	}
 	dlist_foreach_modify(miter, &c->txns)
@@ -264,23 +309,23 @@ smtp_session_lost(SmtpConn *c, bool relay_ended, const char *error)
 		if (d->txn->stage == ST_NONE ||
 			(d->outcome == GATEKEEPER_PENDING && (relay_ended || d->txn->replies == 0)))
 			continue;			/* not taken: requeued below */
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", c->relay->cfg.peer, error,
-				   c->reply[0] ? "; last reply: " : "", c->reply);
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_RETRY, 0, "relay %s: %s%s%s", c->relay->cfg.peer, error,
+				   c->reply.text[0] ? "; last reply: " : "", c->reply.text);
 	}
 	if (c->state < CS_READY || (!c->reused && c->ntxns > 0))
-		smtp_session_failed(c, "%s", error);
+		session_fail(c, "%s", error);
 	else
 	{
 		conn_requeue_txns(c);
-		smtp_relay_close_conn(c);
+		session_close(c);
 	}
 }
 
 /*
  * conn_requeue_txns
- *		Put every transaction left on c back at the head of the backlog, in
- *		their order, as if never sent.
+ *		Give every transaction left on c back, for its relay to put at the
+ *		head of its backlog, in their order, as if never sent.
  */
 static void
 conn_requeue_txns(SmtpConn *c)
@@ -290,33 +335,32 @@ conn_requeue_txns(SmtpConn *c)
 		GatekeeperDelivery *d = dlist_tail_element(GatekeeperDelivery, queue_node,
 												   &c->txns);
 
-		smtp_session_take(c, d);
-		smtp_relay_requeue(c->relay, d);
+		smtp_chat_take(c, d);
+		smtp_chat_give_back(c, d);
 	}
 	c->data_wait = NULL;
 }
 
 /*
- * smtp_session_failed
+ * session_fail
  *		A session could not be opened on c, or ended before the relay
- *		answered a transaction.  The transactions still on c go back to the
- *		backlog, and the relay's connections decide what becomes of them
- *		(smtp_relay_conn_failed).
+ *		answered a transaction.  The transactions still on c are given back,
+ *		and the relay's connections decide what becomes of them
+ *		(smtp_relay.c, on SMTP_STEP_FAILED with c->failure).
  */
-void
-smtp_session_failed(SmtpConn *c, const char *fmt,...)
+static void
+session_fail(SmtpConn *c, const char *fmt,...)
 {
 	char		msg[256];
-	char		error[300];
 	va_list		ap;
 
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	snprintf(error, sizeof(error), "relay %s: %s", c->relay->cfg.peer, msg);
+	snprintf(c->failure, sizeof(c->failure), "relay %s: %s", c->relay->cfg.peer, msg);
 
 	conn_requeue_txns(c);
-	smtp_relay_conn_failed(c, error);
+	c->step = SMTP_STEP_FAILED;
 }
 
 /*
@@ -324,7 +368,7 @@ smtp_session_failed(SmtpConn *c, const char *fmt,...)
  *		Read what has arrived on c, a buffer at a time, and act on every
  *		complete reply line; at the end of the input, give c up.
  */
-void
+SmtpStep
 smtp_session_readable(SmtpConn *c)
 {
 	bool		eof = false;
@@ -349,8 +393,8 @@ smtp_session_readable(SmtpConn *c)
 		n = smtp_io_read(c, c->in + c->in_len, room, &eof, err, sizeof(err));
 		if (n < 0)
 		{
-			smtp_session_lost(c, false, err);
-			return;
+			session_lost(c, false, err);
+			return step_result(c);
 		}
 		if (n == 0)
 			break;
@@ -364,27 +408,28 @@ smtp_session_readable(SmtpConn *c)
 		drained = (size_t) n < room && !(c->ssl != NULL && c->tls);
 		c->in_len += n;
 		if (!conn_consume(c))
-			return;
+			return step_result(c);
 		/* after STARTTLS's 220 the socket belongs to the handshake */
 		if (c->state == CS_TLS)
-			return;
+			return step_result(c);
 		if (drained)
 			break;
 	}
 
 	if (eof)
 	{
-		smtp_session_lost(c, false, c->output_lost ? c->output_error :
-				  "connection closed by the relay");
-		return;
+		session_lost(c, false, c->output_lost ? c->output_error :
+					 "connection closed by the relay");
+		return step_result(c);
 	}
 	smtp_io_flush(c);
+	return step_result(c);
 }
 
 /*
  * conn_consume
- *		Act on the complete reply lines in c's input.  Returns false when c
- *		was closed meanwhile.  A line over SMTP_LINE_MAX octets, a reply
+ *		Act on the complete reply lines in c's input.  Returns false when
+ *		c's session ended meanwhile.  A line over SMTP_LINE_MAX octets, a reply
  *		over SMTP_REPLY_OCTETS_MAX or a line that is no reply ends the
  *		session: the relay broke RFC 5321.
  */
@@ -406,7 +451,7 @@ conn_consume(SmtpConn *c)
 		{
 			if (avail < SMTP_LINE_MAX)
 				return true;	/* the rest of the line is still to come */
-			smtp_session_lost(c, true, "relay sent a reply line longer than 512 octets");
+			session_lost(c, true, "relay sent a reply line longer than 512 octets");
 			return false;
 		}
 		len = nl - start;
@@ -414,7 +459,7 @@ conn_consume(SmtpConn *c)
 		c->reply_octets += len + 1;
 		if (c->reply_octets > SMTP_REPLY_OCTETS_MAX)
 		{
-			smtp_session_lost(c, true, "relay sent a reply longer than 65536 octets");
+			session_lost(c, true, "relay sent a reply longer than 65536 octets");
 			return false;
 		}
 		if (len > 0 && start[len - 1] == '\r')
@@ -428,11 +473,11 @@ conn_consume(SmtpConn *c)
 		if (code == 0)
 		{
 			snprintf(err, sizeof(err), "relay sent a line that is not an SMTP reply: %s", line);
-			smtp_session_lost(c, true, err);
+			session_lost(c, true, err);
 			return false;
 		}
 		conn_reply(c, code, line, last);
-		if (c->state == CS_CLOSED)
+		if (c->step >= SMTP_STEP_CLOSE)
 			return false;
 	}
 	return true;
@@ -485,6 +530,9 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 			}
 		}
 	}
+	/* the reply's code and status are its first line's (RFC 2034) */
+	if (c->reply_lines == 0)
+		(void) smtp_reply_parse(&c->reading, line);
 	c->reply_lines++;
 	if (!last)
 		return;
@@ -497,17 +545,23 @@ conn_reply(SmtpConn *c, int code, const char *line, bool last)
 
 		while (line[n] == ' ' || line[n] == '.' || isdigit((unsigned char) line[n]))
 			n++;
-		snprintf(c->reply, sizeof(c->reply), "%.*s(reply to AUTH)", (int) n, line);
+		snprintf(c->reading.text, sizeof(c->reading.text), "%.*s(reply to AUTH)", (int) n, line);
 	}
 	else
-		strlcpy(c->reply, line, sizeof(c->reply));
+		strlcpy(c->reading.text, line, sizeof(c->reading.text));
+	c->reply = c->reading;
 	c->reply_lines = 0;
 	smtp_io_progress(c);
 
 	if (c->state == CS_READY)
-		smtp_txn_reply(c, code);
+	{
+		char		lost[SMTP_REPLY_MAX + 64];
+
+		if (!smtp_txn_reply(c, lost, sizeof(lost)))
+			session_lost(c, true, lost);
+	}
 	else
-		conn_session_reply(c, code);
+		conn_session_reply(c, c->reply.code);
 }
 
 /*
@@ -522,14 +576,14 @@ conn_session_reply(SmtpConn *c, int code)
 		case CS_GREETING:
 			if (code / 100 != 2)
 			{
-				smtp_session_failed(c, "greeting refused the session: %s", c->reply);
+				session_fail(c, "greeting refused the session: %s", c->reply.text);
 				return;
 			}
 			{
 				char	   *helo = helo_for(c);
 
 				c->state = CS_EHLO;
-				smtp_session_send(c, "EHLO %s\r\n", helo);
+				smtp_chat_send(c, "EHLO %s\r\n", helo);
 				pfree(helo);
 			}
 			break;
@@ -544,23 +598,23 @@ conn_session_reply(SmtpConn *c, int code)
 				char	   *helo = helo_for(c);
 
 				c->state = CS_HELO;
-				smtp_session_send(c, "HELO %s\r\n", helo);
+				smtp_chat_send(c, "HELO %s\r\n", helo);
 				pfree(helo);
 			}
 			else
-				smtp_session_failed(c, "EHLO refused: %s", c->reply);
+				session_fail(c, "EHLO refused: %s", c->reply.text);
 			break;
 		case CS_HELO:
 			if (code / 100 != 2)
-				smtp_session_failed(c, "HELO refused: %s", c->reply);
+				session_fail(c, "HELO refused: %s", c->reply.text);
 			else
 				conn_after_ehlo(c);
 			break;
 		case CS_STARTTLS:
 			if (code != 220)
-				smtp_session_failed(c, "STARTTLS refused: %s", c->reply);
+				session_fail(c, "STARTTLS refused: %s", c->reply.text);
 			else if (c->in_len > c->in_pos)
-				smtp_session_failed(c, "relay sent more than its reply to STARTTLS");
+				session_fail(c, "relay sent more than its reply to STARTTLS");
 			else
 			{
 				c->in_len = 0;
@@ -573,10 +627,10 @@ conn_session_reply(SmtpConn *c, int code)
 			conn_auth(c, code);
 			break;
 		case CS_QUIT:
-			smtp_relay_close_conn(c);
+			session_close(c);
 			break;
 		default:
-			smtp_session_failed(c, "unexpected reply: %s", c->reply);
+			session_fail(c, "unexpected reply: %s", c->reply.text);
 			break;
 	}
 }
@@ -593,12 +647,12 @@ conn_after_ehlo(SmtpConn *c)
 	if (!c->tls && c->starttls)
 	{
 		c->state = CS_STARTTLS;
-		smtp_session_send(c, "STARTTLS\r\n");
+		smtp_chat_send(c, "STARTTLS\r\n");
 		return;
 	}
 	if (!c->tls && credentials && !smtp_io_peer_loopback(c))
 	{
-		smtp_session_failed(c, "the relay does not offer STARTTLS, which is required "
+		session_fail(c, "the relay does not offer STARTTLS, which is required "
 							"before credentials go to a relay not on the loopback");
 		return;
 	}
@@ -634,7 +688,7 @@ conn_auth(SmtpConn *c, int code)
 	}
 	if (code != 0 && code != 334)
 	{
-		smtp_session_failed(c, "login refused: %s", c->reply);
+		session_fail(c, "login refused: %s", c->reply.text);
 		return;
 	}
 
@@ -642,7 +696,7 @@ conn_auth(SmtpConn *c, int code)
 	{
 		if (c->auth_step > 0)
 		{
-			smtp_session_failed(c, "login refused: %s", c->reply);
+			session_fail(c, "login refused: %s", c->reply.text);
 			return;
 		}
 		rawlen = strlen(user) + strlen(password) + 2;
@@ -656,12 +710,12 @@ conn_auth(SmtpConn *c, int code)
 		if (c->auth_step == 0)
 		{
 			c->auth_step++;
-			smtp_session_send(c, "AUTH LOGIN\r\n");
+			smtp_chat_send(c, "AUTH LOGIN\r\n");
 			return;
 		}
 		if (c->auth_step > 2)
 		{
-			smtp_session_failed(c, "login refused: %s", c->reply);
+			session_fail(c, "login refused: %s", c->reply.text);
 			return;
 		}
 		raw = pstrdup(c->auth_step == 1 ? user : password);
@@ -676,9 +730,9 @@ conn_auth(SmtpConn *c, int code)
 	explicit_bzero(raw, rawlen);
 	pfree(raw);
 	if (c->auth_plain)
-		smtp_session_send(c, "AUTH PLAIN %s\r\n", enc);
+		smtp_chat_send(c, "AUTH PLAIN %s\r\n", enc);
 	else
-		smtp_session_send(c, "%s\r\n", enc);
+		smtp_chat_send(c, "%s\r\n", enc);
 	c->auth_step++;
 	explicit_bzero(enc, enclen);
 	pfree(enc);
@@ -686,7 +740,8 @@ conn_auth(SmtpConn *c, int code)
 
 /*
  * conn_become_ready
- *		The session is open: transactions may flow.
+ *		The session is open: transactions may flow (the relay hands it
+ *		some, on SMTP_STEP_READY).
  */
 static void
 conn_become_ready(SmtpConn *c)
@@ -694,111 +749,7 @@ conn_become_ready(SmtpConn *c)
 	c->state = CS_READY;
 	c->idle_since = GetCurrentTimestamp();
 	c->last_ok = true;
-	c->relay->nready++;
-	smtp_relay_dispatch(c->relay);
-}
-
-/*
- * smtp_session_take
- *		Take d off c's transactions: its outcome is decided, or it goes back.
- */
-void
-smtp_session_take(SmtpConn *c, GatekeeperDelivery *d)
-{
-	dlist_delete(&d->queue_node);
-	c->ntxns--;
-	c->relay->ntxns--;
-}
-
-/*
- * smtp_session_send
- *		Queue a command on c.
- */
-void
-smtp_session_send(SmtpConn *c, const char *fmt,...)
-{
-	char	   *s;
-	va_list		ap;
-	StringInfoData buf;
-	MemoryContext old = MemoryContextSwitchTo(c->cxt);
-
-	initStringInfo(&buf);
-	for (;;)
-	{
-		int			needed;
-
-		va_start(ap, fmt);
-		needed = appendStringInfoVA(&buf, fmt, ap);
-		va_end(ap);
-		if (needed == 0)
-			break;
-		enlargeStringInfo(&buf, needed);
-	}
-	MemoryContextSwitchTo(old);
-	s = buf.data;
-	smtp_io_push(c, s, buf.len, s);
-	if (c->state != CS_READY)
-		smtp_io_progress(c);
-}
-
-/*
- * smtp_session_expect
- *		Note that c waits for one more reply.
- */
-void
-smtp_session_expect(SmtpConn *c, SmtpCommand command, GatekeeperDelivery *d)
-{
-	SmtpExpect *e;
-	bool		behind = false;
-
-	/*
-	 * A transaction's command queued after a final "." still unanswered,
-	 * or after such a command: behind the "." (smtp_txn.c)
-	 */
-	if (c->nexpect > 0 &&
-		(command == CMD_MAIL || command == CMD_RCPT || command == CMD_DATA))
-	{
-		SmtpExpect *prev = &c->expect[(c->exphead + c->nexpect - 1) % c->expcap];
-
-		behind = prev->command == CMD_DOT || prev->behind;
-	}
-	if (c->nexpect == c->expcap)
-	{
-		int			cap = Max(16, c->expcap * 2);
-		SmtpExpect *e = MemoryContextAlloc(c->cxt, sizeof(SmtpExpect) * cap);
-		int			i;
-
-		for (i = 0; i < c->nexpect; i++)
-			e[i] = c->expect[(c->exphead + i) % c->expcap];
-		if (c->expect)
-			pfree(c->expect);
-		c->expect = e;
-		c->expcap = cap;
-		c->exphead = 0;
-	}
-	if (c->nexpect == 0)
-		smtp_io_progress(c);
-	e = &c->expect[(c->exphead + c->nexpect) % c->expcap];
-	e->command = command;
-	e->d = d;
-	e->behind = behind;
-	c->nexpect++;
-}
-
-/*
- * smtp_session_expected
- *		The reply c waited for longest, taken off its queue: what the reply
- *		just read answers (c waits for one, nexpect > 0).
- */
-SmtpExpect
-smtp_session_expected(SmtpConn *c)
-{
-	SmtpExpect	e = c->expect[c->exphead];
-
-	Assert(c->nexpect > 0);
-	c->exphead = (c->exphead + 1) % c->expcap;
-	c->nexpect--;
-	return e;
+	c->step = SMTP_STEP_READY;
 }
 
 /*

@@ -174,6 +174,7 @@ static bool phrases_in(const char *lower, const TroublePhrases *lists, int n,
 static bool read_enhanced(const char *p, int *klass, int *subject, int *detail, int *len);
 static bool read_reply(const char *p, int *code);
 static TroubleReason by_code(int klass, int subject, int detail, bool *known);
+static TroubleReason classify(const char *status, const char *text, bool address_refused);
 
 /*
  * smtp_trouble_name
@@ -348,16 +349,84 @@ by_code(int klass, int subject, int detail, bool *known)
 }
 
 /*
+ * smtp_reply_parse
+ *		Read a reply's first line: see smtp_trouble.h.
+ */
+bool
+smtp_reply_parse(SmtpReply *r, const char *line)
+{
+	int			len;
+
+	memset(r, 0, sizeof(SmtpReply));
+	if (line == NULL || !read_reply(line, &r->code))
+		return false;
+	if (line[3] != '\0' &&
+		read_enhanced(line + 4, &r->klass, &r->subject, &r->detail, &len))
+		snprintf(r->status, sizeof(r->status), "%d.%d.%d", r->klass, r->subject, r->detail);
+	else
+		snprintf(r->status, sizeof(r->status), "%03d", r->code);
+	return true;
+}
+
+/*
+ * smtp_reply_classify
+ *		What the classifier says of a reply that decided a mail: see
+ *		smtp_trouble.h.  A refusal of anything but the recipient says
+ *		nothing of the address, and is never a hard bounce.
+ */
+void
+smtp_reply_classify(SmtpReply *r, SmtpAnswer answered)
+{
+	r->answered = answered;
+	r->relay_wide = answered != SMTP_ANSWER_RCPT;
+	r->reason = classify(r->status, r->text, !r->relay_wide);
+	r->hard = smtp_trouble_hard(r->reason);
+}
+
+/*
+ * smtp_trouble_of_failure
+ *		The status and reason of a failed delivery: see smtp_trouble.h.
+ */
+TroubleReason
+smtp_trouble_of_failure(const SmtpReply *reply, const char *error, char *status,
+						size_t status_len)
+{
+	SmtpReply	read;
+
+	if (reply != NULL && reply->status[0] != '\0')
+	{
+		strlcpy(status, reply->status, status_len);
+		return reply->reason;
+	}
+	if (!smtp_reply_parse(&read, error) || read.code / 100 == 3)
+		read.status[0] = '\0';
+	strlcpy(status, read.status, status_len);
+	return smtp_trouble_reason(error, error);
+}
+
+/*
  * smtp_trouble_reason
  *		The reason of a failure: see smtp_trouble.h and the file's head.
  */
 TroubleReason
 smtp_trouble_reason(const char *status, const char *text)
 {
+	return classify(status, text, true);
+}
+
+/*
+ * classify
+ *		The reason of a failure from status and text; address_refused false
+ *		when what was refused is not the recipient (then it is never a hard
+ *		bounce).  A text written as src/smtp_txn.c writes a refusal of
+ *		anything but the recipient says so itself.
+ */
+static TroubleReason
+classify(const char *status, const char *text, bool address_refused)
+{
 	char	   *lower = lower_copy(text);
 	const char *s = status ? status : "";
 	const char *refused;
-	bool		address_refused = true;
 	bool		have_enhanced = false;
 	int			reply = 0;
 	int			klass = 0;

@@ -26,6 +26,66 @@ typedef enum TroubleReason
 	TROUBLE_OTHER
 } TroubleReason;
 
+/* the most of a reply's text kept with it */
+#define SMTP_REPLY_TEXT_MAX		200
+
+/* what a relay's reply answered */
+typedef enum SmtpAnswer
+{
+	SMTP_ANSWER_NONE,			/* no reply decided it (a timeout, a limit) */
+	SMTP_ANSWER_MAIL,			/* MAIL FROM */
+	SMTP_ANSWER_RCPT,			/* RCPT TO: the recipient's */
+	SMTP_ANSWER_DATA,			/* DATA, BDAT or the message */
+} SmtpAnswer;
+
+/*
+ * A relay's reply, read once where it arrives (src/smtp_session.c) and
+ * carried with its delivery to the outcome, the nack's event, the
+ * suppression list and the breakers.  The code and its RFC 3463 status
+ * are the first line's (RFC 2034); the text is what last_error shows.
+ * What the classifier says of it is filled by smtp_reply_classify once
+ * the reply is known to decide a mail.
+ */
+typedef struct SmtpReply
+{
+	int			code;			/* the three-digit reply code, 0 for none */
+	int			klass;			/* class.subject.detail (RFC 3463) of the */
+	int			subject;		/* first line; klass 0 when it has none */
+	int			detail;
+	char		status[16];		/* "5.1.1", else the code "550", else "" */
+	char		text[SMTP_REPLY_TEXT_MAX];	/* the reply's last line */
+	SmtpAnswer	answered;		/* what it answered */
+	TroubleReason reason;		/* why the mail failed, by the classifier */
+	bool		hard;			/* a hard bounce: never mail the address again */
+	bool		relay_wide;		/* says something of the relay or the
+								 * transaction, not of the recipient */
+} SmtpReply;
+
+/*
+ * Read a reply's first line ("550-5.1.1 ...", "250 OK"): its code and its
+ * enhanced status code; the rest of r is cleared.  Returns whether line
+ * starts with a reply code.
+ */
+extern bool smtp_reply_parse(SmtpReply *r, const char *line);
+
+/*
+ * What the classifier says of reply r, which answered what, set in r:
+ * its reason, whether it is a hard bounce, whether it is relay-wide.
+ */
+extern void smtp_reply_classify(SmtpReply *r, SmtpAnswer answered);
+
+/*
+ * The status and reason of a failed delivery, for its event and the
+ * suppression list: a reply the worker read and classified (reply not
+ * NULL, with a status) says them itself; else (an external worker's
+ * nack, a failure no reply decided: a timeout, a lost connection) they
+ * are read from the error text: *status is the reply that starts it
+ * ("550 5.1.1 ..." gives 5.1.1, "550 ..." 550), "" for none, and the
+ * reason is the classifier's of the text.
+ */
+extern TroubleReason smtp_trouble_of_failure(const SmtpReply *reply, const char *error,
+											 char *status, size_t status_len);
+
 /*
  * The reason of a failure from its status and its text together: status
  * is an RFC 3463 code ("5.1.1"), a reply ("550 5.1.1 ...", "550"), or a

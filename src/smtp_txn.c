@@ -46,11 +46,13 @@
  * is sent.  When a session cannot be opened (no connection, a refused
  * greeting, EHLO, STARTTLS or AUTH, a certificate that does not verify),
  * the relay's connections decide what becomes of the mail waiting
- * (smtp_relay_conn_failed).
+ * (smtp_relay.c, relay_conn_failed).
  *
  * The session (smtp_session.c) reads the replies and hands each that
  * answers a transaction's command here (smtp_txn_reply), and owns what
- * becomes of the connection: smtp_session_lost when it ends.
+ * becomes of the connection: smtp_txn_reply says when the session is
+ * over, and why.  A delivery decided here is left on the connection
+ * (smtp_chat_finish) for its relay to hand back; nothing here calls up.
  *
  * IDENTIFICATION
  *		src/smtp_txn.c
@@ -61,19 +63,20 @@
 
 #include "smtp_txn.h"
 
+#include "smtp_chat.h"
 #include "smtp_io.h"
-#include "smtp_relay.h"
-#include "smtp_session.h"
 
 static void conn_write_txn(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_write_message(SmtpConn *c, GatekeeperDelivery *d);
 static void conn_txn_done(SmtpConn *c, GatekeeperDelivery *d);
-static void txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what);
+static void txn_fail(SmtpConn *c, GatekeeperDelivery *d, SmtpAnswer answered,
+					 const char *what);
 static bool conn_may_follow_dot(SmtpConn *c);
 static int	reply_subject(SmtpConn *c);
-static void conn_misordered(SmtpConn *c, GatekeeperDelivery *d);
-static void conn_sort_reply(SmtpConn *c, int code, bool first);
+static bool conn_misordered(SmtpConn *c, GatekeeperDelivery *d, char *lost, size_t lostlen);
+static bool conn_sort_reply(SmtpConn *c, int code, bool first, char *lost, size_t lostlen);
+static bool recipient_ascii(const char *address);
 static char *envelope_address(const char *address);
 static void append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d);
 
@@ -111,8 +114,8 @@ smtp_txn_start(SmtpConn *c)
 		if (!c->pipelining && c->need_rset)
 		{
 			/* lock-step: RSET alone, and the transaction once it is answered */
-			smtp_session_send(c, "RSET\r\n");
-			smtp_session_expect(c, CMD_RSET, NULL);
+			smtp_chat_send(c, "RSET\r\n");
+			smtp_chat_expect(c, CMD_RSET, NULL);
 			c->need_rset = false;
 			break;
 		}
@@ -139,8 +142,8 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	/* what the relay would refuse is not sent */
 	if (c->size_limit > 0 && (uint64) d->message.len > c->size_limit)
 	{
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_FAIL, 552,
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_FAIL, 552,
 				   "relay %s: message of %d octets exceeds the relay's SIZE limit of "
 				   UINT64_FORMAT " octets; not sent", c->relay->cfg.peer, d->message.len, c->size_limit);
 		pfree(from);
@@ -149,8 +152,8 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	}
 	if ((d->needs_8bit && !c->eightbit) || (d->needs_utf8 && !c->smtputf8))
 	{
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_FAIL, 0, "relay %s does not offer %s, which this mail needs; not sent",
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_FAIL, 0, "relay %s does not offer %s, which this mail needs; not sent",
 				   c->relay->cfg.peer, d->needs_utf8 && !c->smtputf8 ? "SMTPUTF8" : "8BITMIME");
 		pfree(from);
 		pfree(rcpt);
@@ -167,7 +170,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 	if (c->pipelining && !c->last_ok && !(c->nexpect > 0 && !c->chunking))
 	{
 		appendStringInfoString(&cmd, "RSET\r\n");
-		smtp_session_expect(c, CMD_RSET, NULL);
+		smtp_chat_expect(c, CMD_RSET, NULL);
 	}
 	c->need_rset = false;
 	appendStringInfoString(&cmd, "MAIL FROM:");
@@ -184,7 +187,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		appendStringInfoString(&cmd, d->envid);
 	}
 	appendStringInfoString(&cmd, "\r\n");
-	smtp_session_expect(c, CMD_MAIL, d);
+	smtp_chat_expect(c, CMD_MAIL, d);
 	c->last_ok = false;
 
 	if (c->pipelining)
@@ -193,11 +196,11 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		appendStringInfoString(&cmd, rcpt);
 		append_dsn_notify(&cmd, c, d);
 		appendStringInfoString(&cmd, "\r\n");
-		smtp_session_expect(c, CMD_RCPT, d);
+		smtp_chat_expect(c, CMD_RCPT, d);
 		if (c->chunking)
 		{
 			appendStringInfo(&cmd, "BDAT %d LAST\r\n", d->message.len);
-			smtp_session_expect(c, CMD_BDAT, d);
+			smtp_chat_expect(c, CMD_BDAT, d);
 			smtp_io_push(c, cmd.data, cmd.len, cmd.data);
 			smtp_io_push(c, d->message.data, d->message.len, NULL);
 			d->txn->stage = ST_BODY;
@@ -205,7 +208,7 @@ conn_write_txn(SmtpConn *c, GatekeeperDelivery *d)
 		else
 		{
 			appendStringInfoString(&cmd, "DATA\r\n");
-			smtp_session_expect(c, CMD_DATA, d);
+			smtp_chat_expect(c, CMD_DATA, d);
 			smtp_io_push(c, cmd.data, cmd.len, cmd.data);
 			c->data_wait = d;
 			d->txn->stage = ST_DATA;
@@ -234,16 +237,16 @@ conn_lockstep_next(SmtpConn *c, GatekeeperDelivery *d)
 
 		initStringInfo(&notify);
 		append_dsn_notify(&notify, c, d);
-		smtp_session_send(c, "RCPT TO:%s%s\r\n", rcpt, notify.data);
-		smtp_session_expect(c, CMD_RCPT, d);
+		smtp_chat_send(c, "RCPT TO:%s%s\r\n", rcpt, notify.data);
+		smtp_chat_expect(c, CMD_RCPT, d);
 		pfree(notify.data);
 		pfree(rcpt);
 		d->txn->stage = ST_RCPT;
 	}
 	else if (d->txn->stage == ST_RCPT)
 	{
-		smtp_session_send(c, "DATA\r\n");
-		smtp_session_expect(c, CMD_DATA, d);
+		smtp_chat_send(c, "DATA\r\n");
+		smtp_chat_expect(c, CMD_DATA, d);
 		c->data_wait = d;
 		d->txn->stage = ST_DATA;
 	}
@@ -257,36 +260,33 @@ static void
 conn_write_message(SmtpConn *c, GatekeeperDelivery *d)
 {
 	smtp_io_push_stuffed(c, d->message.data, d->message.len);
-	smtp_session_expect(c, CMD_DOT, d);
+	smtp_chat_expect(c, CMD_DOT, d);
 	d->txn->stage = ST_BODY;
 }
 
 /*
  * smtp_txn_reply
- *		A reply to a transaction's command.
+ *		A reply to a transaction's command: c->reply.  Returns false when
+ *		the session is over, the relay's doing (421, a reply nobody asked
+ *		for, replies out of order): lost says why.
  */
-void
-smtp_txn_reply(SmtpConn *c, int code)
+bool
+smtp_txn_reply(SmtpConn *c, char *lost, size_t lostlen)
 {
+	int			code = c->reply.code;
 	SmtpExpect	e;
 	GatekeeperDelivery *d;
 	bool		ok = code / 100 == 2;
 
 	if (c->sort_d != NULL)
-	{
-		conn_sort_reply(c, code, false);
-		return;
-	}
+		return conn_sort_reply(c, code, false, lost, lostlen);
 	if (code == 421 || c->nexpect == 0)
 	{
-		char		error[SMTP_REPLY_MAX + 64];
-
 		/* 421 (RFC 5321 3.8), or a reply nobody asked for: the end */
-		snprintf(error, sizeof(error), "the relay ended the session: %s", c->reply);
-		smtp_session_lost(c, true, error);
-		return;
+		snprintf(lost, lostlen, "the relay ended the session: %s", c->reply.text);
+		return false;
 	}
-	e = smtp_session_expected(c);
+	e = smtp_chat_expected(c);
 	d = e.d;
 	if (d != NULL)
 		d->txn->replies++;
@@ -296,8 +296,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		((code == 354 && e.command != CMD_DATA) || (ok && e.command == CMD_DATA)))
 	{
 		smtp_txn_distrust(c, "answered out of order behind a final \".\"");
-		conn_misordered(c, d);
-		return;
+		return conn_misordered(c, d, lost, lostlen);
 	}
 
 	switch (e.command)
@@ -307,9 +306,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		case CMD_MAIL:
 			if (!ok)
 			{
-				txn_fail(c, d, code, "MAIL FROM");
-				d->mail_refused = d->outcome == GATEKEEPER_FAIL && code / 100 == 5 &&
-					d->reply_code == code;
+				txn_fail(c, d, SMTP_ANSWER_MAIL, "MAIL FROM");
 				if (!c->pipelining)
 					conn_txn_done(c, d);
 			}
@@ -319,7 +316,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 		case CMD_RCPT:
 			if (!ok)
 			{
-				txn_fail(c, d, code, "RCPT TO");
+				txn_fail(c, d, SMTP_ANSWER_RCPT, "RCPT TO");
 				if (!c->pipelining)
 					conn_txn_done(c, d);
 			}
@@ -333,8 +330,8 @@ smtp_txn_reply(SmtpConn *c, int code)
 				if (d->outcome != GATEKEEPER_PENDING)
 				{
 					/* pipelined behind a refusal: end the empty message */
-					smtp_session_send(c, ".\r\n");
-					smtp_session_expect(c, CMD_DOT, d);
+					smtp_chat_send(c, ".\r\n");
+					smtp_chat_expect(c, CMD_DOT, d);
 					d->txn->stage = ST_BODY;
 				}
 				else
@@ -342,7 +339,7 @@ smtp_txn_reply(SmtpConn *c, int code)
 			}
 			else
 			{
-				txn_fail(c, d, code, "DATA");
+				txn_fail(c, d, SMTP_ANSWER_DATA, "DATA");
 				conn_txn_done(c, d);
 			}
 			break;
@@ -353,20 +350,19 @@ smtp_txn_reply(SmtpConn *c, int code)
 				/* it may answer a command behind the ".": see them all */
 				c->sort_d = d;
 				c->sort_in_order = code != 354;
-				c->sort_first_code = code;
-				strlcpy(c->sort_first, c->reply, sizeof(c->sort_first));
+				c->sort_first = c->reply;
 				c->sort_found = 0;
-				conn_sort_reply(c, code, true);
-				return;
+				return conn_sort_reply(c, code, true, lost, lostlen);
 			}
 			/* FALLTHROUGH */
 		case CMD_BDAT:
 			if (!ok)
-				txn_fail(c, d, code, e.command == CMD_DOT ? "the message" : "BDAT");
+				txn_fail(c, d, SMTP_ANSWER_DATA, e.command == CMD_DOT ? "the message" : "BDAT");
 			conn_txn_done(c, d);
 			break;
 	}
 	smtp_txn_start(c);
+	return true;
 }
 
 /*
@@ -379,18 +375,18 @@ conn_txn_done(SmtpConn *c, GatekeeperDelivery *d)
 	if (d->txn->stage == ST_DONE)
 		return;
 	d->txn->stage = ST_DONE;
-	smtp_session_take(c, d);
+	smtp_chat_take(c, d);
 	c->reused = true;
 	if (d->outcome == GATEKEEPER_PENDING)
 	{
 		c->last_ok = c->nexpect == 0;
-		smtp_relay_finish(c->relay, d, GATEKEEPER_SENT, 250, "%s", "");
+		smtp_chat_finish(c, d, GATEKEEPER_SENT, 250, "%s", "");
 	}
 	else
 	{
 		c->last_ok = false;
 		c->need_rset = true;
-		dlist_push_tail(&c->relay->done, &d->queue_node);
+		smtp_chat_decided(c, d);
 	}
 	if (c->ntxns == 0)
 		c->idle_since = GetCurrentTimestamp();
@@ -398,26 +394,26 @@ conn_txn_done(SmtpConn *c, GatekeeperDelivery *d)
 
 /*
  * txn_fail
- *		d was refused with code in reply to what: the first refusal decides.
+ *		d was refused by c's last reply, which answered its command what:
+ *		the first refusal decides.  The reply goes with d as it was read,
+ *		with what the classifier says of it (src/smtp_trouble.c: a hard
+ *		bounce only when it answered RCPT TO); the error text is for
+ *		people.
  */
 static void
-txn_fail(SmtpConn *c, GatekeeperDelivery *d, int code, const char *what)
+txn_fail(SmtpConn *c, GatekeeperDelivery *d, SmtpAnswer answered, const char *what)
 {
 	if (d->outcome != GATEKEEPER_PENDING)
 		return;
-	d->outcome = code / 100 == 5 ? GATEKEEPER_FAIL : GATEKEEPER_RETRY;
-	d->reply_code = code;
-
-	/*
-	 * A refusal of the recipient starts with the reply, which nack reads
-	 * for a hard bounce (RFC 3463 5.1.x); no other refusal is one.
-	 */
-	d->rcpt_refused = strcmp(what, "RCPT TO") == 0;
-	if (d->rcpt_refused)
+	d->outcome = c->reply.code / 100 == 5 ? GATEKEEPER_FAIL : GATEKEEPER_RETRY;
+	d->reply = c->reply;
+	smtp_reply_classify(&d->reply, answered);
+	if (answered == SMTP_ANSWER_RCPT)
 		snprintf(d->error, sizeof(d->error), "%s (relay %s, reply to RCPT TO)",
-				 c->reply, c->relay->cfg.peer);
+				 c->reply.text, c->relay->cfg.peer);
 	else
-		snprintf(d->error, sizeof(d->error), "relay %s refused %s: %s", c->relay->cfg.peer, what, c->reply);
+		snprintf(d->error, sizeof(d->error), "relay %s refused %s: %s", c->relay->cfg.peer, what,
+				 c->reply.text);
 }
 
 /*
@@ -448,24 +444,15 @@ smtp_txn_behind_dot(const SmtpConn *c)
 /*
  * reply_subject
  *		The subject of the enhanced status code (RFC 3463) of c's last
- *		reply, "2.1.5" -> 1, or -1 when it has none.
+ *		reply, "2.1.5" -> 1, or -1 when it has none or the relay does not
+ *		offer ENHANCEDSTATUSCODES.
  */
 static int
 reply_subject(SmtpConn *c)
 {
-	const char *p = c->reply + 4;
-	int			subject = 0;
-
-	if (!c->enhanced || strlen(c->reply) < 4 || !isdigit((unsigned char) p[0]) || p[1] != '.')
+	if (!c->enhanced || c->reply.klass == 0)
 		return -1;
-	p += 2;
-	if (!isdigit((unsigned char) *p))
-		return -1;
-	while (isdigit((unsigned char) *p) && subject < 1000)
-		subject = subject * 10 + (*p++ - '0');
-	if (*p != '.' || !isdigit((unsigned char) p[1]))
-		return -1;
-	return subject;
+	return c->reply.subject;
 }
 
 /*
@@ -489,19 +476,19 @@ smtp_txn_distrust(SmtpConn *c, const char *what)
  * conn_misordered
  *		A reply came that cannot answer the command of d, which was behind a
  *		final ".": the relay answers out of order.  d's message never went,
- *		so d goes again, uncharged, and c is given up.
+ *		so d goes again, uncharged, and c is given up: returns false, lost
+ *		saying why.
  */
-static void
-conn_misordered(SmtpConn *c, GatekeeperDelivery *d)
+static bool
+conn_misordered(SmtpConn *c, GatekeeperDelivery *d, char *lost, size_t lostlen)
 {
 	d->outcome = GATEKEEPER_PENDING;
-	d->reply_code = 0;
-	d->mail_refused = false;
-	d->rcpt_refused = false;
+	memset(&d->reply, 0, sizeof(d->reply));
 	d->error[0] = '\0';
 	d->txn->replies = 0;
 	c->reused = true;
-	smtp_session_lost(c, true, "the relay answered out of order");
+	strlcpy(lost, "the relay answered out of order", lostlen);
+	return false;
 }
 
 /*
@@ -512,14 +499,15 @@ conn_misordered(SmtpConn *c, GatekeeperDelivery *d)
  *		the first is the "."'s; else the one reply that can only be the
  *		"."'s (neither 354 nor an address status, X.1.Y) is; else sort_d is
  *		RETRY.  Then c is given up: what was behind goes again, uncharged.
+ *		Returns false once c is given up (lost says why), true while
+ *		replies are still due.
  */
-static void
-conn_sort_reply(SmtpConn *c, int code, bool first)
+static bool
+conn_sort_reply(SmtpConn *c, int code, bool first, char *lost, size_t lostlen)
 {
 	GatekeeperDelivery *d = c->sort_d;
 	const char *peer = c->relay->cfg.peer;
-	int			dot_code = 0;
-	const char *dot_reply = NULL;
+	const SmtpReply *dot_reply = NULL;
 
 	if (!first && (code == 421 || c->nexpect == 0))
 	{
@@ -532,7 +520,7 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 	{
 		if (!first)
 		{
-			SmtpCommand command = smtp_session_expected(c).command;
+			SmtpCommand command = smtp_chat_expected(c).command;
 
 			if (command == CMD_DATA ? (code != 354 && code < 400) : code == 354)
 				c->sort_in_order = false;
@@ -540,47 +528,45 @@ conn_sort_reply(SmtpConn *c, int code, bool first)
 		if (code != 354 && reply_subject(c) != 1)
 		{
 			c->sort_found++;
-			c->sort_code = code;
-			strlcpy(c->sort_reply, c->reply, sizeof(c->sort_reply));
+			c->sort_reply = c->reply;
 		}
 		if (c->nexpect > 0)
-			return;
+			return true;
 	}
 
 	c->sort_d = NULL;
 	if (c->sort_in_order)
 	{
 		smtp_txn_distrust(c, "answered a final \".\" as if it were MAIL FROM or RCPT TO");
-		dot_code = c->sort_first_code;
-		dot_reply = c->sort_first;
+		dot_reply = &c->sort_first;
 	}
 	else
 	{
 		smtp_txn_distrust(c, "answered out of order behind a final \".\"");
 		if (c->sort_found == 1)
 		{
-			dot_code = c->sort_code;
-			dot_reply = c->sort_reply;
+			dot_reply = &c->sort_reply;
 		}
 	}
 	if (dot_reply != NULL)
 	{
-		if (dot_code / 100 != 2)
+		if (dot_reply->code / 100 != 2)
 		{
-			strlcpy(c->reply, dot_reply, sizeof(c->reply));
-			txn_fail(c, d, dot_code, "the message");
+			c->reply = *dot_reply;
+			txn_fail(c, d, SMTP_ANSWER_DATA, "the message");
 		}
 		conn_txn_done(c, d);
 	}
 	else
 	{
-		smtp_session_take(c, d);
-		smtp_relay_finish(c->relay, d, GATEKEEPER_RETRY, 0,
+		smtp_chat_take(c, d);
+		smtp_chat_finish(c, d, GATEKEEPER_RETRY, 0,
 						  "relay %s answered out of order behind the final \".\" of the message: "
 						  "its reply is not known", peer);
 	}
 	c->reused = true;
-	smtp_session_lost(c, true, "the relay answered out of order");
+	strlcpy(lost, "the relay answered out of order", lostlen);
+	return false;
 }
 
 /*
@@ -636,7 +622,7 @@ append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d)
 	if (!c->dsn || d->envid == NULL)
 		return;
 	appendStringInfoString(buf, " NOTIFY=FAILURE,DELAY");
-	if (!smtp_client_address_ascii(d->mail.recipient))
+	if (!recipient_ascii(d->mail.recipient))
 		return;
 	appendStringInfoString(buf, " ORCPT=rfc822;");
 	for (p = d->mail.recipient; *p; p++)
@@ -648,4 +634,22 @@ append_dsn_notify(StringInfo buf, SmtpConn *c, GatekeeperDelivery *d)
 		else
 			appendStringInfoChar(buf, (char) ch);
 	}
+}
+
+/*
+ * recipient_ascii
+ *		Whether an address is all ASCII (the rfc822 type of ORCPT can carry
+ *		it).
+ */
+static bool
+recipient_ascii(const char *address)
+{
+	const unsigned char *p;
+
+	for (p = (const unsigned char *) address; *p; p++)
+	{
+		if (*p & 0x80)
+			return false;
+	}
+	return true;
 }

@@ -14,7 +14,7 @@
 #include "smtp_conn.h"
 
 extern void smtp_txn_start(SmtpConn *c);
-extern void smtp_txn_reply(SmtpConn *c, int code);
+extern bool smtp_txn_reply(SmtpConn *c, char *lost, size_t lostlen);
 extern bool smtp_txn_behind_dot(const SmtpConn *c);
 extern void smtp_txn_distrust(SmtpConn *c, const char *what);
 

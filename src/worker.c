@@ -112,6 +112,9 @@
 #include "worker.h"
 #include "worker_announce.h"
 #include "worker_breakers.h"
+#include "worker_database.h"
+#include "worker_delivery.h"
+#include "worker_record.h"
 #include "worker_slots.h"
 #include "worker_standbys.h"
 #include "worker_step.h"
@@ -172,9 +175,6 @@
 /* a lease is extended when less than this part of it is left */
 #define LEASE_EXTEND_DIVISOR		3
 
-/* how often a worker without its database looks for it */
-#define DATABASE_POLL_MS			500
-
 /* this worker's slot in shared memory, and its name in claims */
 static int	worker_slot;
 static char worker_name[64];
@@ -208,8 +208,6 @@ static dlist_head outcomes = DLIST_STATIC_INIT(outcomes);
 static int	noutcomes = 0;
 static int64 noutcome_bytes = 0;	/* their deliveries' bytes */
 static TimestampTz outcomes_since = 0;
-static dlist_head suspects = DLIST_STATIC_INIT(suspects);
-static int	nsuspects = 0;
 
 /*
  * gatekeeper.claim_standbys: "pending" is in claim order, and its first
@@ -241,15 +239,6 @@ typedef struct ExtendStep
 	TimestampTz until;			/* when their leases run out now */
 } ExtendStep;
 
-/* record_step's work, and what it found */
-typedef struct RecordStep
-{
-	GatekeeperDelivery **items;
-	int			n;
-	int			nsent;
-	int			acked;			/* of the sent, how many were still claimed */
-} RecordStep;
-
 /* the relays of gatekeeper.smtp_url, by their number in the list */
 static int	nrelays = 1;
 
@@ -270,9 +259,6 @@ static bool rate_held = false;
 /* what gatekeeper.worker_status shows of this worker */
 static GatekeeperWorkerStatus status;
 
-static void wait_for_database(void) pg_attribute_noreturn();
-static bool database_ready(const char *name);
-static void hand_over(void) pg_attribute_noreturn();
 static void check_settings(void);
 static void housekeep(bool woken);
 static bool claim(bool woken);
@@ -295,7 +281,6 @@ static bool claim_step(void *arg);
 static void drop_taken(int n);
 static void claim_failed(ErrorData *error);
 static void take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due);
-static char *copy_text(Datum *values, bool *nulls, int column, bool json);
 static bool build_message(GatekeeperDelivery *d, const char *default_sender);
 static void hold_mail(void);
 static void hand_back_pending(const char *error);
@@ -303,13 +288,11 @@ static void judge(GatekeeperDelivery *d);
 static void decided(GatekeeperDelivery *d);
 static void observe_latency(GatekeeperDelivery *d);
 static void reroute(GatekeeperDelivery *d);
-static void trip(int relay, const char *error, BreakerCause cause);
-static void release_suspects(int relay, bool relays_fault);
+static void let_go(dlist_head *out);
 static GatekeeperRelayStatus *relay_status(int relay);
 static void record_outcomes(void);
 static bool record_outcomes_here(RecordStep *step);
 static void outcomes_recorded(const RecordStep *step);
-static bool record_step(void *arg);
 static void record_failed(ErrorData *error);
 static void forget_outcomes(void);
 static void outcomes_dropped(void);
@@ -337,7 +320,7 @@ gatekeeper_worker_main(Datum main_arg)
 	 * failing again every bgw_restart_time.
 	 */
 	if (gatekeeper_slot_connecting(worker_slot, true))
-		wait_for_database();
+		worker_wait_for_database(worker_slot);
 
 	BackgroundWorkerInitializeConnection(gatekeeper_database, NULL, 0);
 	gatekeeper_slot_attach(worker_slot);
@@ -406,118 +389,6 @@ gatekeeper_worker_main(Datum main_arg)
 		(void) smtp_client_wait(nap());
 		collect();
 	}
-}
-
-
-/*
- * Wait, connected to no database, until gatekeeper.database exists and
- * accepts connections; then hand this slot over to a worker that connects
- * (hand_over), so delivery starts within DATABASE_POLL_MS of CREATE
- * DATABASE rather than after bgw_restart_time.
- */
-static void
-wait_for_database(void)
-{
-	char		activity[NAMEDATALEN + 64];
-
-	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
-	SetConfigOption("application_name", MyBgworkerEntry->bgw_name,
-					PGC_USERSET, PGC_S_SESSION);
-
-	ereport(LOG,
-			(errmsg("gatekeeper worker is waiting for database \"%s\"",
-					gatekeeper_database),
-			 errdetail("The previous attempt to connect to it failed.")));
-
-	snprintf(activity, sizeof(activity), "waiting for database \"%s\"",
-			 gatekeeper_database);
-
-	for (;;)
-	{
-		CHECK_FOR_INTERRUPTS();
-
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-		}
-
-		if (database_ready(gatekeeper_database))
-		{
-			(void) gatekeeper_slot_connecting(worker_slot, false);
-			ereport(LOG,
-					(errmsg("gatekeeper worker found database \"%s\" and restarts to connect to it",
-							gatekeeper_database)));
-			hand_over();
-		}
-
-		pgstat_report_activity(STATE_IDLE, activity);
-
-		(void) WaitLatch(MyLatch,
-						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 DATABASE_POLL_MS,
-						 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-	}
-}
-
-/*
- * End this process, which can connect to no database any more, so that a
- * new one serves its slot at once: a dynamic worker registered as this
- * one was (the same function, slot, name and restart time), after which
- * exit status 0 unregisters this one.  Without a free background worker
- * slot, exit 1: the postmaster restarts this one after bgw_restart_time.
- */
-static void
-hand_over(void)
-{
-	BackgroundWorker worker;
-
-	memcpy(&worker, MyBgworkerEntry, sizeof(worker));
-	worker.bgw_notify_pid = 0;
-	if (RegisterDynamicBackgroundWorker(&worker, NULL))
-		proc_exit(0);
-	proc_exit(1);
-}
-
-/*
- * Whether database name exists and accepts connections.  Reads the shared
- * catalog pg_database with a plain scan, which works without a database.
- */
-static bool
-database_ready(const char *name)
-{
-	Relation	rel;
-	TableScanDesc scan;
-	HeapTuple	tuple;
-	bool		ready = false;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	(void) GetTransactionSnapshot();
-
-	rel = table_open(DatabaseRelationId, AccessShareLock);
-	scan = table_beginscan_catalog(rel, 0, NULL);
-	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
-	{
-		Form_pg_database form = (Form_pg_database) GETSTRUCT(tuple);
-
-		if (strcmp(NameStr(form->datname), name) == 0)
-		{
-			ready = form->datallowconn;
-#ifdef DATCONNLIMIT_INVALID_DB
-			if (form->datconnlimit == DATCONNLIMIT_INVALID_DB)
-				ready = false;
-#endif
-			break;
-		}
-	}
-	table_endscan(scan);
-	table_close(rel, AccessShareLock);
-
-	CommitTransactionCommand();
-
-	return ready;
 }
 
 
@@ -814,8 +685,14 @@ collect(void)
 		judge(d);
 
 	/* refusals at MAIL FROM with nothing else to compare: the mail's own */
-	if (nsuspects > 0 && npending == 0 && smtp_client_busy() == 0)
-		release_suspects(-1, false);
+	if (worker_breakers_suspects() > 0 && npending == 0 && smtp_client_busy() == 0)
+	{
+		dlist_head	out;
+
+		dlist_init(&out);
+		worker_breakers_release(-1, false, &out);
+		let_go(&out);
+	}
 }
 
 /*
@@ -834,7 +711,7 @@ record(void)
 	now = GetCurrentTimestamp();
 	if (now < record_trouble.retry_at)
 		return;
-	if (noutcomes < RECORD_BATCH && nlive > noutcomes + nsuspects &&
+	if (noutcomes < RECORD_BATCH && nlive > noutcomes + worker_breakers_suspects() &&
 		!(nlive > window / 2 && undecided() <= window / 2) &&
 		now < TimestampTzPlusMilliseconds(outcomes_since, RECORD_DELAY_MS))
 		return;
@@ -1376,44 +1253,14 @@ claim_here(int want, int64 max_bytes, TimestampTz *next_due, bool *have_next_due
 }
 
 /*
- * take_mail: the claim's receiver.  A claimed mail becomes a new delivery,
- * its content copied once, in a memory context of its own (freed once its
- * outcome is recorded), on "live" and "pending".
+ * take_mail: the claim's receiver.  A claimed mail becomes a new delivery
+ * (src/worker_delivery.c), on "live" and "pending".
  */
 static void
 take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due)
 {
 	ClaimTaken *taken = (ClaimTaken *) arg;
-	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "gatekeeper mail",
-											  ALLOCSET_SMALL_SIZES);
-	GatekeeperDelivery *d = MemoryContextAllocZero(cxt, sizeof(GatekeeperDelivery));
-	GatekeeperMail *mail = &d->mail;
-	MemoryContext old;
-
-	d->cxt = cxt;
-	if (nulls[GATEKEEPER_CLAIM_ID] || nulls[GATEKEEPER_CLAIM_ATTEMPT])
-		elog(ERROR, "the claim returned a mail without id or attempt");
-	mail->id = DatumGetInt64(values[GATEKEEPER_CLAIM_ID]);
-	mail->attempt = DatumGetInt32(values[GATEKEEPER_CLAIM_ATTEMPT]);
-	mail->due = due;
-
-	old = MemoryContextSwitchTo(cxt);
-	mail->queue = copy_text(values, nulls, GATEKEEPER_CLAIM_QUEUE, false);
-	mail->recipient = copy_text(values, nulls, GATEKEEPER_CLAIM_RECIPIENT, false);
-	mail->recipient_name = copy_text(values, nulls, GATEKEEPER_CLAIM_RECIPIENT_NAME, false);
-	mail->sender = copy_text(values, nulls, GATEKEEPER_CLAIM_SENDER, false);
-	mail->subject = copy_text(values, nulls, GATEKEEPER_CLAIM_SUBJECT, false);
-	mail->body = copy_text(values, nulls, GATEKEEPER_CLAIM_BODY, false);
-	mail->html = copy_text(values, nulls, GATEKEEPER_CLAIM_HTML, false);
-	mail->headers_json = copy_text(values, nulls, GATEKEEPER_CLAIM_HEADERS, true);
-	mail->message_id = copy_text(values, nulls, GATEKEEPER_CLAIM_MESSAGE_ID, false);
-	MemoryContextSwitchTo(old);
-
-	d->bytes = sizeof(GatekeeperDelivery) +
-		(mail->body ? strlen(mail->body) : 0) +
-		(mail->html ? strlen(mail->html) : 0) +
-		(mail->subject ? strlen(mail->subject) : 0) +
-		(mail->headers_json ? strlen(mail->headers_json) : 0);
+	GatekeeperDelivery *d = worker_delivery_new(values, nulls, due);
 
 	d->lease_until = taken->lease_until;
 	dlist_push_tail(&live, &d->live_node);
@@ -1425,225 +1272,72 @@ take_mail(void *arg, Datum *values, bool *nulls, TimestampTz due)
 }
 
 /*
- * A text (or, when json, jsonb) column of a claimed mail as a C string in
- * the current memory context, or NULL.  Detoasts inside the transaction.
- */
-static char *
-copy_text(Datum *values, bool *nulls, int column, bool json)
-{
-	if (nulls[column])
-		return NULL;
-	if (json)
-	{
-		Jsonb	   *jb = DatumGetJsonbP(values[column]);
-		char	   *text = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
-
-		if ((Pointer) jb != DatumGetPointer(values[column]))
-			pfree(jb);
-		return text;
-	}
-	return TextDatumGetCString(values[column]);
-}
-
-/*
- * Build d's message, in d's memory context, in the caller's transaction.
- * Returns false, with d failed and the error recorded, when it cannot be
- * built: a mail whose message cannot be built fails alone instead of
- * taking the worker (and, at each restart, the worker again) down.  The
- * transaction is then aborted; the caller begins another if it needs one.
- * Cancellation and running out of memory are not the mail's fault: they
- * are rethrown.  The message is DKIM-signed as built (src/dkim.c), and
- * counted when no key applies.  Once built, the mail's body is freed:
- * only the message is needed from here on.
+ * Build d's message (src/worker_delivery.c): counted when it went
+ * unsigned, and what d holds from then on counted in live_bytes.
  */
 static bool
 build_message(GatekeeperDelivery *d, const char *default_sender)
 {
-	MemoryContext oldcontext = CurrentMemoryContext;
-	volatile bool ok = true;
-	volatile int signatures = 0;
-	const char *volatile from_address = NULL;
+	int64		before = (int64) d->bytes;
+	bool		is_unsigned = false;
 
-	if (d->mail.sender != NULL && d->mail.sender[0] != '\0')
-		d->from_field = d->mail.sender;
-	else if (default_sender[0] != '\0')
-		d->from_field = MemoryContextStrdup(d->cxt, default_sender);
-	if (d->from_field != NULL)
-	{
-		/* the envelope takes the bare address of "Name <address>" */
-		MemoryContext old = MemoryContextSwitchTo(d->cxt);
-		char	   *name;
-		char	   *address;
-
-		if (gatekeeper_mailbox_problem(d->from_field, &name, &address) == NULL)
-			d->from = address;
-		else
-			d->from = d->from_field;
-		from_address = d->from;
-		MemoryContextSwitchTo(old);
-	}
-	else
-	{
-		d->outcome = GATEKEEPER_FAIL;
-		strlcpy(d->error, "mail has no sender and gatekeeper.default_sender is not set",
-				sizeof(d->error));
+	if (!worker_delivery_build(d, default_sender, &is_unsigned))
 		return false;
-	}
-
-	PG_TRY();
-	{
-		MemoryContextSwitchTo(d->cxt);
-
-		/*
-		 * A queue's return_path, with the mail's VERP token, is the envelope
-		 * sender instead; the token is the DSN's ENVID either way
-		 * (src/report.c).  The queue's return_path and the secret are read
-		 * once per claim (claim_mail refreshes them), not per mail; a read
-		 * that fails fails the mail here, as a build error does.
-		 */
-		{
-			char	   *token = NULL;
-			char	   *return_path = gatekeeper_report_envelope(d->mail.queue,
-																 d->mail.id, &token);
-
-			d->envid = token;
-			if (return_path != NULL)
-				d->from = return_path;
-		}
-		initStringInfo(&d->message);
-		/* room for a 7bit message at once, rather than doubling up to it */
-		if (d->bytes > (size_t) d->message.maxlen)
-			enlargeStringInfo(&d->message, (int) Min(d->bytes + d->bytes / 16 + 4096,
-													 (size_t) MaxAllocSize / 2));
-		gatekeeper_build_message(&d->message, &d->mail, d->from_field);
-		signatures = gatekeeper_dkim_sign(&d->message, from_address);
-		MemoryContextSwitchTo(oldcontext);
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(d->cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		MemoryContextSwitchTo(oldcontext);
-
-		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED ||
-			edata->sqlerrcode == ERRCODE_OUT_OF_MEMORY)
-			ReThrowError(edata);
-
-		d->outcome = GATEKEEPER_FAIL;
-		snprintf(d->error, sizeof(d->error),
-				 "could not build message: %s", edata->message);
-		FreeErrorData(edata);
-		ok = false;
-	}
-	PG_END_TRY();
-
-	if (!ok)
-		return false;
-	if (signatures == 0)
+	if (is_unsigned)
 		status.unsigned_total++;
-
-	d->needs_8bit = smtp_client_needs_8bit(d->message.data, d->message.len);
-	d->needs_utf8 = !smtp_client_address_ascii(d->from) ||
-		!smtp_client_address_ascii(d->mail.recipient);
-
-	/* what is held from here on is the message */
-	live_bytes -= d->bytes;
-	if (d->mail.body)
-		pfree(d->mail.body);
-	if (d->mail.html)
-		pfree(d->mail.html);
-	d->mail.body = d->mail.html = NULL;
-	d->bytes = sizeof(GatekeeperDelivery) + d->message.maxlen;
-	live_bytes += d->bytes;
+	live_bytes += (int64) d->bytes - before;
 	return true;
 }
 
 /*
- * Act on one outcome from the client: the breaker of the relay it went to
- * looks at the relay's part in it, then it waits to be recorded.
- *
- * UNREACHABLE (no session could be opened) opens the relay's breaker, and
- * the mail, which the relay did not take, goes to the next relay.  A 5xx
- * to MAIL FROM, and a 4xx to MAIL FROM or to the data, is held as a
- * suspect (a reply to RCPT TO is about its recipient: a full mailbox, a
- * greylisting domain, never the relay's state): the same refusal, or a deferral, for several transactions in a
- * row is the relay's (it refuses the worker, or is throttled, out of disk
- * or deferring everything, not the mail), and opens its breaker with
- * every suspect of that relay handed on uncharged; a transaction the
- * relay takes, or refuses for good past MAIL FROM, shows the suspects'
- * refusals were the mails' own, and they fail or are retried as their
- * replies say.  A transaction whose fate is unknown (the data went and
- * no reply came) is never handed on: it is retried after its backoff.
+ * Act on one outcome from the client: the breakers of the relay it went
+ * to judge the relay's part in it (worker_breaker_judge, which holds the
+ * suspects), and what they let go waits to be recorded, or is handed on
+ * to the next relay (reroute).  When the relay's breaker opened and every
+ * relay's is open, the mail not yet on the wire goes back uncharged and
+ * the worker claims nothing until one resumes.
  */
 static void
 judge(GatekeeperDelivery *d)
 {
-	int			relay = d->relay;
-	bool		open = worker_breaker_open(relay, GetCurrentTimestamp());
-	int			in_a_row;
+	dlist_head	out;
+	char		tripped[300];
 
-	if (d->outcome == GATEKEEPER_UNREACHABLE)
+	dlist_init(&out);
+	if (worker_breaker_judge(d, relay_status(d->relay), &out, tripped, sizeof(tripped)))
 	{
-		if (!open)
-			trip(relay, d->error, BREAKER_SESSION);
-		reroute(d);
-		return;
-	}
-	/* what the relay said, counted when it said it, whatever the mail's fate */
-	if (d->outcome == GATEKEEPER_RETRY)
-		relay_status(relay)->deferred_total++;
-	if (d->reply_code >= 400)
-	{
-		GatekeeperRelayStatus *rs = relay_status(relay);
+		TimestampTz now = GetCurrentTimestamp();
 
-		strlcpy(rs->last_reply, d->error, sizeof(rs->last_reply));
-		rs->last_reply_at = GetCurrentTimestamp();
-	}
-	if ((d->outcome == GATEKEEPER_FAIL && d->mail_refused) ||
-		(d->outcome == GATEKEEPER_RETRY && d->reply_code / 100 == 4 && !d->rcpt_refused))
-	{
-		bool		deferred = d->outcome == GATEKEEPER_RETRY;
-		bool		trips;
-
-		if (open)
+		if (worker_breakers_resume(nrelays) > now)
 		{
-			d->outcome = GATEKEEPER_UNREACHABLE;
+			hand_back_pending(tripped);
+			next_claim_at = worker_breakers_resume(nrelays);
+		}
+	}
+	let_go(&out);
+}
+
+/*
+ * The deliveries the breakers let go of (out): UNREACHABLE ones, which
+ * their relay did not take, are handed on; the others are recorded.
+ */
+static void
+let_go(dlist_head *out)
+{
+	while (!dlist_is_empty(out))
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node,
+												dlist_pop_head_node(out));
+
+		if (d->outcome == GATEKEEPER_UNREACHABLE)
 			reroute(d);
-			return;
-		}
-		dlist_push_tail(&suspects, &d->queue_node);
-		nsuspects++;
-		if (deferred)
-			trips = worker_breaker_deferred(relay, &in_a_row);
 		else
-			trips = worker_breaker_mail_refused(relay, d->reply_code, &in_a_row);
-		if (trips)
 		{
-			char		error[300];
-
-			snprintf(error, sizeof(error), "%s (%d transactions in a row)",
-					 d->error, in_a_row);
-			trip(relay, error, deferred ? BREAKER_DEFERRED : BREAKER_REFUSED);
-			release_suspects(relay, true);
+			if (d->outcome == GATEKEEPER_SENT)
+				observe_latency(d);
+			decided(d);
 		}
-		return;
 	}
-
-	if (d->session_reached)
-		worker_breaker_close(relay, true);
-	if (d->outcome == GATEKEEPER_SENT)
-		observe_latency(d);
-	if (d->outcome == GATEKEEPER_SENT || d->outcome == GATEKEEPER_FAIL)
-	{
-		worker_breaker_close(relay, false);
-		worker_breaker_mail_passed(relay);
-		release_suspects(relay, false);
-	}
-	decided(d);
 }
 
 /*
@@ -1682,35 +1376,6 @@ decided(GatekeeperDelivery *d)
 }
 
 /*
- * Hand on every suspect of relay (-1: of every relay): relays_fault, the
- * relay's refusal, and the mail goes to the next relay, uncharged; else
- * the refusal or deferral was the mail's own, and it is decided as its
- * reply said.
- */
-static void
-release_suspects(int relay, bool relays_fault)
-{
-	dlist_mutable_iter miter;
-
-	dlist_foreach_modify(miter, &suspects)
-	{
-		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
-
-		if (relay >= 0 && d->relay != relay)
-			continue;
-		dlist_delete(&d->queue_node);
-		nsuspects--;
-		if (relays_fault)
-		{
-			d->outcome = GATEKEEPER_UNREACHABLE;
-			reroute(d);
-		}
-		else
-			decided(d);
-	}
-}
-
-/*
  * d came back UNREACHABLE: its relay did not take it (the session failed
  * before the relay answered it, or refused its MAIL FROM).  While another
  * relay's breaker is not open, d goes to it, first of the mail cleared to
@@ -1729,31 +1394,6 @@ reroute(GatekeeperDelivery *d)
 	dlist_push_head(&pending, &d->queue_node);
 	npending++;
 	npending_cleared++;
-}
-
-/*
- * Open relay's breaker (src/worker_breakers.c) for cause: the relay gets
- * no mail for a backoff, what waits for its connections goes to the next
- * relay, and the log says once what the relay said.  While every relay's
- * breaker is open, the mail not yet on the wire is handed back uncharged
- * and the worker claims nothing.
- */
-static void
-trip(int relay, const char *error, BreakerCause cause)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	worker_breaker_trip(relay, error, cause, now);
-
-	strlcpy(relay_status(relay)->last_error, error, sizeof(relay_status(relay)->last_error));
-	relay_status(relay)->last_error_at = now;
-
-	if (worker_breakers_resume(nrelays) > now)
-	{
-		hand_back_pending(error);
-		next_claim_at = worker_breakers_resume(nrelays);
-	}
-	smtp_client_abort_unsent(relay, error);
 }
 
 /*
@@ -1865,7 +1505,7 @@ record_outcomes_here(RecordStep *step)
 	step->nsent = 0;
 	step->acked = 0;
 
-	if (!gatekeeper_subxact_catch(record_step, step, &error))
+	if (!gatekeeper_subxact_catch(worker_record_step, step, &error))
 	{
 		record_failed(error);
 		return false;
@@ -1905,78 +1545,6 @@ outcomes_recorded(const RecordStep *step)
 			rs->failed_total++;
 	}
 	forget_outcomes();
-}
-
-/*
- * record_step: record_outcomes_here's work, for gatekeeper_subxact_catch:
- * one call of src/mail_state.c per kind of outcome.
- */
-static bool
-record_step(void *arg)
-{
-	RecordStep *step = (RecordStep *) arg;
-	GatekeeperDelivery **items = step->items;
-	int			n = step->n;
-	int64	   *ids;
-	int32	   *attempts;
-	MailNack   *nacks;
-	int			nnacks = 0;
-	int			nunreachable = 0;
-	const char *unreachable_error = NULL;
-	int			i;
-
-	ids = palloc(sizeof(int64) * n);
-	attempts = palloc(sizeof(int32) * n);
-
-	/* sent */
-	for (i = 0; i < n; i++)
-	{
-		if (items[i]->outcome != GATEKEEPER_SENT)
-			continue;
-		ids[step->nsent] = items[i]->mail.id;
-		attempts[step->nsent] = items[i]->mail.attempt;
-		step->nsent++;
-	}
-	if (step->nsent > 0)
-		step->acked = mail_state_ack(ids, attempts, step->nsent);
-
-	/* retries and failures */
-	nacks = palloc(sizeof(MailNack) * n);
-	for (i = 0; i < n; i++)
-	{
-		GatekeeperDelivery *d = items[i];
-
-		if (d->outcome != GATEKEEPER_RETRY && d->outcome != GATEKEEPER_FAIL)
-			continue;
-		if (d->error[0] == '\0')
-			snprintf(d->error, sizeof(d->error), "relay replied %d", d->reply_code);
-		nacks[nnacks].id = d->mail.id;
-		nacks[nnacks].attempt = d->mail.attempt;
-		nacks[nnacks].error = d->error;
-		nacks[nnacks].permanent = d->outcome == GATEKEEPER_FAIL;
-		nnacks++;
-	}
-	if (nnacks > 0)
-		(void) mail_state_nack(nacks, nnacks);
-
-	/* unreachable: hand back, uncharged */
-	for (i = 0; i < n; i++)
-	{
-		if (items[i]->outcome != GATEKEEPER_UNREACHABLE)
-			continue;
-		ids[nunreachable] = items[i]->mail.id;
-		attempts[nunreachable] = items[i]->mail.attempt;
-		if (unreachable_error == NULL && items[i]->error[0] != '\0')
-			unreachable_error = items[i]->error;
-		nunreachable++;
-	}
-	/* the worker backs off; the mail itself is due again at once */
-	if (nunreachable > 0)
-		(void) mail_state_unclaim(ids, attempts, nunreachable,
-								  unreachable_error ? unreachable_error :
-								  "no SMTP relay could be reached",
-								  GetCurrentTransactionStartTimestamp());
-	return true;
 }
 
 /*

@@ -15,10 +15,14 @@
  * up to 30 s while it keeps failing; a session that works closes the
  * breaker, except one opened by deferrals, which only a transaction the
  * relay takes or refuses for good closes.  The log says once when a relay
- * is given up and once when it is reached again.  What becomes of the mail meanwhile
- * (the next relay takes it, or it is handed back uncharged) is the
- * worker's loop's to decide (src/worker.c); this file only says which
- * relay may have mail, and when delivery can go on.
+ * is given up and once when it is reached again.
+ *
+ * The breakers judge each outcome the SMTP client hands back
+ * (worker_breaker_judge): they hold a refusal that may be the relay's
+ * (a suspect) until they know, and say of every delivery they let go
+ * whether its relay took it.  What becomes of the mail then (the next
+ * relay takes it, it is recorded, or it is handed back uncharged) is the
+ * worker's loop's to do (src/worker.c); this file never calls it.
  *
  * IDENTIFICATION
  *		src/worker_breakers.c
@@ -31,6 +35,7 @@
 #include "gatekeeper.h"
 #include "smtp_client.h"
 
+#include "lib/ilist.h"
 #include "utils/timestamp.h"
 
 /* backoff while the relay refuses the session */
@@ -56,6 +61,16 @@ typedef struct Breaker
 
 /* the relays of gatekeeper.smtp_url, by their number in the list */
 static Breaker breakers[GATEKEEPER_MAX_RELAYS];
+
+/*
+ * The suspects: deliveries refused at MAIL FROM, or deferred at MAIL FROM
+ * or the data, held until their relay's part is known.
+ */
+static dlist_head suspects = DLIST_STATIC_INIT(suspects);
+static int	nsuspects = 0;
+
+static void trip(int relay, GatekeeperRelayStatus *rs, const char *error, BreakerCause cause,
+				 TimestampTz now);
 
 /*
  * worker_breakers_reset: every breaker closed, as for a new
@@ -250,4 +265,148 @@ worker_breaker_mail_passed(int relay)
 	breakers[relay].mail_refusals = 0;
 	breakers[relay].mail_refusal_code = 0;
 	breakers[relay].deferrals = 0;
+}
+
+/*
+ * worker_breaker_judge
+ *		The breaker of the relay d went to looks at the relay's part in d's
+ *		outcome (rs: what worker_status shows of that relay).  Each delivery
+ *		it lets go of, d itself unless it holds d as a suspect and the
+ *		suspects it releases, goes on out, UNREACHABLE when it is to be
+ *		handed on to the next relay, else to be recorded.  Returns true when
+ *		the relay's breaker opened, tripped saying why.
+ *
+ * UNREACHABLE (no session could be opened) opens the relay's breaker, and
+ * the mail, which the relay did not take, goes to the next relay.  A 5xx
+ * to MAIL FROM, and a 4xx to MAIL FROM or to the data, is held as a
+ * suspect (a reply to RCPT TO is about its recipient: a full mailbox, a
+ * greylisting domain, never the relay's state): the same refusal, or a deferral, for several transactions in a
+ * row is the relay's (it refuses the worker, or is throttled, out of disk
+ * or deferring everything, not the mail), and opens its breaker with
+ * every suspect of that relay handed on uncharged; a transaction the
+ * relay takes, or refuses for good past MAIL FROM, shows the suspects'
+ * refusals were the mails' own, and they fail or are retried as their
+ * replies say.  A transaction whose fate is unknown (the data went and
+ * no reply came) is never handed on: it is retried after its backoff.
+ */
+bool
+worker_breaker_judge(GatekeeperDelivery *d, GatekeeperRelayStatus *rs, dlist_head *out,
+					 char *tripped, size_t tripped_len)
+{
+	int			relay = d->relay;
+	TimestampTz now = GetCurrentTimestamp();
+	bool		open = worker_breaker_open(relay, now);
+	int			in_a_row;
+
+	if (d->outcome == GATEKEEPER_UNREACHABLE)
+	{
+		bool		trips = !open;
+
+		if (trips)
+		{
+			strlcpy(tripped, d->error, tripped_len);
+			trip(relay, rs, tripped, BREAKER_SESSION, now);
+		}
+		dlist_push_tail(out, &d->queue_node);
+		return trips;
+	}
+	/* what the relay said, counted when it said it, whatever the mail's fate */
+	if (d->outcome == GATEKEEPER_RETRY)
+		rs->deferred_total++;
+	if (d->reply.code >= 400)
+	{
+		strlcpy(rs->last_reply, d->error, sizeof(rs->last_reply));
+		rs->last_reply_at = now;
+	}
+	if ((d->outcome == GATEKEEPER_FAIL && d->reply.answered == SMTP_ANSWER_MAIL) ||
+		(d->outcome == GATEKEEPER_RETRY && d->reply.code / 100 == 4 &&
+		 d->reply.answered != SMTP_ANSWER_RCPT))
+	{
+		bool		deferred = d->outcome == GATEKEEPER_RETRY;
+		bool		trips;
+
+		if (open)
+		{
+			d->outcome = GATEKEEPER_UNREACHABLE;
+			dlist_push_tail(out, &d->queue_node);
+			return false;
+		}
+		dlist_push_tail(&suspects, &d->queue_node);
+		nsuspects++;
+		if (deferred)
+			trips = worker_breaker_deferred(relay, &in_a_row);
+		else
+			trips = worker_breaker_mail_refused(relay, d->reply.code, &in_a_row);
+		if (trips)
+		{
+			snprintf(tripped, tripped_len, "%s (%d transactions in a row)",
+					 d->error, in_a_row);
+			trip(relay, rs, tripped, deferred ? BREAKER_DEFERRED : BREAKER_REFUSED, now);
+			worker_breakers_release(relay, true, out);
+		}
+		return trips;
+	}
+
+	if (d->session_reached)
+		worker_breaker_close(relay, true);
+	if (d->outcome == GATEKEEPER_SENT || d->outcome == GATEKEEPER_FAIL)
+	{
+		worker_breaker_close(relay, false);
+		worker_breaker_mail_passed(relay);
+		worker_breakers_release(relay, false, out);
+	}
+	dlist_push_tail(out, &d->queue_node);
+	return false;
+}
+
+/*
+ * trip
+ *		Open relay's breaker for cause: the relay gets no mail for a backoff,
+ *		what waits for its connections goes back to be handed on, the log
+ *		says once what the relay said, and rs shows it.
+ */
+static void
+trip(int relay, GatekeeperRelayStatus *rs, const char *error, BreakerCause cause,
+	 TimestampTz now)
+{
+	worker_breaker_trip(relay, error, cause, now);
+	strlcpy(rs->last_error, error, sizeof(rs->last_error));
+	rs->last_error_at = now;
+	smtp_client_abort_unsent(relay, error);
+}
+
+/*
+ * worker_breakers_release
+ *		Let go of every suspect of relay (-1: of every relay), onto out:
+ *		relays_fault, the relay's refusal, and the mail is UNREACHABLE, to
+ *		go to the next relay, uncharged; else the refusal or deferral was
+ *		the mail's own, and it is recorded as its reply said.
+ */
+void
+worker_breakers_release(int relay, bool relays_fault, dlist_head *out)
+{
+	dlist_mutable_iter miter;
+
+	dlist_foreach_modify(miter, &suspects)
+	{
+		GatekeeperDelivery *d = dlist_container(GatekeeperDelivery, queue_node, miter.cur);
+
+		if (relay >= 0 && d->relay != relay)
+			continue;
+		dlist_delete(&d->queue_node);
+		nsuspects--;
+		if (relays_fault)
+			d->outcome = GATEKEEPER_UNREACHABLE;
+		dlist_push_tail(out, &d->queue_node);
+	}
+}
+
+/*
+ * worker_breakers_suspects
+ *		How many deliveries the breakers hold as suspects.
+ */
+int
+worker_breakers_suspects(void)
+{
+	return nsuspects;
 }

@@ -2,7 +2,8 @@
  *
  * worker_breakers.h
  *		What the worker's loop (worker.c) uses of worker_breakers.c: a
- *		circuit breaker per relay of gatekeeper.smtp_url.
+ *		circuit breaker per relay of gatekeeper.smtp_url, and the judge of
+ *		each outcome by it.
  *
  *-------------------------------------------------------------------------
  */
@@ -10,6 +11,9 @@
 #define GATEKEEPER_WORKER_BREAKERS_H
 
 #include "datatype/timestamp.h"
+#include "lib/ilist.h"
+#include "smtp_client.h"
+#include "worker_slots.h"
 
 /* why a relay's breaker opens */
 typedef enum BreakerCause
@@ -31,5 +35,9 @@ extern void worker_breaker_close(int relay, bool session);
 extern bool worker_breaker_mail_refused(int relay, int reply_code, int *in_a_row);
 extern bool worker_breaker_deferred(int relay, int *in_a_row);
 extern void worker_breaker_mail_passed(int relay);
+extern bool worker_breaker_judge(GatekeeperDelivery *d, GatekeeperRelayStatus *rs,
+								 dlist_head *out, char *tripped, size_t tripped_len);
+extern void worker_breakers_release(int relay, bool relays_fault, dlist_head *out);
+extern int	worker_breakers_suspects(void);
 
 #endif							/* GATEKEEPER_WORKER_BREAKERS_H */

@@ -33,7 +33,11 @@ Modes (--mode):
 
 --rcpt-replies answers RCPT TO by the recipient's local part: one that
 begins with "hard" gets 550 5.1.1 (no such mailbox), "soft" 451 4.3.0;
-the others 250.  --data-delay SECONDS waits that long before answering
+the others 250; "multi" gets a reply of two lines whose first says 550
+5.1.1 (the mailbox does not exist) and whose last carries another code,
+5.7.1, with no words of its own (RFC 2034: the first line's code is the
+reply's); "mislead" one line 550 5.2.2 (mailbox full) whose text quotes
+another code, 5.1.1.  --data-delay SECONDS waits that long before answering
 the end of each message's data (a slow relay, for leases to run low).
 
 Bounded: exits after --lifetime seconds or when its parent goes away, and
@@ -120,6 +124,12 @@ class Handler:
         local = address.split('@', 1)[0].lower()
         if args.rcpt_replies and local.startswith('hard'):
             return '550 5.1.1 <%s>: Recipient address rejected: User unknown' % address
+        if args.rcpt_replies and local.startswith('multi'):
+            return ('550-5.1.1 <%s>: the email account that you tried to reach is gone\r\n'
+                    '550 5.7.1 see https://support.relay.example/bounce' % address)
+        if args.rcpt_replies and local.startswith('mislead'):
+            return ('550 5.2.2 <%s>: quota reached (not 5.1.1, the account is there)'
+                    % address)
         if args.rcpt_replies and local.startswith('soft'):
             return '451 4.3.0 <%s>: Temporary failure, try again later' % address
         envelope.rcpt_tos.append(address)
