@@ -77,9 +77,11 @@ my ($user, undef, $uid, $gid) = getpwuid($<);
 my $group = getgrgid($gid);
 chomp(my $hostname = `hostname`);
 
-# launch.sh INSTANCE: the instance's passwd, group and hosts on /etc, then
-# Sendmail as the running user again, a daemon in the foreground (-bD)
-# running its queue every second, logging its SMTP traffic (-X)
+# launch.sh INSTANCE ARG...: the instance's passwd, group and hosts on
+# /etc, then Sendmail with its .cf and ARGs as the running user again (the
+# daemon: in the foreground, -bD, running its queue every second, logging
+# its SMTP traffic, -X).  Outside, Sendmail would wait a minute for a host
+# name /etc/hosts may not give ("My unqualified host name unknown")
 append_to_file(
 	"$dir/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files\n");
 append_to_file(
@@ -88,7 +90,9 @@ append_to_file(
 set -e
 for f in passwd group hosts; do mount --bind $dir/\$1/\$f /etc/\$f; done
 mount --bind $dir/nsswitch.conf /etc/nsswitch.conf
-exec unshare --map-user=$uid --map-group=$gid $sendmail -C $dir/\$1/sendmail.cf -bD -q1s -X $dir/\$1/traffic.log
+i=\$1
+shift
+exec unshare --map-user=$uid --map-group=$gid $sendmail -C $dir/\$i/sendmail.cf "\$@"
 END
 chmod(0755, "$dir/launch.sh") or die "chmod: $!";
 
@@ -180,7 +184,7 @@ END
 		IPC::Run::run([ $makemap, 'hash', "$d/mailertable" ], '<', "$d/mailertable", '2>', \$err)
 		  or BAIL_OUT("makemap: $err");
 	}
-	IPC::Run::run([ $sendmail, '-C', "$d/sendmail.cf", '-bi' ], '<', \undef, '>', \$cf, '2>', \$err)
+	IPC::Run::run([ 'unshare', '-r', '-m', "$dir/launch.sh", $name, '-bi' ], '<', \undef, '>', \$cf, '2>', \$err)
 	  or BAIL_OUT("newaliases: $cf$err");
 	return { name => $name, dir => $d, port => $port };
 }
@@ -236,7 +240,8 @@ END
 foreach my $inst ($mx, $relay)
 {
 	push @daemons,
-	  IPC::Run::start([ 'unshare', '-r', '-m', "$dir/launch.sh", $inst->{name} ],
+	  IPC::Run::start(
+		[ 'unshare', '-r', '-m', "$dir/launch.sh", $inst->{name}, '-bD', '-q1s', '-X', "$inst->{dir}/traffic.log" ],
 		'<', \undef, '>&', "$inst->{dir}/sendmail.log");
 	ok(GatekeeperTest::wait_for(sub { GatekeeperTest::sink_accepts($inst->{port}) }, 15),
 		"Sendmail ($inst->{name}) greets on loopback, run as $user in its own namespace")
