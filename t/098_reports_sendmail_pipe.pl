@@ -63,6 +63,7 @@ my $sendmail = "$root/usr/libexec/sendmail/sendmail";
 my $makemap = "$root/usr/libexec/sendmail/makemap";
 my $m4 = "$root/usr/bin/m4";
 my $cfdir = "$root/usr/share/sendmail/cf";
+my $libdir = "$root/usr/lib/x86_64-linux-gnu";
 plan skip_all => 'GK_SENDMAIL_ROOT is not a directory with sendmail-bin, sendmail-cf and m4 '
   . 'unpacked (scripts/test.sh unpacks them)'
   unless $root ne '' && -f $sendmail && -f $m4 && -f "$cfdir/m4/cf.m4";
@@ -90,6 +91,8 @@ append_to_file(
 set -e
 for f in passwd group hosts; do mount --bind $dir/\$1/\$f /etc/\$f; done
 mount --bind $dir/nsswitch.conf /etc/nsswitch.conf
+# the libraries the machine lacked, unpacked beside Sendmail
+export LD_LIBRARY_PATH=$libdir
 i=\$1
 shift
 exec unshare --map-user=$uid --map-group=$gid $sendmail -C $dir/\$i/sendmail.cf "\$@"
@@ -181,7 +184,8 @@ END
 	if (defined $mailertable)
 	{
 		append_to_file("$d/mailertable", $mailertable);
-		IPC::Run::run([ $makemap, 'hash', "$d/mailertable" ], '<', "$d/mailertable", '2>', \$err)
+		IPC::Run::run([ 'env', "LD_LIBRARY_PATH=$libdir", $makemap, 'hash', "$d/mailertable" ],
+			'<', "$d/mailertable", '2>', \$err)
 		  or BAIL_OUT("makemap: $err");
 	}
 	IPC::Run::run([ 'unshare', '-r', '-m', "$dir/launch.sh", $name, '-bi' ], '<', \undef, '>', \$cf, '2>', \$err)
