@@ -309,6 +309,9 @@ like(traffic($mx), qr/>>> 550 5\.1\.1 <gone\@remote\.example>\.\.\. User unknown
 like(traffic($mx), qr/>>> 552 5\.2\.3 Message size exceeds fixed maximum message size \(2000\)/,
 	'and the size of large@remote.example at MAIL');
 like($copies, qr/^Original-Envelope-Id: \S+$/m, 'the relay\'s DSNs give the ENVID the worker asked with');
+# the pipe writes its copy before psql is done: wait for the last one
+GatekeeperTest::poll_until($node, 'postgres', 'SELECT recorded + ignored FROM gatekeeper.report_stats',
+	scalar(@bounced), 30);
 
 my %got;
 foreach my $c (@bounced)
