@@ -212,6 +212,20 @@ gk_unpack_opensmtpd() {
 	fi
 }
 
+# gk_unpack_sendmail DIR: Debian's Sendmail (sendmail-bin, with
+# sendmail-base and sendmail-cf, whose m4 files build a .cf from an .mc,
+# and m4 itself) unpacked under DIR/root, for
+# t/098_reports_sendmail_pipe.pl, which runs it in a user and mount
+# namespace; exports GK_SENDMAIL_ROOT.  A download that fails leaves it
+# unset (the test then skips).
+gk_unpack_sendmail() {
+	if gk_unpack_debs "$1" sendmail-bin sendmail-base sendmail-cf m4; then
+		export GK_SENDMAIL_ROOT="$1/root"
+	else
+		gk_warn "Sendmail not unpacked: t/098 will skip"
+	fi
+}
+
 # gk_make_workdir PREFIX: a fresh temporary directory owned by postgres and
 # readable by everyone (smtp-sink runs as postfix and writes below it).
 gk_make_workdir() {

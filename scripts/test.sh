@@ -102,6 +102,8 @@ SUMMARY+=("build         ok, no compiler warnings, installed into $("$GK_PG_CONF
 gk_unpack_exim "$BUILD/exim"
 # OpenSMTPD for t/097, unpacked the same way
 gk_unpack_opensmtpd "$BUILD/opensmtpd"
+# Sendmail for t/098, unpacked the same way
+gk_unpack_sendmail "$BUILD/sendmail"
 
 # make_var NAME: the value the Makefile gives NAME (REGRESS, ISOLATION, ...),
 # so this script runs exactly what `make installcheck` would.

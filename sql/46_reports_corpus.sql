@@ -44,6 +44,17 @@ INSERT INTO corpus VALUES ('opensmtpd_mailbox_full', 'OpenSMTPD 6.8', 'verp', 'b
 INSERT INTO corpus VALUES ('opensmtpd_expired', 'OpenSMTPD 6.8', 'verp', 'bounced', 'expired', NULL, :'m');
 \set m `cat test/reports/corpus/opensmtpd_no_verp_host_unknown.eml`
 INSERT INTO corpus VALUES ('opensmtpd_no_verp_host_unknown', 'OpenSMTPD 6.8', 'from', 'bounced', 'host_unknown', 'hard_bounce', :'m');
+-- Sendmail 8.17 as Debian ships it (t/098's relay wrote these): a
+-- multipart/report; an MX's refusal quoted in Diagnostic-Code, its own
+-- "Host unknown" as 5.1.2 without one, and a local mailer's EX_CANTCREAT
+-- as Status 5.3.0, "Diagnostic-Code: X-Unix; 73", the mailer's words in
+-- the transcript only
+\set m `cat test/reports/corpus/sendmail_user_unknown.eml`
+INSERT INTO corpus VALUES ('sendmail_user_unknown', 'Sendmail 8.17', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
+\set m `cat test/reports/corpus/sendmail_host_unknown.eml`
+INSERT INTO corpus VALUES ('sendmail_host_unknown', 'Sendmail 8.17', 'verp', 'bounced', 'host_unknown', 'hard_bounce', :'m');
+\set m `cat test/reports/corpus/sendmail_mailbox_full.eml`
+INSERT INTO corpus VALUES ('sendmail_mailbox_full', 'Sendmail 8.17', 'verp', 'bounced', 'mailbox_full', NULL, :'m');
 \set m `cat test/reports/corpus/qmail_no_mailbox.eml`
 INSERT INTO corpus VALUES ('qmail_no_mailbox', 'qmail', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
 \set m `cat test/reports/corpus/qmail_remote_quota.eml`

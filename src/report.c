@@ -48,7 +48,10 @@
  * delay_notice); an auto-reply (RFC 3834) is none.  A DSN's only group that has no
  * Diagnostic-Code takes its detail from the text the same way (Exim 4.96
  * writes its own failures so: Status 5.0.0, the reason for people only,
- * t/093_reports_exim_pipe.pl).  Why a bounce or deferral failed, and
+ * t/093_reports_exim_pipe.pl); so does one whose Diagnostic-Code is only
+ * a mailer's exit code (Sendmail's "X-Unix; 73" for a local mailer's
+ * EX_CANTCREAT, whose words are in its transcript,
+ * t/098_reports_sendmail_pipe.pl).  Why a bounce or deferral failed, and
  * whether it was hard, is src/smtp_trouble.c's one classifier.
  *
  * IDENTIFICATION
@@ -205,6 +208,7 @@ static bool fetch_by_id(Oid relid, Oid indexid, int64 id, int16 segment, bool by
 						TupleTableSlot **slot, Relation *rel);
 static bool find_sent_mail(int64 id, SentMail *mail);
 static const char *dsn_event(const ReportRecipient *rr);
+static char *mailer_transcript(const char *text);
 static int	report_rows(int64 id, const char *message_id, bool signed_id,
 						const char *recipient1, const char *recipient2,
 						const char *event, const char *status, const char *detail,
@@ -763,6 +767,49 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 }
 
 /*
+ * What Sendmail's "Transcript of session follows" says, up to the next
+ * blank line, white space as one space (the mailer's own output, then
+ * Sendmail's line with the status); NULL when the text has none.
+ */
+static char *
+mailer_transcript(const char *text)
+{
+	const char *p = text ? strstr(text, "Transcript of session follows") : NULL;
+	StringInfoData out;
+
+	if (p == NULL || (p = strchr(p, '\n')) == NULL)
+		return NULL;
+	initStringInfo(&out);
+	for (p++; *p != '\0' && out.len < 900; p++)
+	{
+		if (*p == '\n')
+		{
+			const char *q = p + 1;
+
+			while (*q == ' ' || *q == '\t' || *q == '\r')
+				q++;
+			if (*q == '\n' || *q == '\0')
+				break;
+		}
+		if (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+		{
+			if (out.len > 0 && out.data[out.len - 1] != ' ')
+				appendStringInfoChar(&out, ' ');
+		}
+		else
+			appendStringInfoChar(&out, *p);
+	}
+	while (out.len > 0 && out.data[out.len - 1] == ' ')
+		out.data[--out.len] = '\0';
+	if (out.len == 0)
+	{
+		pfree(out.data);
+		return NULL;
+	}
+	return out.data;
+}
+
+/*
  * The event of a DSN's recipient group: its Action's, or, where it gives
  * none, its Status's class (5 failed, 4 delayed); NULL for neither.
  */
@@ -1099,6 +1146,21 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 						text_status[0] == rr->status[0])
 						rr->status = report_clean(text_status, strlen(text_status));
 				}
+			}
+			/*
+			 * Sendmail gives a local or program mailer's failure as its exit
+			 * code only ("Diagnostic-Code: X-Unix; 73", EX_CANTCREAT): what
+			 * the mailer said ("Quota exceeded") is in the transcript of the
+			 * text.  An expiry (4.4.7) keeps the reason its status gives.
+			 */
+			if (diagnostic != NULL && r.nrecipients == 1 && rr->status != NULL &&
+				rr->status[0] == '5' && diagnostic[0] != '\0' &&
+				diagnostic[strspn(diagnostic, "0123456789")] == '\0')
+			{
+				char	   *said = mailer_transcript(r.text);
+
+				if (said != NULL)
+					diagnostic = said;
 			}
 			/*
 			 * OpenSMTPD 6.8 reports the expiry of a mail it gave up on as

@@ -724,6 +724,8 @@ read_returned(Span body, Walk *w)
  * Keep a text part as out->text: at most REPORT_MAX_BODY octets of it, cut
  * at the line where an MTA starts the copy of the returned message (its
  * words are the sender's, not the MTA's), NUL octets made spaces.
+ * Sendmail's first line, "The original message was received at ...",
+ * starts no copy.
  */
 static void
 keep_text(Span body, Walk *w)
@@ -757,7 +759,8 @@ keep_text(Span body, Walk *w)
 		char		lower[256];
 
 		copy_lower(lower, sizeof(lower), p, eol - p);
-		if (contains_any(lower, copies))
+		if (contains_any(lower, copies) &&
+			strstr(lower, "original message was received") == NULL)
 		{
 			end = p;
 			break;
