@@ -25,6 +25,7 @@ OBJS = \
 	src/mail/claim_take.o \
 	src/mail/claim_writer.o \
 	src/mail/mail_exec.o \
+	src/mail/mail_runs.o \
 	src/mail/mail_state.o \
 	src/mail/done_writer.o \
 	src/mail_state_funcs.o \
