@@ -2,7 +2,9 @@
 -- an owner's UPDATE or DELETE of one of them, or cancel_queue: in C,
 -- calling no SQL function, and, while a trigger of the user's sits on
 -- mail_run's deletes or mail_live's inserts, by the statements, which fire
--- it.  Both paths leave the same states, live rows and live counts.
+-- it.  Both paths leave the same states, live rows and live counts; so
+-- do the live rows of new mail, written by the statement while such a
+-- trigger is on mail_live.
 SET client_min_messages = warning;
 \set VERBOSITY terse
 SELECT gatekeeper.create_queue('r66');
@@ -91,6 +93,17 @@ SELECT tab, op, count(*) FROM fired GROUP BY tab, op ORDER BY tab, op;
 SELECT count(*) AS runs FROM gatekeeper.mail_run WHERE queue = 'r66';
 SELECT scheduled, due FROM gatekeeper.queue_stats WHERE queue = 'r66';
 SELECT state, count(*) FROM gatekeeper.mail_status WHERE queue = 'r66' GROUP BY state ORDER BY state;
+SELECT gatekeeper.recount_live() = (SELECT sum(scheduled) FROM gatekeeper.queue_stats) AS counts_held;
+
+-- new mail while the user's trigger is on mail_live: its live rows by
+-- the statement, which fires it, and no runs
+TRUNCATE fired;
+INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+SELECT 'r66', 'e' || i || '@example.com', 's', 'b' FROM generate_series(1, 300) i;
+SELECT tab, op, count(*) FROM fired GROUP BY tab, op ORDER BY tab, op;
+SELECT count(*) AS runs FROM gatekeeper.mail_run WHERE queue = 'r66';
+SELECT count(*) AS live_rows FROM gatekeeper.mail_live WHERE queue = 'r66';
+SELECT scheduled FROM gatekeeper.queue_stats WHERE queue = 'r66';
 SELECT gatekeeper.recount_live() = (SELECT sum(scheduled) FROM gatekeeper.queue_stats) AS counts_held;
 
 DROP TRIGGER noted_run ON gatekeeper.mail_run;
