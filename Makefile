@@ -23,23 +23,25 @@ OBJS = \
 	src/worker_database.o \
 	src/worker_delivery.o \
 	src/worker_record.o \
-	src/claim.o \
+	src/mail/claim.o \
 	src/claim_queues.o \
-	src/claim_take.o \
-	src/claim_writer.o \
-	src/mail_state.o \
-	src/done_writer.o \
+	src/mail/claim_take.o \
+	src/mail/claim_writer.o \
+	src/mail/mail_exec.o \
+	src/mail/mail_runs.o \
+	src/mail/mail_state.o \
+	src/mail/done_writer.o \
 	src/mail_state_funcs.o \
-	src/mail_state_upkeep.o \
+	src/mail/mail_state_upkeep.o \
 	src/due_floor.o \
 	src/gate_store.o \
 	src/gate_log.o \
 	src/gate.o \
 	src/gate_funcs.o \
-	src/mail.o \
-	src/mail_copy.o \
-	src/live_writer.o \
-	src/enqueue.o \
+	src/mail/mail.o \
+	src/mail/mail_copy.o \
+	src/mail/live_writer.o \
+	src/mail/enqueue.o \
 	src/validate.o \
 	src/message.o \
 	src/template.o \
@@ -57,11 +59,11 @@ OBJS = \
 	src/window.o \
 	src/address.o \
 	src/stats.o \
-	src/live_count.o \
+	src/mail/live_count.o \
 	src/maintenance.o \
 	src/progress.o \
-	src/mail_state_sweep.o \
-	src/mail_state_sync.o \
+	src/mail/mail_state_sweep.o \
+	src/mail/mail_state_sync.o \
 	src/smtp_trouble.o \
 	src/report_parse.o \
 	src/report.o \
@@ -73,7 +75,7 @@ DATA = $(wildcard sql/gatekeeper--*.sql) $(wildcard sql/gatekeeper_router--*.sql
 # The server's headers are read as system headers: under -Wextra they
 # warn about their own unused parameters, which is not ours to fix.
 PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) \
-	-DGATEKEEPER_VERSION='"$(EXTVERSION)"'
+	-I$(srcdir)/src -DGATEKEEPER_VERSION='"$(EXTVERSION)"'
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter
 SHLIB_LINK = -lssl -lcrypto
 

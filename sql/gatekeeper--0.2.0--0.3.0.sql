@@ -487,7 +487,7 @@ SELECT gatekeeper._upgrade_grants_restore('gatekeeper_upgrade.grants_25_q');
  * Message-ID, no error).  A claim takes mails from the front of a run (id
  * moves on; the last one deletes it), in the order of mail_due; whatever
  * changes one mail of a run (cancel, an update or delete of the mail,
- * rotation) first moves its run into mail_live (_runs_to_live); readers
+ * rotation) first moves its run into mail_live (src/mail/mail_runs.c); readers
  * of scheduled mail (mail_status, queue_stats, next_due) read runs too.  A
  * claim holds the rest of a run it took part of until it commits: another
  * claimer skips it (at most 127 mails) and takes the next.
@@ -514,57 +514,6 @@ ALTER TABLE gatekeeper.mail_run SET (
 CREATE INDEX mail_run_due ON gatekeeper.mail_run (queue, priority DESC, send_at, id)
 	WITH (deduplicate_items = off);
 
--- move the runs holding any of ids into mail_live, a row per mail, before
--- a change to one of those mails; a run a claim holds is waited for, and
--- looked for again after it (the claim may have moved it on)
-CREATE FUNCTION gatekeeper._runs_to_live(ids bigint[])
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	heads bigint[];
-BEGIN
-	LOOP
-		SELECT array_agg(DISTINCT r.id) INTO heads
-		  FROM unnest(_runs_to_live.ids) AS i(id),
-			   LATERAL (SELECT x.id, x.last_id FROM gatekeeper.mail_run x
-						 WHERE x.id <= i.id ORDER BY x.id DESC LIMIT 1) r
-		 WHERE r.last_id >= i.id;
-		EXIT WHEN heads IS NULL;
-		WITH r AS (
-			DELETE FROM gatekeeper.mail_run r WHERE r.id = ANY (heads)
-			RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
-		INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
-		SELECT g.id, r.queue, r.priority, r.send_at, r.segment
-		  FROM r, generate_series(r.id, r.last_id) AS g(id);
-	END LOOP;
-END
-$$;
-
-COMMENT ON FUNCTION gatekeeper._runs_to_live(bigint[]) IS
-	'move the runs (mail_run) holding any of these mails into mail_live, a row per mail, before one of them changes';
-
--- move the runs of a queue, or of a segment, into mail_live
-CREATE FUNCTION gatekeeper._runs_to_live(queue text, segment smallint)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$
-	WITH r AS (
-		DELETE FROM gatekeeper.mail_run r
-		 WHERE ($1 IS NULL OR r.queue = $1) AND ($2 IS NULL OR r.segment = $2)
-		RETURNING r.id, r.last_id, r.queue, r.priority, r.send_at, r.segment)
-	INSERT INTO gatekeeper.mail_live (id, queue, priority, send_at, segment)
-	SELECT g.id, r.queue, r.priority, r.send_at, r.segment
-	  FROM r, generate_series(r.id, r.last_id) AS g(id)
-$$;
-
-COMMENT ON FUNCTION gatekeeper._runs_to_live(text, smallint) IS
-	'move the runs (mail_run) of a queue, or of a retention segment, into mail_live, a row per mail';
-
-REVOKE ALL ON FUNCTION gatekeeper._runs_to_live(bigint[]),
-	gatekeeper._runs_to_live(text, smallint) FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('gatekeeper.mail_run', '');
 
 -- a run counts as its mails (last_id - id + 1), never retrying

@@ -282,7 +282,7 @@ static bool own_session = false;
  *   an ANALYZE invalidates it; they are written as key lookups and get
  *   them.  Index-only scans are off because one keeps its leaf page pinned
  *   until the statement ends, which held VACUUM off mail_due's first leaf
- *   page under a few claimers (src/claim.c, claim_fairly).  A statement
+ *   page under a few claimers (src/mail/claim.c, claim_fairly).  A statement
  *   touching one batch by index never repays compiling it.
  * - The background worker runs nothing but gatekeeper's statements, each
  *   touching a batch at most: every one it plans is planned without JIT.
@@ -440,7 +440,7 @@ gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls
  * it sets), as the statement the client sent (COPY, or INSERT for a dump
  * made with --inserts): a call of enqueue() or anything else in a session
  * left so after loading a dump is mail as usual.  Its rows load as a dump
- * into the partitions does: unchecked (src/mail.c), uncounted
+ * into the partitions does: unchecked (src/mail/mail.c), uncounted
  * (src/stats.c), made live by the dump's own mail_live rows, which the
  * restore triggers merge with what is there.
  *
@@ -674,7 +674,7 @@ trigger_fires_now(const Trigger *t)
  *		Whether every trigger of rel that would fire now for event
  *		(TRIGGER_TYPE_INSERT or TRIGGER_TYPE_DELETE) is one of the nnames
  *		named, gatekeeper's own; *found gets bit i set when names[i] is
- *		among them.  A writer that works past the executor (src/live_writer.c,
+ *		among them.  A writer that works past the executor (src/mail/live_writer.c,
  *		claim_take.c, done_writer.c) asks this first: it may write only
  *		when the statement it stands for would fire no trigger it does not
  *		do the work of itself.

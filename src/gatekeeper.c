@@ -15,7 +15,7 @@
  *
  * The settings are defined here, each with its check hook, and so are the
  * settings other modules show (gatekeeper.on_duplicate and
- * gatekeeper.current_segment, whose values src/mail.c keeps).
+ * gatekeeper.current_segment, whose values src/mail/mail.c keeps).
  *
  * IDENTIFICATION
  *		src/gatekeeper.c
@@ -30,8 +30,8 @@
 #include "dkim.h"
 #include "due_floor.h"
 #include "gate_store.h"
-#include "mail.h"
-#include "mail_copy.h"
+#include "mail/mail.h"
+#include "mail/mail_copy.h"
 #include "smtp_config.h"
 #include "stats.h"
 #include "worker_slots.h"
@@ -157,10 +157,10 @@ _PG_init(void)
 	/* the planner policy, in every process: see gatekeeper_planner */
 	gatekeeper_planner_init();
 
-	/* COPY into gatekeeper.mail, batched: see src/mail_copy.c */
+	/* COPY into gatekeeper.mail, batched: see src/mail/mail_copy.c */
 	gatekeeper_mail_copy_init();
 
-	/* no RETURNING of rows on_duplicate = 'skip' takes out: src/mail.c */
+	/* no RETURNING of rows on_duplicate = 'skip' takes out: src/mail/mail.c */
 	gatekeeper_mail_init();
 
 	/*
@@ -268,7 +268,7 @@ gatekeeper_define_settings(void)
 }
 
 /*
- * The settings of the insert trigger (src/mail.c): where new mail goes,
+ * The settings of the insert trigger (src/mail/mail.c): where new mail goes,
  * what a held dedupe key does, how large a mail may be.
  */
 static void
@@ -276,7 +276,7 @@ define_mail_settings(void)
 {
 	/*
 	 * gatekeeper.current_segment: the retention segment new mail goes to
-	 * (src/mail.c), as a read-only setting.
+	 * (src/mail/mail.c), as a read-only setting.
 	 *
 	 * The default of gatekeeper.mail.segment is
 	 * coalesce(current_setting('gatekeeper.current_segment', true)::smallint,
@@ -298,7 +298,7 @@ define_mail_settings(void)
 
 	/*
 	 * gatekeeper.on_duplicate: what a bulk INSERT or COPY does with a row
-	 * whose dedupe key is held (src/mail.c).  An enum, so that SET refuses
+	 * whose dedupe key is held (src/mail/mail.c).  An enum, so that SET refuses
 	 * any other value (with the list of the two) as a check hook would.
 	 * enqueue() pins 'error': it returns the holder's id itself.
 	 */

@@ -21,7 +21,7 @@
 #include "utils/timestamp.h"
 
 #include "gatekeeper.h"
-#include "mail_state.h"
+#include "mail/mail_state.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_take_claimed);

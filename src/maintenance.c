@@ -4,7 +4,7 @@
  *		Vacuuming gatekeeper.mail_live after a burst of mail.
  *
  * Every mail leaves a dead version of its live row when a claim takes it
- * (the claim deletes it, src/claim_take.c, and keeps the
+ * (the claim deletes it, src/mail/claim_take.c, and keeps the
  * claimed mail in gatekeeper.mail_claim's batch rows).  Opportunistic pruning frees their space on the
  * pages the claims touch, but only a vacuum enters it in the free space
  * map, so until autovacuum comes by (once per autovacuum_naptime, a

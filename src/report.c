@@ -28,7 +28,7 @@
  * a webhook's recipient), that mail's recipient: report_rows() checks
  * both and writes the event and the suppression it calls for
  * (report_bounce(), the one place of the soft-bounce rule, which the nacks
- * of src/mail_state.c call too; gatekeeper_suppression_add).  The mail is
+ * of src/mail/mail_state.c call too; gatekeeper_suppression_add).  The mail is
  * read by key from its segment's partitions of mail_done and mail
  * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
@@ -414,7 +414,7 @@ token_in(const char *text, int64 *id)
  * report_bounce
  *		What a bounce does to the suppression list: see report.h.  In C with
  *		kept plans, not a PL/pgSQL call per report (docs/internals.md,
- *		"Reports"); the nacks (src/mail_state.c) call it too.
+ *		"Reports"); the nacks (src/mail/mail_state.c) call it too.
  */
 void
 report_bounce(const char *address_key, bool hard, const char *detail, int64 mail_id)

@@ -39,7 +39,7 @@ extern void gatekeeper_report_envelope_refresh(void);
  * bounced within 30 days.  Call it after the bounce's event is written, in
  * a transaction with an active snapshot; it connects to SPI itself.  The
  * one place of the rule: ingest_report, record_event and the nacks
- * (src/mail_state.c) all come here.
+ * (src/mail/mail_state.c) all come here.
  */
 extern void report_bounce(const char *address_key, bool hard, const char *detail,
 						  int64 mail_id);

@@ -2,7 +2,7 @@
  *
  * smtp_trouble.c
  *		What a failure means: one classifier of the reason a mail failed,
- *		for the relay's own refusals (the nacks of src/mail_state.c), the
+ *		for the relay's own refusals (the nacks of src/mail/mail_state.c), the
  *		reports that come back (src/report.c) and the reason column of
  *		gatekeeper.events (gatekeeper._bounce_reason wraps it).
  *

@@ -14,7 +14,7 @@
 
 #include "worker_delivery.h"
 #include "address.h"
-#include "claim.h"
+#include "mail/claim.h"
 #include "dkim.h"
 #include "message.h"
 #include "report.h"

@@ -14,7 +14,7 @@
 #include "postgres.h"
 
 #include "worker_record.h"
-#include "mail_state.h"
+#include "mail/mail_state.h"
 
 #include "access/xact.h"
 

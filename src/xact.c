@@ -48,7 +48,7 @@
 
 #include "xact.h"
 #include "gate_store.h"
-#include "live_count.h"
+#include "mail/live_count.h"
 #include "router_deadline.h"
 #include "stats.h"
 #include "wake.h"

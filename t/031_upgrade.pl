@@ -394,9 +394,9 @@ is($node->safe_psql('updated', "SELECT count(*) FROM gatekeeper.mail WHERE state
 # the batch rows a claim of these would make: per queue, worker and lease
 # (one claim statement of 0.1.0), one per CLAIM_BATCH_MAILS mails, read
 # from src/claim.c so that the update's batching is held to the claim's
-open(my $claim_c, '<', 'src/claim.c') or die "src/claim.c: $!";
+open(my $claim_c, '<', 'src/mail/claim.c') or die "src/mail/claim.c: $!";
 my ($batch_mails) = join('', <$claim_c>) =~ /^#define\s+CLAIM_BATCH_MAILS\s+(\d+)/m
-  or die 'no CLAIM_BATCH_MAILS in src/claim.c';
+  or die 'no CLAIM_BATCH_MAILS in src/mail/claim.c';
 close $claim_c;
 my $claim_rows = $node->safe_psql(
 	'updated', qq{

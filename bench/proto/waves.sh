@@ -62,7 +62,7 @@ P -c "SELECT gatekeeper.alter_queue('bench', background => false)" \
 [ "$NOAUTOVAC" = 0 ] || P -c "ALTER TABLE gatekeeper.mail_live SET (autovacuum_enabled = off)"
 P -c "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_done" -c CHECKPOINT
 # the claim statement of src/claim.c with its parameters filled in
-claim=$(sed -n '/^static const char claim_sql\[\] =/,/;$/p' "$HERE/../../src/claim.c" |
+claim=$(sed -n '/^static const char claim_sql\[\] =/,/;$/p' "$HERE/../../src/mail/claim.c" |
 	sed '1d; s/^"//; s/" *$//; s/";$//' | tr -d '\n' |
 	sed 's/" CLAIM_EXPIRED "/m.send_by < now()/g' |
 	sed "s/\" CLAIM_MESSAGE_ID \"/coalesce(l.message_id, '<' || l.id || '@x>')/g" |

@@ -33,6 +33,7 @@
 
 #include "claim_writer.h"
 #include "catalog.h"
+#include "mail_exec.h"
 
 #include "access/table.h"
 #include "access/tableam.h"
@@ -148,14 +149,12 @@ gatekeeper_claim_write(Datum queue, text *worker, Oid owner, TimestampTz lease_u
 					   Datum *records, Oid record_type, Oid records_type)
 {
 	Relation	rel;
-	ResultRelInfo *rri;
-	EState	   *estate;
+	MailExec	x;
 	ExprContext *econtext;
 	TupleTableSlot *slot;
 	TupleDesc	desc;
 	ClaimLayout *l;
 	ExprState **defaults;
-	CommandId	cid = GetCurrentCommandId(true);
 	uint32		found;
 	int16		typlen;
 	bool		typbyval;
@@ -172,16 +171,12 @@ gatekeeper_claim_write(Datum queue, text *worker, Oid owner, TimestampTz lease_u
 		table_close(rel, NoLock);
 		return false;
 	}
-	estate = CreateExecutorState();
-	estate->es_output_cid = cid;
+	mail_exec_open(&x, rel, GetCurrentCommandId(true));
 	defaults = palloc0(desc->natts * sizeof(ExprState *));
 	for (k = 0; k < desc->natts; k++)
 		if (l->defaults[k] != NULL)
 			defaults[k] = ExecInitExpr(l->defaults[k], NULL);
-	rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(rri, rel, 0, NULL, 0);
-	ExecOpenIndices(rri, false);
-	econtext = GetPerTupleExprContext(estate);
+	econtext = GetPerTupleExprContext(x.estate);
 	slot = table_slot_create(rel, NULL);
 	get_typlenbyvalalign(record_type, &typlen, &typbyval, &typalign);
 
@@ -191,7 +186,7 @@ gatekeeper_claim_write(Datum queue, text *worker, Oid owner, TimestampTz lease_u
 		bool	   *n = slot->tts_isnull;
 
 		ExecClearTuple(slot);
-		ResetPerTupleExprContext(estate);
+		ResetPerTupleExprContext(x.estate);
 		for (k = 0; k < desc->natts; k++)
 		{
 			n[k] = true;
@@ -213,15 +208,12 @@ gatekeeper_claim_write(Datum queue, text *worker, Oid owner, TimestampTz lease_u
 		v[l->att[C_WORKER] - 1] = PointerGetDatum(worker);
 		n[l->att[C_WORKER] - 1] = worker == NULL;
 		ExecStoreVirtualTuple(slot);
-		if (desc->constr != NULL)
-			ExecConstraints(rri, slot, estate);
-		table_tuple_insert(rel, slot, cid, 0, NULL);
-		list_free(ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL));
+		mail_exec_check(&x, slot);
+		mail_exec_insert(&x, slot);
 	}
 
 	ExecDropSingleTupleTableSlot(slot);
-	ExecCloseIndices(rri);
-	FreeExecutorState(estate);
+	mail_exec_close(&x);
 	table_close(rel, NoLock);
 	/* as SPI does after a statement: later commands see the rows */
 	CommandCounterIncrement();

@@ -59,6 +59,7 @@
 #include "claim_take.h"
 #include "catalog.h"
 #include "live_count.h"
+#include "mail_exec.h"
 #include "message_id.h"
 
 #include "executor/executor.h"
@@ -160,8 +161,7 @@ typedef struct Take
 	Relation	run;
 	Relation	run_due;
 	AttrNumber	ratt[R_NUM];
-	EState	   *run_estate;
-	ResultRelInfo *run_rri;
+	MailExec	run_x;			/* opened at the first run moved on */
 	TupleTableSlot *run_new;	/* a run's next version */
 	TupleTableSlot *synth;		/* the live row a run's mail stands for */
 	MemoryContext outer;		/* the take's own allocations */
@@ -536,25 +536,18 @@ run_finish(Take *t, RunStream *b)
 		return;
 	b->held = false;
 	if (b->next > b->last)
-		result = table_tuple_delete(t->run, &b->tid, t->cid, t->snapshot, InvalidSnapshot,
-									true, &tmfd, false);
+		result = mail_exec_delete(t->run, &b->tid, t->cid, t->snapshot, true, &tmfd);
 	else
 	{
 		TupleTableSlot *n;
-		LockTupleMode lockmode;
-		bool		update_indexes;
 		int			i;
 
-		if (t->run_estate == NULL)
+		if (t->run_x.rri == NULL)
 		{
 			/* the first run this take moves on: its executor state, once */
 			MemoryContext old = MemoryContextSwitchTo(t->outer);
 
-			t->run_estate = CreateExecutorState();
-			t->run_estate->es_output_cid = t->cid;
-			t->run_rri = makeNode(ResultRelInfo);
-			InitResultRelInfo(t->run_rri, t->run, 0, NULL, 0);
-			ExecOpenIndices(t->run_rri, false);
+			mail_exec_open(&t->run_x, t->run, t->cid);
 			t->run_new = table_slot_create(t->run, NULL);
 			MemoryContextSwitchTo(old);
 		}
@@ -568,17 +561,7 @@ run_finish(Take *t, RunStream *b)
 		}
 		n->tts_values[t->ratt[R_ID] - 1] = Int64GetDatum(b->next);
 		ExecStoreVirtualTuple(n);
-		result = table_tuple_update(t->run, &b->tid, n, t->cid, t->snapshot, InvalidSnapshot,
-									true, &tmfd, &lockmode, &update_indexes);
-		if (result == TM_Ok && update_indexes)
-		{
-			List	   *recheck;
-
-			ResetPerTupleExprContext(t->run_estate);
-			recheck = ExecInsertIndexTuples(t->run_rri, n, t->run_estate, true, false,
-											NULL, NIL);
-			list_free(recheck);
-		}
+		result = mail_exec_update(&t->run_x, &b->tid, n, t->snapshot, true, &tmfd);
 		ExecClearTuple(n);
 	}
 	if (result != TM_Ok)
@@ -651,8 +634,8 @@ take_live(Take *t, LiveStream *a)
 	c = fetch_content(t, a->id, DatumGetInt16(v[t->att[L_SEGMENT] - 1]));
 	if (c != NULL)
 	{
-		result = table_tuple_delete(t->live, &a->slot->tts_tid, t->cid, t->snapshot,
-									InvalidSnapshot, false, &tmfd, false);
+		result = mail_exec_delete(t->live, &a->slot->tts_tid, t->cid, t->snapshot, false,
+								  &tmfd);
 		if (result == TM_Ok)
 		{
 			t->taken++;
@@ -955,11 +938,10 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	ExecDropSingleTupleTableSlot(t.synth);
 	if (t.run != NULL)
 	{
-		if (t.run_estate != NULL)
+		if (t.run_x.rri != NULL)
 		{
 			ExecDropSingleTupleTableSlot(t.run_new);
-			ExecCloseIndices(t.run_rri);
-			FreeExecutorState(t.run_estate);
+			mail_exec_close(&t.run_x);
 		}
 		index_close(t.run_due, NoLock);
 		table_close(t.run, NoLock);

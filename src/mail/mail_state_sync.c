@@ -39,6 +39,7 @@
 
 #include "catalog.h"
 #include "gatekeeper.h"
+#include "mail_runs.h"
 #include "mail_state.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_mail_sync);
@@ -51,10 +52,6 @@ PG_FUNCTION_INFO_V1(gatekeeper_mail_sync);
  */
 static const char sync_delete_live_sql[] =
 "DELETE FROM gatekeeper.mail_live l WHERE l.id = ANY ($1)";
-
-/* the runs (mail_run) holding any of the mails $1, moved into mail_live first */
-static const char sync_runs_sql[] =
-"SELECT gatekeeper._runs_to_live($1)";
 
 static const char sync_any_claim_sql[] =
 "SELECT FROM gatekeeper.mail_claim";
@@ -147,7 +144,6 @@ static const char sync_done_sql[] =
 " WHERE d.id = $1 AND d.segment = $4 "
 "   AND (d.queue, d.dedupe_key) IS DISTINCT FROM ($2, $3)";
 
-static SPIPlanPtr sync_runs_plan = NULL;
 static SPIPlanPtr sync_delete_live_plan = NULL;
 static SPIPlanPtr sync_any_claim_plan = NULL;
 static SPIPlanPtr sync_deleted_claims_plan = NULL;
@@ -390,9 +386,7 @@ sync_delete(TriggerData *trigdata)
 
 	types[0] = INT8ARRAYOID;
 	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
-	if (execute(&sync_runs_plan, sync_runs_sql, 1, types, args, NULL,
-				false) != SPI_OK_SELECT)
-		elog(ERROR, "could not move runs of deleted mail into mail_live");
+	mail_runs_to_live(ids, n);
 	if (execute(&sync_delete_live_plan, sync_delete_live_sql, 1, types, args, NULL,
 				false) != SPI_OK_DELETE)
 		elog(ERROR, "could not delete the live rows of deleted mail");
@@ -753,12 +747,8 @@ sync_update(TriggerData *trigdata)
 	nulls[4] = send_at_changed ? ' ' : 'n';
 	{
 		Datum		id = Int64GetDatum(new.id);
-		Oid			type = INT8ARRAYOID;
-		Datum		arg = gatekeeper_array(&id, NULL, 1, INT8OID);
 
-		if (execute(&sync_runs_plan, sync_runs_sql, 1, &type, &arg, NULL,
-					false) != SPI_OK_SELECT)
-			elog(ERROR, "could not move a run of the mail into mail_live");
+		mail_runs_to_live(&id, 1);
 	}
 	if (execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
 				false) != SPI_OK_UPDATE)

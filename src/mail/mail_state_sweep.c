@@ -26,6 +26,7 @@
 #include "gate_log.h"
 #include "gate_store.h"
 #include "gatekeeper.h"
+#include "mail_runs.h"
 #include "mail_state.h"
 #include "mail_state_upkeep.h"
 #include "wake.h"
@@ -77,16 +78,6 @@ PG_FUNCTION_INFO_V1(gatekeeper_purge);
 "  FROM f"
 
 static const char cancel_sql[] = CANCEL_SQL("l.id = $1");
-
-/* before a cancel: the run holding mail $1, or a queue's runs, into mail_live */
-static const char cancel_runs_sql[] =
-"SELECT gatekeeper._runs_to_live(ARRAY[$1])";
-static const char cancel_queue_runs_sql[] =
-"SELECT gatekeeper._runs_to_live($1, NULL)";
-
-/* before rotation moves a segment's unfinished mail: its runs, into mail_live */
-static const char rotate_runs_sql[] =
-"SELECT gatekeeper._runs_to_live(NULL, $1)";
 
 static const char cancel_queue_sql[] = CANCEL_SQL("l.queue = $1");
 
@@ -327,9 +318,6 @@ static SPIPlanPtr scheduled_by_key_plan = NULL;
 static SPIPlanPtr queue_exists_plan = NULL;
 static SPIPlanPtr reap_plan = NULL;
 static SPIPlanPtr rotate_segment_plan = NULL;
-static SPIPlanPtr rotate_runs_plan = NULL;
-static SPIPlanPtr cancel_runs_plan = NULL;
-static SPIPlanPtr cancel_queue_runs_plan = NULL;
 static SPIPlanPtr rotate_recent_plan = NULL;
 static SPIPlanPtr rotate_keep_keys_plan = NULL;
 static SPIPlanPtr rotate_lock_plan[NUM_SEGMENTS];
@@ -364,9 +352,8 @@ cancel_scheduled(int64 id)
 	Oid			type = INT8OID;
 	Datum		arg = Int64GetDatum(id);
 
-	gatekeeper_plan(&cancel_runs_plan, cancel_runs_sql, 1, &type);
-	if (gatekeeper_execute_by_key(cancel_runs_plan, &arg, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not move the run of mail " INT64_FORMAT " into mail_live", id);
+	/* the run holding the mail, into mail_live */
+	mail_runs_to_live(&arg, 1);
 	gatekeeper_plan(&cancel_plan, cancel_sql, 1, &type);
 	if (gatekeeper_execute_by_key(cancel_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not cancel mail " INT64_FORMAT, id);
@@ -474,9 +461,7 @@ gatekeeper_cancel_queue(PG_FUNCTION_ARGS)
 	SPI_connect();
 	require_queue(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0));
 	arg = PointerGetDatum(PG_GETARG_TEXT_PP(0));
-	gatekeeper_plan(&cancel_queue_runs_plan, cancel_queue_runs_sql, 1, &type);
-	if (gatekeeper_execute_by_key(cancel_queue_runs_plan, &arg, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not move the runs of a queue into mail_live");
+	mail_runs_to_live_of(arg, -1);
 	gatekeeper_plan(&cancel_queue_plan, cancel_queue_sql, 1, &type);
 	if (gatekeeper_execute_by_key(cancel_queue_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not cancel the mail of a queue");
@@ -920,14 +905,8 @@ rotate(Datum retention, bool no_retention)
 	if (rotate_recent(next, retention, no_retention))
 		return 0;
 
-	{
-		Oid			type = INT2OID;
-		Datum		arg = Int16GetDatum(next);
-
-		if (execute(&rotate_runs_plan, rotate_runs_sql, 1, &type, &arg, NULL,
-					false) != SPI_OK_SELECT)
-			elog(ERROR, "could not move the runs of a retention segment into mail_live");
-	}
+	/* the segment's runs, into mail_live, before its unfinished mail moves */
+	mail_runs_to_live_of((Datum) 0, next);
 	if (rotate_move_mail_plan[next] == NULL)
 		gatekeeper_plan(&rotate_move_mail_plan[next],
 						psprintf(rotate_move_mail_sql, current, next), 0, NULL);

@@ -44,6 +44,7 @@
 #include "live_writer.h"
 #include "catalog.h"
 #include "due_floor.h"
+#include "mail_exec.h"
 
 #include "access/genam.h"
 #include "access/heapam.h"
@@ -87,10 +88,9 @@ static const char *const live_copied[] = {
 struct LiveWriter
 {
 	Relation	rel;
-	EState	   *estate;
-	ResultRelInfo *rri;
+	EState	   *estate;			/* shared by live and run */
+	MailExec	live;			/* mail_live's indexes */
 	BulkInsertState bistate;
-	CommandId	cid;
 	MemoryContext batch_cxt;	/* what a batch's inserts allocate */
 	int			natts;
 	int		   *source;			/* per mail_live attribute: the mail's
@@ -111,7 +111,7 @@ struct LiveWriter
 
 	/* runs: mail_run, or NULL when the statement writes none */
 	Relation	run_rel;
-	ResultRelInfo *run_rri;
+	MailExec	run;			/* mail_run's indexes */
 	TupleTableSlot *run_slot;
 	AttrNumber	run_att[6];		/* id, last_id, queue, priority, send_at, segment */
 	AttrNumber	mail_att[6];	/* the mail's id, -, queue, priority, send_at, segment */
@@ -263,8 +263,7 @@ gatekeeper_live_writer_open(TupleDesc mail_desc, int64 nrows)
 	w->source = palloc0(desc->natts * sizeof(int));
 	w->fixed = palloc0(desc->natts * sizeof(Datum));
 	w->fixed_null = palloc0(desc->natts * sizeof(bool));
-	w->estate = CreateExecutorState();
-	w->estate->es_output_cid = GetCurrentCommandId(true);
+	w->estate = mail_exec_estate(GetCurrentCommandId(true));
 
 	for (i = 0; i < desc->natts; i++)
 	{
@@ -313,12 +312,8 @@ gatekeeper_live_writer_open(TupleDesc mail_desc, int64 nrows)
 	w->id_att = SPI_fnumber(desc, "id");
 	if (w->queue_att <= 0 || w->priority_att <= 0 || w->send_at_att <= 0 || w->id_att <= 0)
 		goto use_sql;
-	w->rri = makeNode(ResultRelInfo);
-	/* no range table: ri_RangeTableIndex 0, which ExecConstraints allows */
-	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
-	ExecOpenIndices(w->rri, false);
+	mail_exec_open_in(&w->live, rel, w->estate);
 	w->bistate = GetBulkInsertState();
-	w->cid = GetCurrentCommandId(true);
 	w->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
 										 "gatekeeper live rows",
 										 ALLOCSET_DEFAULT_SIZES);
@@ -387,20 +382,15 @@ live_flush(LiveWriter *w)
 	if (w->nslots == 0)
 		return;
 	old = MemoryContextSwitchTo(w->batch_cxt);
-	table_multi_insert(w->rel, w->slots, w->nslots, w->cid, 0, w->bistate);
+	mail_exec_insert_heap(&w->live, w->slots, w->nslots, w->bistate);
 	errcallback.callback = live_error_context;
 	errcallback.arg = w;
 	errcallback.previous = error_context_stack;
 	error_context_stack = &errcallback;
 	for (i = 0; i < w->nslots; i++)
 	{
-		List	   *recheck;
-
 		w->current = i;
-		ResetPerTupleExprContext(w->estate);
-		recheck = ExecInsertIndexTuples(w->rri, w->slots[i], w->estate,
-										false, false, NULL, NIL);
-		list_free(recheck);
+		mail_exec_index(&w->live, w->slots[i], false);
 		live_floor_note(w, w->slots[i], &run);
 		ExecClearTuple(w->slots[i]);
 	}
@@ -456,9 +446,7 @@ run_open_rel(LiveWriter *w, TupleDesc mail_desc)
 	}
 	old = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	w->run_rel = rel;
-	w->run_rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(w->run_rri, rel, 0, NULL, 0);
-	ExecOpenIndices(w->run_rri, false);
+	mail_exec_open_in(&w->run, rel, w->estate);
 	w->run_slot = table_slot_create(rel, NULL);
 	w->mail_natts = mail_desc->natts;
 	w->run_values = palloc0(mail_desc->natts * sizeof(Datum));
@@ -519,7 +507,6 @@ run_end(LiveWriter *w)
 {
 	TupleTableSlot *slot = w->run_slot;
 	Datum	   *v = w->run_values;
-	List	   *recheck;
 
 	if (!w->run_open)
 		return;
@@ -542,10 +529,7 @@ run_end(LiveWriter *w)
 	SET_RUN(RUN_SEGMENT, v[w->mail_att[RUN_SEGMENT] - 1]);
 #undef SET_RUN
 	ExecStoreVirtualTuple(slot);
-	table_tuple_insert(w->run_rel, slot, w->cid, 0, NULL);
-	ResetPerTupleExprContext(w->estate);
-	recheck = ExecInsertIndexTuples(w->run_rri, slot, w->estate, false, false, NULL, NIL);
-	list_free(recheck);
+	mail_exec_insert(&w->run, slot);
 	ExecClearTuple(slot);
 	MemoryContextReset(w->run_cxt);
 }
@@ -686,7 +670,7 @@ live_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull, int64 row)
 	/* copy the values out of the mail, which the caller frees */
 	ExecMaterializeSlot(slot);
 	if (w->check)
-		ExecConstraints(w->rri, slot, w->estate);
+		mail_exec_check(&w->live, slot);
 	if (++w->nslots == LIVE_BATCH)
 		live_flush(w);
 }
@@ -715,14 +699,14 @@ gatekeeper_live_writer_close(LiveWriter *w)
 	if (w->run_rel != NULL)
 	{
 		ExecDropSingleTupleTableSlot(w->run_slot);
-		ExecCloseIndices(w->run_rri);
+		mail_exec_close(&w->run);
 		table_close(w->run_rel, NoLock);
 		MemoryContextDelete(w->run_cxt);
 	}
 	for (i = 0; i < w->nmade; i++)
 		ExecDropSingleTupleTableSlot(w->slots[i]);
 	FreeBulkInsertState(w->bistate);
-	ExecCloseIndices(w->rri);
+	mail_exec_close(&w->live);
 	FreeExecutorState(w->estate);
 	table_close(w->rel, NoLock);	/* held to the end of the transaction */
 	MemoryContextDelete(w->batch_cxt);

@@ -33,6 +33,7 @@
 
 #include "done_writer.h"
 #include "catalog.h"
+#include "mail_exec.h"
 #include "stats.h"
 
 #include "access/heapam.h"
@@ -59,7 +60,7 @@
 typedef struct DonePart
 {
 	Relation	rel;
-	ResultRelInfo *rri;
+	MailExec	x;				/* opened at the partition's first row */
 	AttrNumber *source;			/* per attribute: the record's, 0 for
 								 * finished_at, -1 for a dropped one */
 	int			queue_att;		/* the partition's queue and state, */
@@ -138,19 +139,18 @@ open_part(DonePart *p, int segment, LiveRecord *lr)
  * checked, as the statement checks it), and count them.
  */
 static void
-flush_part(DonePart *p, EState *estate, CommandId cid, StatsTally *tally, Oid state_type)
+flush_part(DonePart *p, StatsTally *tally, Oid state_type)
 {
 	int			k;
 
 	if (p->nslots == 0)
 		return;
-	table_multi_insert(p->rel, p->slots, p->nslots, cid, 0, NULL);
+	mail_exec_insert_heap(&p->x, p->slots, p->nslots, NULL);
 	for (k = 0; k < p->nslots; k++)
 	{
 		TupleTableSlot *slot = p->slots[k];
 
-		ResetPerTupleExprContext(estate);
-		list_free(ExecInsertIndexTuples(p->rri, slot, estate, false, false, NULL, NIL));
+		mail_exec_index(&p->x, slot, false);
 		if (!slot->tts_isnull[p->queue_att] && !slot->tts_isnull[p->state_att])
 			gatekeeper_stats_count_done(tally, slot->tts_values[p->queue_att], state_type,
 										DatumGetObjectId(slot->tts_values[p->state_att]));
@@ -174,7 +174,6 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 	Datum	   *values;
 	bool	   *nulls;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	CommandId	cid = GetCurrentCommandId(true);
 	StatsTally *tally;
 	bool		plain;
 	int			i;
@@ -185,8 +184,7 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 	parent = table_open(parent_relid, RowExclusiveLock);
 	plain = done_triggers_plain(parent);
 	memset(parts, 0, sizeof(parts));
-	estate = CreateExecutorState();
-	estate->es_output_cid = cid;
+	estate = mail_exec_estate(GetCurrentCommandId(true));
 	values = palloc(lr->desc->natts * sizeof(Datum));
 	nulls = palloc(lr->desc->natts * sizeof(bool));
 
@@ -211,12 +209,8 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 					 errmsg("no partition of relation \"%s\" found for row",
 							RelationGetRelationName(parent))));
 		p = &parts[segment];
-		if (p->rri == NULL)
-		{
-			p->rri = makeNode(ResultRelInfo);
-			InitResultRelInfo(p->rri, p->rel, 0, NULL, 0);
-			ExecOpenIndices(p->rri, false);
-		}
+		if (p->x.rri == NULL)
+			mail_exec_open_in(&p->x, p->rel, estate);
 		if (p->nslots == p->nmade)
 			p->slots[p->nmade++] = table_slot_create(p->rel, NULL);
 		slot = p->slots[p->nslots++];
@@ -236,12 +230,12 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 		}
 		ExecStoreVirtualTuple(slot);
 		ExecMaterializeSlot(slot);
-		ExecConstraints(p->rri, slot, estate);
+		mail_exec_check(&p->x, slot);
 		if (p->nslots == DONE_BATCH)
-			flush_part(p, estate, cid, tally, lr->state_type);
+			flush_part(p, tally, lr->state_type);
 	}
 	for (i = 0; plain && i < GATEKEEPER_SEGMENTS; i++)
-		flush_part(&parts[i], estate, cid, tally, lr->state_type);
+		flush_part(&parts[i], tally, lr->state_type);
 	if (tally != NULL)
 		gatekeeper_stats_tally_end(tally);
 
@@ -253,8 +247,7 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 			continue;
 		for (k = 0; k < p->nmade; k++)
 			ExecDropSingleTupleTableSlot(p->slots[k]);
-		if (p->rri != NULL)
-			ExecCloseIndices(p->rri);
+		mail_exec_close(&p->x);
 		table_close(p->rel, NoLock);
 	}
 	FreeExecutorState(estate);
