@@ -804,7 +804,10 @@ BEGIN
 END
 $$;
 
-/* The mail's changes of state, in C (src/mail_state_sweep.c, src/mail_state_sync.c, src/mail_state_upkeep.c) */
+/*
+ * The mail's changes of state, in C (src/mail_state_sweep.c,
+ * src/mail_state_sync.c, src/mail_state_upkeep.c)
+ */
 -- an application's UPDATE or DELETE of gatekeeper.mail, carried into the
 -- state rows (src/mail_state_sync.c)
 CREATE OR REPLACE FUNCTION gatekeeper._mail_sync() RETURNS trigger
@@ -846,7 +849,10 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_mail_claim_shrink';
 
-/* Suppression, reports and their classification (src/suppression.c, src/report.c, src/smtp_trouble.c) */
+/*
+ * Suppression, reports and their classification (src/suppression.c,
+ * src/report.c, src/smtp_trouble.c)
+ */
 -- add a suppression entry for an address key; true when new.  An entry
 -- that exists keeps its row, but takes the new reason when that stops more
 -- (hard_bounce or manual over soft_bounce, unsubscribe or complaint;
@@ -887,7 +893,10 @@ LANGUAGE c STABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_message_id_sql';
 
-/* Counting and looking inside: shared memory read as rows (src/stats.c, src/live_count.c, src/worker.c) */
+/*
+ * Counting and looking inside: shared memory read as rows (src/stats.c,
+ * src/live_count.c, src/worker.c)
+ */
 -- counts the events by queue as they are written: deferrals, bounces and
 -- complaints
 CREATE FUNCTION gatekeeper._count_events() RETURNS trigger
