@@ -116,7 +116,7 @@ GRANT EXECUTE ON FUNCTION gatekeeper.create_queue(text, text[], text, text, int,
 GRANT SELECT ON gatekeeper.worker_status TO upgrade_app;
 });
 # 0.2.0's README recipes, whole, and a role given only enqueue()
-$node->safe_psql('postgres', 'CREATE ROLE u_enqueue; CREATE ROLE u_worker; CREATE ROLE u_monitor; CREATE ROLE u_partial');
+$node->safe_psql('postgres', 'CREATE ROLE u_enqueue; CREATE ROLE u_worker; CREATE ROLE u_monitor; CREATE ROLE u_partial; CREATE ROLE u_dashboard');
 $node->safe_psql('from020', q{
 GRANT USAGE ON SCHEMA gatekeeper TO u_enqueue;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
@@ -146,6 +146,11 @@ GRANT EXECUTE ON FUNCTION gatekeeper._worker_status() TO u_monitor;
 GRANT USAGE ON SCHEMA gatekeeper TO u_partial;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
                                              jsonb, text, int, timestamptz, text, jsonb, text) TO u_partial;
+-- a dashboard's role, given queue_stats by hand (not by grant()): the
+-- view and both of its helpers
+GRANT USAGE ON SCHEMA gatekeeper TO u_dashboard;
+GRANT SELECT ON gatekeeper.queue_stats TO u_dashboard;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats() TO u_dashboard;
 });
 # the fresh install they are compared with: the same grants, the recipes by grant()
 $node->safe_psql('fresh020', q{
@@ -167,6 +172,10 @@ GRANT USAGE ON SCHEMA gatekeeper TO u_partial;
 GRANT EXECUTE ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text,
                                              jsonb, text, int, timestamptz, text, jsonb, text,
                                              text, jsonb) TO u_partial;
+GRANT USAGE ON SCHEMA gatekeeper TO u_dashboard;
+GRANT SELECT ON gatekeeper.queue_stats TO u_dashboard;
+GRANT EXECUTE ON FUNCTION gatekeeper._queue_totals(), gatekeeper._live_stats(),
+                          gatekeeper._queue_rates() TO u_dashboard;
 });
 # The mail, claims and passes 0.2.0's library made, written as it wrote
 # them: its functions that call into the library (enqueue through the
@@ -624,6 +633,17 @@ foreach my $what (sort keys %$before020)
 is($node->safe_psql('from020', "SELECT string_agg(role || ' ' || what, ', ' ORDER BY role::text) FROM gatekeeper.role_grant"),
 	'u_enqueue enqueue, u_monitor monitor, u_worker worker',
 	'from020: the roles that held a 0.2.0 recipe whole are remembered with its use, the partial one not');
+
+# what is granted by hand on a view or function the update makes again
+# carries over: the dashboard's role still reads queue_stats (42501 if
+# the view's grant, or a helper's, was lost)
+{
+	my ($ret, $out, $err) = $node->psql('from020',
+		"SET ROLE u_dashboard; SELECT count(*) > 0 FROM gatekeeper.queue_stats");
+	is($ret, 0, 'from020: a role given queue_stats by hand on 0.2.0 still reads it after the update')
+	  or diag($err);
+	is($out, 't', 'from020: ... and sees its queues');
+}
 
 # queue_stats' live counts (scheduled kept in mail_live_count from the
 # update on, claimed from the batches of mail_claim) against a count of
