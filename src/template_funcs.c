@@ -76,6 +76,8 @@ typedef struct TemplateVersion
 	int32		version;
 	TimestampTz created_at;
 	TemplateRow row;
+	struct TemplateEntry *compiled; /* its compiled copy when last looked
+									 * up (compiled_version checks it) */
 } TemplateVersion;
 
 /*
@@ -133,10 +135,10 @@ static void compile_parts(TemplateEntry *entry, text *subject, text *body, text 
 static void open_caches(void);
 static TemplateVersions *read_versions(const char *name, const ReadKey *key,
 									   const TransactionId *xip, bool read_only);
-static const TemplateVersion *find_version(const TemplateVersions *versions,
+static TemplateVersion *find_version(const TemplateVersions *versions,
 										   bool version_null, int32 version,
 										   TimestampTz created_at);
-static TemplateEntry *compiled_version(const char *name, const TemplateVersion *v,
+static TemplateEntry *compiled_version(const char *name, TemplateVersion *v,
 									   bool read_only);
 static text *render_part(const GatekeeperTemplate *template, Jsonb *data,
 						 GatekeeperTemplateMode mode, Size *left, Size *hint,
@@ -313,6 +315,7 @@ read_versions(const char *name, const ReadKey *key, const TransactionId *xip,
 		v->row.xmin = DatumGetTransactionId(SPI_getbinval(tuple, desc, 3, &isnull));
 		ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(tuple, desc, 4, &isnull)),
 						&v->row.ctid);
+		v->compiled = NULL;
 	}
 	SPI_finish();
 	if (key->xcnt > versions->xip_size)
@@ -335,11 +338,11 @@ read_versions(const char *name, const ReadKey *key, const TransactionId *xip,
  *		created_at keeps, gatekeeper._template_version's: the latest made
  *		at or before it, else the first), or NULL.
  */
-static const TemplateVersion *
+static TemplateVersion *
 find_version(const TemplateVersions *versions, bool version_null, int32 version,
 			 TimestampTz created_at)
 {
-	const TemplateVersion *latest = NULL;
+	TemplateVersion *latest = NULL;
 	int			i;
 
 	if (versions->nversions == 0)
@@ -367,7 +370,7 @@ find_version(const TemplateVersions *versions, bool version_null, int32 version,
  *		dropped and made again has new rows.
  */
 static TemplateEntry *
-compiled_version(const char *name, const TemplateVersion *v, bool read_only)
+compiled_version(const char *name, TemplateVersion *v, bool read_only)
 {
 	TemplateKey key;
 	TemplateEntry *entry;
@@ -380,7 +383,20 @@ compiled_version(const char *name, const TemplateVersion *v, bool read_only)
 	bool		isnull[6];
 	int			k;
 
-	open_caches();
+	/*
+	 * The entry the version was last found compiled in: a removed entry's
+	 * memory stays the table's (its free list), and emptying the caches
+	 * frees the versions too.
+	 */
+	entry = v->compiled;
+	if (entry != NULL && entry->key.version == v->version &&
+		TransactionIdEquals(entry->row.xmin, v->row.xmin) &&
+		ItemPointerEquals(&entry->row.ctid, &v->row.ctid) &&
+		strcmp(entry->key.name, name) == 0)
+		return entry;
+
+	/* read_versions made the caches (and emptied them when full) */
+	Assert(template_cache != NULL);
 	memset(&key, 0, sizeof(key));
 	strlcpy(key.name, name, sizeof(key.name));
 	key.version = v->version;
@@ -388,8 +404,11 @@ compiled_version(const char *name, const TemplateVersion *v, bool read_only)
 	if (entry != NULL)
 	{
 		if (TransactionIdEquals(entry->row.xmin, v->row.xmin) &&
-			ItemPointerEquals(&entry->row.ctid, (ItemPointer) &v->row.ctid))
+			ItemPointerEquals(&entry->row.ctid, &v->row.ctid))
+		{
+			v->compiled = entry;
 			return entry;
+		}
 		MemoryContextDelete(entry->context);
 		hash_search(template_cache, &key, HASH_REMOVE, NULL);
 	}
@@ -428,6 +447,7 @@ compiled_version(const char *name, const TemplateVersion *v, bool read_only)
 	entry = hash_search(template_cache, &key, HASH_ENTER, &found);
 	compiled.key = entry->key;
 	*entry = compiled;
+	v->compiled = entry;
 	return entry;
 }
 
@@ -475,7 +495,7 @@ gatekeeper_template_render_claimed(const char *name, bool version_null, int32 ve
 	MemoryContext caller = CurrentMemoryContext;
 	char	   *volatile error = NULL;
 	TemplateVersions *versions;
-	const TemplateVersion *v;
+	TemplateVersion *v;
 	TemplateEntry *entry;
 	ReadKey		key;
 
@@ -534,7 +554,7 @@ render_part(const GatekeeperTemplate *template, Jsonb *data, GatekeeperTemplateM
 	buf.len = VARHDRSZ;
 	buf.data[buf.len] = '\0';
 	buf.cursor = 0;
-	gatekeeper_template_render(template, data, mode, &buf, *left + VARHDRSZ, what);
+	gatekeeper_template_render(template, data, mode, &buf, *left, what);
 	result = (text *) buf.data;
 	SET_VARSIZE(result, buf.len);
 	*left -= buf.len - VARHDRSZ;
@@ -671,7 +691,7 @@ gatekeeper_render(PG_FUNCTION_ARGS)
 	bool		version_null = PG_ARGISNULL(2);
 	int32		version = version_null ? 0 : PG_GETARG_INT32(2);
 	TemplateVersions *versions;
-	const TemplateVersion *v;
+	TemplateVersion *v;
 	TemplateEntry *entry;
 	GatekeeperRenderedMail mail;
 	ReadKey		key;
