@@ -729,7 +729,7 @@ gatekeeper_render(PG_FUNCTION_ARGS)
 		v = &versions->versions[versions->nversions - 1];
 	else
 		v = find_version(versions, false, version, 0);
-	if (v == NULL && (version_null || versions->nversions == 0))
+	if (v == NULL && version_null)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("template \"%s\" does not exist", name)));
