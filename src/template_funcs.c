@@ -66,8 +66,8 @@ typedef struct TemplateEntry
 	int			nheaders;
 	char	  **header_names;
 	GatekeeperTemplate **headers;
-	Size		body_hint;		/* the longest body and html rendered: */
-	Size		html_hint;		/* what the next is given at first */
+	Size		body_hint;		/* the last body and html rendered, and an */
+	Size		html_hint;		/* eighth: what the next is given at first */
 } TemplateEntry;
 
 /* one version of a name, as a read of gatekeeper.template saw it */
@@ -136,8 +136,8 @@ static void open_caches(void);
 static TemplateVersions *read_versions(const char *name, const ReadKey *key,
 									   const TransactionId *xip, bool read_only);
 static TemplateVersion *find_version(const TemplateVersions *versions,
-										   bool version_null, int32 version,
-										   TimestampTz created_at);
+									 bool version_null, int32 version,
+									 TimestampTz created_at);
 static TemplateEntry *compiled_version(const char *name, TemplateVersion *v,
 									   bool read_only);
 static text *render_part(const GatekeeperTemplate *template, Jsonb *data,
@@ -255,9 +255,9 @@ open_caches(void)
 /*
  * read_versions
  *		A name's versions as key says to read them: those kept, when the
- *		same key read them, or read now (read_only: with the
- *		active snapshot; else with a new one, which sees at least what the
- *		claim statement before it saw).  None: the name has no version.
+ *		same key read them, or read now (read_only: with the active
+ *		snapshot; else with a new one, which sees at least what the claim
+ *		statement before it saw).  None: the name has no version.
  */
 static TemplateVersions *
 read_versions(const char *name, const ReadKey *key, const TransactionId *xip,
@@ -329,6 +329,13 @@ read_versions(const char *name, const ReadKey *key, const TransactionId *xip,
 	if (key->xcnt > 0)
 		memcpy(versions->xip, xip, sizeof(TransactionId) * key->xcnt);
 	versions->read = *key;
+
+	/*
+	 * A read with a new snapshot began with a new command id (the claim's
+	 * had written): the claim's later mails see that one.
+	 */
+	if (!read_only)
+		versions->read.cid = GetCurrentCommandId(false);
 	return versions;
 }
 
@@ -364,10 +371,10 @@ find_version(const TemplateVersions *versions, bool version_null, int32 version,
  * compiled_version
  *		The compiled form of version v of name: the one this process kept,
  *		when it was compiled from v's row, or one compiled now from the row
- *		(read_only as read_versions) and kept.  A version is
- *		never changed once written, so the row's identity (its xmin and
- *		ctid) says whether the copy is still the version's: a template
- *		dropped and made again has new rows.
+ *		(read_only as read_versions) and kept.  A version is never changed
+ *		once written, so the row's identity (its xmin and ctid) says
+ *		whether the copy is still the version's: a template dropped and
+ *		made again has new rows.
  */
 static TemplateEntry *
 compiled_version(const char *name, TemplateVersion *v, bool read_only)
@@ -382,6 +389,10 @@ compiled_version(const char *name, TemplateVersion *v, bool read_only)
 	Datum		parts[6];
 	bool		isnull[6];
 	int			k;
+	text	   *subject;
+	text	   *body;
+	text	   *html;
+	Jsonb	   *headers;
 
 	/*
 	 * The entry the version was last found compiled in: a removed entry's
@@ -431,13 +442,15 @@ compiled_version(const char *name, TemplateVersion *v, bool read_only)
 	 * Compiled in a context of the transaction's, which an error frees, and
 	 * kept only once it compiled.
 	 */
+	subject = DatumGetTextPP(parts[0]);
+	body = DatumGetTextPP(parts[1]);
+	html = isnull[2] ? NULL : DatumGetTextPP(parts[2]);
+	headers = isnull[3] ? NULL : DatumGetJsonbP(parts[3]);
 	memset(&compiled, 0, sizeof(compiled));
 	compiled.context = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper template",
 											 ALLOCSET_SMALL_SIZES);
 	old = MemoryContextSwitchTo(compiled.context);
-	compile_parts(&compiled, DatumGetTextPP(parts[0]), DatumGetTextPP(parts[1]),
-				  isnull[2] ? NULL : DatumGetTextPP(parts[2]),
-				  isnull[3] ? NULL : DatumGetJsonbP(parts[3]));
+	compile_parts(&compiled, subject, body, html, headers);
 	MemoryContextSwitchTo(old);
 	compiled.row.xmin = DatumGetTransactionId(parts[4]);
 	ItemPointerCopy((ItemPointer) DatumGetPointer(parts[5]), &compiled.row.ctid);
@@ -472,11 +485,11 @@ fails_alone(int sqlerrcode)
  * gatekeeper_template_render_claimed
  *		A claimed templated mail's content, rendered into out (allocated in
  *		into) from the version it names (version_null: the one its
- *		created_at gives it) over its data, after the claim statement.  Returns NULL, or, when the mail
- *		cannot be rendered (no such version, data that is no object, a
- *		rendered header with a line break, parts over
- *		gatekeeper.max_message_size), why, so that the claim fails that
- *		mail alone.
+ *		created_at gives it) over its data, after the claim statement.
+ *		Returns NULL, or, when the mail cannot be rendered (no such
+ *		version, data that is no object, a rendered header with a line
+ *		break, parts over gatekeeper.max_message_size), why, so that the
+ *		claim fails that mail alone.
  *
  * The template's versions are read once per claim, and a version compiled
  * once per process; per mail there is no SPI and no catalog lookup.  No
@@ -540,7 +553,9 @@ gatekeeper_template_render_claimed(const char *name, bool version_null, int32 ve
  * render_part
  *		One part rendered as a text, in CurrentMemoryContext, within the
  *		*left octets the mail has left (which it takes from); its buffer is
- *		first given *hint octets, the longest this part rendered so far.
+ *		first given *hint octets, the last rendering of the part and an
+ *		eighth (a campaign's mails are of a size), so that it is seldom
+ *		enlarged and copied.
  */
 static text *
 render_part(const GatekeeperTemplate *template, Jsonb *data, GatekeeperTemplateMode mode,
@@ -558,8 +573,7 @@ render_part(const GatekeeperTemplate *template, Jsonb *data, GatekeeperTemplateM
 	result = (text *) buf.data;
 	SET_VARSIZE(result, buf.len);
 	*left -= buf.len - VARHDRSZ;
-	if ((Size) buf.len - VARHDRSZ > *hint)
-		*hint = buf.len - VARHDRSZ;
+	*hint = (buf.len - VARHDRSZ) + (buf.len - VARHDRSZ) / 8;
 	return result;
 }
 
