@@ -53,8 +53,9 @@ SELECT template, count(*) FROM gatekeeper.mail WHERE queue = 'camp_q' GROUP BY 1
 SELECT gatekeeper.resume('camp_q');
 CREATE TEMP TABLE claimed AS
 SELECT * FROM gatekeeper.claim('w', 1000, '1 minute', '{camp_q}');
+WITH c AS MATERIALIZED (
+	SELECT c.*, m.template, m.data FROM claimed c JOIN gatekeeper.mail m ON m.id = c.id)
 SELECT count(*) AS claimed,
 	   count(*) FILTER (WHERE c.subject = r.subject AND c.body = r.body
 						AND c.html IS NOT DISTINCT FROM r.html) AS as_render_shows
-  FROM claimed c JOIN gatekeeper.mail m ON m.id = c.id,
-	   LATERAL gatekeeper.render(m.template, m.data) r;
+  FROM c, gatekeeper.render(c.template, c.data) r;
