@@ -32,8 +32,8 @@
 # (RssAnon, /proc/<pid>/status, the most seen while delivering).  Then
 # (c) render() calls/s
 # from one backend: SELECT count(*) over MAILS rows of gatekeeper.render
-# of that template, as is, with jit off, and of the renderer alone
-# (gatekeeper._render).  Prints each run and the medians with the ratios.
+# of that template, as is and with jit off, and the same scan without
+# render().  Prints each run and the medians with the ratios.
 # Bounded: a delivery waits at most 600 s; everything started is stopped
 # on exit.
 set -euo pipefail
@@ -253,21 +253,14 @@ for run in $(seq 1 "$RUNS"); do
 done
 
 # (c) render() from one backend: as a user calls it (the server's
-# defaults: the planner takes render() for 1,000 rows a call, and JIT
-# compiles the query), with jit off, and the renderer alone
-# (gatekeeper._render, which render() calls after reading the template's
-# row; the parts given as read once, so only the rendering counts)
+# defaults: JIT may compile the query) and with jit off
 : >"$WORK/render.tsv"
 RENDER="SELECT count(*) FROM campaign c, gatekeeper.render('autumn', c.data) r WHERE r.html IS NOT NULL"
-RENDER_C="SELECT count(*) FROM (SELECT * FROM gatekeeper.template WHERE name = 'autumn') t,
-	campaign c, gatekeeper._render(t.name, t.version, t.subject, t.body, t.html, t.headers, c.data) r
-	WHERE r.html IS NOT NULL"
 for run in $(seq 1 "$RUNS"); do
-	for what in render render_nojit render_c; do
+	for what in render render_nojit; do
 		case $what in
 			render) s1=$(timed "$RENDER") ;;
 			render_nojit) s1=$(timed "SET jit = off; $RENDER") ;;
-			render_c) s1=$(timed "SET jit = off; $RENDER_C") ;;
 		esac
 		perl -e 'printf "%s\t%.0f\n", $ARGV[0], $ARGV[1] / $ARGV[2]' "$what" "$N" "$s1" | tee -a "$WORK/render.tsv"
 	done
@@ -293,8 +286,8 @@ perl -e '
 		printf "%-16s templated %12s  rendered %12s  ratio %s\n", $names[$i], $t, $r,
 			$r > 0 ? sprintf("%.3f", $t / $r) : "n/a";
 	}
-	printf "%-16s %s (jit off: %s; the renderer alone, gatekeeper._render: %s)\n", "render()/s",
-		med(@{ $render{render} }), med(@{ $render{render_nojit} }), med(@{ $render{render_c} });
+	printf "%-16s %s (jit off: %s)\n", "render()/s",
+		med(@{ $render{render} }), med(@{ $render{render_nojit} });
 	my $tw = med(@{ $v{templated}[9] }) - med(@{ $v{rendered}[9] });
 	printf "worker CPU for rendering: %.1f us a mail (templated minus rendered)\n", $tw;
 ' "$WORK/runs.tsv" "$WORK/render.tsv" "$N"

@@ -254,7 +254,7 @@ SELECT r.subject, r.body FROM gatekeeper.render('welcome', '{"first_name": "Jo"}
 SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
   FROM pg_proc p WHERE p.pronamespace = 'gatekeeper'::regnamespace
    AND p.proname IN ('create_template', 'alter_template', 'drop_template', 'render',
-					 '_render', '_template_check')
+					 '_template_check')
  ORDER BY p.proname;
 SELECT has_table_privilege('public', 'gatekeeper.template', 'SELECT') AS public_table,
 	   has_table_privilege('public', 'gatekeeper.templates', 'SELECT') AS public_view;

@@ -969,14 +969,6 @@ LANGUAGE c
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_template_check';
 
--- a template version's parts (as read from gatekeeper.template) rendered
--- over data: what render() shows
-CREATE FUNCTION gatekeeper._render(name text, version int, subject text, body text, html text,
-	headers jsonb, data jsonb, OUT subject text, OUT body text, OUT html text, OUT headers jsonb)
-LANGUAGE c STABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'gatekeeper_template_render_sql';
-
 -- the version of a template a mail that names none keeps (an INSERT or
 -- COPY may leave template_version out): the latest made at or before
 -- the mail's created_at, else the first; the claim renders it, the view
@@ -1289,34 +1281,15 @@ END
 $$;
 
 -- a template's latest version (or the one named) rendered over data, as
--- the mail would carry it
+-- the mail would carry it: src/template_funcs.c, which the claim renders
+-- with, reading the template once per snapshot
 CREATE FUNCTION gatekeeper.render(template text, data jsonb, version int DEFAULT NULL)
 RETURNS TABLE (subject text, body text, html text, headers jsonb)
-LANGUAGE plpgsql STABLE
+LANGUAGE c STABLE
 SECURITY DEFINER
+ROWS 1
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t gatekeeper.template;
-BEGIN
-	IF render.template IS NULL THEN
-		RAISE EXCEPTION 'template must not be null' USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	SELECT * INTO t FROM gatekeeper.template x
-	 WHERE x.name = render.template AND (render.version IS NULL OR x.version = render.version)
-	 ORDER BY x.version DESC LIMIT 1;
-	IF NOT FOUND AND render.version IS NULL THEN
-		RAISE EXCEPTION 'template "%" does not exist', render.template
-			USING ERRCODE = 'undefined_object';
-	ELSIF NOT FOUND THEN
-		RAISE EXCEPTION 'template "%" has no version %', render.template, render.version
-			USING ERRCODE = 'undefined_object';
-	END IF;
-	RETURN QUERY SELECT r.subject, r.body, r.html, r.headers
-				   FROM gatekeeper._render(t.name, t.version, t.subject, t.body, t.html,
-										   t.headers, render.data) r;
-END
-$$;
+AS 'MODULE_PATHNAME', 'gatekeeper_render';
 
 COMMENT ON FUNCTION gatekeeper.create_template(text, text, text, text, jsonb) IS
 	'make a template (version 1) of a subject, a body, an html part and header values in a Mustache subset';
@@ -2038,7 +2011,6 @@ REVOKE ALL ON FUNCTION gatekeeper._mail_key_hold(text), gatekeeper._check_feedba
 	gatekeeper._queue_totals(), gatekeeper._queue_rates(), gatekeeper._live_pending(),
 	gatekeeper._live_stats(), gatekeeper._worker_status(), gatekeeper._delivery_latency(),
 	gatekeeper._shard_apply(), gatekeeper._template_check(text, text, text, text, jsonb),
-	gatekeeper._render(text, int, text, text, text, jsonb, jsonb),
 	gatekeeper._template_version(text, timestamptz), gatekeeper._delivery_check(),
 	gatekeeper._grant_apply(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION gatekeeper.enqueue(text, text, text, text, timestamptz, text, text, jsonb, text, int, timestamptz, text, jsonb, text, text, jsonb),

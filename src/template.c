@@ -87,7 +87,8 @@ typedef struct RenderState
 	const GatekeeperTemplate *template;
 	GatekeeperTemplateMode mode;
 	StringInfo	out;
-	Size		limit;			/* out->len may not exceed it */
+	int			base;			/* out->len when the rendering began */
+	Size		limit;			/* what it may add to out */
 	int64		steps;			/* nodes visited */
 	int64		max_steps;
 	const char *what;
@@ -424,7 +425,7 @@ gatekeeper_template_compile(const char *source, int len, const char *what)
 static void
 check_size(RenderState *st, Size more)
 {
-	if ((Size) st->out->len + more > st->limit)
+	if ((Size) (st->out->len - st->base) + more > st->limit)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("rendered %s is larger than gatekeeper.max_message_size", st->what),
@@ -535,6 +536,7 @@ write_value(RenderState *st, const JsonbValue *v, bool escape)
 	const char *s;
 	int			len;
 	int			i;
+	int			start;
 
 	switch (v->type)
 	{
@@ -566,30 +568,38 @@ write_value(RenderState *st, const JsonbValue *v, bool escape)
 		appendBinaryStringInfo(st->out, s, len);
 		return;
 	}
+
+	/* the runs between characters to escape are appended whole */
+	start = 0;
 	for (i = 0; i < len; i++)
 	{
+		const char *entity;
+
 		switch (s[i])
 		{
 			case '&':
-				appendStringInfoString(st->out, "&amp;");
+				entity = "&amp;";
 				break;
 			case '<':
-				appendStringInfoString(st->out, "&lt;");
+				entity = "&lt;";
 				break;
 			case '>':
-				appendStringInfoString(st->out, "&gt;");
+				entity = "&gt;";
 				break;
 			case '"':
-				appendStringInfoString(st->out, "&quot;");
+				entity = "&quot;";
 				break;
 			case '\'':
-				appendStringInfoString(st->out, "&#39;");
+				entity = "&#39;";
 				break;
 			default:
-				appendStringInfoChar(st->out, s[i]);
-				break;
+				continue;
 		}
+		appendBinaryStringInfo(st->out, s + start, i - start);
+		appendStringInfoString(st->out, entity);
+		start = i + 1;
 	}
+	appendBinaryStringInfo(st->out, s + start, len - start);
 	check_size(st, 0);
 }
 
@@ -665,8 +675,8 @@ render_nodes(RenderState *st, int from, int to)
 /*
  * gatekeeper_template_render
  *		Append the template rendered over data (a JSON object, or NULL: no
- *		name resolves) to out, which may not grow beyond limit octets (54000,
- *		naming "what").
+ *		name resolves) to out, which may not grow by more than limit octets
+ *		(54000, naming "what").
  */
 void
 gatekeeper_template_render(const GatekeeperTemplate *template, Jsonb *data,
@@ -678,6 +688,7 @@ gatekeeper_template_render(const GatekeeperTemplate *template, Jsonb *data,
 	st.template = template;
 	st.mode = mode;
 	st.out = out;
+	st.base = out->len;
 	st.limit = limit;
 	st.steps = 0;
 	st.max_steps = (int64) limit + RENDER_EXTRA_STEPS;

@@ -465,6 +465,14 @@ check_template_exists(const char *template)
 	}
 	template_cache.names[i] = MemoryContextStrdup(TopMemoryContext, template);
 	template_cache.latest[i] = latest;
+
+	/*
+	 * The lookup locks rows: SPI gave it a command id of its own, which
+	 * the statement's later rows see.  The lookups are kept under that
+	 * one; kept under the command the lookup began in, every row looked
+	 * its template up again.
+	 */
+	template_cache.cid = GetCurrentCommandId(false);
 	return latest;
 }
 
