@@ -10,6 +10,7 @@ PG_CONFIG ?= pg_config
 MODULE_big = gatekeeper
 OBJS = \
 	src/gatekeeper.o \
+	src/settings.o \
 	src/xact.o \
 	src/catalog.o \
 	src/worker_slots.o \
@@ -31,6 +32,7 @@ OBJS = \
 	src/mail/mail_runs.o \
 	src/mail/mail_state.o \
 	src/mail/done_writer.o \
+	src/mail/live_record.o \
 	src/mail_state_funcs.o \
 	src/mail/mail_state_upkeep.o \
 	src/due_floor.o \

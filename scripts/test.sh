@@ -93,11 +93,23 @@ if grep -n 'warning:' "$BUILD/build.log" >&2; then
 	SUMMARY+=("build         FAILED: compiler warnings (above); not installed")
 	exit 1
 fi
+# the files of src/ call one another in no circle (scripts/call_circles.pl),
+# and each 0.3.0 script defines each object once (scripts/defined_once.pl)
+if ! perl "$SRC/scripts/call_circles.pl" "$SRC" >&2; then
+	SUMMARY+=("build         FAILED: files of src/ call one another in a circle (above)")
+	exit 1
+fi
+for script in gatekeeper--0.3.0.sql gatekeeper--0.2.0--0.3.0.sql; do
+	if ! perl "$SRC/scripts/defined_once.pl" "$SRC/sql/$script" >&2; then
+		SUMMARY+=("build         FAILED: sql/$script defines an object twice or alters it after (above)")
+		exit 1
+	fi
+done
 if ! gk_install "$SRC"; then
 	SUMMARY+=("build         ok, but make install FAILED")
 	exit 1
 fi
-SUMMARY+=("build         ok, no compiler warnings, installed into $("$GK_PG_CONFIG" --pkglibdir)")
+SUMMARY+=("build         ok, no compiler warnings, no call circles, scripts defined once, installed into $("$GK_PG_CONFIG" --pkglibdir)")
 # Exim for t/093, unpacked (not installed) under the build directory
 gk_unpack_exim "$BUILD/exim"
 # OpenSMTPD for t/097, unpacked the same way

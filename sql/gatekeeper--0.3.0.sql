@@ -267,11 +267,39 @@ CREATE TABLE gatekeeper.mail (
 	data		jsonb,
 	PRIMARY KEY (id, segment)
 ) PARTITION BY LIST (segment);
-CREATE TABLE gatekeeper.mail_0 PARTITION OF gatekeeper.mail FOR VALUES IN (0);
-CREATE TABLE gatekeeper.mail_1 PARTITION OF gatekeeper.mail FOR VALUES IN (1);
-CREATE TABLE gatekeeper.mail_2 PARTITION OF gatekeeper.mail FOR VALUES IN (2);
-CREATE TABLE gatekeeper.mail_3 PARTITION OF gatekeeper.mail FOR VALUES IN (3);
 
+/*
+ * Each partition has its own defaults for the two columns whose default
+ * gatekeeper.mail gives by other means: a COPY into gatekeeper.mail that
+ * leaves segment to its default is written straight into the current
+ * segment's partition (src/mail_copy.c), where PostgreSQL batches its
+ * rows; into gatekeeper.mail, whose trigger has a transition table, it
+ * writes them one by one.  A partition has no identity in PostgreSQL 15:
+ * its id is nextval() of gatekeeper.mail's.
+ */
+CREATE TABLE gatekeeper.mail_0 PARTITION OF gatekeeper.mail (
+	id DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	segment DEFAULT 0
+) FOR VALUES IN (0);
+CREATE TABLE gatekeeper.mail_1 PARTITION OF gatekeeper.mail (
+	id DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	segment DEFAULT 1
+) FOR VALUES IN (1);
+CREATE TABLE gatekeeper.mail_2 PARTITION OF gatekeeper.mail (
+	id DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	segment DEFAULT 2
+) FOR VALUES IN (2);
+CREATE TABLE gatekeeper.mail_3 PARTITION OF gatekeeper.mail (
+	id DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
+	segment DEFAULT 3
+) FOR VALUES IN (3);
+
+/*
+ * Every mail a claim takes leaves a dead narrow row in mail_live (the
+ * claim deletes it), and dead entries in mail_due are what every claim
+ * walks past: vacuum it after 1% and unthrottled.  It stays as small as
+ * the scheduled mail.
+ */
 CREATE TABLE gatekeeper.mail_live (
 	id			bigint PRIMARY KEY,
 	queue		text NOT NULL,
@@ -285,6 +313,11 @@ CREATE TABLE gatekeeper.mail_live (
 	last_error	text,
 	dedupe_key	text,
 	segment		smallint NOT NULL
+) WITH (
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 1000,
+	autovacuum_analyze_scale_factor = 0.02,
+	autovacuum_vacuum_cost_delay = 0
 );
 
 CREATE TABLE gatekeeper.mail_done (
@@ -315,19 +348,6 @@ COMMENT ON COLUMN gatekeeper.mail.data IS 'the JSON object the template is rende
 COMMENT ON COLUMN gatekeeper.mail_live.attempt IS 'claims so far; (id, attempt) names one claim';
 COMMENT ON COLUMN gatekeeper.mail_live.uncharged IS 'claims handed back unsent because no relay was reachable; not counted against max_attempts';
 COMMENT ON COLUMN gatekeeper.mail_live.send_at IS 'when the mail is due: the enqueued send_at, moved by retries and deferrals';
-
-/*
- * Every mail a claim takes leaves a dead narrow row in mail_live (the
- * claim deletes it), and dead entries in mail_due are what every claim
- * walks past: vacuum it after 1% and unthrottled.  It stays as small as
- * the scheduled mail.
- */
-ALTER TABLE gatekeeper.mail_live SET (
-	autovacuum_vacuum_scale_factor = 0.01,
-	autovacuum_vacuum_threshold = 1000,
-	autovacuum_analyze_scale_factor = 0.02,
-	autovacuum_vacuum_cost_delay = 0
-);
 
 -- no deduplication: every key ends in the mail's id, so no two are equal,
 -- and the pass that looks for equal keys on every full page was about 2%
@@ -365,15 +385,14 @@ CREATE TABLE gatekeeper.mail_run (
 	send_at		timestamptz NOT NULL,
 	segment		smallint NOT NULL,
 	CHECK (last_id >= id)
-);
-COMMENT ON TABLE gatekeeper.mail_run IS
-	'scheduled mail enqueued together and untouched since: one row for the mails id .. last_id, each as a mail_live row with its defaults would be';
-ALTER TABLE gatekeeper.mail_run SET (
+) WITH (
 	autovacuum_vacuum_scale_factor = 0.01,
 	autovacuum_vacuum_threshold = 1000,
 	autovacuum_analyze_scale_factor = 0.02,
 	autovacuum_vacuum_cost_delay = 0
 );
+COMMENT ON TABLE gatekeeper.mail_run IS
+	'scheduled mail enqueued together and untouched since: one row for the mails id .. last_id, each as a mail_live row with its defaults would be';
 CREATE INDEX mail_run_due ON gatekeeper.mail_run (queue, priority DESC, send_at, id)
 	WITH (deduplicate_items = off);
 
@@ -614,13 +633,9 @@ CREATE TRIGGER mail_check_insert
 	FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
 
 /*
- * The same trigger on each partition, and the partition's own defaults for
- * the two columns whose default gatekeeper.mail gives by other means: a
- * COPY into gatekeeper.mail that leaves segment to its default is written
- * straight into the current segment's partition (src/mail_copy.c), where
- * PostgreSQL batches its rows; into gatekeeper.mail, whose trigger has a
- * transition table, it writes them one by one.  A partition has no
- * identity in PostgreSQL 15: its id is nextval() of gatekeeper.mail's.
+ * The same trigger on each partition: a COPY that leaves segment to its
+ * default is written straight into the current segment's partition
+ * (src/mail_copy.c), past gatekeeper.mail's own trigger.
  */
 CREATE TRIGGER mail_check_insert AFTER INSERT ON gatekeeper.mail_0
 	REFERENCING NEW TABLE AS new_mail FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
@@ -630,14 +645,6 @@ CREATE TRIGGER mail_check_insert AFTER INSERT ON gatekeeper.mail_2
 	REFERENCING NEW TABLE AS new_mail FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
 CREATE TRIGGER mail_check_insert AFTER INSERT ON gatekeeper.mail_3
 	REFERENCING NEW TABLE AS new_mail FOR EACH STATEMENT EXECUTE FUNCTION gatekeeper.mail_check();
-ALTER TABLE gatekeeper.mail_0 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
-	ALTER COLUMN segment SET DEFAULT 0;
-ALTER TABLE gatekeeper.mail_1 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
-	ALTER COLUMN segment SET DEFAULT 1;
-ALTER TABLE gatekeeper.mail_2 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
-	ALTER COLUMN segment SET DEFAULT 2;
-ALTER TABLE gatekeeper.mail_3 ALTER COLUMN id SET DEFAULT pg_catalog.nextval('gatekeeper.mail_id_seq'),
-	ALTER COLUMN segment SET DEFAULT 3;
 
 CREATE TRIGGER mail_check_update
 	BEFORE UPDATE OF queue, recipient, sender, subject, body, html, headers,

@@ -15,7 +15,11 @@
  *
  * The settings are defined here, each with its check hook, and so are the
  * settings other modules show (gatekeeper.on_duplicate and
- * gatekeeper.current_segment, whose values src/mail/mail.c keeps).
+ * gatekeeper.current_segment, whose values src/mail/mail.c keeps).  Their
+ * variables live in src/settings.c, below every module: the check hooks
+ * here call into the modules whose rules they apply (the relay URL's
+ * reader, the key table's, the address parser), and the modules read the
+ * variables, so nothing calls back into this file.
  *
  * IDENTIFICATION
  *		src/gatekeeper.c
@@ -60,13 +64,6 @@
 
 PG_MODULE_MAGIC;
 
-/* Settings; see the Settings table of the specification */
-char	   *gatekeeper_database = NULL;
-int			gatekeeper_workers = 1;
-int			gatekeeper_naptime = 1000;
-int			gatekeeper_batch_size = 500;
-int			gatekeeper_lease = 5 * 60 * 1000;
-
 /*
  * gatekeeper.lease as set.  A real, not an int: an integer setting in
  * milliseconds overflows on '30d' and PostgreSQL then answers "Value
@@ -74,25 +71,6 @@ int			gatekeeper_lease = 5 * 60 * 1000;
  * any duration to the range check.  gatekeeper_lease is its whole value.
  */
 static double lease_setting = 5 * 60 * 1000;
-int			gatekeeper_retry_delay = 30 * 1000;
-char	   *gatekeeper_smtp_url = NULL;
-char	   *gatekeeper_smtp_user = NULL;
-char	   *gatekeeper_smtp_password_file = NULL;
-char	   *gatekeeper_dkim_key_table = NULL;
-int			gatekeeper_smtp_connections = 16;
-int			gatekeeper_smtp_timeout = 30 * 1000;
-char	   *gatekeeper_helo_name = NULL;
-char	   *gatekeeper_smtp_ca_file = NULL;
-int			gatekeeper_max_in_flight = 64 * 1024 * 1024;
-char	   *gatekeeper_default_sender = NULL;
-char	   *gatekeeper_message_id_domain = NULL;
-int			gatekeeper_retention = 7 * 24 * 60 * 60;
-int			gatekeeper_soft_bounce_limit = 5;
-int			gatekeeper_max_message_size = 10 * 1024 * 1024;
-int			gatekeeper_gate_memory = 256 * 1024;
-int			gatekeeper_claim_standbys = 0;
-
-int			gatekeeper_on_duplicate = GATEKEEPER_ON_DUPLICATE_ERROR;
 
 static const struct config_enum_entry on_duplicate_options[] = {
 	{"error", GATEKEEPER_ON_DUPLICATE_ERROR, false},
@@ -102,9 +80,6 @@ static const struct config_enum_entry on_duplicate_options[] = {
 
 /* gatekeeper.current_segment stores nothing: show_current_segment reads it */
 static int	current_segment_setting = 0;
-
-/* set by the background workers (src/worker.c), read by the claim */
-bool		gatekeeper_background_claim = false;
 
 static emit_log_hook_type prev_emit_log_hook = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -127,6 +102,7 @@ static bool check_default_sender(char **newval, void **extra, GucSource source);
 static bool check_lease(double *newval, void **extra, GucSource source);
 static void assign_lease(double newval, void *extra);
 static const char *show_current_segment(void);
+static void gatekeeper_define_settings(void);
 static void define_mail_settings(void);
 static void define_worker_settings(void);
 static void define_relay_settings(void);
@@ -252,7 +228,7 @@ show_current_segment(void)
  * Define the settings that can change while the server runs.  Safe to call
  * more than once.
  */
-void
+static void
 gatekeeper_define_settings(void)
 {
 	static bool defined = false;

@@ -11,6 +11,7 @@
  * background worker delivers claimed mail over SMTP.
  *
  * src/gatekeeper.c		module initialization and settings
+ * src/settings.c		the settings' variables, below every module
  * src/xact.c			the one transaction callback, calling each
  *						module's hook in order
  * src/catalog.c		SPI and catalog helpers: table OIDs behind one
@@ -69,7 +70,8 @@
 #define GATEKEEPER_H
 
 /*
- * Settings (src/gatekeeper.c).  Times are in milliseconds unless the name
+ * Settings (their variables in src/settings.c, defined as settings with
+ * their check hooks in src/gatekeeper.c).  Times are in milliseconds unless the name
  * says otherwise.
  */
 extern char *gatekeeper_database;
@@ -95,7 +97,6 @@ extern int	gatekeeper_gate_memory;	/* kB */
 extern int	gatekeeper_claim_standbys;
 extern char *gatekeeper_dkim_key_table;
 
-/* src/gatekeeper.c */
 extern int	gatekeeper_on_duplicate;	/* GatekeeperOnDuplicate */
 
 /* gatekeeper.on_duplicate: what a bulk INSERT or COPY does with a held key */
@@ -105,12 +106,13 @@ typedef enum GatekeeperOnDuplicate
 	GATEKEEPER_ON_DUPLICATE_SKIP	/* leave the row out */
 } GatekeeperOnDuplicate;
 
-extern void gatekeeper_define_settings(void);
-
 /* the relays gatekeeper.smtp_url may list */
 #define GATEKEEPER_MAX_RELAYS	8
 
-/* true in the background workers: their claims leave background = false queues alone */
+/*
+ * src/settings.c: true in the background workers: their claims leave
+ * background = false queues alone
+ */
 extern bool gatekeeper_background_claim;
 
 /*

@@ -2,14 +2,14 @@
  *
  * done_writer.h
  *		Finished mail's outcomes written into mail_done past the executor
- *		(src/done_writer.c), for src/mail_state.c.
+ *		(src/mail/done_writer.c), for src/mail/mail_state.c.
  *
  *-------------------------------------------------------------------------
  */
 #ifndef GATEKEEPER_DONE_WRITER_H
 #define GATEKEEPER_DONE_WRITER_H
 
-#include "mail_state.h"
+#include "live_record.h"
 
 extern bool gatekeeper_done_write(LiveRecord *lr, Datum *records, int n);
 

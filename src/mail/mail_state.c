@@ -482,46 +482,6 @@ mail_state_record_init(LiveRecord *lr, Oid type)
 }
 
 /*
- * mail_state_record_deform
- *		A record's values and nulls; values point into the record.
- */
-void
-mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls)
-{
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
-	HeapTupleData tuple;
-
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
-	heap_deform_tuple(&tuple, lr->desc, values, nulls);
-}
-
-/*
- * mail_state_record_get
- *		One attribute of a record (not null where used here).
- */
-Datum
-mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum)
-{
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
-	HeapTupleData tuple;
-	bool		isnull;
-	Datum		d;
-
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
-	d = heap_getattr(&tuple, attnum, lr->desc, &isnull);
-	if (isnull)
-		elog(ERROR, "claimed mail record has a null %s",
-			 NameStr(TupleDescAttr(lr->desc, attnum - 1)->attname));
-	return d;
-}
-
-/*
  * A record with the values a transition gives it: state; last_error
  * (error, NULL allowed) when set_error; send_at when not 0; and one more
  * uncharged claim when uncharged.

@@ -16,6 +16,7 @@
 #include "access/attnum.h"
 #include "access/tupdesc.h"
 #include "datatype/timestamp.h"
+#include "live_record.h"
 #include "smtp_trouble.h"
 
 /*
@@ -44,31 +45,6 @@
  */
 #define CLAIM_OWNER_BACKGROUND	InvalidOid
 
-/*
- * gatekeeper.mail_live's row type, as the claim's records and the
- * batches' arrays hold it: its descriptor, the attributes changed here
- * found by name, and the states a transition writes.
- */
-typedef struct LiveRecord
-{
-	Oid			type;
-	Oid			arraytype;
-	TupleDesc	desc;
-	AttrNumber	id;
-	AttrNumber	queue;
-	AttrNumber	send_at;
-	AttrNumber	state;
-	AttrNumber	attempt;
-	AttrNumber	uncharged;
-	AttrNumber	worker;
-	AttrNumber	last_error;
-	AttrNumber	segment;
-	Oid			state_type;
-	Datum		scheduled;		/* the enum values of gatekeeper.state */
-	Datum		sent;
-	Datum		failed;
-} LiveRecord;
-
 /* A nack: a claim (id, attempt), what went wrong, and what became of it. */
 typedef struct MailNack
 {
@@ -83,8 +59,6 @@ typedef struct MailNack
 } MailNack;
 
 extern void mail_state_record_init(LiveRecord *lr, Oid type);
-extern void mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls);
-extern Datum mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum);
 extern void mail_state_insert_live(LiveRecord *lr, Datum *records, int n);
 extern void mail_state_insert_done(LiveRecord *lr, Datum *records, int n);
 

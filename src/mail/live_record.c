@@ -1,0 +1,63 @@
+/*-------------------------------------------------------------------------
+ *
+ * live_record.c
+ *		Reading a record of gatekeeper.mail_live's row type, as the claim
+ *		returns it and a batch holds it: all its values, or one.
+ *
+ * Below both a claimed mail's transitions (src/mail/mail_state.c, which
+ * also looks the row type up: mail_state_record_init) and the outcomes'
+ * writer (src/mail/done_writer.c), which both read records and one of
+ * which calls the other.
+ *
+ * IDENTIFICATION
+ *		src/mail/live_record.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "live_record.h"
+
+#include "access/htup_details.h"
+#include "fmgr.h"
+#include "storage/itemptr.h"
+
+/*
+ * mail_state_record_deform
+ *		A record's values and nulls; values point into the record.
+ */
+void
+mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	heap_deform_tuple(&tuple, lr->desc, values, nulls);
+}
+
+/*
+ * mail_state_record_get
+ *		One attribute of a record (not null where used here).
+ */
+Datum
+mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+	bool		isnull;
+	Datum		d;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	d = heap_getattr(&tuple, attnum, lr->desc, &isnull);
+	if (isnull)
+		elog(ERROR, "claimed mail record has a null %s",
+			 NameStr(TupleDescAttr(lr->desc, attnum - 1)->attname));
+	return d;
+}
