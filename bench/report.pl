@@ -64,6 +64,10 @@ my %fig = (
 	'backlog.sent'       => ['claim(1000)+ack, 50k not-yet-due + 5M sent retained', 'ms'],
 	'sustained.first'    => ['drain rate, first wave', 'mails/s'],
 	'sustained.last'     => ['drain rate, last wave', 'mails/s'],
+	'held_snapshot.none.first' => ['drain rate, first wave, no snapshot held', 'mails/s'],
+	'held_snapshot.none.last'  => ['drain rate, last wave, no snapshot held', 'mails/s'],
+	'held_snapshot.held.first' => ['drain rate, first wave, a REPEATABLE READ snapshot held', 'mails/s'],
+	'held_snapshot.held.last'  => ['drain rate, last wave, the snapshot held across every wave', 'mails/s'],
 	'storage.first'      => ['drain rate, first wave of 1 kB mail', 'mails/s'],
 	'storage.last'       => ['drain rate, last wave, finished mail retained', 'mails/s'],
 	'storage.size_plain' => ['the same rows in a plain table (heap, TOAST, primary key)', 'MB'],
@@ -136,6 +140,12 @@ my @sections = (
 	['sustained', [
 		['sustained.first'],
 		['sustained.last', 'sustained.first', ['>=', 0.8]],
+	]],
+	['held_snapshot', [
+		['held_snapshot.none.first'],
+		['held_snapshot.none.last'],
+		['held_snapshot.held.first', 'held_snapshot.none.first'],
+		['held_snapshot.held.last', 'held_snapshot.none.last', ['>=', 0.8]],
 	]],
 	['storage', [
 		['storage.first'],
@@ -356,6 +366,7 @@ my %desc = (
 	stats => 'Stats (issue 13): what a Prometheus scrape costs. Latency of SELECT * FROM gatekeeper.queue_stats and of gatekeeper.worker_status (pgbench -M prepared, one client, 50 calls a run, per-call log; median per run) with 50,000 and then 5,000,000 finished mails retained in mail_done (loaded in bulk past the triggers), beside 2,000 mails enqueued through the trigger, 1,000 of them claimed and acked, 1,000 left due; at 5,000,000 also one scrape of prometheus-postgres-exporter with monitoring/queries.yaml (wall time of the HTTP GET after a warm-up scrape; the exporter\'s own database and bgwriter collectors off, so only gatekeeper\'s queries run), against the same exporter with no queries; and for reference the count over the finished mail by queue and state that queue_stats ran before it kept totals.',
 	gates => 'Gates: gate_pass_batch(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
 	relays => 'Relays (issue 10): the relays a user meets, each measured with the worker (gatekeeper.smtp_connections = 16, helo_name set; time from the commit of N due mails in one INSERT until smtp-sink has counted them) and with smtp-source -s 16 -d (16 sessions, connections reused, same body size) through the same endpoint in the same run: a loopback smtp-sink -c; the same sink behind t/delay_proxy.py adding 10 ms to every chunk each way (a relay 20 ms away; the proxy counts the chunks each client wrote, about one per round trip waited for, noted per mail); smtp-sink -W .:1 (one second per end-of-data), against the parallel bound of 16 connections per second.',
+	held_snapshot => 'Held snapshot (issue 46): 4 waves of 100,000 mails, each enqueued by one INSERT ... SELECT (not timed) and drained by 2 pgbench clients looping claim(1000) and ack_batch, no worker in the database, while one session holds BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM gatekeeper.mail LIMIT 1 open across all four (nothing a claim deletes can be vacuumed or marked dead); reference: the same waves without it, in the same run, the two sides alternated (odd runs the reference first), each from empty tables.',
 	suppression => 'Suppression (issue 12, opt-in: --only suppression): 80,000 due mails through a queue gated by smart_sending (distinct recipients), drained by 4 pgbench clients looping claim(1000) and ack, three ways in each run: with the suppression list empty (the reference), with 1,000,000 global hard_bounce entries none of which is a drained recipient, and with 1,000,000 entries of which one in ten drained recipients (8,000) are part (those mails end suppressed); rate = mails finished / wall time. The list is loaded, vacuumed and analyzed before it is measured (not timed).',
 	shards => 'Shards (issue 29): four gatekeeper databases of the same cluster, each made shard n of 4 by gatekeeper.shard(), and a router database with plproxy and gatekeeper_router whose foreign server names them (one machine: these figures show what routing costs and what the machine bounds, not what separate machines carry). enqueue() with random recipients, one per transaction, by 4 pgbench clients (-M prepared), on one shard directly and through the router; enqueue() called once per row by one statement on one shard and through the router (each routed call commits on its shard), and the router\'s enqueue_batch() with arrays of 1,000 rows (one call and transaction per shard and array); claim(1000)+ack drains of 160,000 mails spread over 1, 2 and 4 shards, 2 pgbench claimers per shard, all shards at once, total and per shard.',
 	reports => 'Reports (issue 27): a bounce storm. 20,000 mails loaded as sent, then one DSN per mail in Postfix\'s shape (about 4 kB: notification, delivery status, the returned message; half 5.1.1, half 5.2.2, found by the VERP token of the address it was delivered to) through ingest_report() by one statement in one backend, every one recorded (its event, and a hard_bounce suppression or a soft-bounce count); and 50,000 record_event() calls (a webhook\'s delivered event, found by Message-ID) by one statement. Reference: as many enqueue() calls by one statement, in the same run.',

@@ -367,6 +367,83 @@ scenario_drain() {
 	bk_reset_mail
 }
 
+# ================================================================== held_snapshot
+#
+# Issue 46, item 4: the drain while a snapshot is held open.  A session
+# holds `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM
+# gatekeeper.mail LIMIT 1;` open (a long report, pg_dump, a lagging
+# logical slot) from before the first wave to after the last, so no row a
+# claim deletes or an ack updates is dead to every transaction and
+# nothing can be vacuumed.  HELD_WAVES waves of HELD_N mails, each
+# enqueued by one INSERT ... SELECT (not timed) and drained by
+# HELD_CLAIMERS pgbench clients looping claim(1000) + ack_batch; no worker
+# in the database.  The reference is the same waves without the held
+# snapshot, in the same run; odd runs measure the reference first, even
+# runs the held side first.  Each side starts from empty tables.
+
+# held_side FIGURE RUN HOLD: one side's waves; HOLD=1 holds the snapshot.
+held_side() {
+	local fig=$1 run=$2 hold=$3 w t0 t1 rest rate rates= xmin
+	bk_reset_mail
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_claim, gatekeeper.mail_done" >/dev/null
+	if [ "$hold" = 1 ]; then
+		bk_start_bg held_snapshot "$BK_WORK" psql -X -q -h 127.0.0.1 -p "$BK_PGPORT" -U postgres -d bench \
+			-c "SET application_name = 'bench_held_snapshot'" \
+			-c "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM gatekeeper.mail LIMIT 1; SELECT pg_sleep(3600)"
+		for w in $(seq 1 100); do
+			xmin=$(bk_sql "SELECT count(*) FROM pg_stat_activity
+							WHERE application_name = 'bench_held_snapshot' AND backend_xmin IS NOT NULL
+							  AND query LIKE '%pg_sleep%'")
+			[ "$xmin" = 1 ] && break
+			sleep 0.1
+		done
+		[ "$xmin" = 1 ] || gk_die "held_snapshot: the holding session did not start"
+	fi
+	for w in $(seq 1 "$HELD_WAVES"); do
+		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+				SELECT * FROM bench_rows($HELD_N, 'h${run}${hold}w${w}_', 'bench', interval '0')"
+		bk_settle
+		t0=$(bk_now)
+		bk_pgbench "$BK_WORK/pgbench.$fig.$run.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
+			-c "$HELD_CLAIMERS" -j "$(bk_jobs "$HELD_CLAIMERS")" -t $((HELD_N / 1000 / HELD_CLAIMERS))
+		rest=$(bk_drain_rest 1000)
+		t1=$(bk_now)
+		[ "$(bk_unfinished)" = 0 ] || gk_die "$fig wave $w left mail unsent"
+		rate=$(bk_rate "$HELD_N" "$t0" "$t1")
+		rates="$rates${rates:+ }$(printf '%.0f' "$rate")"
+		[ "$w" != 1 ] || bk_record "$fig.first" "$run" "$rate"
+		[ "$rest" = 0 ] || bk_note held_snapshot "$fig run $run wave $w: $rest mails left by the fixed rounds, claimed after them (timed)"
+	done
+	bk_record "$fig.last" "$run" "$rate"
+	bk_note held_snapshot "run $run, $fig: waves $rates mails/s; $(bk_sql "SELECT format('mail_live %s dead rows, mail_claim %s, load average %s',
+		(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass),
+		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_claim')),
+		'$(cut -d' ' -f1-3 /proc/loadavg)')")"
+	if [ "$hold" = 1 ]; then
+		# the backend sleeps on after its psql is gone: end it, or the
+		# next TRUNCATE waits for its lock
+		bk_sql "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				 WHERE application_name = 'bench_held_snapshot'" >/dev/null
+		bk_stop_bg held_snapshot
+	fi
+}
+
+scenario_held_snapshot() {
+	local run
+	bk_only_queue bench
+	for run in $(seq 1 "$RUNS"); do
+		gk_log "held_snapshot run $run: $HELD_WAVES waves of $HELD_N mails, $HELD_CLAIMERS claimers, batch 1000"
+		if [ $((run % 2)) = 1 ]; then
+			held_side held_snapshot.none "$run" 0
+			held_side held_snapshot.held "$run" 1
+		else
+			held_side held_snapshot.held "$run" 1
+			held_side held_snapshot.none "$run" 0
+		fi
+	done
+	bk_reset_mail
+}
+
 # ================================================================== suppression
 #
 # Opt-in (--only suppression; not in a full run).  Issue 12: the claim
