@@ -68,6 +68,8 @@ my %fig = (
 	'held_snapshot.none.last'  => ['drain rate, last wave, no snapshot held', 'mails/s'],
 	'held_snapshot.held.first' => ['drain rate, first wave, a REPEATABLE READ snapshot held', 'mails/s'],
 	'held_snapshot.held.last'  => ['drain rate, last wave, the snapshot held across every wave', 'mails/s'],
+	'held_snapshot.none.last.cpu' => ['server CPU per mail over the last wave\'s drain, no snapshot held', 'us'],
+	'held_snapshot.held.last.cpu' => ['server CPU per mail over the last wave\'s drain, the snapshot held', 'us'],
 	'storage.first'      => ['drain rate, first wave of 1 kB mail', 'mails/s'],
 	'storage.last'       => ['drain rate, last wave, finished mail retained', 'mails/s'],
 	'storage.size_plain' => ['the same rows in a plain table (heap, TOAST, primary key)', 'MB'],
@@ -146,6 +148,8 @@ my @sections = (
 		['held_snapshot.none.last'],
 		['held_snapshot.held.first', 'held_snapshot.none.first'],
 		['held_snapshot.held.last', 'held_snapshot.none.last', ['>=', 0.8]],
+		['held_snapshot.none.last.cpu'],
+		['held_snapshot.held.last.cpu', 'held_snapshot.none.last.cpu', ['<=', 1.25]],
 	]],
 	['storage', [
 		['storage.first'],

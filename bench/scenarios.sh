@@ -443,11 +443,15 @@ scenario_drain() {
 # HELD_CLAIMERS pgbench clients looping claim(1000) + ack_batch; no worker
 # in the database.  The reference is the same waves without the held
 # snapshot, in the same run; odd runs measure the reference first, even
-# runs the held side first.  Each side starts from empty tables.
+# runs the held side first.  Each side starts from empty tables.  Besides
+# the rate, the server's CPU time per mail (every process of the cluster,
+# supp_cpu) over each wave's drain: on a loaded machine, where the rate
+# follows the other work and the disk's flushes, it shows what the claims
+# themselves cost.
 
 # held_side FIGURE RUN HOLD: one side's waves; HOLD=1 holds the snapshot.
 held_side() {
-	local fig=$1 run=$2 hold=$3 w t0 t1 rest rate rates= xmin
+	local fig=$1 run=$2 hold=$3 w t0 t1 c0 c1 cpu cpus= rest rate rates= xmin
 	bk_reset_mail
 	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_claim, gatekeeper.mail_done" >/dev/null
 	if [ "$hold" = 1 ]; then
@@ -467,19 +471,24 @@ held_side() {
 		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 				SELECT * FROM bench_rows($HELD_N, 'h${run}${hold}w${w}_', 'bench', interval '0')"
 		bk_settle
+		c0=$(supp_cpu)
 		t0=$(bk_now)
 		bk_pgbench "$BK_WORK/pgbench.$fig.$run.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
 			-c "$HELD_CLAIMERS" -j "$(bk_jobs "$HELD_CLAIMERS")" -t $((HELD_N / 1000 / HELD_CLAIMERS))
 		rest=$(bk_drain_rest 1000)
 		t1=$(bk_now)
+		c1=$(supp_cpu)
 		[ "$(bk_unfinished)" = 0 ] || gk_die "$fig wave $w left mail unsent"
 		rate=$(bk_rate "$HELD_N" "$t0" "$t1")
+		cpu=$(perl -e 'printf "%.1f", ($ARGV[1] - $ARGV[0]) * 1e6 / $ARGV[2]' "$c0" "$c1" "$HELD_N")
 		rates="$rates${rates:+ }$(printf '%.0f' "$rate")"
+		cpus="$cpus${cpus:+ }$cpu"
 		[ "$w" != 1 ] || bk_record "$fig.first" "$run" "$rate"
 		[ "$rest" = 0 ] || bk_note held_snapshot "$fig run $run wave $w: $rest mails left by the fixed rounds, claimed after them (timed)"
 	done
 	bk_record "$fig.last" "$run" "$rate"
-	bk_note held_snapshot "run $run, $fig: waves $rates mails/s; $(bk_sql "SELECT format('mail_live %s dead rows, mail_claim %s, load average %s',
+	bk_record "$fig.last.cpu" "$run" "$cpu"
+	bk_note held_snapshot "run $run, $fig: waves $rates mails/s, server CPU $cpus us a mail; $(bk_sql "SELECT format('mail_live %s dead rows, mail_claim %s, load average %s',
 		(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass),
 		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_claim')),
 		'$(cut -d' ' -f1-3 /proc/loadavg)')")"
