@@ -20,7 +20,8 @@
 #   --smoke          tiny sizes, 1 run (CI keeps the harness working with it)
 #   --runs N         runs per measurement (default 5; --smoke: 1)
 #   --only LIST      comma-separated scenarios: enqueue,drain,backlog,
-#                    sustained,storage,stats,gates,delivery,relays,shards (default: all)
+#                    sustained,held_snapshot,storage,stats,gates,delivery,
+#                    relays,shards (default: all)
 #   --install        build gatekeeper from this tree and install it first
 #                    (also done when no gatekeeper is installed)
 #   --output FILE    where to write the Markdown report
@@ -44,7 +45,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 
-ALL_SCENARIOS=(enqueue drain backlog sustained storage stats gates reports delivery relays shards)
+ALL_SCENARIOS=(enqueue drain backlog sustained held_snapshot storage stats gates reports delivery relays shards)
 # opt-in: run only when --only names them
 OPTIN_SCENARIOS=(suppression)
 SMOKE=0
@@ -103,6 +104,7 @@ if [ "$SMOKE" = 1 ]; then
 	DRAIN_N_100=1600 DRAIN_N_1000=8000
 	BACKLOG_SMALL=500 BACKLOG_BIG=5000 BACKLOG_TXNS=3
 	SUSTAINED_WAVES=10 SUSTAINED_N=4000
+	HELD_WAVES=4 HELD_N=4000 HELD_CLAIMERS=2
 	STORAGE_WAVES=3 STORAGE_N=4000
 	STATS_SMALL=500 STATS_BIG=5000 STATS_CALLS=20
 	GATE_BATCH_TXNS=2 GATE_SINGLE_TXNS=50 REDIS_P_N=20000 REDIS_N=2000
@@ -117,6 +119,8 @@ else
 	DRAIN_N_100=40000 DRAIN_N_1000=80000	# divisible by 8 claimers x batch
 	BACKLOG_SMALL=50000 BACKLOG_BIG=5000000 BACKLOG_TXNS=10
 	SUSTAINED_WAVES=10 SUSTAINED_N=400000
+	# held_snapshot (issue 46): 4 waves of 100,000 under a held snapshot
+	HELD_WAVES=4 HELD_N=100000 HELD_CLAIMERS=2
 	STORAGE_WAVES=6 STORAGE_N=300000
 	STATS_SMALL=50000 STATS_BIG=5000000 STATS_CALLS=50
 	GATE_BATCH_TXNS=50 GATE_SINGLE_TXNS=2500 REDIS_P_N=2000000 REDIS_N=200000

@@ -130,6 +130,45 @@ bk_live_vacuums() {
 
 # ================================================================== enqueue
 #
+# What a bulk enqueue round waited on (issue 46, item 5): enq_probe_begin
+# starts a sampler (one session, a procedure that commits after every
+# sample, so each reads pg_stat_activity afresh) of the wait events of the
+# backend whose application_name is bench_timed, every 20 ms, and notes
+# pg_stat_wal and the checkpoints so far; enq_probe_end LABEL stops it and
+# notes for the round: the samples by wait event, the WAL written (bytes,
+# full-page images, writes because wal_buffers were full), checkpoints
+# begun, background vacuums and analyzes, and the size of the hash index
+# on recipient of the segment's partition.
+enq_probe_begin() {
+	ENQ_WAL0=$(bk_sql "SELECT wal_bytes || ' ' || wal_fpi || ' ' || wal_buffers_full FROM pg_stat_wal")
+	ENQ_CKPT0=$(bk_checkpoints)
+	ENQ_T0=$(bk_now)
+	bk_sql "TRUNCATE bench_waits" >/dev/null
+	bk_start_bg enq_sampler "$BK_WORK" psql -X -q -h 127.0.0.1 -p "$BK_PGPORT" -U postgres -d bench \
+		-c "SET application_name = 'bench_sampler'" -c "CALL bench_sample_waits(600)"
+}
+enq_probe_end() {
+	local label=$1 wal1 ckpt1
+	bk_sql "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench_sampler'" >/dev/null
+	bk_stop_bg enq_sampler
+	wal1=$(bk_sql "SELECT wal_bytes || ' ' || wal_fpi || ' ' || wal_buffers_full FROM pg_stat_wal")
+	ckpt1=$(bk_checkpoints)
+	bk_note enqueue "$label: $(bk_sql "SELECT format('waits (of %s samples, 20 ms apart) %s', coalesce(sum(n), 0),
+			coalesce(string_agg(w || ' ' || n, ', ' ORDER BY n DESC), 'none'))
+		  FROM (SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') AS w, count(*) AS n
+				  FROM bench_waits GROUP BY 1) s"); $(perl -e '
+			my @a = split / /, $ARGV[0]; my @b = split / /, $ARGV[1];
+			printf "WAL %.0f MB, %d full-page images, %d writes for full wal_buffers",
+				($b[0] - $a[0]) / 1048576, $b[1] - $a[1], $b[2] - $a[2]' "$ENQ_WAL0" "$wal1"); checkpoints begun $((ckpt1 - ENQ_CKPT0)); background: $(bk_background_work "$ENQ_T0"); $(bk_sql "SELECT coalesce(string_agg(format('%s %s', c.relname, pg_size_pretty(pg_relation_size(c.oid))), ', '), 'no hash index')
+			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+		   WHERE a.amname = 'hash' AND i.indrelid IN (SELECT relid FROM pg_partition_tree('gatekeeper.mail'))
+			 AND pg_relation_size(c.oid) > 65536")"
+}
+
+# enq_timed SQL: run SQL as the backend the sampler watches.
+enq_timed() { PGAPPNAME=bench_timed bk_sql "$1"; }
+
+#
 # Bulk enqueue (issue 26): ENQ_ROWS rows of the issue's shape (a recipient,
 # a 25-character subject, a 500-byte body; queue bench, due now), loaded
 # into bench_bulk first (not timed).  Each run, in turn: a server-side COPY
@@ -140,6 +179,20 @@ bk_live_vacuums() {
 # same rows as jsonb messages, built in the same statement; then ENQ_CALLS
 # enqueue() calls in one transaction (one statement over generate_series).
 # Every measurement starts from empty tables after a CHECKPOINT.
+# enq_copy_gk RUN CSV: one COPY round into gatekeeper.mail, probed.
+enq_copy_gk() {
+	local run=$1 csv=$2 t0 t1
+	bk_reset_mail
+	bk_settle
+	enq_probe_begin
+	t0=$(bk_now)
+	enq_timed "COPY gatekeeper.mail (queue, recipient, subject, body) FROM '$csv' (FORMAT csv)"
+	t1=$(bk_now)
+	enq_probe_end "run $run COPY $(printf '%.0f' "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")") rows/s"
+	[ "$(bk_scheduled)" = "$ENQ_ROWS" ] || gk_die "COPY lost rows"
+	bk_record enqueue.copy_gk "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
+}
+
 scenario_enqueue() {
 	local run t0 t1 csv=$BK_WORK/enqueue.csv
 	bk_sql "CREATE TABLE bench_bulk AS
@@ -148,6 +201,19 @@ scenario_enqueue() {
 			  FROM generate_series(1, $ENQ_ROWS) AS i" >/dev/null
 	bk_sql "VACUUM ANALYZE bench_bulk"
 	bk_sql "COPY bench_bulk TO '$csv' (FORMAT csv)"
+	bk_sql "CREATE TABLE IF NOT EXISTS bench_waits (wait_event_type text, wait_event text);
+			CREATE OR REPLACE PROCEDURE bench_sample_waits(secs float8) LANGUAGE plpgsql AS \$\$
+			DECLARE
+				stop timestamptz := clock_timestamp() + secs * interval '1 second';
+			BEGIN
+				WHILE clock_timestamp() < stop LOOP
+					INSERT INTO bench_waits
+					SELECT wait_event_type, wait_event FROM pg_stat_activity
+					 WHERE application_name = 'bench_timed' AND state = 'active';
+					COMMIT;
+					PERFORM pg_sleep(0.02);
+				END LOOP;
+			END \$\$" >/dev/null
 	pgmq_setup enqueue
 	if [ "$PGMQ" = 1 ]; then
 		bk_sql "SELECT pgmq.drop_queue(queue_name) FROM pgmq.list_queues() WHERE queue_name = 'bench_e';
@@ -161,13 +227,8 @@ scenario_enqueue() {
 		t1=$(bk_now)
 		bk_record enqueue.copy_plain "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
 
-		bk_reset_mail
-		bk_settle
-		t0=$(bk_now)
-		bk_sql "COPY gatekeeper.mail (queue, recipient, subject, body) FROM '$csv' (FORMAT csv)"
-		t1=$(bk_now)
-		[ "$(bk_scheduled)" = "$ENQ_ROWS" ] || gk_die "COPY lost rows"
-		bk_record enqueue.copy_gk "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
+		# odd runs COPY into gatekeeper.mail before pgmq, even runs after
+		[ $((run % 2)) = 0 ] || enq_copy_gk "$run" "$csv"
 
 		bk_reset_mail
 		bk_settle
@@ -182,15 +243,18 @@ scenario_enqueue() {
 			bk_reset_mail
 			bk_sql "TRUNCATE pgmq.q_bench_e" >/dev/null
 			bk_settle
+			enq_probe_begin
 			t0=$(bk_now)
-			bk_sql "SELECT count(*) FROM pgmq.send_batch('bench_e', ARRAY(
+			enq_timed "SELECT count(*) FROM pgmq.send_batch('bench_e', ARRAY(
 						SELECT jsonb_build_object('recipient', recipient, 'subject', subject, 'body', body)
 						  FROM bench_bulk))" >/dev/null
 			t1=$(bk_now)
+			enq_probe_end "run $run pgmq $(printf '%.0f' "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")") rows/s"
 			[ "$(bk_sql "SELECT count(*) FROM pgmq.q_bench_e")" = "$ENQ_ROWS" ] || gk_die "pgmq lost rows"
 			bk_sql "TRUNCATE pgmq.q_bench_e" >/dev/null
 			bk_record enqueue.pgmq "$run" "$(bk_rate "$ENQ_ROWS" "$t0" "$t1")"
 		fi
+		[ $((run % 2)) = 1 ] || enq_copy_gk "$run" "$csv"
 
 		bk_reset_mail
 		bk_settle
@@ -204,7 +268,7 @@ scenario_enqueue() {
 	if [ "$PGMQ" = 1 ]; then
 		bk_sql "SELECT pgmq.drop_queue('bench_e')" >/dev/null
 	fi
-	bk_sql "DROP TABLE bench_bulk" >/dev/null
+	bk_sql "DROP TABLE bench_bulk, bench_waits; DROP PROCEDURE bench_sample_waits" >/dev/null
 	rm -f "$csv"
 	bk_reset_mail
 }
@@ -364,6 +428,92 @@ scenario_drain() {
 		done
 	done
 	bk_sql "SELECT pgq.drop_queue(queue_name, true) FROM pgq.get_queue_info() WHERE queue_name = 'bench_q'" >/dev/null
+	bk_reset_mail
+}
+
+# ================================================================== held_snapshot
+#
+# Issue 46, item 4: the drain while a snapshot is held open.  A session
+# holds `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM
+# gatekeeper.mail LIMIT 1;` open (a long report, pg_dump, a lagging
+# logical slot) from before the first wave to after the last, so no row a
+# claim deletes or an ack updates is dead to every transaction and
+# nothing can be vacuumed.  HELD_WAVES waves of HELD_N mails, each
+# enqueued by one INSERT ... SELECT (not timed) and drained by
+# HELD_CLAIMERS pgbench clients looping claim(1000) + ack_batch; no worker
+# in the database.  The reference is the same waves without the held
+# snapshot, in the same run; odd runs measure the reference first, even
+# runs the held side first.  Each side starts from empty tables.  Besides
+# the rate, the server's CPU time per mail (every process of the cluster,
+# supp_cpu) over each wave's drain: on a loaded machine, where the rate
+# follows the other work and the disk's flushes, it shows what the claims
+# themselves cost.
+
+# held_side FIGURE RUN HOLD: one side's waves; HOLD=1 holds the snapshot.
+held_side() {
+	local fig=$1 run=$2 hold=$3 w t0 t1 c0 c1 cpu cpus= rest rate rates= xmin
+	bk_reset_mail
+	bk_sql "VACUUM ANALYZE gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_claim, gatekeeper.mail_done" >/dev/null
+	if [ "$hold" = 1 ]; then
+		bk_start_bg held_snapshot "$BK_WORK" psql -X -q -h 127.0.0.1 -p "$BK_PGPORT" -U postgres -d bench \
+			-c "SET application_name = 'bench_held_snapshot'" \
+			-c "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM gatekeeper.mail LIMIT 1; SELECT pg_sleep(3600)"
+		for w in $(seq 1 100); do
+			xmin=$(bk_sql "SELECT count(*) FROM pg_stat_activity
+							WHERE application_name = 'bench_held_snapshot' AND backend_xmin IS NOT NULL
+							  AND query LIKE '%pg_sleep%'")
+			[ "$xmin" = 1 ] && break
+			sleep 0.1
+		done
+		[ "$xmin" = 1 ] || gk_die "held_snapshot: the holding session did not start"
+	fi
+	for w in $(seq 1 "$HELD_WAVES"); do
+		bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+				SELECT * FROM bench_rows($HELD_N, 'h${run}${hold}w${w}_', 'bench', interval '0')"
+		bk_settle
+		c0=$(supp_cpu)
+		t0=$(bk_now)
+		bk_pgbench "$BK_WORK/pgbench.$fig.$run.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
+			-c "$HELD_CLAIMERS" -j "$(bk_jobs "$HELD_CLAIMERS")" -t $((HELD_N / 1000 / HELD_CLAIMERS))
+		rest=$(bk_drain_rest 1000)
+		t1=$(bk_now)
+		c1=$(supp_cpu)
+		[ "$(bk_unfinished)" = 0 ] || gk_die "$fig wave $w left mail unsent"
+		rate=$(bk_rate "$HELD_N" "$t0" "$t1")
+		cpu=$(perl -e 'printf "%.1f", ($ARGV[1] - $ARGV[0]) * 1e6 / $ARGV[2]' "$c0" "$c1" "$HELD_N")
+		rates="$rates${rates:+ }$(printf '%.0f' "$rate")"
+		cpus="$cpus${cpus:+ }$cpu"
+		[ "$w" != 1 ] || bk_record "$fig.first" "$run" "$rate"
+		[ "$rest" = 0 ] || bk_note held_snapshot "$fig run $run wave $w: $rest mails left by the fixed rounds, claimed after them (timed)"
+	done
+	bk_record "$fig.last" "$run" "$rate"
+	bk_record "$fig.last.cpu" "$run" "$cpu"
+	bk_note held_snapshot "run $run, $fig: waves $rates mails/s, server CPU $cpus us a mail; $(bk_sql "SELECT format('mail_live %s dead rows, mail_claim %s, load average %s',
+		(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'gatekeeper.mail_live'::regclass),
+		pg_size_pretty(pg_total_relation_size('gatekeeper.mail_claim')),
+		'$(cut -d' ' -f1-3 /proc/loadavg)')")"
+	if [ "$hold" = 1 ]; then
+		# the backend sleeps on after its psql is gone: end it, or the
+		# next TRUNCATE waits for its lock
+		bk_sql "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				 WHERE application_name = 'bench_held_snapshot'" >/dev/null
+		bk_stop_bg held_snapshot
+	fi
+}
+
+scenario_held_snapshot() {
+	local run
+	bk_only_queue bench
+	for run in $(seq 1 "$RUNS"); do
+		gk_log "held_snapshot run $run: $HELD_WAVES waves of $HELD_N mails, $HELD_CLAIMERS claimers, batch 1000"
+		if [ $((run % 2)) = 1 ]; then
+			held_side held_snapshot.none "$run" 0
+			held_side held_snapshot.held "$run" 1
+		else
+			held_side held_snapshot.held "$run" 1
+			held_side held_snapshot.none "$run" 0
+		fi
+	done
 	bk_reset_mail
 }
 

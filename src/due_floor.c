@@ -97,14 +97,15 @@
 /* a floor this old is not trusted: the walk starts at the queue's start */
 #define FULL_WALK_MS		10000
 
+/* a queue's floors: one in mail_due, one in mail_run_due (DueFloorKind) */
 typedef struct DueFloorSlot
 {
 	Oid			dbid;			/* InvalidOid: free */
 	char		queue[DUE_FLOOR_NAME];
-	bool		valid;			/* floor holds a position */
-	DueKey		floor;
-	uint64		version;		/* counted up by every lowering */
-	TimestampTz walked_at;		/* the last walk from the queue's start */
+	bool		valid[DUE_FLOOR_KINDS]; /* floor holds a position */
+	DueKey		floor[DUE_FLOOR_KINDS];
+	uint64		version[DUE_FLOOR_KINDS];	/* counted up by every lowering */
+	TimestampTz walked_at[DUE_FLOOR_KINDS]; /* the last walk from the start */
 } DueFloorSlot;
 
 typedef struct DueFloorShared
@@ -183,19 +184,18 @@ find_slot(const char *queue, int len, bool create)
 	free_slot->dbid = MyDatabaseId;
 	memcpy(free_slot->queue, queue, len);
 	free_slot->queue[len] = '\0';
-	free_slot->valid = false;
-	free_slot->version = 0;
-	free_slot->walked_at = 0;
+	memset(free_slot->valid, 0, sizeof(free_slot->valid));
+	memset(free_slot->version, 0, sizeof(free_slot->version));
+	memset(free_slot->walked_at, 0, sizeof(free_slot->walked_at));
 	return free_slot;
 }
 
 /*
- * gatekeeper_due_floor_lower
- *		A writer of mail_live has written a scheduled row of queue at key,
- *		its index entry already made: lower the queue's floor to it.
+ * Lower the floor of the given kind of queue to key, and count up its
+ * version.
  */
-void
-gatekeeper_due_floor_lower(Datum queue, const DueKey *key)
+static void
+lower_floor(DueFloorKind kind, Datum queue, const DueKey *key)
 {
 	text	   *name = DatumGetTextPP(queue);
 	DueFloorSlot *s;
@@ -206,11 +206,33 @@ gatekeeper_due_floor_lower(Datum queue, const DueKey *key)
 	s = find_slot(VARDATA_ANY(name), VARSIZE_ANY_EXHDR(name), false);
 	if (s != NULL)
 	{
-		if (s->valid && due_key_cmp(key, &s->floor) < 0)
-			s->floor = *key;
-		s->version++;
+		if (s->valid[kind] && due_key_cmp(key, &s->floor[kind]) < 0)
+			s->floor[kind] = *key;
+		s->version[kind]++;
 	}
 	SpinLockRelease(&due_floor->mutex);
+}
+
+/*
+ * gatekeeper_due_floor_lower
+ *		A writer of mail_live has written a scheduled row of queue at key,
+ *		its index entry already made: lower the queue's floor to it.
+ */
+void
+gatekeeper_due_floor_lower(Datum queue, const DueKey *key)
+{
+	lower_floor(DUE_FLOOR_LIVE, queue, key);
+}
+
+/*
+ * gatekeeper_due_floor_lower_run
+ *		A writer of mail_run has written a run of queue at key, its entry in
+ *		mail_run_due already made: lower the queue's run floor to it.
+ */
+void
+gatekeeper_due_floor_lower_run(Datum queue, const DueKey *key)
+{
+	lower_floor(DUE_FLOOR_RUN, queue, key);
 }
 
 /*
@@ -232,8 +254,13 @@ gatekeeper_due_floor_reset(void)
 
 		if (s->dbid == MyDatabaseId)
 		{
-			s->valid = false;
-			s->version++;
+			int			k;
+
+			for (k = 0; k < DUE_FLOOR_KINDS; k++)
+			{
+				s->valid[k] = false;
+				s->version[k]++;
+			}
 		}
 	}
 	SpinLockRelease(&due_floor->mutex);
@@ -325,13 +352,13 @@ walk(Relation heap, Relation index, ScanKey keys, int nkeys,
 }
 
 /*
- * gatekeeper_due_floor_raise
- *		Walk queue's entries of mail_due from its floor past the dead ones,
- *		raise the floor there if no writer lowered it meanwhile, and return
- *		where the claim may start (false: from the queue's first entry).
+ * Walk queue's entries of the kind's index (mail_due or mail_run_due) from
+ * its floor past the dead ones, raise the floor there if no writer lowered
+ * it meanwhile, and return where the claim may start (false: from the
+ * queue's first entry).
  */
-bool
-gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
+static bool
+raise_floor(DueFloorKind kind, const char *queue, DueKey *floor)
 {
 	Oid			live_relid;
 	Oid			due_relid;
@@ -360,13 +387,16 @@ gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
 		SpinLockRelease(&due_floor->mutex);
 		return false;
 	}
-	version = s->version;
-	have = s->valid && !TimestampDifferenceExceeds(s->walked_at, now, FULL_WALK_MS);
-	start = s->floor;
+	version = s->version[kind];
+	have = s->valid[kind] &&
+		!TimestampDifferenceExceeds(s->walked_at[kind], now, FULL_WALK_MS);
+	start = s->floor[kind];
 	SpinLockRelease(&due_floor->mutex);
 
-	live_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, true);
-	due_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_DUE, true);
+	live_relid = gatekeeper_relid(kind == DUE_FLOOR_RUN ? GATEKEEPER_REL_MAIL_RUN :
+								  GATEKEEPER_REL_MAIL_LIVE, true);
+	due_relid = gatekeeper_relid(kind == DUE_FLOOR_RUN ? GATEKEEPER_REL_MAIL_RUN_DUE :
+								 GATEKEEPER_REL_MAIL_DUE, true);
 	if (!OidIsValid(live_relid) || !OidIsValid(due_relid))
 		return false;
 	/* the lock the claim statement takes next */
@@ -408,20 +438,43 @@ gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
 	table_close(heap, NoLock);
 
 	SpinLockAcquire(&due_floor->mutex);
-	if (s->version == version && s->dbid == MyDatabaseId)
+	if (s->version[kind] == version && s->dbid == MyDatabaseId)
 	{
 		if (stopped)
-			s->floor = stop, s->valid = true;
+			s->floor[kind] = stop, s->valid[kind] = true;
 		else if (npassed > 0)
-			s->floor = passed, s->valid = true;
+			s->floor[kind] = passed, s->valid[kind] = true;
 		else if (!have)
-			s->valid = false;	/* no entry at all */
+			s->valid[kind] = false; /* no entry at all */
 		if (!have)
-			s->walked_at = now;
+			s->walked_at[kind] = now;
 	}
-	result = s->valid && s->dbid == MyDatabaseId && strcmp(s->queue, queue) == 0;
+	result = s->valid[kind] && s->dbid == MyDatabaseId && strcmp(s->queue, queue) == 0;
 	if (result)
-		*floor = s->floor;
+		*floor = s->floor[kind];
 	SpinLockRelease(&due_floor->mutex);
 	return result;
+}
+
+/*
+ * gatekeeper_due_floor_raise
+ *		Raise queue's floor in mail_due past the entries of mail claimed
+ *		before, and return where the claim's walk of its live rows may
+ *		start (false: from the queue's first entry).
+ */
+bool
+gatekeeper_due_floor_raise(const char *queue, DueKey *floor)
+{
+	return raise_floor(DUE_FLOOR_LIVE, queue, floor);
+}
+
+/*
+ * gatekeeper_due_floor_raise_run
+ *		The same in mail_run_due: past the entries of runs claimed whole and
+ *		of the old versions of runs a claim moved on.
+ */
+bool
+gatekeeper_due_floor_raise_run(const char *queue, DueKey *floor)
+{
+	return raise_floor(DUE_FLOOR_RUN, queue, floor);
 }

@@ -19,10 +19,21 @@ typedef struct DueKey
 	int64		id;
 } DueKey;
 
+/* the floors a queue has: in mail_due (live rows), in mail_run_due (runs) */
+typedef enum DueFloorKind
+{
+	DUE_FLOOR_LIVE,
+	DUE_FLOOR_RUN
+} DueFloorKind;
+
+#define DUE_FLOOR_KINDS 2
+
 extern Size gatekeeper_due_floor_shmem_size(void);
 extern void gatekeeper_due_floor_shmem_init(void);
 extern void gatekeeper_due_floor_lower(Datum queue, const DueKey *key);
+extern void gatekeeper_due_floor_lower_run(Datum queue, const DueKey *key);
 extern void gatekeeper_due_floor_reset(void);
 extern bool gatekeeper_due_floor_raise(const char *queue, DueKey *floor);
+extern bool gatekeeper_due_floor_raise_run(const char *queue, DueKey *floor);
 
 #endif							/* GATEKEEPER_DUE_FLOOR_H */

@@ -18,12 +18,17 @@
 # for mail_live, so the waves show what the claims pay without it.
 # HOLD=1 keeps a REPEATABLE READ transaction open from before the first
 # wave to the end (what a long pg_dump or report query does): no row a
-# claim deletes is dead to every transaction while it runs.  The cluster
-# is stopped and removed at exit unless KEEP=1.
+# claim deletes is dead to every transaction while it runs.  CLAIMERS
+# (default 4) pgbench clients drain.  STATS=1 prints after each wave what
+# the drain read: per index of the mail tables the entries returned
+# (idx_tup_read) and index scans, per table the heap fetches of index scans
+# (idx_tup_fetch) and dead rows.  The cluster is stopped and removed at
+# exit unless KEEP=1.
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${GK_PG_BIN:?GK_PG_BIN must name a PostgreSQL bin directory}
 WAVES=${WAVES:-6}; N=${N:-300000}; WORKERS=${WORKERS:-0}
+CLAIMERS=${CLAIMERS:-4}; STATS=${STATS:-0}
 EXPLAIN=${EXPLAIN:-0}; VACUUM=${VACUUM:-0}; KEEP=${KEEP:-0}; NOAUTOVAC=${NOAUTOVAC:-0}; HOLD=${HOLD:-0}
 HOLD_PID=
 DIR=${1:-$(mktemp -d /tmp/gkwaves.XXXXXX)}
@@ -87,14 +92,22 @@ for w in $(seq 1 "$WAVES"); do
 			grep -E 'Buffers|Execution' | sed -n '1p;$p'
 	fi
 	P -c CHECKPOINT
+	[ "$STATS" = 0 ] || P -c "SELECT pg_stat_reset()" >/dev/null
 	t0=$(date +%s.%N)
 	as_pg pgbench -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -f "$HERE/../sql/drain.sql" -D batch=1000 \
-		-c 4 -j 2 -t $((N / 1000 / 4)) bench >"$DIR/pgbench.$w.log" 2>&1 || { cat "$DIR/pgbench.$w.log"; exit 1; }
+		-c "$CLAIMERS" -j 2 -t $((N / 1000 / CLAIMERS)) bench >"$DIR/pgbench.$w.log" 2>&1 || { cat "$DIR/pgbench.$w.log"; exit 1; }
 	t1=$(date +%s.%N)
 	left=$(P -c "SELECT (SELECT count(*) FROM gatekeeper.mail_live) + (SELECT coalesce(sum(open), 0) FROM gatekeeper.mail_claim)")
 	rate=$(echo "$N / ($t1 - $t0)" | bc)
 	echo "wave $w: $rate mails/s (left $left)"
 	rates="$rates $rate"
+	if [ "$STATS" = 1 ]; then
+		sleep 0.6	# the backends' statistics are flushed at most every 500 ms
+		P -c "SELECT format('  %-22s scans %8s read %10s fetched %10s', indexrelname, idx_scan, idx_tup_read, idx_tup_fetch)
+				FROM pg_stat_user_indexes WHERE schemaname = 'gatekeeper' AND (idx_scan > 0 OR idx_tup_read > 0) ORDER BY idx_tup_read DESC LIMIT 8"
+		P -c "SELECT format('  %-22s heap fetches by index %10s, dead %8s, hot upd %8s, upd %8s, del %8s', relname, idx_tup_fetch, n_dead_tup, n_tup_hot_upd, n_tup_upd, n_tup_del)
+				FROM pg_stat_user_tables WHERE schemaname = 'gatekeeper' AND (idx_tup_fetch > 0 OR n_tup_upd + n_tup_del > 0) ORDER BY idx_tup_fetch DESC LIMIT 8"
+	fi
 	[ "$VACUUM" = 0 ] || P -c "VACUUM gatekeeper.mail_live"
 done
 first=${rates# }; first=${first%% *}

@@ -162,6 +162,8 @@ typedef struct Take
 	Relation	run_due;
 	AttrNumber	ratt[R_NUM];
 	MailExec	run_x;			/* opened at the first run moved on */
+	bool		have_run_floor; /* run_floor: where mail_run_due's walk starts */
+	DueKey		run_floor;
 	TupleTableSlot *run_new;	/* a run's next version */
 	TupleTableSlot *synth;		/* the live row a run's mail stands for */
 	MemoryContext outer;		/* the take's own allocations */
@@ -470,11 +472,17 @@ typedef struct LiveStream
 	int64		id;
 } LiveStream;
 
-/* the runs of one level, in (send_at, id) order */
+/*
+ * The runs of one level, in (send_at, id) order; in the run floor's level
+ * from the floor on, in two ranges as LiveStream.
+ */
 typedef struct RunStream
 {
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
+	ScanKeyData keys[4];
+	int			nkeys;
+	bool		at_floor;		/* in the first of the floor's two ranges */
 	bool		valid;			/* the fields below are the next run */
 	bool		done;
 	bool		held;			/* locked by this take: its mails are ours */
@@ -568,23 +576,39 @@ run_finish(Take *t, RunStream *b)
 		elog(ERROR, "could not move on a run of gatekeeper.mail_run the claim holds");
 }
 
+/*
+ * Finish the run b holds, and stand on the next run of the level.
+ */
 static void
 run_advance(Take *t, RunStream *b)
 {
 	run_finish(t, b);
-	while (index_getnext_slot(b->scan, ForwardScanDirection, b->slot))
+	for (;;)
 	{
-		Datum	   *v;
+		while (index_getnext_slot(b->scan, ForwardScanDirection, b->slot))
+		{
+			Datum	   *v;
 
-		slot_getallattrs(b->slot);
-		v = b->slot->tts_values;
-		b->tid = b->slot->tts_tid;
-		b->send_at = DatumGetTimestampTz(v[t->ratt[R_SEND_AT] - 1]);
-		b->next = DatumGetInt64(v[t->ratt[R_ID] - 1]);
-		b->last = DatumGetInt64(v[t->ratt[R_LAST_ID] - 1]);
-		b->segment = DatumGetInt16(v[t->ratt[R_SEGMENT] - 1]);
-		b->valid = true;
-		return;
+			slot_getallattrs(b->slot);
+			v = b->slot->tts_values;
+			b->tid = b->slot->tts_tid;
+			b->send_at = DatumGetTimestampTz(v[t->ratt[R_SEND_AT] - 1]);
+			b->next = DatumGetInt64(v[t->ratt[R_ID] - 1]);
+			b->last = DatumGetInt64(v[t->ratt[R_LAST_ID] - 1]);
+			b->segment = DatumGetInt16(v[t->ratt[R_SEGMENT] - 1]);
+			b->valid = true;
+			return;
+		}
+		if (!b->at_floor)
+			break;
+		/* the floor's send_at done: the level beyond it */
+		b->at_floor = false;
+		ScanKeyInit(&b->keys[2], 3, BTGreaterStrategyNumber, F_TIMESTAMPTZ_GT,
+					TimestampTzGetDatum(t->run_floor.send_at));
+		b->nkeys = 3;
+		index_endscan(b->scan);
+		b->scan = index_beginscan(t->run, t->run_due, t->snapshot, b->nkeys, 0);
+		index_rescan(b->scan, b->keys, b->nkeys, NULL, 0);
 	}
 	b->valid = false;
 	b->done = true;
@@ -705,7 +729,6 @@ take_run_mail(Take *t, RunStream *b)
 static bool
 walk_level(Take *t, int32 level, const DueKey *floor)
 {
-	ScanKeyData bkeys[2];
 	LiveStream	a;
 	RunStream	b;
 
@@ -728,10 +751,20 @@ walk_level(Take *t, int32 level, const DueKey *floor)
 
 	if (t->run != NULL)
 	{
-		(void) queue_keys(t, t->run_due, bkeys, BTEqualStrategyNumber, level);
+		b.nkeys = queue_keys(t, t->run_due, b.keys, BTEqualStrategyNumber, level);
+		if (t->have_run_floor && level == t->run_floor.priority)
+		{
+			/* past the runs claimed before (due_floor.c) */
+			ScanKeyInit(&b.keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
+						TimestampTzGetDatum(t->run_floor.send_at));
+			ScanKeyInit(&b.keys[3], 4, BTGreaterEqualStrategyNumber, F_INT8GE,
+						Int64GetDatum(t->run_floor.id));
+			b.nkeys = 4;
+			b.at_floor = true;
+		}
 		b.slot = table_slot_create(t->run, NULL);
-		b.scan = index_beginscan(t->run, t->run_due, t->snapshot, 2, 0);
-		index_rescan(b.scan, bkeys, 2, NULL, 0);
+		b.scan = index_beginscan(t->run, t->run_due, t->snapshot, b.nkeys, 0);
+		index_rescan(b.scan, b.keys, b.nkeys, NULL, 0);
 		run_advance(t, &b);
 	}
 	else
@@ -802,6 +835,14 @@ next_level(Take *t, int64 below, const DueKey *floor, int32 *level)
 			/* no live row above the floor's level is scheduled */
 			if (!found || floor->priority > *level)
 				*level = floor->priority;
+			found = true;
+			continue;
+		}
+		if (r == 1 && t->have_run_floor && below > t->run_floor.priority)
+		{
+			/* nor a run above the run floor's level */
+			if (!found || t->run_floor.priority > *level)
+				*level = t->run_floor.priority;
 			found = true;
 			continue;
 		}
@@ -882,6 +923,8 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 		}
 		t.run_due = index_open(gatekeeper_relid(GATEKEEPER_REL_MAIL_RUN_DUE, false),
 							   AccessShareLock);
+		/* start past the entries of runs claimed before (due_floor.c) */
+		t.have_run_floor = gatekeeper_due_floor_raise_run(queue, &t.run_floor);
 	}
 	for (i = 0; i < L_NUM; i++)
 	{

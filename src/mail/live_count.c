@@ -611,6 +611,7 @@ recount_tables(void)
 /*
  * Lower the due floors (due_floor.c) to the statement's new scheduled
  * rows: their index entries exist by now, and the floor must not pass them.
+ * state_att 0: the rows are runs of mail_run, whose own floor is lowered.
  */
 static void
 lower_floors(Tuplestorestate *rows, TupleDesc desc, int queue_att, int state_att,
@@ -633,13 +634,15 @@ lower_floors(Tuplestorestate *rows, TupleDesc desc, int queue_att, int state_att
 		Datum		queue = slot_getattr(slot, queue_att, &isnull);
 		DueKey		key;
 
-		if (!isnull &&
-			DatumGetObjectId(slot_getattr(slot, state_att, &n1)) == scheduled && !n1)
+		if (!isnull && (state_att <= 0 ||
+						(DatumGetObjectId(slot_getattr(slot, state_att, &n1)) == scheduled && !n1)))
 		{
 			key.priority = DatumGetInt32(slot_getattr(slot, priority_att, &n1));
 			key.send_at = DatumGetTimestampTz(slot_getattr(slot, send_at_att, &n2));
 			key.id = DatumGetInt64(slot_getattr(slot, id_att, &n3));
-			if (!n1 && !n2 && !n3)
+			if (!n1 && !n2 && !n3 && state_att <= 0)
+				gatekeeper_due_floor_lower_run(queue, &key);
+			else if (!n1 && !n2 && !n3)
 				gatekeeper_due_floor_lower(queue, &key);
 		}
 		ExecClearTuple(slot);
@@ -692,7 +695,11 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 		if (trigdata->tg_oldtable != NULL)
 			count_runs(live_relid, trigdata->tg_oldtable, desc, -1);
 		if (trigdata->tg_newtable != NULL)
+		{
 			count_runs(live_relid, trigdata->tg_newtable, desc, 1);
+			lower_floors(trigdata->tg_newtable, desc, SPI_fnumber(desc, "queue"), 0,
+						 InvalidOid);
+		}
 		return PointerGetDatum(NULL);
 	}
 	queue_att = SPI_fnumber(desc, "queue");

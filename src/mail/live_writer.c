@@ -507,6 +507,7 @@ run_end(LiveWriter *w)
 {
 	TupleTableSlot *slot = w->run_slot;
 	Datum	   *v = w->run_values;
+	DueKey		key;
 
 	if (!w->run_open)
 		return;
@@ -530,6 +531,11 @@ run_end(LiveWriter *w)
 #undef SET_RUN
 	ExecStoreVirtualTuple(slot);
 	mail_exec_insert(&w->run, slot);
+	/* its entry exists: the run floor (due_floor.c) must not pass it */
+	key.priority = DatumGetInt32(slot->tts_values[w->run_att[RUN_PRIORITY] - 1]);
+	key.send_at = DatumGetTimestampTz(slot->tts_values[w->run_att[RUN_SEND_AT] - 1]);
+	key.id = w->run_first;
+	gatekeeper_due_floor_lower_run(slot->tts_values[w->run_att[RUN_QUEUE] - 1], &key);
 	ExecClearTuple(slot);
 	MemoryContextReset(w->run_cxt);
 }
