@@ -30,6 +30,7 @@ OBJS = \
 	src/mail/mail_exec.o \
 	src/mail/mail_runs.o \
 	src/mail/mail_state.o \
+	src/mail/mail_store.o \
 	src/mail/done_writer.o \
 	src/mail_state_funcs.o \
 	src/mail/mail_state_upkeep.o \
