@@ -34,8 +34,7 @@
 #include "dkim.h"
 #include "due_floor.h"
 #include "gate_store.h"
-#include "mail/mail.h"
-#include "mail/mail_copy.h"
+#include "mail/mail_store.h"
 #include "smtp_config.h"
 #include "stats.h"
 #include "worker_slots.h"
@@ -133,11 +132,11 @@ _PG_init(void)
 	/* the planner policy, in every process: see gatekeeper_planner */
 	gatekeeper_planner_init();
 
-	/* COPY into gatekeeper.mail, batched: see src/mail/mail_copy.c */
-	gatekeeper_mail_copy_init();
-
-	/* no RETURNING of rows on_duplicate = 'skip' takes out: src/mail/mail.c */
-	gatekeeper_mail_init();
+	/*
+	 * COPY into gatekeeper.mail, batched (src/mail/mail_copy.c); no
+	 * RETURNING of rows on_duplicate = 'skip' takes out (src/mail/mail.c)
+	 */
+	mail_store_init();
 
 	/*
 	 * Loaded on demand: the reloadable settings are all a backend needs.
@@ -221,7 +220,7 @@ show_current_segment(void)
 
 	if (!IsTransactionState())
 		return names[0];
-	return names[gatekeeper_current_segment(true)];
+	return names[mail_store_segment(true)];
 }
 
 /*

@@ -21,7 +21,7 @@
 #include "utils/timestamp.h"
 
 #include "gatekeeper.h"
-#include "mail/mail_state.h"
+#include "mail/mail_store.h"
 #include "validate.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_take_claimed);
@@ -101,7 +101,7 @@ gatekeeper_ack(PG_FUNCTION_ARGS)
 	attempt = PG_GETARG_INT32(1);
 
 	SPI_connect();
-	n = mail_state_ack(&id, &attempt, 1);
+	n = mail_store_ack(&id, &attempt, 1);
 	SPI_finish();
 
 	PG_RETURN_BOOL(n > 0);
@@ -129,7 +129,7 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	n = claim_arrays(PG_GETARG_ARRAYTYPE_P(0), PG_GETARG_ARRAYTYPE_P(1), &ids, &attempts);
 
 	SPI_connect();
-	n = mail_state_ack(ids, attempts, n);
+	n = mail_store_ack(ids, attempts, n);
 	SPI_finish();
 
 	PG_RETURN_INT32((int32) n);
@@ -158,7 +158,7 @@ gatekeeper_nack(PG_FUNCTION_ARGS)
 	nack.permanent = PG_GETARG_BOOL(3);
 
 	SPI_connect();
-	(void) mail_state_nack(&nack, 1);
+	(void) mail_store_nack(&nack, 1);
 	SPI_finish();
 
 	if (nack.state == NULL)
@@ -224,7 +224,7 @@ gatekeeper_nack_batch(PG_FUNCTION_ARGS)
 	}
 
 	SPI_connect();
-	n = mail_state_nack(nacks, n);
+	n = mail_store_nack(nacks, n);
 	SPI_finish();
 
 	PG_RETURN_INT32((int32) n);
@@ -259,7 +259,7 @@ gatekeeper_unclaim(PG_FUNCTION_ARGS)
 												  IntervalPGetDatum(delay)));
 
 	SPI_connect();
-	n = mail_state_unclaim(ids, attempts, n, error, due);
+	n = mail_store_unclaim(ids, attempts, n, error, due);
 	SPI_finish();
 
 	PG_RETURN_INT32((int32) n);
@@ -293,7 +293,7 @@ gatekeeper_extend(PG_FUNCTION_ARGS)
 														IntervalPGetDatum(lease)));
 
 	SPI_connect();
-	held = mail_state_extend_one(id, attempt, lease_end);
+	held = mail_store_extend_one(id, attempt, lease_end);
 	SPI_finish();
 
 	PG_RETURN_BOOL(held);

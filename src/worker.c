@@ -104,9 +104,8 @@
 #include "gatekeeper.h"
 #include "address.h"
 #include "catalog.h"
-#include "mail/claim.h"
+#include "mail/mail_store.h"
 #include "dkim.h"
-#include "mail/mail_state.h"
 #include "message.h"
 #include "wake.h"
 #include "worker.h"
@@ -815,7 +814,7 @@ extend_step(void *arg)
 	}
 	step->until = TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(),
 											  gatekeeper_lease);
-	(void) mail_state_extend(ids, attempts, step->n, step->until, step->held);
+	(void) mail_store_extend(ids, attempts, step->n, step->until, step->held);
 	return true;
 }
 
@@ -1042,9 +1041,9 @@ housekeeping_step(void *arg)
 {
 	int64	   *purged = (int64 *) arg;
 
-	/* src/mail_state_sweep.c, as reap() and purge() run it */
-	(void) gatekeeper_mail_reap();
-	*purged = gatekeeper_mail_purge(PURGE_BATCH);
+	/* the mail store's reap and purge, as reap() and purge() run them */
+	(void) mail_store_reap();
+	*purged = mail_store_purge(PURGE_BATCH);
 
 	/* the first worker has mail_live vacuumed after a burst */
 	if (worker_slot == 0)
@@ -1221,8 +1220,8 @@ claim_here(int want, int64 max_bytes, TimestampTz *next_due, bool *have_next_due
 	lease->time = (int64) gatekeeper_lease * 1000;
 	taken.lease_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), gatekeeper_lease);
 	taken.bytes = 0;
-	n = gatekeeper_claim_mails(cstring_to_text(worker_name), want, lease, NULL,
-							   max_bytes, take_mail, &taken);
+	n = mail_store_claim(cstring_to_text(worker_name), want, lease, NULL,
+						 max_bytes, take_mail, &taken);
 	if (n > 0)
 		mail_bytes_mean = mail_bytes_mean == 0 ? (double) taken.bytes / n :
 			0.5 * mail_bytes_mean + 0.5 * (double) taken.bytes / n;

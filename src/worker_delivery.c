@@ -14,7 +14,7 @@
 
 #include "worker_delivery.h"
 #include "address.h"
-#include "mail/claim.h"
+#include "mail/mail_store.h"
 #include "dkim.h"
 #include "message.h"
 #include "report.h"

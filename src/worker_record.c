@@ -14,7 +14,7 @@
 #include "postgres.h"
 
 #include "worker_record.h"
-#include "mail/mail_state.h"
+#include "mail/mail_store.h"
 
 #include "access/xact.h"
 
@@ -50,7 +50,7 @@ worker_record_step(void *arg)
 		step->nsent++;
 	}
 	if (step->nsent > 0)
-		step->acked = mail_state_ack(ids, attempts, step->nsent);
+		step->acked = mail_store_ack(ids, attempts, step->nsent);
 
 	/* retries and failures */
 	nacks = palloc(sizeof(MailNack) * n);
@@ -70,7 +70,7 @@ worker_record_step(void *arg)
 		nnacks++;
 	}
 	if (nnacks > 0)
-		(void) mail_state_nack(nacks, nnacks);
+		(void) mail_store_nack(nacks, nnacks);
 
 	/* unreachable: hand back, uncharged */
 	for (i = 0; i < n; i++)
@@ -85,7 +85,7 @@ worker_record_step(void *arg)
 	}
 	/* the worker backs off; the mail itself is due again at once */
 	if (nunreachable > 0)
-		(void) mail_state_unclaim(ids, attempts, nunreachable,
+		(void) mail_store_unclaim(ids, attempts, nunreachable,
 								  unreachable_error ? unreachable_error :
 								  "no SMTP relay could be reached",
 								  GetCurrentTransactionStartTimestamp());

@@ -48,7 +48,7 @@
 
 #include "xact.h"
 #include "gate_store.h"
-#include "mail/live_count.h"
+#include "mail/mail_store.h"
 #include "router_deadline.h"
 #include "stats.h"
 #include "wake.h"
@@ -86,7 +86,7 @@ static void
 gatekeeper_xact_callback(XactEvent event, void *arg)
 {
 	gate_store_at_xact_end(event);
-	gatekeeper_live_count_at_xact_end(event);
+	mail_store_at_xact_end(event);
 	gatekeeper_stats_at_xact_end(event);
 	gatekeeper_wake_at_xact_end(event);
 	gatekeeper_router_deadline_at_xact_end(event);
@@ -103,7 +103,7 @@ gatekeeper_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 							SubTransactionId parentSubid, void *arg)
 {
 	gate_store_at_subxact_end(event);
-	gatekeeper_live_count_at_subxact_end(event);
+	mail_store_at_subxact_end(event);
 	gatekeeper_stats_at_subxact_end(event);
 	gatekeeper_router_deadline_at_subxact_end(event);
 }

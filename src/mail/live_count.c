@@ -42,6 +42,7 @@
 #include "postgres.h"
 
 #include "live_count.h"
+#include "mail_store.h"
 #include "catalog.h"
 #include "due_floor.h"
 #include "xact.h"
@@ -351,12 +352,12 @@ write_pending(bool prepare)
 }
 
 /*
- * gatekeeper_live_count_at_xact_end
+ * mail_store_at_xact_end
  *		src/xact.c's hook.  Write the changes when the transaction commits
  *		or prepares, just before; forget them when it aborts.
  */
 void
-gatekeeper_live_count_at_xact_end(XactEvent event)
+mail_store_at_xact_end(XactEvent event)
 {
 	switch (event)
 	{
@@ -381,13 +382,13 @@ gatekeeper_live_count_at_xact_end(XactEvent event)
 }
 
 /*
- * gatekeeper_live_count_at_subxact_end
+ * mail_store_at_subxact_end
  *		src/xact.c's hook.  A subtransaction that aborts drops the changes
  *		it noted and brings back those a TRUNCATE of it set aside; one that
  *		commits hands both to its parent.
  */
 void
-gatekeeper_live_count_at_subxact_end(SubXactEvent event)
+mail_store_at_subxact_end(SubXactEvent event)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	int			i;

@@ -12,10 +12,6 @@
 
 #include "access/xact.h"
 
-/* src/xact.c's hooks */
-extern void gatekeeper_live_count_at_xact_end(XactEvent event);
-extern void gatekeeper_live_count_at_subxact_end(SubXactEvent event);
-
 extern void gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled,
 									  int64 retrying);
 

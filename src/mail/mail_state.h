@@ -3,8 +3,8 @@
  * mail_state.h
  *		The changes of a mail's state: a claimed mail's transitions
  *		(src/mail_state.c), and reap, cancel, sync, rotate and purge
- *		(src/mail_state_sweep.c); what the claim, the SQL functions and the
- *		background worker use of them.
+ *		(src/mail_state_sweep.c); what src/mail/ uses of them (outside it,
+ *		mail_store.h).
  *
  * Every function here runs with SPI connected, inside a transaction.
  *
@@ -17,7 +17,7 @@
 #include "access/tupdesc.h"
 #include "datatype/timestamp.h"
 #include "live_record.h"
-#include "smtp_trouble.h"
+#include "mail_store.h"
 
 /*
  * The column lists of the tables a mail's state lives in, each written
@@ -44,19 +44,6 @@
  * background worker's claim) acks, nacks, extends or unclaims it.
  */
 #define CLAIM_OWNER_BACKGROUND	InvalidOid
-
-/* A nack: a claim (id, attempt), what went wrong, and what became of it. */
-typedef struct MailNack
-{
-	int64		id;
-	int32		attempt;
-	const char *error;			/* the relay's reply; NULL allowed */
-	const SmtpReply *reply;		/* the reply as the worker read it, or NULL:
-								 * its status and reason are read from error */
-	bool		permanent;		/* fail at once (a 5xx) */
-	const char *state;			/* out: "failed", "scheduled", or NULL: not
-								 * a current claim */
-} MailNack;
 
 extern void mail_state_record_init(LiveRecord *lr, Oid type);
 extern void mail_state_insert_live(LiveRecord *lr, Datum *records, int n);
