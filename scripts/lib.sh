@@ -226,6 +226,22 @@ gk_unpack_sendmail() {
 	fi
 }
 
+# gk_unpack_courier DIR: Debian's Courier (courier-mta, courier-base,
+# courier-authdaemon and courier-authlib-userdb, whose authdaemond reads
+# its accounts from a userdb) with libuid-wrapper (its setgroups() in a
+# user namespace), unpacked under DIR/root, for
+# t/099_reports_courier_pipe.pl, which runs it in a user, mount and PID
+# namespace; exports GK_COURIER_ROOT.  A download that fails leaves it
+# unset (the test then skips).
+gk_unpack_courier() {
+	if gk_unpack_debs "$1" courier-mta courier-base courier-authdaemon courier-authlib \
+		courier-authlib-userdb libuid-wrapper; then
+		export GK_COURIER_ROOT="$1/root"
+	else
+		gk_warn "Courier not unpacked: t/099 will skip"
+	fi
+}
+
 # gk_make_workdir PREFIX: a fresh temporary directory owned by postgres and
 # readable by everyone (smtp-sink runs as postfix and writes below it).
 gk_make_workdir() {

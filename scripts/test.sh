@@ -116,6 +116,8 @@ gk_unpack_exim "$BUILD/exim"
 gk_unpack_opensmtpd "$BUILD/opensmtpd"
 # Sendmail for t/098, unpacked the same way
 gk_unpack_sendmail "$BUILD/sendmail"
+# Courier for t/099, unpacked the same way
+gk_unpack_courier "$BUILD/courier"
 
 # make_var NAME: the value the Makefile gives NAME (REGRESS, ISOLATION, ...),
 # so this script runs exactly what `make installcheck` would.
