@@ -169,6 +169,7 @@ static const TroublePhrases weak[] = {
 };
 
 static char *lower_copy(const char *text);
+static void drop_addresses(char *lower);
 static bool phrases_in(const char *lower, const TroublePhrases *lists, int n,
 					   TroubleReason *reason, const char **at);
 static bool read_enhanced(const char *p, int *klass, int *subject, int *detail, int *len);
@@ -213,6 +214,33 @@ lower_copy(const char *text)
 		out[i] = pg_ascii_tolower((unsigned char) text[i]);
 	out[n] = '\0';
 	return out;
+}
+
+/*
+ * Takes out of lower, in place, each address in angle brackets and the
+ * space after it, so that a phrase with the address inside reads as the
+ * phrase: Courier's "550 User <gone> unknown" as "user unknown".
+ */
+static void
+drop_addresses(char *lower)
+{
+	char	   *out = lower;
+	const char *p = lower;
+
+	while (*p != '\0')
+	{
+		size_t		n = (*p == '<') ? strcspn(p + 1, "<> \t\r\n") : 0;
+
+		if (n > 0 && p[n + 1] == '>')
+		{
+			p += n + 2;
+			if (*p == ' ')
+				p++;
+			continue;
+		}
+		*out++ = *p++;
+	}
+	*out = '\0';
 }
 
 /*
@@ -485,6 +513,7 @@ classify(const char *status, const char *text, bool address_refused)
 		}
 	}
 
+	drop_addresses(lower);
 	if (phrases_in(lower, not_address, lengthof(not_address), &reason, NULL))
 		goto done;
 	if (phrases_in(lower, address, lengthof(address), &reason, NULL))

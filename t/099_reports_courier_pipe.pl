@@ -209,6 +209,8 @@ my $relay = courier_instance(
 my @daemons;
 END
 {
+	# (finish() gives the KILL's status: not the test's)
+	local $?;
 	foreach my $h (@daemons)
 	{
 		eval { $h->signal('KILL'); $h->finish; };
