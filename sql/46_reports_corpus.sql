@@ -55,6 +55,16 @@ INSERT INTO corpus VALUES ('sendmail_user_unknown', 'Sendmail 8.17', 'verp', 'bo
 INSERT INTO corpus VALUES ('sendmail_host_unknown', 'Sendmail 8.17', 'verp', 'bounced', 'host_unknown', 'hard_bounce', :'m');
 \set m `cat test/reports/corpus/sendmail_mailbox_full.eml`
 INSERT INTO corpus VALUES ('sendmail_mailbox_full', 'Sendmail 8.17', 'verp', 'bounced', 'mailbox_full', NULL, :'m');
+-- Courier 1.0.16 as Debian ships it (t/099's relay wrote these): a
+-- multipart/report whose Status is 5.0.0 whatever the failure, the MX's
+-- reply in Diagnostic-Code ("550 User <gone> unknown", "534 SIZE=Message
+-- too big."), deliverquota's "Mail quota exceeded." as "unknown; ..."
+\set m `cat test/reports/corpus/courier_run_user_unknown.eml`
+INSERT INTO corpus VALUES ('courier_run_user_unknown', 'Courier 1.0.16', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
+\set m `cat test/reports/corpus/courier_run_mailbox_full.eml`
+INSERT INTO corpus VALUES ('courier_run_mailbox_full', 'Courier 1.0.16', 'verp', 'bounced', 'mailbox_full', NULL, :'m');
+\set m `cat test/reports/corpus/courier_run_size_limit.eml`
+INSERT INTO corpus VALUES ('courier_run_size_limit', 'Courier 1.0.16', 'verp', 'bounced', 'message_too_large', NULL, :'m');
 \set m `cat test/reports/corpus/qmail_no_mailbox.eml`
 INSERT INTO corpus VALUES ('qmail_no_mailbox', 'qmail', 'verp', 'bounced', 'user_unknown', 'hard_bounce', :'m');
 \set m `cat test/reports/corpus/qmail_remote_quota.eml`

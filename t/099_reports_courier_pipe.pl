@@ -95,15 +95,20 @@ set -e
 R=$root
 W=$dir/\$1
 PORT=\$2
-for t in etc usr var run; do mkdir -p \$W/\$t-up \$W/\$t-work; done
-mkdir -p \$W/var-up/courier/sts \$W/run-up/courier/authdaemon
-cp -a \$R/var/lib/courier/. \$W/var-up/courier/
+# the overlays' upper and work directories on a tmpfs of the namespace's
+# own, gone with it (overlayfs leaves work directories no one may enter)
+O=\$W/overlay
+mkdir -p \$O
+mount -t tmpfs tmpfs \$O
+for t in etc usr var run; do mkdir -p \$O/\$t-up \$O/\$t-work; done
+mkdir -p \$O/var-up/courier/sts \$O/run-up/courier/authdaemon
+cp -a \$R/var/lib/courier/. \$O/var-up/courier/
 # MTA-STS off: no DNS here
-echo 0 > \$W/var-up/courier/sts/.cache_size
-mount -t overlay overlay -o lowerdir=\$R/etc:/etc,upperdir=\$W/etc-up,workdir=\$W/etc-work /etc
-mount -t overlay overlay -o lowerdir=\$R/usr:/usr,upperdir=\$W/usr-up,workdir=\$W/usr-work /usr
-mount -t overlay overlay -o lowerdir=/var/lib,upperdir=\$W/var-up,workdir=\$W/var-work /var/lib
-mount -t overlay overlay -o lowerdir=/run,upperdir=\$W/run-up,workdir=\$W/run-work /run
+echo 0 > \$O/var-up/courier/sts/.cache_size
+mount -t overlay overlay -o lowerdir=\$R/etc:/etc,upperdir=\$O/etc-up,workdir=\$O/etc-work /etc
+mount -t overlay overlay -o lowerdir=\$R/usr:/usr,upperdir=\$O/usr-up,workdir=\$O/usr-work /usr
+mount -t overlay overlay -o lowerdir=/var/lib,upperdir=\$O/var-up,workdir=\$O/var-work /var/lib
+mount -t overlay overlay -o lowerdir=/run,upperdir=\$O/run-up,workdir=\$O/run-work /run
 printf 'root:x:0:0:root:/root:/bin/sh\\ncourier:x:0:0:courier:/var/lib/courier:/bin/sh\\n' > \$W/passwd
 printf 'root:x:0:\\ncourier:x:0:\\n' > \$W/group
 printf 'nameserver 127.0.0.1\\n' > \$W/resolv.conf
