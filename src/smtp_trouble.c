@@ -11,8 +11,9 @@
  * "5.4.4 host unknown", Outlook's "550 5.5.0 ... mailbox unavailable",
  * Exim's "5.0.0" with "User unknown" after it, Office 365's "5.4.1
  * Recipient address rejected: Access denied" (its directory-based edge
- * blocking: no such recipient).  So the reason is read from
- * both, in this order:
+ * blocking: no such recipient), Courier's "5.0.0" with "550 User <gone>
+ * unknown" (the words are read with the addresses in angle brackets taken
+ * out).  So the reason is read from both, in this order:
  *
  *	1. the words that say the failure is not the address's, whatever the
  *	   code (authentication, a full mailbox, a message too large, a block
