@@ -238,20 +238,54 @@ elif [ ${#TAP_FILES[@]} -eq 0 ]; then
 	gk_warn "no TAP tests (t/*.pl): nothing to run"
 	SUMMARY+=("tap           ran 0 files (none in t/)")
 	EMPTY=$((EMPTY + 1))
-elif run_suite tap "$BUILD/tap.log" REGRESS= ISOLATION= PROVE_FLAGS=--timer; then
-	SUMMARY+=("tap           ok: $(tap_result "$BUILD/tap.log")")
 else
-	FAILED=1
-	SUMMARY+=("tap           FAILED: $(tap_result "$BUILD/tap.log")")
-	# prove's summary (above) names the failing files; their logs say why.
-	# A file prove reported "ok" for is skipped.
+	# Most files spend their time waiting on a server, a relay or a poll,
+	# so they run GK_TAP_JOBS (default 2) at a time; the files that time
+	# something the user would see (a wake-up, a back-off, a relay's pace)
+	# are marked "# gatekeeper-test: alone" and run afterwards, one at a
+	# time, with the machine to themselves.
+	TAP_PAR=()
+	TAP_ALONE=()
 	for f in "${TAP_FILES[@]}"; do
-		t=$(basename "$f" .pl)
-		if grep -qE "(^|\] )t/$t\.pl \.+ ok( |$)" "$BUILD/tap.log"; then continue; fi
-		for l in "$SRC/tmp_check/log/regress_log_$t" "$SRC/tmp_check/log/${t}"_*.log; do
-			if [ -f "$l" ]; then show_tail "$l" 80; fi
-		done
+		if grep -q '^# gatekeeper-test: alone$' "$f"; then
+			TAP_ALONE+=("t/$(basename "$f")")
+		else
+			TAP_PAR+=("t/$(basename "$f")")
+		fi
 	done
+	tap_ok=1
+	tap_said=()
+	for part in par alone; do
+		if [ "$part" = par ]; then
+			files=("${TAP_PAR[@]}") jobs=${GK_TAP_JOBS:-2}
+		else
+			files=("${TAP_ALONE[@]}") jobs=1
+		fi
+		[ ${#files[@]} -gt 0 ] || continue
+		log="$BUILD/tap_$part.log"
+		gk_log "TAP tests, $([ "$jobs" = 1 ] && echo "one at a time" || echo "$jobs at a time"): ${#files[@]} files"
+		if run_suite "tap ($part)" "$log" REGRESS= ISOLATION= PROVE_FLAGS="--timer -j$jobs" PROVE_TESTS="${files[*]}"; then
+			tap_said+=("$(tap_result "$log")")
+		else
+			tap_ok=0
+			tap_said+=("FAILED: $(tap_result "$log")")
+			# prove's summary (above) names the failing files; their logs
+			# say why (the next part's run empties tmp_check, so now).
+			for f in "${files[@]}"; do
+				t=$(basename "$f" .pl)
+				if grep -qE "(^|\] )t/$t\.pl \.+ ok( |$)" "$log"; then continue; fi
+				for l in "$SRC/tmp_check/log/regress_log_$t" "$SRC/tmp_check/log/${t}"_*.log; do
+					if [ -f "$l" ]; then show_tail "$l" 80; fi
+				done
+			done
+		fi
+	done
+	if [ "$tap_ok" = 1 ]; then
+		SUMMARY+=("tap           ok: ${tap_said[0]}${tap_said[1]:+; alone: ${tap_said[1]}}")
+	else
+		FAILED=1
+		SUMMARY+=("tap           FAILED: ${tap_said[*]}")
+	fi
 fi
 
 # ---------------------------------------------------------------- TAP as root

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # What the background worker does with each answer of a real SMTP relay
 # (Postfix's smtp-sink on loopback, restarted with different behaviour on

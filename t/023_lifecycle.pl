@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # The background worker through the life of a server, against real SMTP
 # relays (Postfix's smtp-sink on loopback):

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # The background worker sleeps as long as gatekeeper.naptime (here an
 # hour) unless there is work: the commit of due mail wakes it.

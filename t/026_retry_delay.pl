@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # nack's backoff follows gatekeeper.retry_delay as the setting means it
 # (issue 9, defect 11).  With the library not preloaded, a session that

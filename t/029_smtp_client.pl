@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # The worker's SMTP client against Postfix's smtp-sink in the ways a relay
 # may speak (issue 10):

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # Wake-ups for external senders (issue 13): queues with notify announce
 # their due mail with NOTIFY gatekeeper, '<queue>', and queues with

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # The rotation of the retention segments (_rotate, purge) never waits
 # long for others and undoes what it began when it gives up:

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # purge() gives a drained mail_claim's space back (_mail_claim_shrink):
 # single acks leave dead versions of their batch's row and its TOASTed

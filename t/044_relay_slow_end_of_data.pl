@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # A relay that takes a second to answer each end-of-data (smtp-sink
 # -W .:1, as relays that scan or spool before replying do) must not turn

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # One relay connection that hangs does not stall the others.  The relay
 # (t/relay.py, mode hang-first) greets its first connection and then

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # A relay that ends its sessions after a few messages (issue 25, item 1).
 #

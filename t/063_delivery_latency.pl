@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 #
 # Delivery latency as a Prometheus histogram (issue 28): each background
 # worker counts, for every mail the relay accepted, the time from when the

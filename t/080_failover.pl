@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # Failover (SPEC "Failover"): a primary delivering to a real SMTP relay
 # (Postfix's smtp-sink on loopback) and a streaming hot standby whose WAL

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # A relay that defers everything (issue 45, items 1, 3 and 4; SPEC
 # "Delivery by the background worker": 4xx replies to every transaction of

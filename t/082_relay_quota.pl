@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # A relay's own quota (issue 45, item 2; SPEC "Settings",
 # gatekeeper.smtp_url: an entry may end in ?connections=N&rate=N, that

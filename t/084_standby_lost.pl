@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 #
 # A standby lost with gatekeeper.claim_standbys = 1 (issue 45, item 5).
 # Delivery stops, by design (as synchronous_standby_names stops commits),

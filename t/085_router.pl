@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # gatekeeper_router (issue 29): a routing node with plproxy and
 # gatekeeper_router in front of four gatekeeper shards on loopback, each

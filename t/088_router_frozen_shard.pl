@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # A frozen shard behind the router (issue 45).  One of two shards stops
 # answering as a host that hangs does: its postmaster and every backend are

@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # The shipped alerts for "nothing is being delivered" against a real
 # Prometheus (issue 45, item 3): two servers that delivered for a minute,

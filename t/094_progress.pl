@@ -1,4 +1,5 @@
 # Copyright: gatekeeper contributors
+# gatekeeper-test: alone
 
 # Progress (issue 47, item 4): a campaign of 600 due mails in a queue
 # limited to 40 mails a second drains for about 15 s.  While it drains,
