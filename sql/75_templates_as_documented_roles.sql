@@ -103,14 +103,15 @@ RESET ROLE;
 
 -- what the worker role was handed is what render() shows the owner, for
 -- the version each mail keeps
+WITH c AS MATERIALIZED (
+	SELECT c.*, m.template, m.data,
+		   coalesce(m.template_version,
+					gatekeeper._template_version(m.template, m.created_at)) AS version
+	  FROM tr_claimed c JOIN gatekeeper.mail m ON m.id = c.id)
 SELECT count(*) AS claimed,
 	   count(*) FILTER (WHERE r.subject = c.subject AND r.body = c.body
 						  AND r.html IS NOT DISTINCT FROM c.html AND r.headers = c.headers) AS as_render
-  FROM tr_claimed c
-  JOIN gatekeeper.mail m ON m.id = c.id,
-	   gatekeeper.render(m.template, m.data,
-						 coalesce(m.template_version,
-								  gatekeeper._template_version(m.template, m.created_at))) r;
+  FROM c, gatekeeper.render(c.template, c.data, c.version) r;
 SELECT gatekeeper.ack_batch(array_agg(id), array_agg(attempt)) AS acked FROM tr_claimed;
 
 --
