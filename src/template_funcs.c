@@ -20,6 +20,7 @@
 #include "template_funcs.h"
 #include "catalog.h"
 #include "gatekeeper.h"
+#include "unsubscribe.h"
 #include "validate.h"
 
 #include "access/htup_details.h"
@@ -547,6 +548,44 @@ gatekeeper_template_render_claimed(const char *name, bool version_null, int32 ve
 	}
 	PG_END_TRY();
 	return error;
+}
+
+/*
+ * gatekeeper_template_headers_merge
+ *		A templated mail's headers: the template's rendered header values
+ *		but those whose name the mail's own headers (own) give, in any case,
+ *		then the mail's own.  So the mail's value wins, and no name is
+ *		handed to a claimer twice in different case.
+ */
+Jsonb *
+gatekeeper_template_headers_merge(Jsonb *rendered, Jsonb *own)
+{
+	JsonbParseState *state = NULL;
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+	JsonbValue *object = NULL;
+	bool		skip = false;
+	Datum		merged;
+
+	it = JsonbIteratorInit(&rendered->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			char	   *name = pnstrdup(v.val.string.val, v.val.string.len);
+
+			skip = gatekeeper_headers_have(own, name);
+			pfree(name);
+		}
+		if (skip && (tok == WJB_KEY || tok == WJB_VALUE))
+			continue;
+		object = pushJsonbValue(&state, tok,
+								tok == WJB_KEY || tok == WJB_VALUE ? &v : NULL);
+	}
+	merged = DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(JsonbValueToJsonb(object)),
+								 JsonbPGetDatum(own));
+	return DatumGetJsonbP(merged);
 }
 
 /*

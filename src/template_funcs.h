@@ -2,7 +2,8 @@
  *
  * template_funcs.h
  *		What the claim uses of template_funcs.c: a templated mail's
- *		content, rendered from its template version and data.
+ *		content, rendered from its template version and data, and its
+ *		headers, the mail's own over the template's.
  *
  *-------------------------------------------------------------------------
  */
@@ -25,5 +26,6 @@ extern char *gatekeeper_template_render_claimed(const char *name, bool version_n
 												int32 version, TimestampTz created_at,
 												Jsonb *data, GatekeeperRenderedMail *out,
 												MemoryContext into);
+extern Jsonb *gatekeeper_template_headers_merge(Jsonb *rendered, Jsonb *own);
 
 #endif							/* GATEKEEPER_TEMPLATE_FUNCS_H */

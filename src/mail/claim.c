@@ -1025,9 +1025,10 @@ claimed_bytes(Claimed *c)
 /*
  * Render each templated mail's content from its template version and
  * data, in place of the content it has none of, before its bytes are
- * counted: the mail's own headers over the template's.  A mail that cannot
- * be rendered (src/template_funcs.c says why) fails alone, as loser_outcome
- * says, uncharged; the rest of the claim goes on.
+ * counted: the mail's own headers over the template's, a name in any
+ * case.  A mail that cannot be rendered (src/template_funcs.c says why)
+ * fails alone, as loser_outcome says, uncharged; the rest of the claim
+ * goes on.
  */
 static void
 render_templated(Claimed *claimed, int nclaimed, MemoryContext keep)
@@ -1065,8 +1066,9 @@ render_templated(Claimed *claimed, int nclaimed, MemoryContext keep)
 			{
 				MemoryContext old = MemoryContextSwitchTo(keep);
 
-				headers = DirectFunctionCall2(jsonb_concat, headers,
-											  c->values[COL_HEADERS - 1]);
+				Jsonb	   *own = DatumGetJsonbP(c->values[COL_HEADERS - 1]);
+
+				headers = JsonbPGetDatum(gatekeeper_template_headers_merge(out.headers, own));
 				MemoryContextSwitchTo(old);
 			}
 			c->values[COL_HEADERS - 1] = headers;
