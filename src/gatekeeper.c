@@ -36,7 +36,6 @@
 #include "gate_store.h"
 #include "mail/mail_store.h"
 #include "smtp_config.h"
-#include "stats.h"
 #include "worker_slots.h"
 #include "xact.h"
 
@@ -187,7 +186,7 @@ _PG_init(void)
 	shmem_request_hook = gatekeeper_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = gatekeeper_shmem_startup;
-	gatekeeper_stats_init();
+	mail_store_count_init();
 
 	gatekeeper_register_workers();
 }
@@ -970,7 +969,7 @@ gatekeeper_shmem_request(void)
 	RequestAddinShmemSpace(gatekeeper_slots_shmem_size());
 	RequestAddinShmemSpace(gatekeeper_gate_shmem_size());
 	RequestAddinShmemSpace(gatekeeper_due_floor_shmem_size());
-	gatekeeper_stats_shmem_request();
+	mail_store_totals_shmem_request();
 }
 
 /*
@@ -988,7 +987,7 @@ gatekeeper_shmem_startup(void)
 	gatekeeper_slots_shmem_init();
 	gatekeeper_gate_shmem_init();
 	gatekeeper_due_floor_shmem_init();
-	gatekeeper_stats_shmem_init();
+	mail_store_totals_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

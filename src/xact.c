@@ -50,7 +50,6 @@
 #include "gate_store.h"
 #include "mail/mail_store.h"
 #include "router_deadline.h"
-#include "stats.h"
 #include "wake.h"
 
 #include "utils/elog.h"
@@ -87,7 +86,6 @@ gatekeeper_xact_callback(XactEvent event, void *arg)
 {
 	gate_store_at_xact_end(event);
 	mail_store_at_xact_end(event);
-	gatekeeper_stats_at_xact_end(event);
 	gatekeeper_wake_at_xact_end(event);
 	gatekeeper_router_deadline_at_xact_end(event);
 }
@@ -104,7 +102,6 @@ gatekeeper_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 {
 	gate_store_at_subxact_end(event);
 	mail_store_at_subxact_end(event);
-	gatekeeper_stats_at_subxact_end(event);
 	gatekeeper_router_deadline_at_subxact_end(event);
 }
 

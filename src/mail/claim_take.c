@@ -58,7 +58,7 @@
 
 #include "claim_take.h"
 #include "catalog.h"
-#include "live_count.h"
+#include "mail_count.h"
 #include "mail_exec.h"
 #include "message_id.h"
 
@@ -964,7 +964,12 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	}
 
 	if (t.scheduled_off > 0)
-		gatekeeper_live_count_add(live_relid, t.queue, -t.scheduled_off, -t.retrying_off);
+	{
+		MailCount  *count = mail_count_start(live_relid);
+
+		mail_count_move(count, t.queue, COUNT_NONE, -t.scheduled_off, -t.retrying_off);
+		mail_count_end(count);
+	}
 
 	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
 	{
