@@ -7,7 +7,8 @@
  * transaction callback (src/xact.c).  When the library is loaded through
  * shared_preload_libraries it also asks for the modules' shared memory
  * (the workers' slots, src/worker_slots.c; the gates, src/gate_store.c;
- * the due floors, src/due_floor.c; the totals, src/stats.c) and registers
+ * the due floors, src/due_floor.c; the totals, src/mail/count_totals.c)
+ * and registers
  * gatekeeper.workers background workers (src/worker.c).  When it is loaded
  * on demand (CREATE EXTENSION, or the first call of one of its functions)
  * it defines the reloadable settings only, and everything that touches

@@ -29,8 +29,7 @@
  * as FOR UPDATE makes it).  The content row is looked up first, by
  * primary key in its segment's partition: a live row without content is
  * left alone, as the join left it.  The deleted rows are counted off the
- * live counts directly (src/live_count.c), as the live writer counts what
- * it inserts.
+ * live gauges through the one tally every move uses (mail_count.c).
  *
  * Runs (mail_run, src/live_writer.c) are walked alongside, one priority
  * level at a time: each level's live rows (mail_due) and runs

@@ -16,7 +16,8 @@
  * outcome row formed for its segment's partition, the rows written with
  * table_multi_insert() and their index entries inserted (the primary key
  * checked as the statement checks it), and the outcomes counted into the
- * queues' totals (src/stats.c) as the count trigger would have.
+ * queues' totals through the one tally the count trigger uses too
+ * (mail_count.c).
  *
  * The direct path is taken only when it does what the statement would:
  * mail_done's insert triggers are its own two (the restore trigger, which
