@@ -61,7 +61,8 @@ OBJS = \
 	src/unsubscribe.o \
 	src/window.o \
 	src/address.o \
-	src/stats.o \
+	src/mail/count_totals.o \
+	src/mail/mail_count.o \
 	src/mail/live_count.o \
 	src/maintenance.o \
 	src/progress.o \

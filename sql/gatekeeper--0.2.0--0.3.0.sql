@@ -833,8 +833,8 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'gatekeeper_message_id_sql';
 
 /*
- * Counting and looking inside: shared memory read as rows (src/stats.c,
- * src/live_count.c, src/worker.c)
+ * Counting and looking inside: shared memory read as rows (src/mail/count_totals.c,
+ * src/mail/mail_count.c, src/worker.c)
  */
 -- counts the events by queue as they are written: deferrals, bounces and
 -- complaints
@@ -857,7 +857,7 @@ COMMENT ON FUNCTION gatekeeper._queue_totals() IS
 
 -- per queue, the mails it finished by delivery work (sent, failed,
 -- suppressed, expired, unknown: not cancelled) per second over the last
--- minute, from shared memory (src/stats.c); no row for a queue that
+-- minute, from shared memory (src/mail/count_totals.c); no row for a queue that
 -- finished none in that minute
 CREATE FUNCTION gatekeeper._queue_rates(OUT queue_hash bigint, OUT rate double precision)
 RETURNS SETOF record

@@ -25,7 +25,7 @@
  *					backend, for queue_stats), role_grant (the roles grant()
  *					gave a use), shard_position (a shard's number and count)
  *
- * queue_stats' totals are kept in shared memory (src/stats.c), in no table.
+ * queue_stats' totals are kept in shared memory (src/mail/count_totals.c), in no table.
  */
 
 /*
@@ -1251,7 +1251,7 @@ COMMENT ON FUNCTION gatekeeper.alter_queue(text, text[], text, text, int, int, i
 	'change a queue''s policy; each argument NULL leaves its setting as it is';
 
 -- drop_queue's end of the live counts: the queue's rows deleted, this
--- transaction's changes to them set aside (src/live_count.c)
+-- transaction's changes to them set aside (src/mail/mail_count.c)
 CREATE FUNCTION gatekeeper._forget_live(queue text)
 RETURNS void
 LANGUAGE c
@@ -2063,7 +2063,7 @@ COMMENT ON FUNCTION gatekeeper.record_event(text, text, text, text, text) IS
  * Looking inside
  */
 /*
- * Queue totals (src/stats.c): mails enqueued and finished, per queue, kept
+ * Queue totals (src/mail/count_totals.c): mails enqueued and finished, per queue, kept
  * in shared memory for queue_stats, so that a scrape never counts rows and
  * purging never lowers them.  Every mail enters through the statement
  * trigger of gatekeeper.mail (which counts it), and every way a mail
@@ -2124,7 +2124,7 @@ AS 'MODULE_PATHNAME', 'gatekeeper_reset_stats';
 COMMENT ON FUNCTION gatekeeper.reset_stats() IS 'zero the totals of queue_stats for every queue of this database';
 
 /*
- * Live counts (src/live_count.c): how many of each queue's mails are
+ * Live counts (src/mail/mail_count.c): how many of each queue's mails are
  * scheduled, kept as mail_live changes, so that queue_stats never counts
  * mail_live (claimed mail is no row of mail_live: queue_stats counts it
  * from the open counts of mail_claim's batches).  The statement triggers of mail_live net each
@@ -2380,7 +2380,7 @@ COMMENT ON FUNCTION gatekeeper._live_stats() IS
 
 -- per queue, the mails it finished by delivery work (sent, failed,
 -- suppressed, expired, unknown: not cancelled) per second over the last
--- minute, from shared memory (src/stats.c); no row for a queue that
+-- minute, from shared memory (src/mail/count_totals.c); no row for a queue that
 -- finished none in that minute
 CREATE FUNCTION gatekeeper._queue_rates(OUT queue_hash bigint, OUT rate double precision)
 RETURNS SETOF record

@@ -441,7 +441,7 @@ gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls
  * made with --inserts): a call of enqueue() or anything else in a session
  * left so after loading a dump is mail as usual.  Its rows load as a dump
  * into the partitions does: unchecked (src/mail/mail.c), uncounted
- * (src/stats.c), made live by the dump's own mail_live rows, which the
+ * (src/mail/mail_count.c), made live by the dump's own mail_live rows, which the
  * restore triggers merge with what is there.
  *
  * Otherwise gatekeeper writes when its C code runs the statement

@@ -76,6 +76,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "executor/tuptable.h"
+#include "fmgr.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/bufmgr.h"
@@ -214,25 +215,55 @@ lower_floor(DueFloorKind kind, Datum queue, const DueKey *key)
 }
 
 /*
- * gatekeeper_due_floor_lower
- *		A writer of mail_live has written a scheduled row of queue at key,
- *		its index entry already made: lower the queue's floor to it.
+ * gatekeeper_due_floor_note_start
+ *		Start gathering the keys a writer writes to mail_live (DUE_FLOOR_LIVE)
+ *		or mail_run (DUE_FLOOR_RUN), to lower the queues' floors to them.
  */
 void
-gatekeeper_due_floor_lower(Datum queue, const DueKey *key)
+gatekeeper_due_floor_note_start(DueFloorNote *note, DueFloorKind kind)
 {
-	lower_floor(DUE_FLOOR_LIVE, queue, key);
+	note->kind = kind;
+	note->queue = NULL;
 }
 
 /*
- * gatekeeper_due_floor_lower_run
- *		A writer of mail_run has written a run of queue at key, its entry in
- *		mail_run_due already made: lower the queue's run floor to it.
+ * gatekeeper_due_floor_note
+ *		A writer has written a scheduled row (or a run) of queue at key, its
+ *		index entry already made: the floor of its queue must not pass it.
+ *		Consecutive rows of one queue are lowered to once, at their least
+ *		key, when the queue changes or the note ends; the queue's name is
+ *		copied into the current memory context.
  */
 void
-gatekeeper_due_floor_lower_run(Datum queue, const DueKey *key)
+gatekeeper_due_floor_note(DueFloorNote *note, Datum queue, const DueKey *key)
 {
-	lower_floor(DUE_FLOOR_RUN, queue, key);
+	text	   *q = DatumGetTextPP(queue);
+
+	if (note->queue != NULL &&
+		(VARSIZE_ANY_EXHDR(q) != VARSIZE_ANY_EXHDR(note->queue) ||
+		 memcmp(VARDATA_ANY(q), VARDATA_ANY(note->queue), VARSIZE_ANY_EXHDR(q)) != 0))
+		gatekeeper_due_floor_note_end(note);
+	if (note->queue == NULL)
+	{
+		note->queue = (text *) PG_DETOAST_DATUM_COPY(queue);
+		note->min = *key;
+	}
+	else if (due_key_cmp(key, &note->min) < 0)
+		note->min = *key;
+}
+
+/*
+ * gatekeeper_due_floor_note_end
+ *		Lower the floor to the rows noted since the last lowering: before
+ *		the statement that wrote them returns.
+ */
+void
+gatekeeper_due_floor_note_end(DueFloorNote *note)
+{
+	if (note->queue == NULL)
+		return;
+	lower_floor(note->kind, PointerGetDatum(note->queue), &note->min);
+	note->queue = NULL;
 }
 
 /*

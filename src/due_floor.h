@@ -30,8 +30,22 @@ typedef enum DueFloorKind
 
 extern Size gatekeeper_due_floor_shmem_size(void);
 extern void gatekeeper_due_floor_shmem_init(void);
-extern void gatekeeper_due_floor_lower(Datum queue, const DueKey *key);
-extern void gatekeeper_due_floor_lower_run(Datum queue, const DueKey *key);
+/*
+ * The keys a writer of mail_live or mail_run wrote, gathered so that each
+ * run of rows of one queue lowers its floor once, to the least of them:
+ * the one way every writer lowers a floor.
+ */
+typedef struct DueFloorNote
+{
+	DueFloorKind kind;
+	text	   *queue;			/* the rows' queue since the last lowering;
+								 * NULL: none */
+	DueKey		min;
+} DueFloorNote;
+
+extern void gatekeeper_due_floor_note_start(DueFloorNote *note, DueFloorKind kind);
+extern void gatekeeper_due_floor_note(DueFloorNote *note, Datum queue, const DueKey *key);
+extern void gatekeeper_due_floor_note_end(DueFloorNote *note);
 extern void gatekeeper_due_floor_reset(void);
 extern bool gatekeeper_due_floor_raise(const char *queue, DueKey *floor);
 extern bool gatekeeper_due_floor_raise_run(const char *queue, DueKey *floor);

@@ -7,7 +7,8 @@
  * transaction callback (src/xact.c).  When the library is loaded through
  * shared_preload_libraries it also asks for the modules' shared memory
  * (the workers' slots, src/worker_slots.c; the gates, src/gate_store.c;
- * the due floors, src/due_floor.c; the totals, src/stats.c) and registers
+ * the due floors, src/due_floor.c; the totals, src/mail/count_totals.c)
+ * and registers
  * gatekeeper.workers background workers (src/worker.c).  When it is loaded
  * on demand (CREATE EXTENSION, or the first call of one of its functions)
  * it defines the reloadable settings only, and everything that touches
@@ -36,7 +37,6 @@
 #include "gate_store.h"
 #include "mail/mail_store.h"
 #include "smtp_config.h"
-#include "stats.h"
 #include "worker_slots.h"
 #include "xact.h"
 
@@ -187,7 +187,7 @@ _PG_init(void)
 	shmem_request_hook = gatekeeper_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = gatekeeper_shmem_startup;
-	gatekeeper_stats_init();
+	mail_store_count_init();
 
 	gatekeeper_register_workers();
 }
@@ -970,7 +970,7 @@ gatekeeper_shmem_request(void)
 	RequestAddinShmemSpace(gatekeeper_slots_shmem_size());
 	RequestAddinShmemSpace(gatekeeper_gate_shmem_size());
 	RequestAddinShmemSpace(gatekeeper_due_floor_shmem_size());
-	gatekeeper_stats_shmem_request();
+	mail_store_totals_shmem_request();
 }
 
 /*
@@ -988,7 +988,7 @@ gatekeeper_shmem_startup(void)
 	gatekeeper_slots_shmem_init();
 	gatekeeper_gate_shmem_init();
 	gatekeeper_due_floor_shmem_init();
-	gatekeeper_stats_shmem_init();
+	mail_store_totals_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

@@ -37,8 +37,10 @@
  * src/mail_copy.c		a COPY into gatekeeper.mail, written straight into
  *						the current segment's partition
  * src/live_writer.c	the insert trigger's direct writer of mail_live
- * src/live_count.c		the live mail's counts in mail_live_count
- * src/stats.c			the queues' totals in shared memory, for queue_stats
+ * src/mail_count.c		counting: every move's changes to the totals and
+ *						the live gauges, published at transaction end
+ * src/count_totals.c	the queues' totals in shared memory, for queue_stats
+ * src/live_count.c		the live gauges' rows of mail_live_count
  * src/enqueue.c		enqueue(): the insert, and a dedupe key's holder
  * src/validate.c		header and duration validation
  * src/address.c		addresses: bare addresses checked, keyed, compared;

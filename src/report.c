@@ -87,11 +87,11 @@
 #include "report.h"
 #include "report_parse.h"
 #include "smtp_trouble.h"
-#include "stats.h"
 #include "suppression.h"
 #include "unsubscribe.h"
 #include "address.h"
 #include "catalog.h"
+#include "mail/mail_store.h"
 
 PG_FUNCTION_INFO_V1(gatekeeper_verp_token);
 PG_FUNCTION_INFO_V1(gatekeeper_check_return_path);
@@ -1259,7 +1259,7 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 								line ? report_clean(line, strlen(line)) : NULL,
 								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
 	}
-	gatekeeper_stats_count_report(rows > 0);
+	mail_store_count_report(rows > 0);
 	SPI_finish();
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
@@ -1340,7 +1340,7 @@ gatekeeper_record_event(PG_FUNCTION_ARGS)
 	if (kind != MESSAGE_ID_NONE)
 		rows = report_rows(id, message_id, kind == MESSAGE_ID_SIGNED, recipient, NULL,
 						   event, status, detail, "webhook", NULL, NULL, &matched);
-	gatekeeper_stats_count_report(rows > 0);
+	mail_store_count_report(rows > 0);
 	SPI_finish();
 	/* an event taken before names the mail too: the endpoint may answer OK */
 	if (!matched)

@@ -5,23 +5,23 @@
  *		transaction and subtransaction it calls each module's hook, in one
  *		order.
  *
- * Four modules keep state for the transaction that runs and act when it
+ * Three modules keep state for the transaction that runs and act when it
  * ends: the gates' store (src/gate_store.c: refuses PREPARE TRANSACTION
- * after gates changed, gives back memory reserved and not spent), the live
- * counts (src/live_count.c: writes the noted changes to mail_live_count
- * just before the commit), the queues' totals (src/stats.c: adds what was
- * counted to shared memory after the commit) and the wake-ups
- * (src/wake.c: wakes the workers and posts the announcement after the
- * commit).  Each keeps its own pending state; this file only decides when
+ * after gates changed, gives back memory reserved and not spent), the
+ * counts (src/mail/mail_count.c: writes the live gauges to
+ * mail_live_count just before the commit, adds the totals to shared
+ * memory after it) and the wake-ups (src/wake.c: wakes the workers and
+ * posts the announcement after the commit).  Each keeps its own pending state; this file only decides when
  * each is called, and in which order:
  *
  * 1. the gates' store first, so that a PREPARE it refuses is refused
  *    before anything is written for it;
- * 2. the live counts next: at PRE_COMMIT they write rows, which may still
- *    fail and abort the transaction, and nothing after the commit may;
- * 3. the totals, after the commit, before the wake-ups: a worker or a
- *    session woken by this commit sees the totals it made;
- * 4. the wake-ups last, once everything this transaction publishes is in
+ * 2. the counts next: at PRE_COMMIT they write the gauges' rows, which
+ *    may still fail and abort the transaction, and nothing after the
+ *    commit may; after the commit they add the totals, before the
+ *    wake-ups: a worker or a session woken by this commit sees the totals
+ *    it made;
+ * 3. the wake-ups last, once everything this transaction publishes is in
  *    shared memory.
  *
  * One more module has nothing to publish: the deadline of a call the
@@ -50,7 +50,6 @@
 #include "gate_store.h"
 #include "mail/mail_store.h"
 #include "router_deadline.h"
-#include "stats.h"
 #include "wake.h"
 
 #include "utils/elog.h"
@@ -87,7 +86,6 @@ gatekeeper_xact_callback(XactEvent event, void *arg)
 {
 	gate_store_at_xact_end(event);
 	mail_store_at_xact_end(event);
-	gatekeeper_stats_at_xact_end(event);
 	gatekeeper_wake_at_xact_end(event);
 	gatekeeper_router_deadline_at_xact_end(event);
 }
@@ -104,7 +102,6 @@ gatekeeper_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 {
 	gate_store_at_subxact_end(event);
 	mail_store_at_subxact_end(event);
-	gatekeeper_stats_at_subxact_end(event);
 	gatekeeper_router_deadline_at_subxact_end(event);
 }
 

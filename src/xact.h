@@ -3,8 +3,8 @@
  * xact.h
  *		gatekeeper's one transaction callback (src/xact.c).  The hooks it
  *		calls at the end of every transaction and subtransaction are
- *		declared in their modules' headers (gate_store.h, live_count.h,
- *		stats.h, wake.h), each for src/xact.c only.
+ *		declared in their modules' headers (gate_store.h, mail_store.h,
+ *		wake.h), each for src/xact.c only.
  *
  *-------------------------------------------------------------------------
  */

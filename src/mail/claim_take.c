@@ -29,8 +29,7 @@
  * as FOR UPDATE makes it).  The content row is looked up first, by
  * primary key in its segment's partition: a live row without content is
  * left alone, as the join left it.  The deleted rows are counted off the
- * live counts directly (src/live_count.c), as the live writer counts what
- * it inserts.
+ * live gauges through the one tally every move uses (mail_count.c).
  *
  * Runs (mail_run, src/live_writer.c) are walked alongside, one priority
  * level at a time: each level's live rows (mail_due) and runs
@@ -58,7 +57,7 @@
 
 #include "claim_take.h"
 #include "catalog.h"
-#include "live_count.h"
+#include "mail_count.h"
 #include "mail_exec.h"
 #include "message_id.h"
 
@@ -964,7 +963,12 @@ gatekeeper_claim_take(const char *queue, int share, const DueKey *floor, text *w
 	}
 
 	if (t.scheduled_off > 0)
-		gatekeeper_live_count_add(live_relid, t.queue, -t.scheduled_off, -t.retrying_off);
+	{
+		MailCount  *count = mail_count_start(live_relid);
+
+		mail_count_move(count, t.queue, COUNT_NONE, -t.scheduled_off, -t.retrying_off);
+		mail_count_end(count);
+	}
 
 	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
 	{

@@ -16,7 +16,8 @@
  * outcome row formed for its segment's partition, the rows written with
  * table_multi_insert() and their index entries inserted (the primary key
  * checked as the statement checks it), and the outcomes counted into the
- * queues' totals (src/stats.c) as the count trigger would have.
+ * queues' totals through the one tally the count trigger uses too
+ * (mail_count.c).
  *
  * The direct path is taken only when it does what the statement would:
  * mail_done's insert triggers are its own two (the restore trigger, which
@@ -34,7 +35,7 @@
 #include "done_writer.h"
 #include "catalog.h"
 #include "mail_exec.h"
-#include "stats.h"
+#include "mail_count.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -139,7 +140,7 @@ open_part(DonePart *p, int segment, LiveRecord *lr)
  * checked, as the statement checks it), and count them.
  */
 static void
-flush_part(DonePart *p, StatsTally *tally, Oid state_type)
+flush_part(DonePart *p, MailCount *count, Oid state_type)
 {
 	int			k;
 
@@ -152,8 +153,10 @@ flush_part(DonePart *p, StatsTally *tally, Oid state_type)
 
 		mail_exec_index(&p->x, slot, false);
 		if (!slot->tts_isnull[p->queue_att] && !slot->tts_isnull[p->state_att])
-			gatekeeper_stats_count_done(tally, slot->tts_values[p->queue_att], state_type,
-										DatumGetObjectId(slot->tts_values[p->state_att]));
+			mail_count_move(count, slot->tts_values[p->queue_att],
+							mail_count_outcome(state_type,
+											   DatumGetObjectId(slot->tts_values[p->state_att])),
+							0, 0);
 		ExecClearTuple(slot);
 	}
 	p->nslots = 0;
@@ -174,7 +177,7 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 	Datum	   *values;
 	bool	   *nulls;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
-	StatsTally *tally;
+	MailCount  *count;
 	bool		plain;
 	int			i;
 	int			k;
@@ -193,7 +196,7 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 		plain = open_part(&parts[i], i, lr);
 
 	/* each record's row, in its segment's partition */
-	tally = plain ? gatekeeper_stats_tally_start() : NULL;
+	count = plain ? mail_count_start(InvalidOid) : NULL;
 	for (i = 0; plain && i < n; i++)
 	{
 		int			segment;
@@ -232,12 +235,12 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 		ExecMaterializeSlot(slot);
 		mail_exec_check(&p->x, slot);
 		if (p->nslots == DONE_BATCH)
-			flush_part(p, tally, lr->state_type);
+			flush_part(p, count, lr->state_type);
 	}
 	for (i = 0; plain && i < GATEKEEPER_SEGMENTS; i++)
-		flush_part(&parts[i], tally, lr->state_type);
-	if (tally != NULL)
-		gatekeeper_stats_tally_end(tally);
+		flush_part(&parts[i], count, lr->state_type);
+	if (count != NULL)
+		mail_count_end(count);
 
 	for (i = 0; i < GATEKEEPER_SEGMENTS; i++)
 	{

@@ -1,18 +1,18 @@
 /*-------------------------------------------------------------------------
  *
  * live_count.h
- *		What the rest of gatekeeper uses of live_count.c: a change to the
- *		live mail's counts, noted by a writer of mail_live that the
- *		triggers do not see.
+ *		The live gauges' rows of gatekeeper.mail_live_count (live_count.c),
+ *		as mail_count.c writes, deletes and recounts them.
  *
  *-------------------------------------------------------------------------
  */
 #ifndef GATEKEEPER_LIVE_COUNT_H
 #define GATEKEEPER_LIVE_COUNT_H
 
-#include "access/xact.h"
-
-extern void gatekeeper_live_count_add(Oid live_relid, Datum queue, int64 scheduled,
-									  int64 retrying);
+extern void live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n,
+							 bool prepare);
+extern void live_count_delete(text *queue);
+extern void live_count_lock(void);
+extern int64 live_count_recount(void);
 
 #endif							/* GATEKEEPER_LIVE_COUNT_H */

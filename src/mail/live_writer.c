@@ -137,21 +137,10 @@ static const char *const run_names[] = {
 	"id", "last_id", "queue", "priority", "send_at", "segment"
 };
 
-/*
- * The lowest key of a run of live rows of one queue whose index entries
- * went in, for the due floor (due_floor.c): one lowering per run, not per
- * row.
- */
-typedef struct FloorRun
-{
-	text	   *queue;			/* NULL: no run yet */
-	DueKey		min;
-} FloorRun;
-
 static void live_error_context(void *arg);
 static bool live_has_triggers(Relation rel);
 static bool live_needs_check(TupleDesc desc, TupleDesc mail_desc, LiveWriter *w);
-static void live_floor_note(LiveWriter *w, TupleTableSlot *slot, FloorRun *run);
+static void live_floor_note(LiveWriter *w, TupleTableSlot *slot, DueFloorNote *floor);
 static void live_flush(LiveWriter *w);
 static void live_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull, int64 row);
 static void run_open_rel(LiveWriter *w, TupleDesc mail_desc);
@@ -328,12 +317,11 @@ use_sql:
 }
 
 /*
- * Add a live row whose index entries went in to the run, lowering the
- * floor to the run before when the queue changes.  Rows that are not
- * scheduled lower it too: harmless.
+ * Note a live row whose index entries went in for the due floor
+ * (due_floor.c).  Rows that are not scheduled lower it too: harmless.
  */
 static void
-live_floor_note(LiveWriter *w, TupleTableSlot *slot, FloorRun *run)
+live_floor_note(LiveWriter *w, TupleTableSlot *slot, DueFloorNote *floor)
 {
 	DueKey		key;
 	bool		n0,
@@ -341,31 +329,12 @@ live_floor_note(LiveWriter *w, TupleTableSlot *slot, FloorRun *run)
 				n2,
 				n3;
 	Datum		queue = slot_getattr(slot, w->queue_att, &n0);
-	text	   *q;
 
 	key.priority = DatumGetInt32(slot_getattr(slot, w->priority_att, &n1));
 	key.send_at = DatumGetTimestampTz(slot_getattr(slot, w->send_at_att, &n2));
 	key.id = DatumGetInt64(slot_getattr(slot, w->id_att, &n3));
-	if (n0 || n1 || n2 || n3)
-		return;
-	q = DatumGetTextPP(queue);
-	if (run->queue != NULL &&
-		(VARSIZE_ANY_EXHDR(q) != VARSIZE_ANY_EXHDR(run->queue) ||
-		 memcmp(VARDATA_ANY(q), VARDATA_ANY(run->queue), VARSIZE_ANY_EXHDR(q)) != 0))
-	{
-		gatekeeper_due_floor_lower(PointerGetDatum(run->queue), &run->min);
-		run->queue = NULL;
-	}
-	if (run->queue == NULL)
-	{
-		run->queue = (text *) PG_DETOAST_DATUM_COPY(queue);
-		run->min = key;
-	}
-	else if (key.priority > run->min.priority ||
-			 (key.priority == run->min.priority &&
-			  (key.send_at < run->min.send_at ||
-			   (key.send_at == run->min.send_at && key.id < run->min.id))))
-		run->min = key;
+	if (!n0 && !n1 && !n2 && !n3)
+		gatekeeper_due_floor_note(floor, queue, &key);
 }
 
 /*
@@ -376,12 +345,13 @@ live_flush(LiveWriter *w)
 {
 	MemoryContext old;
 	ErrorContextCallback errcallback;
-	FloorRun	run = {NULL};
+	DueFloorNote floor;
 	int			i;
 
 	if (w->nslots == 0)
 		return;
 	old = MemoryContextSwitchTo(w->batch_cxt);
+	gatekeeper_due_floor_note_start(&floor, DUE_FLOOR_LIVE);
 	mail_exec_insert_heap(&w->live, w->slots, w->nslots, w->bistate);
 	errcallback.callback = live_error_context;
 	errcallback.arg = w;
@@ -391,11 +361,10 @@ live_flush(LiveWriter *w)
 	{
 		w->current = i;
 		mail_exec_index(&w->live, w->slots[i], false);
-		live_floor_note(w, w->slots[i], &run);
+		live_floor_note(w, w->slots[i], &floor);
 		ExecClearTuple(w->slots[i]);
 	}
-	if (run.queue != NULL)
-		gatekeeper_due_floor_lower(PointerGetDatum(run.queue), &run.min);
+	gatekeeper_due_floor_note_end(&floor);
 	error_context_stack = errcallback.previous;
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(w->batch_cxt);
@@ -508,6 +477,7 @@ run_end(LiveWriter *w)
 	TupleTableSlot *slot = w->run_slot;
 	Datum	   *v = w->run_values;
 	DueKey		key;
+	DueFloorNote floor;
 
 	if (!w->run_open)
 		return;
@@ -535,7 +505,9 @@ run_end(LiveWriter *w)
 	key.priority = DatumGetInt32(slot->tts_values[w->run_att[RUN_PRIORITY] - 1]);
 	key.send_at = DatumGetTimestampTz(slot->tts_values[w->run_att[RUN_SEND_AT] - 1]);
 	key.id = w->run_first;
-	gatekeeper_due_floor_lower_run(slot->tts_values[w->run_att[RUN_QUEUE] - 1], &key);
+	gatekeeper_due_floor_note_start(&floor, DUE_FLOOR_RUN);
+	gatekeeper_due_floor_note(&floor, slot->tts_values[w->run_att[RUN_QUEUE] - 1], &key);
+	gatekeeper_due_floor_note_end(&floor);
 	ExecClearTuple(slot);
 	MemoryContextReset(w->run_cxt);
 }

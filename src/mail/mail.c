@@ -31,9 +31,8 @@
 #include "address.h"
 #include "catalog.h"
 #include "gatekeeper.h"
-#include "live_count.h"
 #include "live_writer.h"
-#include "stats.h"
+#include "mail_count.h"
 #include "unsubscribe.h"
 #include "validate.h"
 #include "wake.h"
@@ -1154,7 +1153,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 	int			nskipped = 0;
 	bool		skipping = false;
 	LiveWriter *live = NULL;
-	StatsTally *tally = NULL;
+	MailCount  *count;
 	bool		keyed = false;
 	RowContext	where;
 	ErrorContextCallback errcallback;
@@ -1180,7 +1179,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 		max_done = finished_max();
 	if (ndone == 0)
 		live = gatekeeper_live_writer_open(desc, tuplestore_tuple_count(trigdata->tg_newtable));
-	tally = gatekeeper_stats_tally_start();
+	count = mail_count_start(live != NULL ? gatekeeper_live_writer_relid(live) : InvalidOid);
 
 	where.row = 0;
 	where.mail = NULL;
@@ -1242,13 +1241,10 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 			/* validated like the others, then left out */
 		}
 		else if (live != NULL && !finished)
-		{
 			gatekeeper_live_writer_add(live, mail.values, mail.isnull, where.row);
-			gatekeeper_live_count_add(gatekeeper_live_writer_relid(live),
-									  mail.values[columns.queue - 1], 1, 0);
-		}
-		if (tally != NULL && !skip && !mail.isnull[columns.queue - 1])
-			gatekeeper_stats_count_enqueued(tally, mail.values[columns.queue - 1]);
+		if (!skip && !mail.isnull[columns.queue - 1])
+			mail_count_move(count, mail.values[columns.queue - 1], COUNT_ENQUEUED,
+							live != NULL && !finished ? 1 : 0, 0);
 		/* a tuple read back from disk lives in per_row: let go of it first */
 		ExecClearTuple(slot);
 		MemoryContextReset(per_row);
@@ -1274,7 +1270,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 							   nskipped, nskipped),
 				 errdetail("gatekeeper.on_duplicate is skip: a row whose key a mail of its queue holds (scheduled, claimed, or finished within the queue's dedupe_window), or an earlier row of the statement, is not enqueued.")));
 	}
-	gatekeeper_stats_tally_end(tally);
+	mail_count_end(count);
 }
 
 /*

@@ -6,8 +6,8 @@
  *
  * The moves themselves live in claim.c (claim), mail_state.c (ack, nack,
  * unclaim, extend), mail_state_sweep.c (reap, purge and rotate), mail.c
- * and mail_copy.c (new mail, its COPY) and live_count.c (the live counts
- * at transaction end); no logic is added here.
+ * and mail_copy.c (new mail, its COPY) and mail_count.c (the counts, at
+ * transaction end); no logic is added here.
  *
  *-------------------------------------------------------------------------
  */
@@ -15,7 +15,6 @@
 
 #include "mail_store.h"
 #include "claim.h"
-#include "live_count.h"
 #include "mail.h"
 #include "mail_copy.h"
 #include "mail_state.h"

@@ -69,11 +69,21 @@ typedef struct MailNack
 extern void mail_store_init(void);
 
 /*
- * the live counts noted in this (sub)transaction, written or forgotten
- * (src/mail/live_count.c; src/xact.c calls them)
+ * the counts noted in this (sub)transaction, published or forgotten
+ * (src/mail/mail_count.c; src/xact.c calls them)
  */
 extern void mail_store_at_xact_end(XactEvent event);
 extern void mail_store_at_subxact_end(SubXactEvent event);
+
+/* _PG_init, when preloaded: a dropped extension's or database's totals go */
+extern void mail_store_count_init(void);
+
+/* the shmem hooks' part: the queues' totals (src/mail/count_totals.c) */
+extern void mail_store_totals_shmem_request(void);
+extern void mail_store_totals_shmem_init(void);
+
+/* a report ingest_report or record_event took, recorded or ignored */
+extern void mail_store_count_report(bool recorded);
 
 /* the retention segment new mail goes to; 0 when missing_ok and no table */
 extern int16 mail_store_segment(bool missing_ok);
