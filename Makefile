@@ -63,6 +63,7 @@ OBJS = \
 	src/address.o \
 	src/mail/count_totals.o \
 	src/mail/mail_count.o \
+	src/mail/count_triggers.o \
 	src/mail/live_count.o \
 	src/maintenance.o \
 	src/progress.o \

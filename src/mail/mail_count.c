@@ -13,8 +13,8 @@
  * (mail_count_start, then mail_count_move for each row, then
  * mail_count_end), by the writers of src/mail/ as they write and by the
  * statement triggers (_count_done on mail_done, _count_events on
- * event_log, _count_live on mail_live and mail_run) from their transition
- * tables.  mail_count_end notes the tally in this backend by transaction
+ * event_log, _count_live on mail_live and mail_run; count_triggers.c)
+ * from their transition tables.  mail_count_end notes the tally in this backend by transaction
  * nesting level, one record per queue holding both kinds of change: a
  * subtransaction that aborts drops its records, one that commits hands
  * them to its parent.  At the top level the commit (or PREPARE
@@ -62,9 +62,6 @@
 
 #include "gatekeeper.h"
 
-PG_FUNCTION_INFO_V1(gatekeeper_count_done);
-PG_FUNCTION_INFO_V1(gatekeeper_count_events);
-PG_FUNCTION_INFO_V1(gatekeeper_count_live);
 PG_FUNCTION_INFO_V1(gatekeeper_forget_queue);
 PG_FUNCTION_INFO_V1(gatekeeper_forget_live);
 PG_FUNCTION_INFO_V1(gatekeeper_live_pending);
@@ -77,9 +74,6 @@ PG_FUNCTION_INFO_V1(gatekeeper_recount_live);
 static const char *const finished_states[] = {
 	"sent", "failed", "suppressed", "expired", "cancelled", "unknown"
 };
-
-/* The events counted, by CountKind from COUNT_DEFERRED on */
-static const char *const counted_events[] = {"deferred", "bounced", "complained"};
 
 /* One queue's change noted by this backend, not yet published */
 typedef struct PendingCount
@@ -143,14 +137,9 @@ static void note_groups(MailCount *count);
 static void write_gauges(bool prepare);
 static const CountTotalsChange *next_totals(void *arg);
 static void forget_pending(void);
-static void set_aside(text *queue);
 static Oid	live_relid_now(void);
 static void count_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 								int subId, void *arg);
-static void count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc,
-							Oid scheduled, int sign);
-static void count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign);
-static void lower_floors(Tuplestorestate *rows, TupleDesc desc, Oid scheduled);
 
 /*
  * mail_count_start
@@ -702,13 +691,14 @@ count_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 }
 
 /*
- * Set aside the gauges this transaction noted, of one queue or (queue
- * NULL) of all, and delete their rows: the gauges are in what replaces the
- * rows, or gone with the mail they counted.  A subtransaction that aborts
- * brings them back.  Inside SPI.
+ * mail_count_set_aside
+ *		Set aside the gauges this transaction noted, of one queue or (queue
+ *		NULL) of all, and delete their rows: the gauges are in what
+ *		replaces the rows, or gone with the mail they counted.  A
+ *		subtransaction that aborts brings them back.  Inside SPI.
  */
-static void
-set_aside(text *queue)
+void
+mail_count_set_aside(text *queue)
 {
 	int			level = GetCurrentTransactionNestLevel();
 	int			i;
@@ -735,309 +725,6 @@ static Oid
 live_relid_now(void)
 {
 	return gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, true);
-}
-
-/*
- * gatekeeper_count_done
- *		gatekeeper._count_done(), the AFTER INSERT FOR EACH STATEMENT
- *		trigger of gatekeeper.mail_done: count the statement's outcomes by
- *		queue and state.
- */
-Datum
-gatekeeper_count_done(PG_FUNCTION_ARGS)
-{
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	TupleDesc	desc;
-	TupleTableSlot *slot;
-	MailCount  *count;
-	int			queue_att;
-	int			state_att;
-	Oid			state_type;
-
-	gatekeeper_require_schema();
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
-		trigdata->tg_newtable == NULL)
-		elog(ERROR, "gatekeeper_count_done must be an insert statement trigger with a new table");
-	/* a restore is not new work (see gatekeeper_writer) */
-	if (!count_totals_kept() || gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
-		return PointerGetDatum(NULL);
-
-	desc = RelationGetDescr(trigdata->tg_relation);
-	queue_att = SPI_fnumber(desc, "queue");
-	state_att = SPI_fnumber(desc, "state");
-	if (queue_att <= 0 || state_att <= 0)
-		elog(ERROR, "gatekeeper_count_done fired on a table without queue and state");
-	state_type = TupleDescAttr(desc, state_att - 1)->atttypid;
-	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	count = mail_count_start(InvalidOid);
-	tuplestore_rescan(trigdata->tg_newtable);
-	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
-	{
-		bool		n1,
-					n2;
-		Datum		queue = slot_getattr(slot, queue_att, &n1);
-		Datum		state = slot_getattr(slot, state_att, &n2);
-
-		if (!n1 && !n2)
-			mail_count_move(count, queue,
-							mail_count_outcome(state_type, DatumGetObjectId(state)), 0, 0);
-		ExecClearTuple(slot);
-	}
-	mail_count_end(count);
-	ExecDropSingleTupleTableSlot(slot);
-	return PointerGetDatum(NULL);
-}
-
-/*
- * gatekeeper_count_events
- *		gatekeeper._count_events(), the AFTER INSERT FOR EACH STATEMENT
- *		trigger of gatekeeper.event_log: count the statement's deferrals,
- *		bounces and complaints by queue, but not repeats (a report's
- *		complaint or bounce of a mail that had one: src/report.c).
- */
-Datum
-gatekeeper_count_events(PG_FUNCTION_ARGS)
-{
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	TupleDesc	desc;
-	TupleTableSlot *slot;
-	MailCount  *count;
-	int			queue_att;
-	int			event_att;
-	int			repeated_att;
-
-	gatekeeper_require_schema();
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
-		trigdata->tg_newtable == NULL)
-		elog(ERROR, "gatekeeper_count_events must be an insert statement trigger with a new table");
-	if (!count_totals_kept() || gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
-		return PointerGetDatum(NULL);
-
-	desc = RelationGetDescr(trigdata->tg_relation);
-	queue_att = SPI_fnumber(desc, "queue");
-	event_att = SPI_fnumber(desc, "event");
-	repeated_att = SPI_fnumber(desc, "repeated");
-	if (queue_att <= 0 || event_att <= 0)
-		elog(ERROR, "gatekeeper_count_events fired on a table without queue and event");
-	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	count = mail_count_start(InvalidOid);
-	tuplestore_rescan(trigdata->tg_newtable);
-	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
-	{
-		bool		isnull;
-		Datum		queue = slot_getattr(slot, queue_att, &isnull);
-		Datum		event;
-		text	   *t;
-		int			kind;
-
-		if (isnull)
-			continue;
-		event = slot_getattr(slot, event_att, &isnull);
-		if (isnull)
-			continue;
-		if (repeated_att > 0)
-		{
-			Datum		repeated = slot_getattr(slot, repeated_att, &isnull);
-
-			if (!isnull && DatumGetBool(repeated))
-				continue;
-		}
-		t = DatumGetTextPP(event);
-		for (kind = COUNT_DEFERRED; kind <= COUNT_COMPLAINED; kind++)
-		{
-			const char *name = counted_events[kind - COUNT_DEFERRED];
-
-			if (VARSIZE_ANY_EXHDR(t) == strlen(name) &&
-				memcmp(VARDATA_ANY(t), name, strlen(name)) == 0)
-			{
-				mail_count_move(count, queue, kind, 0, 0);
-				break;
-			}
-		}
-		ExecClearTuple(slot);
-	}
-	mail_count_end(count);
-	ExecDropSingleTupleTableSlot(slot);
-	return PointerGetDatum(NULL);
-}
-
-/*
- * Count each scheduled row of mail_live, times sign, in its queue's
- * gauges.
- */
-static void
-count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc, Oid scheduled,
-				int sign)
-{
-	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	int			queue_att = SPI_fnumber(desc, "queue");
-	int			state_att = SPI_fnumber(desc, "state");
-	int			attempt_att = SPI_fnumber(desc, "attempt");
-
-	tuplestore_rescan(rows);
-	while (tuplestore_gettupleslot(rows, true, false, slot))
-	{
-		bool		n1,
-					n2,
-					n3;
-		Datum		queue = slot_getattr(slot, queue_att, &n1);
-		Oid			state = DatumGetObjectId(slot_getattr(slot, state_att, &n2));
-
-		if (!n1 && !n2 && state == scheduled)
-		{
-			Datum		attempt = slot_getattr(slot, attempt_att, &n3);
-
-			mail_count_move(count, queue, COUNT_NONE, sign,
-							!n3 && DatumGetInt32(attempt) > 0 ? sign : 0);
-		}
-		ExecClearTuple(slot);
-	}
-	ExecDropSingleTupleTableSlot(slot);
-}
-
-/*
- * Count each run of mail_run, its mails (last_id - id + 1) times sign, in
- * its queue's gauges: runs are never retrying.
- */
-static void
-count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign)
-{
-	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	int			queue_att = SPI_fnumber(desc, "queue");
-	int			id_att = SPI_fnumber(desc, "id");
-	int			last_att = SPI_fnumber(desc, "last_id");
-
-	tuplestore_rescan(rows);
-	while (tuplestore_gettupleslot(rows, true, false, slot))
-	{
-		bool		n1,
-					n2,
-					n3;
-		Datum		queue = slot_getattr(slot, queue_att, &n1);
-		int64		id = DatumGetInt64(slot_getattr(slot, id_att, &n2));
-		int64		last = DatumGetInt64(slot_getattr(slot, last_att, &n3));
-
-		if (!n1 && !n2 && !n3 && last >= id)
-			mail_count_move(count, queue, COUNT_NONE, sign * (last - id + 1), 0);
-		ExecClearTuple(slot);
-	}
-	ExecDropSingleTupleTableSlot(slot);
-}
-
-/*
- * Lower the due floors (due_floor.c) to the statement's new scheduled
- * rows, whose index entries exist by now.  scheduled InvalidOid: the rows
- * are runs of mail_run, whose own floor is lowered.
- */
-static void
-lower_floors(Tuplestorestate *rows, TupleDesc desc, Oid scheduled)
-{
-	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	int			queue_att = SPI_fnumber(desc, "queue");
-	int			state_att = SPI_fnumber(desc, "state");
-	int			priority_att = SPI_fnumber(desc, "priority");
-	int			send_at_att = SPI_fnumber(desc, "send_at");
-	int			id_att = SPI_fnumber(desc, "id");
-	DueFloorNote floor;
-
-	if (priority_att <= 0 || send_at_att <= 0 || id_att <= 0)
-		elog(ERROR, "gatekeeper_count_live fired on a table without priority, send_at and id");
-	gatekeeper_due_floor_note_start(&floor, OidIsValid(scheduled) ? DUE_FLOOR_LIVE : DUE_FLOOR_RUN);
-	tuplestore_rescan(rows);
-	while (tuplestore_gettupleslot(rows, true, false, slot))
-	{
-		bool		n0,
-					n1,
-					n2,
-					n3;
-		Datum		queue = slot_getattr(slot, queue_att, &n0);
-		DueKey		key;
-
-		if (!n0 && (!OidIsValid(scheduled) ||
-					(DatumGetObjectId(slot_getattr(slot, state_att, &n1)) == scheduled && !n1)))
-		{
-			key.priority = DatumGetInt32(slot_getattr(slot, priority_att, &n1));
-			key.send_at = DatumGetTimestampTz(slot_getattr(slot, send_at_att, &n2));
-			key.id = DatumGetInt64(slot_getattr(slot, id_att, &n3));
-			if (!n1 && !n2 && !n3)
-				gatekeeper_due_floor_note(&floor, queue, &key);
-		}
-		ExecClearTuple(slot);
-	}
-	gatekeeper_due_floor_note_end(&floor);
-	ExecDropSingleTupleTableSlot(slot);
-}
-
-/*
- * gatekeeper_count_live
- *		gatekeeper._count_live(), the AFTER INSERT, UPDATE, DELETE and
- *		TRUNCATE statement triggers of gatekeeper.mail_live and
- *		gatekeeper.mail_run: count the statement's change to the live
- *		gauges, and lower the due floors to its new rows.
- */
-Datum
-gatekeeper_count_live(PG_FUNCTION_ARGS)
-{
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	TupleDesc	desc;
-	MailCount  *count;
-	Oid			scheduled = InvalidOid;
-
-	gatekeeper_require_schema();
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event))
-		elog(ERROR, "gatekeeper_count_live must be an AFTER statement trigger");
-
-	if (TRIGGER_FIRED_BY_TRUNCATE(trigdata->tg_event))
-	{
-		/* what the other of mail_live and mail_run holds is still scheduled */
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		set_aside(NULL);
-		live_count_recount();
-		SPI_finish();
-		return PointerGetDatum(NULL);
-	}
-	if (trigdata->tg_oldtable == NULL && trigdata->tg_newtable == NULL)
-		elog(ERROR, "gatekeeper_count_live needs the statement's transition tables");
-
-	desc = RelationGetDescr(trigdata->tg_relation);
-	if (SPI_fnumber(desc, "last_id") > 0)
-	{
-		/* mail_run: counted against mail_live, whose gauges they are */
-		if (SPI_fnumber(desc, "queue") <= 0 || SPI_fnumber(desc, "id") <= 0)
-			elog(ERROR, "gatekeeper_count_live fired on a table without queue, id and last_id");
-		count = mail_count_start(gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, false));
-		if (trigdata->tg_oldtable != NULL)
-			count_runs(count, trigdata->tg_oldtable, desc, -1);
-		if (trigdata->tg_newtable != NULL)
-			count_runs(count, trigdata->tg_newtable, desc, 1);
-	}
-	else
-	{
-		int			state_att = SPI_fnumber(desc, "state");
-
-		if (SPI_fnumber(desc, "queue") <= 0 || state_att <= 0 ||
-			SPI_fnumber(desc, "attempt") <= 0)
-			elog(ERROR, "gatekeeper_count_live fired on a table without queue, state and attempt");
-		scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
-														 CStringGetDatum("scheduled"),
-														 ObjectIdGetDatum(TupleDescAttr(desc, state_att - 1)->atttypid)));
-		count = mail_count_start(RelationGetRelid(trigdata->tg_relation));
-		if (trigdata->tg_oldtable != NULL)
-			count_live_rows(count, trigdata->tg_oldtable, desc, scheduled, -1);
-		if (trigdata->tg_newtable != NULL)
-			count_live_rows(count, trigdata->tg_newtable, desc, scheduled, 1);
-	}
-	mail_count_end(count);
-	if (trigdata->tg_newtable != NULL)
-		lower_floors(trigdata->tg_newtable, desc, scheduled);
-	return PointerGetDatum(NULL);
 }
 
 /*
@@ -1094,7 +781,7 @@ gatekeeper_forget_live(PG_FUNCTION_ARGS)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	set_aside(PG_GETARG_TEXT_PP(0));
+	mail_count_set_aside(PG_GETARG_TEXT_PP(0));
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -1167,7 +854,7 @@ gatekeeper_recount_live(PG_FUNCTION_ARGS)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	live_count_lock();
-	set_aside(NULL);
+	mail_count_set_aside(NULL);
 	total = live_count_recount();
 	SPI_finish();
 	/* writes the triggers did not see may sit below any floor */

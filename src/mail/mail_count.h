@@ -23,5 +23,6 @@ extern void mail_count_move(MailCount *count, Datum queue, int kind, int64 sched
 							int64 retrying);
 extern int	mail_count_outcome(Oid state_type, Oid state);
 extern void mail_count_end(MailCount *count);
+extern void mail_count_set_aside(text *queue);
 
 #endif							/* GATEKEEPER_MAIL_COUNT_H */
