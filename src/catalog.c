@@ -649,6 +649,32 @@ gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 											  elemtype, typlen, typbyval, typalign));
 }
 
+/*
+ * gatekeeper_spi_ids
+ *		The bigint first column of every row the last SPI statement
+ *		returned (SPI_tuptable), copied into an array allocated in cxt;
+ *		*n their count.  Returns NULL when there are none.
+ */
+int64 *
+gatekeeper_spi_ids(MemoryContext cxt, int *n)
+{
+	int64	   *ids = NULL;
+	uint64		i;
+
+	*n = (int) SPI_processed;
+	if (SPI_processed == 0)
+		return NULL;
+	ids = MemoryContextAlloc(cxt, SPI_processed * sizeof(int64));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	return ids;
+}
+
 
 /*
  * Whether a trigger fires in this session, as the executor decides it.

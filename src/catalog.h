@@ -2,8 +2,9 @@
  *
  * catalog.h
  *		What the rest of gatekeeper uses of catalog.c: the extension's
- *		tables' OIDs, kept plans, statements run by key, dump detection and
- *		arrays for SPI arguments.  (The version check is in gatekeeper.h.)
+ *		tables' OIDs, kept plans, statements run by key, dump detection,
+ *		arrays for SPI arguments and the ids a statement returned.  (The
+ *		version check is in gatekeeper.h.)
  *
  *-------------------------------------------------------------------------
  */
@@ -78,6 +79,7 @@ typedef enum GatekeeperWriter
 } GatekeeperWriter;
 extern GatekeeperWriter gatekeeper_writer(void);
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
+extern int64 *gatekeeper_spi_ids(MemoryContext cxt, int *n);
 extern bool gatekeeper_triggers_only(Relation rel, int event, const char *const *names,
 									 int nnames, uint32 *found);
 

@@ -843,7 +843,6 @@ finished_ids(TriggerData *trigdata, bool may_be, int *n)
 {
 	bool		isnull;
 	int64	   *ids = NULL;
-	uint64		i;
 
 	*n = 0;
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -862,14 +861,7 @@ finished_ids(TriggerData *trigdata, bool may_be, int *n)
 		gatekeeper_plan(&done_ids_plan, done_ids_sql, 0, NULL);
 		if (SPI_execute_plan(done_ids_plan, NULL, NULL, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "finished mail lookup failed");
-		if (SPI_processed > 0)
-		{
-			ids = MemoryContextAlloc(CurTransactionContext, SPI_processed * sizeof(int64));
-			for (i = 0; i < SPI_processed; i++)
-				ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													 SPI_tuptable->tupdesc, 1, &isnull));
-			*n = (int) SPI_processed;
-		}
+		ids = gatekeeper_spi_ids(CurTransactionContext, n);
 	}
 	SPI_finish();
 	return ids;
@@ -1041,8 +1033,6 @@ static int64 *
 skip_held_keys(TriggerData *trigdata, int *n)
 {
 	int64	   *skipped = NULL;
-	bool		isnull;
-	uint64		i;
 
 	*n = 0;
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -1065,14 +1055,7 @@ skip_held_keys(TriggerData *trigdata, int *n)
 	gatekeeper_plan(&skipped_ids_plan, skipped_ids_sql, 0, NULL);
 	if (SPI_execute_plan(skipped_ids_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not find the mails whose dedupe key is held");
-	if (SPI_processed > 0)
-	{
-		skipped = MemoryContextAlloc(CurTransactionContext, SPI_processed * sizeof(int64));
-		for (i = 0; i < SPI_processed; i++)
-			skipped[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													 SPI_tuptable->tupdesc, 1, &isnull));
-		*n = (int) SPI_processed;
-	}
+	skipped = gatekeeper_spi_ids(CurTransactionContext, n);
 	SPI_finish();
 	return skipped;
 }

@@ -619,8 +619,8 @@ gatekeeper_retry_queue(PG_FUNCTION_ARGS)
 	Oid			types[2] = {TEXTOID, TIMESTAMPTZOID};
 	Datum		args[2];
 	int64	   *ids;
-	uint64		nids;
-	uint64		i;
+	int			nids;
+	int			i;
 	int64		n = 0;
 
 	gatekeeper_require_schema();
@@ -635,14 +635,7 @@ gatekeeper_retry_queue(PG_FUNCTION_ARGS)
 	args[1] = PG_GETARG_DATUM(1);
 	if (execute(&retry_queue_plan, retry_queue_sql, 2, types, args, NULL, false) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the failed mail of a queue");
-	nids = SPI_processed;
-	ids = palloc(Max(nids, 1) * sizeof(int64));
-	for (i = 0; i < nids; i++)
-	{
-		bool		isnull;
-
-		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
-	}
+	ids = gatekeeper_spi_ids(CurrentMemoryContext, &nids);
 	SPI_freetuptable(SPI_tuptable);
 	for (i = 0; i < nids; i++)
 	{
