@@ -215,6 +215,8 @@ static int	deleted_mail(TriggerData *trigdata, Datum **ids, Datum **segments,
 						 int64 *lo, int64 *hi);
 static void sync_delete_claims(Datum *ids, int n, int64 lo, int64 hi);
 static void sync_delete(TriggerData *trigdata);
+static void refuse_held_key(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+							Datum *args, SyncedMail *new, bool by_scheduled);
 static void sync_key_take(SyncedMail *new, bool scheduled);
 static void sync_key_release(int64 id, Datum queue, Datum key);
 static bool claim_batch_lock(int64 id, ClaimBatch *b);
@@ -405,6 +407,35 @@ sync_delete(TriggerData *trigdata)
 }
 
 /*
+ * Run the lookup sql (kept in *plan) for another holder of new's dedupe
+ * key, and fail with 23505 if it finds one: a scheduled mail
+ * (by_scheduled, constraint mail_dedupe), else a claimed or recently
+ * finished one (mail_key_pkey).
+ */
+static void
+refuse_held_key(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
+				SyncedMail *new, bool by_scheduled)
+{
+	const char *constraint = by_scheduled ? "mail_dedupe" : "mail_key_pkey";
+
+	if (execute(plan, sql, nargs, types, args, NULL, true) != SPI_OK_SELECT)
+		elog(ERROR, "could not look up a dedupe key");
+	if (SPI_processed == 0)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_UNIQUE_VIOLATION),
+			 errmsg("duplicate key value violates unique constraint \"%s\"", constraint),
+			 by_scheduled ?
+			 errdetail("A scheduled mail of queue %s holds dedupe key %s.",
+					   TextDatumGetCString(new->queue),
+					   TextDatumGetCString(new->dedupe_key)) :
+			 errdetail("A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.",
+					   TextDatumGetCString(new->queue),
+					   TextDatumGetCString(new->dedupe_key)),
+			 err_generic_string(PG_DIAG_CONSTRAINT_NAME, constraint)));
+}
+
+/*
  * The dedupe key new->dedupe_key for mail new, which holds it no more
  * than it did: its row of mail_key, locked first and tested then (as
  * src/mail.c does).  A claimed mail (!scheduled) takes a stale row over
@@ -428,18 +459,7 @@ sync_key_take(SyncedMail *new, bool scheduled)
 		if (execute(&sync_key_drop_stale_plan, sync_key_drop_stale_sql, 3, types, args, NULL,
 					false) != SPI_OK_DELETE)
 			elog(ERROR, "could not take over a dedupe key");
-		if (execute(&sync_key_held_plan, sync_key_held_sql, 3, types, args, NULL,
-					true) != SPI_OK_SELECT)
-			elog(ERROR, "could not look up a dedupe key");
-		if (SPI_processed > 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNIQUE_VIOLATION),
-					 errmsg("duplicate key value violates unique constraint \"%s\"",
-							"mail_key_pkey"),
-					 errdetail("A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.",
-							   TextDatumGetCString(new->queue),
-							   TextDatumGetCString(new->dedupe_key)),
-					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_key_pkey")));
+		refuse_held_key(&sync_key_held_plan, sync_key_held_sql, 3, types, args, new, false);
 		if (execute(&sync_key_take_plan, sync_key_take_sql, 3, types, args, NULL,
 					false) != SPI_OK_INSERT)
 			elog(ERROR, "could not write a dedupe key");
@@ -575,18 +595,8 @@ sync_claimed_keys(SyncedMail *new, Datum old_queue, Datum old_key)
 
 		args[0] = new->queue;
 		args[1] = new->dedupe_key;
-		if (execute(&sync_key_scheduled_plan, sync_key_scheduled_sql, 2, types, args, NULL,
-					true) != SPI_OK_SELECT)
-			elog(ERROR, "could not look up a dedupe key");
-		if (SPI_processed > 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNIQUE_VIOLATION),
-					 errmsg("duplicate key value violates unique constraint \"%s\"",
-							"mail_dedupe"),
-					 errdetail("A scheduled mail of queue %s holds dedupe key %s.",
-							   TextDatumGetCString(new->queue),
-							   TextDatumGetCString(new->dedupe_key)),
-					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_dedupe")));
+		refuse_held_key(&sync_key_scheduled_plan, sync_key_scheduled_sql, 2, types, args,
+						new, true);
 		sync_key_take(new, false);
 	}
 	if (old_key != (Datum) 0 && !same)
