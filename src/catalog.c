@@ -369,6 +369,20 @@ gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 }
 
 /*
+ * gatekeeper_execute_kept
+ *		A statement kept in *plan (prepared from sql on first use, as
+ *		gatekeeper_plan does), run by key with args (nulls as
+ *		SPI_execute_plan takes them); returns SPI's result code.
+ */
+int
+gatekeeper_execute_kept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+						Datum *args, const char *nulls, bool read_only)
+{
+	gatekeeper_plan(plan, sql, nargs, types);
+	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
+}
+
+/*
  * gatekeeper_execute_by_key_into
  *		The same, sending the rows the statement returns to dest (NULL:
  *		to SPI_tuptable, as SPI_execute_plan does).

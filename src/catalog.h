@@ -65,6 +65,8 @@ extern AttrNumber gatekeeper_attnum(GatekeeperColumn column);
 extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 									  bool read_only, long count);
+extern int	gatekeeper_execute_kept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+									Datum *args, const char *nulls, bool read_only);
 extern int	gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
 										   bool read_only, long count, DestReceiver *dest);
 extern void gatekeeper_planner_init(void);
