@@ -333,6 +333,7 @@ static SPIPlanPtr purge_gate_log_plan = NULL;
 static bool cancel_scheduled(int64 id);
 static bool retry_one(int64 id, bool bulk);
 static bool retry_take_key(int64 id, Datum queue, Datum key, bool bulk);
+static int64 required_id(FunctionCallInfo fcinfo);
 static void require_queue(text *queue);
 static void announce_due(Datum queues, Datum dues);
 static bool rotate_recent(int16 segment, Datum retention, bool no_retention);
@@ -384,22 +385,32 @@ require_queue(text *queue)
 }
 
 /*
+ * The mail id that cancel(id) or retry(id) was called with, once the
+ * schema is checked: 22004 when it is null.
+ */
+static int64
+required_id(FunctionCallInfo fcinfo)
+{
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("id must not be null")));
+	return PG_GETARG_INT64(0);
+}
+
+/*
  * cancel(id bigint) RETURNS boolean
  *		Cancel a scheduled mail by id.
  */
 Datum
 gatekeeper_cancel(PG_FUNCTION_ARGS)
 {
+	int64		id = required_id(fcinfo);
 	bool		cancelled;
 
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("id must not be null")));
-
 	SPI_connect();
-	cancelled = cancel_scheduled(PG_GETARG_INT64(0));
+	cancelled = cancel_scheduled(id);
 	SPI_finish();
 
 	PG_RETURN_BOOL(cancelled);
@@ -592,16 +603,11 @@ retry_take_key(int64 id, Datum queue, Datum key, bool bulk)
 Datum
 gatekeeper_retry(PG_FUNCTION_ARGS)
 {
+	int64		id = required_id(fcinfo);
 	bool		retried;
 
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("id must not be null")));
-
 	SPI_connect();
-	retried = retry_one(PG_GETARG_INT64(0), false);
+	retried = retry_one(id, false);
 	SPI_finish();
 
 	PG_RETURN_BOOL(retried);
