@@ -369,6 +369,20 @@ gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 }
 
 /*
+ * gatekeeper_execute_kept
+ *		A statement kept in *plan (prepared from sql on first use, as
+ *		gatekeeper_plan does), run by key with args (nulls as
+ *		SPI_execute_plan takes them); returns SPI's result code.
+ */
+int
+gatekeeper_execute_kept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+						Datum *args, const char *nulls, bool read_only)
+{
+	gatekeeper_plan(plan, sql, nargs, types);
+	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
+}
+
+/*
  * gatekeeper_execute_by_key_into
  *		The same, sending the rows the statement returns to dest (NULL:
  *		to SPI_tuptable, as SPI_execute_plan does).
@@ -647,6 +661,32 @@ gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype)
 	dims[0] = n;
 	return PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs,
 											  elemtype, typlen, typbyval, typalign));
+}
+
+/*
+ * gatekeeper_spi_ids
+ *		The bigint first column of every row the last SPI statement
+ *		returned (SPI_tuptable), copied into an array allocated in cxt;
+ *		*n their count.  Returns NULL when there are none.
+ */
+int64 *
+gatekeeper_spi_ids(MemoryContext cxt, int *n)
+{
+	int64	   *ids = NULL;
+	uint64		i;
+
+	*n = (int) SPI_processed;
+	if (SPI_processed == 0)
+		return NULL;
+	ids = MemoryContextAlloc(cxt, SPI_processed * sizeof(int64));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	return ids;
 }
 
 

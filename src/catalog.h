@@ -2,8 +2,9 @@
  *
  * catalog.h
  *		What the rest of gatekeeper uses of catalog.c: the extension's
- *		tables' OIDs, kept plans, statements run by key, dump detection and
- *		arrays for SPI arguments.  (The version check is in gatekeeper.h.)
+ *		tables' OIDs, kept plans, statements run by key, dump detection,
+ *		arrays for SPI arguments and the ids a statement returned.  (The
+ *		version check is in gatekeeper.h.)
  *
  *-------------------------------------------------------------------------
  */
@@ -64,6 +65,8 @@ extern AttrNumber gatekeeper_attnum(GatekeeperColumn column);
 extern SPIPlanPtr gatekeeper_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes);
 extern int	gatekeeper_execute_by_key(SPIPlanPtr plan, Datum *values, const char *nulls,
 									  bool read_only, long count);
+extern int	gatekeeper_execute_kept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+									Datum *args, const char *nulls, bool read_only);
 extern int	gatekeeper_execute_by_key_into(SPIPlanPtr plan, Datum *values, const char *nulls,
 										   bool read_only, long count, DestReceiver *dest);
 extern void gatekeeper_planner_init(void);
@@ -78,6 +81,7 @@ typedef enum GatekeeperWriter
 } GatekeeperWriter;
 extern GatekeeperWriter gatekeeper_writer(void);
 extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
+extern int64 *gatekeeper_spi_ids(MemoryContext cxt, int *n);
 extern bool gatekeeper_triggers_only(Relation rel, int event, const char *const *names,
 									 int nnames, uint32 *found);
 

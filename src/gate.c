@@ -47,6 +47,7 @@ static void row_key(GatePasses *row, uint32 space, GateKey *key);
 static void row_reserve(GatePasses *row, int n);
 static void row_load(GatePasses *row, GateEntry *e);
 static int	expiry_cmp(const void *a, const void *b);
+static int	text_then_number_cmp(const char *xs, int64 xn, const char *ys, int64 yn);
 static int	release_cmp(const void *a, const void *b);
 static int	release_chunk(Release *rel, int n, int32 *gates, int ngates, TimestampTz now);
 
@@ -60,11 +61,22 @@ gatekeeper_gate_passes_cmp(const void *a, const void *b)
 {
 	const GatePasses *x = (const GatePasses *) a;
 	const GatePasses *y = (const GatePasses *) b;
-	int			c = strcmp(x->recipient, y->recipient);
+
+	return text_then_number_cmp(x->recipient, x->gate, y->recipient, y->gate);
+}
+
+/*
+ * The order of two (text, number) pairs: by the texts' bytes, then by
+ * the numbers.
+ */
+static int
+text_then_number_cmp(const char *xs, int64 xn, const char *ys, int64 yn)
+{
+	int			c = strcmp(xs, ys);
 
 	if (c != 0)
 		return c;
-	return (x->gate > y->gate) - (x->gate < y->gate);
+	return (xn > yn) - (xn < yn);
 }
 
 /*
@@ -560,11 +572,8 @@ release_cmp(const void *a, const void *b)
 {
 	const Release *x = (const Release *) a;
 	const Release *y = (const Release *) b;
-	int			c = strcmp(x->key, y->key);
 
-	if (c != 0)
-		return c;
-	return (x->holder > y->holder) - (x->holder < y->holder);
+	return text_then_number_cmp(x->key, x->holder, y->key, y->holder);
 }
 
 /*

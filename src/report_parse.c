@@ -84,6 +84,9 @@ typedef struct FieldReader
 	int			fields;
 } FieldReader;
 
+/* what read_group does with each field of a group (its name lower-cased) */
+typedef void (*GroupField) (const char *name, const char *value, ParsedReport *out);
+
 static const char *line_end(const char *p, const char *end, const char **next);
 static bool next_field(FieldReader *r, char *name, size_t name_size,
 					   char *value, size_t value_size);
@@ -93,8 +96,9 @@ static void read_top_field(const char *name, const char *value, ParsedReport *ou
 static void walk_multipart(const Entity *e, int depth, bool in_report, Walk *w);
 static Span decode(const Entity *e);
 static void read_delivery_status(Span body, Walk *w);
-static void read_feedback_report(Span body, Walk *w);
-static void read_returned(Span body, Walk *w);
+static void read_group(Span body, ParsedReport *out, GroupField field);
+static void feedback_report_field(const char *name, const char *value, ParsedReport *out);
+static void returned_field(const char *name, const char *value, ParsedReport *out);
 static void keep_text(Span body, Walk *w);
 static bool starts_with_any(const char *lower, const char *const *words);
 static bool contains_any(const char *lower, const char *const *words);
@@ -398,7 +402,7 @@ walk(Span data, int depth, bool in_report, Walk *w)
 		{
 			w->have_returned = true;
 			w->out->forwarded = true;
-			read_returned(decode(&e), w);
+			read_group(decode(&e), w->out, returned_field);
 		}
 		return;
 	}
@@ -416,7 +420,7 @@ walk(Span data, int depth, bool in_report, Walk *w)
 		if (!w->have_status)
 		{
 			w->have_status = true;
-			read_feedback_report(decode(&e), w);
+			read_group(decode(&e), w->out, feedback_report_field);
 		}
 	}
 	else if (strcmp(e.type, "message/rfc822") == 0 ||
@@ -427,7 +431,7 @@ walk(Span data, int depth, bool in_report, Walk *w)
 		if (!w->have_returned)
 		{
 			w->have_returned = true;
-			read_returned(decode(&e), w);
+			read_group(decode(&e), w->out, returned_field);
 		}
 	}
 }
@@ -656,12 +660,12 @@ read_delivery_status(Span body, Walk *w)
 }
 
 /*
- * The fields of a message/feedback-report body (one group).
+ * Read the one header group of body (after the blank lines some senders
+ * put first), handing each field to field.
  */
 static void
-read_feedback_report(Span body, Walk *w)
+read_group(Span body, ParsedReport *out, GroupField field)
 {
-	ParsedReport *out = w->out;
 	FieldReader r;
 	char		name[64];
 	char	   *value = palloc(REPORT_MAX_VALUE + 1);
@@ -669,55 +673,48 @@ read_feedback_report(Span body, Walk *w)
 	r.p = body.p;
 	r.end = body.p + body.n;
 	r.fields = 0;
-	/* some senders put a blank line first */
 	while (r.p < r.end && (*r.p == '\r' || *r.p == '\n'))
 		r.p++;
 	while (next_field(&r, name, sizeof(name), value, REPORT_MAX_VALUE + 1))
-	{
-		if (strcmp(name, "feedback-type") == 0 && out->feedback_type == NULL)
-		{
-			const char *v = skip_space(value);
-			char		type[32];
-
-			copy_lower(type, sizeof(type), v, strcspn(v, " \t;("));
-			out->feedback_type = report_clean(type, strlen(type));
-		}
-		else if (strcmp(name, "user-agent") == 0 && out->user_agent == NULL)
-			out->user_agent = report_clean(value, strlen(value));
-		else if (strcmp(name, "original-mail-from") == 0 && out->original_mail_from == NULL)
-			out->original_mail_from = angle_address(value);
-		else if (strcmp(name, "original-rcpt-to") == 0 && out->original_rcpt_to == NULL)
-			out->original_rcpt_to = angle_address(value);
-		else if (strcmp(name, "removal-recipient") == 0 && out->removal_recipient == NULL)
-			out->removal_recipient = angle_address(value);
-	}
+		field(name, value, out);
 	pfree(value);
 }
 
 /*
- * The headers of the returned message: its Message-ID and Return-Path.
+ * A field of a message/feedback-report body (read_group's field).
  */
 static void
-read_returned(Span body, Walk *w)
+feedback_report_field(const char *name, const char *value, ParsedReport *out)
 {
-	ParsedReport *out = w->out;
-	FieldReader r;
-	char		name[64];
-	char	   *value = palloc(REPORT_MAX_VALUE + 1);
-
-	r.p = body.p;
-	r.end = body.p + body.n;
-	r.fields = 0;
-	while (r.p < r.end && (*r.p == '\r' || *r.p == '\n'))
-		r.p++;
-	while (next_field(&r, name, sizeof(name), value, REPORT_MAX_VALUE + 1))
+	if (strcmp(name, "feedback-type") == 0 && out->feedback_type == NULL)
 	{
-		if (strcmp(name, "message-id") == 0 && out->returned_message_id == NULL)
-			out->returned_message_id = message_id(value);
-		else if (strcmp(name, "return-path") == 0 && out->returned_return_path == NULL)
-			out->returned_return_path = angle_address(value);
+		const char *v = skip_space(value);
+		char		type[32];
+
+		copy_lower(type, sizeof(type), v, strcspn(v, " \t;("));
+		out->feedback_type = report_clean(type, strlen(type));
 	}
-	pfree(value);
+	else if (strcmp(name, "user-agent") == 0 && out->user_agent == NULL)
+		out->user_agent = report_clean(value, strlen(value));
+	else if (strcmp(name, "original-mail-from") == 0 && out->original_mail_from == NULL)
+		out->original_mail_from = angle_address(value);
+	else if (strcmp(name, "original-rcpt-to") == 0 && out->original_rcpt_to == NULL)
+		out->original_rcpt_to = angle_address(value);
+	else if (strcmp(name, "removal-recipient") == 0 && out->removal_recipient == NULL)
+		out->removal_recipient = angle_address(value);
+}
+
+/*
+ * A header of the returned message (read_group's field): its Message-ID
+ * and Return-Path are kept.
+ */
+static void
+returned_field(const char *name, const char *value, ParsedReport *out)
+{
+	if (strcmp(name, "message-id") == 0 && out->returned_message_id == NULL)
+		out->returned_message_id = message_id(value);
+	else if (strcmp(name, "return-path") == 0 && out->returned_return_path == NULL)
+		out->returned_return_path = angle_address(value);
 }
 
 /*

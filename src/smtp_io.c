@@ -44,6 +44,7 @@
 static ssize_t conn_write(SmtpConn *c, const char *buf, size_t len, char *err, size_t errlen);
 static void conn_stuff_piece(SmtpConn *c, SmtpSegment *s);
 static ssize_t conn_write_plain(SmtpConn *c, char *err, size_t errlen);
+static ssize_t sock_send(SmtpConn *c, struct iovec *iov, int niov, char *err, size_t errlen);
 static void conn_output_lost(SmtpConn *c, const char *error);
 static void tls_error(const char *what, char *buf, size_t len);
 
@@ -320,18 +321,13 @@ conn_write(SmtpConn *c, const char *buf, size_t len, char *err, size_t errlen)
 				return -1;
 		}
 	}
-	for (;;)
+	else
 	{
-		ssize_t		n = send(c->sock, buf, len, MSG_NOSIGNAL);
+		struct iovec iov;
 
-		if (n >= 0)
-			return n;
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK)
-			return 0;
-		snprintf(err, errlen, "could not write: %m");
-		return -1;
+		iov.iov_base = unconstify(char *, buf);
+		iov.iov_len = len;
+		return sock_send(c, &iov, 1, err, errlen);
 	}
 }
 
@@ -515,7 +511,6 @@ static ssize_t
 conn_write_plain(SmtpConn *c, char *err, size_t errlen)
 {
 	struct iovec iov[SMTP_WRITE_SEGMENTS];
-	struct msghdr msg;
 	int			niov = 0;
 	int			i;
 
@@ -534,6 +529,19 @@ conn_write_plain(SmtpConn *c, char *err, size_t errlen)
 	}
 	if (niov == 0)
 		return 0;
+	return sock_send(c, iov, niov, err, errlen);
+}
+
+/*
+ * sock_send
+ *		Send the niov pieces iov on c's socket, without TLS: octets written
+ *		(0: none now), or -1 with err.
+ */
+static ssize_t
+sock_send(SmtpConn *c, struct iovec *iov, int niov, char *err, size_t errlen)
+{
+	struct msghdr msg;
+
 	memset(&msg, 0, sizeof(msg));
 	msg.msg_iov = iov;
 	msg.msg_iovlen = niov;

@@ -452,6 +452,22 @@ queue_keys(Take *t, Relation idx, ScanKey keys, StrategyNumber strategy, int32 l
 }
 
 /*
+ * A scan of one level of a due index (mail_due over mail_live, mail_run_due
+ * over mail_run) for the queue, from a floor on in two ranges as
+ * LiveStream describes (due_scan_begin, due_scan_past_floor).
+ */
+typedef struct DueScan
+{
+	Relation	heap;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	ScanKeyData keys[4];
+	int			nkeys;
+	bool		at_floor;		/* in the first of the floor's two ranges */
+} DueScan;
+
+/*
  * The live rows of one level, in (send_at, id) order.  In the due floor's
  * level the scan starts at the floor, (send_at, id) >= the floor's, as two
  * ranges of mail_due: send_at = the floor's and id >= its id, then send_at
@@ -460,11 +476,7 @@ queue_keys(Take *t, Relation idx, ScanKey keys, StrategyNumber strategy, int32 l
  */
 typedef struct LiveStream
 {
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
-	ScanKeyData keys[4];
-	int			nkeys;
-	bool		at_floor;		/* in the first of the floor's two ranges */
+	DueScan		s;
 	bool		valid;			/* slot holds the next row */
 	bool		done;
 	TimestampTz send_at;
@@ -477,11 +489,7 @@ typedef struct LiveStream
  */
 typedef struct RunStream
 {
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
-	ScanKeyData keys[4];
-	int			nkeys;
-	bool		at_floor;		/* in the first of the floor's two ranges */
+	DueScan		s;
 	bool		valid;			/* the fields below are the next run */
 	bool		done;
 	bool		held;			/* locked by this take: its mails are ours */
@@ -492,19 +500,65 @@ typedef struct RunStream
 	int16		segment;
 } RunStream;
 
+/*
+ * Begin s, the scan of the queue's level in index (over heap): from floor
+ * on, in the first of the floor's two ranges, when floor is not NULL.
+ */
+static void
+due_scan_begin(Take *t, DueScan *s, Relation heap, Relation index, int32 level,
+			   const DueKey *floor)
+{
+	s->heap = heap;
+	s->index = index;
+	s->nkeys = queue_keys(t, index, s->keys, BTEqualStrategyNumber, level);
+	if (floor != NULL)
+	{
+		ScanKeyInit(&s->keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
+					TimestampTzGetDatum(floor->send_at));
+		ScanKeyInit(&s->keys[3], 4, BTGreaterEqualStrategyNumber, F_INT8GE,
+					Int64GetDatum(floor->id));
+		s->nkeys = 4;
+		s->at_floor = true;
+	}
+	s->slot = table_slot_create(heap, NULL);
+	s->scan = index_beginscan(heap, index, t->snapshot, s->nkeys, 0);
+	index_rescan(s->scan, s->keys, s->nkeys, NULL, 0);
+}
+
+/*
+ * The first of the floor's two ranges done: move s on to the level
+ * beyond the floor's send_at.  False when s was past it already (the
+ * level is done).
+ */
+static bool
+due_scan_past_floor(Take *t, DueScan *s, const DueKey *floor)
+{
+	if (!s->at_floor)
+		return false;
+	s->at_floor = false;
+	ScanKeyInit(&s->keys[2], 3, BTGreaterStrategyNumber, F_TIMESTAMPTZ_GT,
+				TimestampTzGetDatum(floor->send_at));
+	s->nkeys = 3;
+	/* a scan's number of keys is fixed when it begins */
+	index_endscan(s->scan);
+	s->scan = index_beginscan(s->heap, s->index, t->snapshot, s->nkeys, 0);
+	index_rescan(s->scan, s->keys, s->nkeys, NULL, 0);
+	return true;
+}
+
 static void
 live_advance(Take *t, LiveStream *a, const DueKey *floor)
 {
 	for (;;)
 	{
-		while (index_getnext_slot(a->scan, ForwardScanDirection, a->slot))
+		while (index_getnext_slot(a->s.scan, ForwardScanDirection, a->s.slot))
 		{
 			Datum	   *v;
 			bool	   *nl;
 
-			slot_getallattrs(a->slot);
-			v = a->slot->tts_values;
-			nl = a->slot->tts_isnull;
+			slot_getallattrs(a->s.slot);
+			v = a->s.slot->tts_values;
+			nl = a->s.slot->tts_isnull;
 			if (nl[t->att[L_STATE] - 1] ||
 				DatumGetObjectId(v[t->att[L_STATE] - 1]) != t->scheduled)
 				continue;
@@ -513,17 +567,8 @@ live_advance(Take *t, LiveStream *a, const DueKey *floor)
 			a->valid = true;
 			return;
 		}
-		if (!a->at_floor)
+		if (!due_scan_past_floor(t, &a->s, floor))
 			break;
-		/* the floor's send_at done: the level beyond it */
-		a->at_floor = false;
-		ScanKeyInit(&a->keys[2], 3, BTGreaterStrategyNumber, F_TIMESTAMPTZ_GT,
-					TimestampTzGetDatum(floor->send_at));
-		a->nkeys = 3;
-		/* a scan's number of keys is fixed when it begins */
-		index_endscan(a->scan);
-		a->scan = index_beginscan(t->live, t->due, t->snapshot, a->nkeys, 0);
-		index_rescan(a->scan, a->keys, a->nkeys, NULL, 0);
 	}
 	a->valid = false;
 	a->done = true;
@@ -560,11 +605,11 @@ run_finish(Take *t, RunStream *b)
 		}
 		n = t->run_new;
 		ExecClearTuple(n);
-		slot_getallattrs(b->slot);
+		slot_getallattrs(b->s.slot);
 		for (i = 0; i < n->tts_tupleDescriptor->natts; i++)
 		{
-			n->tts_values[i] = b->slot->tts_values[i];
-			n->tts_isnull[i] = b->slot->tts_isnull[i];
+			n->tts_values[i] = b->s.slot->tts_values[i];
+			n->tts_isnull[i] = b->s.slot->tts_isnull[i];
 		}
 		n->tts_values[t->ratt[R_ID] - 1] = Int64GetDatum(b->next);
 		ExecStoreVirtualTuple(n);
@@ -584,13 +629,13 @@ run_advance(Take *t, RunStream *b)
 	run_finish(t, b);
 	for (;;)
 	{
-		while (index_getnext_slot(b->scan, ForwardScanDirection, b->slot))
+		while (index_getnext_slot(b->s.scan, ForwardScanDirection, b->s.slot))
 		{
 			Datum	   *v;
 
-			slot_getallattrs(b->slot);
-			v = b->slot->tts_values;
-			b->tid = b->slot->tts_tid;
+			slot_getallattrs(b->s.slot);
+			v = b->s.slot->tts_values;
+			b->tid = b->s.slot->tts_tid;
 			b->send_at = DatumGetTimestampTz(v[t->ratt[R_SEND_AT] - 1]);
 			b->next = DatumGetInt64(v[t->ratt[R_ID] - 1]);
 			b->last = DatumGetInt64(v[t->ratt[R_LAST_ID] - 1]);
@@ -598,16 +643,8 @@ run_advance(Take *t, RunStream *b)
 			b->valid = true;
 			return;
 		}
-		if (!b->at_floor)
+		if (!due_scan_past_floor(t, &b->s, &t->run_floor))
 			break;
-		/* the floor's send_at done: the level beyond it */
-		b->at_floor = false;
-		ScanKeyInit(&b->keys[2], 3, BTGreaterStrategyNumber, F_TIMESTAMPTZ_GT,
-					TimestampTzGetDatum(t->run_floor.send_at));
-		b->nkeys = 3;
-		index_endscan(b->scan);
-		b->scan = index_beginscan(t->run, t->run_due, t->snapshot, b->nkeys, 0);
-		index_rescan(b->scan, b->keys, b->nkeys, NULL, 0);
 	}
 	b->valid = false;
 	b->done = true;
@@ -625,7 +662,7 @@ run_lock(Take *t, RunStream *b)
 	TM_FailureData tmfd;
 	TM_Result	result;
 
-	result = table_tuple_lock(t->run, &b->tid, t->snapshot, b->slot, t->cid,
+	result = table_tuple_lock(t->run, &b->tid, t->snapshot, b->s.slot, t->cid,
 							  LockTupleExclusive, LockWaitSkip, 0, &tmfd);
 	if (result == TM_Ok)
 	{
@@ -647,7 +684,7 @@ run_lock(Take *t, RunStream *b)
 static void
 take_live(Take *t, LiveStream *a)
 {
-	Datum	   *v = a->slot->tts_values;
+	Datum	   *v = a->s.slot->tts_values;
 	ContentPart *c;
 	TM_FailureData tmfd;
 	TM_Result	result;
@@ -657,7 +694,7 @@ take_live(Take *t, LiveStream *a)
 	c = fetch_content(t, a->id, DatumGetInt16(v[t->att[L_SEGMENT] - 1]));
 	if (c != NULL)
 	{
-		result = mail_exec_delete(t->live, &a->slot->tts_tid, t->cid, t->snapshot, false,
+		result = mail_exec_delete(t->live, &a->s.slot->tts_tid, t->cid, t->snapshot, false,
 								  &tmfd);
 		if (result == TM_Ok)
 		{
@@ -665,7 +702,7 @@ take_live(Take *t, LiveStream *a)
 			t->scheduled_off++;
 			if (DatumGetInt32(v[t->att[L_ATTEMPT] - 1]) > 0)
 				t->retrying_off++;
-			hand_over(t, a->slot, c);
+			hand_over(t, a->s.slot, c);
 		}
 		else if (IsolationUsesXactSnapshot() &&
 				 (result == TM_Updated || result == TM_Deleted))
@@ -688,7 +725,7 @@ static void
 take_run_mail(Take *t, RunStream *b)
 {
 	TupleTableSlot *l = t->synth;
-	Datum	   *rv = b->slot->tts_values;
+	Datum	   *rv = b->s.slot->tts_values;
 	ContentPart *c;
 	MemoryContext old;
 	int64		id = b->next++;
@@ -733,37 +770,15 @@ walk_level(Take *t, int32 level, const DueKey *floor)
 
 	memset(&a, 0, sizeof(a));
 	memset(&b, 0, sizeof(b));
-	a.nkeys = queue_keys(t, t->due, a.keys, BTEqualStrategyNumber, level);
-	if (floor != NULL)
-	{
-		ScanKeyInit(&a.keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
-					TimestampTzGetDatum(floor->send_at));
-		ScanKeyInit(&a.keys[3], 4, BTGreaterEqualStrategyNumber, F_INT8GE,
-					Int64GetDatum(floor->id));
-		a.nkeys = 4;
-		a.at_floor = true;
-	}
-	a.slot = table_slot_create(t->live, NULL);
-	a.scan = index_beginscan(t->live, t->due, t->snapshot, a.nkeys, 0);
-	index_rescan(a.scan, a.keys, a.nkeys, NULL, 0);
+	due_scan_begin(t, &a.s, t->live, t->due, level, floor);
 	live_advance(t, &a, floor);
 
 	if (t->run != NULL)
 	{
-		b.nkeys = queue_keys(t, t->run_due, b.keys, BTEqualStrategyNumber, level);
-		if (t->have_run_floor && level == t->run_floor.priority)
-		{
-			/* past the runs claimed before (due_floor.c) */
-			ScanKeyInit(&b.keys[2], 3, BTEqualStrategyNumber, F_TIMESTAMPTZ_EQ,
-						TimestampTzGetDatum(t->run_floor.send_at));
-			ScanKeyInit(&b.keys[3], 4, BTGreaterEqualStrategyNumber, F_INT8GE,
-						Int64GetDatum(t->run_floor.id));
-			b.nkeys = 4;
-			b.at_floor = true;
-		}
-		b.slot = table_slot_create(t->run, NULL);
-		b.scan = index_beginscan(t->run, t->run_due, t->snapshot, b.nkeys, 0);
-		index_rescan(b.scan, b.keys, b.nkeys, NULL, 0);
+		/* past the runs claimed before (due_floor.c) */
+		due_scan_begin(t, &b.s, t->run, t->run_due, level,
+					   t->have_run_floor && level == t->run_floor.priority ?
+					   &t->run_floor : NULL);
 		run_advance(t, &b);
 	}
 	else
@@ -796,12 +811,12 @@ walk_level(Take *t, int32 level, const DueKey *floor)
 	}
 	run_finish(t, &b);
 
-	index_endscan(a.scan);
-	ExecDropSingleTupleTableSlot(a.slot);
-	if (b.scan != NULL)
+	index_endscan(a.s.scan);
+	ExecDropSingleTupleTableSlot(a.s.slot);
+	if (b.s.scan != NULL)
 	{
-		index_endscan(b.scan);
-		ExecDropSingleTupleTableSlot(b.slot);
+		index_endscan(b.s.scan);
+		ExecDropSingleTupleTableSlot(b.s.slot);
 	}
 	return t->taken >= t->share;
 }

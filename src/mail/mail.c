@@ -69,6 +69,8 @@ static ExecutorStart_hook_type prev_executor_start = NULL;
 
 static void gatekeeper_mail_executor_start(QueryDesc *queryDesc, int eflags);
 static bool inserts_mail_returning(PlannedStmt *stmt, Plan *plan);
+static void connect_for_trigger(TriggerData *trigdata);
+static bool lock_keys(void);
 
 /* The columns the trigger reads, by attribute number. */
 typedef struct MailColumns
@@ -842,13 +844,9 @@ finished_ids(TriggerData *trigdata, bool may_be, int *n)
 {
 	bool		isnull;
 	int64	   *ids = NULL;
-	uint64		i;
 
 	*n = 0;
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
-		elog(ERROR, "SPI_register_trigger_data failed");
+	connect_for_trigger(trigdata);
 	if (!may_be)
 	{
 		gatekeeper_plan(&any_done_plan, any_done_sql, 0, NULL);
@@ -861,14 +859,7 @@ finished_ids(TriggerData *trigdata, bool may_be, int *n)
 		gatekeeper_plan(&done_ids_plan, done_ids_sql, 0, NULL);
 		if (SPI_execute_plan(done_ids_plan, NULL, NULL, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "finished mail lookup failed");
-		if (SPI_processed > 0)
-		{
-			ids = MemoryContextAlloc(CurTransactionContext, SPI_processed * sizeof(int64));
-			for (i = 0; i < SPI_processed; i++)
-				ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													 SPI_tuptable->tupdesc, 1, &isnull));
-			*n = (int) SPI_processed;
-		}
+		ids = gatekeeper_spi_ids(CurTransactionContext, n);
 	}
 	SPI_finish();
 	return ids;
@@ -914,10 +905,7 @@ int64_cmp(const void *a, const void *b)
 static void
 insert_live(TriggerData *trigdata, bool restoring)
 {
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
-		elog(ERROR, "SPI_register_trigger_data failed");
+	connect_for_trigger(trigdata);
 	if (restoring)
 	{
 		gatekeeper_plan(&insert_live_restore_plan, insert_live_restore_sql, 0, NULL);
@@ -975,6 +963,38 @@ held_key_error(TriggerData *trigdata, HeapTuple tuple, TupleDesc tupdesc)
 }
 
 /*
+ * SPI_connect for a statement trigger whose SQL reads its transition
+ * tables (new_mail, old_mail): they are registered with the connection.
+ */
+static void
+connect_for_trigger(TriggerData *trigdata)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
+		elog(ERROR, "SPI_register_trigger_data failed");
+}
+
+/*
+ * Lock the rows of gatekeeper.mail_key that the statement's new mails'
+ * keys name, and delete those whose mail no longer holds its key (as
+ * write_keys explains).  Returns whether any row was locked.
+ */
+static bool
+lock_keys(void)
+{
+	gatekeeper_plan(&lock_keys_plan, lock_keys_sql, 0, NULL);
+	if (SPI_execute_plan(lock_keys_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not lock dedupe keys");
+	if (SPI_processed == 0)
+		return false;
+	gatekeeper_plan(&clear_keys_plan, clear_keys_sql, 0, NULL);
+	if (SPI_execute_plan(clear_keys_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "could not clear stale dedupe keys");
+	return true;
+}
+
+/*
  * Write the keys of the statement's new keyed mails into mail_key, after
  * their live rows: a key held by another mail (claimed, or finished within
  * its queue's dedupe_window) fails the statement with 23505 on
@@ -995,18 +1015,9 @@ held_key_error(TriggerData *trigdata, HeapTuple tuple, TupleDesc tupdesc)
 static void
 write_keys(TriggerData *trigdata)
 {
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
-		elog(ERROR, "SPI_register_trigger_data failed");
-	gatekeeper_plan(&lock_keys_plan, lock_keys_sql, 0, NULL);
-	if (SPI_execute_plan(lock_keys_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not lock dedupe keys");
-	if (SPI_processed > 0)
+	connect_for_trigger(trigdata);
+	if (lock_keys())
 	{
-		gatekeeper_plan(&clear_keys_plan, clear_keys_sql, 0, NULL);
-		if (SPI_execute_plan(clear_keys_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "could not clear stale dedupe keys");
 		gatekeeper_plan(&held_key_plan, held_key_sql, 0, NULL);
 		if (SPI_execute_plan(held_key_plan, NULL, NULL, false, 1) != SPI_OK_SELECT)
 			elog(ERROR, "could not look up held dedupe keys");
@@ -1040,23 +1051,10 @@ static int64 *
 skip_held_keys(TriggerData *trigdata, int *n)
 {
 	int64	   *skipped = NULL;
-	bool		isnull;
-	uint64		i;
 
 	*n = 0;
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
-		elog(ERROR, "SPI_register_trigger_data failed");
-	gatekeeper_plan(&lock_keys_plan, lock_keys_sql, 0, NULL);
-	if (SPI_execute_plan(lock_keys_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not lock dedupe keys");
-	if (SPI_processed > 0)
-	{
-		gatekeeper_plan(&clear_keys_plan, clear_keys_sql, 0, NULL);
-		if (SPI_execute_plan(clear_keys_plan, NULL, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "could not clear stale dedupe keys");
-	}
+	connect_for_trigger(trigdata);
+	(void) lock_keys();
 	gatekeeper_plan(&take_keys_plan, take_keys_sql, 0, NULL);
 	if (SPI_execute_plan(take_keys_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not write dedupe keys");
@@ -1064,14 +1062,7 @@ skip_held_keys(TriggerData *trigdata, int *n)
 	gatekeeper_plan(&skipped_ids_plan, skipped_ids_sql, 0, NULL);
 	if (SPI_execute_plan(skipped_ids_plan, NULL, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not find the mails whose dedupe key is held");
-	if (SPI_processed > 0)
-	{
-		skipped = MemoryContextAlloc(CurTransactionContext, SPI_processed * sizeof(int64));
-		for (i = 0; i < SPI_processed; i++)
-			skipped[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													 SPI_tuptable->tupdesc, 1, &isnull));
-		*n = (int) SPI_processed;
-	}
+	skipped = gatekeeper_spi_ids(CurTransactionContext, n);
 	SPI_finish();
 	return skipped;
 }
@@ -1083,10 +1074,7 @@ skip_held_keys(TriggerData *trigdata, int *n)
 static void
 insert_live_kept(TriggerData *trigdata)
 {
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
-		elog(ERROR, "SPI_register_trigger_data failed");
+	connect_for_trigger(trigdata);
 	gatekeeper_plan(&insert_live_kept_plan, insert_live_kept_sql, 0, NULL);
 	if (SPI_execute_plan(insert_live_kept_plan, NULL, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not write live mail");
@@ -1108,10 +1096,7 @@ delete_skipped(TriggerData *trigdata, int nskipped)
 	uint64		deleted = 0;
 	int			segment;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_register_trigger_data(trigdata) != SPI_OK_TD_REGISTER)
-		elog(ERROR, "SPI_register_trigger_data failed");
+	connect_for_trigger(trigdata);
 	for (segment = 0; segment < (int) lengthof(delete_skipped_plans); segment++)
 	{
 		if (delete_skipped_plans[segment] == NULL)

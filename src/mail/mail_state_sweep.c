@@ -333,14 +333,13 @@ static SPIPlanPtr purge_gate_log_plan = NULL;
 static bool cancel_scheduled(int64 id);
 static bool retry_one(int64 id, bool bulk);
 static bool retry_take_key(int64 id, Datum queue, Datum key, bool bulk);
+static int64 required_id(FunctionCallInfo fcinfo);
 static void require_queue(text *queue);
 static void announce_due(Datum queues, Datum dues);
 static bool rotate_recent(int16 segment, Datum retention, bool no_retention);
 static bool rotate_lock(int16 next);
 static int64 rotate(Datum retention, bool no_retention);
 static Interval *retention_setting(void);
-static int	execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
-					Datum *args, const char *nulls, bool read_only);
 
 /*
  * Cancel the scheduled mail id: true when it was cancelled, false when it
@@ -386,22 +385,32 @@ require_queue(text *queue)
 }
 
 /*
+ * The mail id that cancel(id) or retry(id) was called with, once the
+ * schema is checked: 22004 when it is null.
+ */
+static int64
+required_id(FunctionCallInfo fcinfo)
+{
+	gatekeeper_require_schema();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("id must not be null")));
+	return PG_GETARG_INT64(0);
+}
+
+/*
  * cancel(id bigint) RETURNS boolean
  *		Cancel a scheduled mail by id.
  */
 Datum
 gatekeeper_cancel(PG_FUNCTION_ARGS)
 {
+	int64		id = required_id(fcinfo);
 	bool		cancelled;
 
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("id must not be null")));
-
 	SPI_connect();
-	cancelled = cancel_scheduled(PG_GETARG_INT64(0));
+	cancelled = cancel_scheduled(id);
 	SPI_finish();
 
 	PG_RETURN_BOOL(cancelled);
@@ -496,7 +505,8 @@ retry_one(int64 id, bool bulk)
 	bool		no_queue;
 
 	args[0] = Int64GetDatum(id);
-	if (execute(&retry_read_plan, retry_read_sql, 1, types, args, NULL, false) != SPI_OK_SELECT)
+	if (gatekeeper_execute_kept(&retry_read_plan, retry_read_sql, 1, types, args, NULL,
+								false) != SPI_OK_SELECT)
 		elog(ERROR, "could not read finished mail " INT64_FORMAT, id);
 	if (SPI_processed == 0)
 		return false;
@@ -525,10 +535,11 @@ retry_one(int64 id, bool bulk)
 
 	args[1] = segment;
 	if (strcmp(state, "expired") == 0 &&
-		execute(&retry_deadline_plan, retry_deadline_sql, 2, types, args, NULL,
-				false) != SPI_OK_UPDATE)
+		gatekeeper_execute_kept(&retry_deadline_plan, retry_deadline_sql, 2, types, args, NULL,
+								false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not lift the deadline of mail " INT64_FORMAT, id);
-	if (execute(&retry_move_plan, retry_move_sql, 2, types, args, NULL, false) != SPI_OK_INSERT ||
+	if (gatekeeper_execute_kept(&retry_move_plan, retry_move_sql, 2, types, args, NULL,
+								false) != SPI_OK_INSERT ||
 		SPI_processed != 1)
 		elog(ERROR, "could not schedule mail " INT64_FORMAT " again", id);
 
@@ -554,17 +565,17 @@ retry_take_key(int64 id, Datum queue, Datum key, bool bulk)
 	args[0] = queue;
 	args[1] = key;
 	args[2] = Int64GetDatum(id);
-	if (execute(&retry_key_insert_plan, retry_key_insert_sql, 3, types, args, NULL,
-				false) != SPI_OK_INSERT ||
-		execute(&retry_key_lock_plan, retry_key_lock_sql, 2, types, args, NULL,
-				false) != SPI_OK_SELECT || SPI_processed != 1)
+	if (gatekeeper_execute_kept(&retry_key_insert_plan, retry_key_insert_sql, 3, types, args,
+								NULL, false) != SPI_OK_INSERT ||
+		gatekeeper_execute_kept(&retry_key_lock_plan, retry_key_lock_sql, 2, types, args, NULL,
+								false) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not lock the dedupe key of mail " INT64_FORMAT, id);
 	holder = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	if (holder != id)
 	{
 		args[2] = Int64GetDatum(holder);
-		if (execute(&retry_key_held_plan, retry_key_held_sql, 3, types, args, NULL,
-					false) != SPI_OK_SELECT || SPI_processed != 1)
+		if (gatekeeper_execute_kept(&retry_key_held_plan, retry_key_held_sql, 3, types, args,
+									NULL, false) != SPI_OK_SELECT || SPI_processed != 1)
 			elog(ERROR, "could not test the holder of a dedupe key");
 		if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
 		{
@@ -579,8 +590,8 @@ retry_take_key(int64 id, Datum queue, Datum key, bool bulk)
 		}
 		args[2] = Int64GetDatum(id);
 	}
-	if (execute(&retry_key_take_plan, retry_key_take_sql, 3, types, args, NULL,
-				false) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_kept(&retry_key_take_plan, retry_key_take_sql, 3, types, args, NULL,
+								false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not take the dedupe key of mail " INT64_FORMAT, id);
 	return true;
 }
@@ -592,16 +603,11 @@ retry_take_key(int64 id, Datum queue, Datum key, bool bulk)
 Datum
 gatekeeper_retry(PG_FUNCTION_ARGS)
 {
+	int64		id = required_id(fcinfo);
 	bool		retried;
 
-	gatekeeper_require_schema();
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("id must not be null")));
-
 	SPI_connect();
-	retried = retry_one(PG_GETARG_INT64(0), false);
+	retried = retry_one(id, false);
 	SPI_finish();
 
 	PG_RETURN_BOOL(retried);
@@ -619,8 +625,8 @@ gatekeeper_retry_queue(PG_FUNCTION_ARGS)
 	Oid			types[2] = {TEXTOID, TIMESTAMPTZOID};
 	Datum		args[2];
 	int64	   *ids;
-	uint64		nids;
-	uint64		i;
+	int			nids;
+	int			i;
 	int64		n = 0;
 
 	gatekeeper_require_schema();
@@ -633,16 +639,10 @@ gatekeeper_retry_queue(PG_FUNCTION_ARGS)
 	require_queue(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0));
 	args[0] = PointerGetDatum(PG_GETARG_TEXT_PP(0));
 	args[1] = PG_GETARG_DATUM(1);
-	if (execute(&retry_queue_plan, retry_queue_sql, 2, types, args, NULL, false) != SPI_OK_SELECT)
+	if (gatekeeper_execute_kept(&retry_queue_plan, retry_queue_sql, 2, types, args, NULL,
+								false) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the failed mail of a queue");
-	nids = SPI_processed;
-	ids = palloc(Max(nids, 1) * sizeof(int64));
-	for (i = 0; i < nids; i++)
-	{
-		bool		isnull;
-
-		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
-	}
+	ids = gatekeeper_spi_ids(CurrentMemoryContext, &nids);
 	SPI_freetuptable(SPI_tuptable);
 	for (i = 0; i < nids; i++)
 	{
@@ -786,18 +786,6 @@ gatekeeper_reap(PG_FUNCTION_ARGS)
 }
 
 /*
- * A statement of this file, kept in *plan, run with args (nulls as
- * SPI_execute_plan takes them); returns SPI's result code.
- */
-static int
-execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
-		Datum *args, const char *nulls, bool read_only)
-{
-	gatekeeper_plan(plan, sql, nargs, types);
-	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
-}
-
-/*
  * Whether the retention segment holds mail that finished within retention
  * (NULL: it does not).  Runs inside SPI.
  */
@@ -811,8 +799,8 @@ rotate_recent(int16 segment, Datum retention, bool no_retention)
 	args[0] = Int16GetDatum(segment);
 	args[1] = retention;
 	nulls[1] = no_retention ? 'n' : ' ';
-	if (execute(&rotate_recent_plan, rotate_recent_sql, 2, types, args, nulls,
-				true) != SPI_OK_SELECT)
+	if (gatekeeper_execute_kept(&rotate_recent_plan, rotate_recent_sql, 2, types, args, nulls,
+								true) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gatekeeper.mail_done");
 	return SPI_processed > 0;
 }
@@ -828,8 +816,8 @@ rotate_lock_step(void *arg)
 
 	(void) set_config_option("lock_timeout", "1s", PGC_USERSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
-	if (execute(&rotate_keep_keys_plan, rotate_keep_keys_sql, 1, &type, &value, NULL,
-				false) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_kept(&rotate_keep_keys_plan, rotate_keep_keys_sql, 1, &type, &value,
+								NULL, false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not keep the dedupe keys of a retention segment");
 	if (rotate_lock_plan[next] == NULL)
 		gatekeeper_plan(&rotate_lock_plan[next],
@@ -883,8 +871,8 @@ rotate(Datum retention, bool no_retention)
 
 	args[0] = retention;
 	nulls[0] = no_retention ? 'n' : ' ';
-	if (execute(&rotate_segment_plan, rotate_segment_sql, 1, types, args, nulls,
-				false) != SPI_OK_SELECT)
+	if (gatekeeper_execute_kept(&rotate_segment_plan, rotate_segment_sql, 1, types, args,
+								nulls, false) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gatekeeper.segment");
 	if (SPI_processed == 0)
 		return 0;
@@ -918,16 +906,16 @@ rotate(Datum retention, bool no_retention)
 	types[1] = INT2OID;
 	args[0] = Int16GetDatum(current);
 	args[1] = Int16GetDatum(next);
-	if (execute(&rotate_move_events_plan, rotate_move_events_sql, 2, types, args, NULL,
-				false) != SPI_OK_UPDATE ||
-		execute(&rotate_move_live_plan, rotate_move_live_sql, 2, types, args, NULL,
-				false) != SPI_OK_UPDATE ||
-		execute(&rotate_move_claims_plan, rotate_move_claims_sql, 2, types, args, NULL,
-				false) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_kept(&rotate_move_events_plan, rotate_move_events_sql, 2, types,
+								args, NULL, false) != SPI_OK_UPDATE ||
+		gatekeeper_execute_kept(&rotate_move_live_plan, rotate_move_live_sql, 2, types, args,
+								NULL, false) != SPI_OK_UPDATE ||
+		gatekeeper_execute_kept(&rotate_move_claims_plan, rotate_move_claims_sql, 2, types,
+								args, NULL, false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not move unfinished mail out of a retention segment");
 
-	if (execute(&rotate_count_plan, rotate_count_sql, 1, &types[1], &args[1], NULL,
-				true) != SPI_OK_SELECT || SPI_processed != 1)
+	if (gatekeeper_execute_kept(&rotate_count_plan, rotate_count_sql, 1, &types[1], &args[1],
+								NULL, true) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not count the finished mail of a retention segment");
 	removed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
 										  &isnull));
@@ -937,8 +925,8 @@ rotate(Datum retention, bool no_retention)
 						psprintf(rotate_truncate_sql, next, next, next), 0, NULL);
 	if (SPI_execute_plan(rotate_truncate_plan[next], NULL, NULL, false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "could not empty a retention segment");
-	if (execute(&rotate_advance_plan, rotate_advance_sql, 1, &types[1], &args[1], NULL,
-				false) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_kept(&rotate_advance_plan, rotate_advance_sql, 1, &types[1],
+								&args[1], NULL, false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not advance gatekeeper.segment");
 	return removed;
 }
@@ -992,8 +980,8 @@ gatekeeper_mail_purge(int32 batch)
 	int64		removed;
 
 	removed = rotate(IntervalPGetDatum(retention_setting()), false);
-	if (execute(&purge_gate_log_plan, purge_gate_log_sql, 1, &type, &arg, NULL,
-				false) != SPI_OK_DELETE)
+	if (gatekeeper_execute_kept(&purge_gate_log_plan, purge_gate_log_sql, 1, &type, &arg, NULL,
+								false) != SPI_OK_DELETE)
 		elog(ERROR, "could not delete expired gate log rows");
 	removed += SPI_processed;
 	/* at most once a minute across the cluster: it visits every entry */

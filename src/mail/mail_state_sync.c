@@ -207,14 +207,14 @@ typedef struct ClaimRecord
 	int			key_att;
 } ClaimRecord;
 
-static int	execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
-					Datum *args, const char *nulls, bool read_only);
 static bool text_equal(Datum a, Datum b);
 static void synced_mail(TupleDesc desc, HeapTuple tuple, SyncedMail *m);
 static int	deleted_mail(TriggerData *trigdata, Datum **ids, Datum **segments,
 						 int64 *lo, int64 *hi);
 static void sync_delete_claims(Datum *ids, int n, int64 lo, int64 hi);
 static void sync_delete(TriggerData *trigdata);
+static void refuse_held_key(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
+							Datum *args, SyncedMail *new, bool by_scheduled);
 static void sync_key_take(SyncedMail *new, bool scheduled);
 static void sync_key_release(int64 id, Datum queue, Datum key);
 static bool claim_batch_lock(int64 id, ClaimBatch *b);
@@ -224,18 +224,6 @@ static void sync_claimed_write(SyncedMail *new, ClaimBatch *b, Oid record_type, 
 							   Datum record);
 static bool sync_claimed(SyncedMail *new, bool send_at_changed);
 static void sync_update(TriggerData *trigdata);
-
-/*
- * A statement of this file, kept in *plan, run with args (nulls as
- * SPI_execute_plan takes them); returns SPI's result code.
- */
-static int
-execute(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types,
-		Datum *args, const char *nulls, bool read_only)
-{
-	gatekeeper_plan(plan, sql, nargs, types);
-	return gatekeeper_execute_by_key(*plan, args, nulls, read_only, 0);
-}
 
 /* Two texts, either 0 for NULL, are the same (NOT IS DISTINCT FROM) */
 static bool
@@ -335,8 +323,8 @@ sync_delete_claims(Datum *ids, int n, int64 lo, int64 hi)
 	qsort(sorted, n, sizeof(int64), mail_state_id_cmp);
 	range[0] = Int64GetDatum(lo);
 	range[1] = Int64GetDatum(hi);
-	if (execute(&sync_deleted_claims_plan, sync_deleted_claims_sql, 2, range_types, range,
-				NULL, true) != SPI_OK_SELECT)
+	if (gatekeeper_execute_kept(&sync_deleted_claims_plan, sync_deleted_claims_sql, 2,
+								range_types, range, NULL, true) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the claims of deleted mail");
 	claim_ids = palloc(Max(SPI_processed, 1) * sizeof(int64));
 	claim_attempts = palloc(Max(SPI_processed, 1) * sizeof(int32));
@@ -387,21 +375,50 @@ sync_delete(TriggerData *trigdata)
 	types[0] = INT8ARRAYOID;
 	args[0] = gatekeeper_array(ids, NULL, n, INT8OID);
 	mail_runs_to_live(ids, n);
-	if (execute(&sync_delete_live_plan, sync_delete_live_sql, 1, types, args, NULL,
-				false) != SPI_OK_DELETE)
+	if (gatekeeper_execute_kept(&sync_delete_live_plan, sync_delete_live_sql, 1, types, args,
+								NULL, false) != SPI_OK_DELETE)
 		elog(ERROR, "could not delete the live rows of deleted mail");
 
-	if (execute(&sync_any_claim_plan, sync_any_claim_sql, 0, NULL, NULL, NULL,
-				true) != SPI_OK_SELECT)
+	if (gatekeeper_execute_kept(&sync_any_claim_plan, sync_any_claim_sql, 0, NULL, NULL, NULL,
+								true) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gatekeeper.mail_claim");
 	if (SPI_processed > 0)
 		sync_delete_claims(ids, n, lo, hi);
 
 	types[1] = INT2ARRAYOID;
 	args[1] = gatekeeper_array(segments, NULL, n, INT2OID);
-	if (execute(&sync_delete_done_plan, sync_delete_done_sql, 2, types, args, NULL,
-				false) != SPI_OK_DELETE)
+	if (gatekeeper_execute_kept(&sync_delete_done_plan, sync_delete_done_sql, 2, types, args,
+								NULL, false) != SPI_OK_DELETE)
 		elog(ERROR, "could not delete the outcomes of deleted mail");
+}
+
+/*
+ * Run the lookup sql (kept in *plan) for another holder of new's dedupe
+ * key, and fail with 23505 if it finds one: a scheduled mail
+ * (by_scheduled, constraint mail_dedupe), else a claimed or recently
+ * finished one (mail_key_pkey).
+ */
+static void
+refuse_held_key(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
+				SyncedMail *new, bool by_scheduled)
+{
+	const char *constraint = by_scheduled ? "mail_dedupe" : "mail_key_pkey";
+
+	if (gatekeeper_execute_kept(plan, sql, nargs, types, args, NULL, true) != SPI_OK_SELECT)
+		elog(ERROR, "could not look up a dedupe key");
+	if (SPI_processed == 0)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_UNIQUE_VIOLATION),
+			 errmsg("duplicate key value violates unique constraint \"%s\"", constraint),
+			 by_scheduled ?
+			 errdetail("A scheduled mail of queue %s holds dedupe key %s.",
+					   TextDatumGetCString(new->queue),
+					   TextDatumGetCString(new->dedupe_key)) :
+			 errdetail("A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.",
+					   TextDatumGetCString(new->queue),
+					   TextDatumGetCString(new->dedupe_key)),
+			 err_generic_string(PG_DIAG_CONSTRAINT_NAME, constraint)));
 }
 
 /*
@@ -420,38 +437,27 @@ sync_key_take(SyncedMail *new, bool scheduled)
 	args[0] = new->queue;
 	args[1] = new->dedupe_key;
 	args[2] = Int64GetDatum(new->id);
-	if (execute(&sync_key_lock_plan, sync_key_lock_sql, 2, types, args, NULL,
-				false) != SPI_OK_SELECT)
+	if (gatekeeper_execute_kept(&sync_key_lock_plan, sync_key_lock_sql, 2, types, args, NULL,
+								false) != SPI_OK_SELECT)
 		elog(ERROR, "could not lock a dedupe key");
 	if (scheduled)
 	{
-		if (execute(&sync_key_drop_stale_plan, sync_key_drop_stale_sql, 3, types, args, NULL,
-					false) != SPI_OK_DELETE)
+		if (gatekeeper_execute_kept(&sync_key_drop_stale_plan, sync_key_drop_stale_sql, 3,
+									types, args, NULL, false) != SPI_OK_DELETE)
 			elog(ERROR, "could not take over a dedupe key");
-		if (execute(&sync_key_held_plan, sync_key_held_sql, 3, types, args, NULL,
-					true) != SPI_OK_SELECT)
-			elog(ERROR, "could not look up a dedupe key");
-		if (SPI_processed > 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNIQUE_VIOLATION),
-					 errmsg("duplicate key value violates unique constraint \"%s\"",
-							"mail_key_pkey"),
-					 errdetail("A claimed mail of queue %s, or one finished within its dedupe_window, holds dedupe key %s.",
-							   TextDatumGetCString(new->queue),
-							   TextDatumGetCString(new->dedupe_key)),
-					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_key_pkey")));
-		if (execute(&sync_key_take_plan, sync_key_take_sql, 3, types, args, NULL,
-					false) != SPI_OK_INSERT)
+		refuse_held_key(&sync_key_held_plan, sync_key_held_sql, 3, types, args, new, false);
+		if (gatekeeper_execute_kept(&sync_key_take_plan, sync_key_take_sql, 3, types, args,
+									NULL, false) != SPI_OK_INSERT)
 			elog(ERROR, "could not write a dedupe key");
 	}
 	else
 	{
 		/* mail_key_pkey refuses the insert if a mail that holds it has the row */
-		if (execute(&sync_key_drop_unheld_plan, sync_key_drop_unheld_sql, 2, types, args, NULL,
-					false) != SPI_OK_DELETE)
+		if (gatekeeper_execute_kept(&sync_key_drop_unheld_plan, sync_key_drop_unheld_sql, 2,
+									types, args, NULL, false) != SPI_OK_DELETE)
 			elog(ERROR, "could not take over a dedupe key");
-		if (execute(&sync_key_insert_plan, sync_key_insert_sql, 3, types, args, NULL,
-					false) != SPI_OK_INSERT)
+		if (gatekeeper_execute_kept(&sync_key_insert_plan, sync_key_insert_sql, 3, types, args,
+									NULL, false) != SPI_OK_INSERT)
 			elog(ERROR, "could not write a dedupe key");
 	}
 }
@@ -466,8 +472,8 @@ sync_key_release(int64 id, Datum queue, Datum key)
 	args[0] = queue;
 	args[1] = key;
 	args[2] = Int64GetDatum(id);
-	if (execute(&sync_key_release_plan, sync_key_release_sql, 3, types, args, NULL,
-				false) != SPI_OK_DELETE)
+	if (gatekeeper_execute_kept(&sync_key_release_plan, sync_key_release_sql, 3, types, args,
+								NULL, false) != SPI_OK_DELETE)
 		elog(ERROR, "could not give a dedupe key up");
 }
 
@@ -488,8 +494,8 @@ claim_batch_lock(int64 id, ClaimBatch *b)
 	int			ngone;
 	int			i;
 
-	if (execute(&sync_claim_batch_plan, sync_claim_batch_sql, 1, &type, &arg, NULL,
-				false) != SPI_OK_SELECT ||
+	if (gatekeeper_execute_kept(&sync_claim_batch_plan, sync_claim_batch_sql, 1, &type, &arg,
+								NULL, false) != SPI_OK_SELECT ||
 		SPI_processed > 1)
 		elog(ERROR, "could not lock the batch of a claimed mail");
 	if (SPI_processed == 0)
@@ -575,18 +581,8 @@ sync_claimed_keys(SyncedMail *new, Datum old_queue, Datum old_key)
 
 		args[0] = new->queue;
 		args[1] = new->dedupe_key;
-		if (execute(&sync_key_scheduled_plan, sync_key_scheduled_sql, 2, types, args, NULL,
-					true) != SPI_OK_SELECT)
-			elog(ERROR, "could not look up a dedupe key");
-		if (SPI_processed > 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNIQUE_VIOLATION),
-					 errmsg("duplicate key value violates unique constraint \"%s\"",
-							"mail_dedupe"),
-					 errdetail("A scheduled mail of queue %s holds dedupe key %s.",
-							   TextDatumGetCString(new->queue),
-							   TextDatumGetCString(new->dedupe_key)),
-					 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "mail_dedupe")));
+		refuse_held_key(&sync_key_scheduled_plan, sync_key_scheduled_sql, 2, types, args,
+						new, true);
 		sync_key_take(new, false);
 	}
 	if (old_key != (Datum) 0 && !same)
@@ -633,8 +629,8 @@ sync_claimed_write(SyncedMail *new, ClaimBatch *b, Oid record_type, int pos, Dat
 		args[1] = new->queue;
 		args[2] = Int32GetDatum(ARR_LBOUND(b->mails)[0] + pos);
 		args[3] = record;
-		if (execute(&sync_claim_rewrite_plan, sync_claim_rewrite_sql, 4, types, args, NULL,
-					false) != SPI_OK_UPDATE)
+		if (gatekeeper_execute_kept(&sync_claim_rewrite_plan, sync_claim_rewrite_sql, 4, types,
+									args, NULL, false) != SPI_OK_UPDATE)
 			elog(ERROR, "could not rewrite a claimed mail's record");
 		return;
 	}
@@ -643,16 +639,16 @@ sync_claimed_write(SyncedMail *new, ClaimBatch *b, Oid record_type, int pos, Dat
 	args[0] = Int64GetDatum(b->batch);
 	if (b->open <= 1)
 	{
-		if (execute(&sync_claim_drop_plan, sync_claim_drop_sql, 1, types, args, NULL,
-					false) != SPI_OK_DELETE)
+		if (gatekeeper_execute_kept(&sync_claim_drop_plan, sync_claim_drop_sql, 1, types, args,
+									NULL, false) != SPI_OK_DELETE)
 			elog(ERROR, "could not delete a batch of claimed mail");
 	}
 	else
 	{
 		types[1] = INT8OID;
 		args[1] = Int64GetDatum(new->id);
-		if (execute(&sync_claim_leave_plan, sync_claim_leave_sql, 2, types, args, NULL,
-					false) != SPI_OK_UPDATE)
+		if (gatekeeper_execute_kept(&sync_claim_leave_plan, sync_claim_leave_sql, 2, types,
+									args, NULL, false) != SPI_OK_UPDATE)
 			elog(ERROR, "could not take a claimed mail out of its batch");
 	}
 	types[0] = TEXTOID;
@@ -669,8 +665,8 @@ sync_claimed_write(SyncedMail *new, ClaimBatch *b, Oid record_type, int pos, Dat
 	args[4] = record;
 	args[5] = b->owner;
 	nulls[5] = b->no_owner ? 'n' : ' ';
-	if (execute(&sync_claim_alone_plan, sync_claim_alone_sql, 6, types, args, nulls,
-				false) != SPI_OK_INSERT)
+	if (gatekeeper_execute_kept(&sync_claim_alone_plan, sync_claim_alone_sql, 6, types, args,
+								nulls, false) != SPI_OK_INSERT)
 		elog(ERROR, "could not write a batch of claimed mail");
 }
 
@@ -750,15 +746,15 @@ sync_update(TriggerData *trigdata)
 
 		mail_runs_to_live(&id, 1);
 	}
-	if (execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
-				false) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_kept(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
+								false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not update a mail's live row");
 	if (SPI_processed == 0)
 	{
 		/* claimed, or it left its batch while this waited: its live row */
 		if (!sync_claimed(&new, send_at_changed) &&
-			execute(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
-					false) != SPI_OK_UPDATE)
+			gatekeeper_execute_kept(&sync_live_plan, sync_live_sql, 5, types, args, nulls,
+									false) != SPI_OK_UPDATE)
 			elog(ERROR, "could not update a mail's live row");
 	}
 	else if (new.dedupe_key != (Datum) 0 &&
@@ -780,8 +776,8 @@ sync_update(TriggerData *trigdata)
 	nulls[2] = new.dedupe_key == (Datum) 0 ? 'n' : ' ';
 	nulls[3] = ' ';
 	args[3] = Int16GetDatum(new.segment);
-	if (execute(&sync_done_plan, sync_done_sql, 4, types, args, nulls,
-				false) != SPI_OK_UPDATE)
+	if (gatekeeper_execute_kept(&sync_done_plan, sync_done_sql, 4, types, args, nulls,
+								false) != SPI_OK_UPDATE)
 		elog(ERROR, "could not update a mail's outcome");
 }
 
