@@ -26,9 +26,10 @@
  * A report counts only when it names a mail gatekeeper sent and, where it
  * names a recipient (Final-Recipient or Original-Recipient, Original-Rcpt-To,
  * a webhook's recipient), that mail's recipient: report_rows() checks
- * both and writes the event and the suppression it calls for
- * (report_bounce(), the one place of the soft-bounce rule, which the nacks
- * of src/mail/mail_state.c call too; gatekeeper_suppression_add).  The mail is
+ * both and writes the event and, in suppress_for_report(), the
+ * suppression it calls for (report_bounce(), the one place of the
+ * soft-bounce rule, which the nacks of src/mail/mail_state.c call too;
+ * gatekeeper_suppression_add).  The mail is
  * read by key from its segment's partitions of mail_done and mail
  * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
@@ -53,6 +54,14 @@
  * EX_CANTCREAT, whose words are in its transcript,
  * t/098_reports_sendmail_pipe.pl).  Why a bounce or deferral failed, and
  * whether it was hard, is src/smtp_trouble.c's one classifier.
+ *
+ * ingest_report() reads a message in three steps: report_parse() says
+ * what it is, find_reported_mail() which mail it is about, and one
+ * recorder per kind writes it: record_dsn_groups() (a DSN, a row per
+ * recipient group, its detail from dsn_group_diagnostic()),
+ * record_feedback_report() (an ARF report), record_plain_message() (a
+ * bounce or delay warning written for people, or
+ * record_forwarded_complaint()), each through report_rows().
  *
  * IDENTIFICATION
  *		src/report.c
