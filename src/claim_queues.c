@@ -230,147 +230,166 @@ queue_gates(ClaimQueue *q, ArrayType *names, PolicyRow *gates, int ngates, Tuple
 }
 
 /*
- * Load the queues this claim may take from, in name order, with their
- * gates.  Rate-limited queues have their token bucket locked (SKIP LOCKED:
- * while another claimer holds a queue's bucket, this claim leaves the
- * queue alone rather than wait).  An unknown name in the filter is an
- * error, so a typo cannot silently claim nothing.
+ * The columns of gatekeeper.queue a claim reads into its ClaimQueues, by
+ * number.
  */
-ClaimQueue *
-claim_load_queues(ArrayType *filter, int *nqueues)
+typedef struct QueueColumns
 {
-	Datum		arg;
-	ClaimQueue *queues;
-	int			n;
-	int			i;
-	bool		background = gatekeeper_background_claim;
-	Relation	queue_rel;
-	Relation	gate_rel = NULL;
-	TupleDesc	desc;
-	Snapshot	snapshot;
-	QueueFilter f;
-	PolicyRow  *rows;
-	PolicyRow  *gates = NULL;
-	int			ngates = 0;
-	AttrNumber	weight_att;
-	AttrNumber	on_gate_closed_att;
-	AttrNumber	rate_limit_att;
-	AttrNumber	gates_att;
-	AttrNumber	transactional_att;
-	AttrNumber	unsubscribe_url_att;
-	AttrNumber	send_window_att;
-	AttrNumber	timezone_att;
-	AttrNumber	feedback_id_att;
+	AttrNumber	weight;
+	AttrNumber	on_gate_closed;
+	AttrNumber	rate_limit;
+	AttrNumber	gates;
+	AttrNumber	transactional;
+	AttrNumber	unsubscribe_url;
+	AttrNumber	send_window;
+	AttrNumber	timezone;
+	AttrNumber	feedback_id;
+} QueueColumns;
 
-	/*
-	 * A background worker serves the queues with background set.  ROW SHARE
-	 * on gatekeeper.queue, taken before the queues are read with a snapshot
-	 * of their own, makes alter_queue(background => false), which takes
-	 * EXCLUSIVE, wait for this claim: once it commits no worker claim that
-	 * saw the queue as its own is still running, and the next one sees it
-	 * is not.  An application's claim reads them as its statement sees
-	 * the database.
-	 */
+/*
+ * Open gatekeeper.queue for a claim, into *queue_rel, and return the
+ * snapshot it is read with (registered).  A background worker serves the
+ * queues with background set.  ROW SHARE on gatekeeper.queue, taken
+ * before the queues are read with a snapshot of their own, makes
+ * alter_queue(background => false), which takes EXCLUSIVE, wait for this
+ * claim: once it commits no worker claim that saw the queue as its own is
+ * still running, and the next one sees it is not.  An application's claim
+ * reads them as its statement sees the database.
+ */
+static Snapshot
+open_queues(bool background, Relation *queue_rel)
+{
 	if (background)
 		LockRelationOid(gatekeeper_relid(GATEKEEPER_REL_QUEUE, false), RowShareLock);
-	queue_rel = table_open(gatekeeper_relid(GATEKEEPER_REL_QUEUE, false), AccessShareLock);
-	desc = RelationGetDescr(queue_rel);
+	*queue_rel = table_open(gatekeeper_relid(GATEKEEPER_REL_QUEUE, false), AccessShareLock);
 	if (background || !ActiveSnapshotSet())
 	{
 		CommandCounterIncrement();
-		snapshot = RegisterSnapshot(GetTransactionSnapshot());
+		return RegisterSnapshot(GetTransactionSnapshot());
 	}
-	else
-		snapshot = RegisterSnapshot(GetActiveSnapshot());
+	return RegisterSnapshot(GetActiveSnapshot());
+}
 
-	memset(&f, 0, sizeof(f));
-	f.paused = policy_att(desc, "queue", "paused");
-	f.background = policy_att(desc, "queue", "background");
-	f.name = policy_att(desc, "queue", "name");
-	f.background_only = background;
+/*
+ * Set f up for a claim's scan of gatekeeper.queue (desc): the queues not
+ * paused, with background set for a background claim, named in filter
+ * when it is not NULL.
+ */
+static void
+queue_filter_init(QueueFilter *f, TupleDesc desc, ArrayType *filter, bool background)
+{
+	memset(f, 0, sizeof(*f));
+	f->paused = policy_att(desc, "queue", "paused");
+	f->background = policy_att(desc, "queue", "background");
+	f->name = policy_att(desc, "queue", "name");
+	f->background_only = background;
 	if (filter != NULL)
 	{
 		Datum	   *elems;
 		bool	   *nulls;
 		int			k;
 
-		deconstruct_array(filter, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &f.nnames);
-		f.names = palloc(Max(f.nnames, 1) * sizeof(char *));
-		f.seen = palloc0(Max(f.nnames, 1) * sizeof(bool));
-		for (k = 0; k < f.nnames; k++)
-			f.names[k] = nulls[k] ? NULL : TextDatumGetCString(elems[k]);
+		deconstruct_array(filter, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &f->nnames);
+		f->names = palloc(Max(f->nnames, 1) * sizeof(char *));
+		f->seen = palloc0(Max(f->nnames, 1) * sizeof(bool));
+		for (k = 0; k < f->nnames; k++)
+			f->names[k] = nulls[k] ? NULL : TextDatumGetCString(elems[k]);
 	}
-	weight_att = policy_att(desc, "queue", "weight");
-	on_gate_closed_att = policy_att(desc, "queue", "on_gate_closed");
-	rate_limit_att = policy_att(desc, "queue", "rate_limit");
-	gates_att = policy_att(desc, "queue", "gates");
-	transactional_att = policy_att(desc, "queue", "transactional");
-	unsubscribe_url_att = policy_att(desc, "queue", "unsubscribe_url");
-	send_window_att = policy_att(desc, "queue", "send_window");
-	timezone_att = policy_att(desc, "queue", "timezone");
-	feedback_id_att = policy_att(desc, "queue", "feedback_id");
+}
 
-	rows = read_policy_rows(queue_rel, snapshot, keep_queue, &f, &n);
+/*
+ * After the scan: the filter's first null or unknown name, in its order,
+ * is an error, so that a typo cannot silently claim nothing.
+ */
+static void
+queue_filter_check(const QueueFilter *f)
+{
+	int			i;
 
-	/* the filter's first null or unknown name, in its order, is an error */
-	for (i = 0; i < f.nnames; i++)
+	for (i = 0; i < f->nnames; i++)
 	{
-		if (f.names[i] == NULL)
+		if (f->names[i] == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("queues must not contain nulls")));
-		if (!f.seen[i])
+		if (!f->seen[i])
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
-					 errmsg("queue \"%s\" does not exist", f.names[i])));
+					 errmsg("queue \"%s\" does not exist", f->names[i])));
 	}
-	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));
-	for (i = 0; i < n; i++)
+}
+
+/*
+ * The numbers of the columns of gatekeeper.queue (desc) a claim reads,
+ * into c.
+ */
+static void
+queue_columns_init(QueueColumns *c, TupleDesc desc)
+{
+	c->weight = policy_att(desc, "queue", "weight");
+	c->on_gate_closed = policy_att(desc, "queue", "on_gate_closed");
+	c->rate_limit = policy_att(desc, "queue", "rate_limit");
+	c->gates = policy_att(desc, "queue", "gates");
+	c->transactional = policy_att(desc, "queue", "transactional");
+	c->unsubscribe_url = policy_att(desc, "queue", "unsubscribe_url");
+	c->send_window = policy_att(desc, "queue", "send_window");
+	c->timezone = policy_att(desc, "queue", "timezone");
+	c->feedback_id = policy_att(desc, "queue", "feedback_id");
+}
+
+/*
+ * Fill q in from its row of gatekeeper.queue: its weight, what it does
+ * when a gate is closed, its rate (for now, the tokens), its
+ * transactional flag, unsubscribe_url, sending window, time zone and
+ * Feedback-ID.  Returns the names of its gates, NULL when it has none.
+ */
+static ArrayType *
+queue_from_row(ClaimQueue *q, const PolicyRow *row, TupleDesc desc, const QueueColumns *c)
+{
+	HeapTuple	tup = row->tuple;
+	bool		isnull;
+	Datum		d;
+	ArrayType  *gates;
+
+	q->name = row->name;
+	q->weight = DatumGetInt32(heap_getattr(tup, c->weight, desc, &isnull));
+	q->defer = strcmp(SPI_getvalue(tup, desc, c->on_gate_closed), "defer") == 0;
+	d = heap_getattr(tup, c->rate_limit, desc, &isnull);
+	q->limited = !isnull;
+	q->tokens = isnull ? 0 : DatumGetInt32(d);	/* the rate, for now */
+	q->cap = INT_MAX;
+	q->more = true;
+	q->transactional = DatumGetBool(heap_getattr(tup, c->transactional, desc, &isnull));
+	q->unsubscribe_url = SPI_getvalue(tup, desc, c->unsubscribe_url);
+	q->send_window = SPI_getvalue(tup, desc, c->send_window);
+	q->timezone = SPI_getvalue(tup, desc, c->timezone);
+	q->feedback_id = SPI_getvalue(tup, desc, c->feedback_id);
+	if (q->send_window != NULL)
 	{
-		HeapTuple	tup = rows[i].tuple;
-		ClaimQueue *q = &queues[i];
-		bool		isnull;
-		Datum		d;
-
-		q->name = rows[i].name;
-		q->weight = DatumGetInt32(heap_getattr(tup, weight_att, desc, &isnull));
-		q->defer = strcmp(SPI_getvalue(tup, desc, on_gate_closed_att), "defer") == 0;
-		d = heap_getattr(tup, rate_limit_att, desc, &isnull);
-		q->limited = !isnull;
-		q->tokens = isnull ? 0 : DatumGetInt32(d);	/* the rate, for now */
-		q->cap = INT_MAX;
-		q->more = true;
-		q->transactional = DatumGetBool(heap_getattr(tup, transactional_att, desc, &isnull));
-		q->unsubscribe_url = SPI_getvalue(tup, desc, unsubscribe_url_att);
-		q->send_window = SPI_getvalue(tup, desc, send_window_att);
-		q->timezone = SPI_getvalue(tup, desc, timezone_att);
-		q->feedback_id = SPI_getvalue(tup, desc, feedback_id_att);
-		if (q->send_window != NULL)
-		{
-			gatekeeper_parse_window(q->send_window, &q->window);
-			q->has_window = true;
-		}
-
-		d = heap_getattr(tup, gates_att, desc, &isnull);
-		if (!isnull && ArrayGetNItems(ARR_NDIM(DatumGetArrayTypeP(d)),
-									  ARR_DIMS(DatumGetArrayTypeP(d))) > 0)
-		{
-			/* the gates are read once, for the first queue that has any */
-			if (gate_rel == NULL)
-			{
-				gate_rel = table_open(gatekeeper_relid(GATEKEEPER_REL_GATE, false),
-									  AccessShareLock);
-				gates = read_policy_rows(gate_rel, snapshot, NULL, NULL, &ngates);
-			}
-			queue_gates(q, DatumGetArrayTypeP(d), gates, ngates, RelationGetDescr(gate_rel));
-		}
+		gatekeeper_parse_window(q->send_window, &q->window);
+		q->has_window = true;
 	}
-	if (gate_rel != NULL)
-		table_close(gate_rel, NoLock);
-	UnregisterSnapshot(snapshot);
-	table_close(queue_rel, NoLock);
 
-	/* token buckets: refill for the time since the last claim, capped at one second's worth */
+	d = heap_getattr(tup, c->gates, desc, &isnull);
+	if (isnull)
+		return NULL;
+	gates = DatumGetArrayTypeP(d);
+	if (ArrayGetNItems(ARR_NDIM(gates), ARR_DIMS(gates)) == 0)
+		return NULL;
+	return gates;
+}
+
+/*
+ * Refill the token bucket of each rate-limited queue for the time since
+ * the last claim, capped at one second's worth, and lock it (SKIP LOCKED:
+ * while another claimer holds a queue's bucket, this claim leaves the
+ * queue alone rather than wait): the tokens are the queue's cap.
+ */
+static void
+refill_buckets(ClaimQueue *queues, int n)
+{
+	int			i;
+
 	if (bucket_plan == NULL)
 	{
 		Oid			type = TEXTOID;
@@ -380,6 +399,7 @@ claim_load_queues(ArrayType *filter, int *nqueues)
 	for (i = 0; i < n; i++)
 	{
 		ClaimQueue *q = &queues[i];
+		Datum		arg;
 		bool		isnull;
 
 		if (!q->limited)
@@ -397,8 +417,60 @@ claim_load_queues(ArrayType *filter, int *nqueues)
 		if (q->cap == 0)
 			q->more = false;
 	}
+}
 
-	*nqueues = (int) n;
+/*
+ * Load the queues this claim may take from, in name order, with their
+ * gates.  Rate-limited queues have their token bucket locked
+ * (refill_buckets).  An unknown name in the filter is an error, so a
+ * typo cannot silently claim nothing.
+ */
+ClaimQueue *
+claim_load_queues(ArrayType *filter, int *nqueues)
+{
+	ClaimQueue *queues;
+	int			n;
+	int			i;
+	Relation	queue_rel;
+	Relation	gate_rel = NULL;
+	TupleDesc	desc;
+	Snapshot	snapshot;
+	QueueFilter f;
+	QueueColumns c;
+	PolicyRow  *rows;
+	PolicyRow  *gates = NULL;
+	int			ngates = 0;
+
+	snapshot = open_queues(gatekeeper_background_claim, &queue_rel);
+	desc = RelationGetDescr(queue_rel);
+	queue_filter_init(&f, desc, filter, gatekeeper_background_claim);
+	queue_columns_init(&c, desc);
+	rows = read_policy_rows(queue_rel, snapshot, keep_queue, &f, &n);
+	queue_filter_check(&f);
+
+	queues = palloc0(Max(n, 1) * sizeof(ClaimQueue));
+	for (i = 0; i < n; i++)
+	{
+		ArrayType  *names = queue_from_row(&queues[i], &rows[i], desc, &c);
+
+		if (names == NULL)
+			continue;
+		/* the gates are read once, for the first queue that has any */
+		if (gate_rel == NULL)
+		{
+			gate_rel = table_open(gatekeeper_relid(GATEKEEPER_REL_GATE, false),
+								  AccessShareLock);
+			gates = read_policy_rows(gate_rel, snapshot, NULL, NULL, &ngates);
+		}
+		queue_gates(&queues[i], names, gates, ngates, RelationGetDescr(gate_rel));
+	}
+	if (gate_rel != NULL)
+		table_close(gate_rel, NoLock);
+	UnregisterSnapshot(snapshot);
+	table_close(queue_rel, NoLock);
+
+	refill_buckets(queues, n);
+	*nqueues = n;
 	return queues;
 }
 

@@ -109,6 +109,10 @@ static int	dkim_nkeys = 0;
 /* why the last gatekeeper_dkim_load could not load the table, else "" */
 static char dkim_problem[512];
 
+static char *read_table_text(const char *path, char *problem, size_t problemlen);
+static int	split_table_line(char *line, int lineno, const char *path, char **name,
+							 char **domain, char **selector, char **file,
+							 char *problem, size_t problemlen);
 static bool read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
 					   char *problem, size_t problemlen);
 static bool read_key_file(const char *path, DkimKey *key, bool load,
@@ -282,45 +286,36 @@ gatekeeper_dkim_sign(StringInfo message, const char *from_address)
 }
 
 /*
- * Read the key table at path into *keys (palloc'd in the current memory
- * context), each key file checked, and its key kept when load.  Returns
- * false with the reason in problem at the first line or key that cannot
- * be used.
+ * The text of the key table at path (palloc'd, NUL ended), or NULL with
+ * the reason in problem: a file that cannot be opened or read, is not a
+ * regular file, is larger than DKIM_TABLE_MAX_BYTES or holds a NUL.
  */
-static bool
-read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
-		   char *problem, size_t problemlen)
+static char *
+read_table_text(const char *path, char *problem, size_t problemlen)
 {
 	int			fd;
 	struct stat st;
 	char	   *data;
 	ssize_t		len = 0;
-	char	   *line;
-	char	   *next;
-	int			lineno = 0;
-	int			cap = 8;
-
-	*keys = palloc0(sizeof(DkimKey) * cap);
-	*nkeys = 0;
 
 	fd = open(path, O_RDONLY | PG_BINARY | O_CLOEXEC, 0);
 	if (fd < 0)
 	{
 		snprintf(problem, problemlen, "could not open key table \"%s\": %m", path);
-		return false;
+		return NULL;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
 	{
 		snprintf(problem, problemlen, "key table \"%s\" is not a regular file", path);
 		close(fd);
-		return false;
+		return NULL;
 	}
 	if (st.st_size > DKIM_TABLE_MAX_BYTES)
 	{
 		snprintf(problem, problemlen, "key table \"%s\" is larger than %d bytes",
 				 path, DKIM_TABLE_MAX_BYTES);
 		close(fd);
-		return false;
+		return NULL;
 	}
 	data = palloc(st.st_size + 1);
 	while (len < st.st_size)
@@ -333,7 +328,7 @@ read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
 		{
 			snprintf(problem, problemlen, "could not read key table \"%s\": %m", path);
 			close(fd);
-			return false;
+			return NULL;
 		}
 		if (n == 0)
 			break;
@@ -344,18 +339,115 @@ read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
 	if (memchr(data, '\0', len) != NULL)
 	{
 		snprintf(problem, problemlen, "key table \"%s\" is not a text file", path);
-		return false;
+		return NULL;
 	}
+	return data;
+}
+
+/*
+ * Split line lineno of the key table at path, its comment cut off,
+ * "<name> <domain>:<selector>:<key file>", in place into its fields.
+ * Returns 1 for a key, 0 for a blank line, -1 with the reason in problem
+ * for a line that is neither.
+ */
+static int
+split_table_line(char *line, int lineno, const char *path, char **name, char **domain,
+				 char **selector, char **file, char *problem, size_t problemlen)
+{
+	char	   *p;
+	char	   *value;
+
+	*name = line + strspn(line, " \t\r");
+	if (**name == '\0')
+		return 0;
+	p = *name + strcspn(*name, " \t\r");
+	if (*p == '\0')
+	{
+		snprintf(problem, problemlen,
+				 "line %d of key table \"%s\" has a key name but no domain:selector:keyfile",
+				 lineno, path);
+		return -1;
+	}
+	*p++ = '\0';
+	value = p + strspn(p, " \t\r");
+	p = value + strcspn(value, " \t\r");
+	if (p[strspn(p, " \t\r")] != '\0' || *value == '\0')
+	{
+		snprintf(problem, problemlen,
+				 "line %d of key table \"%s\" must be \"<name> <domain>:<selector>:<key file>\"",
+				 lineno, path);
+		return -1;
+	}
+	*p = '\0';
+
+	*selector = strchr(value, ':');
+	*file = *selector ? strchr(*selector + 1, ':') : NULL;
+	if (*selector == NULL || *file == NULL)
+	{
+		snprintf(problem, problemlen,
+				 "line %d of key table \"%s\" must be \"<name> <domain>:<selector>:<key file>\"",
+				 lineno, path);
+		return -1;
+	}
+	*(*selector)++ = '\0';
+	*(*file)++ = '\0';
+	*domain = value;
+	if (!name_ok(*domain, false))
+	{
+		snprintf(problem, problemlen,
+				 "line %d of key table \"%s\" names no valid domain", lineno, path);
+		return -1;
+	}
+	if (!name_ok(*selector, true))
+	{
+		snprintf(problem, problemlen,
+				 "line %d of key table \"%s\" names no valid selector", lineno, path);
+		return -1;
+	}
+
+	/* OpenDKIM also takes the key itself here: never echo it */
+	if ((*file)[0] != '/')
+	{
+		snprintf(problem, problemlen,
+				 "line %d of key table \"%s\": the third field must be the absolute path of a key file",
+				 lineno, path);
+		return -1;
+	}
+	return 1;
+}
+
+/*
+ * Read the key table at path into *keys (palloc'd in the current memory
+ * context), each key file checked, and its key kept when load.  Returns
+ * false with the reason in problem at the first line or key that cannot
+ * be used.
+ */
+static bool
+read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
+		   char *problem, size_t problemlen)
+{
+	char	   *data;
+	char	   *line;
+	char	   *next;
+	int			lineno = 0;
+	int			cap = 8;
+
+	*keys = palloc0(sizeof(DkimKey) * cap);
+	*nkeys = 0;
+	data = read_table_text(path, problem, problemlen);
+	if (data == NULL)
+		return false;
 
 	for (line = data; line != NULL; line = next)
 	{
 		char	   *p;
 		char	   *name;
-		char	   *value;
+		char	   *domain;
 		char	   *selector;
 		char	   *file;
 		DkimKey    *key;
 		int			i;
+		int			split;
 
 		lineno++;
 		next = strchr(line, '\n');
@@ -363,63 +455,13 @@ read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
 			*next++ = '\0';
 		if ((p = strchr(line, '#')) != NULL)
 			*p = '\0';
-
-		/* "<name> <domain>:<selector>:<key file>" */
-		name = line + strspn(line, " \t\r");
-		if (*name == '\0')
+		split = split_table_line(line, lineno, path, &name, &domain, &selector, &file,
+								 problem, problemlen);
+		if (split < 0)
+			return false;
+		if (split == 0)
 			continue;
-		p = name + strcspn(name, " \t\r");
-		if (*p == '\0')
-		{
-			snprintf(problem, problemlen,
-					 "line %d of key table \"%s\" has a key name but no domain:selector:keyfile",
-					 lineno, path);
-			return false;
-		}
-		*p++ = '\0';
-		value = p + strspn(p, " \t\r");
-		p = value + strcspn(value, " \t\r");
-		if (p[strspn(p, " \t\r")] != '\0' || *value == '\0')
-		{
-			snprintf(problem, problemlen,
-					 "line %d of key table \"%s\" must be \"<name> <domain>:<selector>:<key file>\"",
-					 lineno, path);
-			return false;
-		}
-		*p = '\0';
 
-		selector = strchr(value, ':');
-		file = selector ? strchr(selector + 1, ':') : NULL;
-		if (selector == NULL || file == NULL)
-		{
-			snprintf(problem, problemlen,
-					 "line %d of key table \"%s\" must be \"<name> <domain>:<selector>:<key file>\"",
-					 lineno, path);
-			return false;
-		}
-		*selector++ = '\0';
-		*file++ = '\0';
-		if (!name_ok(value, false))
-		{
-			snprintf(problem, problemlen,
-					 "line %d of key table \"%s\" names no valid domain", lineno, path);
-			return false;
-		}
-		if (!name_ok(selector, true))
-		{
-			snprintf(problem, problemlen,
-					 "line %d of key table \"%s\" names no valid selector", lineno, path);
-			return false;
-		}
-
-		/* OpenDKIM also takes the key itself here: never echo it */
-		if (file[0] != '/')
-		{
-			snprintf(problem, problemlen,
-					 "line %d of key table \"%s\": the third field must be the absolute path of a key file",
-					 lineno, path);
-			return false;
-		}
 		for (i = 0; i < *nkeys; i++)
 			if (strcmp((*keys)[i].name, name) == 0)
 			{
@@ -442,7 +484,7 @@ read_table(const char *path, bool load, DkimKey **keys, int *nkeys,
 		key = &(*keys)[*nkeys];
 		memset(key, 0, sizeof(DkimKey));
 		key->name = pstrdup(name);
-		key->domain = pstrdup(value);
+		key->domain = pstrdup(domain);
 		for (p = key->domain; *p; p++)
 			*p = pg_ascii_tolower((unsigned char) *p);
 		key->selector = pstrdup(selector);

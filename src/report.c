@@ -26,9 +26,10 @@
  * A report counts only when it names a mail gatekeeper sent and, where it
  * names a recipient (Final-Recipient or Original-Recipient, Original-Rcpt-To,
  * a webhook's recipient), that mail's recipient: report_rows() checks
- * both and writes the event and the suppression it calls for
- * (report_bounce(), the one place of the soft-bounce rule, which the nacks
- * of src/mail/mail_state.c call too; gatekeeper_suppression_add).  The mail is
+ * both and writes the event and, in suppress_for_report(), the
+ * suppression it calls for (report_bounce(), the one place of the
+ * soft-bounce rule, which the nacks of src/mail/mail_state.c call too;
+ * gatekeeper_suppression_add).  The mail is
  * read by key from its segment's partitions of mail_done and mail
  * (find_sent_mail), not by a statement over the partitioned tables.
  * Anything else writes nothing and is counted as ignored
@@ -53,6 +54,14 @@
  * EX_CANTCREAT, whose words are in its transcript,
  * t/098_reports_sendmail_pipe.pl).  Why a bounce or deferral failed, and
  * whether it was hard, is src/smtp_trouble.c's one classifier.
+ *
+ * ingest_report() reads a message in three steps: report_parse() says
+ * what it is, find_reported_mail() which mail it is about, and one
+ * recorder per kind writes it: record_dsn_groups() (a DSN, a row per
+ * recipient group, its detail from dsn_group_diagnostic()),
+ * record_feedback_report() (an ARF report), record_plain_message() (a
+ * bounce or delay warning written for people, or
+ * record_forwarded_complaint()), each through report_rows().
  *
  * IDENTIFICATION
  *		src/report.c
@@ -157,6 +166,21 @@ typedef struct SegmentRels
 	AttrNumber	mail_recipient;
 } SegmentRels;
 
+/*
+ * The mail a message given to ingest_report() is about, and how it was
+ * found: by a VERP token of the address the message was delivered to, by
+ * one the report carries, or by the returned Message-ID.
+ */
+typedef struct ReportedMail
+{
+	int64		id;
+	bool		found;
+	const char *message_id;		/* the returned Message-ID that found it, or
+								 * NULL */
+	bool		signed_id;		/* that Message-ID has its MAC */
+	bool		delivered_to_token; /* found by the address delivered to */
+} ReportedMail;
+
 static SegmentRels segment_rels[GATEKEEPER_SEGMENTS];
 static Oid	sent_state = InvalidOid;	/* gatekeeper.state's 'sent' */
 static bool segment_rels_valid = false;
@@ -214,6 +238,19 @@ static int	report_rows(int64 id, const char *message_id, bool signed_id,
 						const char *event, const char *status, const char *detail,
 						const char *source, Tuplestorestate *out, TupleDesc desc,
 						bool *matched);
+static void suppress_for_report(int64 id, const char *queue, const char *recipient,
+								const char *event, bool counted, TroubleReason reason,
+								const char *detail);
+static void find_reported_mail(const ParsedReport *r, const char *envelope_to,
+							   ReportedMail *m);
+static const char *dsn_group_diagnostic(const ParsedReport *r, ReportRecipient *rr);
+static int	record_dsn_groups(ParsedReport *r, const ReportedMail *m, ReturnSetInfo *rsinfo,
+							  bool *usable);
+static int	record_feedback_report(const ParsedReport *r, const ReportedMail *m,
+								   ReturnSetInfo *rsinfo);
+static int	record_forwarded_complaint(const ParsedReport *r, ReturnSetInfo *rsinfo);
+static int	record_plain_message(const ParsedReport *r, const ReportedMail *m,
+								 ReturnSetInfo *rsinfo);
 
 /*
  * The first VERP_MAC_LEN bytes of the HMAC of a mail id, into mac.
@@ -683,8 +720,6 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 	char	   *queue;
 	int16		segment;
 	char	   *recipient;
-	char	   *key;
-	char	   *p;
 	TroubleReason reason = TROUBLE_OTHER;
 
 	if (!find_sent_mail(id, &mail))
@@ -740,17 +775,7 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 	if (SPI_processed == 0)
 		return 0;
 
-	/* the suppression list keys addresses with their ASCII letters lower-cased */
-	key = pstrdup(recipient);
-	for (p = key; *p; p++)
-		*p = pg_ascii_tolower((unsigned char) *p);
-	if (counted && strcmp(event, "bounced") == 0)
-		report_bounce(key, smtp_trouble_hard(reason), detail, id);
-	else if (counted && strcmp(event, "complained") == 0)
-		(void) gatekeeper_suppression_add(key, "complaint", NULL, detail, id);
-	else if (strcmp(event, "unsubscribed") == 0)
-		(void) gatekeeper_suppression_add(key, "unsubscribe", queue, detail, id);
-
+	suppress_for_report(id, queue, recipient, event, counted, reason, detail);
 	if (out != NULL)
 	{
 		Datum		values[5];
@@ -764,6 +789,32 @@ report_rows(int64 id, const char *message_id, bool signed_id,
 		tuplestore_putvalues(out, desc, values, vnulls);
 	}
 	return 1;
+}
+
+/*
+ * What a report's new event of mail id does to the suppression list: the
+ * mail's counted bounce goes to report_bounce (hard by its reason, or
+ * counted towards soft_bounce), its counted complaint suppresses the
+ * recipient everywhere, an unsubscribe from the mail's queue.  Repeats
+ * (!counted) and other events suppress no one.
+ */
+static void
+suppress_for_report(int64 id, const char *queue, const char *recipient, const char *event,
+					bool counted, TroubleReason reason, const char *detail)
+{
+	char	   *key;
+	char	   *p;
+
+	/* the suppression list keys addresses with their ASCII letters lower-cased */
+	key = pstrdup(recipient);
+	for (p = key; *p; p++)
+		*p = pg_ascii_tolower((unsigned char) *p);
+	if (counted && strcmp(event, "bounced") == 0)
+		report_bounce(key, smtp_trouble_hard(reason), detail, id);
+	else if (counted && strcmp(event, "complained") == 0)
+		(void) gatekeeper_suppression_add(key, "complaint", NULL, detail, id);
+	else if (strcmp(event, "unsubscribed") == 0)
+		(void) gatekeeper_suppression_add(key, "unsubscribe", queue, detail, id);
 }
 
 /*
@@ -1028,6 +1079,231 @@ gatekeeper_check_return_path(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Find the mail a message is about, into *m: a VERP token in the address
+ * the MTA delivered it to (envelope_to, then the report's Delivered-To,
+ * X-Original-To and To), else, in a report or a forwarded message, a
+ * token the report carries (its ENVID, the original MAIL FROM, the
+ * returned Return-Path), else the returned Message-ID.
+ */
+static void
+find_reported_mail(const ParsedReport *r, const char *envelope_to, ReportedMail *m)
+{
+	const char *carriers[4];
+	int			i;
+
+	memset(m, 0, sizeof(*m));
+	carriers[0] = envelope_to;
+	carriers[1] = r->delivered_to[0];
+	carriers[2] = r->delivered_to[1];
+	carriers[3] = r->delivered_to[2];
+	for (i = 0; i < (int) lengthof(carriers) && !m->found; i++)
+		m->found = token_in(carriers[i], &m->id);
+	m->delivered_to_token = m->found;
+	if (r->kind != REPORT_NONE || r->forwarded)
+	{
+		const char *more[3];
+
+		more[0] = r->envid;
+		more[1] = r->original_mail_from;
+		more[2] = r->returned_return_path;
+		for (i = 0; i < (int) lengthof(more) && !m->found; i++)
+			m->found = token_in(more[i], &m->id);
+		if (!m->found)
+		{
+			MessageIdKind kind = gatekeeper_message_id_check(r->returned_message_id, &m->id);
+
+			m->found = kind != MESSAGE_ID_NONE;
+			m->signed_id = kind == MESSAGE_ID_SIGNED;
+			m->message_id = r->returned_message_id;
+		}
+	}
+}
+
+/*
+ * The detail of a DSN's recipient group: its Diagnostic-Code, or, where
+ * that says too little about the report's only recipient, what the
+ * report's text says.  May give rr a status read from the text.
+ */
+static const char *
+dsn_group_diagnostic(const ParsedReport *r, ReportRecipient *rr)
+{
+	const char *diagnostic = rr->diagnostic;
+
+	/*
+	 * A group without Diagnostic-Code about the report's only recipient:
+	 * what failed is in the report's text, as Exim writes its own failures
+	 * ("Status: 5.0.0", and "Unrouteable address" or "mailbox is full" for
+	 * people only).
+	 */
+	if (diagnostic == NULL && r->nrecipients == 1)
+	{
+		char	   *text_status;
+		char	   *text_line;
+
+		if (smtp_trouble_in_text(r->text, &text_status, &text_line))
+		{
+			diagnostic = report_clean(text_line, strlen(text_line));
+			/* a status of its class only gives way to the text's */
+			if (text_status != NULL && rr->status != NULL &&
+				strcmp(rr->status + 1, ".0.0") == 0 &&
+				text_status[0] == rr->status[0])
+				rr->status = report_clean(text_status, strlen(text_status));
+		}
+	}
+
+	/*
+	 * Sendmail gives a local or program mailer's failure as its exit code
+	 * only ("Diagnostic-Code: X-Unix; 73", EX_CANTCREAT): what the mailer
+	 * said ("Quota exceeded") is in the transcript of the text.  An expiry
+	 * (4.4.7) keeps the reason its status gives.
+	 */
+	if (diagnostic != NULL && r->nrecipients == 1 && rr->status != NULL &&
+		rr->status[0] == '5' && diagnostic[0] != '\0' &&
+		diagnostic[strspn(diagnostic, "0123456789")] == '\0')
+	{
+		char	   *said = mailer_transcript(r->text);
+
+		if (said != NULL)
+			diagnostic = said;
+	}
+	return diagnostic;
+}
+
+/*
+ * Record the recipient groups of a DSN about mail m: one event each, for
+ * a group that names the mail's recipient (or, found by a token of the
+ * address delivered to, names none).  Sets *usable when any group was
+ * one to record.  Returns the rows recorded.
+ */
+static int
+record_dsn_groups(ParsedReport *r, const ReportedMail *m, ReturnSetInfo *rsinfo,
+				  bool *usable)
+{
+	int			rows = 0;
+	int			i;
+
+	for (i = 0; i < r->nrecipients; i++)
+	{
+		ReportRecipient *rr = &r->recipients[i];
+		const char *event = dsn_event(rr);
+		const char *diagnostic;
+
+		if (event == NULL)
+			continue;
+		diagnostic = dsn_group_diagnostic(r, rr);
+
+		/*
+		 * OpenSMTPD 6.8 reports the expiry of a mail it gave up on as
+		 * "Action: delayed", "Status: 4.4.7" and "Envelope expired": the
+		 * mail will not be delivered, which is a bounce.
+		 */
+		if (strcmp(event, "deferred") == 0 && rr->status != NULL &&
+			strcmp(rr->status, "4.4.7") == 0 && diagnostic != NULL &&
+			pg_strcasecmp(diagnostic + strlen(diagnostic) -
+						  Min(strlen(diagnostic), 16), "envelope expired") == 0)
+			event = "bounced";
+
+		/*
+		 * A group that names no recipient names none we sent to, unless a
+		 * token names the mail: then it is about the mail's.
+		 */
+		if (rr->final_recipient == NULL && rr->original_recipient == NULL &&
+			(m->message_id != NULL || !m->delivered_to_token))
+			continue;
+		*usable = true;
+		rows += report_rows(m->id, m->message_id, m->signed_id, rr->final_recipient,
+							rr->original_recipient, event, rr->status, diagnostic,
+							"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
+	}
+	return rows;
+}
+
+/*
+ * Record an ARF report about mail m: abuse and fraud are a complaint, an
+ * opt-out that names its Removal-Recipient an unsubscribe, any other
+ * feedback type (not-spam, auth-failure, virus, ...) a feedback event,
+ * kept and suppressing no one.  Returns the rows recorded.
+ */
+static int
+record_feedback_report(const ParsedReport *r, const ReportedMail *m, ReturnSetInfo *rsinfo)
+{
+	char	   *detail = psprintf("Feedback-Type: %s%s%s", r->feedback_type,
+								  r->user_agent ? "; User-Agent: " : "",
+								  r->user_agent ? r->user_agent : "");
+
+	if (strcmp(r->feedback_type, "abuse") == 0 || strcmp(r->feedback_type, "fraud") == 0)
+		return report_rows(m->id, m->message_id, m->signed_id, r->original_rcpt_to, NULL,
+						   "complained", NULL, detail, "arf", rsinfo->setResult,
+						   rsinfo->setDesc, NULL);
+	if (strcmp(r->feedback_type, "opt-out") == 0 && r->removal_recipient != NULL)
+		return report_rows(m->id, m->message_id, m->signed_id, r->removal_recipient, NULL,
+						   "unsubscribed", NULL, detail, "arf", rsinfo->setResult,
+						   rsinfo->setDesc, NULL);
+	return report_rows(m->id, m->message_id, m->signed_id, r->original_rcpt_to, NULL,
+					   "feedback", r->feedback_type, detail, "arf", rsinfo->setResult,
+					   rsinfo->setDesc, NULL);
+}
+
+/*
+ * Record a complaint forwarded with the message it is about, which must
+ * name the mail itself: by the token of its Return-Path or a Message-ID
+ * with its MAC, never by a Message-ID without one.  Returns the rows
+ * recorded.
+ */
+static int
+record_forwarded_complaint(const ParsedReport *r, ReturnSetInfo *rsinfo)
+{
+	int64		fwd = 0;
+	const char *fwd_id = NULL;
+
+	if (!token_in(r->returned_return_path, &fwd))
+	{
+		fwd_id = r->returned_message_id;
+		if (fwd_id == NULL ||
+			gatekeeper_message_id_check(fwd_id, &fwd) != MESSAGE_ID_SIGNED)
+			return 0;
+	}
+	return report_rows(fwd, fwd_id, true, NULL, NULL, "complained", NULL,
+					   "a complaint forwarded with the message", "arf",
+					   rsinfo->setResult, rsinfo->setDesc, NULL);
+}
+
+/*
+ * Record a message about mail m that holds no report part that could be
+ * read: a bounce written for people (Exim's and qmail's text, a
+ * provider's own layout), one bounced event, or deferred when it only
+ * warns of a delay, its status and detail read from its text; a
+ * complaint forwarded with the mail it is about; an auto-reply, nothing.
+ * Returns the rows recorded.
+ */
+static int
+record_plain_message(const ParsedReport *r, const ReportedMail *m, ReturnSetInfo *rsinfo)
+{
+	char	   *status = NULL;
+	char	   *line = NULL;
+	bool		failure;
+
+	/*
+	 * What says a delivery failed: a daemon's From, a failure Subject, a
+	 * status quoted; not a phrase alone ("unsolicited" in an abuse desk's
+	 * note, "away" in a vacation message).
+	 */
+	(void) smtp_trouble_in_text(r->text, &status, &line);
+	failure = status != NULL || r->from_daemon || r->failure_subject ||
+		r->kind == REPORT_DSN;
+
+	if (r->kind == REPORT_NONE && r->forwarded && !failure && !r->auto_reply)
+		return record_forwarded_complaint(r, rsinfo);
+	if (m->delivered_to_token && (failure || !r->auto_reply))
+		return report_rows(m->id, NULL, false, NULL, NULL,
+						   r->delay_notice ? "deferred" : "bounced",
+						   status ? report_clean(status, strlen(status)) : NULL,
+						   line ? report_clean(line, strlen(line)) : NULL,
+						   "dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
+	return 0;
+}
+
+/*
  * gatekeeper.ingest_report(message text, envelope_to text DEFAULT NULL)
  *		RETURNS TABLE (mail_id bigint, recipient text, event text,
  *					   status text, detail text)
@@ -1049,15 +1325,9 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 	text	   *message;
 	char	   *envelope_to = NULL;
 	ParsedReport r;
-	int64		id = 0;
-	bool		have_mail = false;
-	const char *message_id = NULL;
-	bool		signed_id = false;
-	bool		delivered_to_token = false;
+	ReportedMail m;
 	bool		usable = false;
-	const char *carriers[4];
 	int			rows = 0;
-	int			i;
 
 	gatekeeper_require_schema();
 	if (PG_ARGISNULL(0))
@@ -1084,181 +1354,18 @@ gatekeeper_ingest_report(PG_FUNCTION_ARGS)
 			envelope_to = report_clean(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
 	}
 	report_parse(VARDATA_ANY(message), VARSIZE_ANY_EXHDR(message), &r);
-	carriers[0] = envelope_to;
-	carriers[1] = r.delivered_to[0];
-	carriers[2] = r.delivered_to[1];
-	carriers[3] = r.delivered_to[2];
 
 	SPI_connect();
-	/* delivered to a VERP address: the address the MTA delivered it to */
-	for (i = 0; i < (int) lengthof(carriers) && !have_mail; i++)
+	find_reported_mail(&r, envelope_to, &m);
+	if (m.found && r.kind == REPORT_DSN)
+		rows += record_dsn_groups(&r, &m, rsinfo, &usable);
+	else if (m.found && r.kind == REPORT_ARF)
 	{
-		have_mail = token_in(carriers[i], &id);
-		delivered_to_token = have_mail && i < 4;
-	}
-	if (r.kind != REPORT_NONE || r.forwarded)
-	{
-		/* else a token the report carries, else its returned Message-ID */
-		const char *more[3];
-
-		more[0] = r.envid;
-		more[1] = r.original_mail_from;
-		more[2] = r.returned_return_path;
-		for (i = 0; i < (int) lengthof(more) && !have_mail; i++)
-			have_mail = token_in(more[i], &id);
-		if (!have_mail)
-		{
-			MessageIdKind kind = gatekeeper_message_id_check(r.returned_message_id, &id);
-
-			have_mail = kind != MESSAGE_ID_NONE;
-			signed_id = kind == MESSAGE_ID_SIGNED;
-			message_id = r.returned_message_id;
-		}
-	}
-	if (have_mail && r.kind == REPORT_DSN)
-	{
-		for (i = 0; i < r.nrecipients; i++)
-		{
-			ReportRecipient *rr = &r.recipients[i];
-			const char *event = dsn_event(rr);
-			const char *diagnostic = rr->diagnostic;
-
-			if (event == NULL)
-				continue;
-
-			/*
-			 * A group without Diagnostic-Code about the report's only
-			 * recipient: what failed is in the report's text, as Exim writes
-			 * its own failures ("Status: 5.0.0", and "Unrouteable address" or
-			 * "mailbox is full" for people only).
-			 */
-			if (diagnostic == NULL && r.nrecipients == 1)
-			{
-				char	   *text_status;
-				char	   *text_line;
-
-				if (smtp_trouble_in_text(r.text, &text_status, &text_line))
-				{
-					diagnostic = report_clean(text_line, strlen(text_line));
-					/* a status of its class only gives way to the text's */
-					if (text_status != NULL && rr->status != NULL &&
-						strcmp(rr->status + 1, ".0.0") == 0 &&
-						text_status[0] == rr->status[0])
-						rr->status = report_clean(text_status, strlen(text_status));
-				}
-			}
-			/*
-			 * Sendmail gives a local or program mailer's failure as its exit
-			 * code only ("Diagnostic-Code: X-Unix; 73", EX_CANTCREAT): what
-			 * the mailer said ("Quota exceeded") is in the transcript of the
-			 * text.  An expiry (4.4.7) keeps the reason its status gives.
-			 */
-			if (diagnostic != NULL && r.nrecipients == 1 && rr->status != NULL &&
-				rr->status[0] == '5' && diagnostic[0] != '\0' &&
-				diagnostic[strspn(diagnostic, "0123456789")] == '\0')
-			{
-				char	   *said = mailer_transcript(r.text);
-
-				if (said != NULL)
-					diagnostic = said;
-			}
-			/*
-			 * OpenSMTPD 6.8 reports the expiry of a mail it gave up on as
-			 * "Action: delayed", "Status: 4.4.7" and "Envelope expired":
-			 * the mail will not be delivered, which is a bounce.
-			 */
-			if (strcmp(event, "deferred") == 0 && rr->status != NULL &&
-				strcmp(rr->status, "4.4.7") == 0 && diagnostic != NULL &&
-				pg_strcasecmp(diagnostic + strlen(diagnostic) -
-							  Min(strlen(diagnostic), 16), "envelope expired") == 0)
-				event = "bounced";
-			/*
-			 * A group that names no recipient names none we sent to, unless
-			 * a token names the mail: then it is about the mail's.
-			 */
-			if (rr->final_recipient == NULL && rr->original_recipient == NULL &&
-				(message_id != NULL || !delivered_to_token))
-				continue;
-			usable = true;
-			rows += report_rows(id, message_id, signed_id, rr->final_recipient,
-								rr->original_recipient, event, rr->status, diagnostic,
-								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
-		}
-	}
-	else if (have_mail && r.kind == REPORT_ARF)
-	{
-		char	   *detail = psprintf("Feedback-Type: %s%s%s", r.feedback_type,
-									  r.user_agent ? "; User-Agent: " : "",
-									  r.user_agent ? r.user_agent : "");
-		const char *event;
-		const char *status = NULL;
-
 		usable = true;
-		if (strcmp(r.feedback_type, "abuse") == 0 || strcmp(r.feedback_type, "fraud") == 0)
-			event = "complained";
-		else if (strcmp(r.feedback_type, "opt-out") == 0 && r.removal_recipient != NULL)
-			event = "unsubscribed";
-		else
-		{
-			/* not-spam, auth-failure, virus, ...: kept, suppressing no one */
-			event = "feedback";
-			status = r.feedback_type;
-		}
-		if (strcmp(event, "unsubscribed") == 0)
-			rows += report_rows(id, message_id, signed_id, r.removal_recipient, NULL,
-								event, NULL, detail, "arf", rsinfo->setResult,
-								rsinfo->setDesc, NULL);
-		else
-			rows += report_rows(id, message_id, signed_id, r.original_rcpt_to, NULL,
-								event, status, detail, "arf", rsinfo->setResult,
-								rsinfo->setDesc, NULL);
+		rows += record_feedback_report(&r, &m, rsinfo);
 	}
-
-	/*
-	 * No report part that could be read: a bounce written for people (Exim's
-	 * and qmail's text, a provider's own layout), an auto-reply, or a
-	 * complaint forwarded with the mail it is about.
-	 */
-	if (have_mail && !usable)
-	{
-		char	   *status = NULL;
-		char	   *line = NULL;
-		bool		failure;
-
-		/*
-		 * What says a delivery failed: a daemon's From, a failure Subject, a
-		 * status quoted; not a phrase alone ("unsolicited" in an abuse desk's
-		 * note, "away" in a vacation message).
-		 */
-		(void) smtp_trouble_in_text(r.text, &status, &line);
-		failure = status != NULL || r.from_daemon || r.failure_subject ||
-			r.kind == REPORT_DSN;
-
-		if (r.kind == REPORT_NONE && r.forwarded && !failure && !r.auto_reply)
-		{
-			/*
-			 * The forwarded message must name the mail itself: by the token
-			 * of its Return-Path or a Message-ID with its MAC, never by a
-			 * Message-ID without one.
-			 */
-			int64		fwd;
-			const char *fwd_id = NULL;
-
-			if (!token_in(r.returned_return_path, &fwd))
-				fwd_id = r.returned_message_id;
-			if (fwd_id == NULL ||
-				gatekeeper_message_id_check(fwd_id, &fwd) == MESSAGE_ID_SIGNED)
-				rows += report_rows(fwd, fwd_id, true, NULL, NULL, "complained", NULL,
-									"a complaint forwarded with the message", "arf",
-									rsinfo->setResult, rsinfo->setDesc, NULL);
-		}
-		else if (delivered_to_token && (failure || !r.auto_reply))
-			rows += report_rows(id, NULL, false, NULL, NULL,
-								r.delay_notice ? "deferred" : "bounced",
-								status ? report_clean(status, strlen(status)) : NULL,
-								line ? report_clean(line, strlen(line)) : NULL,
-								"dsn", rsinfo->setResult, rsinfo->setDesc, NULL);
-	}
+	if (m.found && !usable)
+		rows += record_plain_message(&r, &m, rsinfo);
 	mail_store_count_report(rows > 0);
 	SPI_finish();
 	MemoryContextSwitchTo(old);

@@ -110,6 +110,14 @@ static void parse_name(const char *source, int at, const char *what,
 static bool standalone(const char *source, int len, int start, int end,
 					   int *line_start, int *next);
 static const char *find(const char *source, int len, int from, const char *s);
+static void add_text(GatekeeperTemplate *t, int from, int to);
+static void trim_blanks(const char **name, int *len);
+static char read_tag(const char *s, int len, int start, const char *what,
+					 int *content, int *content_end, int *end);
+static void close_section(GatekeeperTemplate *t, OpenSection *open, int *depth, int start,
+						  int content, int content_end, const char *what);
+static void add_tag_node(GatekeeperTemplate *t, OpenSection *open, int *depth, char sigil,
+						 int start, int content, int content_end, const char *what);
 static void render_nodes(RenderState *st, int from, int to);
 static bool resolve(RenderState *st, const TemplateName *name, JsonbValue *result);
 static bool truthy(const JsonbValue *v);
@@ -249,6 +257,146 @@ parse_name(const char *source, int at, const char *what, const char *name, int l
 }
 
 /*
+ * add_text
+ *		Append a text node for the source's octets from up to to (the
+ *		caller has made room for it).
+ */
+static void
+add_text(GatekeeperTemplate *t, int from, int to)
+{
+	TemplateNode *node = &t->nodes[t->nnodes++];
+
+	memset(node, 0, sizeof(TemplateNode));
+	node->kind = NODE_TEXT;
+	node->text = t->source + from;
+	node->len = to - from;
+}
+
+/*
+ * trim_blanks
+ *		Trim spaces and tabs off both ends of the *len octets at *name.
+ */
+static void
+trim_blanks(const char **name, int *len)
+{
+	while (*len > 0 && (**name == ' ' || **name == '\t'))
+		(*name)++, (*len)--;
+	while (*len > 0 && ((*name)[*len - 1] == ' ' || (*name)[*len - 1] == '\t'))
+		(*len)--;
+}
+
+/*
+ * read_tag
+ *		The tag whose "{{" is at start: returns its sigil ('\0' for none),
+ *		and sets where its content begins and ends and where the tag ends.
+ *		22023 for a tag not closed, and for partials, delimiter changes and
+ *		inheritance, which are not supported.
+ */
+static char
+read_tag(const char *s, int len, int start, const char *what,
+		 int *content, int *content_end, int *end)
+{
+	char		sigil = start + 2 < len ? s[start + 2] : '\0';
+	const char *close;
+
+	*content = start + 2;
+	if (sigil == '{')
+	{
+		close = find(s, len, start + 3, "}}}");
+		if (close == NULL)
+			parse_error(s, start, what, "A {{{ tag is not closed by }}}");
+		*content = start + 3;
+		*content_end = close - s;
+		*end = *content_end + 3;
+		return sigil;
+	}
+	if (sigil == '!' || sigil == '#' || sigil == '^' || sigil == '/' || sigil == '&')
+		(*content)++;
+	else if (sigil == '>')
+		parse_error(s, start, what, "Partials ({{>name}}) are not supported");
+	else if (sigil == '=')
+		parse_error(s, start, what, "Delimiter changes ({{=...=}}) are not supported");
+	else if (sigil == '<' || sigil == '$')
+		parse_error(s, start, what, "Template inheritance ({{<name}}, {{$name}}) is not supported");
+	close = find(s, len, *content, "}}");
+	if (close == NULL)
+		parse_error(s, start, what, "A {{ tag is not closed by }}");
+	*content_end = close - s;
+	*end = *content_end + 2;
+	return sigil;
+}
+
+/*
+ * close_section
+ *		A closing tag at start, naming the source's octets from content up
+ *		to content_end: it must close the innermost open section, whose
+ *		node then ends here.
+ */
+static void
+close_section(GatekeeperTemplate *t, OpenSection *open, int *depth, int start,
+			  int content, int content_end, const char *what)
+{
+	const char *s = t->source;
+	const char *name = s + content;
+	int			nlen = content_end - content;
+	OpenSection *o;
+
+	trim_blanks(&name, &nlen);
+	if (*depth == 0)
+		parse_error(s, start, what, "A closing tag closes no section");
+	o = &open[*depth - 1];
+	if (nlen != o->len || memcmp(name, o->name, nlen) != 0)
+		parse_error(s, start, what, psprintf("A closing tag \"%.*s\" closes section \"%.*s\"",
+											 Min(nlen, 100), name, Min(o->len, 100), o->name));
+	t->nodes[o->node].end = t->nnodes;
+	(*depth)--;
+}
+
+/*
+ * add_tag_node
+ *		Append the node of the tag at start with sigil, naming the source's
+ *		octets from content up to content_end: a value, a raw value, or a
+ *		section (plain or inverted), which opens at depth (the caller has
+ *		made room for it).
+ */
+static void
+add_tag_node(GatekeeperTemplate *t, OpenSection *open, int *depth, char sigil,
+			 int start, int content, int content_end, const char *what)
+{
+	const char *s = t->source;
+	TemplateNode *node = &t->nodes[t->nnodes];
+	OpenSection *o;
+
+	memset(node, 0, sizeof(TemplateNode));
+	parse_name(s, start, what, s + content, content_end - content, &node->name);
+	switch (sigil)
+	{
+		case '#':
+		case '^':
+			if (*depth == GATEKEEPER_TEMPLATE_MAX_DEPTH)
+				parse_error(s, start, what,
+							psprintf("Sections nest deeper than %d", GATEKEEPER_TEMPLATE_MAX_DEPTH));
+			node->kind = sigil == '#' ? NODE_SECTION : NODE_INVERTED;
+			o = &open[*depth];
+			o->node = t->nnodes;
+			o->at = start;
+			o->name = s + content;
+			o->len = content_end - content;
+			trim_blanks(&o->name, &o->len);
+			(*depth)++;
+			break;
+		case '{':
+		case '&':
+			node->kind = NODE_RAW;
+			break;
+		default:
+			node->kind = NODE_VALUE;
+			break;
+	}
+	t->nnodes++;
+}
+
+/*
  * gatekeeper_template_compile
  *		Compile the len octets at source, naming it "what" in errors (22023
  *		with the position when it does not parse).  The result and its copy
@@ -280,9 +428,8 @@ gatekeeper_template_compile(const char *source, int len, const char *what)
 		char		sigil;
 		int			text_end;
 		int			next;
-		const char *close;
-		TemplateNode *node;
 
+		/* room for a text node and a tag's */
 		if (t->nnodes + 2 > capacity)
 		{
 			capacity *= 2;
@@ -291,44 +438,11 @@ gatekeeper_template_compile(const char *source, int len, const char *what)
 		if (open_tag == NULL)
 		{
 			if (text_start < len)
-			{
-				node = &t->nodes[t->nnodes++];
-				memset(node, 0, sizeof(TemplateNode));
-				node->kind = NODE_TEXT;
-				node->text = s + text_start;
-				node->len = len - text_start;
-			}
+				add_text(t, text_start, len);
 			break;
 		}
-
 		start = open_tag - s;
-		sigil = start + 2 < len ? s[start + 2] : '\0';
-		content = start + 2;
-		if (sigil == '{')
-		{
-			close = find(s, len, start + 3, "}}}");
-			if (close == NULL)
-				parse_error(s, start, what, "A {{{ tag is not closed by }}}");
-			content = start + 3;
-			content_end = close - s;
-			end = content_end + 3;
-		}
-		else
-		{
-			if (sigil == '!' || sigil == '#' || sigil == '^' || sigil == '/' || sigil == '&')
-				content++;
-			else if (sigil == '>')
-				parse_error(s, start, what, "Partials ({{>name}}) are not supported");
-			else if (sigil == '=')
-				parse_error(s, start, what, "Delimiter changes ({{=...=}}) are not supported");
-			else if (sigil == '<' || sigil == '$')
-				parse_error(s, start, what, "Template inheritance ({{<name}}, {{$name}}) is not supported");
-			close = find(s, len, content, "}}");
-			if (close == NULL)
-				parse_error(s, start, what, "A {{ tag is not closed by }}");
-			content_end = close - s;
-			end = content_end + 2;
-		}
+		sigil = read_tag(s, len, start, what, &content, &content_end, &end);
 
 		/* the text before the tag, and where the next begins */
 		text_end = start;
@@ -345,69 +459,14 @@ gatekeeper_template_compile(const char *source, int len, const char *what)
 			}
 		}
 		if (text_end > text_start)
-		{
-			node = &t->nodes[t->nnodes++];
-			memset(node, 0, sizeof(TemplateNode));
-			node->kind = NODE_TEXT;
-			node->text = s + text_start;
-			node->len = text_end - text_start;
-		}
+			add_text(t, text_start, text_end);
 		text_start = next;
 		if (sigil == '!')
 			continue;
-
 		if (sigil == '/')
-		{
-			const char *name = s + content;
-			int			nlen = content_end - content;
-			OpenSection *o;
-
-			while (nlen > 0 && (*name == ' ' || *name == '\t'))
-				name++, nlen--;
-			while (nlen > 0 && (name[nlen - 1] == ' ' || name[nlen - 1] == '\t'))
-				nlen--;
-			if (depth == 0)
-				parse_error(s, start, what, "A closing tag closes no section");
-			o = &open[depth - 1];
-			if (nlen != o->len || memcmp(name, o->name, nlen) != 0)
-				parse_error(s, start, what, psprintf("A closing tag \"%.*s\" closes section \"%.*s\"",
-													 Min(nlen, 100), name, Min(o->len, 100), o->name));
-			t->nodes[o->node].end = t->nnodes;
-			depth--;
-			continue;
-		}
-
-		node = &t->nodes[t->nnodes];
-		memset(node, 0, sizeof(TemplateNode));
-		parse_name(s, start, what, s + content, content_end - content, &node->name);
-		switch (sigil)
-		{
-			case '#':
-			case '^':
-				if (depth == GATEKEEPER_TEMPLATE_MAX_DEPTH)
-					parse_error(s, start, what,
-								psprintf("Sections nest deeper than %d", GATEKEEPER_TEMPLATE_MAX_DEPTH));
-				node->kind = sigil == '#' ? NODE_SECTION : NODE_INVERTED;
-				open[depth].node = t->nnodes;
-				open[depth].at = start;
-				open[depth].name = s + content;
-				open[depth].len = content_end - content;
-				while (open[depth].len > 0 && (*open[depth].name == ' ' || *open[depth].name == '\t'))
-					open[depth].name++, open[depth].len--;
-				while (open[depth].len > 0 && (open[depth].name[open[depth].len - 1] == ' ' ||
-											   open[depth].name[open[depth].len - 1] == '\t'))
-					open[depth].len--;
-				depth++;
-				break;
-			case '{':
-			case '&':
-				node->kind = NODE_RAW;
-				break;
-			default:
-				node->kind = NODE_VALUE;
-				break;
-		}
-		t->nnodes++;
+			close_section(t, open, &depth, start, content, content_end, what);
+		else
+			add_tag_node(t, open, &depth, sigil, start, content, content_end, what);
 	}
 
 	if (depth > 0)

@@ -340,11 +340,7 @@ sub campaign
 	foreach my $c (@cases)
 	{
 		my ($r, $where, $what, undef, $reason, $suppression) = @$c;
-		my $row = $node->safe_psql(
-			'postgres', qq{
-SELECT coalesce(string_agg(e.event || '|' || coalesce(e.status, '') || '|' || coalesce(e.reason, ''), ','), '')
-	   || ';' || coalesce((SELECT reason FROM gatekeeper.suppression s WHERE s.address = '$r'), '')
-  FROM gatekeeper.events e WHERE e.mail_id = $id{$r} AND e.event <> 'sent'});
+		my $row = GatekeeperTest::mail_outcome($node, $id{$r}, $r);
 		$got{"$phase $r"} = $row;
 		my ($events, $supp) = split(/;/, $row, -1);
 		if ($what eq 'delivered')

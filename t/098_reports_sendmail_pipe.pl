@@ -313,39 +313,9 @@ like($copies, qr/^Original-Envelope-Id: \S+$/m, 'the relay\'s DSNs give the ENVI
 GatekeeperTest::poll_until($node, 'postgres', 'SELECT recorded + ignored FROM gatekeeper.report_stats',
 	scalar(@bounced), 30);
 
-my %got;
-foreach my $c (@bounced)
-{
-	my ($r, $what, undef, $status, $reason, $suppression) = @$c;
-	my $row = $node->safe_psql(
-		'postgres', qq{
-SELECT coalesce(string_agg(e.event || '|' || coalesce(e.status, '') || '|' || coalesce(e.reason, ''), ','), '')
-	   || ';' || coalesce((SELECT reason FROM gatekeeper.suppression s WHERE s.address = '$r'), '')
-  FROM gatekeeper.events e WHERE e.mail_id = $id{$r} AND e.event <> 'sent'});
-	$got{$r} = $row;
-	my ($events, $supp) = split(/;/, $row, -1);
-	is($events, "bounced|$status|$reason", "$r ($what): one bounced event, status $status, reason $reason")
-	  or diag($row);
-	is($supp, $suppression, "$r ($what): " . ($suppression eq '' ? 'not suppressed' : "suppressed ($suppression)"));
-}
-foreach my $c (grep { $_->[1] eq 'delivered' } @cases)
-{
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM gatekeeper.events WHERE mail_id = $id{$c->[0]} AND event <> 'sent'"),
-		'0', "$c->[0] (delivered): no event but sent");
-}
-is($node->safe_psql('postgres', 'SELECT recorded FROM gatekeeper.report_stats'),
-	scalar(@bounced), scalar(@bounced) . ' reports recorded (report_stats)');
-
-# the summary
-my @rec = grep { $got{ $_->[0] } =~ /^bounced/ } @bounced;
-my @supp = grep { $got{ $_->[0] } =~ /;.+$/ } @bounced;
-note(
-	sprintf('Sendmail 8.17: %d of %d bounces recorded, reasons: %s; suppressed: %d (%s)',
-		scalar(@rec), scalar(@bounced),
-		join(', ', map { my ($e) = split(/;/, $got{ $_->[0] }); (split(/\|/, $e))[2] // 'none' } @bounced),
-		scalar(@supp), join(', ', map { $_->[0] } @supp)));
-note(sprintf('  %-24s %-34s %s', $_->[0], $_->[1], $got{ $_->[0] })) foreach @bounced;
+# per bounce its event, status, reason and suppression; no event for a
+# mail delivered; report_stats; the summary
+GatekeeperTest::check_bounce_outcomes($node, 'Sendmail 8.17', \%id, @cases);
 
 my $logdir = $PostgreSQL::Test::Utils::log_path;
 foreach my $inst ($relay, $mx)

@@ -1561,6 +1561,86 @@ sub next_campaign
 		$expected, 30);
 }
 
+=pod
+
+=head2 mail_outcome($node, $id, $recipient)
+
+What the reports tests read of mail $id once its bounce came back: its
+events but sent, each "event|status|reason" (status and reason '' when
+NULL), joined with commas, then ';' and the reason $recipient is
+suppressed for ('' when it is not): "bounced|5.1.1|user_unknown;hard_bounce",
+or ";" for a mail that was delivered.
+
+=cut
+
+sub mail_outcome
+{
+	my ($node, $id, $recipient) = @_;
+	return $node->safe_psql(
+		'postgres', qq{
+SELECT coalesce(string_agg(e.event || '|' || coalesce(e.status, '') || '|' || coalesce(e.reason, ''), ','), '')
+	   || ';' || coalesce((SELECT reason FROM gatekeeper.suppression s WHERE s.address = '$recipient'), '')
+  FROM gatekeeper.events e WHERE e.mail_id = $id AND e.event <> 'sent'});
+}
+
+=pod
+
+=head2 check_bounce_outcomes($node, $mta, \%id, @cases)
+
+What an MTA's bounces did, as t/097, t/098 and t/099 check it.  Each case
+is [recipient, what, body, status, reason, suppression], what being
+'delivered' for a mail that was; %id maps each recipient to its mail.
+Per bounced mail, a test that it has one bounced event with that status
+and reason (mail_outcome) and one of its suppression ('' for none); per
+delivered mail, one that it has no event but sent; then one that
+report_stats counted a recorded report per bounce.  Notes a summary
+headed $mta ("Sendmail 8.17").  Returns a hash ref of each bounced
+recipient's mail_outcome.
+
+=cut
+
+sub check_bounce_outcomes
+{
+	my ($node, $mta, $ids, @cases) = @_;
+	my @bounced = grep { $_->[1] ne 'delivered' } @cases;
+	my %got;
+
+	# a failure names the test file's line, not this one
+	local $Test::Builder::Level = $Test::Builder::Level + 1;
+	foreach my $c (@bounced)
+	{
+		my ($r, $what, undef, $status, $reason, $suppression) = @$c;
+		my $row = mail_outcome($node, $ids->{$r}, $r);
+		$got{$r} = $row;
+		my ($events, $supp) = split(/;/, $row, -1);
+		Test::More::is($events, "bounced|$status|$reason",
+			"$r ($what): one bounced event, status $status, reason $reason")
+		  or diag($row);
+		Test::More::is($supp, $suppression,
+			"$r ($what): " . ($suppression eq '' ? 'not suppressed' : "suppressed ($suppression)"));
+	}
+	foreach my $c (grep { $_->[1] eq 'delivered' } @cases)
+	{
+		Test::More::is(
+			$node->safe_psql('postgres',
+				"SELECT count(*) FROM gatekeeper.events WHERE mail_id = $ids->{$c->[0]} AND event <> 'sent'"),
+			'0', "$c->[0] (delivered): no event but sent");
+	}
+	Test::More::is($node->safe_psql('postgres', 'SELECT recorded FROM gatekeeper.report_stats'),
+		scalar(@bounced), scalar(@bounced) . ' reports recorded (report_stats)');
+
+	# the summary
+	my @rec = grep { $got{ $_->[0] } =~ /^bounced/ } @bounced;
+	my @supp = grep { $got{ $_->[0] } =~ /;.+$/ } @bounced;
+	note(
+		sprintf('%s: %d of %d bounces recorded, reasons: %s; suppressed: %d (%s)',
+			$mta, scalar(@rec), scalar(@bounced),
+			join(', ', map { my ($e) = split(/;/, $got{ $_->[0] }); (split(/\|/, $e))[2] // 'none' } @bounced),
+			scalar(@supp), join(', ', map { $_->[0] } @supp)));
+	note(sprintf('  %-24s %-34s %s', $_->[0], $_->[1], $got{ $_->[0] })) foreach @bounced;
+	return \%got;
+}
+
 sub note { Test::More::note(@_) }
 sub diag { Test::More::diag(@_) }
 

@@ -588,32 +588,15 @@ check_templated(const MailRow *mail, const char *template, bool to_go)
 }
 
 /*
- * Reject a mail, with the SQLSTATEs the README documents, when any field is
- * malformed.  inserting: the mail is new, not an update of one; scheduled:
- * it is still to go.
+ * The addresses and names of a mail: a recipient always; when the mail is
+ * still to go, a valid recipient, sender, recipient_name and timezone.
+ * Returns the recipient.
  */
-static void
-check_mail(const MailRow *mail, bool inserting, bool scheduled)
+static char *
+check_mail_addresses(const MailRow *mail, bool to_go)
 {
 	char	   *recipient;
 	char	   *sender;
-	char	   *subject;
-	char	   *template;
-	char	   *queue;
-	bool		send_by_null;
-	Datum		send_at;
-	Datum		send_by;
-	Size		size;
-	int			placeholders = 0;
-	bool		to_go;
-
-	/*
-	 * The content of mail that is still to go (new mail, or mail being
-	 * changed) must be sendable.  Finished mail inserted as such is a
-	 * restore (pg_dump) of history, perhaps written by a version with
-	 * other rules: it loads as it is, so that a restore never fails on it.
-	 */
-	to_go = scheduled || !inserting;
 
 	recipient = column_text(mail, columns.recipient);
 	if (recipient == NULL)
@@ -645,13 +628,25 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 		if (zone != NULL)
 			(void) gatekeeper_check_timezone(zone, "timezone");
 	}
+	return recipient;
+}
 
-	template = column_text(mail, columns.template);
+/*
+ * The content of a mail: a template's (check_templated), or a subject and
+ * a body of its own; headers that are valid when the mail is still to go.
+ * Returns the number of Message-ID placeholders its headers hold.
+ */
+static int
+check_mail_content(const MailRow *mail, bool to_go)
+{
+	char	   *template = column_text(mail, columns.template);
+
 	if (template != NULL)
 		check_templated(mail, template, to_go);
 	else
 	{
-		subject = column_text(mail, columns.subject);
+		char	   *subject = column_text(mail, columns.subject);
+
 		if (subject == NULL)
 			not_null_violation(mail, "subject");
 		if (to_go)
@@ -662,13 +657,22 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 	}
 
 	if (!mail->isnull[columns.headers - 1] && to_go)
-		placeholders = gatekeeper_check_headers(DatumGetJsonbP(mail->values[columns.headers - 1]));
+		return gatekeeper_check_headers(DatumGetJsonbP(mail->values[columns.headers - 1]));
+	return 0;
+}
 
-	/*
-	 * The claim fills each placeholder in with the mail's Message-ID: it
-	 * counts at the longest a Message-ID may be, so that what the worker
-	 * holds and the relay gets is within the limit too.
-	 */
+/*
+ * The size of a mail, which must be within gatekeeper.max_message_size:
+ * its subject, body, html, headers and data.  The claim fills each
+ * placeholder in with the mail's Message-ID: it counts at the longest a
+ * Message-ID may be, so that what the worker holds and the relay gets is
+ * within the limit too.  Returns the size.
+ */
+static Size
+check_mail_size(const MailRow *mail, int placeholders)
+{
+	Size		size;
+
 	size = column_size(mail, columns.subject) +
 		column_size(mail, columns.body) +
 		column_size(mail, columns.html) +
@@ -691,73 +695,122 @@ check_mail(const MailRow *mail, bool inserting, bool scheduled)
 				 errmsg("mail is larger than gatekeeper.max_message_size"),
 				 errdetail("Subject, body, html and headers hold %zu bytes; the limit is %d bytes.",
 						   size, gatekeeper_max_message_size)));
+	return size;
+}
 
-	send_at = mail->values[columns.send_at - 1];
+/*
+ * The schedule of a mail: a send_at always; for a new mail still to go,
+ * a finite send_at and send_by, send_by not before send_at.  Only such a
+ * mail is checked so: a restore of finished mail (pg_dump) loads as it
+ * is.  Returns send_at.
+ */
+static TimestampTz
+check_mail_schedule(const MailRow *mail, bool inserting, bool scheduled)
+{
+	TimestampTz send_at;
+	TimestampTz send_by = 0;
+	bool		send_by_null = mail->isnull[columns.send_by - 1];
+
 	if (mail->isnull[columns.send_at - 1])
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("send_at must not be null")));
-	send_by = mail->values[columns.send_by - 1];
-	send_by_null = mail->isnull[columns.send_by - 1];
+	send_at = DatumGetTimestampTz(mail->values[columns.send_at - 1]);
+	if (!send_by_null)
+		send_by = DatumGetTimestampTz(mail->values[columns.send_by - 1]);
 
-	/*
-	 * Checks that only make sense for mail that is still to go: a restore
-	 * of finished mail (pg_dump) may name a queue dropped since.
-	 */
 	if (scheduled && inserting)
 	{
-		if (TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(send_at)) ||
-			(!send_by_null && TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(send_by))))
+		if (TIMESTAMP_NOT_FINITE(send_at) ||
+			(!send_by_null && TIMESTAMP_NOT_FINITE(send_by)))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("send_at and send_by must be finite"),
 					 errdetail("An infinite time can be neither waited for nor computed with.")));
 
-		if (!send_by_null &&
-			DatumGetTimestampTz(send_by) < DatumGetTimestampTz(send_at))
+		if (!send_by_null && send_by < send_at)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("send_by must not be before send_at")));
 	}
+	return send_at;
+}
 
-	queue = column_text(mail, columns.queue);
+/*
+ * The queue of a mail: named always; for a mail still to go, one that
+ * exists (a restore of finished mail may name a queue dropped since),
+ * whose RFC 8058 headers, which the claim adds to the mail of a queue
+ * with an unsubscribe_url, keep the mail (size bytes without them) within
+ * gatekeeper.max_message_size.  A new mail is announced to the queue's
+ * listeners (announce_mail).
+ */
+static void
+check_mail_queue(const MailRow *mail, const char *recipient, Size size,
+				 TimestampTz send_at, bool inserting, bool scheduled, bool to_go)
+{
+	char	   *queue = column_text(mail, columns.queue);
+	int			cached;
+	const char *url;
+
 	if (queue == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("queue must not be null")));
-	if (scheduled)
+	if (!scheduled)
+		return;
+	cached = check_queue_exists(queue);
+	url = queue_cache.unsubscribe_urls[cached];
+	if (url != NULL && to_go)
 	{
-		int			cached = check_queue_exists(queue);
-		const char *url = queue_cache.unsubscribe_urls[cached];
+		Jsonb	   *headers = NULL;
+		Size		added;
 
-		/*
-		 * The claim adds the RFC 8058 headers to the mail of a queue with an
-		 * unsubscribe_url: they count against the limit too.
-		 */
-		if (url != NULL && to_go)
-		{
-			Jsonb	   *headers = NULL;
-			Size		added;
-
-			if (!mail->isnull[columns.headers - 1])
-				headers = DatumGetJsonbP(mail->values[columns.headers - 1]);
-			added = gatekeeper_unsubscribe_headers_size(url, recipient, queue, headers);
-			if (size + added > (Size) gatekeeper_max_message_size)
-				ereport(ERROR,
-						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-						 errmsg("mail is larger than gatekeeper.max_message_size"),
-						 errdetail("Subject, body, html and headers hold %zu bytes, and the List-Unsubscribe headers of queue \"%s\" add %zu; the limit is %d bytes.",
-								   size, queue, added, gatekeeper_max_message_size)));
-		}
-
-		if (inserting && queue_cache.notify[cached])
-			announce_mail(cached, DatumGetTimestampTz(send_at));
+		if (!mail->isnull[columns.headers - 1])
+			headers = DatumGetJsonbP(mail->values[columns.headers - 1]);
+		added = gatekeeper_unsubscribe_headers_size(url, recipient, queue, headers);
+		if (size + added > (Size) gatekeeper_max_message_size)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("mail is larger than gatekeeper.max_message_size"),
+					 errdetail("Subject, body, html and headers hold %zu bytes, and the List-Unsubscribe headers of queue \"%s\" add %zu; the limit is %d bytes.",
+							   size, queue, added, gatekeeper_max_message_size)));
 	}
+
+	if (inserting && queue_cache.notify[cached])
+		announce_mail(cached, send_at);
+}
+
+/*
+ * Reject a mail, with the SQLSTATEs the README documents, when any field is
+ * malformed.  inserting: the mail is new, not an update of one; scheduled:
+ * it is still to go.
+ */
+static void
+check_mail(const MailRow *mail, bool inserting, bool scheduled)
+{
+	char	   *recipient;
+	int			placeholders;
+	Size		size;
+	TimestampTz send_at;
+	bool		to_go;
+
+	/*
+	 * The content of mail that is still to go (new mail, or mail being
+	 * changed) must be sendable.  Finished mail inserted as such is a
+	 * restore (pg_dump) of history, perhaps written by a version with
+	 * other rules: it loads as it is, so that a restore never fails on it.
+	 */
+	to_go = scheduled || !inserting;
+
+	recipient = check_mail_addresses(mail, to_go);
+	placeholders = check_mail_content(mail, to_go);
+	size = check_mail_size(mail, placeholders);
+	send_at = check_mail_schedule(mail, inserting, scheduled);
+	check_mail_queue(mail, recipient, size, send_at, inserting, scheduled, to_go);
 
 	/* wake the workers at commit when this mail is due within a nap */
 	if (scheduled &&
-		DatumGetTimestampTz(send_at) <=
-		GetCurrentStatementStartTimestamp() + (int64) gatekeeper_naptime * 1000)
+		send_at <= GetCurrentStatementStartTimestamp() + (int64) gatekeeper_naptime * 1000)
 		gatekeeper_wake_at_commit();
 }
 
