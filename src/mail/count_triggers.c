@@ -42,10 +42,33 @@ PG_FUNCTION_INFO_V1(gatekeeper_count_live);
 /* The events counted, by CountKind from COUNT_DEFERRED on */
 static const char *const counted_events[] = {"deferred", "bounced", "complained"};
 
+static TriggerData *counted_insert(FunctionCallInfo fcinfo, const char *name);
 static void count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc,
 							Oid scheduled, int sign);
 static void count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign);
 static void lower_floors(Tuplestorestate *rows, TupleDesc desc, Oid scheduled);
+
+/*
+ * The trigger data of an insert statement trigger (name) that counts its
+ * new rows, or NULL when nothing is counted: the totals are not kept (the
+ * library was not preloaded), or a restore writes, which is not new work
+ * (see gatekeeper_writer).
+ */
+static TriggerData *
+counted_insert(FunctionCallInfo fcinfo, const char *name)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	gatekeeper_require_schema();
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
+		trigdata->tg_newtable == NULL)
+		elog(ERROR, "%s must be an insert statement trigger with a new table", name);
+	if (!count_totals_kept() || gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
+		return NULL;
+	return trigdata;
+}
 
 /*
  * gatekeeper_count_done
@@ -56,7 +79,7 @@ static void lower_floors(Tuplestorestate *rows, TupleDesc desc, Oid scheduled);
 Datum
 gatekeeper_count_done(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	TriggerData *trigdata = counted_insert(fcinfo, "gatekeeper_count_done");
 	TupleDesc	desc;
 	TupleTableSlot *slot;
 	MailCount  *count;
@@ -64,14 +87,7 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
 	int			state_att;
 	Oid			state_type;
 
-	gatekeeper_require_schema();
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
-		trigdata->tg_newtable == NULL)
-		elog(ERROR, "gatekeeper_count_done must be an insert statement trigger with a new table");
-	/* a restore is not new work (see gatekeeper_writer) */
-	if (!count_totals_kept() || gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
+	if (trigdata == NULL)
 		return PointerGetDatum(NULL);
 
 	desc = RelationGetDescr(trigdata->tg_relation);
@@ -110,7 +126,7 @@ gatekeeper_count_done(PG_FUNCTION_ARGS)
 Datum
 gatekeeper_count_events(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	TriggerData *trigdata = counted_insert(fcinfo, "gatekeeper_count_events");
 	TupleDesc	desc;
 	TupleTableSlot *slot;
 	MailCount  *count;
@@ -118,13 +134,7 @@ gatekeeper_count_events(PG_FUNCTION_ARGS)
 	int			event_att;
 	int			repeated_att;
 
-	gatekeeper_require_schema();
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event) ||
-		trigdata->tg_newtable == NULL)
-		elog(ERROR, "gatekeeper_count_events must be an insert statement trigger with a new table");
-	if (!count_totals_kept() || gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
+	if (trigdata == NULL)
 		return PointerGetDatum(NULL);
 
 	desc = RelationGetDescr(trigdata->tg_relation);
