@@ -19,7 +19,10 @@
 # HOLD=1 keeps a REPEATABLE READ transaction open from before the first
 # wave to the end (what a long pg_dump or report query does): no row a
 # claim deletes is dead to every transaction while it runs.  CLAIMERS
-# (default 4) pgbench clients drain.  STATS=1 prints after each wave what
+# (default 4) pgbench clients drain.  LOAD=direct loads each wave as the
+# drain scenario does (bench_load: mail_live rows written by the loader,
+# the triggers off) instead of by INSERT ... SELECT, whose mail waits in
+# runs of mail_run that the claims move to live rows.  STATS=1 prints after each wave what
 # the drain read: per index of the mail tables the entries returned
 # (idx_tup_read) and index scans, per table the heap fetches of index scans
 # (idx_tup_fetch) and dead rows.  The cluster is stopped and removed at
@@ -29,7 +32,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${GK_PG_BIN:?GK_PG_BIN must name a PostgreSQL bin directory}
 WAVES=${WAVES:-6}; N=${N:-300000}; WORKERS=${WORKERS:-0}
 CLAIMERS=${CLAIMERS:-4}; STATS=${STATS:-0}
-EXPLAIN=${EXPLAIN:-0}; VACUUM=${VACUUM:-0}; KEEP=${KEEP:-0}; NOAUTOVAC=${NOAUTOVAC:-0}; HOLD=${HOLD:-0}
+EXPLAIN=${EXPLAIN:-0}; LOAD=${LOAD:-insert}; VACUUM=${VACUUM:-0}; KEEP=${KEEP:-0}; NOAUTOVAC=${NOAUTOVAC:-0}; HOLD=${HOLD:-0}
 HOLD_PID=
 DIR=${1:-$(mktemp -d /tmp/gkwaves.XXXXXX)}
 mkdir -p "$DIR"; chown postgres: "$DIR"
@@ -80,8 +83,12 @@ if [ "$HOLD" = 1 ]; then
 fi
 rates=
 for w in $(seq 1 "$WAVES"); do
-	P -c "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
-		  SELECT * FROM bench_rows($N, 's${w}_', 'bench', interval '0')"
+	if [ "$LOAD" = direct ]; then
+		P -c "CALL bench_load($N, 's${w}_', 'bench', interval '0')"
+	else
+		P -c "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
+			  SELECT * FROM bench_rows($N, 's${w}_', 'bench', interval '0')"
+	fi
 	if [ "$EXPLAIN" = 1 ]; then
 		echo "== before wave $w: $(P -c "SELECT format('mail_live n_dead_tup %s n_live_tup %s, heap %s, mail_due %s (%s pages), vacuums %s+%s',
 			n_dead_tup, n_live_tup, pg_size_pretty(pg_relation_size('gatekeeper.mail_live')),
