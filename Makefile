@@ -31,6 +31,7 @@ OBJS = \
 	src/mail/mail_exec.o \
 	src/mail/mail_runs.o \
 	src/mail/mail_state.o \
+	src/mail/mail_nack.o \
 	src/mail/mail_store.o \
 	src/mail/done_writer.o \
 	src/mail/live_record.o \

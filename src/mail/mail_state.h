@@ -2,9 +2,9 @@
  *
  * mail_state.h
  *		The changes of a mail's state: a claimed mail's transitions
- *		(src/mail_state.c), and reap, cancel, sync, rotate and purge
- *		(src/mail_state_sweep.c); what src/mail/ uses of them (outside it,
- *		mail_store.h).
+ *		(src/mail/mail_state.c; a nack's, src/mail/mail_nack.c), and reap,
+ *		cancel, sync, rotate and purge (src/mail/mail_state_sweep.c); what
+ *		src/mail/ uses of them (outside it, mail_store.h).
  *
  * Every function here runs with SPI connected, inside a transaction.
  *
@@ -45,7 +45,29 @@
  */
 #define CLAIM_OWNER_BACKGROUND	InvalidOid
 
+/* A queue's policy, as a nack or an unclaim applies it. */
+typedef struct QueuePolicy
+{
+	char	   *name;
+	int32		max_attempts;	/* 1 when the queue is gone */
+	int64		retry_for;		/* usecs: 0 when the queue is gone */
+	bool		notify;
+	TimestampTz due;			/* unclaim: the earliest mail handed back */
+} QueuePolicy;
+
+/* claims in (id, attempt) order */
+static inline int
+mail_state_claim_cmp(int64 id1, int32 attempt1, int64 id2, int32 attempt2)
+{
+	if (id1 != id2)
+		return id1 < id2 ? -1 : 1;
+	return (attempt1 > attempt2) - (attempt1 < attempt2);
+}
+
 extern void mail_state_record_init(LiveRecord *lr, Oid type);
+extern Datum mail_state_record_moved(LiveRecord *lr, Datum record, Datum state,
+									 bool set_error, const char *error, TimestampTz send_at,
+									 bool uncharged);
 extern void mail_state_insert_live(LiveRecord *lr, Datum *records, int n);
 extern void mail_state_insert_done(LiveRecord *lr, Datum *records, int n);
 
@@ -53,13 +75,20 @@ extern Oid	mail_state_claimant(void);
 extern int	mail_state_id_cmp(const void *a, const void *b);
 extern Datum *mail_state_take_claimed(const int64 *ids, const int32 *attempts, int n,
 									  int *ntaken, LiveRecord *lr, MemoryContext keep);
+extern Datum *mail_state_take_own(const int64 *ids, const int32 *attempts, int n,
+								  int *ntaken, LiveRecord *lr, MemoryContext keep);
+extern QueuePolicy *mail_state_load_policies(LiveRecord *lr, Datum *records, int n,
+											 int *npolicies);
+extern QueuePolicy *mail_state_find_policy(QueuePolicy *policies, int n, const char *name);
 extern int	mail_state_ack(const int64 *ids, const int32 *attempts, int n);
-extern int	mail_state_nack(MailNack *nacks, int n);
 extern int	mail_state_unclaim(const int64 *ids, const int32 *attempts, int n,
 							   const char *error, TimestampTz due);
 extern bool mail_state_extend_one(int64 id, int32 attempt, TimestampTz lease_end);
 extern int	mail_state_extend(const int64 *ids, const int32 *attempts, int n,
 							  TimestampTz lease_end, bool *held);
+
+/* src/mail/mail_nack.c */
+extern int	mail_state_nack(MailNack *nacks, int n);
 
 /* src/mail_state_sweep.c */
 extern int32 gatekeeper_mail_reap(void);
