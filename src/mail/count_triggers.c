@@ -39,14 +39,28 @@ PG_FUNCTION_INFO_V1(gatekeeper_count_done);
 PG_FUNCTION_INFO_V1(gatekeeper_count_events);
 PG_FUNCTION_INFO_V1(gatekeeper_count_live);
 
+/*
+ * The due floor (due_floor.c) lowered to a statement's new rows, in the
+ * same walk that counts them: the columns their keys are read from.
+ */
+typedef struct NewRowsFloor
+{
+	DueFloorNote note;
+	int			priority_att;
+	int			send_at_att;
+	int			id_att;
+} NewRowsFloor;
+
 /* The events counted, by CountKind from COUNT_DEFERRED on */
 static const char *const counted_events[] = {"deferred", "bounced", "complained"};
 
 static TriggerData *counted_insert(FunctionCallInfo fcinfo, const char *name);
+static void floor_start(NewRowsFloor *floor, TupleDesc desc, DueFloorKind kind);
+static void floor_row(NewRowsFloor *floor, TupleTableSlot *slot, Datum queue);
 static void count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc,
-							Oid scheduled, int sign);
-static void count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign);
-static void lower_floors(Tuplestorestate *rows, TupleDesc desc, Oid scheduled);
+							Oid scheduled, int sign, NewRowsFloor *floor);
+static void count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign,
+					   NewRowsFloor *floor);
 
 /*
  * The trigger data of an insert statement trigger (name) that counts its
@@ -186,12 +200,46 @@ gatekeeper_count_events(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Start lowering the due floors of kind to a statement's new rows, whose
+ * index entries exist by now.
+ */
+static void
+floor_start(NewRowsFloor *floor, TupleDesc desc, DueFloorKind kind)
+{
+	floor->priority_att = SPI_fnumber(desc, "priority");
+	floor->send_at_att = SPI_fnumber(desc, "send_at");
+	floor->id_att = SPI_fnumber(desc, "id");
+	if (floor->priority_att <= 0 || floor->send_at_att <= 0 || floor->id_att <= 0)
+		elog(ERROR, "gatekeeper_count_live fired on a table without priority, send_at and id");
+	gatekeeper_due_floor_note_start(&floor->note, kind);
+}
+
+/*
+ * Note the row in slot, of queue, for its queue's floor, when its key is
+ * whole.
+ */
+static void
+floor_row(NewRowsFloor *floor, TupleTableSlot *slot, Datum queue)
+{
+	bool		n1,
+				n2,
+				n3;
+	DueKey		key;
+
+	key.priority = DatumGetInt32(slot_getattr(slot, floor->priority_att, &n1));
+	key.send_at = DatumGetTimestampTz(slot_getattr(slot, floor->send_at_att, &n2));
+	key.id = DatumGetInt64(slot_getattr(slot, floor->id_att, &n3));
+	if (!n1 && !n2 && !n3)
+		gatekeeper_due_floor_note(&floor->note, queue, &key);
+}
+
+/*
  * Count each scheduled row of mail_live, times sign, in its queue's
- * gauges.
+ * gauges; with floor (new rows), note it for its queue's due floor too.
  */
 static void
 count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc, Oid scheduled,
-				int sign)
+				int sign, NewRowsFloor *floor)
 {
 	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 	int			queue_att = SPI_fnumber(desc, "queue");
@@ -213,6 +261,8 @@ count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc, Oid sch
 
 			mail_count_move(count, queue, COUNT_NONE, sign,
 							!n3 && DatumGetInt32(attempt) > 0 ? sign : 0);
+			if (floor != NULL)
+				floor_row(floor, slot, queue);
 		}
 		ExecClearTuple(slot);
 	}
@@ -221,10 +271,12 @@ count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc, Oid sch
 
 /*
  * Count each run of mail_run, its mails (last_id - id + 1) times sign, in
- * its queue's gauges: runs are never retrying.
+ * its queue's gauges: runs are never retrying.  With floor (new runs),
+ * note each for its queue's run floor too.
  */
 static void
-count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign)
+count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign,
+		   NewRowsFloor *floor)
 {
 	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
 	int			queue_att = SPI_fnumber(desc, "queue");
@@ -243,52 +295,10 @@ count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign)
 
 		if (!n1 && !n2 && !n3 && last >= id)
 			mail_count_move(count, queue, COUNT_NONE, sign * (last - id + 1), 0);
+		if (!n1 && floor != NULL)
+			floor_row(floor, slot, queue);
 		ExecClearTuple(slot);
 	}
-	ExecDropSingleTupleTableSlot(slot);
-}
-
-/*
- * Lower the due floors (due_floor.c) to the statement's new scheduled
- * rows, whose index entries exist by now.  scheduled InvalidOid: the rows
- * are runs of mail_run, whose own floor is lowered.
- */
-static void
-lower_floors(Tuplestorestate *rows, TupleDesc desc, Oid scheduled)
-{
-	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	int			queue_att = SPI_fnumber(desc, "queue");
-	int			state_att = SPI_fnumber(desc, "state");
-	int			priority_att = SPI_fnumber(desc, "priority");
-	int			send_at_att = SPI_fnumber(desc, "send_at");
-	int			id_att = SPI_fnumber(desc, "id");
-	DueFloorNote floor;
-
-	if (priority_att <= 0 || send_at_att <= 0 || id_att <= 0)
-		elog(ERROR, "gatekeeper_count_live fired on a table without priority, send_at and id");
-	gatekeeper_due_floor_note_start(&floor, OidIsValid(scheduled) ? DUE_FLOOR_LIVE : DUE_FLOOR_RUN);
-	tuplestore_rescan(rows);
-	while (tuplestore_gettupleslot(rows, true, false, slot))
-	{
-		bool		n0,
-					n1,
-					n2,
-					n3;
-		Datum		queue = slot_getattr(slot, queue_att, &n0);
-		DueKey		key;
-
-		if (!n0 && (!OidIsValid(scheduled) ||
-					(DatumGetObjectId(slot_getattr(slot, state_att, &n1)) == scheduled && !n1)))
-		{
-			key.priority = DatumGetInt32(slot_getattr(slot, priority_att, &n1));
-			key.send_at = DatumGetTimestampTz(slot_getattr(slot, send_at_att, &n2));
-			key.id = DatumGetInt64(slot_getattr(slot, id_att, &n3));
-			if (!n1 && !n2 && !n3)
-				gatekeeper_due_floor_note(&floor, queue, &key);
-		}
-		ExecClearTuple(slot);
-	}
-	gatekeeper_due_floor_note_end(&floor);
 	ExecDropSingleTupleTableSlot(slot);
 }
 
@@ -297,7 +307,7 @@ lower_floors(Tuplestorestate *rows, TupleDesc desc, Oid scheduled)
  *		gatekeeper._count_live(), the AFTER INSERT, UPDATE, DELETE and
  *		TRUNCATE statement triggers of gatekeeper.mail_live and
  *		gatekeeper.mail_run: count the statement's change to the live
- *		gauges, and lower the due floors to its new rows.
+ *		gauges, and lower the due floors to its new rows in the same walk.
  */
 Datum
 gatekeeper_count_live(PG_FUNCTION_ARGS)
@@ -305,7 +315,8 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	TupleDesc	desc;
 	MailCount  *count;
-	Oid			scheduled = InvalidOid;
+	Oid			scheduled;
+	NewRowsFloor floor;
 
 	gatekeeper_require_schema();
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
@@ -334,9 +345,13 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 			elog(ERROR, "gatekeeper_count_live fired on a table without queue, id and last_id");
 		count = mail_count_start(gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, false));
 		if (trigdata->tg_oldtable != NULL)
-			count_runs(count, trigdata->tg_oldtable, desc, -1);
+			count_runs(count, trigdata->tg_oldtable, desc, -1, NULL);
 		if (trigdata->tg_newtable != NULL)
-			count_runs(count, trigdata->tg_newtable, desc, 1);
+		{
+			floor_start(&floor, desc, DUE_FLOOR_RUN);
+			count_runs(count, trigdata->tg_newtable, desc, 1, &floor);
+			gatekeeper_due_floor_note_end(&floor.note);
+		}
 	}
 	else
 	{
@@ -350,12 +365,14 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 														 ObjectIdGetDatum(TupleDescAttr(desc, state_att - 1)->atttypid)));
 		count = mail_count_start(RelationGetRelid(trigdata->tg_relation));
 		if (trigdata->tg_oldtable != NULL)
-			count_live_rows(count, trigdata->tg_oldtable, desc, scheduled, -1);
+			count_live_rows(count, trigdata->tg_oldtable, desc, scheduled, -1, NULL);
 		if (trigdata->tg_newtable != NULL)
-			count_live_rows(count, trigdata->tg_newtable, desc, scheduled, 1);
+		{
+			floor_start(&floor, desc, DUE_FLOOR_LIVE);
+			count_live_rows(count, trigdata->tg_newtable, desc, scheduled, 1, &floor);
+			gatekeeper_due_floor_note_end(&floor.note);
+		}
 	}
 	mail_count_end(count);
-	if (trigdata->tg_newtable != NULL)
-		lower_floors(trigdata->tg_newtable, desc, scheduled);
 	return PointerGetDatum(NULL);
 }
