@@ -12,6 +12,7 @@ OBJS = \
 	src/gatekeeper.o \
 	src/settings.o \
 	src/xact.o \
+	src/keep_freed.o \
 	src/catalog.o \
 	src/worker_slots.o \
 	src/delivery_check.o \

@@ -62,6 +62,7 @@
 #include "claim_take.h"
 #include "claim_writer.h"
 #include "due_floor.h"
+#include "keep_freed.h"
 #include "gate.h"
 #include "mail_state.h"
 #include "suppression.h"
@@ -1534,6 +1535,7 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 						BACKGROUND_WORKER_PREFIX),
 				 errdetail("A background worker's claims are taken back as soon as its server is gone; an external worker's keep their lease.")));
 
+	gatekeeper_keep_freed_memory();
 	InitMaterializedSRF(fcinfo, 0);
 	(void) gatekeeper_claim_mails(worker, batch, lease, filter, 0, put_claimed, rsinfo);
 
