@@ -27,6 +27,7 @@
 #include "address.h"
 #include "catalog.h"
 #include "gatekeeper.h"
+#include "keep_freed.h"
 
 /* Distinct recipients release_passes handles in one round. */
 #define RELEASE_CHUNK	1024
@@ -459,6 +460,7 @@ gatekeeper_gate_pass_rows(GatePasses *rows, int n, const GateDef *def, const int
 
 	if (n == 0)
 		return;
+	gatekeeper_keep_freed_memory();
 	space = gate_log_space(now);
 	xid = gate_store_my_xid();
 

@@ -10,7 +10,6 @@
 #include "postgres.h"
 
 #include "gate.h"
-#include "keep_freed.h"
 #include "gate_log.h"
 #include "gate_store.h"
 
@@ -139,7 +138,6 @@ gatekeeper_gate_pass(PG_FUNCTION_ARGS)
 	int			granted;
 
 	gatekeeper_require_schema();
-	gatekeeper_keep_freed_memory();
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipient");
 
@@ -189,7 +187,6 @@ gatekeeper_gate_pass_batch(PG_FUNCTION_ARGS)
 	int			i;
 
 	gatekeeper_require_schema();
-	gatekeeper_keep_freed_memory();
 	require_arg(fcinfo, 0, "gate");
 	require_arg(fcinfo, 1, "recipients");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);

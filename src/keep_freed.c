@@ -19,8 +19,9 @@
  * faults of forming claim()'s result rows another 7% (perf), most of it
  * trapping to the hypervisor of a virtual machine.
  *
- * So the first claim, ack, nack or gate pass in a backend, and each
- * gatekeeper worker as it starts, raise both thresholds: up to
+ * So the first claim, ack, nack or gate pass of a process (the moves
+ * themselves call it: claim.c, mail_state.c, mail_nack.c, gate.c, so the
+ * SQL functions and the worker alike) raises both thresholds: up to
  * KEEP_TOP_BYTES free at the top of the heap stay mapped for the next
  * round, and requests below MMAP_FROM_BYTES come from the heap.  The
  * process then keeps what its largest round used, plus at most

@@ -21,7 +21,6 @@
 #include "utils/timestamp.h"
 
 #include "gatekeeper.h"
-#include "keep_freed.h"
 #include "mail/mail_store.h"
 #include "validate.h"
 
@@ -94,7 +93,6 @@ gatekeeper_ack(PG_FUNCTION_ARGS)
 	int			n;
 
 	gatekeeper_require_schema();
-	gatekeeper_keep_freed_memory();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -124,7 +122,6 @@ gatekeeper_ack_batch(PG_FUNCTION_ARGS)
 	int			n;
 
 	gatekeeper_require_schema();
-	gatekeeper_keep_freed_memory();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -150,7 +147,6 @@ gatekeeper_nack(PG_FUNCTION_ARGS)
 	MailNack	nack;
 
 	gatekeeper_require_schema();
-	gatekeeper_keep_freed_memory();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -191,7 +187,6 @@ gatekeeper_nack_batch(PG_FUNCTION_ARGS)
 	int			i;
 
 	gatekeeper_require_schema();
-	gatekeeper_keep_freed_memory();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -106,7 +106,6 @@
 #include "catalog.h"
 #include "mail/mail_store.h"
 #include "dkim.h"
-#include "keep_freed.h"
 #include "message.h"
 #include "wake.h"
 #include "worker.h"
@@ -313,7 +312,6 @@ gatekeeper_worker_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
-	gatekeeper_keep_freed_memory();
 
 	/*
 	 * If our predecessor in this slot never finished connecting, the

@@ -62,8 +62,8 @@
 #include "claim_take.h"
 #include "claim_writer.h"
 #include "due_floor.h"
-#include "keep_freed.h"
 #include "gate.h"
+#include "keep_freed.h"
 #include "mail_state.h"
 #include "suppression.h"
 #include "template_funcs.h"
@@ -1535,7 +1535,6 @@ gatekeeper_claim(PG_FUNCTION_ARGS)
 						BACKGROUND_WORKER_PREFIX),
 				 errdetail("A background worker's claims are taken back as soon as its server is gone; an external worker's keep their lease.")));
 
-	gatekeeper_keep_freed_memory();
 	InitMaterializedSRF(fcinfo, 0);
 	(void) gatekeeper_claim_mails(worker, batch, lease, filter, 0, put_claimed, rsinfo);
 
@@ -1567,6 +1566,7 @@ gatekeeper_claim_mails(text *worker, int batch, Interval *lease, ArrayType *filt
 	int			ngoing = 0;
 	int			i;
 
+	gatekeeper_keep_freed_memory();
 	SPI_connect();
 	queues = claim_load_queues(filter, &nqueues);
 	claimed = MemoryContextAlloc(keep, batch * sizeof(Claimed));

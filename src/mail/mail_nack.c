@@ -35,6 +35,7 @@
 #include "catalog.h"
 #include "gatekeeper.h"
 #include "gate.h"
+#include "keep_freed.h"
 #include "mail_state.h"
 #include "report.h"
 #include "wake.h"
@@ -521,6 +522,7 @@ mail_state_nack(MailNack *nacks, int n)
 		nacks[i].state = NULL;
 	if (n == 0)
 		return 0;
+	gatekeeper_keep_freed_memory();
 
 	order = nack_claims(nacks, n, &nclaims);
 	ids = palloc(nclaims * sizeof(int64));

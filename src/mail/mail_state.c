@@ -68,6 +68,7 @@
 
 #include "catalog.h"
 #include "gatekeeper.h"
+#include "keep_freed.h"
 #include "mail_state.h"
 #include "done_writer.h"
 #include "wake.h"
@@ -933,6 +934,7 @@ mail_state_ack(const int64 *ids, const int32 *attempts, int n)
 	int			ntaken;
 	int			i;
 
+	gatekeeper_keep_freed_memory();
 	claimant_init(&me);
 	taken = take_claimed(ids, attempts, n, &ntaken, &lr, CurrentMemoryContext, &me);
 	for (i = 0; i < ntaken; i++)
