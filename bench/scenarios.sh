@@ -15,6 +15,8 @@ bk_machine_info() {
 	bk_info memory "$mem"
 	bk_info cpu "${cpu:-unknown}"
 	bk_info kernel "$(uname -sr)"
+	bk_info hypervisor "$(bk_hypervisor)"
+	bk_info "first touch" "$(bk_first_touch)"
 	bk_info postgresql "$(bk_sql "SHOW server_version")"
 	bk_info settings "$(bk_sql "SELECT string_agg(name || ' = ' || current_setting(name), ', ' ORDER BY name)
 		FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'full_page_writes',
@@ -23,6 +25,28 @@ bk_machine_info() {
 	bk_info peers "PgQ $(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'pgq'"), $(redis-server --version | awk '{ print $1, $2, $3 }'), Postfix $(postconf -d -h mail_version 2>/dev/null || echo '?') smtp-source/smtp-sink"
 	bk_info gatekeeper "$(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'gatekeeper'"); repository at $(git -C "$ROOT" -c safe.directory="$ROOT" describe --always --dirty 2>/dev/null || echo '?'); gatekeeper.so installed $(date -u -r "$("$GK_PG_CONFIG" --pkglibdir)/gatekeeper.so" '+%Y-%m-%d %H:%M:%S UTC'), md5 $BK_SO_SUM"
 	bk_sql "$(cat "$SQL/setup.sql")" >/dev/null
+}
+
+# bk_hypervisor: what the kernel says it runs under, if anything.
+bk_hypervisor() {
+	local hv
+	hv=$(dmesg 2>/dev/null | sed -n 's/.*Hypervisor detected: *//p' | head -n 1)
+	[ -n "$hv" ] || hv=$(cat /sys/hypervisor/type 2>/dev/null)
+	[ -n "$hv" ] || hv=$(grep -qw hypervisor /proc/cpuinfo && echo 'yes (kernel does not say which)')
+	echo "${hv:-none seen}"
+}
+
+# bk_first_touch: what a process pays to read a page of shared memory
+# another wrote, the first time and the second (bench/first_touch.c).
+bk_first_touch() {
+	local r
+	if cc -O2 -o "$BK_WORK/first_touch" "$ROOT/bench/first_touch.c" 2>/dev/null &&
+		r=$("$BK_WORK/first_touch" 64) && [ -n "$r" ]; then
+		set -- $r
+		echo "a process's first read of a page of shared memory another wrote: $1 us; the same page again: $2 us (bench/first_touch.c)"
+	else
+		echo "not measured (bench/first_touch.c did not build or run)"
+	fi
 }
 
 # bk_reset_mail: empty gatekeeper's tables (and the references'), ready
