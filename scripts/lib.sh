@@ -156,7 +156,7 @@ gk_unpack_exim() {
 	done
 	mkdir -p "$dir/debs" "$dir/root"
 	if ! (cd "$dir/debs" && apt-get download -q "${want[@]}") >"$dir/download.log" 2>&1; then
-		gk_warn "apt-get download ${want[*]} failed (t/093 will skip): $(tail -n 3 "$dir/download.log")"
+		gk_warn "apt-get download ${want[*]} failed (t/095 will skip): $(tail -n 3 "$dir/download.log")"
 		return 0
 	fi
 	for deb in "$dir"/debs/*.deb; do

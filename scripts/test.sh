@@ -110,7 +110,7 @@ if ! gk_install "$SRC"; then
 	exit 1
 fi
 SUMMARY+=("build         ok, no compiler warnings, no call circles, scripts defined once, installed into $("$GK_PG_CONFIG" --pkglibdir)")
-# Exim for t/093, unpacked (not installed) under the build directory
+# Exim for t/095, unpacked (not installed) under the build directory
 gk_unpack_exim "$BUILD/exim"
 # OpenSMTPD for t/097, unpacked the same way
 gk_unpack_opensmtpd "$BUILD/opensmtpd"
