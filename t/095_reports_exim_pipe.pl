@@ -36,7 +36,6 @@ use strict;
 use warnings;
 
 use File::Copy;
-use File::Spec;
 use FindBin;
 use lib $FindBin::RealBin;
 use GatekeeperTest;
@@ -74,26 +73,11 @@ exec $dir/exim4 "\$@"
 END
 chmod(0755, "$dir/exim.sh") or die "chmod: $!";
 
-my $node = GatekeeperTest::new_node('exim', conf => "gatekeeper.helo_name = 'mta.shop.example'\n");
 my $relay_port = PostgreSQL::Test::Cluster::get_free_port();
 my $mx_port = PostgreSQL::Test::Cluster::get_free_port();
-$node->append_conf('postgresql.conf', "gatekeeper.smtp_url = 'smtp://127.0.0.1:$relay_port'\n");
-$node->start;
-$node->safe_psql(
-	'postgres', q{
-CREATE EXTENSION gatekeeper;
-SELECT gatekeeper.create_queue('news', return_path => 'bounces+{token}@bounce.shop.example');
--- the bounce pipe's role, as docs/reference.md creates it
-CREATE ROLE gkbounce LOGIN;
-GRANT USAGE ON SCHEMA gatekeeper TO gkbounce;
-GRANT EXECUTE ON FUNCTION gatekeeper.ingest_report(text, text),
-						  gatekeeper.record_event(text, text, text, text, text) TO gkbounce;
-});
-
-my $psql = (grep { -x $_ } map { File::Spec->catfile($_, 'psql') } split(/:/, $ENV{PATH}))[0];
-my $pipe_sql = File::Spec->rel2abs("$FindBin::RealBin/../scripts/bounce-pipe.sql");
-my $pghost = $node->host;
-my $pgport = $node->port;
+my $node = GatekeeperTest::bounce_pipe_node('exim', $relay_port);
+my $pipe_psql = GatekeeperTest::bounce_pipe_psql($node);
+my $pipe_sql = GatekeeperTest::bounce_pipe_sql();
 
 # an Exim instance: its directory, configuration and daemon
 sub exim_instance
@@ -228,8 +212,7 @@ gkbounce:
   user = $user
   # the envelope recipient is tainted (Exim refuses it as an argument);
   # Exim gives it to the command as \$RECIPIENT, which the shell quotes
-  command = /bin/sh -c 'exec /usr/bin/env PGCLIENTENCODING=LATIN1 PGDATABASE=postgres PGHOST=$pghost PGPORT=$pgport \\
-    PGUSER=gkbounce $psql -X -q -v ON_ERROR_STOP=1 -v recipient="\\\$RECIPIENT" -f $pipe_sql'
+  command = /bin/sh -c 'exec /usr/bin/env $pipe_psql"\\\$RECIPIENT" -f $pipe_sql'
   return_fail_output
   log_output
   timeout = 60s

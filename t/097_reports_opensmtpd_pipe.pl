@@ -49,7 +49,6 @@ use warnings;
 
 use File::Copy;
 use File::Path qw(make_path);
-use File::Spec;
 use FindBin;
 use lib $FindBin::RealBin;
 use GatekeeperTest;
@@ -98,27 +97,11 @@ exec $smtpd -d -f $dir/\$1/smtpd.conf
 END
 chmod(0755, "$dir/launch.sh") or die "chmod: $!";
 
-my $node = GatekeeperTest::new_node('opensmtpd', conf => "gatekeeper.helo_name = 'mta.shop.example'\n");
 my $relay_port = PostgreSQL::Test::Cluster::get_free_port();
 my $mx_port = PostgreSQL::Test::Cluster::get_free_port();
-$node->append_conf('postgresql.conf', "gatekeeper.smtp_url = 'smtp://127.0.0.1:$relay_port'\n");
-$node->start;
-$node->safe_psql(
-	'postgres', q{
-CREATE EXTENSION gatekeeper;
-SELECT gatekeeper.create_queue('news', return_path => 'bounces+{token}@bounce.shop.example');
-SELECT gatekeeper.create_queue('plain');
--- the bounce pipe's role, as docs/reference.md creates it
-CREATE ROLE gkbounce LOGIN;
-GRANT USAGE ON SCHEMA gatekeeper TO gkbounce;
-GRANT EXECUTE ON FUNCTION gatekeeper.ingest_report(text, text),
-						  gatekeeper.record_event(text, text, text, text, text) TO gkbounce;
-});
-
-my $psql = (grep { -x $_ } map { File::Spec->catfile($_, 'psql') } split(/:/, $ENV{PATH}))[0];
-my $pipe_sql = File::Spec->rel2abs("$FindBin::RealBin/../scripts/bounce-pipe.sql");
-my $pghost = $node->host;
-my $pgport = $node->port;
+my $node = GatekeeperTest::bounce_pipe_node('opensmtpd', $relay_port, plain => 1);
+my $pipe_psql = GatekeeperTest::bounce_pipe_psql($node);
+my $pipe_sql = GatekeeperTest::bounce_pipe_sql();
 
 # an OpenSMTPD instance: its /var, users (the mailbox owners: uid 1000,
 # which uid_wrapper fakes), configuration
@@ -158,7 +141,7 @@ my $relay = smtpd_instance(
 	'relay', $relay_port, <<"END", qw(reader full tempfull bounces));
 queue ttl 4s
 table bouncebox { "\@" = "bounces" }
-action "gkbounce" mda "tee -a $dir/relay/mail/bounces | /usr/bin/env PGCLIENTENCODING=LATIN1 PGDATABASE=postgres PGHOST=$pghost PGPORT=$pgport PGUSER=gkbounce $psql -X -q -v ON_ERROR_STOP=1 -v recipient='%{rcpt}' -f $pipe_sql" virtual <bouncebox>
+action "gkbounce" mda "tee -a $dir/relay/mail/bounces | /usr/bin/env $pipe_psql'%{rcpt}' -f $pipe_sql" virtual <bouncebox>
 action "mailbox" mda "cat >> $dir/relay/mail/%{rcpt.user}"
 action "full" mda "echo 'Quota exceeded (mailbox for user is full)' >&2; exit 73"
 action "tempfull" mda "echo 'Quota exceeded (mailbox for user is full)' >&2; exit 75"
@@ -212,22 +195,8 @@ my @cases = (
 	[ 'gone2@remote.example', 'no VERP; MX: 550', $small, '550', 'user_unknown', 'hard_bounce', 'plain' ],
 	[ 'y@nowhere.invalid', 'no VERP; unknown domain', $small, '5.0.0', 'host_unknown', 'hard_bounce', 'plain' ],
 	[ 'large2@remote.example', 'no VERP; MX: size', $large, '5.0.0', 'message_too_large', '', 'plain' ]);
-my %id;
-foreach my $c (@cases)
-{
-	my $queue = $c->[6] // 'news';
-	my $sender = $queue eq 'plain' ? 'shop@mailer.shop.example' : 'shop@shop.example';
-	$id{ $c->[0] } = $node->safe_psql('postgres',
-		"SELECT gatekeeper.enqueue('$c->[0]', 'Weekly picks', "
-		  . GatekeeperTest::sql_literal($c->[2])
-		  . ", '$queue', sender => 'Shop <$sender>')");
-}
-my $ids = join(',', values %id);
-ok( GatekeeperTest::poll_until(
-		$node, 'postgres',
-		"SELECT count(*) FILTER (WHERE state = 'sent') FROM gatekeeper.mail_status WHERE id IN ($ids)",
-		scalar(@cases), 60),
-	'OpenSMTPD took every mail (250)')
+my %id = GatekeeperTest::enqueue_cases($node, @cases);
+ok(GatekeeperTest::all_sent($node, \%id), 'OpenSMTPD took every mail (250)')
   or diag(smtpd_log($relay));
 
 # every bounce OpenSMTPD wrote went through the pipe

@@ -58,7 +58,6 @@ use strict;
 use warnings;
 
 use File::Path qw(make_path);
-use File::Spec;
 use FindBin;
 use lib $FindBin::RealBin;
 use GatekeeperTest;
@@ -137,27 +136,11 @@ exec sleep 3600
 END
 chmod(0755, "$dir/courier.sh") or die "chmod: $!";
 
-my $node = GatekeeperTest::new_node('courier', conf => "gatekeeper.helo_name = 'mta.shop.example'\n");
 my $relay_port = PostgreSQL::Test::Cluster::get_free_port();
 my $mx_port = PostgreSQL::Test::Cluster::get_free_port();
-$node->append_conf('postgresql.conf', "gatekeeper.smtp_url = 'smtp://127.0.0.1:$relay_port'\n");
-$node->start;
-$node->safe_psql(
-	'postgres', q{
-CREATE EXTENSION gatekeeper;
-SELECT gatekeeper.create_queue('news', return_path => 'bounces+{token}@bounce.shop.example');
-SELECT gatekeeper.create_queue('plain');
--- the bounce pipe's role, as docs/reference.md creates it
-CREATE ROLE gkbounce LOGIN;
-GRANT USAGE ON SCHEMA gatekeeper TO gkbounce;
-GRANT EXECUTE ON FUNCTION gatekeeper.ingest_report(text, text),
-						  gatekeeper.record_event(text, text, text, text, text) TO gkbounce;
-});
-
-my $psql = (grep { -x $_ } map { File::Spec->catfile($_, 'psql') } split(/:/, $ENV{PATH}))[0];
-my $pipe_sql = File::Spec->rel2abs("$FindBin::RealBin/../scripts/bounce-pipe.sql");
-my $pghost = $node->host;
-my $pgport = $node->port;
+my $node = GatekeeperTest::bounce_pipe_node('courier', $relay_port, plain => 1);
+my $pipe_psql = GatekeeperTest::bounce_pipe_psql($node);
+my $pipe_sql = GatekeeperTest::bounce_pipe_sql();
 
 # A Courier instance: its name (me), local domains, accounts (userdb, each
 # with a maildir; uid 1000, see above), and further files of /etc/courier.
@@ -193,9 +176,7 @@ append_to_file(
 	"$dir/bounce.sh", <<"END");
 #!/bin/sh
 # the pipe: \$1 is the bounce's domain, DEFAULT (Courier's) its local part
-tee -a $dir/relay/bounces | /usr/bin/env -u LD_PRELOAD PGCLIENTENCODING=LATIN1 PGDATABASE=postgres \\
-	PGHOST=$pghost PGPORT=$pgport PGUSER=gkbounce $psql -X -q -v ON_ERROR_STOP=1 \\
-	-v recipient="\$DEFAULT@\$1" -f $pipe_sql
+tee -a $dir/relay/bounces | /usr/bin/env -u LD_PRELOAD $pipe_psql"\$DEFAULT@\$1" -f $pipe_sql
 END
 chmod(0755, "$dir/bounce.sh") or die "chmod: $!";
 my $relay = courier_instance(
@@ -244,22 +225,8 @@ my @cases = (
 	[ 'someone@remote.example', 'delivered', $small ],
 	[ 'gone2@remote.example', 'no VERP; MX: 550', $small, '5.0.0', 'user_unknown', 'hard_bounce', 'plain' ],
 	[ 'large2@remote.example', 'no VERP; MX: size', $large, '5.0.0', 'message_too_large', '', 'plain' ]);
-my %id;
-foreach my $c (@cases)
-{
-	my $queue = $c->[6] // 'news';
-	my $sender = $queue eq 'plain' ? 'shop@mailer.shop.example' : 'shop@shop.example';
-	$id{ $c->[0] } = $node->safe_psql('postgres',
-		"SELECT gatekeeper.enqueue('$c->[0]', 'Weekly picks', "
-		  . GatekeeperTest::sql_literal($c->[2])
-		  . ", '$queue', sender => 'Shop <$sender>')");
-}
-my $ids = join(',', values %id);
-ok( GatekeeperTest::poll_until(
-		$node, 'postgres',
-		"SELECT count(*) FILTER (WHERE state = 'sent') FROM gatekeeper.mail_status WHERE id IN ($ids)",
-		scalar(@cases), 60),
-	'Courier took every mail (250)');
+my %id = GatekeeperTest::enqueue_cases($node, @cases);
+ok(GatekeeperTest::all_sent($node, \%id), 'Courier took every mail (250)');
 
 # every bounce Courier wrote went through the pipe (the pipe's copies)
 my @bounced = grep { $_->[1] ne 'delivered' } @cases;

@@ -36,6 +36,7 @@ use Cwd ();
 use File::Basename ();
 use JSON::PP ();
 use File::Path qw(make_path);
+use File::Spec;
 use HTTP::Tiny;
 use IO::Socket::INET;
 use IPC::Run;
@@ -1581,6 +1582,120 @@ sub mail_outcome
 SELECT coalesce(string_agg(e.event || '|' || coalesce(e.status, '') || '|' || coalesce(e.reason, ''), ','), '')
 	   || ';' || coalesce((SELECT reason FROM gatekeeper.suppression s WHERE s.address = '$recipient'), '')
   FROM gatekeeper.events e WHERE e.mail_id = $id AND e.event <> 'sent'});
+}
+
+=pod
+
+=head2 bounce_pipe_node($name, $relay_port, plain => 1)
+
+A started node for an MTA's bounces test (t/095, t/097, t/098, t/099):
+gatekeeper.helo_name mta.shop.example, the worker relaying to
+127.0.0.1:$relay_port; the extension, the queue news with VERP return paths
+(bounces+{token}@bounce.shop.example), with plain also the queue plain
+(no VERP), and the bounce pipe's role gkbounce with only the grants
+docs/reference.md gives it.
+
+=cut
+
+sub bounce_pipe_node
+{
+	my ($name, $relay_port, %opts) = @_;
+	my $node = new_node($name, conf => "gatekeeper.helo_name = 'mta.shop.example'\n");
+
+	$node->append_conf('postgresql.conf', "gatekeeper.smtp_url = 'smtp://127.0.0.1:$relay_port'\n");
+	$node->start;
+	$node->safe_psql('postgres',
+		"CREATE EXTENSION gatekeeper;\n"
+		  . "SELECT gatekeeper.create_queue('news', return_path => 'bounces+{token}\@bounce.shop.example');\n"
+		  . ($opts{plain} ? "SELECT gatekeeper.create_queue('plain');\n" : '') . q{
+-- the bounce pipe's role, as docs/reference.md creates it
+CREATE ROLE gkbounce LOGIN;
+GRANT USAGE ON SCHEMA gatekeeper TO gkbounce;
+GRANT EXECUTE ON FUNCTION gatekeeper.ingest_report(text, text),
+						  gatekeeper.record_event(text, text, text, text, text) TO gkbounce;
+});
+	return $node;
+}
+
+=pod
+
+=head2 bounce_pipe_psql($node)
+
+The bounce pipe's psql, as an MTA's pipe runs it: the environment that
+connects it to $node as gkbounce, psql's path and options, then
+"-v recipient=" for the caller to complete with its MTA's way of naming
+the envelope recipient, before " -f " . bounce_pipe_sql().
+
+=cut
+
+sub bounce_pipe_psql
+{
+	my ($node) = @_;
+	my $psql = (grep { -x $_ } map { File::Spec->catfile($_, 'psql') } split(/:/, $ENV{PATH}))[0];
+
+	return 'PGCLIENTENCODING=LATIN1 PGDATABASE=postgres PGHOST=' . $node->host
+	  . ' PGPORT=' . $node->port . " PGUSER=gkbounce $psql -X -q -v ON_ERROR_STOP=1 -v recipient=";
+}
+
+=pod
+
+=head2 bounce_pipe_sql()
+
+The path of scripts/bounce-pipe.sql, the script the bounce pipe runs.
+
+=cut
+
+sub bounce_pipe_sql
+{
+	return Cwd::abs_path(File::Basename::dirname(__FILE__) . '/../scripts/bounce-pipe.sql');
+}
+
+=pod
+
+=head2 enqueue_cases($node, @cases)
+
+Enqueue one mail per case of an MTA's bounces test (the cases of
+check_bounce_outcomes, with a seventh element, the queue: news when not
+given), subject "Weekly picks", from shop@shop.example, or from
+shop@mailer.shop.example on the queue plain, whose bounces come back to
+that address.  Returns a hash of each recipient's mail id.
+
+=cut
+
+sub enqueue_cases
+{
+	my ($node, @cases) = @_;
+	my %id;
+
+	foreach my $c (@cases)
+	{
+		my $queue = $c->[6] // 'news';
+		my $sender = $queue eq 'plain' ? 'shop@mailer.shop.example' : 'shop@shop.example';
+		$id{ $c->[0] } = $node->safe_psql('postgres',
+			"SELECT gatekeeper.enqueue('$c->[0]', 'Weekly picks', "
+			  . sql_literal($c->[2])
+			  . ", '$queue', sender => 'Shop <$sender>')");
+	}
+	return %id;
+}
+
+=pod
+
+=head2 all_sent($node, \%id)
+
+Whether every mail of %id (a recipient's mail id, as enqueue_cases returns)
+is sent within 60 seconds.
+
+=cut
+
+sub all_sent
+{
+	my ($node, $ids) = @_;
+	my $list = join(',', values %$ids);
+
+	return poll_until($node, 'postgres',
+		"SELECT count(*) FILTER (WHERE state = 'sent') FROM gatekeeper.mail_status WHERE id IN ($list)",
+		scalar(keys %$ids), 60);
 }
 
 =pod
