@@ -116,12 +116,15 @@ static HTAB *stats_hash = NULL;
 
 static TimestampTz last_sweep = 0;
 
+/* count_totals_extension()'s cache */
+static LocalTransactionId extension_lxid = InvalidLocalTransactionId;
+static Oid	extension_oid = InvalidOid;
+
 static Size totals_shmem_size(void);
 static bool stats_full(void);
 static void stats_sweep(Oid extension);
 static int	forget_matching(const CountKey *key, CountForget what);
 static int64 rate_tick(TimestampTz now);
-static Oid	current_extension(void);
 static void stats_load(void);
 static void stats_save(int code, Datum arg);
 
@@ -219,12 +222,32 @@ count_totals_make_room(Oid extension)
 }
 
 /*
- * gatekeeper's pg_extension OID, for the readers.
+ * count_totals_extension
+ *		gatekeeper's pg_extension OID, which keys the totals: looked up once
+ *		per transaction (a report counted per call would otherwise make a
+ *		catalog lookup per call).  Within the transaction only this backend
+ *		can drop or make the extension, and count_totals_forget_extension,
+ *		called from the object access hook, then forgets the OID at once.
  */
-static Oid
-current_extension(void)
+Oid
+count_totals_extension(void)
 {
-	return get_extension_oid("gatekeeper", true);
+	if (extension_lxid != MyProc->lxid || !OidIsValid(extension_oid))
+	{
+		extension_oid = get_extension_oid("gatekeeper", true);
+		extension_lxid = MyProc->lxid;
+	}
+	return extension_oid;
+}
+
+/*
+ * count_totals_forget_extension
+ *		An extension was dropped or made in this transaction: look again.
+ */
+void
+count_totals_forget_extension(void)
+{
+	extension_oid = InvalidOid;
 }
 
 /*
@@ -252,7 +275,7 @@ gatekeeper_queue_totals(PG_FUNCTION_ARGS)
 		return (Datum) 0;
 
 	/* copy under the lock, build the rows after */
-	extension = current_extension();
+	extension = count_totals_extension();
 	found = palloc(max * sizeof(StatsEntry));
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
 	hash_seq_init(&scan, stats_hash);
@@ -356,7 +379,7 @@ gatekeeper_queue_rates(PG_FUNCTION_ARGS)
 	if (running < span)
 		span = Max(running, 1.0);
 
-	extension = current_extension();
+	extension = count_totals_extension();
 	queues = palloc(max * sizeof(uint64));
 	finished = palloc(max * sizeof(int64));
 	LWLockAcquire(stats_shared->lock, LW_SHARED);

@@ -58,6 +58,8 @@ typedef struct CountTotalsChange
 typedef const CountTotalsChange *(*CountTotalsNext) (void *arg);
 
 extern bool count_totals_kept(void);
+extern Oid	count_totals_extension(void);
+extern void count_totals_forget_extension(void);
 extern CountKey count_totals_key(Oid extension, const char *name, int len);
 extern void count_totals_make_room(Oid extension);
 extern void count_totals_commit(CountTotalsNext next, void *arg);

@@ -118,13 +118,9 @@ static int	npending = 0;
 static int	maxpending = 0;
 static MemoryContext count_context = NULL;
 
-/* current_extension()'s cache */
-static LocalTransactionId extension_lxid = InvalidLocalTransactionId;
-static Oid	extension_oid = InvalidOid;
 
 static object_access_hook_type prev_object_access_hook = NULL;
 
-static Oid	current_extension(void);
 static MemoryContext names_context(void);
 static PendingCount *pending_append(void);
 static bool same_queue(const PendingCount *p, const PendingCount *q);
@@ -236,7 +232,7 @@ void
 mail_count_end(MailCount *count)
 {
 	if (count->ngroups > 0 && count_totals_kept())
-		count_totals_make_room(current_extension());
+		count_totals_make_room(count_totals_extension());
 	note_groups(count);
 	MemoryContextDelete(count->context);
 	pfree(count);
@@ -258,23 +254,6 @@ mail_store_count_report(bool recorded)
 	memset(counts, 0, sizeof(counts));
 	counts[recorded ? COUNT_REPORTS : COUNT_IGNORED] = 1;
 	note_change(InvalidOid, "", 0, counts, 0, 0);
-}
-
-/*
- * gatekeeper's pg_extension OID, looked up once per transaction (a report
- * counted per call would otherwise make a catalog lookup per call).
- * Within the transaction only this backend can drop the extension, and
- * count_object_access() then forgets the OID at once.
- */
-static Oid
-current_extension(void)
-{
-	if (extension_lxid != MyProc->lxid || !OidIsValid(extension_oid))
-	{
-		extension_oid = get_extension_oid("gatekeeper", true);
-		extension_lxid = MyProc->lxid;
-	}
-	return extension_oid;
 }
 
 /*
@@ -380,7 +359,7 @@ note_change(Oid relid, const char *queue, int len, const int64 *counts,
 	}
 	if (!any)
 		return;
-	change.totals.key = count_totals_key(count_totals_kept() ? current_extension() : InvalidOid,
+	change.totals.key = count_totals_key(count_totals_kept() ? count_totals_extension() : InvalidOid,
 										 queue, len);
 	change.relid = scheduled != 0 || retrying != 0 ? relid : InvalidOid;
 	change.queue = (char *) queue;
@@ -663,7 +642,7 @@ count_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 		prev_object_access_hook(access, classId, objectId, subId, arg);
 	/* an extension dropped, or made, in this transaction: look again */
 	if (classId == ExtensionRelationId)
-		extension_oid = InvalidOid;
+		count_totals_forget_extension();
 	if (access != OAT_DROP || !count_totals_kept())
 		return;
 	if (classId == DatabaseRelationId && subId == 0)
@@ -758,7 +737,7 @@ gatekeeper_forget_queue(PG_FUNCTION_ARGS)
 	if (!isnull)
 	{
 		text	   *t = DatumGetTextPP(name);
-		CountKey	key = count_totals_key(current_extension(), VARDATA_ANY(t),
+		CountKey	key = count_totals_key(count_totals_extension(), VARDATA_ANY(t),
 										   VARSIZE_ANY_EXHDR(t));
 
 		note_forget(&key, FORGET_QUEUE, VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
