@@ -226,8 +226,10 @@ count_totals_make_room(Oid extension)
  *		gatekeeper's pg_extension OID, which keys the totals: looked up once
  *		per transaction (a report counted per call would otherwise make a
  *		catalog lookup per call).  Within the transaction only this backend
- *		can drop or make the extension, and count_totals_forget_extension,
- *		called from the object access hook, then forgets the OID at once.
+ *		can drop or make the extension (the locks on the tables it counted
+ *		or read block anyone else's DROP EXTENSION), and
+ *		count_totals_forget_extension, called from the object access hook,
+ *		then forgets the OID at once.
  */
 Oid
 count_totals_extension(void)

@@ -118,7 +118,6 @@ static int	npending = 0;
 static int	maxpending = 0;
 static MemoryContext count_context = NULL;
 
-
 static object_access_hook_type prev_object_access_hook = NULL;
 
 static MemoryContext names_context(void);
