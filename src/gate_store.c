@@ -37,9 +37,25 @@
  * cancelled call leaks nothing.  What entries an aborted transaction made
  * are swept out once their passes are seen dead.
  *
+ * Mapping.  The whole area lies in the main shared memory, sized at start
+ * from gatekeeper.gate_memory, so it never grows into DSM segments and
+ * every backend finds it at the same place.  A backend would otherwise
+ * take a page fault on its first touch of each page of the store (and a
+ * miss in dshash's bucket array is nearly every pass's), which is most of
+ * a new connection's first few thousand gate passes once the store holds
+ * millions of entries.  Instead, once it has used the store a few hundred
+ * times, it fills its page tables for every page of the area the store
+ * has used, and again each time the store has grown by a step since (see
+ * gate_store_map).  Where the server has huge pages (huge_pages), the
+ * area is in them like the rest of the main shared memory, and a backend
+ * touches a few hundred pages where it would touch tens of thousands.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "gate_store.h"
 #include "xact.h"
@@ -60,8 +76,15 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-/* Size of the DSA area made in place in the fixed shared memory. */
-#define GATE_DSA_INIT_SIZE	(1024 * 1024)
+/* The area's own room beyond what gatekeeper.gate_memory charges. */
+#define GATE_DSA_SLACK		(9 * 1024 * 1024)
+
+/*
+ * A backend maps the area at its GATE_MAP_AFTER-th use of the store, and
+ * again whenever the store has GATE_MAP_STEP more entries since.
+ */
+#define GATE_MAP_AFTER		256
+#define GATE_MAP_STEP		(128 * 1024)
 
 /* A full gate memory sweeps what expired at most this often. */
 #define GATE_OVERDRAW_SWEEP_MS	1000
@@ -95,6 +118,12 @@ static dsa_area *gate_dsa = NULL;
 static dshash_table *gate_hash = NULL;
 static dshash_parameters gate_params;
 
+/* the area's start; the entries there were when this backend mapped it */
+static char *gate_area = NULL;
+static uint64 mapped_entries = 0;
+static int	uses = 0;
+static bool map_failed = false;
+
 /* bytes this backend charged and has not spent on entries yet */
 static Size reserved = 0;
 
@@ -105,6 +134,8 @@ static bool made_entries = false;
 static uint64 siphash24(uint64 k0, uint64 k1, const unsigned char *m, size_t len);
 static dshash_hash gate_key_hash(const void *v, size_t size, void *arg);
 static void set_params(void);
+static Size area_size(void);
+static void gate_store_map(void);
 static bool charge(Size bytes, bool sweep);
 static void uncharge(Size bytes);
 static bool xid_running(TransactionId xid);
@@ -206,13 +237,27 @@ set_params(void)
 }
 
 /*
+ * The DSA area's size: what is charged, plus room for dshash's bucket
+ * arrays (8 bytes a bucket, at least 4 buckets for 3 entries, twice that
+ * while they are resized: up to half as much again as the entries) and
+ * the area's own pages and rounding.
+ */
+static Size
+area_size(void)
+{
+	Size		limit = (Size) gatekeeper_gate_memory * 1024;
+
+	return add_size(add_size(limit, limit / 2 + limit / 8), GATE_DSA_SLACK);
+}
+
+/*
  * gatekeeper_gate_shmem_size
  *		Bytes of the main shared memory the gates need.
  */
 Size
 gatekeeper_gate_shmem_size(void)
 {
-	return add_size(MAXALIGN(sizeof(GateShared)), GATE_DSA_INIT_SIZE);
+	return add_size(MAXALIGN(sizeof(GateShared)), area_size());
 }
 
 /*
@@ -250,21 +295,13 @@ gatekeeper_gate_shmem_init(void)
 		pg_atomic_init_u64(&gate_shared->aborts_swept, 0);
 		pg_atomic_init_u32(&gate_shared->next_space, 1);
 
-		dsa = dsa_create_in_place(place, GATE_DSA_INIT_SIZE, gate_shared->dsa_tranche, NULL);
+		/* one segment, the whole area, and never another */
+		dsa = dsa_create_in_place(place, area_size(), gate_shared->dsa_tranche, NULL);
+		dsa_set_size_limit(dsa, area_size());
 		dsa_pin(dsa);
 		set_params();
 		hash = dshash_create(dsa, &gate_params, NULL);
 		gate_shared->handle = dshash_get_hash_table_handle(hash);
-
-		/*
-		 * The hard limit of the area: what is charged, plus room for
-		 * dshash's bucket arrays (8 bytes a bucket, at least 4 buckets for
-		 * 3 entries, twice that while they are resized: up to half as much
-		 * again as the entries) and the area's own rounding.
-		 */
-		dsa_set_size_limit(dsa, add_size(GATE_DSA_INIT_SIZE,
-										 add_size(limit + limit / 2 + limit / 8,
-												  8 * 1024 * 1024)));
 		dshash_detach(hash);
 		dsa_detach(dsa);
 	}
@@ -281,7 +318,10 @@ gate_store_attach(void)
 	char	   *place;
 
 	if (gate_hash != NULL)
+	{
+		gate_store_map();
 		return;
+	}
 	if (gate_shared == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -299,6 +339,77 @@ gate_store_attach(void)
 	dsa_pin_mapping(gate_dsa);
 	gate_hash = dshash_attach(gate_dsa, &gate_params, gate_shared->handle, NULL);
 	MemoryContextSwitchTo(old);
+	gate_area = place;
+	gate_store_map();
+}
+
+/*
+ * gate_store_map
+ *		Fill this backend's page tables for every page of the area that
+ *		exists (mincore says which: a page of shared memory exists once any
+ *		backend has touched it), at its GATE_MAP_AFTER-th use of the store
+ *		(a connection that makes a few passes is better off faulting them
+ *		in) and again whenever the store has GATE_MAP_STEP more entries,
+ *		so that its gate passes do not fault page by page.  Pages nobody
+ *		has touched are left alone, so the area still costs memory only as
+ *		the store fills.  Only a speed: a kernel without MADV_POPULATE_READ
+ *		(before Linux 5.14), or one that refuses, leaves the pages to fault
+ *		in as they are touched.
+ */
+static void
+gate_store_map(void)
+{
+#if defined(__linux__)
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+	uint64		entries;
+	Size		page;
+	char	   *from;
+	Size		npages;
+	unsigned char *in;
+	Size		i;
+
+	if (map_failed)
+		return;
+	if (uses < GATE_MAP_AFTER)
+	{
+		uses++;
+		return;
+	}
+	entries = pg_atomic_read_u64(&gate_shared->entries);
+	if (mapped_entries != 0 && entries < mapped_entries + GATE_MAP_STEP)
+		return;
+	mapped_entries = Max(entries, 1);
+	page = (Size) sysconf(_SC_PAGESIZE);
+	from = (char *) TYPEALIGN(page, (uintptr_t) gate_area);
+	npages = (area_size() - (from - gate_area)) / page;
+	in = palloc(npages);
+	if (mincore(from, npages * page, in) != 0)
+	{
+		elog(DEBUG1, "could not see which pages of the gates' shared memory exist: %m");
+		map_failed = true;
+	}
+	for (i = 0; i < npages && !map_failed;)
+	{
+		Size		run;
+
+		if (!(in[i] & 1))
+		{
+			i++;
+			continue;
+		}
+		for (run = 1; i + run < npages && (in[i + run] & 1); run++)
+			;
+		if (madvise(from + i * page, run * page, MADV_POPULATE_READ) != 0)
+		{
+			elog(DEBUG1, "could not map the gates' shared memory ahead: %m");
+			map_failed = true;
+		}
+		i += run;
+	}
+	pfree(in);
+#endif
 }
 
 /* ---------------------------------------------------------------- memory */
