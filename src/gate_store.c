@@ -43,8 +43,8 @@
  * take a page fault on its first touch of each page of the store (and a
  * miss in dshash's bucket array is nearly every pass's), which is most of
  * a new connection's first few thousand gate passes once the store holds
- * millions of entries.  Instead, once it has used the store a few hundred
- * times, it fills its page tables for every page of the area the store
+ * millions of entries.  Instead, once it has looked up a few hundred
+ * entries, it fills its page tables for every page of the area the store
  * has used, and again each time the store has grown by a step since (see
  * gate_store_map).  Where the server has huge pages (huge_pages), the
  * area is in them like the rest of the main shared memory, and a backend
@@ -80,8 +80,8 @@
 #define GATE_DSA_SLACK		(9 * 1024 * 1024)
 
 /*
- * A backend maps the area at its GATE_MAP_AFTER-th use of the store, and
- * again whenever the store has GATE_MAP_STEP more entries since.
+ * A backend maps the area once it has looked up GATE_MAP_AFTER entries,
+ * and again whenever the store has GATE_MAP_STEP more entries since.
  */
 #define GATE_MAP_AFTER		256
 #define GATE_MAP_STEP		(128 * 1024)
@@ -121,7 +121,7 @@ static dshash_parameters gate_params;
 /* the area's start; the entries there were when this backend mapped it */
 static char *gate_area = NULL;
 static uint64 mapped_entries = 0;
-static int	uses = 0;
+static uint64 lookups = 0;
 static bool map_failed = false;
 
 /* bytes this backend charged and has not spent on entries yet */
@@ -347,9 +347,9 @@ gate_store_attach(void)
  * gate_store_map
  *		Fill this backend's page tables for every page of the area that
  *		exists (mincore says which: a page of shared memory exists once any
- *		backend has touched it), at its GATE_MAP_AFTER-th use of the store
- *		(a connection that makes a few passes is better off faulting them
- *		in) and again whenever the store has GATE_MAP_STEP more entries,
+ *		backend has touched it), at its first call after GATE_MAP_AFTER
+ *		lookups (a connection that makes a few passes is better off
+ *		faulting them in) and again whenever the store has GATE_MAP_STEP more entries,
  *		so that its gate passes do not fault page by page.  Pages nobody
  *		has touched are left alone, so the area still costs memory only as
  *		the store fills.  Only a speed: a kernel without MADV_POPULATE_READ
@@ -370,13 +370,8 @@ gate_store_map(void)
 	unsigned char *in;
 	Size		i;
 
-	if (map_failed)
+	if (map_failed || lookups < GATE_MAP_AFTER)
 		return;
-	if (uses < GATE_MAP_AFTER)
-	{
-		uses++;
-		return;
-	}
 	entries = pg_atomic_read_u64(&gate_shared->entries);
 	if (mapped_entries != 0 && entries < mapped_entries + GATE_MAP_STEP)
 		return;
@@ -963,6 +958,7 @@ gate_entry_lock(const GateKey *key, bool create, TransactionId xid, TimestampTz 
 	GateEntry  *e;
 
 	*created = false;
+	lookups++;
 	for (;;)
 	{
 		TransactionId wait;
@@ -1017,6 +1013,7 @@ gate_entry_lock(const GateKey *key, bool create, TransactionId xid, TimestampTz 
 GateEntry *
 gate_entry_find(const GateKey *key, bool exclusive)
 {
+	lookups++;
 	return dshash_find(gate_hash, key, exclusive);
 }
 
