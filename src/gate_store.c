@@ -38,17 +38,16 @@
  * are swept out once their passes are seen dead.
  *
  * Mapping.  The whole area lies in the main shared memory, sized at start
- * from gatekeeper.gate_memory, so it never grows into DSM segments and
- * every backend finds it at the same place.  A backend would otherwise
- * take a page fault on its first touch of each page of the store (and a
- * miss in dshash's bucket array is nearly every pass's), which is most of
- * a new connection's first few thousand gate passes once the store holds
- * millions of entries.  Instead, once it has looked up a few hundred
- * entries, it fills its page tables for every page of the area the store
- * has used, and again each time the store has grown by a step since (see
- * gate_store_map).  Where the server has huge pages (huge_pages), the
- * area is in them like the rest of the main shared memory, and a backend
- * touches a few hundred pages where it would touch tens of thousands.
+ * from gatekeeper.gate_memory: it never grows into DSM segments, and it is
+ * in huge pages wherever the server's shared memory is.  A gate pass
+ * touches a bucket and an entry at random among the store's pages, and a
+ * process pays for its first touch of each page (a fault; under a
+ * hypervisor's shadow paging, about 9 us more), so with millions of
+ * entries most of a new backend's first thousands of passes go on that.
+ * In huge pages there are a few hundred such pages, not tens of
+ * thousands; and once a backend has looked up a few hundred entries it
+ * fills its page tables for every page of the area that exists, and again
+ * each time the store has grown by a step since (gate_store_map).
  *
  *-------------------------------------------------------------------------
  */
