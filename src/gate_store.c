@@ -75,6 +75,11 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+/* Linux 5.14's, for the C library's headers that are older */
+#if defined(__linux__) && !defined(MADV_POPULATE_READ)
+#define MADV_POPULATE_READ 22
+#endif
+
 /* The area's own room beyond what gatekeeper.gate_memory charges. */
 #define GATE_DSA_SLACK		(9 * 1024 * 1024)
 
@@ -117,9 +122,9 @@ static dsa_area *gate_dsa = NULL;
 static dshash_table *gate_hash = NULL;
 static dshash_parameters gate_params;
 
-/* the area's start; the entries there were when this backend mapped it */
+/* the area's start; the entries at which this backend maps it next */
 static char *gate_area = NULL;
-static uint64 mapped_entries = 0;
+static uint64 map_at_entries = 0;
 static uint64 lookups = 0;
 static bool map_failed = false;
 
@@ -348,10 +353,10 @@ gate_store_attach(void)
  *		exists (mincore says which: a page of shared memory exists once any
  *		backend has touched it), at its first call after GATE_MAP_AFTER
  *		lookups (a connection that makes a few passes is better off
- *		faulting them in) and again whenever the store has GATE_MAP_STEP more entries,
- *		so that its gate passes do not fault page by page.  Pages nobody
- *		has touched are left alone, so the area still costs memory only as
- *		the store fills.  Only a speed: a kernel without MADV_POPULATE_READ
+ *		faulting them in) and again whenever the store has GATE_MAP_STEP
+ *		more entries, so that its gate passes do not fault page by page.
+ *		Pages nobody has touched are left alone, so the area still costs
+ *		memory only as the store fills.  Only a speed: a kernel without MADV_POPULATE_READ
  *		(before Linux 5.14), or one that refuses, leaves the pages to fault
  *		in as they are touched.
  */
@@ -359,9 +364,6 @@ static void
 gate_store_map(void)
 {
 #if defined(__linux__)
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
 	uint64		entries;
 	Size		page;
 	char	   *from;
@@ -372,9 +374,9 @@ gate_store_map(void)
 	if (map_failed || lookups < GATE_MAP_AFTER)
 		return;
 	entries = pg_atomic_read_u64(&gate_shared->entries);
-	if (mapped_entries != 0 && entries < mapped_entries + GATE_MAP_STEP)
+	if (entries < map_at_entries)
 		return;
-	mapped_entries = Max(entries, 1);
+	map_at_entries = entries + GATE_MAP_STEP;
 	page = (Size) sysconf(_SC_PAGESIZE);
 	from = (char *) TYPEALIGN(page, (uintptr_t) gate_area);
 	npages = (area_size() - (from - gate_area)) / page;
