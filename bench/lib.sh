@@ -103,6 +103,48 @@ bk_cluster_init() {
 	EOF
 	: >"$BK_DATA/bench_scenario.conf"
 	chown postgres: "$BK_DATA/bench_scenario.conf"
+	bk_huge_pages
+}
+
+# bk_huge_pages: put the server's shared memory in huge pages, as a
+# production server of this size runs (PostgreSQL's "Managing Kernel
+# Resources"): the size the server asks for (postgres -C
+# shared_memory_size_in_huge_pages, gatekeeper's gates included) is added
+# to the machine's pool for the run, huge_pages = on, and bk_huge_pages_release
+# gives the pages back at the end.  Every figure of the run, gatekeeper's
+# and the PostgreSQL peers' alike (PgQ, pgmq, the raw UPDATE, the plain
+# COPY), is measured in that one server.  Where the pool cannot grow (not
+# root, a read-only /proc/sys, memory too fragmented) the server runs in
+# 4 kB pages and the report says so.  BK_HUGE_PAGES=off asks for that.
+BK_HUGE_POOL_WAS=
+bk_huge_pages() {
+	local need total setting=off why
+	if [ "${BK_HUGE_PAGES:-on}" = off ]; then
+		why="off (BK_HUGE_PAGES=off)"
+	elif ! need=$(cd "$BK_WORK" && gk_run_as_postgres postgres -D "$BK_DATA" \
+			-C shared_memory_size_in_huge_pages 2>/dev/null) || ! [ "${need:-0}" -gt 0 ] 2>/dev/null; then
+		why="off (the server did not say how many it needs)"
+	else
+		BK_HUGE_POOL_WAS=$(cat /proc/sys/vm/nr_hugepages)
+		if echo $((BK_HUGE_POOL_WAS + need)) >/proc/sys/vm/nr_hugepages 2>/dev/null &&
+			total=$(cat /proc/sys/vm/nr_hugepages) && [ "$total" -ge $((BK_HUGE_POOL_WAS + need)) ]; then
+			setting=on
+			why="on: $need pages of $(awk '/^Hugepagesize:/ { print $2 / 1024 " MB" }' /proc/meminfo) set aside for the run (vm.nr_hugepages $BK_HUGE_POOL_WAS -> $total, given back at the end)"
+		else
+			bk_huge_pages_release
+			why="off (the machine's pool could not grow by the $need pages the server needs)"
+		fi
+	fi
+	printf "huge_pages = %s\n" "$setting" >>"$BK_DATA/postgresql.conf"
+	BK_HUGE_PAGES_INFO=$why
+}
+
+# bk_huge_pages_release: give back what bk_huge_pages added to the pool
+# (the server stopped first).
+bk_huge_pages_release() {
+	[ -n "$BK_HUGE_POOL_WAS" ] || return 0
+	echo "$BK_HUGE_POOL_WAS" >/proc/sys/vm/nr_hugepages 2>/dev/null || true
+	BK_HUGE_POOL_WAS=
 }
 
 # bk_cluster_conf LINES: the per-scenario settings (replaces the previous

@@ -27,7 +27,10 @@
 #   --output FILE    where to write the Markdown report
 #   --keep           keep the temporary directory (path printed)
 #
-# Environment: BK_SHARED_BUFFERS (default 2GB).  Optional peers that Debian
+# Environment: BK_SHARED_BUFFERS (default 2GB); BK_HUGE_PAGES=off keeps
+# the server out of huge pages (by default the run adds the pages its server
+# needs to the machine's pool and gives them back at the end: see
+# bench/README.md).  Optional peers that Debian
 # does not package are switched on by environment variables; none of their
 # code is part of this repository:
 #   BK_PGMQ_SQL=/path/to/pgmq.sql   a local pgmq SQL install file: adds a
@@ -153,6 +156,7 @@ finish() {
 	fi
 	if [ -n "$BK_WORK" ] && [ -d "$BK_WORK" ]; then
 		gk_stop_servers_under "$BK_WORK"
+		bk_huge_pages_release
 		if [ "$KEEP" = 1 ] || [ "$rc" -ne 0 ]; then
 			gk_log "kept $BK_WORK"
 		else

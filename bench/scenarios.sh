@@ -17,6 +17,7 @@ bk_machine_info() {
 	bk_info kernel "$(uname -sr)"
 	bk_info hypervisor "$(bk_hypervisor)"
 	bk_info "first touch" "$(bk_first_touch)"
+	bk_info "huge pages" "$BK_HUGE_PAGES_INFO; the server has huge_pages = $(bk_sql "SHOW huge_pages")"
 	bk_info postgresql "$(bk_sql "SHOW server_version")"
 	bk_info settings "$(bk_sql "SELECT string_agg(name || ' = ' || current_setting(name), ', ' ORDER BY name)
 		FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'full_page_writes',
