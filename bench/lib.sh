@@ -125,11 +125,13 @@ bk_huge_pages() {
 			-C shared_memory_size_in_huge_pages 2>/dev/null) || ! [ "${need:-0}" -gt 0 ] 2>/dev/null; then
 		why="off (the server did not say how many it needs)"
 	else
+		# 64 more: the scenarios that restart the server with a worker
+		# or two ask for a little more shared memory
 		BK_HUGE_POOL_WAS=$(cat /proc/sys/vm/nr_hugepages)
-		if echo $((BK_HUGE_POOL_WAS + need)) >/proc/sys/vm/nr_hugepages 2>/dev/null &&
-			total=$(cat /proc/sys/vm/nr_hugepages) && [ "$total" -ge $((BK_HUGE_POOL_WAS + need)) ]; then
+		if echo $((BK_HUGE_POOL_WAS + need + 64)) >/proc/sys/vm/nr_hugepages 2>/dev/null &&
+			total=$(cat /proc/sys/vm/nr_hugepages) && [ "$total" -ge $((BK_HUGE_POOL_WAS + need + 64)) ]; then
 			setting=on
-			why="on: $need pages of $(awk '/^Hugepagesize:/ { print $2 / 1024 " MB" }' /proc/meminfo) set aside for the run (vm.nr_hugepages $BK_HUGE_POOL_WAS -> $total, given back at the end)"
+			why="on: the server needs $need pages of $(awk '/^Hugepagesize:/ { print $2 / 1024 " MB" }' /proc/meminfo); the pool was grown for the run (vm.nr_hugepages $BK_HUGE_POOL_WAS -> $total) and given back at the end"
 		else
 			bk_huge_pages_release
 			why="off (the machine's pool could not grow by the $need pages the server needs)"
