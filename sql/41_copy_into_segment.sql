@@ -4,8 +4,9 @@
 -- What it writes, what it refuses and who may run it are those of a COPY
 -- into gatekeeper.mail.  A COPY that names segment, has a WHERE clause or
 -- meets a trigger of the user's own is left to PostgreSQL, and still
--- enqueues.  Other inserts into a partition (rotation, a restore) are not
--- enqueued mail.
+-- enqueues.  Rows that give neither ids nor dedupe keys are checked as
+-- they are read, without a transition table.  Other inserts into a
+-- partition (rotation, a restore) are not enqueued mail.
 SET client_min_messages = warning;
 \set VERBOSITY terse
 
@@ -174,6 +175,44 @@ END
 $$;
 SELECT (SELECT count(*) FROM gatekeeper.mail WHERE recipient = 'j1@cp.example') AS content,
 	   pg_temp.states('j') AS states;
+
+--
+-- rows taken in as they are read: a COPY that gives neither ids nor dedupe
+-- keys is checked batch by batch as it reads, with no transition table, so
+-- it writes no temporary file however far its rows exceed work_mem; one
+-- that gives dedupe keys is checked by the trigger over its transition
+-- table, spilled to a temporary file.  Both as the application's role.
+--
+CREATE FUNCTION pg_temp.temp_files() RETURNS bigint
+LANGUAGE sql AS $$
+SELECT temp_files FROM pg_stat_database WHERE datname = current_database()
+$$;
+SET work_mem = '64kB';
+SET ROLE regress_cp_app;
+SELECT pg_temp.temp_files() AS temp_before \gset
+\copy gatekeeper.mail (recipient, subject, body, queue) from program 'seq 1 3000 | sed "s/.*/m&@cp.example,subject &,body &,cp_q/"' with (format csv)
+SELECT pg_stat_force_next_flush();
+SELECT pg_stat_clear_snapshot();
+SELECT pg_temp.temp_files() - :temp_before AS temp_files_unkeyed;
+SELECT pg_temp.temp_files() AS temp_before \gset
+\copy gatekeeper.mail (recipient, subject, body, queue, dedupe_key) from program 'seq 1 3000 | sed "s/.*/n&@cp.example,subject &,body &,cp_q,key-&/"' with (format csv)
+SELECT pg_stat_force_next_flush();
+SELECT pg_stat_clear_snapshot();
+SELECT pg_temp.temp_files() - :temp_before > 0 AS temp_files_keyed;
+RESET ROLE;
+RESET work_mem;
+SELECT count(*) FILTER (WHERE recipient LIKE 'm%') AS unkeyed,
+	   count(*) FILTER (WHERE recipient LIKE 'n%') AS keyed,
+	   count(DISTINCT state) AS states, min(state::text) AS state
+  FROM gatekeeper.mail_status WHERE queue = 'cp_q' AND recipient ~ '^[mn][0-9]+@cp.example$';
+SELECT count(*) AS keys FROM gatekeeper.mail_key WHERE queue = 'cp_q';
+-- a bad row of the 3,000 still fails the whole COPY, named by its row
+\set VERBOSITY default
+SET ROLE regress_cp_app;
+\copy gatekeeper.mail (recipient, subject, body, queue) from program 'seq 1 3000 | sed "s/.*/p&@cp.example,subject &,body &,cp_q/; 2345s/.*/not an address,s,b,cp_q/"' with (format csv)
+RESET ROLE;
+\set VERBOSITY terse
+SELECT count(*) AS written FROM gatekeeper.mail WHERE recipient LIKE 'p%@cp.example';
 
 -- nothing was left behind: live figures agree with the mail
 SELECT count(*) FILTER (WHERE state = 'scheduled') AS scheduled FROM gatekeeper.mail_status WHERE queue = 'cp_q';

@@ -25,8 +25,9 @@
  * mail_run for up to RUN_MAX of them (ids id .. last_id) instead of a
  * mail_live row each: a bulk enqueue's cost was mostly the two index
  * entries of every live row (docs/internals.md, "Bulk enqueue"); only
- * statements of RUN_MIN_ROWS mails or
- * more write runs.  A run of one is a live row.  Only ids
+ * statements of RUN_MIN_ROWS mails or more write runs (a COPY, whose
+ * size is not known in advance, from its RUN_MIN_ROWS-th mail on: nrows
+ * -1).  A run of one is a live row.  Only ids
  * above every id mail_live and mail_run hold (asked once, when the first
  * run forms) go into runs, so a run never covers a mail that has a live
  * row or another run: a mail given an id by hand that a scheduled mail
@@ -117,6 +118,8 @@ struct LiveWriter
 	AttrNumber	mail_att[6];	/* the mail's id, -, queue, priority, send_at, segment */
 	AttrNumber	mail_dedupe;
 	int			mail_natts;
+	TupleDesc	mail_desc;		/* for runs opened later */
+	int64		until_runs;		/* rows to add before runs open; -1: never */
 	bool		have_top;
 	int64		top;			/* the highest id of mail_live and mail_run */
 	/* the run being gathered: its first mail's columns, its last id */
@@ -306,8 +309,12 @@ gatekeeper_live_writer_open(TupleDesc mail_desc, int64 nrows)
 	w->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
 										 "gatekeeper live rows",
 										 ALLOCSET_DEFAULT_SIZES);
+	w->mail_desc = mail_desc;
+	w->until_runs = -1;
 	if (nrows >= RUN_MIN_ROWS)
 		run_open_rel(w, mail_desc);
+	else if (nrows < 0)
+		w->until_runs = RUN_MIN_ROWS - 1;
 	return w;
 
 use_sql:
@@ -420,9 +427,10 @@ run_open_rel(LiveWriter *w, TupleDesc mail_desc)
 	w->mail_natts = mail_desc->natts;
 	w->run_values = palloc0(mail_desc->natts * sizeof(Datum));
 	w->run_isnull = palloc(mail_desc->natts * sizeof(bool));
-	MemoryContextSwitchTo(old);
+	/* deleted before the executor state, in gatekeeper_live_writer_close */
 	w->run_cxt = AllocSetContextCreate(CurrentMemoryContext, "gatekeeper run",
 									   ALLOCSET_SMALL_SIZES);
+	MemoryContextSwitchTo(old);
 }
 
 /*
@@ -551,6 +559,9 @@ gatekeeper_live_writer_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull,
 	int64		id;
 	int			k;
 
+	/* a statement of unknown size: runs from its RUN_MIN_ROWS-th row on */
+	if (w->run_rel == NULL && w->until_runs >= 0 && w->until_runs-- == 0)
+		run_open_rel(w, w->mail_desc);
 	if (w->run_rel == NULL)
 	{
 		live_add(w, mail_values, mail_isnull, row);

@@ -181,6 +181,16 @@ static const char any_done_sql[] =
 static const char max_done_sql[] =
 "SELECT max(d.id) FROM gatekeeper.mail_done d";
 
+/*
+ * Whether every id gatekeeper.mail's sequence gives from here on is above
+ * those of finished mail: then no new mail of a COPY that takes its ids
+ * from it can be a finished one being restored (gatekeeper_mail_intake_begin).
+ */
+static const char ids_new_sql[] =
+"SELECT coalesce((SELECT max(d.id) FROM gatekeeper.mail_done d) < "
+"                pg_sequence_last_value(pg_get_serial_sequence('gatekeeper.mail', 'id')::regclass), "
+"                NOT EXISTS (SELECT FROM gatekeeper.mail_done))";
+
 static const char done_ids_sql[] =
 "SELECT n.id FROM new_mail n JOIN gatekeeper.mail_done d ON d.id = n.id ORDER BY 1";
 
@@ -296,6 +306,7 @@ static SPIPlanPtr insert_keys_plan = NULL;
 static SPIPlanPtr any_done_plan = NULL;
 static SPIPlanPtr max_done_plan = NULL;
 static SPIPlanPtr done_ids_plan = NULL;
+static SPIPlanPtr ids_new_plan = NULL;
 static SPIPlanPtr insert_live_plan = NULL;
 static SPIPlanPtr insert_live_restore_plan = NULL;
 static SPIPlanPtr is_live_plan = NULL;
@@ -1172,6 +1183,79 @@ delete_skipped(TriggerData *trigdata, int nskipped)
 }
 
 /*
+ * One statement's new mail, taken in row by row: each checked, its live
+ * row given to the live writer (none when the SQL path writes them
+ * afterwards), counted.  The insert trigger takes the rows of its
+ * transition table in so (check_new_mail), and a COPY into
+ * gatekeeper.mail its rows as it reads them (gatekeeper_mail_intake_rows).
+ */
+struct MailIntake
+{
+	LiveWriter *live;			/* NULL: the SQL path writes the live rows */
+	MailCount  *count;
+	bool		keyed;			/* a row had a dedupe key */
+	RowContext	where;			/* the row being checked, for errors */
+	ErrorContextCallback errcallback;
+	MemoryContext per_row;		/* what a row's check allocates */
+};
+
+static void
+intake_start(MailIntake *in, LiveWriter *live)
+{
+	in->live = live;
+	in->count = mail_count_start(live != NULL ? gatekeeper_live_writer_relid(live) : InvalidOid);
+	in->keyed = false;
+	in->where.row = 0;
+	in->where.mail = NULL;
+	in->errcallback.callback = row_error_context;
+	in->errcallback.arg = &in->where;
+	in->per_row = AllocSetContextCreate(CurrentMemoryContext,
+										"gatekeeper mail check",
+										ALLOCSET_DEFAULT_SIZES);
+}
+
+/*
+ * Take in the statement's next row: finished, a restored mail that gets
+ * no live row; skip, one left out (on_duplicate 'skip'), checked all the
+ * same.  What the check allocates is freed after it.
+ */
+static void
+intake_row(MailIntake *in, MailRow *mail, bool finished, bool skip)
+{
+	MemoryContext old = MemoryContextSwitchTo(in->per_row);
+
+	in->where.row++;
+	in->where.mail = mail;
+	in->errcallback.previous = error_context_stack;
+	error_context_stack = &in->errcallback;
+	check_mail(mail, true, !finished);
+	error_context_stack = in->errcallback.previous;
+	in->where.mail = NULL;
+	if (!in->keyed)
+		in->keyed = !mail->isnull[columns.dedupe_key - 1];
+	if (!skip)
+	{
+		if (in->live != NULL && !finished)
+			gatekeeper_live_writer_add(in->live, mail->values, mail->isnull, in->where.row);
+		if (!mail->isnull[columns.queue - 1])
+			mail_count_move(in->count, mail->values[columns.queue - 1], COUNT_ENQUEUED,
+							in->live != NULL && !finished ? 1 : 0, 0);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(in->per_row);
+}
+
+/*
+ * The statement's counts noted, once its live rows and keys are written.
+ */
+static void
+intake_end(MailIntake *in)
+{
+	mail_count_end(in->count);
+	MemoryContextDelete(in->per_row);
+}
+
+/*
  * The statement's new mail, in the trigger's transition table: validate
  * every row and write its live row (src/live_writer.c, or the SQL path),
  * its key and its counts, in one pass; nothing when the rows are a dump
@@ -1181,8 +1265,6 @@ static void
 check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 {
 	TupleTableSlot *slot;
-	MemoryContext per_row;
-	MemoryContext old;
 	int64	   *done = NULL;
 	int			ndone = 0;
 	bool		done_known = false;
@@ -1190,11 +1272,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 	int64	   *skipped = NULL;
 	int			nskipped = 0;
 	bool		skipping = false;
-	LiveWriter *live = NULL;
-	MailCount  *count;
-	bool		keyed = false;
-	RowContext	where;
-	ErrorContextCallback errcallback;
+	MailIntake	in;
 
 	/* a dump loaded through gatekeeper.mail: the rows as they were */
 	if (gatekeeper_writer() == GATEKEEPER_WRITER_DUMP)
@@ -1215,20 +1293,10 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 	}
 	else
 		max_done = finished_max();
-	if (ndone == 0)
-		live = gatekeeper_live_writer_open(desc, tuplestore_tuple_count(trigdata->tg_newtable));
-	count = mail_count_start(live != NULL ? gatekeeper_live_writer_relid(live) : InvalidOid);
+	intake_start(&in, ndone == 0 ?
+				 gatekeeper_live_writer_open(desc, tuplestore_tuple_count(trigdata->tg_newtable)) :
+				 NULL);
 
-	where.row = 0;
-	where.mail = NULL;
-	errcallback.callback = row_error_context;
-	errcallback.arg = &where;
-	errcallback.previous = error_context_stack;
-
-	per_row = AllocSetContextCreate(CurrentMemoryContext,
-									"gatekeeper mail check",
-									ALLOCSET_DEFAULT_SIZES);
-	old = MemoryContextSwitchTo(per_row);
 	/* read pointer 0: lookups by SPI read the table with pointers of their own */
 	tuplestore_select_read_pointer(trigdata->tg_newtable, 0);
 	tuplestore_rescan(trigdata->tg_newtable);
@@ -1250,11 +1318,8 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 			 * lookup reads the transition table with a read pointer of
 			 * its own; this loop's is pointer 0.
 			 */
-			MemoryContext here = MemoryContextSwitchTo(old);
-
 			done = finished_ids(trigdata, true, &ndone);
 			done_known = true;
-			MemoryContextSwitchTo(here);
 			tuplestore_select_read_pointer(trigdata->tg_newtable, 0);
 		}
 		if (ndone > 0 || nskipped > 0)
@@ -1266,38 +1331,18 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 			else
 				skip = bsearch(&id, skipped, nskipped, sizeof(int64), int64_cmp) != NULL;
 		}
-		where.row++;
-		where.mail = &mail;
-		error_context_stack = &errcallback;
-		check_mail(&mail, true, !finished);
-		error_context_stack = errcallback.previous;
-		where.mail = NULL;
-		if (!keyed)
-			keyed = !mail.isnull[columns.dedupe_key - 1];
-		if (skip)
-		{
-			/* validated like the others, then left out */
-		}
-		else if (live != NULL && !finished)
-			gatekeeper_live_writer_add(live, mail.values, mail.isnull, where.row);
-		if (!skip && !mail.isnull[columns.queue - 1])
-			mail_count_move(count, mail.values[columns.queue - 1], COUNT_ENQUEUED,
-							live != NULL && !finished ? 1 : 0, 0);
-		/* a tuple read back from disk lives in per_row: let go of it first */
+		intake_row(&in, &mail, finished, skip);
 		ExecClearTuple(slot);
-		MemoryContextReset(per_row);
 	}
-	MemoryContextSwitchTo(old);
-	MemoryContextDelete(per_row);
 	ExecDropSingleTupleTableSlot(slot);
 
-	if (live != NULL)
-		gatekeeper_live_writer_close(live);
+	if (in.live != NULL)
+		gatekeeper_live_writer_close(in.live);
 	else if (skipping)
 		insert_live_kept(trigdata);
 	else
 		insert_live(trigdata, ndone > 0);
-	if (keyed && !skipping)
+	if (in.keyed && !skipping)
 		write_keys(trigdata);
 	if (nskipped > 0)
 	{
@@ -1308,7 +1353,7 @@ check_new_mail(TriggerData *trigdata, Relation rel, TupleDesc desc)
 							   nskipped, nskipped),
 				 errdetail("gatekeeper.on_duplicate is skip: a row whose key a mail of its queue holds (scheduled, claimed, or finished within the queue's dedupe_window), or an earlier row of the statement, is not enqueued.")));
 	}
-	mail_count_end(count);
+	intake_end(&in);
 }
 
 /*
@@ -1370,6 +1415,94 @@ gatekeeper_mail_check(PG_FUNCTION_ARGS)
 
 	elog(ERROR, "gatekeeper_mail_check fired for an event it does not handle");
 	return PointerGetDatum(NULL);	/* keep compiler quiet */
+}
+
+/*
+ * gatekeeper_mail_intake_begin
+ *		Take in the rows of a COPY into part, the current segment's
+ *		partition of gatekeeper.mail, as the COPY reads them
+ *		(src/mail/mail_copy.c), instead of the partition's insert trigger
+ *		over a transition table; or NULL when they need the trigger's
+ *		statements over that table: a dump being loaded, on_duplicate
+ *		'skip', rows that may hold dedupe keys or the ids of finished mail
+ *		(a COPY naming dedupe_key or id, or a sequence behind mail_done), or
+ *		live rows the direct path may not write.  attnums are the COPY's
+ *		columns.  Called as the trigger function runs: as its owner, with
+ *		its search_path.
+ */
+MailIntake *
+gatekeeper_mail_intake_begin(Relation part, List *attnums)
+{
+	TupleDesc	desc = RelationGetDescr(part);
+	MailIntake *in;
+	LiveWriter *live;
+	bool		isnull;
+	bool		ids_new;
+
+	if (gatekeeper_writer() == GATEKEEPER_WRITER_DUMP ||
+		gatekeeper_on_duplicate == GATEKEEPER_ON_DUPLICATE_SKIP)
+		return NULL;
+	gatekeeper_require_schema();
+	load_columns(part);
+	if (list_member_int(attnums, columns.dedupe_key) ||
+		list_member_int(attnums, SPI_fnumber(desc, "id")) ||
+		TupleDescAttr(desc, columns.dedupe_key - 1)->atthasdef)
+		return NULL;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	gatekeeper_plan(&ids_new_plan, ids_new_sql, 0, NULL);
+	if (SPI_execute_plan(ids_new_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "finished mail lookup failed");
+	ids_new = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) &&
+		!isnull;
+	SPI_finish();
+	if (!ids_new)
+		return NULL;
+
+	/* how many rows is not known: runs from the writer's RUN_MIN_ROWS-th on */
+	live = gatekeeper_live_writer_open(desc, -1);
+	if (live == NULL)
+		return NULL;
+	in = palloc0(sizeof(MailIntake));
+	intake_start(in, live);
+	return in;
+}
+
+/*
+ * gatekeeper_mail_intake_rows
+ *		Check the next n rows of the COPY, in its slots, and give their live
+ *		rows to the writer, as the trigger does with its transition table's.
+ *		The rows are then written by the caller.
+ */
+void
+gatekeeper_mail_intake_rows(MailIntake *in, TupleTableSlot **slots, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		MailRow		mail;
+
+		slot_getallattrs(slots[i]);
+		mail.values = slots[i]->tts_values;
+		mail.isnull = slots[i]->tts_isnull;
+		intake_row(in, &mail, false, false);
+	}
+}
+
+/*
+ * gatekeeper_mail_intake_end
+ *		The COPY's last live rows written and its counts noted.
+ */
+void
+gatekeeper_mail_intake_end(MailIntake *in)
+{
+	if (in->keyed)
+		elog(ERROR, "a COPY taken in row by row had a dedupe key");
+	gatekeeper_live_writer_close(in->live);
+	intake_end(in);
+	pfree(in);
 }
 
 /*

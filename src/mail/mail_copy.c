@@ -28,7 +28,20 @@
  * to read a server file or run a program, a transaction that may write).
  * It then does what DoCopy does for COPY FROM, on the partition, with
  * gatekeeper.mail's name in the error context.  Anything else is left to
- * PostgreSQL, which refuses what it refuses with its own errors.  When
+ * PostgreSQL, which refuses what it refuses with its own errors.
+ *
+ * Rows taken in as they are read.  The partition's insert trigger sees
+ * the statement's rows in a transition table: every row written to a
+ * tuplestore that spills past work_mem to a temporary file, read back
+ * after the COPY (a sixth of a bulk COPY's time: docs/internals.md, "Bulk
+ * enqueue"), and as large as the COPY.  So when the rows need none of the
+ * trigger's statements over that table (no dedupe keys, no ids given:
+ * gatekeeper_mail_intake_begin says), this file runs CopyFrom's loop
+ * itself (copy_rows): each row parsed and its constraints checked, and
+ * every batch checked as the trigger checks its rows, as the trigger's
+ * function runs (its owner, its settings), before it is written with
+ * table_multi_insert() and its index entries.  The trigger does not fire.
+ * Anything else goes through CopyFrom and the trigger.  When
  * another library's ProcessUtility hook was installed before this one (it
  * would run after it), every COPY is left to that hook, so that no other
  * library's work on the statement (auditing, statistics) is passed over.
@@ -45,25 +58,63 @@
 #include "catalog.h"
 #include "mail.h"
 
+#include "mail_exec.h"
+
 #include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
 #include "catalog/namespace.h"
-#include "catalog/pg_trigger.h"
 #include "catalog/pg_authid.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_trigger.h"
 #include "commands/copy.h"
 #include "commands/copyfrom_internal.h"
+#include "commands/progress.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "parser/parse_node.h"
 #include "parser/parse_relation.h"
+#include "pgstat.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/rls.h"
+#include "utils/syscache.h"
+
+/* CopyFrom's batch: at most so many rows, or so many bytes of input */
+#define COPY_BATCH_ROWS		1000
+#define COPY_BATCH_BYTES	65535
+
+/* the rows of a COPY read and not written yet, and where they go */
+typedef struct CopyBatch
+{
+	MailExec	x;				/* the partition */
+	BulkInsertState bistate;
+	TupleTableSlot *slots[COPY_BATCH_ROWS];
+	uint64		linenos[COPY_BATCH_ROWS];	/* each row's line of input */
+	int			n;				/* rows in slots */
+	int			nmade;			/* slots made */
+} CopyBatch;
+
+/*
+ * How the partition's insert trigger function runs, and what it replaced
+ * while this file runs its work: its owner when it is SECURITY DEFINER,
+ * its SET clauses.
+ */
+typedef struct AsTrigger
+{
+	Oid			userid;			/* InvalidOid: the caller's */
+	ArrayType  *config;			/* NULL: none */
+	Oid			save_userid;
+	int			save_sec_context;
+	int			nestlevel;
+} AsTrigger;
 
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
@@ -75,6 +126,14 @@ static bool copy_target(CopyStmt *stmt, Relation *mail, Relation *part);
 static bool may_copy_into(Relation mail, CopyStmt *stmt, Relation part);
 static uint64 copy_into(Relation mail, Relation part, CopyStmt *stmt,
 						const char *queryString, QueryEnvironment *queryEnv);
+static uint64 copy_by_trigger(CopyFromState cstate, Relation part);
+static bool trigger_fires_as(Relation part, AsTrigger *t);
+static void as_trigger_enter(AsTrigger *t);
+static void as_trigger_leave(AsTrigger *t);
+static uint64 copy_rows(CopyFromState cstate, Relation part, MailIntake *intake,
+						AsTrigger *t);
+static uint64 copy_flush(CopyFromState cstate, CopyBatch *batch, MailIntake *intake,
+						 AsTrigger *t);
 
 /* the insert trigger, on gatekeeper.mail and on each of its partitions */
 static const char *const mail_insert_trigger[] = {"mail_check_insert"};
@@ -269,7 +328,9 @@ copy_into(Relation mail, Relation part, CopyStmt *stmt, const char *queryString,
 	ParseState *pstate = make_parsestate(NULL);
 	ParseNamespaceItem *nsitem;
 	CopyFromState cstate;
-	volatile uint64 processed = 0;
+	uint64		processed;
+	AsTrigger	as_trigger;
+	MailIntake *intake = NULL;
 
 	pstate->p_sourcetext = queryString;
 	pstate->p_queryEnv = queryEnv;
@@ -281,6 +342,39 @@ copy_into(Relation mail, Relation part, CopyStmt *stmt, const char *queryString,
 						   NULL, stmt->attlist, stmt->options);
 	/* the error context names the table the statement named */
 	cstate->cur_relname = RelationGetRelationName(mail);
+
+	/*
+	 * The rows taken in as they are read, unless CopyFrom would write them
+	 * one by one (a volatile default) or compute columns, or the trigger's
+	 * statements must see them.
+	 */
+	if (!cstate->volatile_defexprs &&
+		!(RelationGetDescr(part)->constr != NULL &&
+		  RelationGetDescr(part)->constr->has_generated_stored) &&
+		trigger_fires_as(part, &as_trigger))
+	{
+		as_trigger_enter(&as_trigger);
+		intake = gatekeeper_mail_intake_begin(part, cstate->attnumlist);
+		as_trigger_leave(&as_trigger);
+	}
+	if (intake != NULL)
+		processed = copy_rows(cstate, part, intake, &as_trigger);
+	else
+		processed = copy_by_trigger(cstate, part);
+	EndCopyFrom(cstate);
+	free_parsestate(pstate);
+	return processed;
+}
+
+/*
+ * CopyFrom into the partition, whose insert trigger checks the rows it
+ * writes (gatekeeper_mail_copying_into).
+ */
+static uint64
+copy_by_trigger(CopyFromState cstate, Relation part)
+{
+	volatile uint64 processed = 0;
+
 	gatekeeper_mail_copying_into(RelationGetRelid(part));
 	PG_TRY();
 	{
@@ -291,7 +385,183 @@ copy_into(Relation mail, Relation part, CopyStmt *stmt, const char *queryString,
 		gatekeeper_mail_copying_into(InvalidOid);
 	}
 	PG_END_TRY();
-	EndCopyFrom(cstate);
-	free_parsestate(pstate);
 	return processed;
+}
+
+/*
+ * Whether the partition's insert trigger fires for this session (it is
+ * enabled for its session_replication_role, as TriggerEnabled decides);
+ * if so, *t says how its function runs.
+ */
+static bool
+trigger_fires_as(Relation part, AsTrigger *t)
+{
+	TriggerDesc *td = part->trigdesc;
+	Trigger    *trigger = NULL;
+	HeapTuple	tuple;
+	Form_pg_proc proc;
+	Datum		config;
+	bool		isnull;
+	int			i;
+
+	for (i = 0; td != NULL && i < td->numtriggers; i++)
+		if (strcmp(td->triggers[i].tgname, mail_insert_trigger[0]) == 0)
+			trigger = &td->triggers[i];
+	if (trigger == NULL || trigger->tgenabled == TRIGGER_DISABLED)
+		return false;
+	if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA ?
+		trigger->tgenabled == TRIGGER_FIRES_ON_ORIGIN :
+		trigger->tgenabled == TRIGGER_FIRES_ON_REPLICA)
+		return false;
+
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(trigger->tgfoid));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	proc = (Form_pg_proc) GETSTRUCT(tuple);
+	t->userid = proc->prosecdef ? proc->proowner : InvalidOid;
+	config = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_proconfig, &isnull);
+	t->config = isnull ? NULL : DatumGetArrayTypePCopy(config);
+	ReleaseSysCache(tuple);
+	return true;
+}
+
+/*
+ * Become what the trigger's function runs as (fmgr_security_definer's
+ * steps); an error on the way out of it is undone by the abort.
+ */
+static void
+as_trigger_enter(AsTrigger *t)
+{
+	GetUserIdAndSecContext(&t->save_userid, &t->save_sec_context);
+	if (OidIsValid(t->userid))
+		SetUserIdAndSecContext(t->userid, t->save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	t->nestlevel = -1;
+	if (t->config != NULL)
+	{
+		t->nestlevel = NewGUCNestLevel();
+		ProcessGUCArray(t->config, superuser() ? PGC_SUSET : PGC_USERSET,
+						PGC_S_SESSION, GUC_ACTION_SAVE);
+	}
+}
+
+static void
+as_trigger_leave(AsTrigger *t)
+{
+	if (t->nestlevel >= 0)
+		AtEOXact_GUC(true, t->nestlevel);
+	SetUserIdAndSecContext(t->save_userid, t->save_sec_context);
+}
+
+/*
+ * CopyFrom's loop for rows taken in as they are read: each row parsed,
+ * given its defaults and checked against the partition's constraints in
+ * the COPY's error context (its line); every batch then handed to
+ * copy_flush.  Returns the number of rows.
+ */
+static uint64
+copy_rows(CopyFromState cstate, Relation part, MailIntake *intake, AsTrigger *t)
+{
+	EState	   *estate = mail_exec_estate(GetCurrentCommandId(true));
+	ExprContext *econtext = GetPerTupleExprContext(estate);
+	CopyBatch  *batch = palloc0(sizeof(CopyBatch));
+	ErrorContextCallback errcallback;
+	uint64		processed = 0;
+	int			bytes = 0;
+	int			i;
+
+	mail_exec_open_in(&batch->x, part, estate);
+	batch->bistate = GetBulkInsertState();
+	errcallback.callback = CopyFromErrorCallback;
+	errcallback.arg = cstate;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+	for (;;)
+	{
+		TupleTableSlot *slot;
+		MemoryContext old;
+		bool		more;
+
+		CHECK_FOR_INTERRUPTS();
+		ResetPerTupleExprContext(estate);
+		if (batch->n == batch->nmade)
+			batch->slots[batch->nmade++] = table_slot_create(part, NULL);
+		slot = batch->slots[batch->n];
+		ExecClearTuple(slot);
+		old = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
+		more = NextCopyFrom(cstate, econtext, slot->tts_values, slot->tts_isnull);
+		MemoryContextSwitchTo(old);
+		if (!more)
+			break;
+		ExecStoreVirtualTuple(slot);
+		slot->tts_tableOid = RelationGetRelid(part);
+		mail_exec_check(&batch->x, slot);
+		(void) ExecPartitionCheck(batch->x.rri, slot, estate, true);
+		/* kept past the per-row memory its values were read into */
+		ExecMaterializeSlot(slot);
+		batch->linenos[batch->n] = cstate->cur_lineno;
+		bytes += cstate->line_buf.len;
+		if (++batch->n == COPY_BATCH_ROWS || bytes >= COPY_BATCH_BYTES)
+		{
+			processed += copy_flush(cstate, batch, intake, t);
+			pgstat_progress_update_param(PROGRESS_COPY_TUPLES_PROCESSED, processed);
+			bytes = 0;
+		}
+	}
+	processed += copy_flush(cstate, batch, intake, t);
+	pgstat_progress_update_param(PROGRESS_COPY_TUPLES_PROCESSED, processed);
+	error_context_stack = errcallback.previous;
+
+	as_trigger_enter(t);
+	gatekeeper_mail_intake_end(intake);
+	as_trigger_leave(t);
+
+	for (i = 0; i < batch->nmade; i++)
+		ExecDropSingleTupleTableSlot(batch->slots[i]);
+	FreeBulkInsertState(batch->bistate);
+	table_finish_bulk_insert(part, 0);
+	mail_exec_close(&batch->x);
+	FreeExecutorState(estate);
+	pfree(batch);
+	return processed;
+}
+
+/*
+ * A batch of the COPY's rows: checked as the trigger checks its rows, as
+ * its function runs and in its error context (the row of the statement,
+ * not a line), and their live rows written; then inserted at once, with
+ * their index entries, as CopyFrom's flush inserts them (an index entry's
+ * error names its row's line).  Returns how many rows there were.
+ */
+static uint64
+copy_flush(CopyFromState cstate, CopyBatch *batch, MailIntake *intake, AsTrigger *t)
+{
+	ErrorContextCallback *copy_context = error_context_stack;
+	bool		line_buf_valid = cstate->line_buf_valid;
+	uint64		lineno = cstate->cur_lineno;
+	int			n = batch->n;
+	MemoryContext old;
+	int			i;
+
+	if (n == 0)
+		return 0;
+	error_context_stack = copy_context->previous;
+	as_trigger_enter(t);
+	gatekeeper_mail_intake_rows(intake, batch->slots, n);
+	as_trigger_leave(t);
+	error_context_stack = copy_context;
+
+	cstate->line_buf_valid = false;
+	old = MemoryContextSwitchTo(GetPerTupleMemoryContext(batch->x.estate));
+	mail_exec_insert_heap(&batch->x, batch->slots, n, batch->bistate);
+	MemoryContextSwitchTo(old);
+	for (i = 0; i < n; i++)
+	{
+		cstate->cur_lineno = batch->linenos[i];
+		mail_exec_index(&batch->x, batch->slots[i], false);
+		ExecClearTuple(batch->slots[i]);
+	}
+	cstate->line_buf_valid = line_buf_valid;
+	cstate->cur_lineno = lineno;
+	batch->n = 0;
+	return n;
 }
