@@ -28,23 +28,23 @@
  * to read a server file or run a program, a transaction that may write).
  * It then does what DoCopy does for COPY FROM, on the partition, with
  * gatekeeper.mail's name in the error context.  Anything else is left to
- * PostgreSQL, which refuses what it refuses with its own errors.
+ * PostgreSQL, which refuses what it refuses with its own errors.  When
+ * another library's ProcessUtility hook was installed before this one (it
+ * would run after it), every COPY is left to that hook, so that no other
+ * library's work on the statement (auditing, statistics) is passed over.
  *
  * Rows taken in as they are read.  The partition's insert trigger sees
  * the statement's rows in a transition table: every row written to a
- * tuplestore that spills past work_mem to a temporary file, read back
- * after the COPY (a sixth of a bulk COPY's time: docs/internals.md, "Bulk
- * enqueue"), and as large as the COPY.  So when the rows need none of the
+ * tuplestore that spills past work_mem to a temporary file as large as
+ * the COPY, and read back after it (a tenth of a bulk COPY's time:
+ * docs/internals.md, "Bulk enqueue").  So when the rows need none of the
  * trigger's statements over that table (no dedupe keys, no ids given:
  * gatekeeper_mail_intake_begin says), this file runs CopyFrom's loop
  * itself (copy_rows): each row parsed and its constraints checked, and
  * every batch checked as the trigger checks its rows, as the trigger's
  * function runs (its owner, its settings), before it is written with
  * table_multi_insert() and its index entries.  The trigger does not fire.
- * Anything else goes through CopyFrom and the trigger.  When
- * another library's ProcessUtility hook was installed before this one (it
- * would run after it), every COPY is left to that hook, so that no other
- * library's work on the statement (auditing, statistics) is passed over.
+ * Anything else goes through CopyFrom and the trigger.
  *
  * IDENTIFICATION
  *		src/mail_copy.c
