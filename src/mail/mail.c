@@ -183,11 +183,12 @@ static const char max_done_sql[] =
 
 /*
  * Whether every id gatekeeper.mail's sequence gives from here on is above
- * those of finished mail: then no new mail of a COPY that takes its ids
- * from it can be a finished one being restored (gatekeeper_mail_intake_begin).
+ * those of finished mail (its last value, once given, is at or above
+ * them): then no new mail of a COPY that takes its ids from it can be a
+ * finished one being restored (gatekeeper_mail_intake_begin).
  */
 static const char ids_new_sql[] =
-"SELECT coalesce((SELECT max(d.id) FROM gatekeeper.mail_done d) < "
+"SELECT coalesce((SELECT max(d.id) FROM gatekeeper.mail_done d) <= "
 "                pg_sequence_last_value(pg_get_serial_sequence('gatekeeper.mail', 'id')::regclass), "
 "                NOT EXISTS (SELECT FROM gatekeeper.mail_done))";
 
