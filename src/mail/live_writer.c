@@ -118,7 +118,7 @@ struct LiveWriter
 	AttrNumber	mail_att[6];	/* the mail's id, -, queue, priority, send_at, segment */
 	AttrNumber	mail_dedupe;
 	int			mail_natts;
-	TupleDesc	mail_desc;		/* for runs opened later */
+	TupleDesc	mail_desc;		/* the mail's columns */
 	int64		until_runs;		/* rows to add before runs open; -1: never */
 	bool		have_top;
 	int64		top;			/* the highest id of mail_live and mail_run */
@@ -146,7 +146,7 @@ static bool live_needs_check(TupleDesc desc, TupleDesc mail_desc, LiveWriter *w)
 static void live_floor_note(LiveWriter *w, TupleTableSlot *slot, DueFloorNote *floor);
 static void live_flush(LiveWriter *w);
 static void live_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull, int64 row);
-static void run_open_rel(LiveWriter *w, TupleDesc mail_desc);
+static void run_open_rel(LiveWriter *w);
 static void run_end(LiveWriter *w);
 
 /*
@@ -312,7 +312,7 @@ gatekeeper_live_writer_open(TupleDesc mail_desc, int64 nrows)
 	w->mail_desc = mail_desc;
 	w->until_runs = -1;
 	if (nrows >= RUN_MIN_ROWS)
-		run_open_rel(w, mail_desc);
+		run_open_rel(w);
 	else if (nrows < 0)
 		w->until_runs = RUN_MIN_ROWS - 1;
 	return w;
@@ -384,12 +384,13 @@ live_flush(LiveWriter *w)
  * lack a column a run needs.
  */
 static void
-run_open_rel(LiveWriter *w, TupleDesc mail_desc)
+run_open_rel(LiveWriter *w)
 {
 	static const char *const own[] = {"mail_run_count_insert"};
 	static const char *const mail_names[] = {
 		"id", NULL, "queue", "priority", "send_at", "segment"
 	};
+	TupleDesc	mail_desc = w->mail_desc;
 	Oid			relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_RUN, true);
 	Relation	rel;
 	uint32		found;
@@ -561,7 +562,7 @@ gatekeeper_live_writer_add(LiveWriter *w, Datum *mail_values, bool *mail_isnull,
 
 	/* a statement of unknown size: runs from its RUN_MIN_ROWS-th row on */
 	if (w->run_rel == NULL && w->until_runs >= 0 && w->until_runs-- == 0)
-		run_open_rel(w, w->mail_desc);
+		run_open_rel(w);
 	if (w->run_rel == NULL)
 	{
 		live_add(w, mail_values, mail_isnull, row);
