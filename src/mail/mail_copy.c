@@ -470,6 +470,8 @@ copy_rows(CopyFromState cstate, Relation part, MailIntake *intake, AsTrigger *t)
 	int			i;
 
 	mail_exec_open_in(&batch->x, part, estate);
+	/* the recipient's hash entries go in by bucket, work_mem at a time */
+	mail_exec_hold_hash(&batch->x, (Size) work_mem * 1024);
 	batch->bistate = GetBulkInsertState();
 	errcallback.callback = CopyFromErrorCallback;
 	errcallback.arg = cstate;
@@ -508,6 +510,7 @@ copy_rows(CopyFromState cstate, Relation part, MailIntake *intake, AsTrigger *t)
 		}
 	}
 	processed += copy_flush(cstate, batch, intake, t);
+	mail_exec_index_held(&batch->x);
 	pgstat_progress_update_param(PROGRESS_COPY_TUPLES_PROCESSED, processed);
 	error_context_stack = errcallback.previous;
 

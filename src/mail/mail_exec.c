@@ -23,9 +23,46 @@
 
 #include "mail_exec.h"
 
+#include "access/genam.h"
+#include "access/hash.h"
+#include "catalog/pg_am_d.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
+#include "utils/datum.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
+
+/*
+ * A hash index entry held back: its key's hash code, its bits reversed
+ * (where its bucket sorts), its index (of the result relation's) and the
+ * row's TID.  A hash index's entry is only its key's hash code.
+ */
+typedef struct HeldEntry
+{
+	uint32		order;
+	int16		index;			/* in ri_IndexRelationDescs */
+	ItemPointerData tid;
+} HeldEntry;
+
+/*
+ * The hash index entries of a bulk write, held back to be inserted in
+ * bucket order (mail_exec_hold_hash): the entries, and at most how many
+ * there may be before they are inserted.
+ */
+typedef struct MailExecHeld
+{
+	HeldEntry  *entries;
+	int			n;
+	int			size;			/* entries allocated */
+	int			limit;
+	int			nindexes;
+	int		   *indexes;		/* held indexes, in ri_IndexRelationDescs */
+	AttrNumber *attnums;		/* each one's column */
+} MailExecHeld;
+
+static void held_add(MailExec *x, TupleTableSlot *slot);
+static int	held_cmp(const void *a, const void *b);
+static uint32 reverse_bits(uint32 v);
 
 /*
  * mail_exec_estate
@@ -65,6 +102,7 @@ mail_exec_open_in(MailExec *x, Relation rel, EState *estate)
 	x->estate = estate;
 	x->cid = estate->es_output_cid;
 	x->rel = rel;
+	x->held = NULL;
 	x->rri = makeNode(ResultRelInfo);
 	/* no range table: ri_RangeTableIndex 0, which ExecConstraints allows */
 	InitResultRelInfo(x->rri, rel, 0, NULL, 0);
@@ -81,6 +119,7 @@ mail_exec_close(MailExec *x)
 {
 	if (x->rri == NULL)
 		return;
+	mail_exec_index_held(x);
 	ExecCloseIndices(x->rri);
 	if (x->own_estate)
 		FreeExecutorState(x->estate);
@@ -111,6 +150,161 @@ mail_exec_index(MailExec *x, TupleTableSlot *slot, bool update)
 {
 	ResetPerTupleExprContext(x->estate);
 	list_free(ExecInsertIndexTuples(x->rri, slot, x->estate, update, false, NULL, NIL));
+	if (x->held != NULL)
+		held_add(x, slot);
+}
+
+/*
+ * mail_exec_hold_hash
+ *		From now on, hold back the entries of x's hash indexes on a column
+ *		(gatekeeper.mail_recipient) and insert them in the order of their
+ *		buckets, each time they take limit bytes (12 bytes an entry) and
+ *		at close (mail_exec_index_held).
+ *
+ * A hash index finds an entry's bucket from the low bits of its key's hash
+ * code, and keeps a bucket's page sorted by the code.  Entries inserted in
+ * the order their rows come in go each to a page of the index at random,
+ * reading and locking it, searching it and writing it again, its lines
+ * out of the processor's cache: of a COPY into gatekeeper.mail, a fifth
+ * of the time went there (docs/internals.md, "Bulk enqueue").  Sorted by
+ * their codes' bits reversed, the entries of one bucket come together
+ * whatever the index's size, and each page is found and stays in the
+ * cache for a run of them, as hashbuild's spool sorts a large build's
+ * entries by bucket.  An entry is only its key's hash code and its row's
+ * TID, so the key is hashed once and not kept.  A hash index is never
+ * unique, so no error of the statement's rows depends on when its entries
+ * go in, and they all exist before the statement ends.  Only indexes on a
+ * plain column, without a predicate, are held.
+ */
+void
+mail_exec_hold_hash(MailExec *x, Size limit)
+{
+	ResultRelInfo *rri = x->rri;
+	MailExecHeld *held;
+	int			i;
+
+	Assert(x->held == NULL);
+	held = MemoryContextAllocZero(x->estate->es_query_cxt, sizeof(MailExecHeld));
+	held->indexes = palloc(sizeof(int) * Max(rri->ri_NumIndices, 1));
+	held->attnums = palloc(sizeof(AttrNumber) * Max(rri->ri_NumIndices, 1));
+	for (i = 0; i < rri->ri_NumIndices; i++)
+	{
+		Relation	index = rri->ri_IndexRelationDescs[i];
+		IndexInfo  *info = rri->ri_IndexRelationInfo[i];
+
+		if (index->rd_rel->relam != HASH_AM_OID || !info->ii_ReadyForInserts ||
+			info->ii_NumIndexKeyAttrs != 1 || info->ii_IndexAttrNumbers[0] <= 0 ||
+			info->ii_Expressions != NIL || info->ii_Predicate != NIL)
+			continue;
+		/* ExecInsertIndexTuples passes it by; held_add makes its entries */
+		info->ii_ReadyForInserts = false;
+		held->indexes[held->nindexes] = i;
+		held->attnums[held->nindexes] = info->ii_IndexAttrNumbers[0];
+		held->nindexes++;
+	}
+	if (held->nindexes == 0)
+		return;
+	held->limit = Max(limit / sizeof(HeldEntry), 1024);
+	held->size = 1024;
+	held->entries = palloc(sizeof(HeldEntry) * held->size);
+	x->held = held;
+}
+
+/*
+ * held_add
+ *		Hold back the slot's row's entries of the held indexes (a null key
+ *		has none, as hashinsert makes none), inserting what is held when it
+ *		reaches its limit.
+ */
+static void
+held_add(MailExec *x, TupleTableSlot *slot)
+{
+	MailExecHeld *held = x->held;
+	int			j;
+
+	for (j = 0; j < held->nindexes; j++)
+	{
+		Relation	index = x->rri->ri_IndexRelationDescs[held->indexes[j]];
+		HeldEntry  *e;
+		Datum		value;
+		bool		isnull;
+
+		value = slot_getattr(slot, held->attnums[j], &isnull);
+		if (isnull)
+			continue;
+		if (held->n == held->size)
+		{
+			MemoryContext old = MemoryContextSwitchTo(x->estate->es_query_cxt);
+
+			held->size *= 2;
+			held->entries = repalloc_huge(held->entries, sizeof(HeldEntry) * held->size);
+			MemoryContextSwitchTo(old);
+		}
+		e = &held->entries[held->n++];
+		e->order = reverse_bits(_hash_datum2hashkey(index, value));
+		e->index = held->indexes[j];
+		e->tid = slot->tts_tid;
+	}
+	if (held->n >= held->limit)
+		mail_exec_index_held(x);
+}
+
+/*
+ * mail_exec_index_held
+ *		Insert the held index entries, in the order of their buckets, as
+ *		hashinsert would insert each: its key's hash code, its row's TID.
+ */
+void
+mail_exec_index_held(MailExec *x)
+{
+	MailExecHeld *held = x->held;
+	MemoryContext old;
+	int			i;
+
+	if (held == NULL || held->n == 0)
+		return;
+	qsort(held->entries, held->n, sizeof(HeldEntry), held_cmp);
+	old = MemoryContextSwitchTo(GetPerTupleMemoryContext(x->estate));
+	for (i = 0; i < held->n; i++)
+	{
+		HeldEntry  *e = &held->entries[i];
+		Relation	index = x->rri->ri_IndexRelationDescs[e->index];
+		Datum		code = UInt32GetDatum(reverse_bits(e->order));
+		bool		isnull = false;
+		IndexTuple	itup;
+
+		itup = index_form_tuple(RelationGetDescr(index), &code, &isnull);
+		itup->t_tid = e->tid;
+		_hash_doinsert(index, itup, x->rel);
+		pfree(itup);
+	}
+	MemoryContextSwitchTo(old);
+	held->n = 0;
+}
+
+/* held entries: by index, then bucket (the code's low bits first), then TID */
+static int
+held_cmp(const void *a, const void *b)
+{
+	const HeldEntry *ea = a;
+	const HeldEntry *eb = b;
+
+	if (ea->index != eb->index)
+		return ea->index < eb->index ? -1 : 1;
+	if (ea->order != eb->order)
+		return ea->order < eb->order ? -1 : 1;
+	return ItemPointerCompare((ItemPointer) &ea->tid, (ItemPointer) &eb->tid);
+}
+
+/* v with its bits in the reverse order: its low bits sort first */
+static uint32
+reverse_bits(uint32 v)
+{
+	v = ((v >> 1) & 0x55555555) | ((v & 0x55555555) << 1);
+	v = ((v >> 2) & 0x33333333) | ((v & 0x33333333) << 2);
+	v = ((v >> 4) & 0x0F0F0F0F) | ((v & 0x0F0F0F0F) << 4);
+	v = ((v >> 8) & 0x00FF00FF) | ((v & 0x00FF00FF) << 8);
+	return (v >> 16) | (v << 16);
 }
 
 /*

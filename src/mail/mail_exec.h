@@ -30,6 +30,7 @@ typedef struct MailExec
 	EState	   *estate;
 	CommandId	cid;
 	bool		own_estate;
+	struct MailExecHeld *held;	/* hash index entries held back, or NULL */
 } MailExec;
 
 extern EState *mail_exec_estate(CommandId cid);
@@ -41,6 +42,8 @@ extern void mail_exec_insert(MailExec *x, TupleTableSlot *slot);
 extern void mail_exec_insert_heap(MailExec *x, TupleTableSlot **slots, int n,
 								  BulkInsertState bistate);
 extern void mail_exec_index(MailExec *x, TupleTableSlot *slot, bool update);
+extern void mail_exec_hold_hash(MailExec *x, Size limit);
+extern void mail_exec_index_held(MailExec *x);
 extern TM_Result mail_exec_update(MailExec *x, ItemPointer tid, TupleTableSlot *slot,
 								  Snapshot snapshot, bool wait, TM_FailureData *tmfd);
 extern TM_Result mail_exec_delete(Relation rel, ItemPointer tid, CommandId cid,
