@@ -43,7 +43,9 @@
  * itself (copy_rows): each row parsed and its constraints checked, and
  * every batch checked as the trigger checks its rows, as the trigger's
  * function runs (its owner, its settings), before it is written with
- * table_multi_insert() and its index entries.  The trigger does not fire.
+ * table_multi_insert() and its index entries, the recipient's hash index
+ * entries held back and inserted in bucket order (mail_exec_hold_hash).
+ * The trigger does not fire.
  * Anything else goes through CopyFrom and the trigger.
  *
  * IDENTIFICATION
