@@ -61,7 +61,25 @@ typedef struct MailExecHeld
 } MailExecHeld;
 
 static void held_add(MailExec *x, TupleTableSlot *slot);
-static int	held_cmp(const void *a, const void *b);
+
+/* held entries: by index, then bucket (the code's low bits first), then TID */
+static inline int
+held_cmp(const HeldEntry *a, const HeldEntry *b)
+{
+	if (a->index != b->index)
+		return a->index < b->index ? -1 : 1;
+	if (a->order != b->order)
+		return a->order < b->order ? -1 : 1;
+	return ItemPointerCompare((ItemPointer) &a->tid, (ItemPointer) &b->tid);
+}
+
+/* sort_held: qsort with held_cmp inlined */
+#define ST_SORT sort_held
+#define ST_ELEMENT_TYPE HeldEntry
+#define ST_COMPARE(a, b) held_cmp(a, b)
+#define ST_SCOPE static
+#define ST_DEFINE
+#include "lib/sort_template.h"
 static uint32 reverse_bits(uint32 v);
 
 /*
@@ -263,7 +281,7 @@ mail_exec_index_held(MailExec *x)
 
 	if (held == NULL || held->n == 0)
 		return;
-	qsort(held->entries, held->n, sizeof(HeldEntry), held_cmp);
+	sort_held(held->entries, held->n);
 	old = MemoryContextSwitchTo(GetPerTupleMemoryContext(x->estate));
 	for (i = 0; i < held->n; i++)
 	{
@@ -280,20 +298,6 @@ mail_exec_index_held(MailExec *x)
 	}
 	MemoryContextSwitchTo(old);
 	held->n = 0;
-}
-
-/* held entries: by index, then bucket (the code's low bits first), then TID */
-static int
-held_cmp(const void *a, const void *b)
-{
-	const HeldEntry *ea = a;
-	const HeldEntry *eb = b;
-
-	if (ea->index != eb->index)
-		return ea->index < eb->index ? -1 : 1;
-	if (ea->order != eb->order)
-		return ea->order < eb->order ? -1 : 1;
-	return ItemPointerCompare((ItemPointer) &ea->tid, (ItemPointer) &eb->tid);
 }
 
 /* v with its bits in the reverse order: its low bits sort first */
