@@ -710,6 +710,22 @@ trigger_fires_now(const Trigger *t)
 }
 
 /*
+ * gatekeeper_trigger_firing
+ *		rel's trigger named name when it would fire now, else NULL.
+ */
+const Trigger *
+gatekeeper_trigger_firing(Relation rel, const char *name)
+{
+	TriggerDesc *td = rel->trigdesc;
+	int			i;
+
+	for (i = 0; td != NULL && i < td->numtriggers; i++)
+		if (strcmp(td->triggers[i].tgname, name) == 0)
+			return trigger_fires_now(&td->triggers[i]) ? &td->triggers[i] : NULL;
+	return NULL;
+}
+
+/*
  * gatekeeper_triggers_only
  *		Whether every trigger of rel that would fire now for event
  *		(TRIGGER_TYPE_INSERT or TRIGGER_TYPE_DELETE) is one of the nnames

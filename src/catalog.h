@@ -14,6 +14,7 @@
 #include "access/attnum.h"
 #include "executor/spi.h"
 #include "utils/relcache.h"
+#include "utils/reltrigger.h"
 
 /* the extension's tables (and indexes) whose OIDs are kept */
 typedef enum GatekeeperRel
@@ -84,5 +85,6 @@ extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int64 *gatekeeper_spi_ids(MemoryContext cxt, int *n);
 extern bool gatekeeper_triggers_only(Relation rel, int event, const char *const *names,
 									 int nnames, uint32 *found);
+extern const Trigger *gatekeeper_trigger_firing(Relation rel, const char *name);
 
 #endif							/* GATEKEEPER_CATALOG_H */

@@ -398,24 +398,14 @@ copy_by_trigger(CopyFromState cstate, Relation part)
 static bool
 trigger_fires_as(Relation part, AsTrigger *t)
 {
-	TriggerDesc *td = part->trigdesc;
-	Trigger    *trigger = NULL;
+	const Trigger *trigger = gatekeeper_trigger_firing(part, mail_insert_trigger[0]);
 	HeapTuple	tuple;
 	Form_pg_proc proc;
 	Datum		config;
 	bool		isnull;
-	int			i;
 
-	for (i = 0; td != NULL && i < td->numtriggers; i++)
-		if (strcmp(td->triggers[i].tgname, mail_insert_trigger[0]) == 0)
-			trigger = &td->triggers[i];
-	if (trigger == NULL || trigger->tgenabled == TRIGGER_DISABLED)
+	if (trigger == NULL)
 		return false;
-	if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA ?
-		trigger->tgenabled == TRIGGER_FIRES_ON_ORIGIN :
-		trigger->tgenabled == TRIGGER_FIRES_ON_REPLICA)
-		return false;
-
 	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(trigger->tgfoid));
 	if (!HeapTupleIsValid(tuple))
 		return false;
