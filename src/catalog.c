@@ -4,8 +4,9 @@
  *		SPI and catalog helpers: the OIDs of the extension's tables, cached
  *		behind one relcache invalidation callback; kept plans; statements
  *		run by key and the one planner policy; who writes (a dump, gatekeeper,
- *		an application); arrays for SPI arguments; and the check of the
- *		extension's version against the library's.
+ *		an application); arrays for SPI arguments; work run as an owner
+ *		with settings of its own; gatekeeper's triggers among a table's;
+ *		and the check of the extension's version against the library's.
  *
  * The OIDs of the extension's tables are looked up by name the first time
  * a backend asks for one and kept until a relcache invalidation names the
@@ -707,6 +708,58 @@ trigger_fires_now(const Trigger *t)
 		default:
 			return false;
 	}
+}
+
+/*
+ * gatekeeper_run_as
+ *		Run as userid (InvalidOid: the current user), with sec_flags added
+ *		to the security context and, when config is not NULL, its settings
+ *		(name=value, as pg_proc.proconfig holds them) in a GUC nest level
+ *		of their own: fmgr_security_definer's steps, for work done as a
+ *		SECURITY DEFINER function or a table's owner would do it.  Until
+ *		gatekeeper_run_as_end; an error on the way is undone by the abort.
+ */
+void
+gatekeeper_run_as(GatekeeperRunAs *r, Oid userid, int sec_flags, ArrayType *config)
+{
+	GetUserIdAndSecContext(&r->save_userid, &r->save_sec_context);
+	if (OidIsValid(userid))
+		SetUserIdAndSecContext(userid, r->save_sec_context | sec_flags);
+	r->nestlevel = -1;
+	if (config != NULL)
+	{
+		r->nestlevel = NewGUCNestLevel();
+		ProcessGUCArray(config, superuser() ? PGC_SUSET : PGC_USERSET,
+						PGC_S_SESSION, GUC_ACTION_SAVE);
+	}
+}
+
+/*
+ * gatekeeper_run_as_end
+ *		Back to what gatekeeper_run_as replaced.
+ */
+void
+gatekeeper_run_as_end(GatekeeperRunAs *r)
+{
+	if (r->nestlevel >= 0)
+		AtEOXact_GUC(true, r->nestlevel);
+	SetUserIdAndSecContext(r->save_userid, r->save_sec_context);
+}
+
+/*
+ * gatekeeper_trigger_firing
+ *		rel's trigger named name when it would fire now, else NULL.
+ */
+const Trigger *
+gatekeeper_trigger_firing(Relation rel, const char *name)
+{
+	TriggerDesc *td = rel->trigdesc;
+	int			i;
+
+	for (i = 0; td != NULL && i < td->numtriggers; i++)
+		if (strcmp(td->triggers[i].tgname, name) == 0)
+			return trigger_fires_now(&td->triggers[i]) ? &td->triggers[i] : NULL;
+	return NULL;
 }
 
 /*

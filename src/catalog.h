@@ -13,7 +13,9 @@
 
 #include "access/attnum.h"
 #include "executor/spi.h"
+#include "utils/array.h"
 #include "utils/relcache.h"
+#include "utils/reltrigger.h"
 
 /* the extension's tables (and indexes) whose OIDs are kept */
 typedef enum GatekeeperRel
@@ -84,5 +86,18 @@ extern Datum gatekeeper_array(Datum *elems, bool *nulls, int n, Oid elemtype);
 extern int64 *gatekeeper_spi_ids(MemoryContext cxt, int *n);
 extern bool gatekeeper_triggers_only(Relation rel, int event, const char *const *names,
 									 int nnames, uint32 *found);
+extern const Trigger *gatekeeper_trigger_firing(Relation rel, const char *name);
+
+/* what gatekeeper_run_as replaced, for gatekeeper_run_as_end */
+typedef struct GatekeeperRunAs
+{
+	Oid			save_userid;
+	int			save_sec_context;
+	int			nestlevel;		/* -1: no settings of its own */
+} GatekeeperRunAs;
+
+extern void gatekeeper_run_as(GatekeeperRunAs *r, Oid userid, int sec_flags,
+							  ArrayType *config);
+extern void gatekeeper_run_as_end(GatekeeperRunAs *r);
 
 #endif							/* GATEKEEPER_CATALOG_H */

@@ -51,16 +51,32 @@ typedef struct NewRowsFloor
 	int			id_att;
 } NewRowsFloor;
 
+/*
+ * What _count_live reads of its table's rows: mail_live's one mail a row,
+ * counted while scheduled, or mail_run's runs of mails, from id to
+ * last_id, all scheduled and none retrying.
+ */
+typedef struct LiveShape
+{
+	TupleDesc	desc;
+	bool		runs;			/* mail_run */
+	int			queue_att;
+	int			state_att;		/* mail_live */
+	int			attempt_att;
+	Oid			scheduled;
+	int			id_att;			/* mail_run */
+	int			last_att;
+} LiveShape;
+
 /* The events counted, by CountKind from COUNT_DEFERRED on */
 static const char *const counted_events[] = {"deferred", "bounced", "complained"};
 
 static TriggerData *counted_insert(FunctionCallInfo fcinfo, const char *name);
 static void floor_start(NewRowsFloor *floor, TupleDesc desc, DueFloorKind kind);
 static void floor_row(NewRowsFloor *floor, TupleTableSlot *slot, Datum queue);
-static void count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc,
-							Oid scheduled, int sign, NewRowsFloor *floor);
-static void count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign,
-					   NewRowsFloor *floor);
+static void live_shape(LiveShape *shape, TupleDesc desc);
+static void count_live(MailCount *count, Tuplestorestate *rows, const LiveShape *shape,
+					   int sign, NewRowsFloor *floor);
 
 /*
  * The trigger data of an insert statement trigger (name) that counts its
@@ -234,54 +250,42 @@ floor_row(NewRowsFloor *floor, TupleTableSlot *slot, Datum queue)
 }
 
 /*
- * Count each scheduled row of mail_live, times sign, in its queue's
- * gauges; with floor (new rows), note it for its queue's due floor too.
+ * The columns of desc, mail_live's or mail_run's, that _count_live reads.
  */
 static void
-count_live_rows(MailCount *count, Tuplestorestate *rows, TupleDesc desc, Oid scheduled,
-				int sign, NewRowsFloor *floor)
+live_shape(LiveShape *shape, TupleDesc desc)
 {
-	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	int			queue_att = SPI_fnumber(desc, "queue");
-	int			state_att = SPI_fnumber(desc, "state");
-	int			attempt_att = SPI_fnumber(desc, "attempt");
-
-	tuplestore_rescan(rows);
-	while (tuplestore_gettupleslot(rows, true, false, slot))
+	shape->desc = desc;
+	shape->queue_att = SPI_fnumber(desc, "queue");
+	shape->last_att = SPI_fnumber(desc, "last_id");
+	shape->runs = shape->last_att > 0;
+	if (shape->runs)
 	{
-		bool		n1,
-					n2,
-					n3;
-		Datum		queue = slot_getattr(slot, queue_att, &n1);
-		Oid			state = DatumGetObjectId(slot_getattr(slot, state_att, &n2));
-
-		if (!n1 && !n2 && state == scheduled)
-		{
-			Datum		attempt = slot_getattr(slot, attempt_att, &n3);
-
-			mail_count_move(count, queue, COUNT_NONE, sign,
-							!n3 && DatumGetInt32(attempt) > 0 ? sign : 0);
-			if (floor != NULL)
-				floor_row(floor, slot, queue);
-		}
-		ExecClearTuple(slot);
+		shape->id_att = SPI_fnumber(desc, "id");
+		if (shape->queue_att <= 0 || shape->id_att <= 0)
+			elog(ERROR, "gatekeeper_count_live fired on a table without queue, id and last_id");
+		return;
 	}
-	ExecDropSingleTupleTableSlot(slot);
+	shape->state_att = SPI_fnumber(desc, "state");
+	shape->attempt_att = SPI_fnumber(desc, "attempt");
+	if (shape->queue_att <= 0 || shape->state_att <= 0 || shape->attempt_att <= 0)
+		elog(ERROR, "gatekeeper_count_live fired on a table without queue, state and attempt");
+	shape->scheduled =
+		DatumGetObjectId(DirectFunctionCall2(enum_in, CStringGetDatum("scheduled"),
+											 ObjectIdGetDatum(TupleDescAttr(desc, shape->state_att - 1)->atttypid)));
 }
 
 /*
- * Count each run of mail_run, its mails (last_id - id + 1) times sign, in
- * its queue's gauges: runs are never retrying.  With floor (new runs),
- * note each for its queue's run floor too.
+ * Count the scheduled mails of each row, times sign, in its queue's
+ * gauges: a mail_live row while scheduled (retrying after an attempt), a
+ * run its mails (last_id - id + 1).  With floor (new rows), note each
+ * such row for its queue's floor too.
  */
 static void
-count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign,
+count_live(MailCount *count, Tuplestorestate *rows, const LiveShape *shape, int sign,
 		   NewRowsFloor *floor)
 {
-	TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
-	int			queue_att = SPI_fnumber(desc, "queue");
-	int			id_att = SPI_fnumber(desc, "id");
-	int			last_att = SPI_fnumber(desc, "last_id");
+	TupleTableSlot *slot = MakeSingleTupleTableSlot(shape->desc, &TTSOpsMinimalTuple);
 
 	tuplestore_rescan(rows);
 	while (tuplestore_gettupleslot(rows, true, false, slot))
@@ -289,15 +293,35 @@ count_runs(MailCount *count, Tuplestorestate *rows, TupleDesc desc, int sign,
 		bool		n1,
 					n2,
 					n3;
-		Datum		queue = slot_getattr(slot, queue_att, &n1);
-		int64		id = DatumGetInt64(slot_getattr(slot, id_att, &n2));
-		int64		last = DatumGetInt64(slot_getattr(slot, last_att, &n3));
+		Datum		queue = slot_getattr(slot, shape->queue_att, &n1);
+		int64		mails = 0;
+		int			retrying = 0;
 
-		if (!n1 && !n2 && !n3 && last >= id)
-			mail_count_move(count, queue, COUNT_NONE, sign * (last - id + 1), 0);
-		if (!n1 && floor != NULL)
+		if (n1)
+			continue;
+		if (shape->runs)
+		{
+			int64		id = DatumGetInt64(slot_getattr(slot, shape->id_att, &n2));
+			int64		last = DatumGetInt64(slot_getattr(slot, shape->last_att, &n3));
+
+			if (!n2 && !n3 && last >= id)
+				mails = last - id + 1;
+		}
+		else
+		{
+			Oid			state = DatumGetObjectId(slot_getattr(slot, shape->state_att, &n2));
+			Datum		attempt;
+
+			if (n2 || state != shape->scheduled)
+				continue;
+			mails = 1;
+			attempt = slot_getattr(slot, shape->attempt_att, &n3);
+			retrying = !n3 && DatumGetInt32(attempt) > 0;
+		}
+		if (mails > 0)
+			mail_count_move(count, queue, COUNT_NONE, sign * mails, sign * retrying);
+		if (floor != NULL)
 			floor_row(floor, slot, queue);
-		ExecClearTuple(slot);
 	}
 	ExecDropSingleTupleTableSlot(slot);
 }
@@ -313,9 +337,8 @@ Datum
 gatekeeper_count_live(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	TupleDesc	desc;
+	LiveShape	shape;
 	MailCount  *count;
-	Oid			scheduled;
 	NewRowsFloor floor;
 
 	gatekeeper_require_schema();
@@ -337,41 +360,17 @@ gatekeeper_count_live(PG_FUNCTION_ARGS)
 	if (trigdata->tg_oldtable == NULL && trigdata->tg_newtable == NULL)
 		elog(ERROR, "gatekeeper_count_live needs the statement's transition tables");
 
-	desc = RelationGetDescr(trigdata->tg_relation);
-	if (SPI_fnumber(desc, "last_id") > 0)
+	live_shape(&shape, RelationGetDescr(trigdata->tg_relation));
+	/* runs are counted against mail_live, whose gauges they are */
+	count = mail_count_start(shape.runs ? gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, false) :
+							 RelationGetRelid(trigdata->tg_relation));
+	if (trigdata->tg_oldtable != NULL)
+		count_live(count, trigdata->tg_oldtable, &shape, -1, NULL);
+	if (trigdata->tg_newtable != NULL)
 	{
-		/* mail_run: counted against mail_live, whose gauges they are */
-		if (SPI_fnumber(desc, "queue") <= 0 || SPI_fnumber(desc, "id") <= 0)
-			elog(ERROR, "gatekeeper_count_live fired on a table without queue, id and last_id");
-		count = mail_count_start(gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE, false));
-		if (trigdata->tg_oldtable != NULL)
-			count_runs(count, trigdata->tg_oldtable, desc, -1, NULL);
-		if (trigdata->tg_newtable != NULL)
-		{
-			floor_start(&floor, desc, DUE_FLOOR_RUN);
-			count_runs(count, trigdata->tg_newtable, desc, 1, &floor);
-			gatekeeper_due_floor_note_end(&floor.note);
-		}
-	}
-	else
-	{
-		int			state_att = SPI_fnumber(desc, "state");
-
-		if (SPI_fnumber(desc, "queue") <= 0 || state_att <= 0 ||
-			SPI_fnumber(desc, "attempt") <= 0)
-			elog(ERROR, "gatekeeper_count_live fired on a table without queue, state and attempt");
-		scheduled = DatumGetObjectId(DirectFunctionCall2(enum_in,
-														 CStringGetDatum("scheduled"),
-														 ObjectIdGetDatum(TupleDescAttr(desc, state_att - 1)->atttypid)));
-		count = mail_count_start(RelationGetRelid(trigdata->tg_relation));
-		if (trigdata->tg_oldtable != NULL)
-			count_live_rows(count, trigdata->tg_oldtable, desc, scheduled, -1, NULL);
-		if (trigdata->tg_newtable != NULL)
-		{
-			floor_start(&floor, desc, DUE_FLOOR_LIVE);
-			count_live_rows(count, trigdata->tg_newtable, desc, scheduled, 1, &floor);
-			gatekeeper_due_floor_note_end(&floor.note);
-		}
+		floor_start(&floor, shape.desc, shape.runs ? DUE_FLOOR_RUN : DUE_FLOOR_LIVE);
+		count_live(count, trigdata->tg_newtable, &shape, 1, &floor);
+		gatekeeper_due_floor_note_end(&floor.note);
 	}
 	mail_count_end(count);
 	return PointerGetDatum(NULL);

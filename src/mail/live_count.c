@@ -46,6 +46,7 @@
 #include "storage/backendid.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
@@ -108,6 +109,7 @@ static SPIPlanPtr forget_queue_counts_plan = NULL;
 static SPIPlanPtr recount_live_plan = NULL;
 
 static bool counts_retrying(void);
+static ArrayType *pinned_search_path(void);
 
 /*
  * live_count_write
@@ -124,9 +126,7 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 	Oid			types[4] = {INT4OID, TEXTARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
 	Oid			relid;
 	Oid			owner;
-	Oid			save_userid;
-	int			save_sec_context;
-	int			nestlevel;
+	GatekeeperRunAs run;
 	HeapTuple	tuple;
 	SPIPlanPtr	plan;
 
@@ -162,12 +162,8 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 	 * As the table's owner, as the triggers that noted the changes ran
 	 * (whoever committed may not write it), with search_path pinned.
 	 */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-	nestlevel = NewGUCNestLevel();
-	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET,
-							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	gatekeeper_run_as(&run, owner, SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION,
+					  pinned_search_path());
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
@@ -179,8 +175,26 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 		elog(ERROR, "could not count gatekeeper's live mail");
 	SPI_finish();
 	PopActiveSnapshot();
-	AtEOXact_GUC(true, nestlevel);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	gatekeeper_run_as_end(&run);
+}
+
+/*
+ * The search_path the counts are written with, as a SET clause would give
+ * it: this backend's, made once.
+ */
+static ArrayType *
+pinned_search_path(void)
+{
+	static ArrayType *config = NULL;
+
+	if (config == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		config = GUCArrayAdd(NULL, "search_path", "pg_catalog, pg_temp");
+		MemoryContextSwitchTo(old);
+	}
+	return config;
 }
 
 /*

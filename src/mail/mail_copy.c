@@ -83,7 +83,6 @@
 #include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/array.h"
-#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/rls.h"
@@ -113,9 +112,7 @@ typedef struct AsTrigger
 {
 	Oid			userid;			/* InvalidOid: the caller's */
 	ArrayType  *config;			/* NULL: none */
-	Oid			save_userid;
-	int			save_sec_context;
-	int			nestlevel;
+	GatekeeperRunAs run;
 } AsTrigger;
 
 static ProcessUtility_hook_type prev_process_utility = NULL;
@@ -398,24 +395,14 @@ copy_by_trigger(CopyFromState cstate, Relation part)
 static bool
 trigger_fires_as(Relation part, AsTrigger *t)
 {
-	TriggerDesc *td = part->trigdesc;
-	Trigger    *trigger = NULL;
+	const Trigger *trigger = gatekeeper_trigger_firing(part, mail_insert_trigger[0]);
 	HeapTuple	tuple;
 	Form_pg_proc proc;
 	Datum		config;
 	bool		isnull;
-	int			i;
 
-	for (i = 0; td != NULL && i < td->numtriggers; i++)
-		if (strcmp(td->triggers[i].tgname, mail_insert_trigger[0]) == 0)
-			trigger = &td->triggers[i];
-	if (trigger == NULL || trigger->tgenabled == TRIGGER_DISABLED)
+	if (trigger == NULL)
 		return false;
-	if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA ?
-		trigger->tgenabled == TRIGGER_FIRES_ON_ORIGIN :
-		trigger->tgenabled == TRIGGER_FIRES_ON_REPLICA)
-		return false;
-
 	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(trigger->tgfoid));
 	if (!HeapTupleIsValid(tuple))
 		return false;
@@ -427,31 +414,17 @@ trigger_fires_as(Relation part, AsTrigger *t)
 	return true;
 }
 
-/*
- * Become what the trigger's function runs as (fmgr_security_definer's
- * steps); an error on the way out of it is undone by the abort.
- */
+/* become what the trigger's function runs as, and back */
 static void
 as_trigger_enter(AsTrigger *t)
 {
-	GetUserIdAndSecContext(&t->save_userid, &t->save_sec_context);
-	if (OidIsValid(t->userid))
-		SetUserIdAndSecContext(t->userid, t->save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-	t->nestlevel = -1;
-	if (t->config != NULL)
-	{
-		t->nestlevel = NewGUCNestLevel();
-		ProcessGUCArray(t->config, superuser() ? PGC_SUSET : PGC_USERSET,
-						PGC_S_SESSION, GUC_ACTION_SAVE);
-	}
+	gatekeeper_run_as(&t->run, t->userid, SECURITY_LOCAL_USERID_CHANGE, t->config);
 }
 
 static void
 as_trigger_leave(AsTrigger *t)
 {
-	if (t->nestlevel >= 0)
-		AtEOXact_GUC(true, t->nestlevel);
-	SetUserIdAndSecContext(t->save_userid, t->save_sec_context);
+	gatekeeper_run_as_end(&t->run);
 }
 
 /*

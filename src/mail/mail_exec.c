@@ -12,7 +12,9 @@
  * constraints, the tuple written and then its index entries, and all of it
  * closed again.  This file is that, once.  The caller opens and locks the
  * relation, decides that the direct path may write it (no trigger of the
- * user's, the columns it expects) and closes it.
+ * user's, the columns it expects) and closes it.  A bulk write (a COPY's)
+ * may have its hash index entries held back and inserted in bucket order
+ * (mail_exec_hold_hash).
  *
  * IDENTIFICATION
  *		src/mail/mail_exec.c
@@ -23,12 +25,10 @@
 
 #include "mail_exec.h"
 
-#include "access/genam.h"
 #include "access/hash.h"
 #include "catalog/pg_am_d.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
-#include "utils/datum.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 
@@ -61,6 +61,7 @@ typedef struct MailExecHeld
 } MailExecHeld;
 
 static void held_add(MailExec *x, TupleTableSlot *slot);
+static uint32 reverse_bits(uint32 v);
 
 /* held entries: by index, then bucket (the code's low bits first), then TID */
 static inline int
@@ -80,7 +81,6 @@ held_cmp(const HeldEntry *a, const HeldEntry *b)
 #define ST_SCOPE static
 #define ST_DEFINE
 #include "lib/sort_template.h"
-static uint32 reverse_bits(uint32 v);
 
 /*
  * mail_exec_estate
@@ -198,11 +198,12 @@ void
 mail_exec_hold_hash(MailExec *x, Size limit)
 {
 	ResultRelInfo *rri = x->rri;
+	MemoryContext old = MemoryContextSwitchTo(x->estate->es_query_cxt);
 	MailExecHeld *held;
 	int			i;
 
 	Assert(x->held == NULL);
-	held = MemoryContextAllocZero(x->estate->es_query_cxt, sizeof(MailExecHeld));
+	held = palloc0(sizeof(MailExecHeld));
 	held->indexes = palloc(sizeof(int) * Max(rri->ri_NumIndices, 1));
 	held->attnums = palloc(sizeof(AttrNumber) * Max(rri->ri_NumIndices, 1));
 	for (i = 0; i < rri->ri_NumIndices; i++)
@@ -220,12 +221,14 @@ mail_exec_hold_hash(MailExec *x, Size limit)
 		held->attnums[held->nindexes] = info->ii_IndexAttrNumbers[0];
 		held->nindexes++;
 	}
-	if (held->nindexes == 0)
-		return;
-	held->limit = Max(limit / sizeof(HeldEntry), 1024);
-	held->size = 1024;
-	held->entries = palloc(sizeof(HeldEntry) * held->size);
-	x->held = held;
+	if (held->nindexes > 0)
+	{
+		held->limit = (int) Min(Max(limit / sizeof(HeldEntry), 1024), INT_MAX / 2);
+		held->size = 1024;
+		held->entries = palloc(sizeof(HeldEntry) * held->size);
+		x->held = held;
+	}
+	MemoryContextSwitchTo(old);
 }
 
 /*
