@@ -784,7 +784,7 @@ scenario_sustained() {
 # sample: the scenario runs three times (fewer if --runs is fewer), each
 # from empty tables, and reports medians like every other figure.
 scenario_storage() {
-	local run runs w t0 t1 rate vacuums cp0 cps fpi0 fpi bw0 bw waves background rest
+	local run runs w t0 t1 rate vacuums cp0 cps fpi0 fpi waves background rest
 	runs=$((RUNS < 3 ? RUNS : 3))
 	bk_own_senders_begin
 	vacuums=$(bk_live_vacuums)
@@ -798,7 +798,6 @@ scenario_storage() {
 			bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 					SELECT * FROM bench_rows($STORAGE_N, 's${w}_', 'bench', interval '0')"
 			fpi0=$(bk_sql "SELECT wal_fpi FROM pg_stat_wal")
-			bw0=$(bk_sql "SELECT buffers_backend || ' ' || buffers_clean || ' ' || buffers_alloc FROM pg_stat_bgwriter")
 			t0=$(bk_now)
 			bk_pgbench "$BK_WORK/pgbench.storage.$run.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
 				-c 4 -j "$(bk_jobs 4)" -t $((STORAGE_N / 1000 / 4))
@@ -807,10 +806,6 @@ scenario_storage() {
 			[ "$rest" = 0 ] || bk_note storage "run $run wave $w: $rest mails left by the fixed rounds, claimed after them (timed)"
 			cps=$(($(bk_checkpoints) - cp0))
 			fpi=$(($(bk_sql "SELECT wal_fpi FROM pg_stat_wal") - fpi0))
-			bw=$(bk_sql "SELECT format('%s buffers written by backends, %s by the background writer, %s allocated',
-				buffers_backend - split_part('$bw0', ' ', 1)::bigint,
-				buffers_clean - split_part('$bw0', ' ', 2)::bigint,
-				buffers_alloc - split_part('$bw0', ' ', 3)::bigint) FROM pg_stat_bgwriter")
 			background=$(bk_background_work "$t0")
 			[ "$(bk_unfinished)" = 0 ] ||
 				gk_die "storage wave $w left mail unsent"
@@ -818,7 +813,7 @@ scenario_storage() {
 			gk_log "storage run $run wave $w: drain $rate/s"
 			[ "$w" -gt 1 ] || bk_record storage.first "$run" "$rate"
 			waves="$waves${waves:+, }$(printf '%.0f' "$rate")"
-			waves="$waves (drain from $(date -u -d "@${t0%.*}" +%T) UTC, $fpi full-page images, $bw during it"
+			waves="$waves (drain from $(date -u -d "@${t0%.*}" +%T) UTC, $fpi full-page images written during it"
 			[ "$cps" = 0 ] || waves="$waves, $cps checkpoints began during its enqueue or drain"
 			[ -z "$background" ] || waves="$waves; during it: $background"
 			waves="$waves)"
