@@ -780,15 +780,15 @@ scenario_sustained() {
 # the same rows' content in a plain table (bench_plain: identity primary
 # key, nothing else), and the drain rate of the last wave against the
 # first.  As a deployment with its own senders runs (bk_own_senders_begin).
-# Each wave's drain takes a few seconds, so one wave's rate is a noisy
-# sample: the scenario runs three times (fewer if --runs is fewer), each
-# from empty tables, and reports medians like every other figure.
+# Each wave's drain takes about two seconds, so one wave's rate is a noisy
+# sample (this machine's speed drifts by a third over minutes): the
+# scenario runs --runs times like every other (five in a full run), each
+# from empty tables, and reports medians.
 scenario_storage() {
-	local run runs w t0 t1 rate vacuums cp0 cps fpi0 fpi waves background rest
-	runs=$((RUNS < 3 ? RUNS : 3))
+	local run w t0 t1 rate vacuums cp0 cps fpi0 fpi waves background rest
 	bk_own_senders_begin
 	vacuums=$(bk_live_vacuums)
-	for run in $(seq 1 "$runs"); do
+	for run in $(seq 1 "$RUNS"); do
 		bk_reset_mail
 		bk_settle
 		waves=
