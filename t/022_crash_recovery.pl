@@ -25,7 +25,11 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
 
-my $mails = 5000;
+# large enough that the worker is still delivering when the test looks:
+# at about 20,000 mails/s into the sink, 5,000 left a window of about a
+# quarter of a second between a tenth sent and all sent, which a poll
+# every 0.1 s plus a psql call missed once under two parallel tests
+my $mails = 10000;
 my $batch_size = 100;
 
 # a killed postmaster and its children, which must be gone before it
