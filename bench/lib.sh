@@ -38,13 +38,13 @@ bk_psql() {
 # bk_sql SQL: run SQL (one or more statements) and print the result.
 bk_sql() { bk_psql -c "$1"; }
 
-# bk_pgbench LOG PGBENCH-ARGS...: run pgbench against the bench database,
+# bk_pgbench LOG PGBENCH-ARGS...: run pgbench against $BK_DB (bench unless set),
 # always -n (no vacuum) and -M prepared, output in LOG.  Fails when pgbench
 # fails or reports aborted clients or failed transactions.
 bk_pgbench() {
 	local log=$1
 	shift
-	if ! pgbench -n -M prepared -h 127.0.0.1 -p "$BK_PGPORT" -U postgres "$@" bench >"$log" 2>&1; then
+	if ! pgbench -n -M prepared -h 127.0.0.1 -p "$BK_PGPORT" -U postgres "$@" "${BK_DB:-bench}" >"$log" 2>&1; then
 		tail -n 20 "$log" >&2
 		gk_warn "pgbench failed (log: $log)"
 		return 1

@@ -72,6 +72,8 @@ my %fig = (
 	'held_snapshot.held.last.cpu' => ['server CPU per mail over the last wave\'s drain, the snapshot held', 'us'],
 	'storage.first'      => ['drain rate, first wave of 1 kB mail', 'mails/s'],
 	'storage.last'       => ['drain rate, last wave, finished mail retained', 'mails/s'],
+	'storage.vacuum_first' => ['VACUUM of the mail tables before the first wave\'s drain', 'ms'],
+	'storage.vacuum_last'  => ['VACUUM of the mail tables before the last wave\'s drain, finished mail retained', 'ms'],
 	'storage.size_plain' => ['the same rows in a plain table (heap, TOAST, primary key)', 'MB'],
 	'storage.size_gk'    => ['gatekeeper\'s mail tables after the waves (heap, TOAST, indexes)', 'MB'],
 	'stats.queue.small'  => ['SELECT * FROM queue_stats, 50k finished mails retained', 'ms'],
@@ -154,6 +156,8 @@ my @sections = (
 	['storage', [
 		['storage.first'],
 		['storage.last', 'storage.first', ['>=', 0.9]],
+		['storage.vacuum_first'],
+		['storage.vacuum_last', 'storage.vacuum_first'],
 		['storage.size_plain'],
 		['storage.size_gk', 'storage.size_plain', ['<=', 1.5]],
 	]],
@@ -364,8 +368,8 @@ exit 0 unless $output;
 my %desc = (
 	enqueue => 'Enqueue: 200,000 rows (a recipient, a 25-character subject, a 500-byte body), each way in turn in every run, from empty tables after a CHECKPOINT: server-side COPY of them (a CSV file) into gatekeeper.mail and into a plain table with the same columns and defaults (identity primary key, no other index, no trigger: the ceiling); one INSERT ... SELECT of them into gatekeeper.mail; with BK_PGMQ_SQL, one pgmq.send_batch() of the same rows as jsonb messages built in the same statement (issue 26: both gatekeeper ways >= 1.0x of it); and gatekeeper.enqueue() called once per row by one statement, all in one transaction.',
 	drain => 'Drain: N due mails preloaded and vacuumed, then drained by k pgbench clients (-M prepared), each looping claim(batch) in one transaction and ack(ids, attempts) in the next, until all are sent; rate = N / wall time. Raw UPDATE: the same rows copied into a table with the same columns, defaults and indexes (no gatekeeper code), marked sent by id range in batches of the same size by the same number of clients: one row write per row, the machine\'s row-write ceiling for this layout. PgQ: the same number of events (same payload) inserted by k producers in transactions of `batch` events with a tick after each, then consumed by one consumer (next_batch, get_batch_events, finish_batch per transaction); rate = N / (insert + consume). "Well ahead of PgQ" is taken as >= 1.5x.',
-	backlog => 'Backlog: latency of one claim(1000)+ack round (pgbench -M prepared, one client, per-transaction log; median per run) with 50,000 or 5,000,000 not-yet-due mails (due a day later) in the same queue, or 50,000 not-yet-due plus 5,000,000 sent mails retained. Each backlog is loaded, vacuumed and analyzed before it is measured.',
-	storage => 'Storage: 6 waves of 300,000 mails with 1 kB bodies, each enqueued by one INSERT ... SELECT and drained to completion by 4 claimers at batch 1000, finished mail retained, one gatekeeper worker in the database for housekeeping; the on-disk size of the mail tables against the same rows in a plain table; each run from empty tables.',
+	backlog => 'Backlog: latency of one claim(1000)+ack round (pgbench -M prepared, one client, 30 rounds a run, per-transaction log; median per run) with 50,000 or 5,000,000 not-yet-due mails (due a day later) in the same queue, or 50,000 not-yet-due plus 5,000,000 sent mails retained. Each backlog is loaded into a database of its own, vacuumed and analyzed; every run measures the three in turn, in reverse order in even runs.',
+	storage => 'Storage: 6 waves of 300,000 mails with 1 kB bodies, each enqueued by one INSERT ... SELECT and drained to completion by 4 claimers at batch 1000, finished mail retained, one gatekeeper worker in the database for housekeeping; between the enqueue and the drain of each wave the mail tables are vacuumed (timed on its own, not in the drain); the on-disk size of the mail tables against the same rows in a plain table; each run from empty tables.',
 	sustained => 'Sustained: 10 consecutive waves of 400,000 mails, each enqueued by one INSERT ... SELECT and drained by 4 claimers at batch 1000, with default autovacuum and nothing in between but the housekeeping of one gatekeeper worker in the database (its own senders claim: the queue is not delivered by it); run once.',
 	stats => 'Stats (issue 13): what a Prometheus scrape costs. Latency of SELECT * FROM gatekeeper.queue_stats and of gatekeeper.worker_status (pgbench -M prepared, one client, 50 calls a run, per-call log; median per run) with 50,000 and then 5,000,000 finished mails retained in mail_done (loaded in bulk past the triggers), beside 2,000 mails enqueued through the trigger, 1,000 of them claimed and acked, 1,000 left due; at 5,000,000 also one scrape of prometheus-postgres-exporter with monitoring/queries.yaml (wall time of the HTTP GET after a warm-up scrape; the exporter\'s own database and bgwriter collectors off, so only gatekeeper\'s queries run), against the same exporter with no queries; and for reference the count over the finished mail by queue and state that queue_stats ran before it kept totals.',
 	gates => 'Gates: gate_pass_batch(\'smart_sending\', text[]) with 1,000 never-seen recipients per call, and gate_pass(\'smart_sending\', text) with one, each by 4 pgbench clients; against redis-benchmark SET key:__rand_int__ v NX EX 57600 (-r 100000000, 4 clients) on a redis-server without persistence.',
