@@ -822,7 +822,7 @@ scenario_storage() {
 			bk_sql "INSERT INTO gatekeeper.mail (queue, recipient, subject, body, send_at)
 					SELECT * FROM bench_rows($STORAGE_N, 's${w}_', 'bench', interval '0')"
 			tv=$(bk_now)
-			bk_sql "VACUUM gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_run, gatekeeper.mail_claim,
+			bk_sql "VACUUM (PARALLEL 0) gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_run, gatekeeper.mail_claim,
 					gatekeeper.mail_key, gatekeeper.mail_done"
 			t0=$(bk_now)
 			[ "$w" -gt 1 ] || bk_record storage.vacuum_first "$run" "$(bk_elapsed "$tv" "$t0" | awk '{ print $1 * 1000 }')"
