@@ -807,7 +807,10 @@ scenario_sustained() {
 # all of it (autovacuum's, one pass a minute, a run lasting about as long)
 # fell into one late wave and was counted as the drain's; in a deployment
 # retained mail has been vacuumed long before, and each vacuum covers what
-# came since the last.  bench/notes.md, 2026-11-30.
+# came since the last.  PARALLEL 0 as autovacuum runs it: a manual VACUUM
+# of a table with two indexes otherwise zeroes a parallel dead-item array
+# sized by the whole table, a cost that grows with retention and that
+# autovacuum never pays.  bench/notes.md, 2026-11-30.
 scenario_storage() {
 	local run w t0 t1 tv rate vacuums cp0 cps fpi0 fpi waves background rest
 	bk_own_senders_begin
