@@ -182,6 +182,15 @@ bk_cluster_restart() {
 	bk_cluster_start
 }
 
+# bk_db_make DB [SQL]: drop and recreate DB with gatekeeper in it, SQL run
+# right after CREATE EXTENSION, then bench/sql/setup.sql.
+bk_db_make() {
+	BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null
+	BK_DB=postgres bk_sql "CREATE DATABASE $1" >/dev/null
+	BK_DB=$1 bk_sql "CREATE EXTENSION gatekeeper${2:+; $2}" >/dev/null
+	BK_DB=$1 bk_sql "$(cat "$BENCH/sql/setup.sql")" >/dev/null
+}
+
 # bk_db_fresh: drop and recreate the bench database with gatekeeper (and
 # the peers' extensions) in it.
 bk_db_fresh() {

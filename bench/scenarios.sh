@@ -700,10 +700,7 @@ backlog_measure() {
 # SENT sent mails in the bench queue, and enough due mails for every run.
 backlog_load() {
 	local db=$1 future=$2 sent=$3 due=$((RUNS * BACKLOG_TXNS * 1000 + 1000))
-	BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
-	BK_DB=postgres bk_sql "CREATE DATABASE $db" >/dev/null
-	BK_DB=$db bk_sql "CREATE EXTENSION gatekeeper" >/dev/null
-	BK_DB=$db bk_sql "$(cat "$SQL/setup.sql")" >/dev/null
+	bk_db_make "$db"
 	BK_DB=$db bk_sql "CALL bench_load($future, 'w', 'bench', interval '1 day')"
 	if [ "$sent" -gt 0 ]; then
 		BK_DB=$db bk_sql "CALL bench_load($sent, 's', 'bench', interval '-1 day', 'sent')"
@@ -812,7 +809,7 @@ scenario_sustained() {
 # sized by the whole table, a cost that grows with retention and that
 # autovacuum never pays.  bench/notes.md, 2026-11-30.
 scenario_storage() {
-	local run w t0 t1 tv rate vacuums cp0 cps fpi0 fpi waves background rest
+	local run w t0 t1 tv vac rate vacuums cp0 cps fpi0 fpi waves background rest
 	bk_own_senders_begin
 	vacuums=$(bk_live_vacuums)
 	for run in $(seq 1 "$RUNS"); do
@@ -827,9 +824,9 @@ scenario_storage() {
 			tv=$(bk_now)
 			bk_sql "VACUUM (PARALLEL 0) gatekeeper.mail, gatekeeper.mail_live, gatekeeper.mail_run, gatekeeper.mail_claim,
 					gatekeeper.mail_key, gatekeeper.mail_done"
-			t0=$(bk_now)
-			[ "$w" -gt 1 ] || bk_record storage.vacuum_first "$run" "$(bk_elapsed "$tv" "$t0" | awk '{ print $1 * 1000 }')"
-			[ "$w" -lt "$STORAGE_WAVES" ] || bk_record storage.vacuum_last "$run" "$(bk_elapsed "$tv" "$t0" | awk '{ print $1 * 1000 }')"
+			vac=$(bk_elapsed "$tv" "$(bk_now)")
+			[ "$w" -gt 1 ] || bk_record storage.vacuum_first "$run" "$(perl -e 'print $ARGV[0] * 1000' "$vac")"
+			[ "$w" -lt "$STORAGE_WAVES" ] || bk_record storage.vacuum_last "$run" "$(perl -e 'print $ARGV[0] * 1000' "$vac")"
 			fpi0=$(bk_sql "SELECT wal_fpi FROM pg_stat_wal")
 			t0=$(bk_now)
 			bk_pgbench "$BK_WORK/pgbench.storage.$run.$w.log" -f "$SQL/drain.sql" -D batch=1000 \
@@ -846,7 +843,7 @@ scenario_storage() {
 			gk_log "storage run $run wave $w: drain $rate/s"
 			[ "$w" -gt 1 ] || bk_record storage.first "$run" "$rate"
 			waves="$waves${waves:+, }$(printf '%.0f' "$rate")"
-			waves="$waves (drain from $(date -u -d "@${t0%.*}" +%T) UTC after a VACUUM of $(bk_elapsed "$tv" "$t0") s, $fpi full-page images written during the drain"
+			waves="$waves (drain from $(date -u -d "@${t0%.*}" +%T) UTC after a VACUUM of $vac s, $fpi full-page images written during the drain"
 			[ "$cps" = 0 ] || waves="$waves, $cps checkpoints began during its enqueue or drain"
 			[ -z "$background" ] || waves="$waves; during it: $background"
 			waves="$waves)"
@@ -1501,10 +1498,7 @@ scenario_relays() {
 shards_setup() {
 	local i opts=""
 	for i in 0 1 2 3; do
-		BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS shard_$i WITH (FORCE)" >/dev/null
-		BK_DB=postgres bk_sql "CREATE DATABASE shard_$i" >/dev/null
-		BK_DB=shard_$i bk_sql "CREATE EXTENSION gatekeeper; SELECT gatekeeper.shard($i, 4)" >/dev/null
-		BK_DB=shard_$i bk_sql "$(cat "$SQL/setup.sql")" >/dev/null
+		bk_db_make "shard_$i" "SELECT gatekeeper.shard($i, 4)"
 		opts="$opts${opts:+, }p$i 'host=127.0.0.1 port=$BK_PGPORT dbname=shard_$i'"
 	done
 	BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS router WITH (FORCE)" >/dev/null
