@@ -173,7 +173,8 @@ gk_require_root
 
 # ------------------------------------------------------------------ setup
 gk_ensure_packages postgresql-15 postgresql-server-dev-15 libssl-dev make gcc \
-	libc6-dev perl postfix redis-server postgresql-15-pgq3 python3 postgresql-15-plproxy
+	libc6-dev perl postfix redis-server postgresql-15-pgq3 python3 postgresql-15-plproxy \
+	prometheus-postgres-exporter
 
 BK_WORK=$(gk_make_workdir gatekeeper-bench)
 : >"$BK_WORK/results.tsv"
