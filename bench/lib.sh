@@ -191,13 +191,6 @@ bk_db_make() {
 	BK_DB=$1 bk_sql "$(cat "$BENCH/sql/setup.sql")" >/dev/null
 }
 
-# bk_db_fresh: drop and recreate the bench database with gatekeeper (and
-# the peers' extensions) in it.
-bk_db_fresh() {
-	BK_DB=postgres bk_sql "DROP DATABASE IF EXISTS bench WITH (FORCE)" >/dev/null
-	BK_DB=postgres bk_sql "CREATE DATABASE bench" >/dev/null
-	bk_sql "CREATE EXTENSION gatekeeper" >/dev/null
-}
 
 # ------------------------------------------------------------------ servers we start
 

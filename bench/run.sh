@@ -197,7 +197,7 @@ fi
 
 bk_cluster_init
 bk_cluster_start
-bk_db_fresh
+bk_db_make bench
 bk_machine_info
 
 MODE=full

@@ -25,7 +25,6 @@ bk_machine_info() {
 	bk_info wal_sync "$(bk_sql "SHOW wal_sync_method"); data on $(df -T "$BK_WORK" | awk 'NR == 2 { print $2 }')"
 	bk_info peers "PgQ $(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'pgq'"), $(redis-server --version | awk '{ print $1, $2, $3 }'), Postfix $(postconf -d -h mail_version 2>/dev/null || echo '?') smtp-source/smtp-sink"
 	bk_info gatekeeper "$(bk_sql "SELECT default_version FROM pg_available_extensions WHERE name = 'gatekeeper'"); repository at $(git -C "$ROOT" -c safe.directory="$ROOT" describe --always --dirty 2>/dev/null || echo '?'); gatekeeper.so installed $(date -u -r "$("$GK_PG_CONFIG" --pkglibdir)/gatekeeper.so" '+%Y-%m-%d %H:%M:%S UTC'), md5 $BK_SO_SUM"
-	bk_sql "$(cat "$SQL/setup.sql")" >/dev/null
 }
 
 # bk_hypervisor: what the kernel says it runs under, if anything.
