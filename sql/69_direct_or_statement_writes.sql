@@ -3,11 +3,15 @@
 -- user's on the table written, which only the statement fires.  The same
 -- work is done twice, into two queues: first with no trigger of the
 -- user's (the direct writers), then with a no-op trigger on mail_live's,
--- mail_claim's and mail_done's inserts (the statements).  The live rows of
--- new mail (keys, priorities, later send_at, a load re-run with
--- on_duplicate = 'skip'), a claim's batch rows, and the outcome rows of
+-- mail_claim's and mail_done's inserts and on mail_claim's updates and
+-- deletes (the statements).  The live rows of new mail (keys, priorities,
+-- later send_at, a load re-run with on_duplicate = 'skip'), a claim's
+-- batch rows, the claims taken out of them (a batch shrunk by acks, nacks
+-- and an unclaim, one acked whole and deleted), and the outcome rows of
 -- suppressed, expired, acked and failed mail must leave the same states,
--- rows and counts either way.
+-- rows and counts either way.  A third time, with mail_claim's index by
+-- id range renamed, the statements also read and lock the batches an ack
+-- takes claims from: the same again.
 SET client_min_messages = warning;
 \set VERBOSITY terse
 CREATE TEMP TABLE fired (tab text, op text);
@@ -19,6 +23,8 @@ CREATE FUNCTION pg_temp.work(q text) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
 	ids bigint[];
 	atts int[];
+	whole bigint[];
+	whole_atts int[];
 BEGIN
 	PERFORM gatekeeper.create_queue(q, max_attempts => 2);
 	PERFORM gatekeeper.suppress(q || '5@example.com', 'hard_bounce');
@@ -39,6 +45,13 @@ BEGIN
 	  INTO ids, atts
 	  FROM gatekeeper.claim('w-' || q, 100, queues => ARRAY[q]) c;
 	PERFORM gatekeeper.ack_batch(ids[1:20], atts[1:20]);
+	-- a batch acked whole: its row goes
+	INSERT INTO gatekeeper.mail (queue, recipient, subject, body)
+	SELECT q, q || 'whole' || i || '@example.com', 's', 'b' FROM generate_series(1, 3) i;
+	SELECT array_agg(c.id ORDER BY c.id), array_agg(c.attempt ORDER BY c.id)
+	  INTO whole, whole_atts
+	  FROM gatekeeper.claim('w-' || q, 100, queues => ARRAY[q]) c;
+	PERFORM gatekeeper.ack_batch(whole, whole_atts);
 	PERFORM gatekeeper.nack(ids[21], atts[21], '550 5.1.1 no such user', true);
 	PERFORM gatekeeper.nack(ids[22], atts[22], '451 4.3.0 try later');
 	PERFORM gatekeeper.unclaim(ids[23:24], atts[23:24], 'no relay', interval '0');
@@ -92,11 +105,20 @@ CREATE TRIGGER noted_claim AFTER INSERT ON gatekeeper.mail_claim
 	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.noted();
 CREATE TRIGGER noted_done AFTER INSERT ON gatekeeper.mail_done
 	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.noted();
+CREATE TRIGGER noted_take AFTER UPDATE OR DELETE ON gatekeeper.mail_claim
+	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.noted();
 SELECT pg_temp.work('s69');
 SELECT tab, op, count(*) FROM fired GROUP BY tab, op ORDER BY tab, op;
 DROP TRIGGER noted_live ON gatekeeper.mail_live;
 DROP TRIGGER noted_claim ON gatekeeper.mail_claim;
 DROP TRIGGER noted_done ON gatekeeper.mail_done;
+DROP TRIGGER noted_take ON gatekeeper.mail_claim;
+
+-- 3. the batches an ack takes claims from read and locked by the
+-- statements: mail_claim's index by id range is not found under its name
+ALTER INDEX gatekeeper.mail_claim_ids RENAME TO mail_claim_ids_away;
+SELECT pg_temp.work('i69');
+ALTER INDEX gatekeeper.mail_claim_ids_away RENAME TO mail_claim_ids;
 
 -- both ways alike: what the direct writers left, then every difference
 -- (none)
@@ -110,10 +132,13 @@ SELECT what, n, direct FROM both_ways
 				'outcome row')
  ORDER BY what, n;
 SELECT * FROM both_ways WHERE direct IS DISTINCT FROM statement ORDER BY what, n;
+SELECT what, n, d.v AS direct, i.v AS by_statements
+  FROM pg_temp.summary('d69') d FULL JOIN pg_temp.summary('i69') i USING (what, n)
+ WHERE d.v IS DISTINCT FROM i.v ORDER BY what, n;
 SELECT n, direct FROM both_ways WHERE what = 'state' ORDER BY n;
 SELECT gatekeeper.recount_live() = (SELECT sum(scheduled) FROM gatekeeper.queue_stats) AS counts_held;
 
-DELETE FROM gatekeeper.mail WHERE queue IN ('d69', 's69');
-SELECT gatekeeper.drop_queue('d69'), gatekeeper.drop_queue('s69');
+DELETE FROM gatekeeper.mail WHERE queue IN ('d69', 's69', 'i69');
+SELECT gatekeeper.drop_queue('d69'), gatekeeper.drop_queue('s69'), gatekeeper.drop_queue('i69');
 SELECT gatekeeper.unsuppress(a, NULL)
-  FROM unnest(ARRAY['d695@example.com', 's695@example.com']) a ORDER BY a;
+  FROM unnest(ARRAY['d695@example.com', 's695@example.com', 'i695@example.com']) a ORDER BY a;

@@ -74,6 +74,7 @@ static const char *const rel_names[GATEKEEPER_NUM_RELS] = {
 	[GATEKEEPER_REL_MAIL_DONE_2] = "mail_done_2",
 	[GATEKEEPER_REL_MAIL_DONE_3] = "mail_done_3",
 	[GATEKEEPER_REL_MAIL_CLAIM] = "mail_claim",
+	[GATEKEEPER_REL_MAIL_CLAIM_IDS] = "mail_claim_ids",
 	[GATEKEEPER_REL_MAIL_KEY] = "mail_key",
 	[GATEKEEPER_REL_MAIL_RUN] = "mail_run",
 	[GATEKEEPER_REL_MAIL_RUN_DUE] = "mail_run_due",

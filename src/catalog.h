@@ -28,6 +28,7 @@ typedef enum GatekeeperRel
 	GATEKEEPER_REL_MAIL_LIVE_COUNT,
 	GATEKEEPER_REL_GATE_SPACE,
 	GATEKEEPER_REL_MAIL_CLAIM,
+	GATEKEEPER_REL_MAIL_CLAIM_IDS,	/* mail_claim's index by id range */
 	GATEKEEPER_REL_MAIL_KEY,
 	GATEKEEPER_REL_MAIL_RUN,
 	GATEKEEPER_REL_MAIL_RUN_DUE,	/* mail_run's index by queue and due time */

@@ -49,10 +49,18 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/transam.h"
+#include "access/xact.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -61,14 +69,19 @@
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgrprotos.h"
+#include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rangetypes.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 
 #include "catalog.h"
 #include "gatekeeper.h"
 #include "keep_freed.h"
+#include "mail_exec.h"
 #include "mail_state.h"
 #include "done_writer.h"
 #include "wake.h"
@@ -83,7 +96,8 @@ static const char done_insert_sql[] =
 "SELECT " MAIL_DONE_COLUMNS ", now() FROM unnest($1)";
 
 /*
- * take_claimed's statements.  The batches that may hold the ids are read
+ * take_claimed's statements, where it does not work past the executor
+ * (mail_state_take_claimed).  The batches that may hold the ids are read
  * unlocked, then only those that do are locked, in batch order: batches
  * of other claims whose id ranges overlap are left alone, so acks of
  * different claims never wait for each other.
@@ -185,7 +199,7 @@ typedef struct TakeBatch
 {
 	int64		batch;
 	ItemPointerData ctid;		/* the row version read unlocked */
-	TransactionId xmin;
+	TransactionId xmin;			/* its xmin (read by the statement) */
 	bool		locked;			/* locked, and still that version */
 	Oid			owner;			/* who claimed it: see mail_state.h */
 	bool		owner_null;		/* claimed before owners were kept */
@@ -207,12 +221,54 @@ typedef struct Claimant
 	int			superuser;		/* -1: not looked up yet */
 } Claimant;
 
+/* mail_claim's columns a take reads, by name */
+static const char *const claim_columns[] = {
+	"batch", "lo", "hi", "open", "gone", "mails", "owner"
+};
+enum
+{
+	K_BATCH, K_LO, K_HI, K_OPEN, K_GONE, K_MAILS, K_OWNER, K_NUM
+};
+
+/*
+ * mail_claim as one round of a take reads, locks and writes it past the
+ * executor (take_round): the table and its index by id range, open; where
+ * its columns are; the round's snapshot and command, taken as a statement
+ * takes them; whether its writes may be made directly (no trigger of the
+ * user's fires on them), and the executor state of the batches that
+ * shrink, opened at the first.
+ */
+typedef struct ClaimTable
+{
+	Relation	rel;
+	Relation	ids;			/* mail_claim_ids */
+	AttrNumber	att[K_NUM];
+	Snapshot	snapshot;
+	CommandId	cid;
+	TupleTableSlot *slot;
+	bool		direct_writes;
+	MailExec	x;
+	TupleTableSlot *shrunk;
+} ClaimTable;
+
+static bool claim_table_open(ClaimTable *ct);
+static void claim_table_close(ClaimTable *ct);
+static void add_entries(ArrayType *mails, int batch, TakeRequest *reqs, int nreqs,
+						LiveRecord *lr, BatchEntry **entries, int *nentries, int *maxentries);
 static TakeBatch *read_candidates(TakeRequest *reqs, int nreqs, LiveRecord *lr,
 								  int *nbatches, BatchEntry **entries, int *nentries);
+static TakeBatch *read_candidates_direct(ClaimTable *ct, TakeRequest *reqs, int nreqs,
+										 LiveRecord *lr, int *nbatches,
+										 BatchEntry **entries, int *nentries);
 static int	match_requests(BatchEntry *entries, int nentries, TakeRequest *reqs, int nreqs,
 						   TakeBatch *batches);
+static TakeBatch *sort_batches(TakeBatch *batches, int nbatches, BatchEntry *entries,
+							   int nentries);
+static void batch_locked(TakeBatch *b, Datum open, Datum gone);
 static TakeBatch *lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries,
 							   int nentries, Datum *drop, int *nlocked);
+static void lock_batches_direct(ClaimTable *ct, TakeBatch *sorted, int nbatches,
+								int *nlocked);
 static void claimant_init(Claimant *me);
 static bool owner_permits(Claimant *me, Oid owner, bool owner_null);
 static void check_owner(Claimant *me, Oid owner, bool owner_null, int64 id, int32 attempt);
@@ -220,6 +276,7 @@ static void take_entries(BatchEntry *entries, int nentries, TakeRequest *reqs,
 						 TakeBatch *batches, Datum *taken, int *ntaken, MemoryContext keep,
 						 Claimant *me);
 static void write_batches(TakeBatch *batches, int nbatches, Datum *drop);
+static void write_batches_direct(ClaimTable *ct, TakeBatch *batches, int nbatches);
 static void take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 					   LiveRecord *lr, MemoryContext keep, Claimant *me);
 static Datum *take_claimed(const int64 *ids, const int32 *attempts, int n, int *ntaken,
@@ -421,22 +478,130 @@ mail_state_insert_done(LiveRecord *lr, Datum *records, int n)
 }
 
 /*
+ * Open mail_claim for a round of a take, as a statement would start: a
+ * new command, and under READ COMMITTED a new snapshot.  False, with
+ * nothing open, when the table is not as 0.3.0 makes it (its index by id
+ * range gone or of another kind, a column gone or of another type, a
+ * table access method other than heap): the statements then do the round.
+ */
+static bool
+claim_table_open(ClaimTable *ct)
+{
+	static const Oid types[K_NUM] = {INT8OID, INT8OID, INT8OID, INT4OID, INT8ARRAYOID,
+	InvalidOid, OIDOID};
+	Oid			ids_relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_CLAIM_IDS, true);
+	TupleDesc	desc;
+	bool		plain;
+	uint32		found;
+	int			k;
+
+	memset(ct, 0, sizeof(*ct));
+	if (!OidIsValid(ids_relid))
+		return false;
+	ct->rel = table_open(gatekeeper_relid(GATEKEEPER_REL_MAIL_CLAIM, false), RowExclusiveLock);
+	ct->ids = index_open(ids_relid, RowExclusiveLock);
+	desc = RelationGetDescr(ct->rel);
+	plain = ct->rel->rd_rel->relam == HEAP_TABLE_AM_OID &&
+		ct->ids->rd_rel->relam == GIST_AM_OID &&
+		ct->ids->rd_index->indrelid == RelationGetRelid(ct->rel) &&
+		ct->ids->rd_index->indisvalid && ct->ids->rd_index->indnatts == 1;
+	for (k = 0; plain && k < K_NUM; k++)
+	{
+		ct->att[k] = SPI_fnumber(desc, claim_columns[k]);
+		plain = ct->att[k] > 0 &&
+			(types[k] == InvalidOid ||
+			 TupleDescAttr(desc, ct->att[k] - 1)->atttypid == types[k]);
+	}
+	if (!plain)
+	{
+		index_close(ct->ids, NoLock);
+		table_close(ct->rel, NoLock);
+		return false;
+	}
+	ct->direct_writes =
+		gatekeeper_triggers_only(ct->rel, TRIGGER_TYPE_DELETE, NULL, 0, &found) &&
+		gatekeeper_triggers_only(ct->rel, TRIGGER_TYPE_UPDATE, NULL, 0, &found);
+	CommandCounterIncrement();
+	ct->snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	ct->cid = GetCurrentCommandId(true);
+	/* a copy: under REPEATABLE READ the transaction's, brought to this command */
+	ct->snapshot->curcid = ct->cid;
+	ct->slot = table_slot_create(ct->rel, NULL);
+	return true;
+}
+
+/* Close what claim_table_open opened; later commands see the writes. */
+static void
+claim_table_close(ClaimTable *ct)
+{
+	if (ct->shrunk != NULL)
+	{
+		ExecDropSingleTupleTableSlot(ct->shrunk);
+		mail_exec_close(&ct->x);
+	}
+	ExecDropSingleTupleTableSlot(ct->slot);
+	UnregisterSnapshot(ct->snapshot);
+	index_close(ct->ids, NoLock);
+	table_close(ct->rel, NoLock);
+	CommandCounterIncrement();
+}
+
+/*
+ * Append the records of a batch (mails, the batch's array of records; the
+ * batch-th read) whose ids lie in the range of reqs[0 .. nreqs - 1] to
+ * *entries, growing it (*maxentries).
+ */
+static void
+add_entries(ArrayType *mails, int batch, TakeRequest *reqs, int nreqs, LiveRecord *lr,
+			BatchEntry **entries, int *nentries, int *maxentries)
+{
+	Datum	   *records;
+	int			nrecords;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			i;
+
+	if (!OidIsValid(lr->type))
+		mail_state_record_init(lr, ARR_ELEMTYPE(mails));
+	get_typlenbyvalalign(ARR_ELEMTYPE(mails), &typlen, &typbyval, &typalign);
+	deconstruct_array(mails, ARR_ELEMTYPE(mails), typlen, typbyval, typalign,
+					  &records, NULL, &nrecords);
+	for (i = 0; i < nrecords; i++)
+	{
+		int64		id = DatumGetInt64(mail_state_record_get(lr, records[i], lr->id));
+		BatchEntry *e;
+
+		if (id < reqs[0].id || id > reqs[nreqs - 1].id)
+			continue;
+		if (*nentries == *maxentries)
+		{
+			*maxentries = Max(*maxentries * 2, 1024);
+			*entries = *entries ? repalloc_huge(*entries, *maxentries * sizeof(BatchEntry))
+				: palloc(*maxentries * sizeof(BatchEntry));
+		}
+		e = &(*entries)[(*nentries)++];
+		e->id = id;
+		e->attempt = DatumGetInt32(mail_state_record_get(lr, records[i], lr->attempt));
+		e->batch = batch;
+		e->record = records[i];
+	}
+}
+
+/*
  * The batches whose id range meets that of reqs[0 .. nreqs - 1], read
  * unlocked, and their records in that range as entries (*entries,
  * *nentries), in claim order.  Returns the batches (*nbatches of them),
- * or NULL when none holds a record in the range.
+ * or NULL when none holds a record in the range.  By the statement.
  */
 static TakeBatch *
 read_candidates(TakeRequest *reqs, int nreqs, LiveRecord *lr, int *nbatches,
 				BatchEntry **entries, int *nentries)
 {
-	BatchEntry *e = NULL;
-	int			ne = 0;
 	int			maxentries = 0;
 	TakeBatch  *batches;
 	Datum		args[2];
 	uint64		row;
-	int			i;
 
 	*nbatches = 0;
 	*entries = NULL;
@@ -459,50 +624,77 @@ read_candidates(TakeRequest *reqs, int nreqs, LiveRecord *lr, int *nbatches,
 		HeapTuple	tup = SPI_tuptable->vals[row];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		bool		isnull;
-		ArrayType  *mails;
-		Datum	   *records;
-		int			nrecords;
-		int16		typlen;
-		bool		typbyval;
-		char		typalign;
 
 		batches[row].batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 		batches[row].ctid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 2, &isnull));
 		batches[row].xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 3, &isnull));
-		mails = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 4, &isnull));
 		batches[row].owner = DatumGetObjectId(SPI_getbinval(tup, desc, 5,
 															&batches[row].owner_null));
-		if (!OidIsValid(lr->type))
-			mail_state_record_init(lr, ARR_ELEMTYPE(mails));
-		get_typlenbyvalalign(ARR_ELEMTYPE(mails), &typlen, &typbyval, &typalign);
-		deconstruct_array(mails, ARR_ELEMTYPE(mails), typlen, typbyval, typalign,
-						  &records, NULL, &nrecords);
-		for (i = 0; i < nrecords; i++)
-		{
-			int64		id = DatumGetInt64(mail_state_record_get(lr, records[i], lr->id));
-
-			if (id < reqs[0].id || id > reqs[nreqs - 1].id)
-				continue;
-			if (ne == maxentries)
-			{
-				maxentries = Max(maxentries * 2, 1024);
-				e = e ? repalloc_huge(e, maxentries * sizeof(BatchEntry))
-					: palloc(maxentries * sizeof(BatchEntry));
-			}
-			e[ne].id = id;
-			e[ne].attempt =
-				DatumGetInt32(mail_state_record_get(lr, records[i], lr->attempt));
-			e[ne].batch = (int) row;
-			e[ne].record = records[i];
-			ne++;
-		}
+		add_entries(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 4, &isnull)), (int) row,
+					reqs, nreqs, lr, entries, nentries, &maxentries);
 	}
 	*nbatches = (int) SPI_processed;
-	if (ne == 0)
+	if (*nentries == 0)
 		return NULL;
-	qsort(e, ne, sizeof(BatchEntry), batch_entry_cmp);
-	*entries = e;
-	*nentries = ne;
+	qsort(*entries, *nentries, sizeof(BatchEntry), batch_entry_cmp);
+	return batches;
+}
+
+/*
+ * read_candidates past the executor: the batches found by mail_claim_ids,
+ * as the statement finds them, under the round's snapshot.
+ */
+static TakeBatch *
+read_candidates_direct(ClaimTable *ct, TakeRequest *reqs, int nreqs, LiveRecord *lr,
+					   int *nbatches, BatchEntry **entries, int *nentries)
+{
+	TypeCacheEntry *range_type = lookup_type_cache(INT8RANGEOID, TYPECACHE_RANGE_INFO);
+	RangeBound	lower = {Int64GetDatum(reqs[0].id), false, true, true};
+	RangeBound	upper = {Int64GetDatum(reqs[nreqs - 1].id), false, true, false};
+	TupleTableSlot *slot = ct->slot;
+	IndexScanDesc scan;
+	ScanKeyData key;
+	TakeBatch  *batches = NULL;
+	int			maxbatches = 0;
+	int			maxentries = 0;
+
+	*nbatches = 0;
+	*entries = NULL;
+	*nentries = 0;
+	/* int8range(c.lo, c.hi, '[]') && int8range(first id, last id, '[]') */
+	ScanKeyInit(&key, 1, RANGESTRAT_OVERLAPS, F_RANGE_OVERLAPS,
+				RangeTypePGetDatum(make_range(range_type, &lower, &upper, false)));
+	scan = index_beginscan(ct->rel, ct->ids, ct->snapshot, 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		TakeBatch  *b;
+		bool		isnull;
+
+		/* the index's condition, as its recheck would test it */
+		if (DatumGetInt64(slot_getattr(slot, ct->att[K_LO], &isnull)) > reqs[nreqs - 1].id ||
+			DatumGetInt64(slot_getattr(slot, ct->att[K_HI], &isnull)) < reqs[0].id)
+			continue;
+		if (*nbatches == maxbatches)
+		{
+			maxbatches = Max(maxbatches * 2, 8);
+			batches = batches ? repalloc(batches, maxbatches * sizeof(TakeBatch))
+				: palloc(maxbatches * sizeof(TakeBatch));
+		}
+		b = &batches[*nbatches];
+		memset(b, 0, sizeof(TakeBatch));
+		b->batch = DatumGetInt64(slot_getattr(slot, ct->att[K_BATCH], &isnull));
+		b->ctid = slot->tts_tid;
+		b->owner = DatumGetObjectId(slot_getattr(slot, ct->att[K_OWNER], &b->owner_null));
+		/* a copy: the slot moves on */
+		add_entries(DatumGetArrayTypePCopy(slot_getattr(slot, ct->att[K_MAILS], &isnull)),
+					*nbatches, reqs, nreqs, lr, entries, nentries, &maxentries);
+		(*nbatches)++;
+	}
+	index_endscan(scan);
+	if (*nentries == 0)
+		return NULL;
+	qsort(*entries, *nentries, sizeof(BatchEntry), batch_entry_cmp);
 	return batches;
 }
 
@@ -536,12 +728,58 @@ match_requests(BatchEntry *entries, int nentries, TakeRequest *reqs, int nreqs,
 }
 
 /*
- * Lock the batches holding candidates, in batch order (drop, of room for
- * every batch, is used for their numbers).  Returns the batches sorted by
- * number, the entries pointing at their new places; those locked as the
- * version that was read are marked locked, with their open count and
- * sorted gone list read under the lock, and room for what is taken of
- * them.  *nlocked is how many.
+ * The batches sorted by number, in a copy; the entries are pointed at
+ * their batches' new places.
+ */
+static TakeBatch *
+sort_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries)
+{
+	int		   *place = palloc(nbatches * sizeof(int));
+	TakeBatch  *sorted = palloc(nbatches * sizeof(TakeBatch));
+	int			i;
+
+	memcpy(sorted, batches, nbatches * sizeof(TakeBatch));
+	qsort(sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
+	for (i = 0; i < nbatches; i++)
+	{
+		TakeBatch  *b = bsearch(&batches[i], sorted, nbatches, sizeof(TakeBatch),
+								take_batch_cmp);
+
+		place[i] = (int) (b - sorted);
+	}
+	for (i = 0; i < nentries; i++)
+		entries[i].batch = place[entries[i].batch];
+	return sorted;
+}
+
+/*
+ * Mark a batch locked as the version that was read, with its open count
+ * and its gone list (sorted) read under the lock, and room for what is
+ * taken of it.
+ */
+static void
+batch_locked(TakeBatch *b, Datum open, Datum gone)
+{
+	Datum	   *ids;
+	int			i;
+
+	b->locked = true;
+	b->open = DatumGetInt32(open);
+	deconstruct_array(DatumGetArrayTypeP(gone), INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &ids, NULL, &b->ngone);
+	b->gone = palloc(Max(b->ngone, 1) * sizeof(int64));
+	for (i = 0; i < b->ngone; i++)
+		b->gone[i] = DatumGetInt64(ids[i]);
+	qsort(b->gone, b->ngone, sizeof(int64), mail_state_id_cmp);
+	b->taken = palloc(b->ntaken * sizeof(Datum));
+	b->ntaken = 0;
+}
+
+/*
+ * Lock the batches holding candidates, in batch order, by the statement
+ * (drop, of room for every batch, is used for their numbers).  Returns the
+ * batches sorted by number (sort_batches); those locked as the version
+ * that was read are marked locked (batch_locked).  *nlocked is how many.
  */
 static TakeBatch *
 lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries,
@@ -549,7 +787,6 @@ lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries
 {
 	int			ndrop = 0;
 	Datum		arg;
-	int		   *place;
 	TakeBatch  *sorted;
 	uint64		row;
 	int			i;
@@ -567,24 +804,7 @@ lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries
 	arg = gatekeeper_array(drop, NULL, ndrop, INT8OID);
 	if (gatekeeper_execute_by_key(claim_lock_plan, &arg, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not lock claimed mail");
-
-	/*
-	 * Index the batches by id to find the locked ones; entries refer to
-	 * them by position, so remember each one's new place.
-	 */
-	place = palloc(nbatches * sizeof(int));
-	sorted = palloc(nbatches * sizeof(TakeBatch));
-	memcpy(sorted, batches, nbatches * sizeof(TakeBatch));
-	qsort(sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
-	for (i = 0; i < nbatches; i++)
-	{
-		TakeBatch  *b = bsearch(&batches[i], sorted, nbatches, sizeof(TakeBatch),
-								take_batch_cmp);
-
-		place[i] = (int) (b - sorted);
-	}
-	for (i = 0; i < nentries; i++)
-		entries[i].batch = place[entries[i].batch];
+	sorted = sort_batches(batches, nbatches, entries, nentries);
 
 	/*
 	 * A batch locked as another version than the one read changed in
@@ -599,7 +819,6 @@ lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries
 		bool		isnull;
 		TakeBatch	key;
 		TakeBatch  *b;
-		Datum	   *gone;
 
 		key.batch = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 		b = bsearch(&key, sorted, nbatches, sizeof(TakeBatch), take_batch_cmp);
@@ -610,20 +829,52 @@ lock_batches(TakeBatch *batches, int nbatches, BatchEntry *entries, int nentries
 			!TransactionIdEquals(b->xmin,
 								 DatumGetTransactionId(SPI_getbinval(tup, desc, 5, &isnull))))
 			continue;
-		b->locked = true;
-		b->open = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
-		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 3, &isnull)),
-						  INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-						  &gone, NULL, &b->ngone);
-		b->gone = palloc(Max(b->ngone, 1) * sizeof(int64));
-		for (i = 0; i < b->ngone; i++)
-			b->gone[i] = DatumGetInt64(gone[i]);
-		qsort(b->gone, b->ngone, sizeof(int64), mail_state_id_cmp);
-		b->taken = palloc(b->ntaken * sizeof(Datum));
-		b->ntaken = 0;
+		batch_locked(b, SPI_getbinval(tup, desc, 2, &isnull),
+					 SPI_getbinval(tup, desc, 3, &isnull));
 		(*nlocked)++;
 	}
 	return sorted;
+}
+
+/*
+ * lock_batches past the executor, of the batches sorted by number: each
+ * one holding candidates is locked as the version that was read, or not
+ * at all when that version was updated or deleted meanwhile (we waited for
+ * the transaction that did it to commit), which the next round looks at
+ * again; under REPEATABLE READ that is a serialization failure, as FOR
+ * UPDATE makes it.
+ */
+static void
+lock_batches_direct(ClaimTable *ct, TakeBatch *sorted, int nbatches, int *nlocked)
+{
+	int			i;
+
+	*nlocked = 0;
+	for (i = 0; i < nbatches; i++)
+	{
+		TakeBatch  *b = &sorted[i];
+		TM_FailureData tmfd;
+		TM_Result	result;
+		bool		isnull;
+
+		if (b->ntaken == 0)
+			continue;
+		result = table_tuple_lock(ct->rel, &b->ctid, ct->snapshot, ct->slot, ct->cid,
+								  LockTupleExclusive, LockWaitBlock, 0, &tmfd);
+		if (IsolationUsesXactSnapshot() && (result == TM_Updated || result == TM_Deleted))
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent %s",
+							result == TM_Updated ? "update" : "delete")));
+		/* changed since it was read (by this transaction too): the next round */
+		if (result == TM_Updated || result == TM_Deleted || result == TM_SelfModified)
+			continue;
+		if (result != TM_Ok)
+			elog(ERROR, "could not lock a batch of claimed mail: %d", (int) result);
+		batch_locked(b, slot_getattr(ct->slot, ct->att[K_OPEN], &isnull),
+					 slot_getattr(ct->slot, ct->att[K_GONE], &isnull));
+		(*nlocked)++;
+	}
 }
 
 /*
@@ -778,6 +1029,64 @@ write_batches(TakeBatch *batches, int nbatches, Datum *drop)
 }
 
 /*
+ * write_batches past the executor: the batches are locked by this
+ * transaction, so each delete or update finds the version it locked.
+ */
+static void
+write_batches_direct(ClaimTable *ct, TakeBatch *batches, int nbatches)
+{
+	int			i;
+
+	for (i = 0; i < nbatches; i++)
+	{
+		TakeBatch  *b = &batches[i];
+		TM_FailureData tmfd;
+		TM_Result	result;
+		TupleTableSlot *n;
+		Datum	   *gone;
+		int			k;
+
+		if (!b->locked || b->ntaken == 0)
+			continue;
+		if (b->open - b->ntaken <= 0)
+		{
+			result = mail_exec_delete(ct->rel, &b->ctid, ct->cid, ct->snapshot, true, &tmfd);
+			if (result != TM_Ok)
+				elog(ERROR, "could not delete a batch of claimed mail");
+			continue;
+		}
+
+		/* the same row with fewer open: mails, TOASTed, is not written again */
+		if (ct->shrunk == NULL)
+		{
+			mail_exec_open(&ct->x, ct->rel, ct->cid);
+			ct->shrunk = table_slot_create(ct->rel, NULL);
+		}
+		if (!table_tuple_fetch_row_version(ct->rel, &b->ctid, SnapshotAny, ct->slot))
+			elog(ERROR, "could not read a locked batch of claimed mail");
+		slot_getallattrs(ct->slot);
+		n = ct->shrunk;
+		ExecClearTuple(n);
+		for (k = 0; k < n->tts_tupleDescriptor->natts; k++)
+		{
+			n->tts_values[k] = ct->slot->tts_values[k];
+			n->tts_isnull[k] = ct->slot->tts_isnull[k];
+		}
+		gone = palloc((b->ngone + b->ntaken) * sizeof(Datum));
+		for (k = 0; k < b->ngone; k++)
+			gone[k] = Int64GetDatum(b->gone[k]);
+		memcpy(gone + b->ngone, b->taken, b->ntaken * sizeof(Datum));
+		n->tts_values[ct->att[K_OPEN] - 1] = Int32GetDatum(b->open - b->ntaken);
+		n->tts_values[ct->att[K_GONE] - 1] =
+			gatekeeper_array(gone, NULL, b->ngone + b->ntaken, INT8OID);
+		ExecStoreVirtualTuple(n);
+		result = mail_exec_update(&ct->x, &b->ctid, n, ct->snapshot, true, &tmfd);
+		if (result != TM_Ok)
+			elog(ERROR, "could not take claimed mail out of its batch");
+	}
+}
+
+/*
  * take_round
  *		One round of take_claimed over the claims reqs[0 .. nreqs - 1]
  *		(sorted, distinct): take those still open in batches that are as
@@ -790,6 +1099,8 @@ static void
 take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 		   LiveRecord *lr, MemoryContext keep, Claimant *me)
 {
+	ClaimTable	ct;
+	bool		direct = claim_table_open(&ct);
 	BatchEntry *entries;
 	int			nentries;
 	TakeBatch  *batches;
@@ -798,18 +1109,33 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
 	int			ntaken_before = *ntaken;
 	Datum	   *drop;
 
-	batches = read_candidates(reqs, nreqs, lr, &nbatches, &entries, &nentries);
-	if (batches == NULL)
-		return;
-	nentries = match_requests(entries, nentries, reqs, nreqs, batches);
-	if (nentries == 0)
-		return;
-	drop = palloc(nbatches * sizeof(Datum));
-	batches = lock_batches(batches, nbatches, entries, nentries, drop, &nlocked);
-	take_entries(entries, nentries, reqs, batches, taken, ntaken, keep, me);
-	if (nlocked == 0 || *ntaken == ntaken_before)
-		return;
-	write_batches(batches, nbatches, drop);
+	if (direct)
+		batches = read_candidates_direct(&ct, reqs, nreqs, lr, &nbatches, &entries, &nentries);
+	else
+		batches = read_candidates(reqs, nreqs, lr, &nbatches, &entries, &nentries);
+	if (batches != NULL)
+		nentries = match_requests(entries, nentries, reqs, nreqs, batches);
+	if (batches != NULL && nentries > 0)
+	{
+		drop = palloc(nbatches * sizeof(Datum));
+		if (direct)
+		{
+			batches = sort_batches(batches, nbatches, entries, nentries);
+			lock_batches_direct(&ct, batches, nbatches, &nlocked);
+		}
+		else
+			batches = lock_batches(batches, nbatches, entries, nentries, drop, &nlocked);
+		take_entries(entries, nentries, reqs, batches, taken, ntaken, keep, me);
+		if (nlocked > 0 && *ntaken > ntaken_before)
+		{
+			if (direct && ct.direct_writes)
+				write_batches_direct(&ct, batches, nbatches);
+			else
+				write_batches(batches, nbatches, drop);
+		}
+	}
+	if (direct)
+		claim_table_close(&ct);
 }
 
 /*
@@ -821,23 +1147,30 @@ take_round(TakeRequest *reqs, int nreqs, Datum *taken, int *ntaken,
  * The batches whose id range meets that of the ids are read unlocked and
  * matched against the claims asked for by sorting both (an ack of 1,000
  * claims against 1,000 records is 1,000 steps of a merge, where a join
- * of two unnests would be a nested loop of a million, hash joins being
- * off in gatekeeper_execute_by_key).  Then only the batches holding some
- * of them are locked, in batch order, and their gone lists, read under
- * the lock, say which records are still open.  The unlocked read of a
- * batch's records holds if the lock finds the row version that was read
- * (its ctid and xmin): the records change only with the row.  A batch
+ * of two unnests would be a nested loop of a million).  Then only the
+ * batches holding some of them are locked, in batch order, and their
+ * gone lists, read under the lock, say which records are still open.
+ * The unlocked read of a batch's records holds if the lock finds the row
+ * version that was read: the records change only with the row.  A batch
  * that changed in between (an owner's update of a claimed mail, a claim
  * moved to a batch of its own by extend or a change of queue, a
  * rotation, another ack) is left alone, and the claims read in it are
- * looked for again in another round, whose statements see the change
- * (under READ COMMITTED; at higher levels the lock itself fails with a
- * serialization error).  A round is repeated only after a concurrent
- * commit changed a batch of ours.
+ * looked for again in another round, which sees the change (under READ
+ * COMMITTED; at higher levels the lock itself fails with a serialization
+ * error).  A round is repeated only after a concurrent commit changed a
+ * batch of ours.
  *
  * A batch that no open mail stays in is deleted; otherwise the taken ids
  * join gone and open falls, and the array of records is not written
  * again.  A claim asked for twice is taken once.
+ *
+ * Each round reads, locks and writes mail_claim past the executor, as the
+ * claim writes it (ClaimTable): three statements, an executor started
+ * and stopped for each, were the largest fixed cost of an ack
+ * (docs/internals.md, "Direct writes").  The statements are kept for two cases: a trigger of the user's on
+ * mail_claim's updates or deletes, which only they fire, has them write
+ * the batches (the read and the lock fire nothing); and a mail_claim not
+ * as 0.3.0 makes it (its index by id range gone) has them do the round.
  *
  * Whoever claimed them: this is the owner's change of claimed mail
  * (src/mail_state_sync.c).  The claimer's transitions take their claims
