@@ -342,6 +342,25 @@ BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT pg_temp.error_of($$SELECT gatekeeper.recount_live()$$) AS repeatable_read;
 ROLLBACK;
 
+-- a commit adds its changes to the rows of its session that exist past
+-- the executor; with a trigger of the user's on mail_live_count's
+-- updates, by the statement, which fires it (once for the enqueues' commit,
+-- once for the claim's): the same counts either way
+CREATE TEMP TABLE count_updates (n int);
+CREATE FUNCTION pg_temp.count_update() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN INSERT INTO count_updates VALUES (1); RETURN NULL; END$$;
+SELECT gatekeeper.enqueue('direct' || i || '@example.com', 's', 'b', 'lc_gated') > 0 AS enqueued
+  FROM generate_series(1, 2) i;
+SELECT pg_temp.miscounted() AS counts_updated_directly;
+CREATE TRIGGER count_noted AFTER UPDATE ON gatekeeper.mail_live_count
+	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.count_update();
+SELECT gatekeeper.enqueue('noted' || i || '@example.com', 's', 'b', 'lc_gated') > 0 AS enqueued
+  FROM generate_series(1, 2) i;
+SELECT count(*) AS claimed FROM gatekeeper.claim('lc', 1, queues => '{lc_gated}');
+DROP TRIGGER count_noted ON gatekeeper.mail_live_count;
+SELECT count(*) AS statements_fired FROM count_updates;
+SELECT pg_temp.miscounted() AS counts_updated_by_the_statement;
+
 -- the extension dropped and made again in the transaction that changed
 -- its live mail: what was noted for the dropped tables is not counted in
 -- the new ones, what was noted after is

@@ -9,9 +9,10 @@
  *
  * What changed the gauges, and when, is mail_count.c's: it hands this
  * file a transaction's changes by queue as the transaction commits or
- * prepares, just before, and they are added in one upsert to this
- * backend's rows (the slot is the backend's id; a prepared transaction's,
- * one of its own), whatever number of statements made them.  Two sessions
+ * prepares, just before, and they are added to this backend's rows (the
+ * slot is the backend's id; a prepared transaction's, one of its own),
+ * whatever number of statements made them: the rows that exist updated
+ * past the executor, the others by one upsert (update_direct).  Two sessions
  * never write the same row, so claimers never wait for each other here; a
  * queue's gauges are the sum of its rows, plus, for the transaction that
  * reads them, its changes not yet written (_live_pending).  Written per
@@ -35,18 +36,31 @@
 
 #include "live_count.h"
 #include "catalog.h"
+#include "mail_exec.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/transam.h"
 #include "access/xact.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "common/int.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "storage/backendid.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
@@ -108,16 +122,28 @@ static SPIPlanPtr lock_live_plan = NULL;
 static SPIPlanPtr forget_queue_counts_plan = NULL;
 static SPIPlanPtr recount_live_plan = NULL;
 
+/* mail_live_count's columns, as the direct update finds them */
+static const char *const count_columns[] = {"queue", "slot", "scheduled", "retrying"};
+enum
+{
+	N_QUEUE, N_SLOT, N_SCHEDULED, N_RETRYING, N_NUM
+};
+
 static bool counts_retrying(void);
 static ArrayType *pinned_search_path(void);
+static bool count_table_plain(Relation rel, Relation *pkey, AttrNumber *att);
+static int	update_direct(Oid relid, int32 slot, Datum *names, Datum *scheduled,
+						  Datum *retrying, int n, bool *done);
 
 /*
  * live_count_write
  *		Add n changes (queue names, scheduled and retrying, as Datums) to
  *		this backend's rows of mail_live_count, or with prepare to a row of
- *		the prepared transaction's own, in one statement.  Nothing is
- *		written when the table is gone (the extension dropped in the same
- *		transaction).
+ *		the prepared transaction's own.  Nothing is written when the table
+ *		is gone (the extension dropped in the same transaction).
+ *
+ * The rows that exist are updated past the executor (update_direct); the
+ * others, in one statement, an upsert.
  */
 void
 live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool prepare)
@@ -129,6 +155,10 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 	GatekeeperRunAs run;
 	HeapTuple	tuple;
 	SPIPlanPtr	plan;
+	int32		slot;
+	bool	   *done;
+	int			left;
+	int			i;
 
 	relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE_COUNT, true);
 	if (!OidIsValid(relid))
@@ -150,13 +180,27 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 	{
 		TransactionId xid = XidFromFullTransactionId(GetTopFullTransactionId());
 
-		args[0] = Int32GetDatum(-1 - (int32) (xid & 0x7FFFFFFF));
+		slot = -1 - (int32) (xid & 0x7FFFFFFF);
 	}
 	else
-		args[0] = Int32GetDatum(MyBackendId);
-	args[1] = gatekeeper_array(names, NULL, n, TEXTOID);
-	args[2] = gatekeeper_array(scheduled, NULL, n, INT8OID);
-	args[3] = gatekeeper_array(retrying, NULL, n, INT8OID);
+		slot = MyBackendId;
+
+	done = palloc0(n * sizeof(bool));
+	if (update_direct(relid, slot, names, scheduled, retrying, n, done) == n)
+		return;
+	for (i = 0, left = 0; i < n; i++)
+	{
+		if (done[i])
+			continue;
+		names[left] = names[i];
+		scheduled[left] = scheduled[i];
+		retrying[left] = retrying[i];
+		left++;
+	}
+	args[0] = Int32GetDatum(slot);
+	args[1] = gatekeeper_array(names, NULL, left, TEXTOID);
+	args[2] = gatekeeper_array(scheduled, NULL, left, INT8OID);
+	args[3] = gatekeeper_array(retrying, NULL, left, INT8OID);
 
 	/*
 	 * As the table's owner, as the triggers that noted the changes ran
@@ -176,6 +220,134 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 	SPI_finish();
 	PopActiveSnapshot();
 	gatekeeper_run_as_end(&run);
+}
+
+/*
+ * Whether the direct update may write rel (mail_live_count) as the
+ * statement would, running no code of the user's (which the statement runs
+ * as the table's owner): a heap with no trigger of the user's on its
+ * updates and no CHECK constraint, its columns of 0.3.0's types, its
+ * primary key on (queue, slot).  Sets *pkey, open, and att (N_NUM
+ * columns).
+ */
+static bool
+count_table_plain(Relation rel, Relation *pkey, AttrNumber *att)
+{
+	static const Oid types[N_NUM] = {TEXTOID, INT4OID, INT8OID, INT8OID};
+	TupleDesc	desc = RelationGetDescr(rel);
+	Oid			pkey_relid;
+	uint32		found;
+	int			k;
+
+	*pkey = NULL;
+	if (rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
+		(desc->constr != NULL && desc->constr->num_check > 0) ||
+		!gatekeeper_triggers_only(rel, TRIGGER_TYPE_UPDATE, NULL, 0, &found))
+		return false;
+	for (k = 0; k < N_NUM; k++)
+	{
+		att[k] = SPI_fnumber(desc, count_columns[k]);
+		if (att[k] <= 0 || TupleDescAttr(desc, att[k] - 1)->atttypid != types[k])
+			return false;
+	}
+	pkey_relid = RelationGetPrimaryKeyIndex(rel);
+	if (!OidIsValid(pkey_relid))
+		return false;
+	*pkey = index_open(pkey_relid, RowExclusiveLock);
+	return (*pkey)->rd_rel->relam == BTREE_AM_OID &&
+		(*pkey)->rd_index->indnatts == 2 &&
+		(*pkey)->rd_index->indkey.values[0] == att[N_QUEUE] &&
+		(*pkey)->rd_index->indkey.values[1] == att[N_SLOT];
+}
+
+/*
+ * Add the changes to the rows of slot that exist, past the executor: each
+ * found by the primary key under a new snapshot, as the statement's would
+ * be, and updated (no indexed column changes: HOT, in the room the table's
+ * fillfactor leaves).  Sets done[i] for each change added; returns how
+ * many.  The others are the statement's: a row not there yet, or updated
+ * or deleted by another transaction since the snapshot (a recount, a
+ * queue forgotten), which its ON CONFLICT handles, and a sum out of range,
+ * which it reports.  None is added when the table is not plain
+ * (count_table_plain).
+ */
+static int
+update_direct(Oid relid, int32 slot, Datum *names, Datum *scheduled, Datum *retrying,
+			  int n, bool *done)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	Relation	pkey;
+	AttrNumber	att[N_NUM];
+	Snapshot	snapshot;
+	MailExec	x;
+	TupleTableSlot *row;
+	TupleTableSlot *updated;
+	int			ndone = 0;
+	int			i;
+	int			k;
+
+	if (!count_table_plain(rel, &pkey, att))
+	{
+		if (pkey != NULL)
+			index_close(pkey, NoLock);
+		table_close(rel, NoLock);
+		return 0;
+	}
+	/* as a statement starts: its own command, and a new snapshot */
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	mail_exec_open(&x, rel, GetCurrentCommandId(true));
+	snapshot->curcid = x.cid;
+	PushActiveSnapshot(snapshot);
+	row = table_slot_create(rel, NULL);
+	updated = table_slot_create(rel, NULL);
+	for (i = 0; i < n; i++)
+	{
+		ScanKeyData keys[2];
+		IndexScanDesc scan;
+		TM_FailureData tmfd;
+		int64		sum[2];
+
+		ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+							   pkey->rd_indcollation[0], F_TEXTEQ, names[i]);
+		ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(slot));
+		scan = index_beginscan(rel, pkey, snapshot, 2, 0);
+		index_rescan(scan, keys, 2, NULL, 0);
+		if (index_getnext_slot(scan, ForwardScanDirection, row))
+		{
+			ItemPointerData tid = row->tts_tid;
+
+			slot_getallattrs(row);
+			if (!pg_add_s64_overflow(DatumGetInt64(row->tts_values[att[N_SCHEDULED] - 1]),
+									 DatumGetInt64(scheduled[i]), &sum[0]) &&
+				!pg_add_s64_overflow(DatumGetInt64(row->tts_values[att[N_RETRYING] - 1]),
+									 DatumGetInt64(retrying[i]), &sum[1]))
+			{
+				ExecClearTuple(updated);
+				for (k = 0; k < updated->tts_tupleDescriptor->natts; k++)
+				{
+					updated->tts_values[k] = row->tts_values[k];
+					updated->tts_isnull[k] = row->tts_isnull[k];
+				}
+				updated->tts_values[att[N_SCHEDULED] - 1] = Int64GetDatum(sum[0]);
+				updated->tts_values[att[N_RETRYING] - 1] = Int64GetDatum(sum[1]);
+				ExecStoreVirtualTuple(updated);
+				done[i] = mail_exec_update(&x, &tid, updated, snapshot, true, &tmfd) == TM_Ok;
+				ndone += done[i] ? 1 : 0;
+			}
+		}
+		index_endscan(scan);
+	}
+	ExecDropSingleTupleTableSlot(row);
+	ExecDropSingleTupleTableSlot(updated);
+	PopActiveSnapshot();
+	UnregisterSnapshot(snapshot);
+	mail_exec_close(&x);
+	index_close(pkey, NoLock);
+	table_close(rel, NoLock);
+	/* the statement, if any, sees these updates */
+	CommandCounterIncrement();
+	return ndone;
 }
 
 /*
