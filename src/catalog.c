@@ -79,6 +79,7 @@ static const char *const rel_names[GATEKEEPER_NUM_RELS] = {
 	[GATEKEEPER_REL_MAIL_RUN] = "mail_run",
 	[GATEKEEPER_REL_MAIL_RUN_DUE] = "mail_run_due",
 	[GATEKEEPER_REL_MAIL] = "mail",
+	[GATEKEEPER_REL_MAIL_DONE] = "mail_done",
 };
 
 StaticAssertDecl(GATEKEEPER_REL_MAIL_DONE_0 - GATEKEEPER_REL_MAIL_0 == GATEKEEPER_SEGMENTS,

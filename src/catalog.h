@@ -33,6 +33,7 @@ typedef enum GatekeeperRel
 	GATEKEEPER_REL_MAIL_RUN,
 	GATEKEEPER_REL_MAIL_RUN_DUE,	/* mail_run's index by queue and due time */
 	GATEKEEPER_REL_MAIL,		/* the partitioned table of mail content */
+	GATEKEEPER_REL_MAIL_DONE,	/* the partitioned table of outcomes */
 	/* the retention segments' partitions, by segment (GATEKEEPER_SEGMENTS) */
 	GATEKEEPER_REL_MAIL_0,
 	GATEKEEPER_REL_MAIL_1,

@@ -304,25 +304,28 @@ gatekeeper_due_floor_reset(void)
  * by an aborted one, in-progress work included; and no version was deleted
  * by this transaction, which may still roll back (the dirty snapshot does
  * not see those either).  *all_dead: every version is dead to every
- * transaction, so the entry may be marked LP_DEAD.
+ * transaction, so the entry may be marked LP_DEAD.  *buffer is the heap
+ * page of the entry before (InvalidBuffer at first), kept pinned for the
+ * next: the entries of mail claimed together lie on the same few pages.
  */
 static bool
-row_gone(Relation heap, ItemPointer tid, bool *all_dead)
+row_gone(Relation heap, ItemPointer tid, Buffer *buffer, bool *all_dead)
 {
 	SnapshotData dirty;
 	HeapTupleData tuple;
 	ItemPointerData at = *tid;
-	Buffer		buffer;
+	BlockNumber block = ItemPointerGetBlockNumber(tid);
 	bool		gone;
 	bool		first = true;
 
 	InitDirtySnapshot(dirty);
-	buffer = ReadBuffer(heap, ItemPointerGetBlockNumber(tid));
-	LockBuffer(buffer, BUFFER_LOCK_SHARE);
-	gone = !heap_hot_search_buffer(&at, heap, buffer, &dirty, &tuple, all_dead, true);
+	if (!BufferIsValid(*buffer) || BufferGetBlockNumber(*buffer) != block)
+		*buffer = ReleaseAndReadBuffer(*buffer, heap, block);
+	LockBuffer(*buffer, BUFFER_LOCK_SHARE);
+	gone = !heap_hot_search_buffer(&at, heap, *buffer, &dirty, &tuple, all_dead, true);
 	at = *tid;
 	while (gone &&
-		   heap_hot_search_buffer(&at, heap, buffer, SnapshotAny, &tuple, NULL, first))
+		   heap_hot_search_buffer(&at, heap, *buffer, SnapshotAny, &tuple, NULL, first))
 	{
 		HeapTupleHeader htup = tuple.t_data;
 
@@ -332,7 +335,7 @@ row_gone(Relation heap, ItemPointer tid, bool *all_dead)
 			TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetUpdateXid(htup)))
 			gone = false;
 	}
-	UnlockReleaseBuffer(buffer);
+	LockBuffer(*buffer, BUFFER_LOCK_UNLOCK);
 	pgstat_count_heap_fetch(heap);
 	return gone;
 }
@@ -349,6 +352,7 @@ walk(Relation heap, Relation index, ScanKey keys, int nkeys,
 {
 	IndexScanDesc scan;
 	SnapshotData dirty;
+	Buffer		buffer = InvalidBuffer;
 	bool		stopped = false;
 
 	/* the index scan's snapshot: non-MVCC keeps its leaf page pinned */
@@ -366,7 +370,7 @@ walk(Relation heap, Relation index, ScanKey keys, int nkeys,
 		k.priority = DatumGetInt32(index_getattr(scan->xs_itup, 2, scan->xs_itupdesc, &isnull));
 		k.send_at = DatumGetTimestampTz(index_getattr(scan->xs_itup, 3, scan->xs_itupdesc, &isnull));
 		k.id = DatumGetInt64(index_getattr(scan->xs_itup, 4, scan->xs_itupdesc, &isnull));
-		if (!row_gone(heap, &scan->xs_heaptid, &all_dead))
+		if (!row_gone(heap, &scan->xs_heaptid, &buffer, &all_dead))
 		{
 			*stop = k;
 			stopped = true;
@@ -378,6 +382,8 @@ walk(Relation heap, Relation index, ScanKey keys, int nkeys,
 		*passed = k;
 		(*npassed)++;
 	}
+	if (BufferIsValid(buffer))
+		ReleaseBuffer(buffer);
 	index_endscan(scan);
 	return stopped;
 }

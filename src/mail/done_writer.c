@@ -42,7 +42,6 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/partition.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_type.h"
 #include "catalog/pg_trigger.h"
@@ -135,6 +134,23 @@ open_part(DonePart *p, int segment, LiveRecord *lr)
 	return p->queue_att >= 0 && p->state_att >= 0;
 }
 
+/* The segment a record's row goes to; -1 when it names none. */
+static int
+record_segment(LiveRecord *lr, Datum record)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+	bool		isnull;
+	Datum		d;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	d = heap_getattr(&tuple, lr->segment, lr->desc, &isnull);
+	return isnull ? -1 : DatumGetInt16(d);
+}
+
 /*
  * Write a partition's buffered rows, their index entries (the primary key
  * checked, as the statement checks it), and count them.
@@ -170,10 +186,10 @@ flush_part(DonePart *p, MailCount *count, Oid state_type)
 bool
 gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 {
-	Oid			parent_relid;
 	Relation	parent;
 	EState	   *estate;
 	DonePart	parts[GATEKEEPER_SEGMENTS];
+	bool		written[GATEKEEPER_SEGMENTS];
 	Datum	   *values;
 	bool	   *nulls;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
@@ -182,18 +198,25 @@ gatekeeper_done_write(LiveRecord *lr, Datum *records, int n)
 	int			i;
 	int			k;
 
-	parent_relid = get_partition_parent(gatekeeper_relid(GATEKEEPER_REL_MAIL_DONE_PART(0), false),
-										false);
-	parent = table_open(parent_relid, RowExclusiveLock);
+	parent = table_open(gatekeeper_relid(GATEKEEPER_REL_MAIL_DONE, false), RowExclusiveLock);
 	plain = done_triggers_plain(parent);
 	memset(parts, 0, sizeof(parts));
+	memset(written, 0, sizeof(written));
 	estate = mail_exec_estate(GetCurrentCommandId(true));
 	values = palloc(lr->desc->natts * sizeof(Datum));
 	nulls = palloc(lr->desc->natts * sizeof(bool));
 
-	/* every partition checked before any row is written */
+	/* every partition the rows go to checked before any row is written */
+	for (i = 0; plain && i < n; i++)
+	{
+		int			segment = record_segment(lr, records[i]);
+
+		if (segment >= 0 && segment < GATEKEEPER_SEGMENTS)
+			written[segment] = true;
+	}
 	for (i = 0; plain && i < GATEKEEPER_SEGMENTS; i++)
-		plain = open_part(&parts[i], i, lr);
+		if (written[i])
+			plain = open_part(&parts[i], i, lr);
 
 	/* each record's row, in its segment's partition */
 	count = plain ? mail_count_start(InvalidOid) : NULL;
