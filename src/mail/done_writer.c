@@ -138,16 +138,9 @@ open_part(DonePart *p, int segment, LiveRecord *lr)
 static int
 record_segment(LiveRecord *lr, Datum record)
 {
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
-	HeapTupleData tuple;
 	bool		isnull;
-	Datum		d;
+	Datum		d = mail_state_record_attr(lr, record, lr->segment, &isnull);
 
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
-	d = heap_getattr(&tuple, lr->segment, lr->desc, &isnull);
 	return isnull ? -1 : DatumGetInt16(d);
 }
 

@@ -40,22 +40,32 @@ mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *null
 }
 
 /*
+ * mail_state_record_attr
+ *		One attribute of a record, which may be null.
+ */
+Datum
+mail_state_record_attr(LiveRecord *lr, Datum record, AttrNumber attnum, bool *isnull)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+	HeapTupleData tuple;
+
+	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = header;
+	return heap_getattr(&tuple, attnum, lr->desc, isnull);
+}
+
+/*
  * mail_state_record_get
  *		One attribute of a record (not null where used here).
  */
 Datum
 mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum)
 {
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
-	HeapTupleData tuple;
 	bool		isnull;
-	Datum		d;
+	Datum		d = mail_state_record_attr(lr, record, attnum, &isnull);
 
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
-	d = heap_getattr(&tuple, attnum, lr->desc, &isnull);
 	if (isnull)
 		elog(ERROR, "claimed mail record has a null %s",
 			 NameStr(TupleDescAttr(lr->desc, attnum - 1)->attname));

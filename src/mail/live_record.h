@@ -40,6 +40,8 @@ typedef struct LiveRecord
 } LiveRecord;
 
 extern void mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls);
+extern Datum mail_state_record_attr(LiveRecord *lr, Datum record, AttrNumber attnum,
+									bool *isnull);
 extern Datum mail_state_record_get(LiveRecord *lr, Datum record, AttrNumber attnum);
 
 #endif							/* GATEKEEPER_LIVE_RECORD_H */
