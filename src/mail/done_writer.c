@@ -22,8 +22,9 @@
  * The direct path is taken only when it does what the statement would:
  * mail_done's insert triggers are its own two (the restore trigger, which
  * gatekeeper's own statements skip, and the count trigger, enabled) and
- * its partitions have none; each partition's columns are mail_done's, of
- * the record's types.  Otherwise the statement runs (src/mail_state.c).
+ * the partitions the rows go to have none; each of those partitions'
+ * columns are mail_done's, of the record's types.  Otherwise the statement
+ * runs (src/mail_state.c).
  *
  * IDENTIFICATION
  *		src/done_writer.c
