@@ -22,6 +22,18 @@
 #include "fmgr.h"
 #include "storage/itemptr.h"
 
+/* A record as a heap tuple of its row type, pointing into the record. */
+static void
+record_tuple(Datum record, HeapTupleData *tuple)
+{
+	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
+
+	tuple->t_len = HeapTupleHeaderGetDatumLength(header);
+	ItemPointerSetInvalid(&tuple->t_self);
+	tuple->t_tableOid = InvalidOid;
+	tuple->t_data = header;
+}
+
 /*
  * mail_state_record_deform
  *		A record's values and nulls; values point into the record.
@@ -29,13 +41,9 @@
 void
 mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *nulls)
 {
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
 	HeapTupleData tuple;
 
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
+	record_tuple(record, &tuple);
 	heap_deform_tuple(&tuple, lr->desc, values, nulls);
 }
 
@@ -46,13 +54,9 @@ mail_state_record_deform(LiveRecord *lr, Datum record, Datum *values, bool *null
 Datum
 mail_state_record_attr(LiveRecord *lr, Datum record, AttrNumber attnum, bool *isnull)
 {
-	HeapTupleHeader header = DatumGetHeapTupleHeader(record);
 	HeapTupleData tuple;
 
-	tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-	ItemPointerSetInvalid(&tuple.t_self);
-	tuple.t_tableOid = InvalidOid;
-	tuple.t_data = header;
+	record_tuple(record, &tuple);
 	return heap_getattr(&tuple, attnum, lr->desc, isnull);
 }
 
