@@ -592,7 +592,6 @@ run_finish(Take *t, RunStream *b)
 	else
 	{
 		TupleTableSlot *n;
-		int			i;
 
 		if (t->run_x.rri == NULL)
 		{
@@ -604,13 +603,7 @@ run_finish(Take *t, RunStream *b)
 			MemoryContextSwitchTo(old);
 		}
 		n = t->run_new;
-		ExecClearTuple(n);
-		slot_getallattrs(b->s.slot);
-		for (i = 0; i < n->tts_tupleDescriptor->natts; i++)
-		{
-			n->tts_values[i] = b->s.slot->tts_values[i];
-			n->tts_isnull[i] = b->s.slot->tts_isnull[i];
-		}
+		mail_exec_new_version(b->s.slot, n);
 		n->tts_values[t->ratt[R_ID] - 1] = Int64GetDatum(b->next);
 		ExecStoreVirtualTuple(n);
 		result = mail_exec_update(&t->run_x, &b->tid, n, t->snapshot, true, &tmfd);

@@ -163,11 +163,6 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 	relid = gatekeeper_relid(GATEKEEPER_REL_MAIL_LIVE_COUNT, true);
 	if (!OidIsValid(relid))
 		return;
-	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	if (!HeapTupleIsValid(tuple))
-		return;
-	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
-	ReleaseSysCache(tuple);
 
 	/*
 	 * A prepared transaction keeps its row version locked until COMMIT or
@@ -188,6 +183,12 @@ live_count_write(Datum *names, Datum *scheduled, Datum *retrying, int n, bool pr
 	done = palloc0(n * sizeof(bool));
 	if (update_direct(relid, slot, names, scheduled, retrying, n, done) == n)
 		return;
+	/* the statement runs as the table's owner */
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tuple))
+		return;
+	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	ReleaseSysCache(tuple);
 	for (i = 0, left = 0; i < n; i++)
 	{
 		if (done[i])
@@ -275,7 +276,7 @@ static int
 update_direct(Oid relid, int32 slot, Datum *names, Datum *scheduled, Datum *retrying,
 			  int n, bool *done)
 {
-	Relation	rel = table_open(relid, RowExclusiveLock);
+	Relation	rel = try_table_open(relid, RowExclusiveLock);
 	Relation	pkey;
 	AttrNumber	att[N_NUM];
 	Snapshot	snapshot;
@@ -284,8 +285,9 @@ update_direct(Oid relid, int32 slot, Datum *names, Datum *scheduled, Datum *retr
 	TupleTableSlot *updated;
 	int			ndone = 0;
 	int			i;
-	int			k;
 
+	if (rel == NULL)
+		return 0;				/* gone: nothing is written */
 	if (!count_table_plain(rel, &pkey, att))
 	{
 		if (pkey != NULL)
@@ -323,12 +325,7 @@ update_direct(Oid relid, int32 slot, Datum *names, Datum *scheduled, Datum *retr
 				!pg_add_s64_overflow(DatumGetInt64(row->tts_values[att[N_RETRYING] - 1]),
 									 DatumGetInt64(retrying[i]), &sum[1]))
 			{
-				ExecClearTuple(updated);
-				for (k = 0; k < updated->tts_tupleDescriptor->natts; k++)
-				{
-					updated->tts_values[k] = row->tts_values[k];
-					updated->tts_isnull[k] = row->tts_isnull[k];
-				}
+				mail_exec_new_version(row, updated);
 				updated->tts_values[att[N_SCHEDULED] - 1] = Int64GetDatum(sum[0]);
 				updated->tts_values[att[N_RETRYING] - 1] = Int64GetDatum(sum[1]);
 				ExecStoreVirtualTuple(updated);

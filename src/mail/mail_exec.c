@@ -338,6 +338,27 @@ mail_exec_insert_heap(MailExec *x, TupleTableSlot **slots, int n, BulkInsertStat
 }
 
 /*
+ * mail_exec_new_version
+ *		Start the new version of the row in from: to cleared and given all of
+ *		from's values (pointing into from's tuple, which stays as it is until
+ *		the update), for the caller to change some of them and store with
+ *		ExecStoreVirtualTuple before mail_exec_update.
+ */
+void
+mail_exec_new_version(TupleTableSlot *from, TupleTableSlot *to)
+{
+	int			i;
+
+	ExecClearTuple(to);
+	slot_getallattrs(from);
+	for (i = 0; i < to->tts_tupleDescriptor->natts; i++)
+	{
+		to->tts_values[i] = from->tts_values[i];
+		to->tts_isnull[i] = from->tts_isnull[i];
+	}
+}
+
+/*
  * mail_exec_update
  *		Replace the row at tid by the slot's, under snapshot (waiting for a
  *		concurrent writer if wait), with the new version's index entries

@@ -44,6 +44,7 @@ extern void mail_exec_insert_heap(MailExec *x, TupleTableSlot **slots, int n,
 extern void mail_exec_index(MailExec *x, TupleTableSlot *slot, bool update);
 extern void mail_exec_hold_hash(MailExec *x, Size limit);
 extern void mail_exec_index_held(MailExec *x);
+extern void mail_exec_new_version(TupleTableSlot *from, TupleTableSlot *to);
 extern TM_Result mail_exec_update(MailExec *x, ItemPointer tid, TupleTableSlot *slot,
 								  Snapshot snapshot, bool wait, TM_FailureData *tmfd);
 extern TM_Result mail_exec_delete(Relation rel, ItemPointer tid, CommandId cid,

@@ -1064,14 +1064,8 @@ write_batches_direct(ClaimTable *ct, TakeBatch *batches, int nbatches)
 		}
 		if (!table_tuple_fetch_row_version(ct->rel, &b->ctid, SnapshotAny, ct->slot))
 			elog(ERROR, "could not read a locked batch of claimed mail");
-		slot_getallattrs(ct->slot);
 		n = ct->shrunk;
-		ExecClearTuple(n);
-		for (k = 0; k < n->tts_tupleDescriptor->natts; k++)
-		{
-			n->tts_values[k] = ct->slot->tts_values[k];
-			n->tts_isnull[k] = ct->slot->tts_isnull[k];
-		}
+		mail_exec_new_version(ct->slot, n);
 		gone = palloc((b->ngone + b->ntaken) * sizeof(Datum));
 		for (k = 0; k < b->ngone; k++)
 			gone[k] = Int64GetDatum(b->gone[k]);
